@@ -1,0 +1,49 @@
+# moe-genomics front door. Everything real happens in CMake (CMakeLists.txt); this file only
+# names the everyday commands:
+#   make deps       install the Debian packages the build, tests and demo need (once)
+#   make            configure + build into build/
+#   make test       deps, build, run every test (ctest), output shown on failure
+#   make test-asan  the same under AddressSanitizer + UBSan, in build-asan/
+
+#   make clean      remove the build trees
+BUILD ?= build
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+CMAKE_FLAGS ?=
+# CTEST_ARGS lets a user narrow a run: make test CTEST_ARGS='-R tokenize'
+CTEST_ARGS ?=
+
+DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
+	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
+	bowtie2-examples htslib-test seqkit-examples snakemake
+
+.PHONY: all build deps test test-asan clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "make deps: all Debian packages present"; exit 0; fi; \
+	echo "make deps: installing:$$missing"; \
+	if [ "$$(id -u)" = 0 ]; then sudo=""; else sudo="sudo"; fi; \
+	$$sudo apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq --no-install-recommends $$missing
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+
+build: $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: deps
+	$(MAKE) build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+test-asan: deps
+	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
+
+clean:
+	rm -rf build build-asan

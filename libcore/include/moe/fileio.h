@@ -1,0 +1,42 @@
+/* fileio: output files that appear under their final name only when complete.
+ *
+ * Every file a tool writes (shards, checkpoints, embeddings) goes through moe_outfile:
+ * it is written to "<dir>/.<name>.tmp.<pid>", and moe_outfile_commit() flushes, fsyncs and
+ * renames it into place; moe_outfile_abort() (or any failure) removes the temporary file,
+ * so an interrupted run never leaves a half-written file under the final name. The path
+ * "-" writes to stdout (commit flushes it). Also here: directory helpers and CRC32. */
+#ifndef MOE_FILEIO_H
+#define MOE_FILEIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moe/err.h"
+
+typedef struct moe_outfile {
+    FILE *fp;
+    char *path; /* final name ("-" for stdout) */
+    char *tmp;  /* temporary name, NULL for stdout */
+} moe_outfile;
+
+moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err);
+/* fwrite that records a failure in err (MOE_ERR_RUNTIME naming the file). */
+moe_status moe_outfile_write(moe_outfile *f, const void *data, size_t n, moe_err *err);
+moe_status moe_outfile_commit(moe_outfile *f, moe_err *err);
+void moe_outfile_abort(moe_outfile *f);
+
+/* mkdir -p; an existing directory is fine. */
+moe_status moe_mkdirs(const char *path, moe_err *err);
+/* fsync a directory so that a rename inside it is durable. */
+moe_status moe_fsync_dir(const char *path, moe_err *err);
+/* rm -rf of a directory this program created (refuses "/" and ""). */
+moe_status moe_remove_tree(const char *path, moe_err *err);
+/* Reads a whole file into a malloc'ed buffer (NUL-terminated; *len excludes the NUL). */
+moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *err);
+
+/* CRC-32 (zlib polynomial) of a buffer, continuing from crc (start with 0). */
+uint32_t moe_crc32(uint32_t crc, const void *data, size_t n);
+moe_status moe_crc32_file(const char *path, uint32_t *crc, uint64_t *size, moe_err *err);
+
+#endif

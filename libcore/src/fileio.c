@@ -1,0 +1,210 @@
+/* fileio: see moe/fileio.h. */
+#include "moe/fileio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) return moe_err_errno(err, path, "out of memory");
+    if (strcmp(path, "-") == 0) {
+        f->fp = stdout;
+        return MOE_OK;
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dirlen = slash ? (size_t)(slash - path + 1) : 0;
+    size_t n = strlen(path) + 64;
+    f->tmp = malloc(n);
+    if (!f->tmp) {
+        free(f->path);
+        return moe_err_errno(err, path, "out of memory");
+    }
+    snprintf(f->tmp, n, "%.*s.%s.tmp.%ld", (int)dirlen, path, path + dirlen, (long)getpid());
+    f->fp = fopen(f->tmp, "wb");
+    if (!f->fp) {
+        moe_err_errno(err, path, "cannot create output file");
+        moe_err_hint(err, "check that the directory exists and is writable");
+        free(f->tmp);
+        free(f->path);
+        memset(f, 0, sizeof *f);
+        return MOE_ERR_INPUT;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_outfile_write(moe_outfile *f, const void *data, size_t n, moe_err *err) {
+    if (n && fwrite(data, 1, n, f->fp) != n) return moe_err_errno(err, f->path, "write failed");
+    return MOE_OK;
+}
+
+moe_status moe_outfile_commit(moe_outfile *f, moe_err *err) {
+    moe_status st = MOE_OK;
+    if (!f->tmp) {
+        if (fflush(f->fp) != 0) st = moe_err_errno(err, "(stdout)", "write failed");
+        free(f->path);
+        memset(f, 0, sizeof *f);
+        return st;
+    }
+    if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0) {
+        st = moe_err_errno(err, f->path, "write failed");
+    }
+    if (fclose(f->fp) != 0 && st == MOE_OK) st = moe_err_errno(err, f->path, "write failed");
+    f->fp = NULL;
+    if (st == MOE_OK && rename(f->tmp, f->path) != 0)
+        st = moe_err_errno(err, f->path, "cannot rename temporary file into place");
+    if (st != MOE_OK) unlink(f->tmp);
+    free(f->tmp);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+    return st;
+}
+
+void moe_outfile_abort(moe_outfile *f) {
+    if (f->tmp) {
+        if (f->fp) fclose(f->fp);
+        unlink(f->tmp);
+    }
+    free(f->tmp);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+moe_status moe_mkdirs(const char *path, moe_err *err) {
+    char buf[4096];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
+        return moe_err_set(err, MOE_ERR_INPUT, path, "path too long");
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+            moe_err_errno(err, buf, "cannot create directory");
+            err->status = MOE_ERR_INPUT;
+            return MOE_ERR_INPUT;
+        }
+        *p = '/';
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
+        moe_err_errno(err, buf, "cannot create directory");
+        err->status = MOE_ERR_INPUT;
+        return MOE_ERR_INPUT;
+    }
+    struct stat st;
+    if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return moe_err_set(err, MOE_ERR_INPUT, path, "exists and is not a directory");
+    return MOE_OK;
+}
+
+moe_status moe_fsync_dir(const char *path, moe_err *err) {
+    int fd = open(path, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) return moe_err_errno(err, path, "cannot open directory");
+    int rc = fsync(fd);
+    close(fd);
+    return rc == 0 ? MOE_OK : moe_err_errno(err, path, "fsync failed");
+}
+
+moe_status moe_remove_tree(const char *path, moe_err *err) {
+    if (!path[0] || strcmp(path, "/") == 0)
+        return moe_err_set(err, MOE_ERR_RUNTIME, path, "refusing to remove this path");
+    DIR *d = opendir(path);
+    if (!d) {
+        if (errno == ENOTDIR) return unlink(path) == 0 ? MOE_OK : moe_err_errno(err, path, "unlink");
+        return errno == ENOENT ? MOE_OK : moe_err_errno(err, path, "cannot open directory");
+    }
+    moe_status st = MOE_OK;
+    struct dirent *e;
+    while (st == MOE_OK && (e = readdir(d)) != NULL) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        char child[4096];
+        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
+        struct stat sb;
+        if (lstat(child, &sb) == 0 && S_ISDIR(sb.st_mode))
+            st = moe_remove_tree(child, err);
+        else if (unlink(child) != 0)
+            st = moe_err_errno(err, child, "cannot remove");
+    }
+    closedir(d);
+    if (st == MOE_OK && rmdir(path) != 0) st = moe_err_errno(err, path, "cannot remove directory");
+    return st;
+}
+
+moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *err) {
+    *data = NULL;
+    *len = 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) {
+        moe_err_errno(err, path, "cannot open");
+        err->status = MOE_ERR_INPUT;
+        return MOE_ERR_INPUT;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n - 1, fp);
+        n += got;
+        if (got == 0) break;
+        if (cap - n - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    int bad = ferror(fp);
+    fclose(fp);
+    if (!buf) return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+    if (bad) {
+        free(buf);
+        return moe_err_errno(err, path, "read failed");
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    return MOE_OK;
+}
+
+uint32_t moe_crc32(uint32_t crc, const void *data, size_t n) {
+    const unsigned char *p = data;
+    while (n > 0) { /* zlib takes uInt lengths */
+        uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
+        crc = (uint32_t)crc32(crc, p, chunk);
+        p += chunk;
+        n -= chunk;
+    }
+    return crc;
+}
+
+moe_status moe_crc32_file(const char *path, uint32_t *crc, uint64_t *size, moe_err *err) {
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return moe_err_errno(err, path, "cannot open");
+    static const size_t bufsz = 1 << 20;
+    unsigned char *buf = malloc(bufsz);
+    if (!buf) {
+        fclose(fp);
+        return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+    }
+    uint32_t c = 0;
+    uint64_t total = 0;
+    size_t got;
+    while ((got = fread(buf, 1, bufsz, fp)) > 0) {
+        c = moe_crc32(c, buf, got);
+        total += got;
+    }
+    int bad = ferror(fp);
+    free(buf);
+    fclose(fp);
+    if (bad) return moe_err_errno(err, path, "read failed");
+    *crc = c;
+    *size = total;
+    return MOE_OK;
+}
