@@ -10,6 +10,13 @@
 #include <unistd.h>
 #include <zlib.h>
 
+/* An errno error the user can fix (missing input, unwritable directory). */
+static moe_status input_errno(moe_err *err, const char *file, const char *what) {
+    moe_err_errno(err, file, what);
+    if (err) err->status = MOE_ERR_INPUT;
+    return MOE_ERR_INPUT;
+}
+
 moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
@@ -29,7 +36,7 @@ moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
     snprintf(f->tmp, n, "%.*s.%s.tmp.%ld", (int)dirlen, path, path + dirlen, (long)getpid());
     f->fp = fopen(f->tmp, "wb");
     if (!f->fp) {
-        moe_err_errno(err, path, "cannot create output file");
+        input_errno(err, path, "cannot create output file");
         moe_err_hint(err, "check that the directory exists and is writable");
         free(f->tmp);
         free(f->path);
@@ -84,16 +91,12 @@ moe_status moe_mkdirs(const char *path, moe_err *err) {
         if (*p != '/') continue;
         *p = '\0';
         if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-            moe_err_errno(err, buf, "cannot create directory");
-            err->status = MOE_ERR_INPUT;
-            return MOE_ERR_INPUT;
+            return input_errno(err, buf, "cannot create directory");
         }
         *p = '/';
     }
     if (mkdir(buf, 0777) != 0 && errno != EEXIST) {
-        moe_err_errno(err, buf, "cannot create directory");
-        err->status = MOE_ERR_INPUT;
-        return MOE_ERR_INPUT;
+        return input_errno(err, buf, "cannot create directory");
     }
     struct stat st;
     if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
@@ -139,9 +142,7 @@ moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *er
     *len = 0;
     FILE *fp = fopen(path, "rb");
     if (!fp) {
-        moe_err_errno(err, path, "cannot open");
-        err->status = MOE_ERR_INPUT;
-        return MOE_ERR_INPUT;
+        return input_errno(err, path, "cannot open");
     }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);

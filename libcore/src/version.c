@@ -1,0 +1,34 @@
+/* version: see moe/version.h. Library versions come from the libraries themselves where they
+ * can tell (htslib at run time) and from the build otherwise. */
+#include "moe/version.h"
+
+#include <htslib/hts.h>
+#include <jansson.h>
+#include <yaml.h>
+#include <zlib.h>
+
+const char *moe_version(void) {
+    return MOE_VERSION;
+}
+
+void moe_version_print(FILE *fp, const char *prog) {
+    fprintf(fp, "%s (moe-genomics) %s\n", prog, MOE_VERSION);
+    fprintf(fp, "htslib %s\n", hts_version());
+    fprintf(fp, "zlib %s, libyaml %s, jansson %s\n", zlibVersion(), yaml_get_version_string(),
+            JANSSON_VERSION);
+#ifdef MOE_HAVE_CBLAS
+    fputs("BLAS: OpenBLAS (CBLAS)\n", fp);
+#else
+    fputs("BLAS: none (built-in blocked matmul)\n", fp);
+#endif
+#ifdef MOE_HAVE_MPI
+    fputs("MPI: yes\n", fp);
+#else
+    fputs("MPI: no\n", fp);
+#endif
+#ifdef MOE_CUDA_VERSION
+    fprintf(fp, "CUDA: built with CUDA %s\n", MOE_CUDA_VERSION);
+#else
+    fputs("CUDA: not built\n", fp);
+#endif
+}
