@@ -12,8 +12,9 @@
 
 /* An errno error the user can fix (missing input, unwritable directory). */
 static moe_status input_errno(moe_err *err, const char *file, const char *what) {
+    int fresh = err && err->status == MOE_OK; /* the first error wins, status included */
     moe_err_errno(err, file, what);
-    if (err) err->status = MOE_ERR_INPUT;
+    if (fresh) err->status = MOE_ERR_INPUT;
     return MOE_ERR_INPUT;
 }
 
@@ -115,11 +116,13 @@ moe_status moe_fsync_dir(const char *path, moe_err *err) {
 moe_status moe_remove_tree(const char *path, moe_err *err) {
     if (!path[0] || strcmp(path, "/") == 0)
         return moe_err_set(err, MOE_ERR_RUNTIME, path, "refusing to remove this path");
+    struct stat top; /* lstat: a symlink is removed itself, its target is never entered */
+    if (lstat(path, &top) != 0)
+        return errno == ENOENT ? MOE_OK : moe_err_errno(err, path, "cannot stat");
+    if (!S_ISDIR(top.st_mode))
+        return unlink(path) == 0 ? MOE_OK : moe_err_errno(err, path, "cannot remove");
     DIR *d = opendir(path);
-    if (!d) {
-        if (errno == ENOTDIR) return unlink(path) == 0 ? MOE_OK : moe_err_errno(err, path, "unlink");
-        return errno == ENOENT ? MOE_OK : moe_err_errno(err, path, "cannot open directory");
-    }
+    if (!d) return moe_err_errno(err, path, "cannot open directory");
     moe_status st = MOE_OK;
     struct dirent *e;
     while (st == MOE_OK && (e = readdir(d)) != NULL) {

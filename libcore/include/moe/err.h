@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum moe_status {
     MOE_OK = 0,
     MOE_ERR_RUNTIME = 1, /* out of memory, I/O failure, CUDA error: not the user's input */
@@ -47,5 +51,9 @@ moe_status moe_err_errno(moe_err *err, const char *file, const char *what);
  * "hint: ..." lines to fp. */
 void moe_err_print(const moe_err *err, const char *prog, FILE *fp);
 int moe_err_exit_code(const moe_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

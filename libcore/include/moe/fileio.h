@@ -14,6 +14,10 @@
 
 #include "moe/err.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct moe_outfile {
     FILE *fp;
     char *path; /* final name ("-" for stdout) */
@@ -38,5 +42,9 @@ moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *er
 /* CRC-32 (zlib polynomial) of a buffer, continuing from crc (start with 0). */
 uint32_t moe_crc32(uint32_t crc, const void *data, size_t n);
 moe_status moe_crc32_file(const char *path, uint32_t *crc, uint64_t *size, moe_err *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

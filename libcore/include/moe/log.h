@@ -9,6 +9,10 @@
 
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef enum moe_log_level {
     MOE_LOG_ERROR = 0,
     MOE_LOG_WARN = 1,
@@ -42,5 +46,9 @@ void moe_progress_start(moe_progress *p, const char *label, const char *unit, in
 void moe_progress_update(moe_progress *p, int64_t done, const char *extra);
 /* Final line with the total and the mean rate. */
 void moe_progress_finish(moe_progress *p, const char *extra);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,7 +7,15 @@
 
 #include <stdio.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 const char *moe_version(void); /* "X.Y.Z" */
 void moe_version_print(FILE *fp, const char *prog);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
