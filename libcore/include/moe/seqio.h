@@ -1,0 +1,87 @@
+/* seqio: sequence readers for FASTA, FASTQ (plain, gzip, bgzip), SAM, BAM and CRAM.
+ *
+ * A reader yields records: name, bases with their case kept, optional qualities, and the
+ * source coordinates the bases cover. FASTA/FASTQ are parsed from htslib's BGZF layer
+ * (never sam_read1, which upper-cases and turns U into N) with line numbers for errors;
+ * SAM/BAM/CRAM go through htslib with a read filter and reverse-strand reads restored to
+ * their sequenced orientation. The one thing to know: htslib is never allowed to fetch a
+ * CRAM reference from the network - REF_PATH/REF_CACHE are pointed at nothing unless the
+ * user set them, and a CRAM that needs a reference fails with a hint to pass one.
+ * Used by moe-tokenize and moe-embed. */
+#ifndef MOE_SEQIO_H
+#define MOE_SEQIO_H
+
+#include <stdint.h>
+
+#include "moe/err.h"
+
+typedef enum moe_seq_format {
+    MOE_SEQ_UNKNOWN = 0,
+    MOE_SEQ_FASTA,
+    MOE_SEQ_FASTQ,
+    MOE_SEQ_SAM,
+    MOE_SEQ_BAM,
+    MOE_SEQ_CRAM,
+} moe_seq_format;
+
+/* Default read filter: secondary | QC-fail | duplicate | supplementary. */
+#define MOE_SEQIO_DEFAULT_EXCLUDE 0xF00u
+
+typedef struct moe_seqio_opts {
+    const char *reference;      /* FASTA for CRAM decoding (NULL: none) */
+    int threads;                /* htslib decompression threads beyond the main one (0 = none) */
+    int min_mapq;               /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
+    uint32_t require_flags;     /* keep only records with all these flags */
+    uint32_t exclude_flags;     /* drop records with any of these (default 0xF00) */
+    int as_stored;              /* keep reverse-strand reads as stored (no reverse complement) */
+    const char *const *regions; /* "chr", "chr:beg-end" (1-based inclusive); NULL = all */
+    int n_regions;
+} moe_seqio_opts;
+
+/* Also points REF_PATH/REF_CACHE nowhere unless the user set them (call it before starting
+ * threads): htslib then never fetches a CRAM reference from the network. */
+void moe_seqio_opts_defaults(moe_seqio_opts *o);
+
+/* One record. Buffers are owned by the reader and overwritten by the next call. */
+typedef struct moe_seq_record {
+    const char *name;    /* up to the first white space */
+    const char *comment; /* rest of the header line ("" if none) */
+    const char *seq;     /* bases, case as in the input, NUL-terminated */
+    int64_t len;
+    const char *qual;  /* FASTQ/BAM qualities (phred+33 text) or NULL */
+    int64_t src_start; /* 0-based half-open range of the bases in the source record: */
+    int64_t src_end;   /*   0..len, or the region's range in its contig (FASTA regions) */
+    char strand;       /* '-' for a reverse-strand read restored to sequenced order */
+    int64_t record_no; /* 1-based record ordinal in the file (filtered ones counted) */
+    int64_t line;      /* FASTA/FASTQ: line of its header; 0 otherwise */
+} moe_seq_record;
+
+typedef struct moe_seq_reader moe_seq_reader; /* opaque */
+
+/* Opens path ("-" = stdin), detecting the format from its content. MOE_ERR_INPUT for a
+ * missing file, an unknown format, regions on an unindexed input. */
+moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqio_opts *o,
+                          moe_err *err);
+/* Reads the next record that passes the filter. Returns 1 with a record, 0 at the end of
+ * input, -1 on error (err set with file, line and/or record). Empty records are skipped
+ * with a warning. */
+int moe_seqio_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
+moe_seq_format moe_seqio_format(const moe_seq_reader *r);
+const char *moe_seqio_format_name(moe_seq_format f); /* "FASTA", "BAM", ... */
+/* Records read / skipped by the filter / skipped as empty, so far. */
+int64_t moe_seqio_n_read(const moe_seq_reader *r);
+int64_t moe_seqio_n_filtered(const moe_seq_reader *r);
+int64_t moe_seqio_n_empty(const moe_seq_reader *r);
+void moe_seqio_close(moe_seq_reader *r);
+
+/* Reads a BED file (chrom, 0-based start, end; '#', "track", "browser" lines skipped) into
+ * region strings "chrom:start+1-end"; *regions is an array of n malloc'ed strings, free with
+ * moe_seqio_free_regions. */
+moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err *err);
+void moe_seqio_free_regions(char **regions, int n);
+
+/* Reverse complement of seq[0, n) in place (IUPAC codes complemented, case kept, other
+ * bytes unchanged). */
+void moe_seqio_revcomp(char *seq, int64_t n);
+
+#endif

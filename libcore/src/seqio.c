@@ -1,0 +1,294 @@
+/* seqio: opening sequence files - format detection, dispatch to the FASTA/FASTQ parser
+ * (seqio_fastx.c) or htslib (seqio_hts.c) - plus BED regions and reverse complement.
+ *
+ * The one thing to know: the format is detected from the content (htslib's detector for
+ * SAM/BAM/CRAM, the first non-blank character for FASTA '>' / FASTQ '@'), never from the
+ * file name, so "-" and misnamed files work. */
+#include "moe/seqio.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <htslib/hfile.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/log.h"
+#include "seqio_impl.h"
+
+void moe_seqio_opts_defaults(moe_seqio_opts *o) {
+    moe_seqio_no_network_refs();
+    memset(o, 0, sizeof *o);
+    o->exclude_flags = MOE_SEQIO_DEFAULT_EXCLUDE;
+}
+
+const char *moe_seqio_format_name(moe_seq_format f) {
+    switch (f) {
+    case MOE_SEQ_FASTA:
+        return "FASTA";
+    case MOE_SEQ_FASTQ:
+        return "FASTQ";
+    case MOE_SEQ_SAM:
+        return "SAM";
+    case MOE_SEQ_BAM:
+        return "BAM";
+    case MOE_SEQ_CRAM:
+        return "CRAM";
+    default:
+        return "unknown";
+    }
+}
+
+void moe_seqio_close(moe_seq_reader *r) {
+    if (!r) return;
+    if (r->bgzf) bgzf_close(r->bgzf);
+    if (r->itr) hts_itr_destroy(r->itr);
+    if (r->idx) hts_idx_destroy(r->idx);
+    if (r->b) bam_destroy1(r->b);
+    if (r->hdr) sam_hdr_destroy(r->hdr);
+    if (r->hts) hts_close(r->hts);
+    if (r->fai) fai_destroy(r->fai);
+    free(r->fai_seq);
+    for (int i = 0; i < r->n_regions; i++)
+        free(r->regions[i]);
+    free(r->regions);
+    free(r->line.s);
+    free(r->name.s);
+    free(r->comment.s);
+    free(r->seq.s);
+    free(r->qual.s);
+    free(r->path);
+    free(r);
+}
+
+void moe_seqio_note_empty(moe_seq_reader *r, const char *name) {
+    r->n_empty++;
+    if (r->n_empty <= 3)
+        moe_log_warn("%s: record %lld (%s) has no bases; skipped", r->path, (long long)r->record_no,
+                     name);
+    if (r->n_empty == 3) moe_log_warn("%s: further empty records are not reported", r->path);
+}
+
+/* Reads lines until a non-blank one; decides FASTA/FASTQ by its first character. */
+static moe_status sniff_fastx(moe_seq_reader *r, moe_err *err) {
+    for (;;) {
+        int ret = bgzf_getline(r->bgzf, '\n', &r->line);
+        if (ret == -1) {
+            r->fmt = MOE_SEQ_FASTA; /* empty input: no records */
+            moe_log_warn("%s: input is empty", r->path);
+            return MOE_OK;
+        }
+        if (ret < -1) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path, "cannot read or decompress the input");
+            moe_err_hint(err, "the file may be truncated or not a sequence file");
+            return MOE_ERR_INPUT;
+        }
+        r->lineno++;
+        if (r->line.l && r->line.s[r->line.l - 1] == '\r') r->line.s[--r->line.l] = '\0';
+        if (r->line.l == 0) continue;
+        char c = r->line.s[0];
+        if (c == '>' || c == '@') {
+            r->fmt = c == '>' ? MOE_SEQ_FASTA : MOE_SEQ_FASTQ;
+            r->have_line = 1;
+            return MOE_OK;
+        }
+        char shown[24];
+        size_t n = r->line.l < 20 ? r->line.l : 20;
+        for (size_t i = 0; i < n; i++) {
+            unsigned char ch = (unsigned char)r->line.s[i];
+            shown[i] = ch >= 32 && ch < 127 ? (char)ch : '.';
+        }
+        shown[n] = '\0';
+        size_t letters = 0;
+        while (letters < r->line.l && isalpha((unsigned char)r->line.s[letters]))
+            letters++;
+        if (letters == r->line.l)
+            moe_err_set(err, MOE_ERR_INPUT, r->path,
+                        "missing header: the input starts with sequence \"%s\" but no '>' or "
+                        "'@' header line",
+                        shown);
+        else
+            moe_err_set(err, MOE_ERR_INPUT, r->path,
+                        "unknown file format: expected FASTA ('>'), FASTQ ('@'), SAM, BAM or "
+                        "CRAM, found \"%s\"",
+                        shown);
+        moe_err_at_line(err, r->lineno, 1);
+        moe_err_hint(err, "FASTA/FASTQ may be plain, gzip or bgzip; a FASTA file must start "
+                          "with a '>' header line");
+        return MOE_ERR_INPUT;
+    }
+}
+
+moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqio_opts *o,
+                          moe_err *err) {
+    *out = NULL;
+    moe_seq_reader *r = calloc(1, sizeof *r);
+    if (!r || !(r->path = strdup(path))) {
+        free(r);
+        return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+    }
+    r->opts = *o;
+    r->opts.regions = NULL;
+    if (o->n_regions > 0) {
+        r->regions = calloc((size_t)o->n_regions, sizeof *r->regions);
+        if (!r->regions) goto oom;
+        for (; r->n_regions < o->n_regions; r->n_regions++)
+            if (!(r->regions[r->n_regions] = strdup(o->regions[r->n_regions]))) goto oom;
+    }
+    hFILE *hf = hopen(path, "r");
+    if (!hf) {
+        moe_err_set(err, MOE_ERR_INPUT, path, "cannot open: %s", strerror(errno));
+        moe_seqio_close(r);
+        return MOE_ERR_INPUT;
+    }
+    htsFormat fmt;
+    if (hts_detect_format2(hf, path, &fmt) < 0) {
+        hclose_abruptly(hf);
+        moe_err_set(err, MOE_ERR_INPUT, path, "cannot read the start of the file: %s",
+                    strerror(errno));
+        moe_seqio_close(r);
+        return MOE_ERR_INPUT;
+    }
+    moe_status st = MOE_OK;
+    if (fmt.format == sam || fmt.format == bam || fmt.format == cram) {
+        r->fmt = fmt.format == sam ? MOE_SEQ_SAM : fmt.format == bam ? MOE_SEQ_BAM : MOE_SEQ_CRAM;
+        st = moe_seqio_sam_open(r, hf, err); /* takes hf */
+    } else {
+        r->bgzf = bgzf_hopen(hf, "r");
+        if (!r->bgzf) {
+            hclose_abruptly(hf);
+            moe_err_set(err, MOE_ERR_INPUT, path, "cannot open as plain, gzip or bgzip text");
+            moe_seqio_close(r);
+            return MOE_ERR_INPUT;
+        }
+        if (fmt.compression == bgzf && strcmp(path, "-") != 0 && bgzf_check_EOF(r->bgzf) == 0) {
+            moe_err_set(err, MOE_ERR_INPUT, path,
+                        "BGZF end-of-file marker missing: the file is "
+                        "truncated");
+            moe_err_hint(err, "re-create or re-download the file");
+            st = MOE_ERR_INPUT;
+        }
+        if (st == MOE_OK && fmt.compression == bgzf && o->threads > 0)
+            bgzf_mt(r->bgzf, o->threads, 64);
+        if (st == MOE_OK) st = sniff_fastx(r, err);
+        if (st == MOE_OK && r->n_regions > 0) {
+            bgzf_close(r->bgzf);
+            r->bgzf = NULL;
+            r->have_line = 0;
+            if (r->fmt != MOE_SEQ_FASTA || strcmp(path, "-") == 0) {
+                moe_err_set(err, MOE_ERR_INPUT, path,
+                            "--region needs an indexed FASTA file (not %s, not stdin)",
+                            strcmp(path, "-") == 0 ? "a pipe" : moe_seqio_format_name(r->fmt));
+                moe_err_hint(err, "regions work on FASTA (plain or bgzip, faidx) and on indexed "
+                                  "BAM/CRAM");
+                st = MOE_ERR_INPUT;
+            } else
+                st = moe_seqio_fai_open(r, err);
+        }
+    }
+    if (st != MOE_OK) {
+        moe_seqio_close(r);
+        return st;
+    }
+    *out = r;
+    return MOE_OK;
+oom:
+    moe_seqio_close(r);
+    return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+}
+
+int moe_seqio_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    memset(rec, 0, sizeof *rec);
+    if (r->fai) return moe_seqio_fai_next(r, rec, err);
+    if (r->hts) return moe_seqio_sam_next(r, rec, err);
+    return moe_seqio_fastx_next(r, rec, err);
+}
+
+moe_seq_format moe_seqio_format(const moe_seq_reader *r) {
+    return r->fmt;
+}
+int64_t moe_seqio_n_read(const moe_seq_reader *r) {
+    return r->n_read;
+}
+int64_t moe_seqio_n_filtered(const moe_seq_reader *r) {
+    return r->n_filtered;
+}
+int64_t moe_seqio_n_empty(const moe_seq_reader *r) {
+    return r->n_empty;
+}
+
+void moe_seqio_free_regions(char **regions, int n) {
+    for (int i = 0; regions && i < n; i++)
+        free(regions[i]);
+    free(regions);
+}
+
+moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err *err) {
+    *regions = NULL;
+    *n = 0;
+    FILE *fp = fopen(path, "r");
+    if (!fp) {
+        moe_err_set(err, MOE_ERR_INPUT, path, "cannot open BED file: %s", strerror(errno));
+        return MOE_ERR_INPUT;
+    }
+    char *line = NULL, **list = NULL;
+    size_t cap = 0;
+    int count = 0, alloc = 0;
+    int64_t lineno = 0;
+    moe_status st = MOE_OK;
+    while (st == MOE_OK && getline(&line, &cap, fp) != -1) {
+        lineno++;
+        char chrom[1024];
+        long long beg, end;
+        if (line[0] == '#' || line[0] == '\n' || line[0] == '\r' ||
+            strncmp(line, "track", 5) == 0 || strncmp(line, "browser", 7) == 0)
+            continue;
+        if (sscanf(line, "%1023s %lld %lld", chrom, &beg, &end) != 3 || beg < 0 || end <= beg) {
+            moe_err_set(err, MOE_ERR_INPUT, path,
+                        "expected \"chrom<TAB>start<TAB>end\" with 0 <= start < end");
+            moe_err_at_line(err, lineno, 0);
+            moe_err_hint(err, "BED coordinates are 0-based, end exclusive");
+            st = MOE_ERR_INPUT;
+            break;
+        }
+        if (count == alloc) {
+            alloc = alloc ? 2 * alloc : 16;
+            char **nl = realloc(list, (size_t)alloc * sizeof *nl);
+            if (!nl) {
+                st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+                break;
+            }
+            list = nl;
+        }
+        size_t need = strlen(chrom) + 48;
+        if (!(list[count] = malloc(need))) {
+            st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+            break;
+        }
+        /* {chrom} braces keep names containing ':' unambiguous for htslib */
+        snprintf(list[count++], need, "{%s}:%lld-%lld", chrom, beg + 1, end);
+    }
+    free(line);
+    fclose(fp);
+    if (st != MOE_OK) {
+        moe_seqio_free_regions(list, count);
+        return st;
+    }
+    *regions = list;
+    *n = count;
+    return MOE_OK;
+}
+
+void moe_seqio_revcomp(char *seq, int64_t n) {
+    char comp[256]; /* built per call: 256 bytes, no shared state */
+    for (int i = 0; i < 256; i++)
+        comp[i] = (char)i;
+    const char *from = "ACGTURYSWKMBDHVNacgturyswkmbdhvn";
+    const char *to = "TGCAAYRSWMKVHDBNtgcaayrswmkvhdbn";
+    for (int i = 0; from[i]; i++)
+        comp[(unsigned char)from[i]] = to[i];
+    for (int64_t i = 0, j = n - 1; i <= j; i++, j--) {
+        char a = comp[(unsigned char)seq[i]], b = comp[(unsigned char)seq[j]];
+        seq[i] = b;
+        seq[j] = a;
+    }
+}

@@ -1,0 +1,238 @@
+/* seqio_hts: SAM/BAM/CRAM records through htslib (with the read filter, reverse-strand
+ * restoration and indexed regions) and indexed FASTA regions through faidx.
+ *
+ * The one thing to know: htslib must never reach a network reference server. Unless the
+ * user set REF_PATH / REF_CACHE themselves, both are pointed below /dev/null (a path that
+ * can never exist), so a CRAM whose reference is not given with --reference fails to decode
+ * and we report that, naming the file and the option to use. */
+#include <errno.h>
+#include <htslib/hfile.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "seqio_impl.h"
+
+static const char NO_REF_PATH[] = "/dev/null/moe-genomics-no-network-reference/%s";
+
+static moe_status no_index(moe_seq_reader *r, const char *what, moe_err *err) {
+    moe_err_set(err, MOE_ERR_INPUT, r->path, "--region needs an index (%s) and none was found",
+                what);
+    return MOE_ERR_INPUT;
+}
+
+void moe_seqio_no_network_refs(void) {
+    /* setenv is process-wide, but only ever to the same constant, and only when unset;
+       moe_seqio_opts_defaults() calls this first, before any reader thread exists */
+    if (!getenv("REF_PATH")) setenv("REF_PATH", NO_REF_PATH, 0);
+    if (!getenv("REF_CACHE")) setenv("REF_CACHE", NO_REF_PATH, 0);
+}
+
+moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
+    moe_seqio_no_network_refs();
+    r->hts = hts_hopen(hf, r->path, "r");
+    if (!r->hts) {
+        hclose_abruptly(hf);
+        moe_err_set(err, MOE_ERR_INPUT, r->path, "htslib cannot open the %s file",
+                    moe_seqio_format_name(r->fmt));
+        return MOE_ERR_INPUT;
+    }
+    if (r->fmt == MOE_SEQ_CRAM && r->opts.reference &&
+        hts_set_fai_filename(r->hts, r->opts.reference) != 0) {
+        moe_err_set(err, MOE_ERR_INPUT, r->opts.reference,
+                    "cannot use as the CRAM reference (missing file, or cannot write/read its "
+                    ".fai index)");
+        moe_err_hint(err, "the reference must be a FASTA file, plain or bgzip, with `samtools "
+                          "faidx` run on it if its directory is read-only");
+        return MOE_ERR_INPUT;
+    }
+    if (r->opts.threads > 0) hts_set_threads(r->hts, r->opts.threads);
+    if (r->fmt == MOE_SEQ_BAM && strcmp(r->path, "-") != 0 &&
+        bgzf_check_EOF(r->hts->fp.bgzf) == 0) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path,
+                    "BGZF end-of-file marker missing: the BAM file is truncated");
+        moe_err_hint(err, "re-create the file (samtools quickcheck says the same)");
+        return MOE_ERR_INPUT;
+    }
+    r->hdr = sam_hdr_read(r->hts);
+    if (!r->hdr) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path, "cannot read the %s header",
+                    moe_seqio_format_name(r->fmt));
+        moe_err_hint(err, "the file is truncated or corrupt");
+        return MOE_ERR_INPUT;
+    }
+    for (int i = 0; i < 256; i++) {
+        r->nt16_pairs[2 * i] = seq_nt16_str[i >> 4];
+        r->nt16_pairs[2 * i + 1] = seq_nt16_str[i & 15];
+    }
+    r->b = bam_init1();
+    if (!r->b) return moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
+    if (r->n_regions > 0) {
+        if (r->fmt == MOE_SEQ_SAM || strcmp(r->path, "-") == 0) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path,
+                        "--region needs an indexed BAM or CRAM file (not SAM, not stdin)");
+            moe_err_hint(err, "convert and index it: samtools sort -o x.bam; samtools index "
+                              "x.bam");
+            return MOE_ERR_INPUT;
+        }
+        r->idx = sam_index_load(r->hts, r->path);
+        if (!r->idx) return no_index(r, r->fmt == MOE_SEQ_BAM ? ".bai/.csi" : ".crai", err);
+        r->itr = sam_itr_regarray(r->idx, r->hdr, r->regions, (unsigned)r->n_regions);
+        if (!r->itr) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path,
+                        "a --region names a reference sequence that is not in the header");
+            moe_err_hint(err,
+                         "regions look like chr, chr:beg or chr:beg-end (1-based); "
+                         "`samtools view -H %s` lists the names",
+                         r->path);
+            return MOE_ERR_INPUT;
+        }
+    }
+    return MOE_OK;
+}
+
+static int keep(const moe_seq_reader *r, const bam1_t *b) {
+    uint16_t f = b->core.flag;
+    if (f & r->opts.exclude_flags) return 0;
+    if ((f & r->opts.require_flags) != r->opts.require_flags) return 0;
+    return b->core.qual >= r->opts.min_mapq;
+}
+
+int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    bam1_t *b = r->b;
+    for (;;) {
+        int ret = r->itr ? sam_itr_next(r->hts, r->itr, b) : sam_read1(r->hts, r->hdr, b);
+        if (ret == -1) return 0;
+        if (ret < -1) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path, "cannot decode record %lld",
+                        (long long)r->record_no + 1);
+            if (r->fmt == MOE_SEQ_CRAM && !r->opts.reference)
+                moe_err_hint(err, "this CRAM needs its reference sequence: pass --reference "
+                                  "FILE.fa (network reference servers are never used)");
+            else if (r->fmt == MOE_SEQ_CRAM)
+                moe_err_hint(err, "check that --reference is the FASTA this CRAM was made "
+                                  "against; otherwise the file is truncated or corrupt");
+            else
+                moe_err_hint(err, "the file is truncated or corrupt");
+            return -1;
+        }
+        r->record_no++;
+        r->n_read++;
+        if (!keep(r, b)) {
+            r->n_filtered++;
+            continue;
+        }
+        int64_t n = b->core.l_qseq;
+        if (n == 0) {
+            moe_seqio_note_empty(r, bam_get_qname(b));
+            continue;
+        }
+        r->name.l = r->seq.l = r->qual.l = 0;
+        if (kputs(bam_get_qname(b), &r->name) < 0 || ks_resize(&r->seq, (size_t)n + 1) < 0 ||
+            ks_resize(&r->qual, (size_t)n + 1) < 0 || kputs("", &r->comment) < 0) {
+            moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
+            return -1;
+        }
+        r->comment.l = 0;
+        r->comment.s[0] = '\0';
+        const uint8_t *s = bam_get_seq(b), *q = bam_get_qual(b);
+        for (int64_t i = 0; i < n / 2; i++) /* two bases per packed byte */
+            memcpy(r->seq.s + 2 * i, r->nt16_pairs + 2 * s[i], 2);
+        if (n & 1) r->seq.s[n - 1] = seq_nt16_str[bam_seqi(s, n - 1)];
+        r->seq.s[n] = '\0';
+        int has_qual = q[0] != 0xff;
+        if (has_qual)
+            for (int64_t i = 0; i < n; i++)
+                r->qual.s[i] = (char)(q[i] + 33);
+        r->qual.s[has_qual ? n : 0] = '\0';
+        char strand = '+';
+        if ((b->core.flag & BAM_FREVERSE) && !r->opts.as_stored) {
+            moe_seqio_revcomp(r->seq.s, n);
+            if (has_qual)
+                for (int64_t i = 0, j = n - 1; i < j; i++, j--) {
+                    char t = r->qual.s[i];
+                    r->qual.s[i] = r->qual.s[j];
+                    r->qual.s[j] = t;
+                }
+            strand = '-';
+        }
+        rec->name = r->name.s;
+        rec->comment = r->comment.s;
+        rec->seq = r->seq.s;
+        rec->len = n;
+        rec->qual = has_qual ? r->qual.s : NULL;
+        rec->src_start = 0;
+        rec->src_end = n;
+        rec->strand = strand;
+        rec->record_no = r->record_no;
+        return 1;
+    }
+}
+
+moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err) {
+    r->fai = fai_load3(r->path, NULL, NULL, FAI_CREATE);
+    if (!r->fai) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path,
+                    "cannot load or build the FASTA index (.fai) needed for --region");
+        moe_err_hint(err, "regions need plain or bgzip FASTA (not gzip: `zcat x.fa.gz | bgzip > "
+                          "x.fa.bgz`) in a writable directory, or an existing .fai (and .gzi)");
+        return MOE_ERR_INPUT;
+    }
+    for (int i = 0; i < r->n_regions; i++) {
+        int tid;
+        hts_pos_t beg, end;
+        if (!fai_parse_region(r->fai, r->regions[i], &tid, &beg, &end, 0)) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path, "region \"%s\" is not in the FASTA index",
+                        r->regions[i]);
+            moe_err_hint(err,
+                         "regions look like chr, chr:beg or chr:beg-end (1-based, "
+                         "inclusive); the .fai lists the names (first: %s)",
+                         faidx_nseq(r->fai) > 0 ? faidx_iseq(r->fai, 0) : "none");
+            return MOE_ERR_INPUT;
+        }
+    }
+    return MOE_OK;
+}
+
+int moe_seqio_fai_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    while (r->region_i < r->n_regions) {
+        const char *reg = r->regions[r->region_i++];
+        int tid;
+        hts_pos_t beg, end, len;
+        fai_parse_region(r->fai, reg, &tid, &beg, &end, 0); /* validated at open */
+        const char *name = faidx_iseq(r->fai, tid);
+        hts_pos_t clen = faidx_seq_len(r->fai, name); /* int in htslib 1.16 */
+        if (end > clen) end = clen;
+        r->record_no++;
+        r->n_read++;
+        free(r->fai_seq);
+        r->fai_seq = NULL;
+        if (beg >= end) {
+            moe_seqio_note_empty(r, reg);
+            continue;
+        }
+        r->fai_seq = faidx_fetch_seq64(r->fai, name, beg, end - 1, &len);
+        if (!r->fai_seq || len != end - beg) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path, "cannot read region %s (got %lld bases)", reg,
+                        (long long)(r->fai_seq ? len : -1));
+            moe_err_hint(err, "the .fai index may be stale: delete it and run again");
+            return -1;
+        }
+        r->name.l = 0;
+        if (kputs(name, &r->name) < 0) {
+            moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
+            return -1;
+        }
+        rec->name = r->name.s;
+        rec->comment = "";
+        rec->seq = r->fai_seq;
+        rec->len = len;
+        rec->qual = NULL;
+        rec->src_start = beg;
+        rec->src_end = end;
+        rec->strand = '+';
+        rec->record_no = r->record_no;
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,55 @@
+/* seqio_impl: the reader struct shared by seqio.c (open, dispatch), seqio_fastx.c (FASTA,
+ * FASTQ from BGZF) and seqio_hts.c (SAM/BAM/CRAM, indexed FASTA regions).
+ *
+ * The one thing to know: exactly one of bgzf / hts / fai is open, chosen by the detected
+ * format and whether regions were given. */
+#ifndef MOE_SEQIO_IMPL_H
+#define MOE_SEQIO_IMPL_H
+
+#include <htslib/bgzf.h>
+#include <htslib/faidx.h>
+#include <htslib/hts.h>
+#include <htslib/kstring.h>
+#include <htslib/sam.h>
+
+#include "moe/seqio.h"
+
+struct moe_seq_reader {
+    char *path;
+    moe_seq_format fmt;
+    moe_seqio_opts opts;
+    char **regions; /* owned copies of opts.regions */
+    int n_regions;
+    /* FASTA/FASTQ */
+    BGZF *bgzf;
+    kstring_t line; /* current line (CR stripped) */
+    int have_line;  /* line holds an unconsumed header of the next record */
+    int64_t lineno;
+    kstring_t name, comment, seq, qual;
+    /* SAM/BAM/CRAM */
+    htsFile *hts;
+    sam_hdr_t *hdr;
+    bam1_t *b;
+    hts_idx_t *idx;
+    hts_itr_t *itr;
+    char nt16_pairs[512]; /* packed BAM byte -> its two bases */
+    /* indexed FASTA regions */
+    faidx_t *fai;
+    char *fai_seq;
+    int region_i;
+    /* counters */
+    int64_t record_no, n_read, n_filtered, n_empty;
+};
+
+int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
+int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
+int moe_seqio_fai_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
+/* Opens r->hts (already hopen'ed as hf) with reference, threads and regions. */
+moe_status moe_seqio_sam_open(moe_seq_reader *r, struct hFILE *hf, moe_err *err);
+moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err);
+/* Points REF_PATH/REF_CACHE nowhere unless the user set them (idempotent). */
+void moe_seqio_no_network_refs(void);
+/* Logs the first few empty records, then one line saying further ones are not reported. */
+void moe_seqio_note_empty(moe_seq_reader *r, const char *name);
+
+#endif

@@ -1,0 +1,239 @@
+/* tokenize_prefetch: a reader thread for moe-tokenize -@ N (N >= 2) - it decompresses and
+ * parses the inputs (seqio) into batches of records while the calling thread tokenizes and
+ * writes the previous batch.
+ *
+ * The one thing to know: there is exactly one reader and one consumer and batches are
+ * handed over in order through a small ring, so the output is the same bytes as the
+ * single-threaded path. A reader error travels inside the batch where it happened and is
+ * reported after the records before it were processed, exactly as without the thread. */
+#include "tokenize_prefetch.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_SLOTS 3
+#define BATCH_BYTES (4u << 20)
+#define BATCH_RECORDS 8192
+
+typedef struct rec_meta {
+    size_t name_off, seq_off;
+    int64_t len, src_start, src_end, record_no, line;
+    char strand;
+    int input;
+} rec_meta;
+
+typedef struct batch {
+    char *buf;
+    size_t used, cap;
+    rec_meta *recs;
+    int n, cap_recs;
+    int end;           /* no batch follows */
+    moe_status status; /* reader error after the records of this batch */
+    moe_err err;
+    int64_t filtered, empty; /* counters of inputs finished while filling this batch */
+} batch;
+
+struct moe_prefetch {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    batch slots[N_SLOTS];
+    int n_full, head; /* full slots are head, head+1, ... (mod N_SLOTS) */
+    int stop;         /* consumer gave up */
+    int started;
+    const char *const *inputs;
+    int n_inputs;
+    moe_seqio_opts io;
+    /* consumer position */
+    batch *cur;
+    int pos;
+};
+
+static int batch_add(batch *b, const moe_seq_record *rec, int input) {
+    size_t nl = strlen(rec->name) + 1, need = b->used + nl + (size_t)rec->len + 1;
+    if (need > b->cap) {
+        size_t nc = b->cap ? b->cap : BATCH_BYTES;
+        while (nc < need)
+            nc *= 2;
+        char *nb = realloc(b->buf, nc);
+        if (!nb) return -1;
+        b->buf = nb;
+        b->cap = nc;
+    }
+    if (b->n == b->cap_recs) {
+        int nc = b->cap_recs ? 2 * b->cap_recs : 256;
+        rec_meta *nr = realloc(b->recs, (size_t)nc * sizeof *nr);
+        if (!nr) return -1;
+        b->recs = nr;
+        b->cap_recs = nc;
+    }
+    rec_meta *m = &b->recs[b->n++];
+    m->name_off = b->used;
+    memcpy(b->buf + b->used, rec->name, nl);
+    b->used += nl;
+    m->seq_off = b->used;
+    memcpy(b->buf + b->used, rec->seq, (size_t)rec->len + 1);
+    b->used += (size_t)rec->len + 1;
+    m->len = rec->len;
+    m->src_start = rec->src_start;
+    m->src_end = rec->src_end;
+    m->record_no = rec->record_no;
+    m->line = rec->line;
+    m->strand = rec->strand;
+    m->input = input;
+    return 0;
+}
+
+/* Reader state kept across batches. */
+typedef struct reader_pos {
+    int input;
+    moe_seq_reader *r;
+} reader_pos;
+
+/* Fills b; returns 1 when more batches will follow. */
+static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
+    b->n = 0;
+    b->used = 0;
+    b->end = 0;
+    b->status = MOE_OK;
+    b->filtered = b->empty = 0;
+    moe_err_clear(&b->err);
+    while (rp->input < p->n_inputs) {
+        if (!rp->r && moe_seqio_open(&rp->r, p->inputs[rp->input], &p->io, &b->err) != MOE_OK) {
+            b->status = b->err.status;
+            return 0;
+        }
+        moe_seq_record rec;
+        int ret;
+        while ((ret = moe_seqio_next(rp->r, &rec, &b->err)) == 1) {
+            if (batch_add(b, &rec, rp->input) < 0) {
+                b->status = moe_err_set(&b->err, MOE_ERR_RUNTIME, p->inputs[rp->input],
+                                        "out of memory (reader batch)");
+                return 0;
+            }
+            if (b->used >= BATCH_BYTES || b->n >= BATCH_RECORDS) return 1;
+        }
+        b->filtered += moe_seqio_n_filtered(rp->r);
+        b->empty += moe_seqio_n_empty(rp->r);
+        moe_seqio_close(rp->r);
+        rp->r = NULL;
+        if (ret < 0) {
+            b->status = b->err.status;
+            return 0;
+        }
+        rp->input++;
+    }
+    return 0;
+}
+
+static void *reader_main(void *arg) {
+    moe_prefetch *p = arg;
+    reader_pos rp = {0, NULL};
+    for (int slot = 0, more = 1; more; slot = (slot + 1) % N_SLOTS) {
+        pthread_mutex_lock(&p->mu);
+        while (p->n_full == N_SLOTS && !p->stop)
+            pthread_cond_wait(&p->cv, &p->mu);
+        int stop = p->stop;
+        pthread_mutex_unlock(&p->mu);
+        if (stop) break;
+        batch *b = &p->slots[slot];
+        more = fill(p, &rp, b);
+        b->end = !more;
+        pthread_mutex_lock(&p->mu);
+        p->n_full++;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+    if (rp.r) moe_seqio_close(rp.r);
+    return NULL;
+}
+
+moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int n_inputs,
+                              const moe_seqio_opts *io, moe_err *err) {
+    *out = NULL;
+    moe_prefetch *p = calloc(1, sizeof *p);
+    if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    p->inputs = inputs;
+    p->n_inputs = n_inputs;
+    p->io = *io;
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    if (pthread_create(&p->thread, NULL, reader_main, p) != 0) {
+        moe_prefetch_finish(p);
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "cannot start the reader thread");
+    }
+    p->started = 1;
+    *out = p;
+    return MOE_OK;
+}
+
+/* Releases the consumer's current batch back to the reader. */
+static void release(moe_prefetch *p) {
+    if (!p->cur) return;
+    pthread_mutex_lock(&p->mu);
+    p->head = (p->head + 1) % N_SLOTS;
+    p->n_full--;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    p->cur = NULL;
+}
+
+int moe_prefetch_next(moe_prefetch *p, moe_seq_record *rec, int *input, int64_t *filtered,
+                      int64_t *empty, moe_err *err) {
+    for (;;) {
+        if (!p->cur) {
+            pthread_mutex_lock(&p->mu);
+            while (p->n_full == 0)
+                pthread_cond_wait(&p->cv, &p->mu);
+            p->cur = &p->slots[p->head];
+            pthread_mutex_unlock(&p->mu);
+            p->pos = 0;
+            *filtered += p->cur->filtered;
+            *empty += p->cur->empty;
+        }
+        batch *b = p->cur;
+        if (p->pos < b->n) {
+            const rec_meta *m = &b->recs[p->pos++];
+            memset(rec, 0, sizeof *rec);
+            rec->name = b->buf + m->name_off;
+            rec->comment = "";
+            rec->seq = b->buf + m->seq_off;
+            rec->len = m->len;
+            rec->src_start = m->src_start;
+            rec->src_end = m->src_end;
+            rec->strand = m->strand;
+            rec->record_no = m->record_no;
+            rec->line = m->line;
+            *input = m->input;
+            return 1;
+        }
+        if (b->status != MOE_OK) {
+            *err = b->err;
+            return -1;
+        }
+        int end = b->end;
+        release(p);
+        if (end) return 0;
+    }
+}
+
+void moe_prefetch_finish(moe_prefetch *p) {
+    if (!p) return;
+    if (p->started) {
+        pthread_mutex_lock(&p->mu);
+        p->stop = 1;
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        /* a reader waiting for a free slot wakes up and sees stop; one inside fill()
+           publishes its batch, then sees stop */
+        pthread_join(p->thread, NULL);
+    }
+    for (int i = 0; i < N_SLOTS; i++) {
+        free(p->slots[i].buf);
+        free(p->slots[i].recs);
+    }
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p);
+}

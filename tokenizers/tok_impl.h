@@ -1,0 +1,38 @@
+/* tok_impl: what libcore/src/tokenizer.c needs from each tokenizer kind (tokenizers/byte.c, nuc.c,
+ * kmer.c).
+ *
+ * A kind's build function fills the vocabulary strings, the special ids and the byte
+ * tables of a moe_tokenizer whose opts are already validated; encode/decode are generic
+ * for one-token-per-base kinds (byte, nuc) and specialised for kmer. The one thing to
+ * know: enc[] values below zero mean "not in the alphabet" (MOE_TOK_BAD) or "removed by
+ * the IUPAC drop policy" (MOE_TOK_DROP). */
+#ifndef MOE_TOK_IMPL_H
+#define MOE_TOK_IMPL_H
+
+#include "moe/tokenizer.h"
+
+#define MOE_TOK_BAD (-1)
+#define MOE_TOK_DROP (-2)
+
+/* Number of specials at the start of the nuc and kmer vocabularies: pad bos eos mask unk. */
+#define MOE_TOK_N_SPECIAL 5
+
+/* Resolves one input byte through the IUPAC and case policies: the base it becomes (0 for
+ * not-in-alphabet, 1 for dropped) and whether it was lower case. */
+char moe_tok_resolve_base(const moe_tokenizer_opts *o, unsigned char c, int *lower);
+
+/* Allocates t->vocab with n entries (all NULL) and sets t->vocab_size. */
+moe_status moe_tok_alloc_vocab(moe_tokenizer *t, int64_t n, moe_err *err);
+/* strdup into t->vocab[i]. */
+moe_status moe_tok_set_vocab(moe_tokenizer *t, int64_t i, const char *s, moe_err *err);
+
+moe_status moe_tok_byte_build(moe_tokenizer *t, moe_err *err);
+moe_status moe_tok_nuc_build(moe_tokenizer *t, moe_err *err);
+moe_status moe_tok_kmer_build(moe_tokenizer *t, moe_err *err);
+
+moe_status moe_tok_kmer_encode(const moe_tokenizer *t, const char *seq, int64_t len,
+                               moe_token_buf *out, moe_err *err);
+int64_t moe_tok_kmer_decode(const moe_tokenizer *t, const int32_t *ids, const uint8_t *lower,
+                            int64_t n, char *out);
+
+#endif
