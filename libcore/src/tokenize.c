@@ -46,9 +46,18 @@ static uint64_t splitmix64(uint64_t x) {
     return x ^ (x >> 31);
 }
 
-int moe_tokenize_is_val(const char *name, double f) {
+int moe_tokenize_is_val(const char *key, double f) {
     if (f <= 0) return 0;
-    return (double)(fnv1a64(name) >> 11) * 0x1.0p-53 < f;
+    /* FNV-1a alone leaves its top bits correlated for names that differ only at the end
+       (chr1, chr2, ...); the splitmix64 finaliser spreads them. */
+    return (double)(splitmix64(fnv1a64(key)) >> 11) * 0x1.0p-53 < f;
+}
+
+/* The split key of window `index` of a record: "name/index". */
+static int window_is_val(const char *name, int64_t index, double f) {
+    char key[4096];
+    snprintf(key, sizeof key, "%s/%lld", name, (long long)index);
+    return moe_tokenize_is_val(key, f);
 }
 
 /* One output stream (train or val): the current writer and the files committed so far. */
@@ -288,6 +297,10 @@ static moe_status do_orientation(ctx *c, const moe_seq_record *rec, const char *
         return err->status;
     }
     int64_t n = c->enc.n;
+    /* Non-overlapping windows of one orientation split one by one (a single genome still
+       gets a validation part, and no base lands on both sides); otherwise the record does. */
+    int per_window = w > 0 && stride >= w && t->opts.revcomp != MOE_REVCOMP_ADD;
+    int64_t n_windows = 0;
     for (int64_t a = 0; a < n;) {
         int64_t b = n;
         if (split) {
@@ -303,7 +316,10 @@ static moe_status do_orientation(ctx *c, const moe_seq_record *rec, const char *
         } else {
             for (int64_t s = a;; s += stride) {
                 int64_t e = s + w < b ? s + w : b;
-                if (emit_doc(c, rec, source, is_val, rc, s, e, err) != MOE_OK) return err->status;
+                int v = per_window ? window_is_val(rec->name, n_windows, c->o->val_fraction)
+                                   : is_val;
+                n_windows++;
+                if (emit_doc(c, rec, source, v, rc, s, e, err) != MOE_OK) return err->status;
                 if (e == b) break;
             }
         }

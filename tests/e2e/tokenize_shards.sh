@@ -17,16 +17,20 @@ moe-tokenize -q "$HAIRPIN" -o out/ --shard-tokens 500000 --val-fraction 0.1
 [ -s out/manifest.json ] || fail "no manifest"
 python3 - "$HAIRPIN" <<'PY' > want.txt
 import gzip, sys
-def fnv(s):
+M = 2**64
+def fnv(s):   # the split hash of docs/formats.md
     h = 1469598103934665603
     for b in s.encode():
-        h ^= b; h = (h * 1099511628211) % 2**64
-    return h
+        h ^= b; h = (h * 1099511628211) % M
+    x = (h + 0x9E3779B97F4A7C15) % M          # splitmix64 finaliser
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % M
+    return x ^ (x >> 31)
 val = tr = 0
 for line in gzip.open(sys.argv[1], "rt"):
     if line.startswith(">"):
         name = line[1:].split()[0]
-        if (fnv(name) >> 11) * 2.0**-53 < 0.1: val += 1
+        if (fnv(name) >> 11) * 2.0**-53 < 0.1: val += 1   # split key: the record name
         else: tr += 1
 print(tr, val)
 PY
@@ -87,4 +91,25 @@ moe-tokenize -q -t nuc --n-runs split --min-length 2 --no-eos n.fa -o split2.mto
 [ "$(moe-tokenize stats --json split2.mtok | js 'd[0]["documents"]')" -eq 2 ] || fail "min-length"
 moe-tokenize -q -t nuc --n-runs collapse --no-eos n.fa -o col.mtok
 [ "$(moe-tokenize decode -w 0 col.mtok | grep -v '>' | tr '\n' ' ')" = "ACGTNACGTACGTNA N " ] || fail "collapse"
+# non-overlapping windows split one by one (key "name/index"): one genome, both sides
+moe-tokenize -q --window 1000 --val-fraction 0.2 "$LAMBDA" -o win.mtok
+python3 - > want_win.txt <<'PY'
+M = 2**64
+def split_hash(s):
+    h = 1469598103934665603
+    for b in s.encode():
+        h ^= b; h = (h * 1099511628211) % M
+    x = (h + 0x9E3779B97F4A7C15) % M
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % M
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % M
+    return x ^ (x >> 31)
+n = (48502 + 999) // 1000    # lambda: 48,502 bases in 1 kb windows
+val = sum((split_hash("gi|9626243|ref|NC_001416.1|/%d" % i) >> 11) * 2.0**-53 < 0.2 for i in range(n))
+print(n - val, val)
+PY
+read -r want_tr want_val < want_win.txt
+got_tr=$(moe-tokenize stats --json win.mtok | js 'd[0]["documents"]')
+got_val=$(moe-tokenize stats --json win.val.mtok | js 'd[0]["documents"]')
+[ "$got_tr" -eq "$want_tr" ] && [ "$got_val" -eq "$want_val" ] && [ "$got_val" -gt 0 ] \
+  || fail "window split $got_tr/$got_val != $want_tr/$want_val"
 echo "tokenize_shards: ok"

@@ -4,8 +4,10 @@
  * Records are read in input order (seqio), turned into documents by the document policies
  * of the tokenizer spec (N-run split, reverse complement, windows, minimum length,
  * BOS/EOS), and written in that same order, so the output bytes never depend on the
- * number of threads. The one thing to know: the train/validation split is by record name
- * (FNV-1a 64 of the name), so every window of a record lands on the same side. */
+ * number of threads. The one thing to know: the train/validation split hashes the record
+ * name, so every piece of a record lands on the same side - except non-overlapping windows
+ * (--window W --stride >= W, no reverse-complement copy), which split one by one under the
+ * key "name/index", so a single long genome still gets a validation part. */
 #ifndef MOE_TOKENIZE_H
 #define MOE_TOKENIZE_H
 
@@ -38,8 +40,9 @@ typedef struct moe_tokenize_summary {
 moe_status moe_tokenize_run(const moe_tokenize_opts *o, moe_tokenize_summary *summary,
                             moe_err *err);
 
-/* 1 when a record name goes to the validation split: (FNV-1a-64(name) >> 11) * 2^-53 < f. */
-int moe_tokenize_is_val(const char *name, double f);
+/* 1 when a split key (record name, or "name/index" for a window) goes to validation:
+ * (splitmix64(FNV-1a-64(key)) >> 11) * 2^-53 < f. See docs/formats.md. */
+int moe_tokenize_is_val(const char *key, double f);
 
 /* `moe-tokenize stats`: counts, per-token frequencies, length histogram and the spec of
  * each file (one shard or a directory/manifest), as text or JSON. */

@@ -1,0 +1,142 @@
+/* bench_train_gpu: training-step throughput of the MoE model on one GPU through the CUDA
+ * backend, for the shapes of ../shared/anchors (Hugging Face Mixtral baselines on an H200).
+ *
+ *   bench_train_gpu PRESET [STEPS]      PRESET: mixtral8x7b-2L, og2-8x1b, dna-moe-1b, L0_sanity
+ *
+ * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
+ * fp32 master weights and state) on random tokens, bf16 recipe; one warm-up step, then the
+ * median of STEPS timed steps (default 3). Prints tokens/s, model TFLOP/s (6 x matmul
+ * weights touched per token + 6 x layers x seq x hidden, moe_model_flops_per_token), MFU
+ * against 790 TFLOP/s (the bf16 GEMM rate measured on this GPU) and the peak device memory
+ * the backend held. The one thing to know: no data loading or checkpoint I/O is included,
+ * so the figure is the model's compute path alone. Exits 77 without a CUDA device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moe/backend_cuda.h"
+#include "moe/model.h"
+
+typedef struct preset {
+    const char *name;
+    int64_t hidden, inter, layers, heads, kv, experts, topk, seq, tokens;
+    double theta;
+} preset;
+
+static const preset k_presets[] = {
+    {"mixtral8x7b-2L", 4096, 14336, 2, 32, 8, 8, 2, 4096, 8192, 1e6},
+    {"og2-8x1b", 2048, 4096, 16, 16, 8, 8, 2, 8192, 16384, 5e5},
+    {"dna-moe-1b", 1024, 2816, 16, 16, 8, 8, 2, 8192, 32768, 5e5},
+    {"L0_sanity", 384, 1536, 2, 6, 6, 4, 2, 256, 16384, 1e4},
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int fail(const moe_err *err) {
+    moe_err_print(err, "bench_train_gpu", stderr);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    const preset *p = NULL;
+    int steps = argc > 2 ? atoi(argv[2]) : 3;
+    for (size_t i = 0; argc > 1 && i < sizeof k_presets / sizeof k_presets[0]; i++)
+        if (!strcmp(argv[1], k_presets[i].name)) p = &k_presets[i];
+    if (!p || steps < 1 || steps > 100) {
+        fprintf(stderr, "usage: bench_train_gpu PRESET [STEPS 1..100]\npresets:");
+        for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
+            fprintf(stderr, " %s", k_presets[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    if (moe_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    moe_err err;
+    moe_err_clear(&err);
+    const moe_backend *be = moe_backend_cuda(&err);
+    if (!be) return fail(&err);
+    moe_model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 256;
+    c.hidden_size = p->hidden;
+    c.intermediate_size = p->inter;
+    c.num_hidden_layers = p->layers;
+    c.num_attention_heads = p->heads;
+    c.num_key_value_heads = p->kv;
+    c.num_local_experts = p->experts;
+    c.num_experts_per_tok = p->topk;
+    c.max_position_embeddings = p->seq;
+    c.rope_theta = p->theta;
+    c.rms_norm_eps = 1e-5;
+    c.router_aux_loss_coef = 0.02;
+    c.router_z_loss_coef = 0.001;
+    c.initializer_range = 0.02;
+    int B = (int)(p->tokens / p->seq), T = (int)p->seq;
+    moe_model m;
+    memset(&m, 0, sizeof m);
+    double t0 = now_s();
+    if (moe_model_create(&m, &c, MOE_RECIPE_BF16, be, B, T, &err) != MOE_OK) return fail(&err);
+    moe_model_init_weights(&m, 1);
+    int64_t n = m.n_elems;
+    float *am = be->alloc(be, (size_t)n * sizeof(float)),
+          *av = be->alloc(be, (size_t)n * sizeof(float));
+    if (!am || !av || be->synchronize(be, &err) != MOE_OK) {
+        if (err.status == MOE_OK)
+            moe_err_set(&err, MOE_ERR_RUNTIME, NULL, "no memory for AdamW state");
+        return fail(&err);
+    }
+    double t_init = now_s() - t0;
+    int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)),
+            *tgt = malloc((size_t)B * T * sizeof(int32_t));
+    uint64_t s = 42;
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((s >> 33) % 4); /* DNA-like: four letters */
+    }
+    for (int64_t i = 0; i < (int64_t)B * T; i++)
+        tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
+    double *times = malloc((size_t)(steps + 1) * sizeof(double)), loss = 0.0;
+    for (int st = 0; st <= steps; st++) { /* st 0: warm-up */
+        double a = now_s();
+        moe_step_stats ss;
+        moe_model_zero_grad(&m);
+        if (moe_model_forward(&m, tok, tgt, NULL, B, T, &ss, &err) != MOE_OK ||
+            moe_model_backward(&m, 1.0f, &err) != MOE_OK)
+            return fail(&err);
+        double gn = be->sum_squares(be, m.grad_mem, n);
+        float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
+        be->adamw(be, m.param_mem, m.grad_mem, am, av, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, st + 1,
+                  scale);
+        if (be->synchronize(be, &err) != MOE_OK) return fail(&err);
+        times[st] = now_s() - a;
+        loss = ss.loss;
+    }
+    qsort(times + 1, (size_t)steps, sizeof(double), cmp_double);
+    double med = times[1 + steps / 2], tps = (double)B * T / med;
+    double tflops = moe_model_flops_per_token(&c, T) * tps * 1e-12;
+    size_t cur = 0, peak = 0;
+    moe_backend_cuda_memory(be, &cur, &peak);
+    printf("| %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
+           "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
+           p->name, (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0,
+           (double)peak / (1024.0 * 1024.0 * 1024.0), t_init, loss);
+    free(times), free(tok), free(tgt);
+    be->free(be, am), be->free(be, av);
+    moe_model_free(&m);
+    moe_backend_cuda_free(be);
+    return 0;
+}

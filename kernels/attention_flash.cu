@@ -1,0 +1,706 @@
+/* attention_flash: causal grouped-query flash attention, forward and backward, for the CUDA
+ * backend - bf16 tensor-core products (mma.sync m16n8k16), fp32 softmax statistics, memory
+ * linear in T (no T x T matrix is ever stored). Head dims 16, 32, 64, 96 and 128. The fp32
+ * recipe goes to the plain-fp32 kernels of attention_fp32.cu instead.
+ *
+ * Forward (FlashAttention-2 style): a block owns 64 query rows of one head (16 per warp),
+ * walks the key blocks 0..diagonal with an online softmax and keeps the output accumulator in
+ * registers; it saves lse = logsumexp of each scaled score row. Backward recomputes the
+ * probabilities from lse in two kernels so that every gradient element has one owner (no
+ * atomics, deterministic): one block per 64 queries accumulates dq, one block per 64 keys of
+ * a kv head accumulates dk and dv over the query heads of its group. Rounding matches the
+ * CPU backend's bf16 emulation: q, k, v, dout, the probabilities and the score gradients
+ * enter the products as bf16; the output is stored rounded to bf16; gradients stay fp32.
+ *
+ * The one thing a reader must know: fragment layouts are the PTX ISA's for
+ * m16n8k16 (g = lane/4, t = lane%4): A holds rows g and g+8, columns 2t,2t+1 (+8); B holds
+ * k rows 2t,2t+1 (+8) of column g; C holds rows g, g+8 and columns 2t, 2t+1. The loaders
+ * below read shared-memory tiles of row stride D+8 bf16 with ldmatrix (conflict-free for
+ * D = 64, 128). Tiles stream in with cp.async, double-buffered: the next key (or query)
+ * block is in flight while the current one is multiplied. The first, simpler version (plain
+ * loads, no pipelining) is kept in bench/kernels/attention_flash_v1.cu. */
+#include <math.h>
+
+#include "backend_cuda.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+/* Tile sizes. FA_BK, FA_BQ_KV and FA_MINB may be set at compile time (-D) to try variants
+ * (bench/kernels/README: the op test verifies a variant, its --perf mode times it). */
+#define FA_BQ 64  /* query rows per block of the forward and dq kernels (4 warps x 16) */
+#define FA_BKV 64 /* key rows per block of the dk/dv kernel (4 warps x 16) */
+#ifndef FA_BK
+#define FA_BK 64 /* key rows per step of the forward and dq kernels (multiple of 16) */
+#endif
+#ifndef FA_BQ_KV
+#define FA_BQ_KV 32 /* query rows per step of the dk/dv kernel (multiple of 16) */
+#endif
+#ifndef FA_MINB
+#define FA_MINB 1 /* __launch_bounds__ minimum blocks per SM of the forward and dq kernels */
+#endif
+#define FA_THREADS 128
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_2(bf16 lo, bf16 hi) {
+    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* A fragment of rows r0..r0+15, columns k0..k0+15 of a row-major tile. ldmatrix matrices:
+ * 0 = (rows +0, cols +0) -> a0, 1 = (+8, +0) -> a1, 2 = (+0, +8) -> a2, 3 = (+8, +8) -> a3. */
+template <int LD>
+__device__ __forceinline__ void load_a(uint32_t a[4], const bf16 *s, int r0, int k0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4(a, s + (r0 + (lane & 7) + (mi & 1) * 8) * LD + k0 + (mi >> 1) * 8);
+}
+
+/* B fragments of two n-tiles (n0..n0+15) with B(k, n) = M[n0 + n][k0 + k]: b[0..1] for
+ * n-tile n0/8, b[2..3] for the next. Matrix i covers rows +8*(i/2), cols +8*(i%2). */
+template <int LD>
+__device__ __forceinline__ void load_b_t2(uint32_t b[4], const bf16 *s, int n0, int k0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4(b, s + (n0 + (lane & 7) + (mi >> 1) * 8) * LD + k0 + (mi & 1) * 8);
+}
+
+/* B fragments of two n-tiles with B(k, n) = M[k0 + k][n0 + n] (transposing ldmatrix):
+ * matrix i covers rows (k) +8*(i%2), cols (n) +8*(i/2). */
+template <int LD>
+__device__ __forceinline__ void load_b_n2(uint32_t b[4], const bf16 *s, int k0, int n0, int lane) {
+    int mi = lane >> 3;
+    ldsm_x4_t(b, s + (k0 + (lane & 7) + (mi & 1) * 8) * LD + n0 + (mi >> 1) * 8);
+}
+
+/* A fragment (k block kk of 16 columns) from C accumulators of 8-column tiles acc[nt][4] */
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*acc)[4], int kk) {
+    a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+/* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor into a [rows][LD]
+ * tile with cp.async (16 bytes per request); rows >= T are zero-filled (source size 0). The
+ * caller commits the group and waits for it before reading. */
+template <int D, int LD>
+__device__ __forceinline__ void cp_tile(bf16 *s, const bf16 *g, int rows, int64_t row0, int64_t T,
+                                        int64_t stride) {
+    const int chunks = D / 8;
+    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
+        int r = i / chunks, c8 = (i % chunks) * 8;
+        int ok = row0 + r < T;
+        const bf16 *src = ok ? g + (row0 + r) * stride + c8 : g;
+        asm volatile(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(s + r * LD + c8)),
+            "l"(src), "r"(ok ? 16 : 0));
+    }
+}
+
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* ------------------------------------------------------------------------------------------
+ * forward */
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB)
+    k_fa_fwd(float *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
+             const bf16 *__restrict__ k, const bf16 *__restrict__ v, int64_t T, int H, int KV,
+             float scale, int round_out) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
+    bf16 *sKb = sQ + FA_BQ * LD;      /* [2][FA_BK][LD] */
+    bf16 *sVb = sKb + 2 * FA_BK * LD; /* [2][FA_BK][LD] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* longest (diagonal-most) blocks first */
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
+    const int64_t q0 = (int64_t)qb * FA_BQ;
+    const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
+    const bf16 *qg = q + (int64_t)b * T * qstride + (int64_t)h * D;
+    const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
+    const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
+
+    /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1 */
+    const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
+    cp_tile<D, LD>(sQ, qg, FA_BQ, q0, T, qstride);
+    cp_tile<D, LD>(sKb, kg, FA_BK, 0, T, kstride);
+    cp_tile<D, LD>(sVb, vg, FA_BK, 0, T, kstride);
+    cp_commit();
+
+    uint32_t qf[D / 16][4];
+    float o[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    const float sl2 = scale * LOG2E;
+
+    for (int kb = 0; kb <= kb_last; kb++) {
+        const int64_t k0 = (int64_t)kb * FA_BK;
+        if (kb < kb_last) { /* prefetch the next key block into the other buffer */
+            int nb = (kb + 1) & 1;
+            cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, T, kstride);
+            cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, T, kstride);
+        }
+        cp_commit(); /* possibly empty: keeps one group per iteration */
+        cp_wait<1>();
+        __syncthreads();
+        const bf16 *sK = sKb + (kb & 1) * FA_BK * LD, *sV = sVb + (kb & 1) * FA_BK * LD;
+        if (kb == 0) {
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++)
+                load_a<LD>(qf[ks], sQ, warp * 16, ks * 16, lane);
+        }
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++)
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+            for (int np = 0; np < FA_BK / 16; np++) {
+                uint32_t bfr[4];
+                load_b_t2<LD>(bfr, sK, np * 16, ks * 16, lane);
+                mma16816(s[2 * np], qf[ks], bfr);
+                mma16816(s[2 * np + 1], qf[ks], bfr + 2);
+            }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            int64_t key = k0 + nt * 8 + 2 * t;
+            s[nt][0] = key <= row0 ? s[nt][0] * sl2 : -INFINITY;
+            s[nt][1] = key + 1 <= row0 ? s[nt][1] * sl2 : -INFINITY;
+            s[nt][2] = key <= row1 ? s[nt][2] * sl2 : -INFINITY;
+            s[nt][3] = key + 1 <= row1 ? s[nt][3] * sl2 : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        /* a row whose keys in this block are all masked keeps its max (finite: block 0,
+         * processed first, holds key 0 <= row), so exp2 gives p = 0 and alpha = 1 */
+        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+        m0 = mn0;
+        m1 = mn1;
+        float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - mn0);
+            s[nt][1] = exp2f(s[nt][1] - mn0);
+            s[nt][2] = exp2f(s[nt][2] - mn1);
+            s[nt][3] = exp2f(s[nt][3] - mn1);
+            ls0 += s[nt][0] + s[nt][1];
+            ls1 += s[nt][2] + s[nt][3];
+        }
+        l0 = l0 * a0 + ls0;
+        l1 = l1 * a1 + ls1;
+#pragma unroll
+        for (int nt = 0; nt < D / 8; nt++) {
+            o[nt][0] *= a0;
+            o[nt][1] *= a0;
+            o[nt][2] *= a1;
+            o[nt][3] *= a1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            uint32_t pa[4];
+            c_to_a(pa, s, kk);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t bfr[4];
+                load_b_n2<LD>(bfr, sV, kk * 16, np * 16, lane);
+                mma16816(o[2 * np], pa, bfr);
+                mma16816(o[2 * np + 1], pa, bfr + 2);
+            }
+        }
+        __syncthreads(); /* all reads of this buffer are done before it is refilled */
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    float *og = out + (int64_t)b * T * qstride + (int64_t)h * D;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        float v00 = o[nt][0] * inv0, v01 = o[nt][1] * inv0;
+        float v10 = o[nt][2] * inv1, v11 = o[nt][3] * inv1;
+        if (round_out) {
+            v00 = moe_dev_round_bf16(v00);
+            v01 = moe_dev_round_bf16(v01);
+            v10 = moe_dev_round_bf16(v10);
+            v11 = moe_dev_round_bf16(v11);
+        }
+        if (row0 < T)
+            *reinterpret_cast<float2 *>(og + row0 * qstride + col) = make_float2(v00, v01);
+        if (row1 < T)
+            *reinterpret_cast<float2 *>(og + row1 * qstride + col) = make_float2(v10, v11);
+    }
+    if (t == 0) {
+        float *lg = lse + (int64_t)bh * T;
+        if (row0 < T) lg[row0] = (m0 + log2f(l0)) / LOG2E;
+        if (row1 < T) lg[row1] = (m1 + log2f(l1)) / LOG2E;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * backward: Delta = rowsum(dout * out), then dq, then dk/dv */
+
+/* delta[b, h, t] = sum_d dout * out over one row; one warp per row */
+__global__ void k_fa_delta(float *__restrict__ delta, const float *__restrict__ dout,
+                           const float *__restrict__ out, int64_t B, int64_t T, int H, int D) {
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* (b*T + t)*H + h */
+    int lane = threadIdx.x & 31;
+    if (row >= B * T * H) return;
+    const float *a = dout + row * D, *c = out + row * D;
+    float s = 0.0f;
+    for (int d = lane; d < D; d += 32)
+        s += a[d] * c[d];
+    s = moe_warp_sum(s);
+    if (lane == 0) {
+        int64_t h = row % H, bt = row / H, b = bt / T, tt = bt % T;
+        delta[(b * H + h) * T + tt] = s;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS, FA_MINB)
+    k_fa_bwd_dq(float *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
+                const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
+                const float *__restrict__ lse, const float *__restrict__ delta, int64_t T, int H,
+                int KV, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
+    bf16 *sdO = sQ + FA_BQ * LD;
+    bf16 *sKb = sdO + FA_BQ * LD;     /* [2][FA_BK][LD] */
+    bf16 *sVb = sKb + 2 * FA_BK * LD; /* [2][FA_BK][LD] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
+    const int64_t q0 = (int64_t)qb * FA_BQ;
+    const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
+    const int64_t qoff = (int64_t)b * T * qstride + (int64_t)h * D;
+    const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
+    const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
+    const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
+    cp_tile<D, LD>(sQ, q + qoff, FA_BQ, q0, T, qstride);
+    cp_tile<D, LD>(sdO, dout + qoff, FA_BQ, q0, T, qstride);
+    cp_tile<D, LD>(sKb, kg, FA_BK, 0, T, kstride);
+    cp_tile<D, LD>(sVb, vg, FA_BK, 0, T, kstride);
+    cp_commit();
+    const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    const float *lg = lse + (int64_t)bh * T, *dg = delta + (int64_t)bh * T;
+    const float lse0 = row0 < T ? lg[row0] * LOG2E : 0.0f,
+                lse1 = row1 < T ? lg[row1] * LOG2E : 0.0f;
+    const float dl0 = row0 < T ? dg[row0] : 0.0f, dl1 = row1 < T ? dg[row1] : 0.0f;
+    const float sl2 = scale * LOG2E;
+    float acc[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+    for (int kb = 0; kb <= kb_last; kb++) {
+        const int64_t k0 = (int64_t)kb * FA_BK;
+        if (kb < kb_last) {
+            int nb = (kb + 1) & 1;
+            cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, T, kstride);
+            cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, T, kstride);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const bf16 *sK = sKb + (kb & 1) * FA_BK * LD, *sV = sVb + (kb & 1) * FA_BK * LD;
+        float s[FA_BK / 8][4], dp[FA_BK / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                s[nt][i] = dp[nt][i] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t qa[4], da[4];
+            load_a<LD>(qa, sQ, warp * 16, ks * 16, lane);
+            load_a<LD>(da, sdO, warp * 16, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < FA_BK / 16; np++) {
+                uint32_t bk[4], bv[4];
+                load_b_t2<LD>(bk, sK, np * 16, ks * 16, lane);
+                load_b_t2<LD>(bv, sV, np * 16, ks * 16, lane);
+                mma16816(s[2 * np], qa, bk);
+                mma16816(s[2 * np + 1], qa, bk + 2);
+                mma16816(dp[2 * np], da, bv);
+                mma16816(dp[2 * np + 1], da, bv + 2);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < FA_BK / 8; nt++) {
+            int64_t key = k0 + nt * 8 + 2 * t;
+            float p00 = key <= row0 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
+            float p01 = key + 1 <= row0 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
+            float p10 = key <= row1 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
+            float p11 = key + 1 <= row1 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
+            s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
+            s[nt][1] = p01 * (dp[nt][1] - dl0);
+            s[nt][2] = p10 * (dp[nt][2] - dl1);
+            s[nt][3] = p11 * (dp[nt][3] - dl1);
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BK / 16; kk++) {
+            uint32_t sa[4];
+            c_to_a(sa, s, kk);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t bfr[4];
+                load_b_n2<LD>(bfr, sK, kk * 16, np * 16, lane);
+                mma16816(acc[2 * np], sa, bfr);
+                mma16816(acc[2 * np + 1], sa, bfr + 2);
+            }
+        }
+        __syncthreads();
+    }
+    float *dqg = dq + qoff;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        if (row0 < T) {
+            float2 *p = reinterpret_cast<float2 *>(dqg + row0 * qstride + col);
+            float2 cur = *p;
+            *p = make_float2(cur.x + scale * acc[nt][0], cur.y + scale * acc[nt][1]);
+        }
+        if (row1 < T) {
+            float2 *p = reinterpret_cast<float2 *>(dqg + row1 * qstride + col);
+            float2 cur = *p;
+            *p = make_float2(cur.x + scale * acc[nt][2], cur.y + scale * acc[nt][3]);
+        }
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(FA_THREADS)
+    k_fa_bwd_dkv(float *__restrict__ dk, float *__restrict__ dv, const bf16 *__restrict__ q,
+                 const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+                 const bf16 *__restrict__ dout, const float *__restrict__ lse,
+                 const float *__restrict__ delta, int64_t T, int H, int KV, float scale) {
+    constexpr int LD = D + 8;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16 *sK = reinterpret_cast<bf16 *>(fa_smem);
+    bf16 *sV = sK + FA_BKV * LD;
+    bf16 *sQb = sV + FA_BKV * LD;                                     /* [2][FA_BQ_KV][LD] */
+    bf16 *sdOb = sQb + 2 * FA_BQ_KV * LD;                             /* [2][FA_BQ_KV][LD] */
+    float *sLb = reinterpret_cast<float *>(sdOb + 2 * FA_BQ_KV * LD); /* [2][FA_BQ_KV] lse*log2e */
+    float *sDb = sLb + 2 * FA_BQ_KV;                                  /* [2][FA_BQ_KV] delta */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int kb = gridDim.x - 1 - blockIdx.x;
+    const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
+    const int64_t k0 = (int64_t)kb * FA_BKV;
+    const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
+    const int64_t koff = (int64_t)b * T * kstride + (int64_t)hk * D;
+    /* the (query head, query block) tiles this key block sees, in order */
+    const int64_t nqt = (T - k0 + FA_BQ_KV - 1) / FA_BQ_KV;
+    const int64_t ntiles = nqt * group;
+
+    /* loads tile i (head hh = i / nqt, queries q0..q0+31) into buffer buf */
+    auto issue = [&](int64_t i, int buf) {
+        int h = hk * group + (int)(i / nqt);
+        int64_t q0 = k0 + (i % nqt) * FA_BQ_KV;
+        int64_t qoff = (int64_t)b * T * qstride + (int64_t)h * D;
+        cp_tile<D, LD>(sQb + buf * FA_BQ_KV * LD, q + qoff, FA_BQ_KV, q0, T, qstride);
+        cp_tile<D, LD>(sdOb + buf * FA_BQ_KV * LD, dout + qoff, FA_BQ_KV, q0, T, qstride);
+        const float *lg = lse + ((int64_t)b * H + h) * T, *dg = delta + ((int64_t)b * H + h) * T;
+        for (int j = threadIdx.x; j < FA_BQ_KV; j += blockDim.x) {
+            sLb[buf * FA_BQ_KV + j] = q0 + j < T ? lg[q0 + j] * LOG2E : 0.0f;
+            sDb[buf * FA_BQ_KV + j] = q0 + j < T ? dg[q0 + j] : 0.0f;
+        }
+    };
+    cp_tile<D, LD>(sK, k + koff, FA_BKV, k0, T, kstride);
+    cp_tile<D, LD>(sV, v + koff, FA_BKV, k0, T, kstride);
+    issue(0, 0);
+    cp_commit();
+    const int64_t key0 = k0 + warp * 16 + g, key1 = key0 + 8; /* this thread's accumulator rows */
+    const float sl2 = scale * LOG2E;
+    float dka[D / 8][4], dva[D / 8][4];
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            dka[nt][i] = dva[nt][i] = 0.0f;
+
+    for (int64_t i = 0; i < ntiles; i++) {
+        const int buf = (int)(i & 1);
+        if (i + 1 < ntiles) issue(i + 1, buf ^ 1);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const int64_t q0 = k0 + (i % nqt) * FA_BQ_KV;
+        const bf16 *sQ = sQb + buf * FA_BQ_KV * LD, *sdO = sdOb + buf * FA_BQ_KV * LD;
+        const float *sL = sLb + buf * FA_BQ_KV, *sD = sDb + buf * FA_BQ_KV;
+        /* S^T [16 keys, 32 queries] = K_w Q^T ; dP^T = V_w dO^T */
+        float s[FA_BQ_KV / 8][4], dp[FA_BQ_KV / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BQ_KV / 8; nt++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                s[nt][j] = dp[nt][j] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            uint32_t ka[4], va[4];
+            load_a<LD>(ka, sK, warp * 16, ks * 16, lane);
+            load_a<LD>(va, sV, warp * 16, ks * 16, lane);
+#pragma unroll
+            for (int np = 0; np < FA_BQ_KV / 16; np++) {
+                uint32_t bq[4], bd[4];
+                load_b_t2<LD>(bq, sQ, np * 16, ks * 16, lane);
+                load_b_t2<LD>(bd, sdO, np * 16, ks * 16, lane);
+                mma16816(s[2 * np], ka, bq);
+                mma16816(s[2 * np + 1], ka, bq + 2);
+                mma16816(dp[2 * np], va, bd);
+                mma16816(dp[2 * np + 1], va, bd + 2);
+            }
+        }
+        float pt[FA_BQ_KV / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < FA_BQ_KV / 8; nt++) {
+            int c = nt * 8 + 2 * t;
+            int64_t qa = q0 + c, qb2 = qa + 1;
+            float la = sL[c], lb = sL[c + 1], da = sD[c], db = sD[c + 1];
+            float p00 = (qa < T && qa >= key0) ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
+            float p01 = (qb2 < T && qb2 >= key0) ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
+            float p10 = (qa < T && qa >= key1) ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
+            float p11 = (qb2 < T && qb2 >= key1) ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
+            pt[nt][0] = p00;
+            pt[nt][1] = p01;
+            pt[nt][2] = p10;
+            pt[nt][3] = p11;
+            s[nt][0] = p00 * (dp[nt][0] - da); /* dS^T */
+            s[nt][1] = p01 * (dp[nt][1] - db);
+            s[nt][2] = p10 * (dp[nt][2] - da);
+            s[nt][3] = p11 * (dp[nt][3] - db);
+        }
+#pragma unroll
+        for (int kk = 0; kk < FA_BQ_KV / 16; kk++) {
+            uint32_t pa[4], sa[4];
+            c_to_a(pa, pt, kk);
+            c_to_a(sa, s, kk);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t bd[4], bq[4];
+                load_b_n2<LD>(bd, sdO, kk * 16, np * 16, lane);
+                load_b_n2<LD>(bq, sQ, kk * 16, np * 16, lane);
+                mma16816(dva[2 * np], pa, bd);
+                mma16816(dva[2 * np + 1], pa, bd + 2);
+                mma16816(dka[2 * np], sa, bq);
+                mma16816(dka[2 * np + 1], sa, bq + 2);
+            }
+        }
+        __syncthreads();
+    }
+    float *dkg = dk + koff, *dvg = dv + koff;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        if (key0 < T) {
+            float2 *pk = reinterpret_cast<float2 *>(dkg + key0 * kstride + col);
+            float2 *pv = reinterpret_cast<float2 *>(dvg + key0 * kstride + col);
+            float2 ck = *pk, cv = *pv;
+            *pk = make_float2(ck.x + scale * dka[nt][0], ck.y + scale * dka[nt][1]);
+            *pv = make_float2(cv.x + dva[nt][0], cv.y + dva[nt][1]);
+        }
+        if (key1 < T) {
+            float2 *pk = reinterpret_cast<float2 *>(dkg + key1 * kstride + col);
+            float2 *pv = reinterpret_cast<float2 *>(dvg + key1 * kstride + col);
+            float2 ck = *pk, cv = *pv;
+            *pk = make_float2(ck.x + scale * dka[nt][2], ck.y + scale * dka[nt][3]);
+            *pv = make_float2(cv.x + dva[nt][2], cv.y + dva[nt][3]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * host side */
+
+static int fa_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t KV,
+                       int64_t D, moe_recipe prec) {
+    if (prec != MOE_RECIPE_BF16) {
+        moe_cuda_check(c, cudaErrorNotSupported, op,
+                       "B=%lld T=%lld H=%lld KV=%lld D=%lld: fp8 recipes are not implemented",
+                       (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
+        return 0;
+    }
+    if ((D != 16 && D != 32 && D != 64 && D != 96 && D != 128) || KV < 1 || H % KV != 0 ||
+        B * H > 65535 || T > (int64_t)FA_BQ * 0x7fffffff) {
+        moe_cuda_check(c, cudaErrorNotSupported, op,
+                       "B=%lld T=%lld H=%lld KV=%lld D=%lld: need D in {16, 32, 64, 96, 128}, "
+                       "H %% KV == 0, B*H <= 65535",
+                       (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
+        return 0;
+    }
+    return 1;
+}
+
+template <typename K>
+static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op) {
+    if (bytes <= 48 * 1024) return 1;
+    return moe_cuda_check(
+        c, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes),
+        op, "shared memory %zu bytes", bytes);
+}
+
+template <int D>
+static void fa_forward(moe_cuda_ctx *c, float *out, float *lse, const bf16 *q, const bf16 *k,
+                       const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV, int round_out) {
+    const char *op = "attention_forward";
+    size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
+    if (!fa_smem_attr(c, k_fa_fwd<D>, smem, op)) return;
+    dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
+    k_fa_fwd<D><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, (int)H, (int)KV,
+                                                       1.0f / sqrtf((float)D), round_out);
+    MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
+                      (long long)H, (long long)KV, D);
+}
+
+template <int D>
+static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
+                        const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
+                        const float *delta, int64_t B, int64_t T, int64_t H, int64_t KV) {
+    const char *op = "attention_backward";
+    float scale = 1.0f / sqrtf((float)D);
+    size_t smem_dq = (size_t)(2 * FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
+    size_t smem_kv =
+        (size_t)(2 * FA_BKV + 4 * FA_BQ_KV) * (D + 8) * sizeof(bf16) + 4 * FA_BQ_KV * sizeof(float);
+    if (!fa_smem_attr(c, k_fa_bwd_dq<D>, smem_dq, op) ||
+        !fa_smem_attr(c, k_fa_bwd_dkv<D>, smem_kv, op))
+        return;
+    dim3 gq((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
+    k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, T, (int)H,
+                                                           (int)KV, scale);
+    if (!MOE_CUDA_LAUNCHED(c, op, "dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
+                           (long long)T, (long long)H, (long long)KV, D))
+        return;
+    dim3 gk((unsigned)((T + FA_BKV - 1) / FA_BKV), (unsigned)(B * KV));
+    k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta, T,
+                                                            (int)H, (int)KV, scale);
+    MOE_CUDA_LAUNCHED(c, op, "dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
+                      (long long)H, (long long)KV, D);
+}
+
+void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
+                                const float *k, const float *v, int64_t B, int64_t T, int64_t H,
+                                int64_t KV, int64_t D, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "attention_forward";
+    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0) return;
+    if (prec == MOE_RECIPE_FP32) {
+        moe_cuda_attention_fp32_forward(c, out, lse, q, k, v, B, T, H, KV, D);
+        return;
+    }
+    if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
+    const bf16 *qb = moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
+    const bf16 *kb =
+        qb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
+    const bf16 *vb =
+        kb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
+    if (!vb) return;
+    switch (D) {
+    case 16:
+        fa_forward<16>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        break;
+    case 32:
+        fa_forward<32>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        break;
+    case 64:
+        fa_forward<64>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        break;
+    case 96:
+        fa_forward<96>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        break;
+    default:
+        fa_forward<128>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        break;
+    }
+}
+
+void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, int64_t B, int64_t T,
+                                 int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "attention_backward";
+    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0) return;
+    if (prec == MOE_RECIPE_FP32) {
+        moe_cuda_attention_fp32_backward(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
+        return;
+    }
+    if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
+    float *delta =
+        (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(B * H * T) * sizeof(float), op);
+    if (!delta) return;
+    int64_t rows = B * T * H;
+    k_fa_delta<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, c->stream>>>(delta, dout, out, B, T,
+                                                                           (int)H, (int)D);
+    if (!MOE_CUDA_LAUNCHED(c, op, "delta: B=%lld T=%lld H=%lld D=%lld", (long long)B, (long long)T,
+                           (long long)H, (long long)D))
+        return;
+    const bf16 *qb = moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
+    const bf16 *kb =
+        qb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
+    const bf16 *vb =
+        kb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
+    const bf16 *gb =
+        vb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_D, dout, B * T * H * D, op) : NULL;
+    if (!gb) return;
+    switch (D) {
+    case 16:
+        fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        break;
+    case 32:
+        fa_backward<32>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        break;
+    case 64:
+        fa_backward<64>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        break;
+    case 96:
+        fa_backward<96>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        break;
+    default:
+        fa_backward<128>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        break;
+    }
+}

@@ -1,0 +1,498 @@
+/* backend_cuda: the CUDA backend table - context (device, stream, cuBLASLt handle, one GEMM
+ * workspace, scratch buffers), memory functions, error recording, the fp32<->bf16 operand
+ * conversions, and the small ops (add, AdamW, sum of squares).
+ *
+ * The one thing a reader must know: op entries cannot return an error (ops.h gives them
+ * void), so every CUDA/cuBLASLt status is checked and the first failure is stored in the
+ * context with the op name, its shape and the CUDA error string; synchronize() reports it.
+ * Everything runs on one stream in submission order. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda.cuh"
+
+extern "C" {
+#include "moe/backend_cuda.h"
+}
+
+#define MOE_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
+
+/* ------------------------------------------------------------------------------------------
+ * error recording and scratch. moe_err is filled directly (not through err.c) so that
+ * libmoe_cuda needs nothing from libmoe at link time (libmoe links libmoe_cuda, not back). */
+
+static void cu_err_set(moe_err *e, moe_status st, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void cu_err_set(moe_err *e, moe_status st, const char *hint, const char *fmt, ...) {
+    if (!e || e->status != MOE_OK) return;
+    memset(e, 0, sizeof *e);
+    e->status = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    if (hint) snprintf(e->hint, sizeof e->hint, "%s", hint);
+}
+
+static int moe_cuda_record(moe_cuda_ctx *c, const char *op, const char *what, const char *fmt,
+                           va_list ap) {
+    if (c->err.status != MOE_OK) return 0;
+    char shape[256];
+    vsnprintf(shape, sizeof shape, fmt, ap);
+    cu_err_set(&c->err, MOE_ERR_RUNTIME,
+               "check the GPU with nvidia-smi; CUDA_LAUNCH_BLOCKING=1 pins an asynchronous "
+               "error to the op that caused it",
+               "cuda: %s [%s]: %s", op, shape, what);
+    return 0;
+}
+
+int moe_cuda_check(moe_cuda_ctx *c, cudaError_t e, const char *op, const char *shape_fmt, ...) {
+    if (e == cudaSuccess) return 1;
+    va_list ap;
+    va_start(ap, shape_fmt);
+    char what[256];
+    snprintf(what, sizeof what, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
+    moe_cuda_record(c, op, what, shape_fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+int moe_cublas_check(moe_cuda_ctx *c, cublasStatus_t s, const char *op, const char *shape_fmt,
+                     ...) {
+    if (s == CUBLAS_STATUS_SUCCESS) return 1;
+    va_list ap;
+    va_start(ap, shape_fmt);
+    char what[256];
+    snprintf(what, sizeof what, "cuBLASLt status %d (%s)", (int)s, cublasLtGetStatusString(s));
+    moe_cuda_record(c, op, what, shape_fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op) {
+    if (bytes == 0) bytes = 16;
+    if (c->scratch_bytes[slot] >= bytes) return c->scratch[slot];
+    /* grow by 25% beyond the request so slowly rising sizes do not reallocate every step */
+    size_t want = bytes + bytes / 4;
+    if (c->scratch[slot]) {
+        /* the old buffer may still be read by queued work */
+        if (!moe_cuda_check(c, cudaStreamSynchronize(c->stream), op, "scratch %zu bytes", want))
+            return NULL;
+        cudaFree(c->scratch[slot]);
+        moe_cuda_account(c, -(long long)c->scratch_bytes[slot]);
+        c->scratch[slot] = NULL;
+        c->scratch_bytes[slot] = 0;
+    }
+    void *p = NULL;
+    if (!moe_cuda_check(c, cudaMalloc(&p, want), op, "scratch buffer of %zu bytes", want))
+        return NULL;
+    c->scratch[slot] = p;
+    c->scratch_bytes[slot] = want;
+    moe_cuda_account(c, (long long)want);
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * fp32 <-> bf16 */
+
+__global__ void k_f32_to_bf16(__nv_bfloat16 *__restrict__ dst, const float *__restrict__ src,
+                              int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t n4 = n / 4;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 v = reinterpret_cast<const float4 *>(src)[i];
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y);
+        __nv_bfloat162 hi = __floats2bfloat162_rn(v.z, v.w);
+        reinterpret_cast<__nv_bfloat162 *>(dst)[2 * i] = lo;
+        reinterpret_cast<__nv_bfloat162 *>(dst)[2 * i + 1] = hi;
+    }
+    for (int64_t i = 4 * n4 + blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void k_f32_to_bf16_unaligned(__nv_bfloat16 *__restrict__ dst,
+                                        const float *__restrict__ src, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void k_round_bf16(float *__restrict__ x, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] = moe_dev_round_bf16(x[i]);
+}
+
+int moe_cuda_f32_to_bf16(moe_cuda_ctx *c, __nv_bfloat16 *dst, const float *src, int64_t n,
+                         const char *op) {
+    if (n <= 0) return 1;
+    int aligned = ((uintptr_t)src % 16 == 0) && ((uintptr_t)dst % 8 == 0);
+    if (aligned)
+        k_f32_to_bf16<<<moe_cuda_grid(c, n / 4 + 1, 256), 256, 0, c->stream>>>(dst, src, n);
+    else
+        k_f32_to_bf16_unaligned<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(dst, src, n);
+    return MOE_CUDA_LAUNCHED(c, op, "bf16 conversion of %lld values", (long long)n);
+}
+
+int moe_cuda_round_bf16(moe_cuda_ctx *c, float *x, int64_t n, const char *op) {
+    if (n <= 0) return 1;
+    k_round_bf16<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(x, n);
+    return MOE_CUDA_LAUNCHED(c, op, "bf16 rounding of %lld values", (long long)n);
+}
+
+__nv_bfloat16 *moe_cuda_bf16_operand(moe_cuda_ctx *c, int slot, const float *src, int64_t n,
+                                     const char *op) {
+    __nv_bfloat16 *p = (__nv_bfloat16 *)moe_cuda_scratch(c, slot, (size_t)n * 2, op);
+    if (!p) return NULL;
+    if (!moe_cuda_f32_to_bf16(c, p, src, n, op)) return NULL;
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * memory functions */
+
+static void *cu_alloc(const moe_backend *be, size_t bytes) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    void *p = NULL;
+    if (bytes == 0) bytes = 64;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        moe_cuda_check(c, e, "alloc", "%zu bytes; %zu of %zu bytes free on the device", bytes,
+                       free_b, total_b);
+        return NULL;
+    }
+    if (!moe_cuda_check(c, cudaMemsetAsync(p, 0, bytes, c->stream), "alloc", "zero %zu bytes",
+                        bytes)) {
+        cudaFree(p);
+        return NULL;
+    }
+    if (c->n_alloc == c->cap_alloc) {
+        int cap = c->cap_alloc ? 2 * c->cap_alloc : 64;
+        void **np_ = (void **)realloc(c->alloc_ptr, (size_t)cap * sizeof(void *));
+        if (np_) c->alloc_ptr = np_;
+        size_t *ns = (size_t *)realloc(c->alloc_size, (size_t)cap * sizeof(size_t));
+        if (ns) c->alloc_size = ns;
+        if (!np_ || !ns) {
+            cudaFree(p);
+            moe_cuda_check(c, cudaErrorMemoryAllocation, "alloc", "host bookkeeping");
+            return NULL;
+        }
+        c->cap_alloc = cap;
+    }
+    c->alloc_ptr[c->n_alloc] = p;
+    c->alloc_size[c->n_alloc++] = bytes;
+    moe_cuda_account(c, (long long)bytes);
+    return p;
+}
+
+static void cu_free(const moe_backend *be, void *p) {
+    if (!p) return;
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    for (int i = c->n_alloc - 1; i >= 0; i--)
+        if (c->alloc_ptr[i] == p) {
+            moe_cuda_account(c, -(long long)c->alloc_size[i]);
+            c->alloc_ptr[i] = c->alloc_ptr[c->n_alloc - 1];
+            c->alloc_size[i] = c->alloc_size[c->n_alloc - 1];
+            c->n_alloc--;
+            break;
+        }
+    moe_cuda_check(c, cudaFree(p), "free", "%p", p);
+}
+
+static void cu_memcpy_h2d(const moe_backend *be, void *dst, const void *src, size_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n == 0 || moe_cuda_failed(c)) return;
+    /* synchronous: the caller may reuse its host buffer as soon as we return */
+    if (moe_cuda_check(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, c->stream),
+                       "memcpy_h2d", "%zu bytes", n))
+        moe_cuda_check(c, cudaStreamSynchronize(c->stream), "memcpy_h2d", "%zu bytes", n);
+}
+
+static void cu_memcpy_d2h(const moe_backend *be, void *dst, const void *src, size_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n == 0) return;
+    if (moe_cuda_failed(c)) {
+        memset(dst, 0, n); /* never hand back uninitialised memory; synchronize() reports */
+        return;
+    }
+    if (moe_cuda_check(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, c->stream),
+                       "memcpy_d2h", "%zu bytes", n))
+        moe_cuda_check(c, cudaStreamSynchronize(c->stream), "memcpy_d2h", "%zu bytes", n);
+}
+
+static void cu_memcpy_d2d(const moe_backend *be, void *dst, const void *src, size_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n == 0 || moe_cuda_failed(c)) return;
+    moe_cuda_check(c, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->stream),
+                   "memcpy_d2d", "%zu bytes", n);
+}
+
+static void cu_memset(const moe_backend *be, void *dst, int byte, size_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n == 0 || moe_cuda_failed(c)) return;
+    moe_cuda_check(c, cudaMemsetAsync(dst, byte, n, c->stream), "memset", "%zu bytes", n);
+}
+
+static moe_status cu_synchronize(const moe_backend *be, moe_err *err) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (!moe_cuda_failed(c))
+        moe_cuda_check(c, cudaStreamSynchronize(c->stream), "synchronize", "stream");
+    if (moe_cuda_failed(c)) {
+        if (err && err->status == MOE_OK) *err = c->err;
+        return c->err.status;
+    }
+    return MOE_OK;
+}
+
+static int cu_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+    (void)be;
+    if (op < 0 || op >= MOE_OP_COUNT) return 0;
+    return prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * add, AdamW, sum of squares */
+
+__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = a[i] + b[i];
+}
+
+void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n <= 0 || moe_cuda_failed(c)) return;
+    k_add<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n);
+    MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
+}
+
+__global__ void k_adamw(float *__restrict__ param, const float *__restrict__ grad,
+                        float *__restrict__ m, float *__restrict__ v, int64_t n, float lr,
+                        float beta1, float beta2, float eps, float wd, float bc1, float bc2,
+                        float grad_scale) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        float g = grad[i] * grad_scale;
+        float mi = beta1 * m[i] + (1.0f - beta1) * g;
+        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        float p = param[i];
+        param[i] = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+    }
+}
+
+void moe_cuda_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
+                    int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                    int64_t step, float grad_scale) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n <= 0 || moe_cuda_failed(c)) return;
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    k_adamw<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(
+        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
+    MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld", (long long)n, (long long)step);
+}
+
+#define MOE_SUMSQ_CHUNK 65536 /* elements per partial: fixed, so the sum order is fixed */
+
+__global__ void k_sumsq_partial(double *__restrict__ part, const float *__restrict__ x, int64_t n) {
+    __shared__ double sh[32];
+    int64_t c0 = (int64_t)blockIdx.x * MOE_SUMSQ_CHUNK;
+    int64_t c1 = c0 + MOE_SUMSQ_CHUNK < n ? c0 + MOE_SUMSQ_CHUNK : n;
+    double s = 0.0;
+    for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
+        double xi = (double)x[i];
+        s += xi * xi;
+    }
+    s = moe_warp_sum_d(s);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
+        t = moe_warp_sum_d(t);
+        if (threadIdx.x == 0) part[blockIdx.x] = t;
+    }
+}
+
+__global__ void k_sumsq_final(double *__restrict__ out, const double *__restrict__ part,
+                              int64_t nparts) {
+    __shared__ double sh[32];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x)
+        s += part[i];
+    s = moe_warp_sum_d(s);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
+        t = moe_warp_sum_d(t);
+        if (threadIdx.x == 0) *out = t;
+    }
+}
+
+double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c)) return NAN;
+    if (n <= 0) return 0.0;
+    int64_t nparts = (n + MOE_SUMSQ_CHUNK - 1) / MOE_SUMSQ_CHUNK;
+    double *part = (double *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
+                                              (size_t)(nparts + 1) * sizeof(double), "sum_squares");
+    if (!part) return NAN;
+    k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1, x, n);
+    if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld", (long long)n)) return NAN;
+    k_sumsq_final<<<1, 1024, 0, c->stream>>>(part, part + 1, nparts);
+    if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld (final)", (long long)n)) return NAN;
+    if (!moe_cuda_check(
+            c,
+            cudaMemcpyAsync(c->host_red, part, sizeof(double), cudaMemcpyDeviceToHost, c->stream),
+            "sum_squares", "n=%lld", (long long)n))
+        return NAN;
+    if (!moe_cuda_check(c, cudaStreamSynchronize(c->stream), "sum_squares", "n=%lld", (long long)n))
+        return NAN;
+    return *c->host_red;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * the table */
+
+static void moe_cuda_ctx_release(moe_cuda_ctx *c) {
+    if (!c) return;
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    moe_gemm_cache_free(c);
+    for (int i = 0; i < MOE_CUDA_SCRATCH_COUNT; i++)
+        if (c->scratch[i]) cudaFree(c->scratch[i]);
+    if (c->workspace) cudaFree(c->workspace);
+    if (c->host_red) cudaFreeHost(c->host_red);
+    free(c->alloc_ptr);
+    free(c->alloc_size);
+    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+extern "C" int moe_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+    return n;
+}
+
+extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cu_err_set(err, MOE_ERR_RUNTIME,
+                   "run on a machine with an NVIDIA GPU and driver, check CUDA_VISIBLE_DEVICES, "
+                   "or use device: cpu",
+                   "no CUDA device available: %s",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "0 devices visible");
+        return NULL;
+    }
+    if (device < 0 || device >= n) {
+        cu_err_set(err, MOE_ERR_INPUT, "device numbers start at 0; check CUDA_VISIBLE_DEVICES",
+                   "CUDA device %d does not exist (%d visible)", device, n);
+        return NULL;
+    }
+    moe_cuda_ctx *c = (moe_cuda_ctx *)calloc(1, sizeof *c);
+    moe_backend *be = (moe_backend *)calloc(1, sizeof *be);
+    if (!c || !be) {
+        free(c);
+        free(be);
+        cu_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory creating the CUDA backend");
+        return NULL;
+    }
+    memset(&c->err, 0, sizeof c->err); /* status MOE_OK */
+    c->device = device;
+    int ok = moe_cuda_check(c, cudaSetDevice(device), "init", "device %d", device);
+    cudaDeviceProp prop;
+    if (ok)
+        ok = moe_cuda_check(c, cudaGetDeviceProperties(&prop, device), "init", "device %d", device);
+    if (ok && prop.major < 8) {
+        cu_err_set(&c->err, MOE_ERR_RUNTIME, "use a GPU of the Ampere generation or newer",
+                   "CUDA device %d (%s) has compute capability %d.%d; bf16 kernels need 8.0+",
+                   device, prop.name, prop.major, prop.minor);
+        ok = 0;
+    }
+    if (ok) {
+        c->num_sms = prop.multiProcessorCount;
+        c->smem_optin = (int)prop.sharedMemPerBlockOptin;
+        ok = moe_cuda_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "init",
+                            "stream");
+    }
+    if (ok) ok = moe_cublas_check(c, cublasLtCreate(&c->lt), "init", "cuBLASLt handle");
+    if (ok) {
+        c->workspace_bytes = MOE_CUDA_WORKSPACE_BYTES;
+        ok = moe_cuda_check(c, cudaMalloc(&c->workspace, c->workspace_bytes), "init",
+                            "cuBLASLt workspace %zu bytes", c->workspace_bytes);
+        if (ok) moe_cuda_account(c, (long long)c->workspace_bytes);
+    }
+    if (ok)
+        ok = moe_cuda_check(c, cudaMallocHost((void **)&c->host_red, sizeof(double)), "init",
+                            "pinned host word");
+    if (!ok) {
+        if (err && err->status == MOE_OK) *err = c->err;
+        moe_cuda_ctx_release(c);
+        free(be);
+        return NULL;
+    }
+    be->name = "cuda";
+    be->ctx = c;
+    be->supports = cu_supports;
+    be->alloc = cu_alloc;
+    be->free = cu_free;
+    be->memcpy_h2d = cu_memcpy_h2d;
+    be->memcpy_d2h = cu_memcpy_d2h;
+    be->memcpy_d2d = cu_memcpy_d2d;
+    be->memset = cu_memset;
+    be->synchronize = cu_synchronize;
+    be->embedding_forward = moe_cuda_embedding_forward;
+    be->embedding_backward = moe_cuda_embedding_backward;
+    be->rmsnorm_forward = moe_cuda_rmsnorm_forward;
+    be->rmsnorm_backward = moe_cuda_rmsnorm_backward;
+    be->rope_forward = moe_cuda_rope_forward;
+    be->rope_backward = moe_cuda_rope_backward;
+    be->attention_forward = moe_cuda_attention_forward;
+    be->attention_backward = moe_cuda_attention_backward;
+    be->matmul_forward = moe_cuda_matmul_forward;
+    be->matmul_backward = moe_cuda_matmul_backward;
+    be->router_forward = moe_cuda_router_forward;
+    be->router_backward = moe_cuda_router_backward;
+    be->permute_forward = moe_cuda_permute_forward;
+    be->permute_backward = moe_cuda_permute_backward;
+    be->unpermute_forward = moe_cuda_unpermute_forward;
+    be->unpermute_backward = moe_cuda_unpermute_backward;
+    be->grouped_matmul_forward = moe_cuda_grouped_matmul_forward;
+    be->grouped_matmul_backward = moe_cuda_grouped_matmul_backward;
+    be->swiglu_forward = moe_cuda_swiglu_forward;
+    be->swiglu_backward = moe_cuda_swiglu_backward;
+    be->cross_entropy_forward = moe_cuda_cross_entropy_forward;
+    be->cross_entropy_backward = moe_cuda_cross_entropy_backward;
+    be->add = moe_cuda_add;
+    be->adamw = moe_cuda_adamw;
+    be->sum_squares = moe_cuda_sum_squares;
+    return be;
+}
+
+extern "C" const moe_backend *moe_backend_cuda(moe_err *err) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+    return moe_backend_cuda_on(dev, err);
+}
+
+extern "C" void moe_backend_cuda_memory(const moe_backend *be, size_t *current, size_t *peak) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (current) *current = c->mem_current;
+    if (peak) *peak = c->mem_peak;
+}
+
+extern "C" void moe_backend_cuda_free(const moe_backend *be) {
+    if (!be) return;
+    moe_cuda_ctx_release(moe_cuda_ctx_of(be));
+    free((void *)be);
+}

@@ -1,0 +1,234 @@
+/* backend_cuda.cuh: what every CUDA backend file shares - the backend context, error recording,
+ * scratch buffers and the small device helpers (bf16 packing, warp reductions).
+ *
+ * The one thing a reader must know: the op entries of moe_backend return void, so a failed
+ * CUDA or cuBLASLt call is RECORDED in the context (the first failure wins, naming the op,
+ * its shape and the CUDA error string) and reported by be->synchronize(). After a failure
+ * every later op returns at once without launching anything, so the first error is the one
+ * the user sees. All work is queued on one stream (ctx->stream), so scratch buffers can be
+ * reused from one op to the next without extra synchronisation. */
+#ifndef MOE_KERNELS_BACKEND_CUDA_CUH
+#define MOE_KERNELS_BACKEND_CUDA_CUH
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "moe/err.h"
+#include "moe/ops.h"
+}
+
+/* Scratch slots: an op may hold several at once (e.g. attention backward converts q, k, v
+ * and dout to bf16). Each slot grows on demand and is reused by every later op. */
+enum moe_cuda_scratch_slot {
+    MOE_CUDA_SCRATCH_A,
+    MOE_CUDA_SCRATCH_B,
+    MOE_CUDA_SCRATCH_C,
+    MOE_CUDA_SCRATCH_D,
+    MOE_CUDA_SCRATCH_E,
+    MOE_CUDA_SCRATCH_F,
+    MOE_CUDA_SCRATCH_RED, /* reduction partials */
+    MOE_CUDA_SCRATCH_COUNT
+};
+
+struct moe_gemm_cache; /* gemm_cublaslt.cu */
+
+typedef struct moe_cuda_ctx {
+    int device;
+    int num_sms;
+    int smem_optin; /* max dynamic shared memory per block after opt-in, bytes */
+    cudaStream_t stream;
+    cublasLtHandle_t lt;
+    void *workspace; /* cuBLASLt workspace, one for all GEMMs */
+    size_t workspace_bytes;
+    void *scratch[MOE_CUDA_SCRATCH_COUNT];
+    size_t scratch_bytes[MOE_CUDA_SCRATCH_COUNT];
+    double *host_red; /* pinned host word for sum_squares results */
+    struct moe_gemm_cache *gemm_cache;
+    /* memory accounting: live allocations of be->alloc (pointer, size), plus scratch and
+     * workspace, for moe_backend_cuda_memory */
+    void **alloc_ptr;
+    size_t *alloc_size;
+    int n_alloc, cap_alloc;
+    size_t mem_current, mem_peak;
+    moe_err err; /* first recorded failure; status MOE_OK while none */
+} moe_cuda_ctx;
+
+/* Adds (bytes > 0) or removes (bytes < 0) device memory from the accounting. */
+static inline void moe_cuda_account(moe_cuda_ctx *c, long long bytes) {
+    c->mem_current = (size_t)((long long)c->mem_current + bytes);
+    if (c->mem_current > c->mem_peak) c->mem_peak = c->mem_current;
+}
+
+static inline moe_cuda_ctx *moe_cuda_ctx_of(const moe_backend *be) {
+    return (moe_cuda_ctx *)be->ctx;
+}
+
+/* 1 when an earlier failure was recorded (ops then do nothing). */
+static inline int moe_cuda_failed(const moe_cuda_ctx *c) {
+    return c->err.status != MOE_OK;
+}
+
+/* Records "cuda: <op> [<shape>]: <what>" as the context's first error. Returns 0 on a recorded
+ * failure, 1 when e is cudaSuccess. The shape is a printf format for the op's sizes. */
+int moe_cuda_check(moe_cuda_ctx *c, cudaError_t e, const char *op, const char *shape_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+int moe_cublas_check(moe_cuda_ctx *c, cublasStatus_t s, const char *op, const char *shape_fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Checks the last kernel launch (cudaGetLastError). */
+#define MOE_CUDA_LAUNCHED(c, op, ...) moe_cuda_check((c), cudaGetLastError(), (op), __VA_ARGS__)
+
+/* Returns a device buffer of at least `bytes` for the slot, or NULL after recording an error. */
+void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op);
+
+/* fp32 -> bf16 copy (round to nearest even), n elements; on ctx->stream. 0 on failure. */
+int moe_cuda_f32_to_bf16(moe_cuda_ctx *c, __nv_bfloat16 *dst, const float *src, int64_t n,
+                         const char *op);
+/* x[i] = round_bf16(x[i]) in place. 0 on failure. */
+int moe_cuda_round_bf16(moe_cuda_ctx *c, float *x, int64_t n, const char *op);
+/* Converts src to bf16 in scratch slot `slot`; returns it, or NULL after recording an error. */
+__nv_bfloat16 *moe_cuda_bf16_operand(moe_cuda_ctx *c, int slot, const float *src, int64_t n,
+                                     const char *op);
+
+/* Grid size for a grid-stride elementwise loop over n items with `threads` per block. */
+static inline unsigned moe_cuda_grid(const moe_cuda_ctx *c, int64_t n, int threads) {
+    int64_t blocks = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)c->num_sms * 16;
+    if (blocks > cap) blocks = cap;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)blocks;
+}
+
+/* ---- device helpers ---- */
+#ifdef __CUDACC__
+__device__ __forceinline__ float moe_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float moe_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double moe_warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+/* Block-wide sum for blockDim.x a multiple of 32 (<= 1024); every thread gets the result.
+ * `sh` holds 32 floats. Fixed order: deterministic. */
+__device__ __forceinline__ float moe_block_sum(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = moe_warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : 0.0f;
+    return moe_warp_sum(t);
+}
+__device__ __forceinline__ float moe_block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = moe_warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? sh[lane] : -INFINITY;
+    return moe_warp_max(t);
+}
+__device__ __forceinline__ float moe_dev_round_bf16(float x) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+}
+#endif
+
+/* Stable counting sort of n keys in [0, nkeys) (nkeys <= 1024), moe_permute.cu:
+ * order[r] = index of the r-th element in (key, index) order, inverse[i] = its position,
+ * offsets[k]..offsets[k+1] = positions of key k. Uses the RED scratch slot. 0 on failure. */
+int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
+                          const int32_t *keys, int64_t n, int64_t nkeys, const char *op);
+
+/* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
+void moe_gemm_cache_free(moe_cuda_ctx *c);
+
+void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+                             int64_t N, int64_t I, int64_t O, moe_recipe prec);
+void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                              const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                              moe_recipe prec);
+void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
+                                     const float *w, const int32_t *offsets, int64_t E, int64_t I,
+                                     int64_t O, moe_recipe prec);
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                                      const float *x, const float *w, const int32_t *offsets,
+                                      int64_t E, int64_t I, int64_t O, moe_recipe prec);
+
+void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+                                const float *wte, int64_t N, int64_t C);
+void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
+                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V);
+void moe_cuda_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
+void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
+                               const float *x, const float *w, const float *rstd, int64_t N,
+                               int64_t C);
+void moe_cuda_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+                           int64_t D, double theta);
+void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
+                            int64_t D, double theta);
+void moe_cuda_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
+                             int64_t n, moe_recipe prec);
+void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+                              const float *a, const float *b, int64_t n);
+void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+
+void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
+                                const float *k, const float *v, int64_t B, int64_t T, int64_t H,
+                                int64_t KV, int64_t D, moe_recipe prec);
+void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k, const float *v,
+                                 const float *out, const float *lse, int64_t B, int64_t T,
+                                 int64_t H, int64_t KV, int64_t D, moe_recipe prec);
+
+/* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above */
+void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
+                                     const float *k, const float *v, int64_t B, int64_t T,
+                                     int64_t H, int64_t KV, int64_t D);
+void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv,
+                                      const float *dout, const float *q, const float *k,
+                                      const float *v, const float *out, const float *lse, int64_t B,
+                                      int64_t T, int64_t H, int64_t KV, int64_t D);
+
+void moe_cuda_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,
+                             float *topk_w, int32_t *counts, float *stats, const float *logits,
+                             int64_t N, int64_t E, int64_t K);
+void moe_cuda_router_backward(const moe_backend *be, float *dlogits, const float *dtopk_w,
+                              const float *dprob, float dz, const float *probs, const float *lse,
+                              const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
+                              int64_t K);
+void moe_cuda_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
+                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
+                              int64_t C, int64_t E, int64_t K);
+void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
+void moe_cuda_unpermute_forward(const moe_backend *be, float *y, const float *yp,
+                                const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                                int64_t K);
+void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
+                                 const float *yp, const float *topk_w, const int32_t *slot_row,
+                                 int64_t N, int64_t C, int64_t K);
+
+void moe_cuda_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
+                                    const float *logits, const int32_t *targets,
+                                    const float *weights, int64_t N, int64_t V);
+void moe_cuda_cross_entropy_backward(const moe_backend *be, float *dlogits, const float *logits,
+                                     const float *lse, const int32_t *targets, const float *weights,
+                                     float dloss, int64_t N, int64_t V);
+
+void moe_cuda_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
+                    int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                    int64_t step, float grad_scale);
+double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n);
+
+#endif

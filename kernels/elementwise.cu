@@ -1,0 +1,277 @@
+/* elementwise: the per-element and per-row ops of the CUDA backend - embedding lookup,
+ * RMSNorm, RoPE and SwiGLU, forward and backward.
+ *
+ * Semantics are those of the CPU reference (libcore/src/cpu/ops_norm.c). The one thing a
+ * reader must know: every reduction that writes a PARAMETER gradient (RMSNorm weight,
+ * embedding table) runs in a fixed order that does not depend on the launch configuration,
+ * and no float atomics are used, so repeated runs are bit-identical. The embedding backward
+ * (vocabularies up to 1024 ids) first groups positions by token id, then sums each id's
+ * rows in position order: the CPU's order, so its result is bit-identical to the CPU's. */
+#include <math.h>
+
+#include "backend_cuda.cuh"
+
+/* ------------------------------------------------------------------------------------------
+ * embedding */
+
+__global__ void k_embedding_fwd(float *__restrict__ out, const int32_t *__restrict__ tokens,
+                                const float *__restrict__ wte, int64_t N, int64_t C) {
+    int64_t total = N * C, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += stride) {
+        int64_t n = i / C, col = i - n * C;
+        out[i] = wte[(int64_t)tokens[n] * C + col];
+    }
+}
+
+/* One thread per column walks the tokens in order: the same summation order as the CPU. */
+__global__ void k_embedding_bwd(float *__restrict__ dwte, const float *__restrict__ dout,
+                                const int32_t *__restrict__ tokens, int64_t N, int64_t C) {
+    int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (col >= C) return;
+    for (int64_t n = 0; n < N; n++)
+        dwte[(int64_t)tokens[n] * C + col] += dout[n * C + col];
+}
+
+/* Tokens grouped by id (stable): block (v, column tile) walks the positions of token v in
+ * ascending order, starting from dwte's current value - the CPU's exact summation order, in
+ * parallel over vocabulary rows and columns. */
+__global__ void k_embedding_bwd_grouped(float *__restrict__ dwte, const float *__restrict__ dout,
+                                        const int32_t *__restrict__ order,
+                                        const int32_t *__restrict__ offsets, int64_t C) {
+    int64_t v = blockIdx.y, col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (col >= C) return;
+    int32_t r0 = offsets[v], r1 = offsets[v + 1];
+    if (r0 == r1) return;
+    float acc = dwte[v * C + col];
+    for (int32_t r = r0; r < r1; r++)
+        acc += dout[(int64_t)order[r] * C + col];
+    dwte[v * C + col] = acc;
+}
+
+void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+                                const float *wte, int64_t N, int64_t C) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_embedding_fwd<<<moe_cuda_grid(c, N * C, 256), 256, 0, c->stream>>>(out, tokens, wte, N, C);
+    MOE_CUDA_LAUNCHED(c, "embedding_forward", "N=%lld C=%lld", (long long)N, (long long)C);
+}
+
+void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
+                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    const char *op = "embedding_backward";
+    if (V >= 1 && V <= 1024 && V <= 65535) { /* group positions by token id first */
+        int32_t *order = (int32_t *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E,
+                                                     (size_t)(2 * N + V + 1) * sizeof(int32_t), op);
+        if (!order) return;
+        int32_t *inverse = order + N, *offsets = inverse + N;
+        if (!moe_cuda_group_by_key(c, order, inverse, offsets, tokens, N, V, op)) return;
+        dim3 grid((unsigned)((C + 127) / 128), (unsigned)V);
+        k_embedding_bwd_grouped<<<grid, 128, 0, c->stream>>>(dwte, dout, order, offsets, C);
+    } else {
+        k_embedding_bwd<<<(unsigned)((C + 63) / 64), 64, 0, c->stream>>>(dwte, dout, tokens, N, C);
+    }
+    MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld V=%lld", (long long)N, (long long)C, (long long)V);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * RMSNorm: one block per row */
+
+__global__ void k_rmsnorm_fwd(float *__restrict__ out, float *__restrict__ rstd,
+                              const float *__restrict__ x, const float *__restrict__ w, int64_t C,
+                              float eps, int round_bf16) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *xn = x + n * C;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        ss += xn[i] * xn[i];
+    ss = moe_block_sum(ss, sh);
+    float r = 1.0f / sqrtf(ss / (float)C + eps);
+    if (threadIdx.x == 0) rstd[n] = r;
+    float *on = out + n * C;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+        float v = xn[i] * r * w[i];
+        on[i] = round_bf16 ? moe_dev_round_bf16(v) : v;
+    }
+}
+
+__global__ void k_rmsnorm_bwd_dx(float *__restrict__ dx, const float *__restrict__ dout,
+                                 const float *__restrict__ x, const float *__restrict__ w,
+                                 const float *__restrict__ rstd, int64_t C) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *xn = x + n * C, *gn = dout + n * C;
+    float r = rstd[n], dot = 0.0f;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        dot += gn[i] * w[i] * xn[i];
+    dot = moe_block_sum(dot, sh);
+    float k = dot * r * r * r / (float)C;
+    float *dxn = dx + n * C;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        dxn[i] += gn[i] * w[i] * r - xn[i] * k;
+}
+
+#define MOE_RMS_ROWS 256 /* rows per partial sum of the weight gradient (fixed: deterministic) */
+
+/* part[chunk, c] = sum over the chunk's rows of dout * x * rstd, rows in ascending order */
+__global__ void k_rmsnorm_bwd_dw_part(float *__restrict__ part, const float *__restrict__ dout,
+                                      const float *__restrict__ x, const float *__restrict__ rstd,
+                                      int64_t N, int64_t C) {
+    int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    int64_t r0 = (int64_t)blockIdx.y * MOE_RMS_ROWS;
+    if (col >= C) return;
+    int64_t r1 = r0 + MOE_RMS_ROWS < N ? r0 + MOE_RMS_ROWS : N;
+    float s = 0.0f;
+    for (int64_t n = r0; n < r1; n++)
+        s += dout[n * C + col] * x[n * C + col] * rstd[n];
+    part[blockIdx.y * C + col] = s;
+}
+
+__global__ void k_rmsnorm_bwd_dw_sum(float *__restrict__ dw, const float *__restrict__ part,
+                                     int64_t nchunks, int64_t C) {
+    int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (col >= C) return;
+    float s = 0.0f;
+    for (int64_t j = 0; j < nchunks; j++)
+        s += part[j * C + col];
+    dw[col] += s;
+}
+
+static int row_threads(int64_t C) {
+    return C >= 1024 ? 512 : C >= 256 ? 256 : 128;
+}
+
+void moe_cuda_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>(out, rstd, x, w, C, eps,
+                                                                 prec == MOE_RECIPE_BF16);
+    MOE_CUDA_LAUNCHED(c, "rmsnorm_forward", "N=%lld C=%lld", (long long)N, (long long)C);
+}
+
+void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
+                               const float *x, const float *w, const float *rstd, int64_t N,
+                               int64_t C) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "rmsnorm_backward";
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_rmsnorm_bwd_dx<<<(unsigned)N, row_threads(C), 0, c->stream>>>(dx, dout, x, w, rstd, C);
+    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C)) return;
+    int64_t nchunks = (N + MOE_RMS_ROWS - 1) / MOE_RMS_ROWS;
+    float *part = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
+                                            (size_t)(nchunks * C) * sizeof(float), op);
+    if (!part) return;
+    dim3 grid((unsigned)((C + 127) / 128), (unsigned)nchunks);
+    k_rmsnorm_bwd_dw_part<<<grid, 128, 0, c->stream>>>(part, dout, x, rstd, N, C);
+    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld (dw partials)", (long long)N, (long long)C))
+        return;
+    k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 127) / 128), 128, 0, c->stream>>>(dw, part, nchunks, C);
+    MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld (dw sum)", (long long)N, (long long)C);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * RoPE (Hugging Face rotate_half). The cos/sin table is computed in double and rounded once,
+ * like the CPU backend, so both backends rotate by the same float cos/sin. */
+
+__global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, int64_t D,
+                             double theta) {
+    int64_t total = T * half, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
+        int64_t t = j / half, i = j - t * half;
+        double inv_freq = pow(theta, -(double)(2 * i) / (double)D);
+        double ang = (double)t * inv_freq;
+        cs[2 * j] = (float)cos(ang);
+        cs[2 * j + 1] = (float)sin(ang);
+    }
+}
+
+__global__ void k_rope_apply(float *__restrict__ x, const float *__restrict__ cs, int64_t B,
+                             int64_t T, int64_t NH, int64_t half, float dir) {
+    int64_t total = B * T * NH * half, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
+        int64_t i = j % half, row = j / half; /* row = (b*T + t)*NH + h */
+        int64_t t = (row / NH) % T;
+        float co = cs[2 * (t * half + i)], si = dir * cs[2 * (t * half + i) + 1];
+        float *v = x + row * 2 * half;
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * co - x2 * si;
+        v[i + half] = x2 * co + x1 * si;
+    }
+}
+
+static void rope(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH, int64_t D,
+                 double theta, float dir, const char *op) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || NH <= 0 || D <= 0) return;
+    if (D % 2) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "D=%lld must be even", (long long)D);
+        return;
+    }
+    int64_t half = D / 2;
+    float *cs = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F,
+                                          (size_t)(T * half * 2) * sizeof(float), op);
+    if (!cs) return;
+    k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, T, half, D, theta);
+    if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
+    k_rope_apply<<<moe_cuda_grid(c, B * T * NH * half, 256), 256, 0, c->stream>>>(x, cs, B, T, NH,
+                                                                                  half, dir);
+    MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld NH=%lld D=%lld", (long long)B, (long long)T,
+                      (long long)NH, (long long)D);
+}
+
+void moe_cuda_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+                           int64_t D, double theta) {
+    rope(be, x, B, T, NH, D, theta, 1.0f, "rope_forward");
+}
+
+void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
+                            int64_t D, double theta) {
+    rope(be, dx, B, T, NH, D, theta, -1.0f, "rope_backward");
+}
+
+/* ------------------------------------------------------------------------------------------
+ * SwiGLU: out = silu(a) * b */
+
+__global__ void k_swiglu_fwd(float *__restrict__ out, const float *__restrict__ a,
+                             const float *__restrict__ b, int64_t n, int round_bf16) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        float ai = a[i];
+        float s = 1.0f / (1.0f + expf(-ai));
+        float v = ai * s * b[i];
+        out[i] = round_bf16 ? moe_dev_round_bf16(v) : v;
+    }
+}
+
+__global__ void k_swiglu_bwd(float *__restrict__ da, float *__restrict__ db,
+                             const float *__restrict__ dout, const float *__restrict__ a,
+                             const float *__restrict__ b, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
+        float ai = a[i], g = dout[i];
+        float s = 1.0f / (1.0f + expf(-ai));
+        float silu = ai * s;
+        da[i] += g * b[i] * (s + silu * (1.0f - s));
+        db[i] += g * silu;
+    }
+}
+
+void moe_cuda_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
+                             int64_t n, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || n <= 0) return;
+    k_swiglu_fwd<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n,
+                                                                  prec == MOE_RECIPE_BF16);
+    MOE_CUDA_LAUNCHED(c, "swiglu_forward", "n=%lld", (long long)n);
+}
+
+void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+                              const float *a, const float *b, int64_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || n <= 0) return;
+    k_swiglu_bwd<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(da, db, dout, a, b, n);
+    MOE_CUDA_LAUNCHED(c, "swiglu_backward", "n=%lld", (long long)n);
+}

@@ -1,0 +1,227 @@
+/* moe_permute: expert-contiguous permutation of the (token, slot) pairs for the CUDA
+ * backend, the weighted un-permutation back to tokens, and their backwards.
+ *
+ * The permutation is a STABLE counting sort by expert in (n, k) order, identical to the CPU
+ * reference (libcore/src/cpu/ops_moe.c), in three small passes over chunks of 1024 pairs:
+ * per-chunk expert counts; one block turns them into expert offsets and per-chunk bases in
+ * chunk order; then each pair's row = base + rank among the earlier pairs of its chunk with
+ * the same expert (warp __match_any_sync + per-warp counts). The one thing a reader must
+ * know: no step depends on scheduling order, so rows are deterministic and equal the CPU's.
+ * The same grouping (moe_cuda_group_by_key) orders tokens by id for the embedding backward. */
+#include "backend_cuda.cuh"
+
+#define MOE_PERM_CHUNK 1024 /* pairs per chunk = threads per block of the counting passes */
+#define MOE_PERM_MAX_E 1024
+
+/* cnt[ch, e] = pairs of chunk ch routed to expert e */
+__global__ void __launch_bounds__(MOE_PERM_CHUNK)
+    k_perm_count(int32_t *__restrict__ cnt, const int32_t *__restrict__ idx, int64_t NK, int E) {
+    extern __shared__ int32_t sh_cnt[]; /* [E] */
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        sh_cnt[e] = 0;
+    __syncthreads();
+    int64_t p = (int64_t)blockIdx.x * MOE_PERM_CHUNK + threadIdx.x;
+    if (p < NK) atomicAdd(&sh_cnt[idx[p]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x)
+        cnt[blockIdx.x * (int64_t)E + e] = sh_cnt[e];
+}
+
+/* One block: offsets[e] (expert starts, offsets[E] = NK) and base[ch, e] = first row of the
+ * pairs of chunk ch that go to expert e. */
+__global__ void k_perm_scan(int32_t *__restrict__ offsets, int32_t *__restrict__ base,
+                            const int32_t *__restrict__ cnt, int64_t nchunks, int E) {
+    extern __shared__ int32_t sh_tot[]; /* [E + 1] */
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t s = 0;
+        for (int64_t ch = 0; ch < nchunks; ch++)
+            s += cnt[ch * E + e];
+        sh_tot[e] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t run = 0;
+        for (int e = 0; e < E; e++) {
+            int32_t t = sh_tot[e];
+            sh_tot[e] = run;
+            offsets[e] = run;
+            run += t;
+        }
+        offsets[E] = run;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t run = sh_tot[e];
+        for (int64_t ch = 0; ch < nchunks; ch++) {
+            base[ch * E + e] = run;
+            run += cnt[ch * E + e];
+        }
+    }
+}
+
+__global__ void __launch_bounds__(MOE_PERM_CHUNK)
+    k_perm_place(int32_t *__restrict__ row_src, int32_t *__restrict__ slot_row,
+                 const int32_t *__restrict__ base, const int32_t *__restrict__ idx, int64_t NK,
+                 int E) {
+    extern __shared__ int32_t sh_wc[]; /* [32 warps][E] */
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < 32 * E; i += blockDim.x)
+        sh_wc[i] = 0;
+    __syncthreads();
+    int64_t p = (int64_t)blockIdx.x * MOE_PERM_CHUNK + threadIdx.x;
+    int active = p < NK;
+    unsigned amask = __ballot_sync(0xffffffffu, active);
+    int e = 0, rank = 0;
+    if (active) {
+        e = idx[p];
+        unsigned peers = __match_any_sync(amask, e);
+        rank = __popc(peers & ((1u << lane) - 1u));
+        if (rank == 0) sh_wc[warp * E + e] = __popc(peers);
+    }
+    __syncthreads();
+    if (active) {
+        int32_t before = 0;
+        for (int w = 0; w < warp; w++)
+            before += sh_wc[w * E + e];
+        int32_t row = base[blockIdx.x * (int64_t)E + e] + before + rank;
+        row_src[row] = (int32_t)p;
+        slot_row[p] = row;
+    }
+}
+
+/* xp[r, :] = x[row_src[r] / K, :], one block per row */
+__global__ void k_perm_gather(float *__restrict__ xp, const float *__restrict__ x,
+                              const int32_t *__restrict__ row_src, int64_t C, int K) {
+    int64_t r = blockIdx.x;
+    const float *src = x + (int64_t)(row_src[r] / K) * C;
+    float *dst = xp + r * C;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
+        dst[i] = src[i];
+}
+
+int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
+                          const int32_t *keys, int64_t n, int64_t nkeys, const char *op) {
+    if (nkeys < 1 || nkeys > MOE_PERM_MAX_E) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "%lld keys: 1..%d supported", (long long)nkeys,
+                       MOE_PERM_MAX_E);
+        return 0;
+    }
+    int64_t nchunks = (n + MOE_PERM_CHUNK - 1) / MOE_PERM_CHUNK;
+    if (nchunks == 0)
+        return moe_cuda_check(
+            c, cudaMemsetAsync(offsets, 0, (size_t)(nkeys + 1) * sizeof(int32_t), c->stream), op,
+            "n=0 keys=%lld", (long long)nkeys);
+    int32_t *cnt = (int32_t *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
+                                               (size_t)(2 * nchunks * nkeys) * sizeof(int32_t), op);
+    if (!cnt) return 0;
+    int32_t *base = cnt + nchunks * nkeys;
+    size_t wc_bytes = (size_t)(32 * nkeys) * sizeof(int32_t);
+    if (wc_bytes > 48 * 1024 &&
+        !moe_cuda_check(c,
+                        cudaFuncSetAttribute(k_perm_place,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)wc_bytes),
+                        op, "keys=%lld shared memory %zu bytes", (long long)nkeys, wc_bytes))
+        return 0;
+    k_perm_count<<<(unsigned)nchunks, MOE_PERM_CHUNK, (size_t)nkeys * sizeof(int32_t), c->stream>>>(
+        cnt, keys, n, (int)nkeys);
+    if (!MOE_CUDA_LAUNCHED(c, op, "n=%lld keys=%lld (count)", (long long)n, (long long)nkeys))
+        return 0;
+    k_perm_scan<<<1, 256, (size_t)(nkeys + 1) * sizeof(int32_t), c->stream>>>(offsets, base, cnt,
+                                                                              nchunks, (int)nkeys);
+    if (!MOE_CUDA_LAUNCHED(c, op, "n=%lld keys=%lld (scan)", (long long)n, (long long)nkeys))
+        return 0;
+    k_perm_place<<<(unsigned)nchunks, MOE_PERM_CHUNK, wc_bytes, c->stream>>>(order, inverse, base,
+                                                                             keys, n, (int)nkeys);
+    return MOE_CUDA_LAUNCHED(c, op, "n=%lld keys=%lld (place)", (long long)n, (long long)nkeys);
+}
+
+void moe_cuda_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
+                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
+                              int64_t C, int64_t E, int64_t K) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "permute_forward";
+    if (moe_cuda_failed(c)) return;
+    int64_t NK = N * K;
+    if (!moe_cuda_group_by_key(c, row_src, slot_row, offsets, topk_idx, NK, E, op)) return;
+    if (C <= 0 || NK <= 0) return;
+    k_perm_gather<<<(unsigned)NK, C >= 512 ? 256 : 128, 0, c->stream>>>(xp, x, row_src, C, (int)K);
+    MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
+                      (long long)C);
+}
+
+/* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] (k in order), one block per token */
+__global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp,
+                           const int32_t *__restrict__ slot_row, int64_t C, int K) {
+    int64_t n = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = dx[n * C + i];
+        for (int kk = 0; kk < K; kk++)
+            acc += dxp[(int64_t)slot_row[n * K + kk] * C + i];
+        dx[n * C + i] = acc;
+    }
+}
+
+void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_perm_bwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C, (int)K);
+    MOE_CUDA_LAUNCHED(c, "permute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
+                      (long long)K);
+}
+
+/* y[n,:] = sum_k w[n,k] yp[slot_row[n*K+k], :], summed from 0 in k order (as the CPU) */
+__global__ void k_unperm_fwd(float *__restrict__ y, const float *__restrict__ yp,
+                             const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
+                             int64_t C, int K) {
+    int64_t n = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int kk = 0; kk < K; kk++)
+            acc += topk_w[n * K + kk] * yp[(int64_t)slot_row[n * K + kk] * C + i];
+        y[n * C + i] = acc;
+    }
+}
+
+void moe_cuda_unpermute_forward(const moe_backend *be, float *y, const float *yp,
+                                const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                                int64_t K) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_unperm_fwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(y, yp, topk_w, slot_row, C,
+                                                                      (int)K);
+    MOE_CUDA_LAUNCHED(c, "unpermute_forward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
+                      (long long)K);
+}
+
+/* dyp[r,:] += w dy[n,:]; dtopk_w[n,k] += dot(dy[n,:], yp[r,:]), one block per token */
+__global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_w,
+                             const float *__restrict__ dy, const float *__restrict__ yp,
+                             const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
+                             int64_t C, int K) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *g = dy + n * C;
+    for (int kk = 0; kk < K; kk++) {
+        int64_t r = slot_row[n * K + kk];
+        float w = topk_w[n * K + kk], s = 0.0f;
+        for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
+            dyp[r * C + i] += w * g[i];
+            s += g[i] * yp[r * C + i];
+        }
+        s = moe_block_sum(s, sh);
+        if (threadIdx.x == 0) dtopk_w[n * K + kk] += s;
+    }
+}
+
+void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
+                                 const float *yp, const float *topk_w, const int32_t *slot_row,
+                                 int64_t N, int64_t C, int64_t K) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    k_unperm_bwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dyp, dtopk_w, dy, yp, topk_w,
+                                                                      slot_row, C, (int)K);
+    MOE_CUDA_LAUNCHED(c, "unpermute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
+                      (long long)K);
+}

@@ -1,0 +1,133 @@
+/* model: the Mixtral-style MoE causal language model, forward and backward, llm.c style.
+ *
+ * One forward function calls the ops of ops.h in order and one backward calls their
+ * backward ops in reverse; there is no autograd. Semantics are Hugging Face Mixtral's
+ * (docs/model.md): embedding, per layer x += o_proj(attn(rope(q), rope(k), v)) on
+ * rmsnorm(x), then x += moe(rmsnorm(x)) with an fp32 softmax router, top-k, renormalised
+ * top-k weights and SwiGLU experts w2(silu(w1 x) * w3 x); final norm; lm_head (or the
+ * embedding when tied). Dropless: every token reaches its k experts.
+ *
+ * The one thing a reader must know: every buffer (parameters, gradients, activations) is
+ * backend memory, allocated through the backend table; `moe_param.data/grad` point into
+ * two single allocations (all fp32 master weights / all gradients, in table order). Use
+ * moe_model_copy_params_to_host / _from_host (or be->memcpy_*) to read or write them.
+ *
+ * Loss of one forward (what backward differentiates):
+ *   loss = ce + router_aux_loss_coef * aux + router_z_loss_coef * z
+ *   ce  = sum_n w_n * CE_n / sum_n w_n over tokens with target >= 0 (w_n = weight, 1 if NULL)
+ *   aux = mean over layers of E * sum_e f_e * P_e, f_e = (assignments to e)/(N*K),
+ *         P_e = mean router probability of e over the N tokens of the micro-batch
+ *         (Switch/Megatron normalisation: 1 at perfect balance. HF's load_balancing_loss_func
+ *         pools the layers' logits before the product and divides counts by N, not N*K,
+ *         so its value at balance is K; ours = HF-per-layer / K.)
+ *   z   = mean over layers of mean_n logsumexp(router_logits[n,:])^2
+ * All N = B*T positions are routed and count for aux/z (packed data has no padding). */
+#ifndef MOE_MODEL_H
+#define MOE_MODEL_H
+
+#include <stdint.h>
+
+#include "moe/config.h"
+#include "moe/err.h"
+#include "moe/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
+    char name[128];
+    int ndim;
+    int64_t shape[4];
+    int64_t numel;
+    int64_t offset; /* element offset in the flat parameter / gradient arrays */
+    float *data;    /* [shape] dev, fp32 master weight */
+    float *grad;    /* [shape] dev, its gradient */
+    int decay;      /* 1 for matrices (incl. lm_head); 0 for norms and embeddings */
+    int layer;      /* -1 when not applicable */
+    int expert;     /* -1 when not applicable */
+} moe_param;
+
+typedef struct moe_step_stats {
+    double loss;                  /* ce + aux_coef*aux + z_coef*z */
+    double ce_loss;               /* weighted mean CE over tokens with target >= 0 (nats) */
+    double aux_loss;              /* load balancing, mean over layers (1 = balanced) */
+    double z_loss;                /* router z-loss, mean over layers */
+    double n_tokens;              /* tokens with target >= 0 */
+    double weight_sum;            /* sum of their weights (= n_tokens when weights is NULL) */
+    double ce_sum;                /* sum_n w_n * CE_n (nats), for exact means over micro-batches */
+    double router_entropy;        /* mean over layers and tokens of the router entropy (nats) */
+    const int64_t *expert_tokens; /* [layers, E], assignments per expert, owned by the model */
+} moe_step_stats;
+
+typedef struct moe_acts moe_acts; /* activation buffers, private to model.c */
+
+typedef struct moe_model {
+    moe_model_config cfg;
+    moe_recipe recipe;
+    const moe_backend *be;
+    int max_batch, max_seq;
+    int64_t head_dim;
+    moe_param *params; /* [n_params] */
+    int n_params;
+    int64_t n_elems;  /* total parameter elements */
+    float *param_mem; /* [n_elems] dev, one allocation */
+    float *grad_mem;  /* [n_elems] dev, one allocation */
+    /* quick access by role (indices into params; -1 when absent) */
+    int p_embed, p_norm, p_lm_head;
+    moe_acts *acts;
+    int64_t *expert_tokens; /* [layers, E] host, filled by forward */
+    int last_B, last_T;     /* shape of the last forward (0 = none) */
+} moe_model;
+
+/* Validates cfg (shapes divisible, k <= E, ...), refuses recipes the backend does not
+ * support (fp8-block/mxfp8: MOE_ERR_INPUT), builds the parameter table, allocates
+ * parameters, gradients (zeroed) and activations for up to max_batch x max_seq tokens.
+ * Weights start at zero: call moe_model_init_weights or load them. */
+moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                            const moe_backend *be, int max_batch, int max_seq, moe_err *err);
+/* normal(0, initializer_range) for matrices and the embedding, ones for norms; Philox
+ * keyed by seed, each tensor its own stream: same result for any thread count. */
+void moe_model_init_weights(moe_model *m, uint64_t seed);
+void moe_model_free(moe_model *m);              /* safe on a zeroed or failed-create struct */
+int64_t moe_model_n_params(const moe_model *m); /* number of parameter elements */
+/* Index of the tensor with this HF name, or -1. */
+int moe_model_find_param(const moe_model *m, const char *name);
+/* Whole flat parameter array <-> host memory ([n_elems] floats, table order). */
+void moe_model_copy_params_to_host(const moe_model *m, float *dst);
+void moe_model_copy_params_from_host(moe_model *m, const float *src);
+void moe_model_copy_grads_to_host(const moe_model *m, float *dst);
+
+/* tokens/targets [B, T] host (target -1 = ignored), weights [B, T] host or NULL.
+ * Fills *st (may be NULL). Errors: B/T above the limits given to create, T above
+ * max_position_embeddings, token or target out of range (MOE_ERR_INPUT, names the
+ * position). The activations are kept for moe_model_backward. */
+moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
+                             const float *weights, int B, int T, moe_step_stats *st, moe_err *err);
+/* grads += grad_scale * d(loss of the last forward)/d(params). Fails (MOE_ERR_RUNTIME)
+ * without a preceding forward with targets. */
+moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err);
+void moe_model_zero_grad(moe_model *m);
+
+/* Hidden states, forward only: layer 0 = embeddings, l = output of layer l,
+ * num_hidden_layers = output of the final norm. tokens [B, T] host; out [B, T, C] host. */
+moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                            float *out, moe_err *err);
+
+/* ---- sizes for --dry-run (no model needed) ---- */
+/* total: all parameters (lm_head counted once when tied); active: those touched per token
+ * (k of E experts per layer). */
+void moe_model_count_params(const moe_model_config *cfg, int64_t *total, int64_t *active);
+/* 6 x (matmul weights touched per token: q,k,v,o + k experts x 3 + router, per layer,
+ * + lm_head) + 6 x layers x seq x hidden (causal attention). Training FLOPs per token. */
+double moe_model_flops_per_token(const moe_model_config *cfg, int64_t seq);
+/* Bytes of activation (and activation-gradient scratch) buffers moe_model_create
+ * allocates for batch x seq tokens (parameters, grads, optimizer state not included). */
+int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe, int64_t batch,
+                                   int64_t seq);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,291 @@
+/* ops: every operation the MoE model needs, forward and backward, behind a backend table.
+ *
+ * A backend (`moe_backend`) is a table of function pointers: memory functions (the model
+ * allocates ALL its parameters, gradients and activations through them, so buffers may live
+ * on a GPU) and one entry per op direction. `moe_backend_cpu()` is the reference: fp32
+ * accumulation, OpenMP, cblas_sgemm when built with MOE_HAVE_CBLAS; the CUDA backend in
+ * kernels/ fills the same table.
+ *
+ * Conventions every implementation follows (the one thing a reader must know):
+ *  - Pointers marked "dev" are backend memory (from be->alloc); "host" means CPU memory.
+ *    Shapes are given in comments, row-major, last dimension contiguous.
+ *  - Forward ops OVERWRITE their outputs. Backward ops ACCUMULATE (+=) into every gradient
+ *    they produce (parameter AND activation gradients); the caller zeroes buffers first.
+ *    Exceptions are marked: rope (in place both ways) and cross_entropy_backward (writes).
+ *    A gradient pointer documented "may be NULL" is skipped.
+ *  - `prec` is the precision recipe. MOE_RECIPE_FP32: plain fp32. MOE_RECIPE_BF16 (GPU
+ *    numerics emulated on the CPU): every operand of a matrix product (matmul, grouped
+ *    matmul, the QK^T and PV products of attention and their backward products) is rounded
+ *    to bf16 (round to nearest even) before multiplying, products accumulate in fp32, and
+ *    the activations those ops produce (matmul/grouped matmul/attention outputs, swiglu,
+ *    rmsnorm outputs) are stored rounded to bf16. Softmax, norms statistics, router, loss,
+ *    residual stream, gradients and optimizer stay fp32. FP8 recipes are not supported yet
+ *    (`supports` says 0).
+ *  - Results never depend on the number of OpenMP threads: reductions run over fixed chunks
+ *    in a fixed order, so runs are bit-reproducible (exact resume relies on this).
+ *  - Routing-weight scaling lives in unpermute (y[n] = sum_k w[n,k] * expert_out[slot]),
+ *    not in swiglu.
+ *
+ * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
+ * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
+ * after permutation (dropless: every (token, slot) pair gets a row). */
+#ifndef MOE_OPS_H
+#define MOE_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/config.h"
+#include "moe/err.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum moe_op {
+    MOE_OP_EMBEDDING,
+    MOE_OP_RMSNORM,
+    MOE_OP_ROPE,
+    MOE_OP_ATTENTION,
+    MOE_OP_MATMUL,
+    MOE_OP_ROUTER,
+    MOE_OP_PERMUTE,
+    MOE_OP_UNPERMUTE,
+    MOE_OP_GROUPED_MATMUL,
+    MOE_OP_SWIGLU,
+    MOE_OP_CROSS_ENTROPY,
+    MOE_OP_ADD,
+    MOE_OP_ADAMW,
+    MOE_OP_SUM_SQUARES,
+    MOE_OP_COUNT
+} moe_op;
+
+/* "embedding", "rmsnorm", ... ; "?" for an out-of-range value. */
+const char *moe_op_name(moe_op op);
+
+typedef struct moe_backend moe_backend;
+struct moe_backend {
+    const char *name; /* "cpu", "cuda" */
+    void *ctx;        /* backend state (streams, handles); NULL for the CPU backend */
+
+    /* 1 when the backend implements op (both directions) at precision prec, else 0. */
+    int (*supports)(const moe_backend *be, moe_op op, moe_recipe prec);
+
+    /* ---- memory (all sizes in bytes) ---- */
+    void *(*alloc)(const moe_backend *be, size_t bytes); /* zero-filled, 64-byte aligned;
+                                                            NULL on failure */
+    void (*free)(const moe_backend *be, void *p);        /* p may be NULL */
+    void (*memcpy_h2d)(const moe_backend *be, void *dst_dev, const void *src_host, size_t n);
+    void (*memcpy_d2h)(const moe_backend *be, void *dst_host, const void *src_dev, size_t n);
+    void (*memcpy_d2d)(const moe_backend *be, void *dst_dev, const void *src_dev, size_t n);
+    void (*memset)(const moe_backend *be, void *dst_dev, int byte, size_t n);
+    /* Waits for queued work; reports an asynchronous failure (MOE_ERR_RUNTIME) if any. */
+    moe_status (*synchronize)(const moe_backend *be, moe_err *err);
+
+    /* ---- embedding: out[n,:] = wte[tokens[n],:] ---- */
+    void (*embedding_forward)(const moe_backend *be, float *out, /* [N, C] dev */
+                              const int32_t *tokens,             /* [N] dev, each in [0, V) */
+                              const float *wte,                  /* [V, C] dev */
+                              int64_t N, int64_t C);
+    void (*embedding_backward)(const moe_backend *be, float *dwte, /* [V, C] dev, += */
+                               const float *dout,                  /* [N, C] dev */
+                               const int32_t *tokens,              /* [N] dev */
+                               int64_t N, int64_t C, int64_t V);
+
+    /* ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ---- */
+    void (*rmsnorm_forward)(const moe_backend *be, float *out, /* [N, C] dev */
+                            float *rstd,                       /* [N] dev, saved for backward */
+                            const float *x,                    /* [N, C] dev */
+                            const float *w,                    /* [C] dev */
+                            int64_t N, int64_t C, float eps, moe_recipe prec);
+    void (*rmsnorm_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
+                             float *dw,                        /* [C] dev, += */
+                             const float *dout,                /* [N, C] dev */
+                             const float *x,                   /* [N, C] dev */
+                             const float *w,                   /* [C] dev */
+                             const float *rstd,                /* [N] dev */
+                             int64_t N, int64_t C);
+
+    /* ---- RoPE, Hugging Face convention (rotate_half over the two halves of D):
+     * x1 = x[..., :D/2], x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] with
+     * angle = t * theta^(-2i/D) for i < D/2 and t the position in the sequence (0..T-1).
+     * IN PLACE in both directions (backward rotates the gradient by -angle). ---- */
+    void (*rope_forward)(const moe_backend *be, float *x, /* [B, T, NH, D] dev, in place */
+                         int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
+    void (*rope_backward)(const moe_backend *be, float *dx, /* [B, T, NH, D] dev, in place */
+                          int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
+
+    /* ---- causal grouped-query attention, softmax(q k^T / sqrt(D)) v, query head h uses
+     * kv head h / (H/KV). Blocked with an online softmax: memory linear in T. lse is the
+     * natural-log logsumexp of each scaled score row, saved for backward. ---- */
+    void (*attention_forward)(const moe_backend *be, float *out, /* [B, T, H, D] dev */
+                              float *lse,                        /* [B, H, T] dev */
+                              const float *q,                    /* [B, T, H, D] dev */
+                              const float *k,                    /* [B, T, KV, D] dev */
+                              const float *v,                    /* [B, T, KV, D] dev */
+                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                              moe_recipe prec);
+    void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev, += */
+                               float *dk,                        /* [B, T, KV, D] dev, += */
+                               float *dv,                        /* [B, T, KV, D] dev, += */
+                               const float *dout,                /* [B, T, H, D] dev */
+                               const float *q,                   /* [B, T, H, D] dev */
+                               const float *k,                   /* [B, T, KV, D] dev */
+                               const float *v,                   /* [B, T, KV, D] dev */
+                               const float *out, /* [B, T, H, D] dev, forward output */
+                               const float *lse, /* [B, H, T] dev */
+                               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                               moe_recipe prec);
+
+    /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
+    void (*matmul_forward)(const moe_backend *be, float *y, /* [N, O] dev */
+                           const float *x,                  /* [N, I] dev */
+                           const float *w,                  /* [O, I] dev */
+                           int64_t N, int64_t I, int64_t O, moe_recipe prec);
+    /* dx += dy W ; dw += dy^T x */
+    void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, +=, may be NULL */
+                            float *dw,                        /* [O, I] dev, +=, may be NULL */
+                            const float *dy,                  /* [N, O] dev */
+                            const float *x,                   /* [N, I] dev */
+                            const float *w,                   /* [O, I] dev */
+                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
+
+    /* ---- router: p = softmax(logits) in fp32, top-K experts by p (ties: lower index
+     * first; slots in descending p), topk_w = p[top] / sum_k p[top_k]. Statistics for the
+     * losses: counts[e] = assignments (token, slot) to e; stats[e] = sum_n p[n,e] (e < E),
+     * stats[E] = sum_n lse[n]^2 (z-loss numerator), stats[E+1] = sum_n entropy(p[n,:]).
+     * All stats reduce in a fixed order (thread-count independent). ---- */
+    void (*router_forward)(const moe_backend *be, float *probs, /* [N, E] dev */
+                           float *lse,                          /* [N] dev, logsumexp of logits */
+                           int32_t *topk_idx,                   /* [N, K] dev */
+                           float *topk_w,                       /* [N, K] dev */
+                           int32_t *counts,                     /* [E] dev */
+                           float *stats,                        /* [E + 2] dev */
+                           const float *logits,                 /* [N, E] dev */
+                           int64_t N, int64_t E, int64_t K);
+    /* Gradient of L = sum_{n,k} dtopk_w[n,k]*topk_w[n,k] + sum_{n,e} dprob[e]*p[n,e]
+     *                 + dz * sum_n lse[n]^2
+     * with respect to the logits (counts are piecewise constant: no gradient).
+     * dprob is the aux-loss derivative by mean probability, shared by all tokens. */
+    void (*router_backward)(const moe_backend *be, float *dlogits, /* [N, E] dev, += */
+                            const float *dtopk_w,                  /* [N, K] dev */
+                            const float *dprob,                    /* [E] dev, may be NULL (= 0) */
+                            float dz, const float *probs,          /* [N, E] dev */
+                            const float *lse,                      /* [N] dev */
+                            const int32_t *topk_idx,               /* [N, K] dev */
+                            const float *topk_w,                   /* [N, K] dev */
+                            int64_t N, int64_t E, int64_t K);
+
+    /* ---- permute: group the (token, slot) pairs by expert, stable in (n, k) order.
+     * row_src[r] = n*K + k of permuted row r; slot_row[n*K + k] = r (the inverse);
+     * offsets[e]..offsets[e+1] = rows of expert e (offsets[0] = 0, offsets[E] = N*K);
+     * xp[r,:] = x[row_src[r] / K, :]. offsets is written to dev memory; the caller copies it
+     * to the host for grouped_matmul. ---- */
+    void (*permute_forward)(const moe_backend *be, float *xp, /* [N*K, C] dev */
+                            int32_t *row_src,                 /* [N*K] dev */
+                            int32_t *slot_row,                /* [N*K] dev */
+                            int32_t *offsets,                 /* [E + 1] dev */
+                            const float *x,                   /* [N, C] dev */
+                            const int32_t *topk_idx,          /* [N, K] dev */
+                            int64_t N, int64_t C, int64_t E, int64_t K);
+    /* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] */
+    void (*permute_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
+                             const float *dxp,                 /* [N*K, C] dev */
+                             const int32_t *slot_row,          /* [N*K] dev */
+                             int64_t N, int64_t C, int64_t K);
+
+    /* ---- unpermute with routing weights: y[n,:] = sum_k topk_w[n,k] * yp[slot_row[n*K+k],:]
+     * (summed in k order) ---- */
+    void (*unpermute_forward)(const moe_backend *be, float *y, /* [N, C] dev */
+                              const float *yp,                 /* [N*K, C] dev */
+                              const float *topk_w,             /* [N, K] dev */
+                              const int32_t *slot_row,         /* [N*K] dev */
+                              int64_t N, int64_t C, int64_t K);
+    void (*unpermute_backward)(const moe_backend *be, float *dyp, /* [N*K, C] dev, += */
+                               float *dtopk_w,                    /* [N, K] dev, += */
+                               const float *dy,                   /* [N, C] dev */
+                               const float *yp,                   /* [N*K, C] dev */
+                               const float *topk_w,               /* [N, K] dev */
+                               const int32_t *slot_row,           /* [N*K] dev */
+                               int64_t N, int64_t C, int64_t K);
+
+    /* ---- grouped matmul: rows offsets[e]..offsets[e+1] of x use expert e's weight:
+     * y[r] = x[r] W[e]^T. offsets is HOST memory; experts with no rows are skipped (their
+     * weight gradient is left untouched). M = offsets[E]. ---- */
+    void (*grouped_matmul_forward)(const moe_backend *be, float *y, /* [M, O] dev */
+                                   const float *x,                  /* [M, I] dev */
+                                   const float *w,                  /* [E, O, I] dev */
+                                   const int32_t *offsets,          /* [E + 1] host */
+                                   int64_t E, int64_t I, int64_t O, moe_recipe prec);
+    void (*grouped_matmul_backward)(const moe_backend *be,
+                                    float *dx,              /* [M, I] dev, +=, may be NULL */
+                                    float *dw,              /* [E, O, I] dev, += */
+                                    const float *dy,        /* [M, O] dev */
+                                    const float *x,         /* [M, I] dev */
+                                    const float *w,         /* [E, O, I] dev */
+                                    const int32_t *offsets, /* [E + 1] host */
+                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
+
+    /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ---- */
+    void (*swiglu_forward)(const moe_backend *be, float *out, /* [n] dev */
+                           const float *a,                    /* [n] dev (w1 output) */
+                           const float *b,                    /* [n] dev (w3 output) */
+                           int64_t n, moe_recipe prec);
+    void (*swiglu_backward)(const moe_backend *be, float *da, /* [n] dev, += */
+                            float *db,                        /* [n] dev, += */
+                            const float *dout,                /* [n] dev */
+                            const float *a,                   /* [n] dev */
+                            const float *b,                   /* [n] dev */
+                            int64_t n);
+
+    /* ---- cross-entropy with a fused softmax: loss[n] = weight[n] * (lse[n] - logit[n,t])
+     * for target t >= 0; targets -1 are ignored (loss 0, no gradient). weights NULL = 1. --- */
+    void (*cross_entropy_forward)(const moe_backend *be, float *loss, /* [N] dev */
+                                  float *lse,                         /* [N] dev */
+                                  const float *logits,                /* [N, V] dev */
+                                  const int32_t *targets,             /* [N] dev, -1 = ignore */
+                                  const float *weights,               /* [N] dev or NULL */
+                                  int64_t N, int64_t V);
+    /* WRITES (does not accumulate) dlogits = dloss * weight[n] * (softmax - onehot(t)),
+     * rows of ignored targets = 0. dlogits may alias logits (in-place fused backward). */
+    void (*cross_entropy_backward)(const moe_backend *be, float *dlogits, /* [N, V] dev */
+                                   const float *logits,                   /* [N, V] dev */
+                                   const float *lse,                      /* [N] dev */
+                                   const int32_t *targets,                /* [N] dev */
+                                   const float *weights,                  /* [N] dev or NULL */
+                                   float dloss, int64_t N, int64_t V);
+
+    /* ---- elementwise add: out = a + b; out may alias a or b (residuals, grad sums) ---- */
+    void (*add)(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+
+    /* ---- AdamW, fp32, decoupled weight decay, bias correction; step counts from 1:
+     * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * param -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param) */
+    void (*adamw)(const moe_backend *be, float *param, /* [n] dev */
+                  const float *grad,                   /* [n] dev */
+                  float *m,                            /* [n] dev */
+                  float *v,                            /* [n] dev */
+                  int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                  int64_t step, float grad_scale);
+
+    /* ---- sum of squares in double over fixed chunks, summed in order (deterministic) --- */
+    double (*sum_squares)(const moe_backend *be, const float *x /* [n] dev */, int64_t n);
+};
+
+/* The CPU reference backend (static, immutable table). */
+const moe_backend *moe_backend_cpu(void);
+/* Threads used by the CPU backend (OpenMP's count; OpenBLAS is kept single-threaded and
+ * GEMMs are tiled over the OpenMP threads instead, because OpenBLAS's own threading is not
+ * bit-reproducible across thread counts). n < 1 counts as 1. Results do not depend on n. */
+void moe_backend_cpu_set_threads(int n);
+/* NULL, or one line of advice when the BLAS runs far below this CPU's ability: OpenBLAS
+ * 0.3.21 does not recognise recent Xeons and falls back to its SSE3 "Prescott" kernels
+ * (about 4x slower GEMMs); the core type can only be chosen through the environment
+ * (OPENBLAS_CORETYPE) before the program starts. moe_model_create logs it as a warning. */
+const char *moe_backend_cpu_blas_advice(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,69 @@
+/* train: the training loop of moe-train - data, model, AdamW, evaluation, metrics and
+ * checkpoints of one run directory.
+ *
+ * One optimizer step = global_batch_tokens / micro_batch_tokens micro-steps of forward and
+ * backward (gradients summed with scale 1/micro-steps), global-norm clipping folded into
+ * AdamW's grad_scale, AdamW (fp32 master weights and moments; decay only on parameters with
+ * moe_param.decay unless optim.decay_norms_and_embeddings), learning rate from
+ * moe/schedule.h. Metrics go to RUN/metrics.jsonl (and --log-json), loss.svg is redrawn at
+ * every evaluation and at the end, checkpoints (moe/checkpoint.h) every checkpoint.every
+ * steps and at the end of the invocation.
+ *
+ * The one thing to know: a checkpoint holds everything the next step depends on - weights,
+ * both Adam moments, the step, the data position (epoch, index) and the seed - and every
+ * computation is deterministic for a given thread count, so on the CPU a run stopped with
+ * --stop-at N and resumed is bit-identical to an uninterrupted one. */
+#ifndef MOE_TRAIN_H
+#define MOE_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "moe/config.h"
+#include "moe/err.h"
+#include "moe/model.h"
+
+typedef struct moe_train_opts {
+    const char *data_path; /* --data; NULL or "": cfg->data.path */
+    const char *run_dir;   /* -o; NULL: "run" */
+    const char *resume;    /* NULL: fresh run; "auto": RUN/latest if any; else a ckpt dir */
+    int64_t stop_at;       /* end this invocation after this step (0: run to train.steps) */
+    const char *log_json;  /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
+    int quiet;             /* no progress bar */
+} moe_train_opts;
+
+/* Runs (or resumes) training as configured. Input problems (data, config, checkpoint, run
+ * directory) are MOE_ERR_INPUT; I/O and memory failures MOE_ERR_RUNTIME. */
+moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_err *err);
+
+/* --dry-run: the resolved config (YAML) followed by YAML comments with total and active
+ * parameters, training FLOPs per token and per step, and a memory estimate. */
+moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err);
+
+/* The training state of a run that moe_train_run keeps between steps. Exposed for the
+ * checkpoint code (train_ckpt.c) and tests. */
+typedef struct moe_trainer_state {
+    int64_t step;        /* optimizer steps done */
+    int64_t tokens_seen; /* training tokens consumed (inputs, all micro-steps) */
+    int64_t data_epoch, data_index;
+    uint64_t seed;
+    int data_shuffle;
+    int64_t data_samples, data_stream_tokens; /* to detect changed data on resume */
+    char *last_metrics; /* JSON object text of the last step's metrics, or NULL */
+} moe_trainer_state;
+
+/* Writes RUN/ckpt-<step>/ from a model, its Adam moments m, v ([n_elems] backend memory, in
+ * parameter-table order), the resolved config, the tokenizer spec and the state. */
+moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
+                                     const char *tokenizer_json, const moe_model *model,
+                                     const float *m, const float *v, const moe_trainer_state *ts,
+                                     moe_err *err);
+
+/* Loads a verified checkpoint directory into model, m, v and *ts (ts->last_metrics is
+ * malloc'ed). Checks that the checkpoint's model config equals cfg->model and that its
+ * tokenizer has the vocabulary hash `vocab_hash` (0: not checked). */
+moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
+                                     uint64_t vocab_hash, moe_model *model, float *m, float *v,
+                                     moe_trainer_state *ts, moe_err *err);
+
+#endif

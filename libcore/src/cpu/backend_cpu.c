@@ -1,0 +1,136 @@
+/* backend_cpu: the CPU reference backend's table - memory functions over the host heap and
+ * the op entries implemented in ops_*.c.
+ *
+ * The table is a static const object: the CPU backend has no state (ctx NULL), so it can be
+ * shared by any number of models and threads. Memory from alloc is zero-filled and 64-byte
+ * aligned; a failed allocation returns NULL (the model turns that into MOE_ERR_RUNTIME). */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+
+#ifdef MOE_HAVE_CBLAS
+#include <cblas.h>
+#endif
+
+static const char *const op_names[MOE_OP_COUNT] = {
+    [MOE_OP_EMBEDDING] = "embedding",
+    [MOE_OP_RMSNORM] = "rmsnorm",
+    [MOE_OP_ROPE] = "rope",
+    [MOE_OP_ATTENTION] = "attention",
+    [MOE_OP_MATMUL] = "matmul",
+    [MOE_OP_ROUTER] = "router",
+    [MOE_OP_PERMUTE] = "permute",
+    [MOE_OP_UNPERMUTE] = "unpermute",
+    [MOE_OP_GROUPED_MATMUL] = "grouped_matmul",
+    [MOE_OP_SWIGLU] = "swiglu",
+    [MOE_OP_CROSS_ENTROPY] = "cross_entropy",
+    [MOE_OP_ADD] = "add",
+    [MOE_OP_ADAMW] = "adamw",
+    [MOE_OP_SUM_SQUARES] = "sum_squares",
+};
+
+const char *moe_op_name(moe_op op) {
+    if ((int)op < 0 || op >= MOE_OP_COUNT) return "?";
+    return op_names[op];
+}
+
+static int cpu_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+    (void)be;
+    if ((int)op < 0 || op >= MOE_OP_COUNT) return 0;
+    return prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_BF16;
+}
+
+static void *cpu_alloc(const moe_backend *be, size_t bytes) {
+    (void)be;
+    size_t n = (bytes + 63) / 64 * 64;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) return NULL;
+    memset(p, 0, n ? n : 64);
+    return p;
+}
+
+static void cpu_free(const moe_backend *be, void *p) {
+    (void)be;
+    free(p);
+}
+
+static void cpu_memcpy(const moe_backend *be, void *dst, const void *src, size_t n) {
+    (void)be;
+    if (n) memmove(dst, src, n);
+}
+
+static void cpu_memset(const moe_backend *be, void *dst, int byte, size_t n) {
+    (void)be;
+    if (n) memset(dst, byte, n);
+}
+
+static moe_status cpu_synchronize(const moe_backend *be, moe_err *err) {
+    (void)be;
+    (void)err;
+    return MOE_OK;
+}
+
+static const moe_backend cpu_backend = {
+    .name = "cpu",
+    .ctx = NULL,
+    .supports = cpu_supports,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .memcpy_h2d = cpu_memcpy,
+    .memcpy_d2h = cpu_memcpy,
+    .memcpy_d2d = cpu_memcpy,
+    .memset = cpu_memset,
+    .synchronize = cpu_synchronize,
+    .embedding_forward = moe_cpu_embedding_forward,
+    .embedding_backward = moe_cpu_embedding_backward,
+    .rmsnorm_forward = moe_cpu_rmsnorm_forward,
+    .rmsnorm_backward = moe_cpu_rmsnorm_backward,
+    .rope_forward = moe_cpu_rope_forward,
+    .rope_backward = moe_cpu_rope_backward,
+    .attention_forward = moe_cpu_attention_forward,
+    .attention_backward = moe_cpu_attention_backward,
+    .matmul_forward = moe_cpu_matmul_forward,
+    .matmul_backward = moe_cpu_matmul_backward,
+    .router_forward = moe_cpu_router_forward,
+    .router_backward = moe_cpu_router_backward,
+    .permute_forward = moe_cpu_permute_forward,
+    .permute_backward = moe_cpu_permute_backward,
+    .unpermute_forward = moe_cpu_unpermute_forward,
+    .unpermute_backward = moe_cpu_unpermute_backward,
+    .grouped_matmul_forward = moe_cpu_grouped_matmul_forward,
+    .grouped_matmul_backward = moe_cpu_grouped_matmul_backward,
+    .swiglu_forward = moe_cpu_swiglu_forward,
+    .swiglu_backward = moe_cpu_swiglu_backward,
+    .cross_entropy_forward = moe_cpu_cross_entropy_forward,
+    .cross_entropy_backward = moe_cpu_cross_entropy_backward,
+    .add = moe_cpu_add,
+    .adamw = moe_cpu_adamw,
+    .sum_squares = moe_cpu_sum_squares,
+};
+
+const moe_backend *moe_backend_cpu(void) {
+    return &cpu_backend;
+}
+
+void moe_backend_cpu_set_threads(int n) {
+    if (n < 1) n = 1;
+    omp_set_num_threads(n);
+#ifdef MOE_HAVE_CBLAS
+    openblas_set_num_threads(1); /* GEMMs are tiled over OpenMP threads (ops_dense.c) */
+#endif
+}
+
+const char *moe_backend_cpu_blas_advice(void) {
+#if defined(MOE_HAVE_CBLAS) && defined(__x86_64__)
+    const char *core = openblas_get_corename();
+    if (core && strcmp(core, "Prescott") == 0 && __builtin_cpu_supports("avx2"))
+        return __builtin_cpu_supports("avx512f")
+                   ? "OpenBLAS chose its generic Prescott kernels on this AVX-512 CPU; matrix "
+                     "products run ~4x faster with OPENBLAS_CORETYPE=SkylakeX in the environment"
+                   : "OpenBLAS chose its generic Prescott kernels on this AVX2 CPU; matrix "
+                     "products run much faster with OPENBLAS_CORETYPE=Haswell in the environment";
+#endif
+    return NULL;
+}

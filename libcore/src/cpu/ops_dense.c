@@ -1,0 +1,185 @@
+/* ops_dense: matrix products of the CPU backend - Linear layers (y = x W^T and its two
+ * backward products) and the grouped expert matmul over variable row counts per expert.
+ *
+ * All GEMMs go through moe_cpu_gemm: cblas_sgemm when built with OpenBLAS, else an OpenMP
+ * kernel in which every output element is a single dot product in ascending k (so results
+ * do not depend on the thread count). Under the bf16 recipe, operands are rounded to bf16
+ * into temporary copies first and forward outputs are stored rounded; gradients stay fp32.
+ * Temporary buffers come from malloc; running out of host memory there aborts with a
+ * message (the op table has no error channel on the CPU: a failed malloc of a scratch copy
+ * is the same condition as the OOM killer). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/cpu_ops.h"
+
+#ifdef MOE_HAVE_CBLAS
+#include <cblas.h>
+#endif
+#undef I /* <complex.h> (pulled in by cblas.h) defines I; here it is an input size */
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "moe: cpu backend: out of memory allocating %zu bytes of scratch\n", n);
+        abort();
+    }
+    return p;
+}
+
+void moe_cpu_round_bf16_inplace(float *x, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        x[i] = moe_round_bf16(x[i]);
+}
+
+const float *moe_cpu_operand(const float *x, int64_t n, moe_recipe prec) {
+    if (prec != MOE_RECIPE_BF16 || !x) return x;
+    float *c = xmalloc((size_t)n * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        c[i] = moe_round_bf16(x[i]);
+    return c;
+}
+
+void moe_cpu_operand_free(const float *copy, const float *orig) {
+    if (copy != orig) free((void *)copy);
+}
+
+/* out[c, r] = in[r, c] for a [R, C] matrix */
+static float *transpose_copy(const float *in, int64_t R, int64_t C) {
+    float *out = xmalloc((size_t)(R * C) * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; c++)
+        for (int64_t r = 0; r < R; r++)
+            out[c * R + r] = in[r * C + c];
+    return out;
+}
+
+void moe_cpu_gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, const float *B, float beta, float *C) {
+    if (M <= 0 || N <= 0) return;
+    /* Bring both operands to "K contiguous" form: a [M,K], bt [N,K]. */
+    float *a_copy = trans_a ? transpose_copy(A, K, M) : NULL;
+    float *b_copy = trans_b ? NULL : transpose_copy(B, K, N);
+    const float *a = trans_a ? a_copy : A;
+    const float *bt = trans_b ? B : b_copy;
+    const int64_t JB = 64; /* columns per block: keeps a block of bt rows in cache */
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t i = 0; i < M; i++) {
+        for (int64_t j0 = 0; j0 < N; j0 += JB) {
+            const float *ai = a + i * K;
+            int64_t j1 = j0 + JB < N ? j0 + JB : N;
+            for (int64_t j = j0; j < j1; j++) {
+                const float *bj = bt + j * K;
+                float s = 0.0f;
+                for (int64_t k = 0; k < K; k++)
+                    s += ai[k] * bj[k];
+                float prev = beta == 0.0f ? 0.0f : beta * C[i * N + j];
+                C[i * N + j] = alpha * s + prev;
+            }
+        }
+    }
+    free(a_copy);
+    free(b_copy);
+}
+
+void moe_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, const float *B, float beta, float *C) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* empty reduction: C = beta * C */
+        for (int64_t i = 0; i < M * N; i++)
+            C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+#ifdef MOE_HAVE_CBLAS
+    /* OpenBLAS's own threading is not bit-reproducible across thread counts (its partition
+     * changes which micro-kernels handle which elements), so it runs single-threaded here
+     * and we parallelise over a FIXED grid of output tiles: every tile is the same
+     * single-threaded call whatever the number of OpenMP threads. */
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    const int64_t TM = 128, TN = 128;
+    int64_t tm = (M + TM - 1) / TM, tn = (N + TN - 1) / TN;
+    int lda = trans_a ? (int)M : (int)K, ldb = trans_b ? (int)K : (int)N;
+#pragma omp parallel for schedule(dynamic, 1) if (tm * tn > 1)
+    for (int64_t t = 0; t < tm * tn; t++) {
+        int64_t m0 = (t / tn) * TM, n0 = (t % tn) * TN;
+        int64_t mb = M - m0 < TM ? M - m0 : TM, nb = N - n0 < TN ? N - n0 : TN;
+        const float *a = trans_a ? A + m0 : A + m0 * K;
+        const float *b = trans_b ? B + n0 * K : B + n0;
+        cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                    trans_b ? CblasTrans : CblasNoTrans, (int)mb, (int)nb, (int)K, alpha, a, lda, b,
+                    ldb, beta, C + m0 * N + n0, (int)N);
+    }
+#else
+    moe_cpu_gemm_ref(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+#endif
+}
+
+void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+                            int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+    (void)be;
+    const float *xr = moe_cpu_operand(x, N * I, prec);
+    const float *wr = moe_cpu_operand(w, O * I, prec);
+    moe_cpu_gemm(0, 1, N, O, I, 1.0f, xr, wr, 0.0f, y);
+    if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, N * O);
+    moe_cpu_operand_free(xr, x);
+    moe_cpu_operand_free(wr, w);
+}
+
+void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                             const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                             moe_recipe prec) {
+    (void)be;
+    const float *dyr = moe_cpu_operand(dy, N * O, prec);
+    if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
+        const float *wr = moe_cpu_operand(w, O * I, prec);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, 1.0f, dx);
+        moe_cpu_operand_free(wr, w);
+    }
+    if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
+        const float *xr = moe_cpu_operand(x, N * I, prec);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, 1.0f, dw);
+        moe_cpu_operand_free(xr, x);
+    }
+    moe_cpu_operand_free(dyr, dy);
+}
+
+void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+                                    const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                    moe_recipe prec) {
+    (void)be;
+    int64_t M = offsets[E];
+    const float *xr = moe_cpu_operand(x, M * I, prec);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n <= 0) continue;
+        const float *we = moe_cpu_operand(w + e * O * I, O * I, prec);
+        moe_cpu_gemm(0, 1, n, O, I, 1.0f, xr + r0 * I, we, 0.0f, y + r0 * O);
+        moe_cpu_operand_free(we, w + e * O * I);
+    }
+    if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, M * O);
+    moe_cpu_operand_free(xr, x);
+}
+
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                                     const float *x, const float *w, const int32_t *offsets,
+                                     int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+    (void)be;
+    int64_t M = offsets[E];
+    const float *dyr = moe_cpu_operand(dy, M * O, prec);
+    const float *xr = moe_cpu_operand(x, M * I, prec);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n <= 0) continue;
+        if (dx) {
+            const float *we = moe_cpu_operand(w + e * O * I, O * I, prec);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, 1.0f, dx + r0 * I);
+            moe_cpu_operand_free(we, w + e * O * I);
+        }
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, 1.0f, dw + e * O * I);
+    }
+    moe_cpu_operand_free(dyr, dy);
+    moe_cpu_operand_free(xr, x);
+}

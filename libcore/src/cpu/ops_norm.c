@@ -1,0 +1,161 @@
+/* ops_norm: the elementwise and per-row ops of the CPU backend - embedding lookup, RMSNorm,
+ * RoPE, SwiGLU and the residual add.
+ *
+ * Parallel loops split rows (or, for parameter-gradient reductions over rows, column
+ * slabs), never a reduction's summation order, so results are thread-count independent. */
+#include <math.h>
+#include <stdlib.h>
+
+#include "cpu/cpu_ops.h"
+
+#define COL_SLAB 64 /* columns per task in column-parallel reductions */
+
+void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+                               const float *wte, int64_t N, int64_t C) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *src = wte + (int64_t)tokens[n] * C;
+        for (int64_t c = 0; c < C; c++)
+            out[n * C + c] = src[c];
+    }
+}
+
+void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
+                                const int32_t *tokens, int64_t N, int64_t C, int64_t V) {
+    (void)be;
+    (void)V;
+    /* Each task owns a slab of columns and walks the tokens in order: no write races and
+     * a fixed summation order for repeated tokens. */
+    int64_t nslab = (C + COL_SLAB - 1) / COL_SLAB;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < nslab; s++) {
+        int64_t c0 = s * COL_SLAB, c1 = c0 + COL_SLAB < C ? c0 + COL_SLAB : C;
+        for (int64_t n = 0; n < N; n++) {
+            float *dst = dwte + (int64_t)tokens[n] * C;
+            const float *g = dout + n * C;
+            for (int64_t c = c0; c < c1; c++)
+                dst[c] += g[c];
+        }
+    }
+}
+
+void moe_cpu_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xn = x + n * C;
+        float ss = 0.0f;
+        for (int64_t c = 0; c < C; c++)
+            ss += xn[c] * xn[c];
+        float r = 1.0f / sqrtf(ss / (float)C + eps);
+        rstd[n] = r;
+        float *on = out + n * C;
+        for (int64_t c = 0; c < C; c++) {
+            float v = xn[c] * r * w[c];
+            on[c] = prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v;
+        }
+    }
+}
+
+void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
+                              const float *x, const float *w, const float *rstd, int64_t N,
+                              int64_t C) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++) {
+        const float *xn = x + n * C, *gn = dout + n * C;
+        float r = rstd[n], dot = 0.0f;
+        for (int64_t c = 0; c < C; c++)
+            dot += gn[c] * w[c] * xn[c];
+        float k = dot * r * r * r / (float)C;
+        float *dxn = dx + n * C;
+        for (int64_t c = 0; c < C; c++)
+            dxn[c] += gn[c] * w[c] * r - xn[c] * k;
+    }
+    int64_t nslab = (C + COL_SLAB - 1) / COL_SLAB;
+#pragma omp parallel for schedule(static)
+    for (int64_t s = 0; s < nslab; s++) {
+        int64_t c0 = s * COL_SLAB, c1 = c0 + COL_SLAB < C ? c0 + COL_SLAB : C;
+        for (int64_t n = 0; n < N; n++) {
+            const float *xn = x + n * C, *gn = dout + n * C;
+            float r = rstd[n];
+            for (int64_t c = c0; c < c1; c++)
+                dw[c] += gn[c] * xn[c] * r;
+        }
+    }
+}
+
+/* Rotates every head vector of x by +angle (dir = 1) or -angle (dir = -1). The angle table
+ * is computed in double and rounded once, so forward and backward use the same cos/sin. */
+static void rope_apply(float *x, int64_t B, int64_t T, int64_t NH, int64_t D, double theta,
+                       float dir) {
+    int64_t half = D / 2;
+    float *cs = malloc((size_t)(T * half * 2) * sizeof(float));
+    if (!cs) abort(); /* host OOM on a T x D/2 table: nothing sensible to continue with */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < half; i++) {
+            double inv_freq = pow(theta, -(double)(2 * i) / (double)D);
+            double ang = (double)t * inv_freq;
+            cs[(t * half + i) * 2] = (float)cos(ang);
+            cs[(t * half + i) * 2 + 1] = (float)sin(ang);
+        }
+#pragma omp parallel for schedule(static) collapse(2)
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *ct = cs + t * half * 2;
+            for (int64_t h = 0; h < NH; h++) {
+                float *v = x + ((b * T + t) * NH + h) * D;
+                for (int64_t i = 0; i < half; i++) {
+                    float c = ct[2 * i], s = dir * ct[2 * i + 1];
+                    float x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * c - x2 * s;
+                    v[i + half] = x2 * c + x1 * s;
+                }
+            }
+        }
+    free(cs);
+}
+
+void moe_cpu_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+                          int64_t D, double theta) {
+    (void)be;
+    rope_apply(x, B, T, NH, D, theta, 1.0f);
+}
+
+void moe_cpu_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
+                           int64_t D, double theta) {
+    (void)be;
+    rope_apply(dx, B, T, NH, D, theta, -1.0f);
+}
+
+void moe_cpu_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
+                            int64_t n, moe_recipe prec) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + moe_cpu_expf(-a[i]));
+        float v = a[i] * s * b[i];
+        out[i] = prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v;
+    }
+}
+
+void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+                             const float *a, const float *b, int64_t n) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float s = 1.0f / (1.0f + moe_cpu_expf(-a[i]));
+        float silu = a[i] * s;
+        da[i] += dout[i] * b[i] * (s + silu * (1.0f - s));
+        db[i] += dout[i] * silu;
+    }
+}
+
+void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}

@@ -1,0 +1,373 @@
+/* model: the MoE model's parameter table, lifetime, weight init, hidden-state API and the
+ * size/FLOP estimates for --dry-run. The passes themselves live in model_pass.c.
+ *
+ * The parameter table lists tensors in this order: embed_tokens; per layer input_layernorm,
+ * q/k/v/o_proj, post_attention_layernorm, gate, experts.0..E-1.w1, experts.0..E-1.w2,
+ * experts.0..E-1.w3; model.norm; lm_head (absent when tied). Experts of one kind are
+ * adjacent, so each kind is one [E, out, in] block for the grouped matmul. All weights live
+ * in one backend allocation, all gradients in another, at the same offsets. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+#include "moe/log.h"
+#include "moe/rng.h"
+
+/* ---- parameter table ---- */
+
+static void add_param(moe_model *m, const char *name, int ndim, int64_t d0, int64_t d1, int decay,
+                      int layer, int expert) {
+    moe_param *p = &m->params[m->n_params++];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = ndim;
+    p->shape[0] = d0;
+    p->shape[1] = ndim > 1 ? d1 : 0;
+    p->numel = ndim > 1 ? d0 * d1 : d0;
+    p->offset = m->n_elems;
+    p->decay = decay;
+    p->layer = layer;
+    p->expert = expert;
+    m->n_elems += p->numel;
+}
+
+static int table_size(const moe_model_config *c) {
+    return 1 + (int)c->num_hidden_layers * (7 + 3 * (int)c->num_local_experts) + 1 +
+           (c->tie_word_embeddings ? 0 : 1);
+}
+
+static void build_table(moe_model *m, moe_layer_idx *lidx) {
+    const moe_model_config *c = &m->cfg;
+    int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
+    int64_t HD = c->num_attention_heads * m->head_dim, KVD = c->num_key_value_heads * m->head_dim;
+    int E = (int)c->num_local_experts;
+    char nm[128];
+    m->p_embed = m->n_params;
+    add_param(m, "model.embed_tokens.weight", 2, V, C, 0, -1, -1);
+    for (int l = 0; l < (int)c->num_hidden_layers; l++) {
+        moe_layer_idx *li = &lidx[l];
+#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
+        li->ln1 = m->n_params;
+        add_param(m, LNAME("%s", "input_layernorm.weight"), 1, C, 0, 0, l, -1);
+        li->q = m->n_params;
+        add_param(m, LNAME("%s", "self_attn.q_proj.weight"), 2, HD, C, 1, l, -1);
+        li->k = m->n_params;
+        add_param(m, LNAME("%s", "self_attn.k_proj.weight"), 2, KVD, C, 1, l, -1);
+        li->v = m->n_params;
+        add_param(m, LNAME("%s", "self_attn.v_proj.weight"), 2, KVD, C, 1, l, -1);
+        li->o = m->n_params;
+        add_param(m, LNAME("%s", "self_attn.o_proj.weight"), 2, C, HD, 1, l, -1);
+        li->ln2 = m->n_params;
+        add_param(m, LNAME("%s", "post_attention_layernorm.weight"), 1, C, 0, 0, l, -1);
+        li->gate = m->n_params;
+        add_param(m, LNAME("%s", "block_sparse_moe.gate.weight"), 2, E, C, 1, l, -1);
+        li->w1 = m->n_params;
+        for (int j = 0; j < E; j++)
+            add_param(m, LNAME("block_sparse_moe.experts.%d.w1.weight", j), 2, F, C, 1, l, j);
+        li->w2 = m->n_params;
+        for (int j = 0; j < E; j++)
+            add_param(m, LNAME("block_sparse_moe.experts.%d.w2.weight", j), 2, C, F, 1, l, j);
+        li->w3 = m->n_params;
+        for (int j = 0; j < E; j++)
+            add_param(m, LNAME("block_sparse_moe.experts.%d.w3.weight", j), 2, F, C, 1, l, j);
+#undef LNAME
+    }
+    m->p_norm = m->n_params;
+    add_param(m, "model.norm.weight", 1, C, 0, 0, -1, -1);
+    if (c->tie_word_embeddings) {
+        m->p_lm_head = m->p_embed;
+    } else {
+        m->p_lm_head = m->n_params;
+        add_param(m, "lm_head.weight", 2, V, C, 1, -1, -1);
+    }
+}
+
+/* ---- activation plan ---- */
+
+static void *carve(size_t *off, char *base, size_t bytes) {
+    size_t at = *off;
+    *off += (bytes + 63) / 64 * 64;
+    return base ? base + at : NULL;
+}
+
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, struct moe_acts *a, char *base) {
+    int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
+    int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
+    int64_t D = cfg->hidden_size / cfg->num_attention_heads;
+    int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
+    int64_t NK = N * K, L = cfg->num_hidden_layers;
+    size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
+    for (int64_t l = 0; l < L; l++) {
+        moe_layer_acts tmp, *la = base ? &a->layer[l] : &tmp;
+        la->x_in = carve(&off, base, (size_t)(N * C) * f);
+        la->ln1 = carve(&off, base, (size_t)(N * C) * f);
+        la->rstd1 = carve(&off, base, (size_t)N * f);
+        la->q = carve(&off, base, (size_t)(N * HD) * f);
+        la->k = carve(&off, base, (size_t)(N * KVD) * f);
+        la->v = carve(&off, base, (size_t)(N * KVD) * f);
+        la->att = carve(&off, base, (size_t)(N * HD) * f);
+        la->att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
+        la->x_mid = carve(&off, base, (size_t)(N * C) * f);
+        la->ln2 = carve(&off, base, (size_t)(N * C) * f);
+        la->rstd2 = carve(&off, base, (size_t)N * f);
+        la->rlogits = carve(&off, base, (size_t)(N * E) * f);
+        la->probs = carve(&off, base, (size_t)(N * E) * f);
+        la->rlse = carve(&off, base, (size_t)N * f);
+        la->topk_idx = carve(&off, base, (size_t)NK * i4);
+        la->topk_w = carve(&off, base, (size_t)NK * f);
+        la->counts = carve(&off, base, (size_t)E * i4);
+        la->rstats = carve(&off, base, (size_t)(E + 2) * f);
+        la->row_src = carve(&off, base, (size_t)NK * i4);
+        la->slot_row = carve(&off, base, (size_t)NK * i4);
+        la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
+        la->xp = carve(&off, base, (size_t)(NK * C) * f);
+        la->h1 = carve(&off, base, (size_t)(NK * F) * f);
+        la->h3 = carve(&off, base, (size_t)(NK * F) * f);
+        la->g = carve(&off, base, (size_t)(NK * F) * f);
+        la->yp = carve(&off, base, (size_t)(NK * C) * f);
+    }
+    struct moe_acts tmp, *p = base ? a : &tmp;
+    p->x_final = carve(&off, base, (size_t)(N * C) * f);
+    p->lnf = carve(&off, base, (size_t)(N * C) * f);
+    p->rstdf = carve(&off, base, (size_t)N * f);
+    p->logits = carve(&off, base, (size_t)(N * V) * f);
+    p->ce_loss = carve(&off, base, (size_t)N * f);
+    p->ce_lse = carve(&off, base, (size_t)N * f);
+    p->tokens = carve(&off, base, (size_t)N * i4);
+    p->targets = carve(&off, base, (size_t)N * i4);
+    p->weights = carve(&off, base, (size_t)N * f);
+    p->tmp = carve(&off, base, (size_t)(N * C) * f);
+    p->dres = carve(&off, base, (size_t)(N * C) * f);
+    p->dln = carve(&off, base, (size_t)(N * C) * f);
+    p->dq = carve(&off, base, (size_t)(N * HD) * f);
+    p->datt = carve(&off, base, (size_t)(N * HD) * f);
+    p->dk = carve(&off, base, (size_t)(N * KVD) * f);
+    p->dv = carve(&off, base, (size_t)(N * KVD) * f);
+    p->drl = carve(&off, base, (size_t)(N * E) * f);
+    p->dtw = carve(&off, base, (size_t)NK * f);
+    p->dprob = carve(&off, base, (size_t)E * f);
+    p->dxp = carve(&off, base, (size_t)(NK * C) * f);
+    p->dyp = carve(&off, base, (size_t)(NK * C) * f);
+    p->dh1 = carve(&off, base, (size_t)(NK * F) * f);
+    p->dh3 = carve(&off, base, (size_t)(NK * F) * f);
+    p->dg = carve(&off, base, (size_t)(NK * F) * f);
+    return off;
+}
+
+/* ---- lifetime ---- */
+
+static moe_status check_config(const moe_model_config *c, int max_batch, int max_seq,
+                               moe_err *err) {
+#define NEED(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            moe_err_set(err, MOE_ERR_INPUT, NULL, __VA_ARGS__);                                    \
+            return MOE_ERR_INPUT;                                                                  \
+        }                                                                                          \
+    } while (0)
+    NEED(c->vocab_size > 0 && c->hidden_size > 0 && c->intermediate_size > 0 &&
+             c->num_hidden_layers > 0 && c->num_attention_heads > 0 && c->num_key_value_heads > 0 &&
+             c->num_local_experts > 0 && c->num_experts_per_tok > 0,
+         "model sizes must all be positive");
+    NEED(c->hidden_size % c->num_attention_heads == 0,
+         "model.hidden_size %lld is not a multiple of model.num_attention_heads %lld",
+         (long long)c->hidden_size, (long long)c->num_attention_heads);
+    NEED((c->hidden_size / c->num_attention_heads) % 2 == 0,
+         "head dim (hidden_size / num_attention_heads = %lld) must be even for RoPE",
+         (long long)(c->hidden_size / c->num_attention_heads));
+    NEED(c->num_attention_heads % c->num_key_value_heads == 0,
+         "model.num_attention_heads %lld is not a multiple of model.num_key_value_heads %lld",
+         (long long)c->num_attention_heads, (long long)c->num_key_value_heads);
+    NEED(c->num_experts_per_tok <= c->num_local_experts,
+         "model.num_experts_per_tok %lld exceeds model.num_local_experts %lld",
+         (long long)c->num_experts_per_tok, (long long)c->num_local_experts);
+    NEED(c->vocab_size <= INT32_MAX, "model.vocab_size %lld does not fit token ids",
+         (long long)c->vocab_size);
+    NEED(max_batch > 0 && max_seq > 0, "batch (%d) and sequence length (%d) must be positive",
+         max_batch, max_seq);
+    NEED(max_seq <= c->max_position_embeddings,
+         "sequence length %d exceeds model.max_position_embeddings %lld", max_seq,
+         (long long)c->max_position_embeddings);
+    NEED((int64_t)max_batch * max_seq * c->num_experts_per_tok < INT32_MAX,
+         "batch x sequence x experts_per_tok = %lld routed rows is too many for one micro-batch",
+         (long long)max_batch * max_seq * c->num_experts_per_tok);
+#undef NEED
+    return MOE_OK;
+}
+
+moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                            const moe_backend *be, int max_batch, int max_seq, moe_err *err) {
+    memset(m, 0, sizeof *m);
+    m->p_embed = m->p_norm = m->p_lm_head = -1;
+    if (check_config(cfg, max_batch, max_seq, err) != MOE_OK) {
+        moe_err_hint(err, "fix the model section of the config");
+        return MOE_ERR_INPUT;
+    }
+    for (int op = 0; op < MOE_OP_COUNT; op++)
+        if (!be->supports(be, (moe_op)op, recipe)) {
+            moe_err_set(err, MOE_ERR_INPUT, NULL,
+                        "precision.recipe %s needs %s support in the %s backend, which is not "
+                        "available in this build yet (op %s)",
+                        moe_recipe_name(recipe),
+                        recipe == MOE_RECIPE_FP8_BLOCK || recipe == MOE_RECIPE_MXFP8
+                            ? "fp8 GEMM"
+                            : "this precision",
+                        be->name, moe_op_name((moe_op)op));
+            moe_err_hint(err, "use precision.recipe=bf16 (or fp32)");
+            return MOE_ERR_INPUT;
+        }
+    if (be == moe_backend_cpu() && moe_backend_cpu_blas_advice())
+        moe_log_warn("%s", moe_backend_cpu_blas_advice());
+    m->cfg = *cfg;
+    m->recipe = recipe;
+    m->be = be;
+    m->max_batch = max_batch;
+    m->max_seq = max_seq;
+    m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
+    int L = (int)cfg->num_hidden_layers, E = (int)cfg->num_local_experts;
+    int64_t N = (int64_t)max_batch * max_seq;
+    m->params = calloc((size_t)table_size(cfg), sizeof(moe_param));
+    m->acts = calloc(1, sizeof(struct moe_acts));
+    m->expert_tokens = calloc((size_t)(L * E), sizeof(int64_t));
+    if (!m->params || !m->acts || !m->expert_tokens) goto oom;
+    struct moe_acts *a = m->acts;
+    a->layer = calloc((size_t)L, sizeof(moe_layer_acts));
+    a->lidx = calloc((size_t)L, sizeof(moe_layer_idx));
+    a->h_offsets = calloc((size_t)(L * (E + 1)), sizeof(int32_t));
+    a->h_loss = calloc((size_t)N, sizeof(float));
+    if (!a->layer || !a->lidx || !a->h_offsets || !a->h_loss) goto oom;
+    build_table(m, a->lidx);
+    m->param_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
+    m->grad_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
+    if (!m->param_mem || !m->grad_mem) goto oom;
+    for (int i = 0; i < m->n_params; i++) {
+        m->params[i].data = m->param_mem + m->params[i].offset;
+        m->params[i].grad = m->grad_mem + m->params[i].offset;
+    }
+    a->max_tokens = N;
+    a->bytes = moe_acts_plan(cfg, N, a, NULL);
+    a->mem = be->alloc(be, a->bytes);
+    if (!a->mem) goto oom;
+    moe_acts_plan(cfg, N, a, a->mem);
+    return MOE_OK;
+oom:;
+    size_t pbytes = (size_t)m->n_elems * sizeof(float);
+    size_t abytes = moe_acts_plan(cfg, N, NULL, NULL);
+    moe_model_free(m);
+    moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                "out of %s memory for the model (%.1f MiB parameters + %.1f MiB gradients + "
+                "%.1f MiB activations)",
+                be->name, pbytes / 1048576.0, pbytes / 1048576.0, abytes / 1048576.0);
+    moe_err_hint(err, "use a smaller micro batch (train.micro_batch_tokens) or model");
+    return MOE_ERR_RUNTIME;
+}
+
+void moe_model_free(moe_model *m) {
+    if (!m) return;
+    if (m->be) {
+        m->be->free(m->be, m->param_mem);
+        m->be->free(m->be, m->grad_mem);
+        if (m->acts) m->be->free(m->be, m->acts->mem);
+    }
+    if (m->acts) {
+        free(m->acts->layer);
+        free(m->acts->lidx);
+        free(m->acts->h_offsets);
+        free(m->acts->h_loss);
+        free(m->acts);
+    }
+    free(m->params);
+    free(m->expert_tokens);
+    memset(m, 0, sizeof *m);
+}
+
+int64_t moe_model_n_params(const moe_model *m) {
+    return m->n_elems;
+}
+
+int moe_model_find_param(const moe_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i].name, name) == 0) return i;
+    return -1;
+}
+
+void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
+    m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->n_elems * sizeof(float));
+}
+
+void moe_model_copy_params_from_host(moe_model *m, const float *src) {
+    m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->n_elems * sizeof(float));
+}
+
+void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
+    m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)m->n_elems * sizeof(float));
+}
+
+void moe_model_zero_grad(moe_model *m) {
+    m->be->memset(m->be, m->grad_mem, 0, (size_t)m->n_elems * sizeof(float));
+}
+
+/* ---- sizes for --dry-run ---- */
+
+void moe_model_count_params(const moe_model_config *c, int64_t *total, int64_t *active) {
+    int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
+    int64_t D = c->num_attention_heads > 0 ? C / c->num_attention_heads : 0;
+    int64_t HD = c->num_attention_heads * D, KVD = c->num_key_value_heads * D;
+    int64_t dense = 2 * C + C * HD + 2 * C * KVD + HD * C + c->num_local_experts * C;
+    int64_t expert = 3 * C * F;
+    int64_t outer = V * C + C + (c->tie_word_embeddings ? 0 : V * C);
+    int64_t L = c->num_hidden_layers;
+    if (total) *total = outer + L * (dense + c->num_local_experts * expert);
+    if (active) *active = outer + L * (dense + c->num_experts_per_tok * expert);
+}
+
+double moe_model_flops_per_token(const moe_model_config *c, int64_t seq) {
+    double C = (double)c->hidden_size, F = (double)c->intermediate_size;
+    double D = c->num_attention_heads > 0 ? (double)(c->hidden_size / c->num_attention_heads) : 0;
+    double HD = (double)c->num_attention_heads * D, KVD = (double)c->num_key_value_heads * D;
+    double L = (double)c->num_hidden_layers;
+    double per_layer = C * HD + 2.0 * C * KVD + HD * C +
+                       (double)c->num_experts_per_tok * 3.0 * C * F +
+                       C * (double)c->num_local_experts;
+    double matmul = L * per_layer + (double)c->vocab_size * C;
+    return 6.0 * matmul + 6.0 * L * (double)seq * C;
+}
+
+int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe, int64_t batch,
+                                   int64_t seq) {
+    (void)recipe; /* the CPU reference keeps fp32 buffers for every recipe */
+    if (cfg->num_attention_heads <= 0) return 0;
+    return (int64_t)moe_acts_plan(cfg, batch * seq, NULL, NULL);
+}
+
+/* ---- init ---- */
+
+/* FNV-1a of the tensor name: the Philox stream of that tensor, so a tensor's initial values
+ * depend only on (seed, name), not on its position in the table or on the thread count. */
+static uint64_t name_stream(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+void moe_model_init_weights(moe_model *m, uint64_t seed) {
+    int64_t maxn = 0;
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].numel > maxn) maxn = m->params[i].numel;
+    float *host = malloc((size_t)maxn * sizeof(float));
+    if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
+    for (int i = 0; i < m->n_params; i++) {
+        moe_param *p = &m->params[i];
+        if (p->ndim == 1) {
+            for (int64_t j = 0; j < p->numel; j++)
+                host[j] = 1.0f;
+        } else {
+            moe_rng_fill_normal(host, p->numel, 0.0f, (float)m->cfg.initializer_range, seed,
+                                name_stream(p->name));
+        }
+        m->be->memcpy_h2d(m->be, p->data, host, (size_t)p->numel * sizeof(float));
+    }
+    free(host);
+}

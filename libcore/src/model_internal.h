@@ -1,0 +1,91 @@
+/* model_internal: what model.c (table, sizes, lifetime) and model_pass.c (forward and
+ * backward) share - the per-layer parameter indices and the activation plan.
+ *
+ * The one thing a reader must know: activations are carved out of ONE backend allocation by
+ * moe_acts_plan(), which is run once with base == NULL to measure (that total is also what
+ * moe_model_activation_bytes reports) and once to assign pointers. */
+#ifndef MOE_MODEL_INTERNAL_H
+#define MOE_MODEL_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "moe/model.h"
+
+typedef struct moe_layer_idx {                  /* indices into moe_model.params */
+    int ln1, q, k, v, o, ln2, gate, w1, w2, w3; /* w1/w2/w3: expert 0 of a contiguous block */
+} moe_layer_idx;
+
+typedef struct moe_layer_acts { /* saved for backward, all dev memory */
+    float *x_in;                /* [N, C] residual stream entering the layer */
+    float *ln1;                 /* [N, C] */
+    float *rstd1;               /* [N] */
+    float *q;                   /* [N, H*D] after RoPE */
+    float *k;                   /* [N, KV*D] after RoPE */
+    float *v;                   /* [N, KV*D] */
+    float *att;                 /* [N, H*D] attention output (before o_proj) */
+    float *att_lse;             /* [B, H, T] */
+    float *x_mid;               /* [N, C] residual after attention */
+    float *ln2;                 /* [N, C] */
+    float *rstd2;               /* [N] */
+    float *rlogits;             /* [N, E] router logits */
+    float *probs;               /* [N, E] */
+    float *rlse;                /* [N] */
+    int32_t *topk_idx;          /* [N, K] */
+    float *topk_w;              /* [N, K] */
+    int32_t *counts;            /* [E] */
+    float *rstats;              /* [E + 2] */
+    int32_t *row_src;           /* [N*K] */
+    int32_t *slot_row;          /* [N*K] */
+    int32_t *offsets;           /* [E + 1] */
+    float *xp;                  /* [N*K, C] permuted expert inputs */
+    float *h1;                  /* [N*K, F] w1 output */
+    float *h3;                  /* [N*K, F] w3 output */
+    float *g;                   /* [N*K, F] silu(h1) * h3 */
+    float *yp;                  /* [N*K, C] expert outputs (unweighted) */
+} moe_layer_acts;
+
+struct moe_acts {
+    int64_t max_tokens; /* N capacity */
+    void *mem;          /* the single backend allocation */
+    size_t bytes;
+    moe_layer_acts *layer; /* [L] host array of pointers */
+    moe_layer_idx *lidx;   /* [L] parameter indices of each layer */
+    int32_t *h_offsets;    /* [L, E + 1] host copy for grouped matmul */
+    float *x_final;        /* [N, C] residual after the last layer */
+    float *lnf;            /* [N, C] */
+    float *rstdf;          /* [N] */
+    float *logits;         /* [N, V], overwritten in place by its gradient in backward */
+    float *ce_loss;        /* [N] */
+    float *ce_lse;         /* [N] */
+    int32_t *tokens;       /* [N] */
+    int32_t *targets;      /* [N] */
+    float *weights;        /* [N] */
+    float *tmp;            /* [N, C] o_proj / moe output before the residual add */
+    /* gradient scratch, shared by all layers */
+    float *dres;           /* [N, C] gradient of the residual stream */
+    float *dln;            /* [N, C] */
+    float *dq, *datt;      /* [N, H*D] */
+    float *dk, *dv;        /* [N, KV*D] */
+    float *drl;            /* [N, E] */
+    float *dtw;            /* [N, K] */
+    float *dprob;          /* [E] */
+    float *dxp, *dyp;      /* [N*K, C] */
+    float *dh1, *dh3, *dg; /* [N*K, F] */
+    /* host mirrors of the last forward's inputs and per-token losses */
+    float *h_loss; /* [N] */
+    int has_targets, has_weights;
+    double weight_sum;
+};
+
+/* Lays the activation buffers for max_tokens tokens out in memory at base (NULL: only
+ * measure). layer must hold cfg->num_hidden_layers entries when base is non-NULL.
+ * Returns the bytes needed. */
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, struct moe_acts *a,
+                     char *base);
+
+/* forward up to (not including) layer `upto` (0..L); returns after filling x_in of that
+ * layer (or x_final when upto = L). Inputs are validated by the caller. */
+void moe_model_run_layers(moe_model *m, int B, int T, int upto);
+
+#endif

@@ -1,0 +1,290 @@
+/* model_pass: the forward and backward passes of the MoE model, llm.c style - one function
+ * calling the backend ops in order, one calling their backward ops in reverse order.
+ *
+ * Everything touches activation memory only through be-> ops and memory functions (so the
+ * same code drives the CUDA backend); the host sees only the small per-token loss vector and
+ * the router statistics, copied back to compute the scalar losses in double. Backward ops
+ * accumulate, so each gradient scratch buffer is zeroed right before the op that fills it.
+ * Loss definitions (ce, aux, z) are in moe/model.h. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model_internal.h"
+
+#define ZERO(ptr, count) be->memset(be, (ptr), 0, (size_t)(count) * sizeof(*(ptr)))
+
+void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
+    const moe_backend *be = m->be;
+    const moe_model_config *c = &m->cfg;
+    struct moe_acts *a = m->acts;
+    const moe_recipe prec = m->recipe;
+    int64_t N = (int64_t)B * T, C = c->hidden_size, F = c->intermediate_size;
+    int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
+    int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
+    int L = (int)c->num_hidden_layers;
+    moe_param *P = m->params;
+    float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
+    be->embedding_forward(be, x0, a->tokens, P[m->p_embed].data, N, C);
+    for (int l = 0; l < upto && l < L; l++) {
+        moe_layer_acts *la = &a->layer[l];
+        const moe_layer_idx *li = &a->lidx[l];
+        float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
+        /* attention block */
+        be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
+                            (float)c->rms_norm_eps, prec);
+        be->matmul_forward(be, la->q, la->ln1, P[li->q].data, N, C, H * D, prec);
+        be->matmul_forward(be, la->k, la->ln1, P[li->k].data, N, C, KV * D, prec);
+        be->matmul_forward(be, la->v, la->ln1, P[li->v].data, N, C, KV * D, prec);
+        be->rope_forward(be, la->q, B, T, H, D, c->rope_theta);
+        be->rope_forward(be, la->k, B, T, KV, D, c->rope_theta);
+        be->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, H, KV, D, prec);
+        be->matmul_forward(be, a->tmp, la->att, P[li->o].data, N, H * D, C, prec);
+        be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
+        /* MoE block; the router (gate matmul included) runs in fp32 */
+        be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
+                            (float)c->rms_norm_eps, prec);
+        be->matmul_forward(be, la->rlogits, la->ln2, P[li->gate].data, N, C, E, MOE_RECIPE_FP32);
+        be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts,
+                           la->rstats, la->rlogits, N, E, K);
+        be->permute_forward(be, la->xp, la->row_src, la->slot_row, la->offsets, la->ln2,
+                            la->topk_idx, N, C, E, K);
+        int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
+        be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
+        be->grouped_matmul_forward(be, la->h1, la->xp, P[li->w1].data, hoff, E, C, F, prec);
+        be->grouped_matmul_forward(be, la->h3, la->xp, P[li->w3].data, hoff, E, C, F, prec);
+        be->swiglu_forward(be, la->g, la->h1, la->h3, N * K * F, prec);
+        be->grouped_matmul_forward(be, la->yp, la->g, P[li->w2].data, hoff, E, F, C, prec);
+        be->unpermute_forward(be, a->tmp, la->yp, la->topk_w, la->slot_row, N, C, K);
+        be->add(be, x_out, la->x_mid, a->tmp, N * C);
+    }
+}
+
+/* Token ids in [0, V); targets in [-1, V); shapes within the limits given to create. */
+static moe_status check_inputs(const moe_model *m, const int32_t *tokens, const int32_t *targets,
+                               const float *weights, int B, int T, moe_err *err) {
+    const moe_model_config *c = &m->cfg;
+    if (B <= 0 || T <= 0 || T > m->max_seq || (int64_t)B * T > (int64_t)m->max_batch * m->max_seq)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "batch %d x sequence %d does not fit the model's buffers (created for "
+                           "%d x %d)",
+                           B, T, m->max_batch, m->max_seq);
+    if (T > c->max_position_embeddings)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "sequence length %d exceeds model.max_position_embeddings %lld", T,
+                           (long long)c->max_position_embeddings);
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size) {
+            moe_err_set(err, MOE_ERR_INPUT, NULL,
+                        "token id %d at batch row %lld position %lld is outside the vocabulary "
+                        "[0, %lld)",
+                        tokens[i], (long long)(i / T), (long long)(i % T),
+                        (long long)c->vocab_size);
+            moe_err_hint(err, "the data was tokenized for a different vocabulary");
+            return MOE_ERR_INPUT;
+        }
+        if (targets && (targets[i] < -1 || targets[i] >= c->vocab_size))
+            return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                               "target %d at batch row %lld position %lld is outside [-1, %lld)",
+                               targets[i], (long long)(i / T), (long long)(i % T),
+                               (long long)c->vocab_size);
+        if (weights && !(weights[i] >= 0.0f && isfinite(weights[i])))
+            return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                               "loss weight %g at batch row %lld position %lld is not a finite "
+                               "non-negative number",
+                               (double)weights[i], (long long)(i / T), (long long)(i % T));
+    }
+    return MOE_OK;
+}
+
+moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
+                             const float *weights, int B, int T, moe_step_stats *st, moe_err *err) {
+    if (check_inputs(m, tokens, targets, weights, B, T, err) != MOE_OK) return err->status;
+    const moe_backend *be = m->be;
+    const moe_model_config *c = &m->cfg;
+    struct moe_acts *a = m->acts;
+    int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size;
+    int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
+    int L = (int)c->num_hidden_layers;
+    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    moe_model_run_layers(m, B, T, L);
+    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->params[m->p_norm].data, N, C,
+                        (float)c->rms_norm_eps, m->recipe);
+    be->matmul_forward(be, a->logits, a->lnf, m->params[m->p_lm_head].data, N, C, V, m->recipe);
+    double ce_sum = 0.0, wsum = 0.0, ntok = 0.0;
+    a->has_targets = targets != NULL;
+    a->has_weights = targets && weights;
+    if (targets) {
+        be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
+        if (weights) be->memcpy_h2d(be, a->weights, weights, (size_t)N * sizeof(float));
+        be->cross_entropy_forward(be, a->ce_loss, a->ce_lse, a->logits, a->targets,
+                                  weights ? a->weights : NULL, N, V);
+        be->memcpy_d2h(be, a->h_loss, a->ce_loss, (size_t)N * sizeof(float));
+        for (int64_t i = 0; i < N; i++) {
+            if (targets[i] < 0) continue;
+            ntok += 1.0;
+            wsum += weights ? weights[i] : 1.0;
+            ce_sum += a->h_loss[i];
+        }
+    }
+    a->weight_sum = wsum;
+    m->last_B = B;
+    m->last_T = T;
+    /* router losses from the per-layer statistics */
+    double aux = 0.0, z = 0.0, ent = 0.0;
+    int32_t *cnt = malloc((size_t)E * sizeof(int32_t));
+    float *stats = malloc((size_t)(E + 2) * sizeof(float));
+    if (!cnt || !stats) {
+        free(cnt);
+        free(stats);
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+    }
+    for (int l = 0; l < L; l++) {
+        be->memcpy_d2h(be, cnt, a->layer[l].counts, (size_t)E * sizeof(int32_t));
+        be->memcpy_d2h(be, stats, a->layer[l].rstats, (size_t)(E + 2) * sizeof(float));
+        double al = 0.0;
+        for (int64_t e = 0; e < E; e++) {
+            m->expert_tokens[l * E + e] = cnt[e];
+            al += ((double)cnt[e] / (double)(N * K)) * ((double)stats[e] / (double)N);
+        }
+        aux += (double)E * al;
+        z += (double)stats[E] / (double)N;
+        ent += (double)stats[E + 1] / (double)N;
+    }
+    free(cnt);
+    free(stats);
+    aux /= L;
+    z /= L;
+    ent /= L;
+    moe_status s = be->synchronize(be, err);
+    if (st) {
+        memset(st, 0, sizeof *st);
+        st->ce_loss = wsum > 0.0 ? ce_sum / wsum : 0.0;
+        st->aux_loss = aux;
+        st->z_loss = z;
+        st->loss = st->ce_loss + c->router_aux_loss_coef * aux + c->router_z_loss_coef * z;
+        st->n_tokens = ntok;
+        st->weight_sum = wsum;
+        st->ce_sum = ce_sum;
+        st->router_entropy = ent;
+        st->expert_tokens = m->expert_tokens;
+    }
+    return s;
+}
+
+moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
+    struct moe_acts *a = m->acts;
+    if (m->last_B <= 0 || !a->has_targets)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "moe_model_backward needs a preceding moe_model_forward with targets");
+    const moe_backend *be = m->be;
+    const moe_model_config *c = &m->cfg;
+    const moe_recipe prec = m->recipe;
+    int B = m->last_B, T = m->last_T, L = (int)c->num_hidden_layers;
+    int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
+    int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
+    int64_t E = c->num_local_experts, K = c->num_experts_per_tok, NK = N * K;
+    moe_param *P = m->params;
+    /* head: CE -> lm_head -> final norm */
+    float dloss = a->weight_sum > 0.0 ? (float)(grad_scale / a->weight_sum) : 0.0f;
+    be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
+                               a->has_weights ? a->weights : NULL, dloss, N, V);
+    ZERO(a->dln, N * C);
+    be->matmul_backward(be, a->dln, P[m->p_lm_head].grad, a->logits, a->lnf, P[m->p_lm_head].data,
+                        N, C, V, prec);
+    ZERO(a->dres, N * C);
+    be->rmsnorm_backward(be, a->dres, P[m->p_norm].grad, a->dln, a->x_final, P[m->p_norm].data,
+                         a->rstdf, N, C);
+    /* router loss derivatives: aux = mean_l E sum_e f_e P_e, z = mean_l mean_n lse^2 */
+    float *dprob = malloc((size_t)E * sizeof(float));
+    if (!dprob) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+    float dz = (float)(grad_scale * c->router_z_loss_coef / ((double)L * (double)N));
+    for (int l = L - 1; l >= 0; l--) {
+        moe_layer_acts *la = &a->layer[l];
+        const moe_layer_idx *li = &a->lidx[l];
+        const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
+        /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
+        ZERO(a->dyp, NK * C);
+        ZERO(a->dtw, NK);
+        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, la->yp, la->topk_w, la->slot_row, N, C,
+                               K);
+        ZERO(a->dg, NK * F);
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, la->g, P[li->w2].data, hoff,
+                                    E, F, C, prec);
+        ZERO(a->dh1, NK * F);
+        ZERO(a->dh3, NK * F);
+        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, la->h1, la->h3, NK * F);
+        ZERO(a->dxp, NK * C);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, la->xp, P[li->w1].data,
+                                    hoff, E, C, F, prec);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, la->xp, P[li->w3].data,
+                                    hoff, E, C, F, prec);
+        ZERO(a->dln, N * C);
+        be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
+        for (int64_t e = 0; e < E; e++) /* d aux_l / d p[n,e] = E f_e / N, f_e = count/(N K) */
+            dprob[e] = (float)(grad_scale * c->router_aux_loss_coef / L * (double)E *
+                               ((double)m->expert_tokens[l * E + e] / (double)NK) / (double)N);
+        be->memcpy_h2d(be, a->dprob, dprob, (size_t)E * sizeof(float));
+        ZERO(a->drl, N * E);
+        be->router_backward(be, a->drl, a->dtw, a->dprob, dz, la->probs, la->rlse, la->topk_idx,
+                            la->topk_w, N, E, K);
+        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2, P[li->gate].data, N, C,
+                            E, MOE_RECIPE_FP32);
+        be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
+                             la->rstd2, N, C);
+        /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
+        ZERO(a->datt, N * H * D);
+        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att, P[li->o].data, N, H * D,
+                            C, prec);
+        ZERO(a->dq, N * H * D);
+        ZERO(a->dk, N * KV * D);
+        ZERO(a->dv, N * KV * D);
+        be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, la->q, la->k, la->v, la->att,
+                               la->att_lse, B, T, H, KV, D, prec);
+        be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
+        be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
+        ZERO(a->dln, N * C);
+        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, P[li->q].data, N, C, H * D,
+                            prec);
+        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, P[li->k].data, N, C, KV * D,
+                            prec);
+        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, P[li->v].data, N, C, KV * D,
+                            prec);
+        be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
+                             la->rstd1, N, C);
+    }
+    free(dprob);
+    be->embedding_backward(be, P[m->p_embed].grad, a->dres, a->tokens, N, C, V);
+    /* the logits buffer now holds gradients: a second backward needs a new forward */
+    a->has_targets = 0;
+    return be->synchronize(be, err);
+}
+
+moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                            float *out, moe_err *err) {
+    const moe_model_config *c = &m->cfg;
+    int L = (int)c->num_hidden_layers;
+    if (layer < 0 || layer > L)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "hidden-state layer %d is outside [0, %d] (0 = embeddings, %d = final "
+                           "norm)",
+                           layer, L, L);
+    if (check_inputs(m, tokens, NULL, NULL, B, T, err) != MOE_OK) return err->status;
+    const moe_backend *be = m->be;
+    struct moe_acts *a = m->acts;
+    int64_t N = (int64_t)B * T, C = c->hidden_size;
+    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    moe_model_run_layers(m, B, T, layer);
+    const float *src;
+    if (layer == L) {
+        be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->params[m->p_norm].data, N, C,
+                            (float)c->rms_norm_eps, m->recipe);
+        src = a->lnf;
+    } else {
+        src = a->layer[layer].x_in;
+    }
+    be->memcpy_d2h(be, out, src, (size_t)(N * C) * sizeof(float));
+    m->last_B = 0; /* activations no longer match a forward with targets */
+    a->has_targets = 0;
+    return be->synchronize(be, err);
+}

@@ -1,0 +1,549 @@
+/* train: the training loop (moe/train.h). Setup (data, model, run directory, resume), then
+ * per step: micro-steps of forward/backward, gradient norm, clipping, AdamW, metrics,
+ * evaluation, checkpoint. Everything the loop reads between steps lives in `trainer`. */
+#include "moe/train.h"
+
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moe/checkpoint.h"
+#include "moe/dataloader.h"
+#include "moe/fileio.h"
+#include "moe/log.h"
+#include "moe/metrics.h"
+#include "moe/schedule.h"
+#include "moe/shard.h"
+#ifdef MOE_HAVE_CUDA
+#include "moe/backend_cuda.h"
+#endif
+
+typedef struct trainer {
+    moe_config cfg; /* resolved: data.path is the data actually used */
+    const char *run_dir;
+    moe_shardset *data, *val;
+    moe_dataloader dl, vdl;
+    int has_val;
+    const moe_backend *be;
+    int be_is_cuda;
+    moe_model model;
+    float *m, *v;              /* [n_elems] dev, Adam moments */
+    int32_t *tokens, *targets; /* [B_micro, T] host */
+    float *weights;            /* [B_micro, T] host, NULL when no lower-case weighting */
+    int64_t T, B_micro, accum, end_step;
+    double bases_per_token;
+    FILE *metrics_fp, *json_fp;
+    int json_is_stdout;
+    char metrics_path[MOE_CKPT_PATH_MAX], svg_path[MOE_CKPT_PATH_MAX];
+    moe_metrics_history hist;
+    moe_trainer_state ts;
+} trainer;
+
+/* ---- setup ---- */
+
+static moe_status open_backend(trainer *t, moe_err *err) {
+    if (t->cfg.device != MOE_DEVICE_CUDA) {
+        t->be = moe_backend_cpu();
+        return MOE_OK;
+    }
+#ifdef MOE_HAVE_CUDA
+    moe_err sub;
+    moe_err_clear(&sub);
+    t->be = moe_backend_cuda(&sub);
+    if (t->be) {
+        t->be_is_cuda = 1;
+        return MOE_OK;
+    }
+    moe_err_set(err, MOE_ERR_INPUT, NULL, "device: cuda was requested but no GPU is usable: %s",
+                sub.msg);
+#else
+    moe_err_set(err, MOE_ERR_INPUT, NULL,
+                "device: cuda was requested but this moe-train was built without CUDA");
+#endif
+    moe_err_hint(err, "use device=cpu (or device=auto) on a machine without a GPU");
+    return MOE_ERR_INPUT;
+}
+
+static moe_status open_data(trainer *t, moe_err *err) {
+    const char *path = t->cfg.data.path;
+    moe_status st = moe_shardset_open(&t->data, path, err);
+    if (st != MOE_OK) return st;
+    st = moe_dataloader_check_vocab(t->data, path, t->cfg.model.vocab_size, err);
+    if (st != MOE_OK) return st;
+    st =
+        moe_dataloader_init(&t->dl, t->data, t->T, t->cfg.data.shuffle, (uint64_t)t->cfg.train.seed,
+                            t->cfg.data.lowercase_weight, "the training data", err);
+    if (st != MOE_OK) return st;
+    const moe_tokenizer *tok = moe_shardset_tokenizer(t->data);
+    t->bases_per_token = moe_tokenizer_max_bases_per_token(tok);
+
+    const char *vpath = t->cfg.data.val_path[0] ? t->cfg.data.val_path : NULL;
+    st = vpath ? moe_shardset_open(&t->val, vpath, err) : moe_shardset_open_val(&t->val, path, err);
+    if (st != MOE_OK) return st;
+    if (!t->val) {
+        if (strcmp(path, "-") == 0)
+            moe_log_warn("no validation data (a stream on stdin carries one shard; set "
+                         "data.val_path): val_loss is not reported");
+        else
+            moe_log_warn("no validation data (no *.val.mtok next to %s, data.val_path unset): "
+                         "val_loss is not reported",
+                         path);
+        return MOE_OK;
+    }
+    const moe_tokenizer *vtok = moe_shardset_tokenizer(t->val);
+    if (vtok->vocab_hash != tok->vocab_hash) {
+        moe_err_set(err, MOE_ERR_INPUT, vpath ? vpath : path,
+                    "the validation data uses another tokenizer (%s, %lld tokens) than the "
+                    "training data (%s, %lld tokens)",
+                    vtok->name, (long long)vtok->vocab_size, tok->name, (long long)tok->vocab_size);
+        moe_err_hint(err, "tokenize both with the same moe-tokenize options");
+        return MOE_ERR_INPUT;
+    }
+    moe_err sub;
+    moe_err_clear(&sub);
+    if (moe_dataloader_init(&t->vdl, t->val, t->T, 0, 0, 1.0, "the validation data", &sub) !=
+        MOE_OK) {
+        moe_log_warn("%s; validation is disabled", sub.msg);
+        return MOE_OK;
+    }
+    t->has_val = 1;
+    return MOE_OK;
+}
+
+/* Opens metrics.jsonl (append) after dropping lines past the resumed step. */
+static moe_status open_outputs(trainer *t, const char *log_json, moe_err *err) {
+    snprintf(t->metrics_path, sizeof t->metrics_path, "%s/metrics.jsonl", t->run_dir);
+    snprintf(t->svg_path, sizeof t->svg_path, "%s/loss.svg", t->run_dir);
+    moe_status st = moe_metrics_jsonl_truncate(t->metrics_path, t->ts.step, &t->hist, err);
+    if (st != MOE_OK) return st;
+    t->metrics_fp = fopen(t->metrics_path, "a");
+    if (!t->metrics_fp) {
+        moe_err_errno(err, t->metrics_path, "cannot write in the run directory");
+        err->status = MOE_ERR_INPUT;
+        moe_err_hint(err, "choose a writable run directory with -o");
+        return MOE_ERR_INPUT;
+    }
+    if (log_json && log_json[0]) {
+        t->json_is_stdout = strcmp(log_json, "-") == 0;
+        t->json_fp = t->json_is_stdout ? stdout : fopen(log_json, "a");
+        if (!t->json_fp) {
+            moe_err_errno(err, log_json, "cannot open the --log-json file");
+            err->status = MOE_ERR_INPUT;
+            return MOE_ERR_INPUT;
+        }
+    }
+    return MOE_OK;
+}
+
+static moe_status resume(trainer *t, const char *spec, moe_err *err) {
+    char dir[MOE_CKPT_PATH_MAX];
+    if (strcmp(spec, "auto") == 0) {
+        int found;
+        moe_status st = moe_ckpt_latest(t->run_dir, dir, sizeof dir, &found, err);
+        if (st != MOE_OK) return st;
+        if (!found) {
+            moe_log_info("--resume auto: no checkpoint in %s, starting from step 0", t->run_dir);
+            return MOE_OK;
+        }
+    } else {
+        /* A run directory (no MANIFEST of its own) means its latest checkpoint. */
+        char man[MOE_CKPT_PATH_MAX];
+        int found = 0;
+        snprintf(man, sizeof man, "%.4000s/MANIFEST", spec);
+        if (access(man, F_OK) != 0) {
+            moe_err sub;
+            moe_err_clear(&sub);
+            if (moe_ckpt_latest(spec, dir, sizeof dir, &found, &sub) != MOE_OK) found = 0;
+        }
+        if (!found) snprintf(dir, sizeof dir, "%.4000s", spec);
+    }
+    uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
+    moe_status st =
+        moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, t->m, t->v, &t->ts, err);
+    if (st != MOE_OK) return st;
+    if (t->ts.data_samples != t->dl.n_samples || t->ts.data_stream_tokens != t->dl.stream_tokens ||
+        t->ts.seed != (uint64_t)t->cfg.train.seed || t->ts.data_shuffle != t->cfg.data.shuffle) {
+        moe_log_warn("the data, seed or shuffle setting differ from the checkpoint's (%lld "
+                     "samples of %lld tokens then, %lld now): the data order will not continue "
+                     "exactly",
+                     (long long)t->ts.data_samples, (long long)t->ts.data_stream_tokens,
+                     (long long)t->dl.n_samples);
+        if (t->ts.data_index > t->dl.n_samples) t->ts.data_index = t->dl.n_samples;
+    }
+    t->ts.seed = (uint64_t)t->cfg.train.seed;
+    t->ts.data_shuffle = t->cfg.data.shuffle;
+    t->ts.data_samples = t->dl.n_samples;
+    t->ts.data_stream_tokens = t->dl.stream_tokens;
+    st = moe_dataloader_set_position(&t->dl, t->ts.data_epoch, t->ts.data_index, err);
+    if (st != MOE_OK) return st;
+    moe_log_info("resumed from %s at step %lld (%lld tokens seen)", dir, (long long)t->ts.step,
+                 (long long)t->ts.tokens_seen);
+    return MOE_OK;
+}
+
+/* ---- one step ---- */
+
+typedef struct step_metrics {
+    double loss, ce, aux, z, entropy, grad_norm, lr, seconds, val_loss;
+    double *load; /* [layers] max/mean tokens per expert */
+} step_metrics;
+
+static moe_status evaluate(trainer *t, double *val_loss, moe_err *err) {
+    int64_t n = t->vdl.n_samples;
+    if (t->cfg.train.eval_tokens > 0) {
+        int64_t want = (t->cfg.train.eval_tokens + t->T - 1) / t->T;
+        if (want < n) n = want;
+    }
+    double ce = 0, w = 0;
+    for (int64_t i = 0; i < n; i += t->B_micro) {
+        int64_t b = n - i < t->B_micro ? n - i : t->B_micro;
+        for (int64_t j = 0; j < b; j++)
+            moe_dataloader_get(&t->vdl, i + j, t->tokens + j * t->T, t->targets + j * t->T, NULL);
+        moe_step_stats st;
+        moe_status s =
+            moe_model_forward(&t->model, t->tokens, t->targets, NULL, (int)b, (int)t->T, &st, err);
+        if (s != MOE_OK) return s;
+        ce += st.ce_sum;
+        w += st.weight_sum;
+    }
+    *val_loss = w > 0 ? ce / w : NAN;
+    return MOE_OK;
+}
+
+static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err *err) {
+    const moe_config *c = &t->cfg;
+    const moe_model_config *mc = &c->model;
+    double t0 = moe_time_now();
+    int64_t L = mc->num_hidden_layers, E = mc->num_local_experts;
+    moe_model_zero_grad(&t->model);
+    double ce_sum = 0, w_sum = 0, aux = 0, z = 0, ent = 0;
+    int64_t *load = calloc((size_t)(L * E), sizeof *load);
+    if (!load) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    moe_status st = MOE_OK;
+    for (int64_t k = 0; k < t->accum && st == MOE_OK; k++) {
+        moe_dataloader_next(&t->dl, t->B_micro, t->tokens, t->targets, t->weights);
+        moe_step_stats ss;
+        st = moe_model_forward(&t->model, t->tokens, t->targets, t->weights, (int)t->B_micro,
+                               (int)t->T, &ss, err);
+        if (st == MOE_OK) st = moe_model_backward(&t->model, 1.0f / (float)t->accum, err);
+        if (st != MOE_OK) break;
+        ce_sum += ss.ce_sum;
+        w_sum += ss.weight_sum;
+        aux += ss.aux_loss / (double)t->accum;
+        z += ss.z_loss / (double)t->accum;
+        ent += ss.router_entropy / (double)t->accum;
+        for (int64_t i = 0; i < L * E; i++)
+            load[i] += ss.expert_tokens[i];
+    }
+    if (st == MOE_OK) st = t->be->synchronize(t->be, err);
+    if (st != MOE_OK) {
+        free(load);
+        return st;
+    }
+    t->ts.tokens_seen += t->accum * t->B_micro * t->T;
+    double norm = sqrt(t->be->sum_squares(t->be, t->model.grad_mem, t->model.n_elems));
+    double lr = moe_schedule_lr(&c->optim, step, c->train.steps);
+    float scale = 1.0f;
+    if (c->optim.grad_clip > 0 && norm > c->optim.grad_clip)
+        scale = (float)(c->optim.grad_clip / norm);
+    for (int i = 0; i < t->model.n_params; i++) {
+        moe_param *p = &t->model.params[i];
+        double wd = (p->decay || c->optim.decay_norms_and_embeddings) ? c->optim.weight_decay : 0;
+        t->be->adamw(t->be, p->data, p->grad, t->m + p->offset, t->v + p->offset, p->numel,
+                     (float)lr, (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps,
+                     (float)wd, step, scale);
+    }
+    st = t->be->synchronize(t->be, err);
+    sm->ce = w_sum > 0 ? ce_sum / w_sum : NAN;
+    sm->aux = aux;
+    sm->z = z;
+    sm->loss = sm->ce + mc->router_aux_loss_coef * aux + mc->router_z_loss_coef * z;
+    sm->entropy = ent;
+    sm->grad_norm = norm;
+    sm->lr = lr;
+    for (int64_t l = 0; l < L; l++) {
+        int64_t mx = 0, sum = 0;
+        for (int64_t e = 0; e < E; e++) {
+            sum += load[l * E + e];
+            if (load[l * E + e] > mx) mx = load[l * E + e];
+        }
+        sm->load[l] = sum > 0 ? (double)mx / ((double)sum / (double)E) : 0;
+    }
+    free(load);
+    sm->seconds = moe_time_now() - t0;
+    if (st == MOE_OK && (!isfinite(sm->loss) || !isfinite(norm))) {
+        st = moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                         "training diverged at step %lld: loss %g, gradient norm %g",
+                         (long long)step, sm->loss, norm);
+        moe_err_hint(err, "lower optim.lr or raise optim.warmup_steps, and resume from the "
+                          "last checkpoint");
+    }
+    return st;
+}
+
+/* One JSON line of metrics; returns the compact text (malloc'ed) or NULL. */
+static char *metrics_line(const trainer *t, int64_t step, const step_metrics *sm) {
+    json_t *o = json_object(), *load = json_array();
+    const double ln2 = 0.69314718055994530942;
+    json_object_set_new(o, "step", json_integer(step));
+    json_object_set_new(o, "loss", json_real(sm->loss));
+    json_object_set_new(o, "ce_loss", json_real(sm->ce));
+    json_object_set_new(o, "ppl", json_real(exp(sm->ce)));
+    json_object_set_new(o, "bits_per_base", json_real(sm->ce / ln2 / t->bases_per_token));
+    json_object_set_new(o, "aux_loss", json_real(sm->aux));
+    json_object_set_new(o, "z_loss", json_real(sm->z));
+    json_object_set_new(o, "router_entropy", json_real(sm->entropy));
+    for (int64_t l = 0; l < t->cfg.model.num_hidden_layers; l++)
+        json_array_append_new(load, json_real(sm->load[l]));
+    json_object_set_new(o, "expert_load_max_over_mean", load);
+    json_object_set_new(o, "grad_norm", json_real(sm->grad_norm));
+    json_object_set_new(o, "lr", json_real(sm->lr));
+    json_object_set_new(o, "tokens", json_integer(t->ts.tokens_seen));
+    double tps = sm->seconds > 0 ? (double)(t->accum * t->B_micro * t->T) / sm->seconds : 0;
+    json_object_set_new(o, "tokens_per_s", json_real(tps));
+    json_object_set_new(o, "step_time_s", json_real(sm->seconds));
+    if (isfinite(sm->val_loss)) {
+        json_object_set_new(o, "val_loss", json_real(sm->val_loss));
+        json_object_set_new(o, "val_ppl", json_real(exp(sm->val_loss)));
+        json_object_set_new(o, "val_bits_per_base",
+                            json_real(sm->val_loss / ln2 / t->bases_per_token));
+    }
+    char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(o);
+    return text;
+}
+
+static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm, moe_err *err) {
+    char *line = metrics_line(t, step, sm);
+    if (!line) return moe_err_set(err, MOE_ERR_RUNTIME, t->metrics_path, "cannot encode metrics");
+    int bad = fprintf(t->metrics_fp, "%s\n", line) < 0 || fflush(t->metrics_fp) != 0;
+    if (t->json_fp) bad |= fprintf(t->json_fp, "%s\n", line) < 0 || fflush(t->json_fp) != 0;
+    free(t->ts.last_metrics);
+    t->ts.last_metrics = line;
+    if (bad) return moe_err_errno(err, t->metrics_path, "cannot write metrics");
+    return moe_metrics_history_add(&t->hist, step, sm->loss, sm->val_loss, err);
+}
+
+static moe_status save(trainer *t, moe_err *err) {
+    moe_dataloader_position(&t->dl, &t->ts.data_epoch, &t->ts.data_index);
+    double t0 = moe_time_now();
+    moe_status st = moe_train_save_checkpoint(t->run_dir, t->cfg.checkpoint.keep, &t->cfg,
+                                              moe_shardset_spec_json(t->data), &t->model, t->m,
+                                              t->v, &t->ts, err);
+    if (st == MOE_OK)
+        moe_log_debug("checkpoint of step %lld written in %.2f s", (long long)t->ts.step,
+                      moe_time_now() - t0);
+    return st;
+}
+
+static moe_status loop(trainer *t, moe_err *err) {
+    const moe_config *c = &t->cfg;
+    int64_t start = t->ts.step, L = c->model.num_hidden_layers;
+    double *load = calloc((size_t)L, sizeof *load);
+    if (!load) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    moe_progress prog;
+    moe_progress_start(&prog, "train", "steps", t->end_step - start);
+    char title[1100];
+    snprintf(title, sizeof title, "moe-train: %.1000s", c->data.path);
+    moe_status st = MOE_OK;
+    for (int64_t step = start + 1; step <= t->end_step && st == MOE_OK; step++) {
+        step_metrics sm = {.load = load, .val_loss = NAN};
+        st = train_step(t, step, &sm, err);
+        if (st != MOE_OK) break;
+        t->ts.step = step;
+        int last = step == t->end_step;
+        int do_eval =
+            t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
+        if (do_eval) st = evaluate(t, &sm.val_loss, err);
+        if (st == MOE_OK) st = emit_metrics(t, step, &sm, err);
+        if (st != MOE_OK) break;
+        int log_line = step % c->log.every == 0 || last;
+        if (prog.tty && (log_line || do_eval)) fputs("\r\033[K", stderr); /* clear the bar */
+        if (log_line)
+            moe_log_info("step %lld/%lld loss %.4f (ce %.4f, %.3f bits/base) lr %.3g gnorm %.3f "
+                         "%.0f tok/s%s",
+                         (long long)step, (long long)c->train.steps, sm.loss, sm.ce,
+                         sm.ce / 0.69314718055994530942 / t->bases_per_token, sm.lr, sm.grad_norm,
+                         (double)(t->accum * t->B_micro * t->T) / (sm.seconds > 0 ? sm.seconds : 1),
+                         "");
+        if (do_eval) {
+            moe_log_info("step %lld: val_loss %.4f (%.3f bits/base)", (long long)step, sm.val_loss,
+                         sm.val_loss / 0.69314718055994530942 / t->bases_per_token);
+            st = moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
+        }
+        if (st == MOE_OK && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || last))
+            st = save(t, err);
+        char extra[96];
+        snprintf(extra, sizeof extra, "loss %.4f lr %.2e", sm.loss, sm.lr);
+        moe_progress_update(&prog, step - start, extra);
+    }
+    if (st == MOE_OK) {
+        moe_progress_finish(&prog, NULL);
+        st = moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
+    }
+    free(load);
+    return st;
+}
+
+static void trainer_free(trainer *t) {
+    if (t->be) {
+        t->be->free(t->be, t->m);
+        t->be->free(t->be, t->v);
+    }
+    moe_model_free(&t->model);
+#ifdef MOE_HAVE_CUDA
+    if (t->be_is_cuda) moe_backend_cuda_free(t->be);
+#endif
+    moe_dataloader_free(&t->dl);
+    moe_dataloader_free(&t->vdl);
+    moe_shardset_close(t->data);
+    moe_shardset_close(t->val);
+    free(t->tokens);
+    free(t->targets);
+    free(t->weights);
+    if (t->metrics_fp) fclose(t->metrics_fp);
+    if (t->json_fp && !t->json_is_stdout) fclose(t->json_fp);
+    moe_metrics_history_free(&t->hist);
+    free(t->ts.last_metrics);
+}
+
+moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_err *err) {
+    trainer t;
+    memset(&t, 0, sizeof t);
+    t.cfg = *cfg;
+    t.run_dir = opts->run_dir && opts->run_dir[0] ? opts->run_dir : "run";
+    if (opts->data_path && opts->data_path[0])
+        snprintf(t.cfg.data.path, sizeof t.cfg.data.path, "%s", opts->data_path);
+    moe_status st = moe_config_validate(&t.cfg, err);
+    if (st != MOE_OK) return st;
+    if (!t.cfg.data.path[0]) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "no training data given");
+        moe_err_hint(err, "pass --data SHARDS (a .mtok file, a directory of them, a "
+                          "manifest, or - for stdin) or set data.path in the config");
+        return MOE_ERR_INPUT;
+    }
+    if (t.cfg.parallel.dp * t.cfg.parallel.ep != 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "parallel.dp=%lld x parallel.ep=%lld ranks: this moe-train trains on one "
+                    "process only",
+                    (long long)t.cfg.parallel.dp, (long long)t.cfg.parallel.ep);
+        moe_err_hint(err, "set parallel.dp=1 parallel.ep=1 (gradient accumulation gives the "
+                          "same global batch)");
+        return MOE_ERR_INPUT;
+    }
+    t.T = t.cfg.train.seq_len;
+    int64_t micro = t.cfg.train.micro_batch_tokens ? t.cfg.train.micro_batch_tokens
+                                                   : t.cfg.train.global_batch_tokens;
+    t.B_micro = micro / t.T;
+    t.accum = t.cfg.train.global_batch_tokens / micro;
+    t.end_step =
+        opts->stop_at > 0 && opts->stop_at < t.cfg.train.steps ? opts->stop_at : t.cfg.train.steps;
+    t.ts.seed = (uint64_t)t.cfg.train.seed;
+    t.ts.data_shuffle = t.cfg.data.shuffle;
+
+    st = open_backend(&t, err);
+    if (st == MOE_OK) st = open_data(&t, err);
+    if (st == MOE_OK) {
+        t.ts.data_samples = t.dl.n_samples;
+        t.ts.data_stream_tokens = t.dl.stream_tokens;
+    }
+    if (st == MOE_OK && !opts->resume) {
+        int64_t *steps;
+        int n;
+        st = moe_ckpt_list(t.run_dir, &steps, &n, err);
+        free(steps);
+        if (st == MOE_OK && n > 0) {
+            moe_err_set(err, MOE_ERR_INPUT, t.run_dir,
+                        "the run directory already holds %d checkpoint(s)", n);
+            moe_err_hint(err, "continue it with --resume auto, or choose a new directory with -o");
+            st = MOE_ERR_INPUT;
+        }
+    }
+    if (st == MOE_OK)
+        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe, t.be, (int)t.B_micro,
+                              (int)t.T, err);
+    if (st == MOE_OK) {
+        size_t bytes = (size_t)t.model.n_elems * sizeof(float), tok = (size_t)(t.B_micro * t.T);
+        t.m = t.be->alloc(t.be, bytes);
+        t.v = t.be->alloc(t.be, bytes);
+        t.tokens = malloc(tok * sizeof *t.tokens);
+        t.targets = malloc(tok * sizeof *t.targets);
+        if (t.dl.use_weights) t.weights = malloc(tok * sizeof *t.weights);
+        if (!t.m || !t.v || !t.tokens || !t.targets || (t.dl.use_weights && !t.weights))
+            st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
+                             (long long)t.model.n_elems);
+    }
+    if (st == MOE_OK) {
+        moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);
+        if (opts->resume) st = resume(&t, opts->resume, err);
+    }
+    if (st == MOE_OK) {
+        st = moe_mkdirs(t.run_dir, err);
+        if (st != MOE_OK) moe_err_hint(err, "choose a writable run directory with -o");
+    }
+    if (st == MOE_OK) st = open_outputs(&t, opts->log_json ? opts->log_json : t.cfg.log.json, err);
+    if (st == MOE_OK) {
+        int64_t total, active;
+        moe_model_count_params(&t.cfg.model, &total, &active);
+        moe_log_info("model: %.3g M parameters (%.3g M active per token), %s backend, recipe %s; "
+                     "data: %lld tokens, %lld samples of %lld per epoch; %lld x %lld tokens per "
+                     "step",
+                     total / 1e6, active / 1e6, t.be->name, moe_recipe_name(t.cfg.precision.recipe),
+                     (long long)t.dl.stream_tokens, (long long)t.dl.n_samples, (long long)(t.T + 1),
+                     (long long)t.accum, (long long)(t.B_micro * t.T));
+        if (t.ts.step >= t.end_step)
+            moe_log_info("nothing to do: the run is at step %lld of %lld", (long long)t.ts.step,
+                         (long long)t.end_step);
+        else
+            st = loop(&t, err);
+    }
+    trainer_free(&t);
+    return st;
+}
+
+/* ---- --dry-run ---- */
+
+static void human_bytes(char *buf, size_t n, double b) {
+    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int i = 0;
+    while (b >= 1024 && i < 4)
+        b /= 1024, i++;
+    snprintf(buf, n, "%.1f %s", b, u[i]);
+}
+
+moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
+    moe_status st = moe_config_validate(cfg, err);
+    if (st != MOE_OK) return st;
+    st = moe_config_write_yaml(cfg, out, err);
+    if (st != MOE_OK) return st;
+    const moe_train_config *tc = &cfg->train;
+    int64_t total, active,
+        micro = tc->micro_batch_tokens ? tc->micro_batch_tokens : tc->global_batch_tokens;
+    moe_model_count_params(&cfg->model, &total, &active);
+    double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
+    int64_t act = moe_model_activation_bytes(&cfg->model, cfg->precision.recipe,
+                                             micro / tc->seq_len, tc->seq_len);
+    char w[32], a[32], o[32], sum[32];
+    human_bytes(w, sizeof w, 4.0 * (double)total);
+    human_bytes(o, sizeof o, 8.0 * (double)total);
+    human_bytes(a, sizeof a, (double)act);
+    human_bytes(sum, sizeof sum, 16.0 * (double)total + (double)act);
+    fprintf(out, "\n# --dry-run summary\n");
+    fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
+    fprintf(out,
+            "# training FLOPs: %.4g per token (seq_len %" PRId64 "), %.4g per step of %" PRId64
+            " tokens, %.4g for %" PRId64 " steps\n",
+            fpt, tc->seq_len, fpt * (double)tc->global_batch_tokens, tc->global_batch_tokens,
+            fpt * (double)tc->global_batch_tokens * (double)tc->steps, tc->steps);
+    fprintf(out,
+            "# batch: %" PRId64 " micro-step(s) of %" PRId64 " sequences x %" PRId64 " tokens\n",
+            tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len);
+    fprintf(out,
+            "# memory estimate: weights %s + gradients %s + AdamW moments %s + "
+            "activations %s = %s (per rank, without expert/data parallel sharding)\n",
+            w, w, o, a, sum);
+    return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
+}

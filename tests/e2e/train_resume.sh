@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# e2e.train_resume: exact resume on the CPU. A run of 2N steps and the same run stopped with
+# --stop-at N and continued with --resume auto end with bit-identical weights and optimizer
+# state and the same per-step losses; --resume DIR restarts from an older checkpoint and
+# reaches the same bytes again; a checkpoint with a flipped byte is refused naming the file.
+set -euo pipefail
+src=${MOE_SRC_DIR:?}
+# A shared 2-core box: no OpenMP spin-waiting, no BLAS threads beside OpenMP's, AVX-512
+# GEMM kernels where the CPU has them (3-7x faster here, see docs/performance.md).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
+if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
+fa=$src/data/lambda_virus.fa.gz
+[ -f "$fa" ] || fa=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
+[ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+rm -rf shards full split older
+gzip -dc "$fa" | awk '/^>/ {next} {s = s $0}
+    END {for (i = 1; i <= length(s); i += 1000) printf(">lambda_%d\n%s\n", (i - 1) / 1000 + 1, substr(s, i, 1000))}' \
+    > lambda_1kb.fa
+moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
+# 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
+# and checkpoints at odd places, a cosine schedule that depends on train.steps.
+train() {
+    moe-train -q -@ 2 -c "$src/configs/tiny.yaml" --data shards train.steps=8 train.seq_len=128 \
+        train.global_batch_tokens=512 train.micro_batch_tokens=256 optim.warmup_steps=2 \
+        train.eval_every=3 train.eval_tokens=512 checkpoint.every=2 checkpoint.keep=0 "$@"
+}
+train -o full
+train -o split --stop-at 4
+[ "$(cat split/latest)" = ckpt-00000004 ] || fail "--stop-at 4 did not end with ckpt-00000004"
+[ ! -e split/ckpt-00000006 ] || fail "--stop-at 4 ran past step 4"
+train -o split --resume auto
+
+losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
+[ "$(losses full | wc -l)" -eq 8 ] || fail "full run: $(losses full | wc -l) metrics lines"
+diff <(losses full) <(losses split) || fail "per-step losses differ after resume"
+for f in model.safetensors optimizer-rank0.safetensors; do
+    cmp full/ckpt-00000008/$f split/ckpt-00000008/$f || fail "$f differs after resume"
+done
+cmp <(grep -v tokens_per_s full/ckpt-00000008/trainer_state.json | grep -v step_time_s) \
+    <(grep -v tokens_per_s split/ckpt-00000008/trainer_state.json | grep -v step_time_s) ||
+    fail "trainer_state.json differs after resume"
+
+# --resume DIR from an older checkpoint, into another run directory.
+train -o older --resume split/ckpt-00000002
+cmp full/ckpt-00000008/model.safetensors older/ckpt-00000008/model.safetensors ||
+    fail "resume from ckpt-00000002 did not reproduce the weights"
+
+# --resume auto on a finished run: nothing to do, exit 0.
+train -o full --resume auto
+
+# A flipped byte in a checkpoint file: refused, naming the file, exit 2.
+printf '\x55' | dd of=split/ckpt-00000008/optimizer-rank0.safetensors bs=1 seek=4000 conv=notrunc 2>/dev/null
+set +e
+train -o split --resume auto train.steps=10 2> corrupt.err
+rc=$?
+set -e
+cat corrupt.err
+[ $rc -eq 2 ] || fail "corrupted checkpoint: exit $rc, expected 2"
+grep -q 'ckpt-00000008/optimizer-rank0.safetensors' corrupt.err || fail "error does not name the file"
+grep -q 'older checkpoint' corrupt.err || fail "no hint to use an older checkpoint"
+echo "ok"

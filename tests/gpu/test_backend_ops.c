@@ -1,0 +1,975 @@
+/* test_backend_ops: every op of the CUDA backend against the CPU reference backend, in the
+ * style of ggml's test-backend-ops.
+ *
+ * A table of cases (op, shapes, recipe, tolerance) drives one runner per op family; each
+ * runner draws fresh random inputs (the seed is printed; `--seed N` replays a run), runs the
+ * forward and the backward on both backends and compares every output by normalised mean
+ * squared error (sum (gpu - cpu)^2 / sum cpu^2); integer outputs must match exactly. Every
+ * device buffer carries guard bytes on both sides (checked after each op: out-of-bounds
+ * writes fail), overwritten outputs start poisoned with NaN (unwritten elements fail), and
+ * any NaN in a GPU output fails. Accumulated (+=) gradients start from the same random
+ * values on both sides, so accumulation is tested too.
+ *
+ *   gpu_test_backend_ops [--seed N] [--only NAME]   compare mode (ctest gpu.backend_ops)
+ *   gpu_test_backend_ops --perf [--only NAME]       GPU timings of large cases, TFLOP/s or GB/s
+ *
+ * Without a CUDA device it prints "skipped: no CUDA device" and exits 77. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "moe/backend_cuda.h"
+#include "moe/ops.h"
+#include "testlib.h"
+
+/* ------------------------------------------------------------------------------------------
+ * random numbers (splitmix64), timing */
+
+static uint64_t g_rng;
+
+static uint64_t rng_next(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static float rng_uniform(float lo, float hi) {
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+static int64_t rng_int(int64_t n) {
+    return (int64_t)(rng_next() % (uint64_t)n);
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "test_backend_ops: out of host memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+static float *frand(int64_t n, float lo, float hi) {
+    float *p = xmalloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = rng_uniform(lo, hi);
+    return p;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * device buffers with guards */
+
+#define GUARD 256 /* bytes on each side; keeps the data 256-byte aligned */
+#define GUARD_BYTE 0xA5
+#define MAX_BUFS 32
+
+typedef struct dbuf {
+    unsigned char *base;
+    size_t bytes;
+    const char *name;
+} dbuf;
+
+typedef struct gctx {
+    const moe_backend *cpu, *gpu;
+    dbuf bufs[MAX_BUFS];
+    int nbufs;
+    const char *label; /* current case, for messages */
+    int fails;         /* failures in the current case */
+    float *perf_src;   /* perf mode: a host block of random values, repeated into buffers */
+} gctx;
+
+/* Device copy of host (bytes), or poisoned with 0xFF (NaN floats) when host is NULL. */
+static void *dup_dev(gctx *g, const char *name, const void *host, size_t bytes) {
+    if (g->nbufs == MAX_BUFS) {
+        fprintf(stderr, "test_backend_ops: too many buffers in one case\n");
+        exit(1);
+    }
+    size_t total = bytes + 2 * GUARD;
+    unsigned char *staging = xmalloc(total);
+    memset(staging, GUARD_BYTE, GUARD);
+    memset(staging + GUARD + bytes, GUARD_BYTE, GUARD);
+    if (host)
+        memcpy(staging + GUARD, host, bytes);
+    else
+        memset(staging + GUARD, 0xFF, bytes);
+    unsigned char *base = g->gpu->alloc(g->gpu, total);
+    if (!base) {
+        fprintf(stderr, "test_backend_ops: device allocation of %zu bytes failed\n", total);
+        exit(1);
+    }
+    g->gpu->memcpy_h2d(g->gpu, base, staging, total);
+    free(staging);
+    g->bufs[g->nbufs].base = base;
+    g->bufs[g->nbufs].bytes = bytes;
+    g->bufs[g->nbufs].name = name;
+    g->nbufs++;
+    return base + GUARD;
+}
+
+static void *down(gctx *g, const void *dev, size_t bytes) {
+    void *h = xmalloc(bytes);
+    g->gpu->memcpy_d2h(g->gpu, h, dev, bytes);
+    return h;
+}
+
+/* Synchronises (reporting any recorded CUDA error) and checks every guard. */
+static void check_sync_guards(gctx *g, const char *after) {
+    moe_err err;
+    moe_err_clear(&err);
+    if (g->gpu->synchronize(g->gpu, &err) != MOE_OK) {
+        moe_err_print(&err, "test_backend_ops", stderr);
+        fprintf(stderr, "%s: CUDA error after %s: giving up\n", g->label, after);
+        exit(1);
+    }
+    for (int i = 0; i < g->nbufs; i++) {
+        dbuf *b = &g->bufs[i];
+        size_t total = b->bytes + 2 * GUARD;
+        unsigned char *h = down(g, b->base, total);
+        int bad = 0;
+        for (size_t j = 0; j < GUARD; j++)
+            bad |= h[j] != GUARD_BYTE || h[GUARD + b->bytes + j] != GUARD_BYTE;
+        CHECK_MSG(!bad, "%s: %s: guard bytes of '%s' overwritten (out-of-bounds write)", g->label,
+                  after, b->name);
+        if (bad) g->fails++;
+        free(h);
+    }
+}
+
+static void free_bufs(gctx *g) {
+    for (int i = 0; i < g->nbufs; i++)
+        g->gpu->free(g->gpu, g->bufs[i].base);
+    g->nbufs = 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * comparisons */
+
+static double g_worst_nmse; /* over the whole run, for the summary */
+
+static void cmp_f32(gctx *g, const char *what, const float *dev, const float *ref, int64_t n,
+                    double tol) {
+    float *h = down(g, dev, (size_t)n * sizeof(float));
+    double num = 0.0, den = 0.0;
+    int64_t nan = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(h[i]) || isinf(h[i])) {
+            nan++;
+            continue;
+        }
+        double d = (double)h[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double nmse = den > 0.0 ? num / den : num;
+    int ok = nan == 0 && nmse <= tol;
+    printf("  %-28s %-16s n=%-9lld nmse=%.3e tol=%.0e %s\n", g->label, what, (long long)n, nmse,
+           tol, ok ? "ok" : "FAIL");
+    CHECK_MSG(nan == 0, "%s %s: %lld NaN/Inf values (unwritten or overflowed)", g->label, what,
+              (long long)nan);
+    CHECK_MSG(nmse <= tol, "%s %s: nmse %.3e > %.0e", g->label, what, nmse, tol);
+    if (!ok) g->fails++;
+    if (nmse > g_worst_nmse && nan == 0) g_worst_nmse = nmse;
+    free(h);
+}
+
+static void cmp_i32(gctx *g, const char *what, const int32_t *dev, const int32_t *ref, int64_t n) {
+    int32_t *h = down(g, dev, (size_t)n * sizeof(int32_t));
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (h[i] != ref[i] && bad++ == 0) first = i;
+    printf("  %-28s %-16s n=%-9lld mismatches=%lld %s\n", g->label, what, (long long)n,
+           (long long)bad, bad ? "FAIL" : "ok");
+    CHECK_MSG(bad == 0, "%s %s: %lld of %lld differ (first at %lld: gpu %d cpu %d)", g->label, what,
+              (long long)bad, (long long)n, (long long)first, first >= 0 ? h[first] : 0,
+              first >= 0 ? ref[first] : 0);
+    if (bad) g->fails++;
+    free(h);
+}
+
+/* An accumulated (+=) output that equals its initial values would make a comparison
+ * vacuous (both backends doing nothing agree): the reference must have changed most of it. */
+static void check_changed(gctx *g, const char *what, const float *ref, const float *init, int64_t n,
+                          double min_frac) {
+    int64_t changed = 0;
+    for (int64_t i = 0; i < n; i++)
+        changed += ref[i] != init[i];
+    CHECK_MSG((double)changed >= min_frac * (double)n,
+              "%s %s: the reference changed only %lld of %lld values", g->label, what,
+              (long long)changed, (long long)n);
+}
+
+static float *fdup(const float *x, int64_t n) {
+    float *p = xmalloc((size_t)n * sizeof(float));
+    memcpy(p, x, (size_t)n * sizeof(float));
+    return p;
+}
+
+#define F(n) ((size_t)(n) * sizeof(float))
+#define I32(n) ((size_t)(n) * sizeof(int32_t))
+
+/* ------------------------------------------------------------------------------------------
+ * cases */
+
+typedef struct tcase {
+    const char *name;
+    moe_op op;
+    int64_t s[6];
+    moe_recipe prec;
+    double tol; /* NMSE bound for float outputs */
+} tcase;
+
+typedef void (*runner_fn)(gctx *g, const tcase *tc);
+
+static void run_embedding(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], C = tc->s[1], V = tc->s[2];
+    int32_t *tok = xmalloc(I32(N));
+    for (int64_t i = 0; i < N; i++)
+        tok[i] = (int32_t)rng_int(V);
+    float *wte = frand(V * C, -1, 1), *out = xmalloc(F(N * C));
+    g->cpu->embedding_forward(g->cpu, out, tok, wte, N, C);
+    int32_t *dtok = dup_dev(g, "tokens", tok, I32(N));
+    float *dwte = dup_dev(g, "wte", wte, F(V * C)), *dout = dup_dev(g, "out", NULL, F(N * C));
+    g->gpu->embedding_forward(g->gpu, dout, dtok, dwte, N, C);
+    check_sync_guards(g, "embedding_forward");
+    cmp_f32(g, "out", dout, out, N * C, tc->tol);
+    float *gy = frand(N * C, -1, 1), *dw = frand(V * C, -1, 1);
+    float *dgy = dup_dev(g, "dout", gy, F(N * C)), *ddw = dup_dev(g, "dwte", dw, F(V * C));
+    g->cpu->embedding_backward(g->cpu, dw, gy, tok, N, C, V);
+    g->gpu->embedding_backward(g->gpu, ddw, dgy, dtok, N, C, V);
+    check_sync_guards(g, "embedding_backward");
+    cmp_f32(g, "dwte", ddw, dw, V * C, tc->tol);
+    free(tok), free(wte), free(out), free(gy), free(dw);
+}
+
+static void run_rmsnorm(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], C = tc->s[1];
+    float eps = 1e-5f;
+    float *x = frand(N * C, -2, 2), *w = frand(C, 0.5f, 1.5f);
+    float *out = xmalloc(F(N * C)), *rstd = xmalloc(F(N));
+    g->cpu->rmsnorm_forward(g->cpu, out, rstd, x, w, N, C, eps, tc->prec);
+    float *dx_ = dup_dev(g, "x", x, F(N * C)), *dw_ = dup_dev(g, "w", w, F(C));
+    float *dout = dup_dev(g, "out", NULL, F(N * C)), *drstd = dup_dev(g, "rstd", NULL, F(N));
+    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, tc->prec);
+    check_sync_guards(g, "rmsnorm_forward");
+    cmp_f32(g, "out", dout, out, N * C, tc->tol);
+    cmp_f32(g, "rstd", drstd, rstd, N, tc->tol);
+    float *gy = frand(N * C, -1, 1), *gx = frand(N * C, -1, 1), *gw = frand(C, -1, 1);
+    float *dgy = dup_dev(g, "dout", gy, F(N * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
+    float *dgw = dup_dev(g, "dw", gw, F(C)), *drs = dup_dev(g, "rstd_ref", rstd, F(N));
+    g->cpu->rmsnorm_backward(g->cpu, gx, gw, gy, x, w, rstd, N, C);
+    g->gpu->rmsnorm_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, drs, N, C);
+    check_sync_guards(g, "rmsnorm_backward");
+    cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
+    cmp_f32(g, "dw", dgw, gw, C, tc->tol);
+    free(x), free(w), free(out), free(rstd), free(gy), free(gx), free(gw);
+}
+
+static void run_rope(gctx *g, const tcase *tc) {
+    int64_t B = tc->s[0], T = tc->s[1], NH = tc->s[2], D = tc->s[3];
+    double theta = (double)tc->s[4];
+    int64_t n = B * T * NH * D;
+    float *x = frand(n, -1, 1);
+    float *dx_ = dup_dev(g, "x", x, F(n));
+    g->cpu->rope_forward(g->cpu, x, B, T, NH, D, theta);
+    g->gpu->rope_forward(g->gpu, dx_, B, T, NH, D, theta);
+    check_sync_guards(g, "rope_forward");
+    cmp_f32(g, "x (fwd)", dx_, x, n, tc->tol);
+    float *gx = frand(n, -1, 1);
+    float *dgx = dup_dev(g, "dx", gx, F(n));
+    g->cpu->rope_backward(g->cpu, gx, B, T, NH, D, theta);
+    g->gpu->rope_backward(g->gpu, dgx, B, T, NH, D, theta);
+    check_sync_guards(g, "rope_backward");
+    cmp_f32(g, "dx (bwd)", dgx, gx, n, tc->tol);
+    free(x), free(gx);
+}
+
+static void run_attention(gctx *g, const tcase *tc) {
+    int64_t B = tc->s[0], T = tc->s[1], H = tc->s[2], KV = tc->s[3], D = tc->s[4];
+    int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    float *q = frand(nq, -2, 2), *k = frand(nk, -2, 2), *v = frand(nk, -1, 1);
+    float *out = xmalloc(F(nq)), *lse = xmalloc(F(B * H * T));
+    g->cpu->attention_forward(g->cpu, out, lse, q, k, v, B, T, H, KV, D, tc->prec);
+    float *dq_ = dup_dev(g, "q", q, F(nq)), *dk_ = dup_dev(g, "k", k, F(nk));
+    float *dv_ = dup_dev(g, "v", v, F(nk));
+    float *dout = dup_dev(g, "out", NULL, F(nq)), *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
+    g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, B, T, H, KV, D, tc->prec);
+    check_sync_guards(g, "attention_forward");
+    cmp_f32(g, "out", dout, out, nq, tc->tol);
+    cmp_f32(g, "lse", dlse, lse, B * H * T, tc->tol);
+    /* backward from the CPU's forward results, so both sides see the same out and lse */
+    float *gy = frand(nq, -1, 1), *gq = frand(nq, -1, 1), *gk = frand(nk, -1, 1);
+    float *gv = frand(nk, -1, 1);
+    float *dgy = dup_dev(g, "dout", gy, F(nq)), *dgq = dup_dev(g, "dq", gq, F(nq));
+    float *dgk = dup_dev(g, "dk", gk, F(nk)), *dgv = dup_dev(g, "dv", gv, F(nk));
+    float *dor = dup_dev(g, "out_ref", out, F(nq)), *dlr = dup_dev(g, "lse_ref", lse, F(B * H * T));
+    float *gq0 = fdup(gq, nq), *gk0 = fdup(gk, nk);
+    g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, q, k, v, out, lse, B, T, H, KV, D, tc->prec);
+    g->gpu->attention_backward(g->gpu, dgq, dgk, dgv, dgy, dq_, dk_, dv_, dor, dlr, B, T, H, KV, D,
+                               tc->prec);
+    check_sync_guards(g, "attention_backward");
+    check_changed(g, "dq", gq, gq0, nq, 0.9);
+    check_changed(g, "dk", gk, gk0, nk, 0.9);
+    free(gq0), free(gk0);
+    cmp_f32(g, "dq", dgq, gq, nq, tc->tol);
+    cmp_f32(g, "dk", dgk, gk, nk, tc->tol);
+    cmp_f32(g, "dv", dgv, gv, nk, tc->tol);
+    free(q), free(k), free(v), free(out), free(lse), free(gy), free(gq), free(gk), free(gv);
+}
+
+static void run_matmul(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], I = tc->s[1], O = tc->s[2];
+    float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *y = xmalloc(F(N * O));
+    g->cpu->matmul_forward(g->cpu, y, x, w, N, I, O, tc->prec);
+    float *dx_ = dup_dev(g, "x", x, F(N * I)), *dw_ = dup_dev(g, "w", w, F(O * I));
+    float *dy_ = dup_dev(g, "y", NULL, F(N * O));
+    g->gpu->matmul_forward(g->gpu, dy_, dx_, dw_, N, I, O, tc->prec);
+    check_sync_guards(g, "matmul_forward");
+    cmp_f32(g, "y", dy_, y, N * O, tc->tol);
+    float *gy = frand(N * O, -1, 1), *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
+    float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
+    float *dgw = dup_dev(g, "dw", gw, F(O * I));
+    float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, x, w, N, I, O, tc->prec);
+    check_changed(g, "dx", gx, gx0, N * I, 0.9);
+    check_changed(g, "dw", gw, gw0, O * I, 0.9);
+    free(gx0), free(gw0);
+    g->gpu->matmul_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, N, I, O, tc->prec);
+    check_sync_guards(g, "matmul_backward");
+    cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
+    cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
+    /* dx NULL (first layer): only dw accumulates again */
+    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, x, w, N, I, O, tc->prec);
+    g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, dw_, N, I, O, tc->prec);
+    check_sync_guards(g, "matmul_backward dx=NULL");
+    cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
+    free(x), free(w), free(y), free(gy), free(gx), free(gw);
+}
+
+/* router logits with well-separated values per row, so no near-ties make top-k ambiguous */
+static float *router_logits(int64_t N, int64_t E) {
+    float *z = xmalloc(F(N * E));
+    int64_t *perm = xmalloc((size_t)E * sizeof(int64_t));
+    for (int64_t n = 0; n < N; n++) {
+        for (int64_t e = 0; e < E; e++)
+            perm[e] = e;
+        for (int64_t e = E - 1; e > 0; e--) {
+            int64_t j = rng_int(e + 1), t = perm[e];
+            perm[e] = perm[j], perm[j] = t;
+        }
+        for (int64_t e = 0; e < E; e++)
+            z[n * E + e] = 4.0f * (float)perm[e] / (float)E - 2.0f + rng_uniform(-0.01f, 0.01f);
+    }
+    free(perm);
+    return z;
+}
+
+static void run_router(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], E = tc->s[1], K = tc->s[2];
+    float *z = router_logits(N, E);
+    float *p = xmalloc(F(N * E)), *lse = xmalloc(F(N)), *tw = xmalloc(F(N * K));
+    float *st = xmalloc(F(E + 2));
+    int32_t *ti = xmalloc(I32(N * K)), *cnt = xmalloc(I32(E));
+    g->cpu->router_forward(g->cpu, p, lse, ti, tw, cnt, st, z, N, E, K);
+    float *dz_ = dup_dev(g, "logits", z, F(N * E)), *dp = dup_dev(g, "probs", NULL, F(N * E));
+    float *dl = dup_dev(g, "lse", NULL, F(N)), *dtw = dup_dev(g, "topk_w", NULL, F(N * K));
+    float *dst = dup_dev(g, "stats", NULL, F(E + 2));
+    int32_t *dti = dup_dev(g, "topk_idx", NULL, I32(N * K)),
+            *dcnt = dup_dev(g, "counts", NULL, I32(E));
+    g->gpu->router_forward(g->gpu, dp, dl, dti, dtw, dcnt, dst, dz_, N, E, K);
+    check_sync_guards(g, "router_forward");
+    cmp_f32(g, "probs", dp, p, N * E, tc->tol);
+    cmp_f32(g, "lse", dl, lse, N, tc->tol);
+    cmp_i32(g, "topk_idx", dti, ti, N * K);
+    cmp_f32(g, "topk_w", dtw, tw, N * K, tc->tol);
+    cmp_i32(g, "counts", dcnt, cnt, E);
+    cmp_f32(g, "stats", dst, st, E + 2, tc->tol);
+    float *gtw = frand(N * K, -1, 1), *gprob = frand(E, -0.1f, 0.1f), *gz = frand(N * E, -1, 1);
+    float dzc = 0.3f;
+    float *dgtw = dup_dev(g, "dtopk_w", gtw, F(N * K)), *dgp = dup_dev(g, "dprob", gprob, F(E));
+    float *dgz = dup_dev(g, "dlogits", gz, F(N * E));
+    float *dpr = dup_dev(g, "probs_ref", p, F(N * E)), *dlr = dup_dev(g, "lse_ref", lse, F(N));
+    float *dtwr = dup_dev(g, "topk_w_ref", tw, F(N * K));
+    int32_t *dtir = dup_dev(g, "topk_idx_ref", ti, I32(N * K));
+    g->cpu->router_backward(g->cpu, gz, gtw, gprob, dzc, p, lse, ti, tw, N, E, K);
+    g->gpu->router_backward(g->gpu, dgz, dgtw, dgp, dzc, dpr, dlr, dtir, dtwr, N, E, K);
+    check_sync_guards(g, "router_backward");
+    cmp_f32(g, "dlogits", dgz, gz, N * E, tc->tol);
+    /* dprob NULL */
+    g->cpu->router_backward(g->cpu, gz, gtw, NULL, dzc, p, lse, ti, tw, N, E, K);
+    g->gpu->router_backward(g->gpu, dgz, dgtw, NULL, dzc, dpr, dlr, dtir, dtwr, N, E, K);
+    check_sync_guards(g, "router_backward dprob=NULL");
+    cmp_f32(g, "dlogits (dprob 0)", dgz, gz, N * E, tc->tol);
+    free(z), free(p), free(lse), free(tw), free(st), free(ti), free(cnt), free(gtw), free(gprob);
+    free(gz);
+}
+
+/* topk_idx with K distinct experts per token */
+static int32_t *random_topk(int64_t N, int64_t E, int64_t K) {
+    int32_t *ti = xmalloc(I32(N * K));
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            int32_t e;
+            int dup;
+            do {
+                e = (int32_t)rng_int(E);
+                dup = 0;
+                for (int64_t j = 0; j < k; j++)
+                    dup |= ti[n * K + j] == e;
+            } while (dup);
+            ti[n * K + k] = e;
+        }
+    return ti;
+}
+
+static void run_permute(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], C = tc->s[1], E = tc->s[2], K = tc->s[3], M = N * K;
+    int32_t *ti = random_topk(N, E, K);
+    float *x = frand(N * C, -1, 1), *xp = xmalloc(F(M * C));
+    int32_t *rs = xmalloc(I32(M)), *sr = xmalloc(I32(M)), *off = xmalloc(I32(E + 1));
+    g->cpu->permute_forward(g->cpu, xp, rs, sr, off, x, ti, N, C, E, K);
+    float *dx_ = dup_dev(g, "x", x, F(N * C)), *dxp = dup_dev(g, "xp", NULL, F(M * C));
+    int32_t *dti = dup_dev(g, "topk_idx", ti, I32(M)), *drs = dup_dev(g, "row_src", NULL, I32(M));
+    int32_t *dsr = dup_dev(g, "slot_row", NULL, I32(M)),
+            *doff = dup_dev(g, "offsets", NULL, I32(E + 1));
+    g->gpu->permute_forward(g->gpu, dxp, drs, dsr, doff, dx_, dti, N, C, E, K);
+    check_sync_guards(g, "permute_forward");
+    cmp_f32(g, "xp", dxp, xp, M * C, tc->tol);
+    cmp_i32(g, "row_src", drs, rs, M);
+    cmp_i32(g, "slot_row", dsr, sr, M);
+    cmp_i32(g, "offsets", doff, off, E + 1);
+    float *gxp = frand(M * C, -1, 1), *gx = frand(N * C, -1, 1);
+    float *dgxp = dup_dev(g, "dxp", gxp, F(M * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
+    int32_t *dsrr = dup_dev(g, "slot_row_ref", sr, I32(M));
+    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K);
+    g->gpu->permute_backward(g->gpu, dgx, dgxp, dsrr, N, C, K);
+    check_sync_guards(g, "permute_backward");
+    cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
+    /* unpermute with the same routing */
+    float *tw = frand(N * K, 0, 1), *yp = frand(M * C, -1, 1), *y = xmalloc(F(N * C));
+    g->cpu->unpermute_forward(g->cpu, y, yp, tw, sr, N, C, K);
+    float *dtw = dup_dev(g, "topk_w", tw, F(N * K)), *dyp = dup_dev(g, "yp", yp, F(M * C));
+    float *dy = dup_dev(g, "y", NULL, F(N * C));
+    g->gpu->unpermute_forward(g->gpu, dy, dyp, dtw, dsrr, N, C, K);
+    check_sync_guards(g, "unpermute_forward");
+    cmp_f32(g, "unpermute y", dy, y, N * C, tc->tol);
+    float *gy = frand(N * C, -1, 1), *gyp = frand(M * C, -1, 1), *gtw = frand(N * K, -1, 1);
+    float *dgy = dup_dev(g, "dy", gy, F(N * C)), *dgyp = dup_dev(g, "dyp", gyp, F(M * C));
+    float *dgtw = dup_dev(g, "dtopk_w", gtw, F(N * K));
+    g->cpu->unpermute_backward(g->cpu, gyp, gtw, gy, yp, tw, sr, N, C, K);
+    g->gpu->unpermute_backward(g->gpu, dgyp, dgtw, dgy, dyp, dtw, dsrr, N, C, K);
+    check_sync_guards(g, "unpermute_backward");
+    cmp_f32(g, "unpermute dyp", dgyp, gyp, M * C, tc->tol);
+    cmp_f32(g, "unpermute dtopk_w", dgtw, gtw, N * K, tc->tol);
+    free(ti), free(x), free(xp), free(rs), free(sr), free(off), free(gxp), free(gx), free(tw);
+    free(yp), free(y), free(gy), free(gyp), free(gtw);
+}
+
+static void run_grouped(gctx *g, const tcase *tc) {
+    int64_t E = tc->s[0], I = tc->s[1], O = tc->s[2], avg = tc->s[3];
+    int32_t *off = xmalloc(I32(E + 1));
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++) /* expert 1 gets no rows: its weight grad stays as is */
+        off[e + 1] = off[e] + (e == 1 ? 0 : (int32_t)(avg / 2 + rng_int(avg + 1)));
+    int64_t M = off[E];
+    float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *y = xmalloc(F(M * O));
+    g->cpu->grouped_matmul_forward(g->cpu, y, x, w, off, E, I, O, tc->prec);
+    float *dx_ = dup_dev(g, "x", x, F(M * I)), *dw_ = dup_dev(g, "w", w, F(E * O * I));
+    float *dy_ = dup_dev(g, "y", NULL, F(M * O));
+    g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, dw_, off, E, I, O, tc->prec);
+    check_sync_guards(g, "grouped_matmul_forward");
+    cmp_f32(g, "y", dy_, y, M * O, tc->tol);
+    float *gy = frand(M * O, -1, 1), *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
+    float *dgy = dup_dev(g, "dy", gy, F(M * O)), *dgx = dup_dev(g, "dx", gx, F(M * I));
+    float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
+    float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, gy, x, w, off, E, I, O, tc->prec);
+    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, off, E, I, O, tc->prec);
+    check_sync_guards(g, "grouped_matmul_backward");
+    check_changed(g, "dx", gx, gx0, M * I, 0.9);
+    /* expert 1 has no rows: its weight gradient must stay exactly as it was */
+    check_changed(g, "dw", gw, gw0, E * O * I, 0.9 * (double)(E - 1) / (double)E);
+    float *gw1 = down(g, dgw + O * I, F(O * I));
+    CHECK_MSG(memcmp(gw1, gw0 + O * I, F(O * I)) == 0,
+              "%s: the weight gradient of an expert with no rows changed", g->label);
+    free(gw1), free(gx0), free(gw0);
+    cmp_f32(g, "dx", dgx, gx, M * I, tc->tol);
+    cmp_f32(g, "dw", dgw, gw, E * O * I, tc->tol);
+    free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
+}
+
+static void run_swiglu(gctx *g, const tcase *tc) {
+    int64_t n = tc->s[0];
+    float *a = frand(n, -4, 4), *b = frand(n, -2, 2), *o = xmalloc(F(n));
+    g->cpu->swiglu_forward(g->cpu, o, a, b, n, tc->prec);
+    float *da_ = dup_dev(g, "a", a, F(n)), *db_ = dup_dev(g, "b", b, F(n));
+    float *do_ = dup_dev(g, "out", NULL, F(n));
+    g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, tc->prec);
+    check_sync_guards(g, "swiglu_forward");
+    cmp_f32(g, "out", do_, o, n, tc->tol);
+    float *gy = frand(n, -1, 1), *ga = frand(n, -1, 1), *gb = frand(n, -1, 1);
+    float *dgy = dup_dev(g, "dout", gy, F(n)), *dga = dup_dev(g, "da", ga, F(n));
+    float *dgb = dup_dev(g, "db", gb, F(n));
+    g->cpu->swiglu_backward(g->cpu, ga, gb, gy, a, b, n);
+    g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n);
+    check_sync_guards(g, "swiglu_backward");
+    cmp_f32(g, "da", dga, ga, n, tc->tol);
+    cmp_f32(g, "db", dgb, gb, n, tc->tol);
+    free(a), free(b), free(o), free(gy), free(ga), free(gb);
+}
+
+static void run_xent(gctx *g, const tcase *tc) {
+    int64_t N = tc->s[0], V = tc->s[1];
+    int use_w = tc->s[2] != 0;
+    float *z = frand(N * V, -5, 5), *w = use_w ? frand(N, 0, 2) : NULL;
+    int32_t *t = xmalloc(I32(N));
+    for (int64_t i = 0; i < N; i++)
+        t[i] = rng_int(7) == 0 ? -1 : (int32_t)rng_int(V);
+    float *loss = xmalloc(F(N)), *lse = xmalloc(F(N));
+    g->cpu->cross_entropy_forward(g->cpu, loss, lse, z, t, w, N, V);
+    float *dz_ = dup_dev(g, "logits", z, F(N * V)),
+          *dw_ = use_w ? dup_dev(g, "weights", w, F(N)) : NULL;
+    int32_t *dt = dup_dev(g, "targets", t, I32(N));
+    float *dloss = dup_dev(g, "loss", NULL, F(N)), *dlse = dup_dev(g, "lse", NULL, F(N));
+    g->gpu->cross_entropy_forward(g->gpu, dloss, dlse, dz_, dt, dw_, N, V);
+    check_sync_guards(g, "cross_entropy_forward");
+    cmp_f32(g, "loss", dloss, loss, N, tc->tol);
+    cmp_f32(g, "lse", dlse, lse, N, tc->tol);
+    float dl = 0.7f;
+    float *gz = xmalloc(F(N * V));
+    g->cpu->cross_entropy_backward(g->cpu, gz, z, lse, t, w, dl, N, V);
+    float *dlr = dup_dev(g, "lse_ref", lse, F(N)), *dgz = dup_dev(g, "dlogits", NULL, F(N * V));
+    g->gpu->cross_entropy_backward(g->gpu, dgz, dz_, dlr, dt, dw_, dl, N, V);
+    check_sync_guards(g, "cross_entropy_backward");
+    cmp_f32(g, "dlogits", dgz, gz, N * V, tc->tol);
+    /* in place: dlogits aliases logits */
+    g->gpu->cross_entropy_backward(g->gpu, dz_, dz_, dlr, dt, dw_, dl, N, V);
+    check_sync_guards(g, "cross_entropy_backward in place");
+    cmp_f32(g, "dlogits in place", dz_, gz, N * V, tc->tol);
+    free(z), free(w), free(t), free(loss), free(lse), free(gz);
+}
+
+static void run_add(gctx *g, const tcase *tc) {
+    int64_t n = tc->s[0];
+    float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *o = xmalloc(F(n));
+    g->cpu->add(g->cpu, o, a, b, n);
+    float *da_ = dup_dev(g, "a", a, F(n)), *db_ = dup_dev(g, "b", b, F(n));
+    float *do_ = dup_dev(g, "out", NULL, F(n));
+    g->gpu->add(g->gpu, do_, da_, db_, n);
+    check_sync_guards(g, "add");
+    cmp_f32(g, "out", do_, o, n, tc->tol);
+    g->gpu->add(g->gpu, da_, da_, db_, n); /* out aliases a (a residual add) */
+    check_sync_guards(g, "add in place");
+    cmp_f32(g, "out (aliased)", da_, o, n, tc->tol);
+    free(a), free(b), free(o);
+}
+
+static void run_adamw(gctx *g, const tcase *tc) {
+    int64_t n = tc->s[0];
+    float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
+    float *v = frand(n, 0, 0.01f);
+    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
+    float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
+    for (int64_t step = 1; step <= 3; step++) {
+        g->cpu->adamw(g->cpu, p, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+    }
+    check_sync_guards(g, "adamw");
+    cmp_f32(g, "param", dp, p, n, tc->tol);
+    cmp_f32(g, "m", dm, m, n, tc->tol);
+    cmp_f32(g, "v", dv, v, n, tc->tol);
+    free(p), free(gr), free(m), free(v);
+}
+
+static void run_sum_squares(gctx *g, const tcase *tc) {
+    int64_t n = tc->s[0];
+    float *x = frand(n, -3, 3);
+    float *dx_ = dup_dev(g, "x", x, F(n));
+    double c = g->cpu->sum_squares(g->cpu, x, n), d = g->gpu->sum_squares(g->gpu, dx_, n);
+    double d2 = g->gpu->sum_squares(g->gpu, dx_, n);
+    check_sync_guards(g, "sum_squares");
+    double rel = fabs(d - c) / c;
+    printf("  %-28s %-16s n=%-9lld rel.err=%.3e tol=%.0e repeat=%s %s\n", g->label, "sum",
+           (long long)n, rel, tc->tol, d == d2 ? "identical" : "DIFFERS",
+           rel <= tc->tol && d == d2 ? "ok" : "FAIL");
+    CHECK_MSG(rel <= tc->tol, "%s: sum of squares %.17g vs cpu %.17g", g->label, d, c);
+    CHECK_MSG(d == d2, "%s: two runs differ: %.17g vs %.17g (not deterministic)", g->label, d, d2);
+    free(x);
+}
+
+static runner_fn runner_for(moe_op op) {
+    switch (op) {
+    case MOE_OP_EMBEDDING:
+        return run_embedding;
+    case MOE_OP_RMSNORM:
+        return run_rmsnorm;
+    case MOE_OP_ROPE:
+        return run_rope;
+    case MOE_OP_ATTENTION:
+        return run_attention;
+    case MOE_OP_MATMUL:
+        return run_matmul;
+    case MOE_OP_ROUTER:
+        return run_router;
+    case MOE_OP_PERMUTE:
+        return run_permute; /* also runs unpermute with the same routing */
+    case MOE_OP_UNPERMUTE:
+        return run_permute;
+    case MOE_OP_GROUPED_MATMUL:
+        return run_grouped;
+    case MOE_OP_SWIGLU:
+        return run_swiglu;
+    case MOE_OP_CROSS_ENTROPY:
+        return run_xent;
+    case MOE_OP_ADD:
+        return run_add;
+    case MOE_OP_ADAMW:
+        return run_adamw;
+    case MOE_OP_SUM_SQUARES:
+        return run_sum_squares;
+    default:
+        return NULL;
+    }
+}
+
+#define FP32 MOE_RECIPE_FP32
+#define BF16 MOE_RECIPE_BF16
+
+/* Tolerances: fp32 ops differ only in libm ulps and summation order (measured <= 2e-13);
+ * bf16 outputs can round the other way at a boundary (measured <= 1.5e-9, attention's
+ * bf16 probabilities and score gradients included: <= 8e-9 on an H200, 2026-11-29). */
+static const tcase k_cases[] = {
+    {"embedding N1000 C256 V300", MOE_OP_EMBEDDING, {1000, 256, 300}, FP32, 1e-12},
+    {"embedding N4000 C128 V5 (DNA)", MOE_OP_EMBEDDING, {4000, 128, 5}, FP32, 1e-12},
+    {"embedding N500 C64 V3000", MOE_OP_EMBEDDING, {500, 64, 3000}, FP32, 1e-12},
+    {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10},
+    {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6},
+    {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10},
+    {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10},
+    {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6},
+    {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6},
+    {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 1e-6},
+    {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 1e-6},
+    {"attn fp32 B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64}, FP32, 1e-10},
+    {"attn fp32 B1 T70 H3 KV1 D40", MOE_OP_ATTENTION, {1, 70, 3, 1, 40}, FP32, 1e-10},
+    {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 1e-6},
+    {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 1e-6},
+    {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10},
+    {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6},
+    {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6},
+    {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10},
+    {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10},
+    {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12},
+    {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12},
+    {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10},
+    {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6},
+    {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6},
+    {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10},
+    {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6},
+    {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10},
+    {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10},
+    {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0},
+    {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10},
+    {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12},
+};
+enum { NCASES = sizeof k_cases / sizeof k_cases[0] };
+
+/* ------------------------------------------------------------------------------------------
+ * perf mode: GPU only, large shapes, median of timed repetitions after a warm-up */
+
+typedef struct pcase {
+    const char *name;
+    moe_op op;
+    int dir; /* 0 forward, 1 backward */
+    int64_t s[6];
+} pcase;
+
+static const pcase k_perf[] = {
+    {"matmul bf16 N8192 I4096 O4096", MOE_OP_MATMUL, 0, {8192, 4096, 4096}},
+    {"matmul bf16 N8192 I4096 O4096", MOE_OP_MATMUL, 1, {8192, 4096, 4096}},
+    {"matmul bf16 N16384 I2048 O256 (lm_head)", MOE_OP_MATMUL, 0, {16384, 2048, 256}},
+    {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048}},
+    {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048}},
+    {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128}},
+    {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
+    {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
+    {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 1, {4, 2048, 16, 8, 64}},
+    {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 0, {16384, 4096}},
+    {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 1, {16384, 4096}},
+    {"swiglu n=16384*8192", MOE_OP_SWIGLU, 0, {16384LL * 8192}},
+    {"xent N16384 V256", MOE_OP_CROSS_ENTROPY, 0, {16384, 256}},
+    {"router N16384 E8 K2", MOE_OP_ROUTER, 0, {16384, 8, 2}},
+    {"permute N16384 C4096 E8 K2", MOE_OP_PERMUTE, 0, {16384, 4096, 8, 2}},
+    {"embedding bwd N16384 C4096 V256", MOE_OP_EMBEDDING, 1, {16384, 4096, 256}},
+    {"adamw n=256M", MOE_OP_ADAMW, 0, {256LL << 20}},
+    {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
+};
+enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
+
+/* a device buffer of n random floats in [-1, 1] (a 1M-value block repeated) */
+static float *perf_buf(gctx *g, int64_t n) {
+    const int64_t blk = 1 << 20;
+    if (!g->perf_src) g->perf_src = frand(blk, -1, 1);
+    const float *src = g->perf_src;
+    float *d = g->gpu->alloc(g->gpu, F(n));
+    if (!d) {
+        fprintf(stderr, "perf: device allocation of %lld floats failed\n", (long long)n);
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i += blk)
+        g->gpu->memcpy_h2d(g->gpu, d + i, src, F(n - i < blk ? n - i : blk));
+    g->bufs[g->nbufs].base = (unsigned char *)d, g->bufs[g->nbufs].bytes = F(n);
+    g->bufs[g->nbufs++].name = "perf";
+    return d;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void run_perf(gctx *g, const pcase *pc) {
+    const moe_backend *be = g->gpu;
+    const int64_t *s = pc->s;
+    double flops = 0.0, bytes = 0.0;
+    g->nbufs = 0;
+    /* the op under test, as a closure over the buffers below */
+    float *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL, *h = NULL, *k = NULL;
+    int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
+    int64_t M = 0;
+    switch (pc->op) {
+    case MOE_OP_MATMUL:
+        a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[2] * s[1]), c = perf_buf(g, s[0] * s[2]);
+        if (pc->dir) d = perf_buf(g, s[0] * s[1]), e = perf_buf(g, s[2] * s[1]);
+        flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
+        break;
+    case MOE_OP_GROUPED_MATMUL:
+        off = xmalloc(I32(s[0] + 1));
+        for (int64_t i = 0; i <= s[0]; i++)
+            off[i] = (int32_t)(i * s[3]);
+        M = off[s[0]];
+        a = perf_buf(g, M * s[1]), b = perf_buf(g, s[0] * s[2] * s[1]), c = perf_buf(g, M * s[2]);
+        if (pc->dir) d = perf_buf(g, M * s[1]), e = perf_buf(g, s[0] * s[2] * s[1]);
+        flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
+        break;
+    case MOE_OP_ATTENTION: {
+        int64_t nq = s[0] * s[1] * s[2] * s[4], nk = s[0] * s[1] * s[3] * s[4];
+        a = perf_buf(g, nq), b = perf_buf(g, nk), c = perf_buf(g, nk), d = perf_buf(g, nq);
+        e = perf_buf(g, s[0] * s[2] * s[1]);
+        if (pc->dir) {
+            f = perf_buf(g, nq), h = perf_buf(g, nk), k = perf_buf(g, nk);
+            be->attention_forward(be, d, e, a, b, c, s[0], s[1], s[2], s[3], s[4], BF16);
+        }
+        flops = 2.0 * (double)s[0] * s[2] * s[1] * s[1] * s[4] * (pc->dir ? 2.5 : 1.0);
+        break;
+    }
+    case MOE_OP_RMSNORM:
+        a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[1]), c = perf_buf(g, s[0] * s[1]);
+        d = perf_buf(g, s[0]), e = perf_buf(g, s[0] * s[1]);
+        be->rmsnorm_forward(be, c, d, a, b, s[0], s[1], 1e-5f, BF16);
+        bytes = (pc->dir ? 4.0 : 2.0) * 4.0 * (double)s[0] * s[1];
+        break;
+    case MOE_OP_SWIGLU:
+        a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
+        bytes = 12.0 * (double)s[0];
+        break;
+    case MOE_OP_CROSS_ENTROPY: {
+        a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
+        int32_t *t = xmalloc(I32(s[0]));
+        for (int64_t i = 0; i < s[0]; i++)
+            t[i] = (int32_t)rng_int(s[1]);
+        ia = dup_dev(g, "targets", t, I32(s[0]));
+        free(t);
+        bytes = 4.0 * (double)s[0] * s[1];
+        break;
+    }
+    case MOE_OP_ROUTER: {
+        float *z = router_logits(s[0], s[1]);
+        a = dup_dev(g, "logits", z, F(s[0] * s[1]));
+        free(z);
+        b = perf_buf(g, s[0] * s[1]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0] * s[2]);
+        e = perf_buf(g, s[1] + 2);
+        ia = (int32_t *)perf_buf(g, s[0] * s[2]), ib = (int32_t *)perf_buf(g, s[1]);
+        bytes = 8.0 * (double)s[0] * s[1];
+        break;
+    }
+    case MOE_OP_PERMUTE: {
+        int32_t *ti = random_topk(s[0], s[2], s[3]);
+        ia = dup_dev(g, "topk", ti, I32(s[0] * s[3]));
+        free(ti);
+        a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0] * s[3] * s[1]);
+        ib = (int32_t *)perf_buf(g, s[0] * s[3]), ic = (int32_t *)perf_buf(g, s[0] * s[3]);
+        id = (int32_t *)perf_buf(g, s[2] + 1);
+        bytes = 4.0 * (double)s[0] * s[1] * (1 + s[3]);
+        break;
+    }
+    case MOE_OP_EMBEDDING: {
+        int32_t *t = xmalloc(I32(s[0]));
+        for (int64_t i = 0; i < s[0]; i++)
+            t[i] = (int32_t)rng_int(s[2]);
+        ia = dup_dev(g, "tokens", t, I32(s[0]));
+        free(t);
+        a = perf_buf(g, s[2] * s[1]), b = perf_buf(g, s[0] * s[1]);
+        bytes = 4.0 * (double)s[0] * s[1] * 3;
+        break;
+    }
+    case MOE_OP_ADAMW:
+        a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
+        bytes = 28.0 * (double)s[0];
+        break;
+    case MOE_OP_SUM_SQUARES:
+        a = perf_buf(g, s[0]);
+        bytes = 4.0 * (double)s[0];
+        break;
+    default:
+        return;
+    }
+    double times[7];
+    int reps = 7, iters = 3;
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up (plans, scratch, module load) */
+        moe_err err;
+        moe_err_clear(&err);
+        be->synchronize(be, &err);
+        double t0 = now_s();
+        for (int it = 0; it < iters; it++) {
+            switch (pc->op) {
+            case MOE_OP_MATMUL:
+                if (pc->dir)
+                    be->matmul_backward(be, d, e, c, a, b, s[0], s[1], s[2], BF16);
+                else
+                    be->matmul_forward(be, c, a, b, s[0], s[1], s[2], BF16);
+                break;
+            case MOE_OP_GROUPED_MATMUL:
+                if (pc->dir)
+                    be->grouped_matmul_backward(be, d, e, c, a, b, off, s[0], s[1], s[2], BF16);
+                else
+                    be->grouped_matmul_forward(be, c, a, b, off, s[0], s[1], s[2], BF16);
+                break;
+            case MOE_OP_ATTENTION:
+                if (pc->dir)
+                    be->attention_backward(be, f, h, k, d, a, b, c, d, e, s[0], s[1], s[2], s[3],
+                                           s[4], BF16);
+                else
+                    be->attention_forward(be, d, e, a, b, c, s[0], s[1], s[2], s[3], s[4], BF16);
+                break;
+            case MOE_OP_RMSNORM:
+                if (pc->dir)
+                    be->rmsnorm_backward(be, e, b, c, a, b, d, s[0], s[1]);
+                else
+                    be->rmsnorm_forward(be, c, d, a, b, s[0], s[1], 1e-5f, BF16);
+                break;
+            case MOE_OP_SWIGLU:
+                be->swiglu_forward(be, c, a, b, s[0], BF16);
+                break;
+            case MOE_OP_CROSS_ENTROPY:
+                be->cross_entropy_forward(be, b, c, a, ia, NULL, s[0], s[1]);
+                break;
+            case MOE_OP_ROUTER:
+                be->router_forward(be, b, c, ia, d, ib, e, a, s[0], s[1], s[2]);
+                break;
+            case MOE_OP_PERMUTE:
+                be->permute_forward(be, b, ib, ic, id, a, ia, s[0], s[1], s[2], s[3]);
+                break;
+            case MOE_OP_EMBEDDING:
+                be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
+                break;
+            case MOE_OP_ADAMW:
+                be->adamw(be, a, b, c, d, s[0], 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, 1.0f);
+                break;
+            case MOE_OP_SUM_SQUARES:
+                (void)be->sum_squares(be, a, s[0]);
+                break;
+            default:
+                break;
+            }
+        }
+        if (be->synchronize(be, &err) != MOE_OK) {
+            moe_err_print(&err, "test_backend_ops --perf", stderr);
+            exit(1);
+        }
+        if (r >= 0) times[r] = (now_s() - t0) / iters;
+    }
+    qsort(times, (size_t)reps, sizeof times[0], cmp_double);
+    double med = times[reps / 2];
+    if (flops > 0)
+        printf("  %-44s %-3s %9.3f ms  %8.1f TFLOP/s\n", pc->name, pc->dir ? "bwd" : "fwd",
+               med * 1e3, flops / med * 1e-12);
+    else
+        printf("  %-44s %-3s %9.3f ms  %8.1f GB/s\n", pc->name, pc->dir ? "bwd" : "fwd", med * 1e3,
+               bytes / med * 1e-9);
+    fflush(stdout);
+    for (int i = 0; i < g->nbufs; i++)
+        be->free(be, g->bufs[i].base);
+    g->nbufs = 0;
+    free(off);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+    int perf = 0;
+    const char *only = NULL;
+    uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--perf"))
+            perf = 1;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--perf] [--seed N] [--only SUBSTRING]\n", argv[0]);
+            return 2;
+        }
+    }
+    moe_err err;
+    moe_err_clear(&err);
+    if (moe_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    gctx g;
+    memset(&g, 0, sizeof g);
+    g.cpu = moe_backend_cpu();
+    g.gpu = moe_backend_cuda(&err);
+    if (!g.gpu) {
+        moe_err_print(&err, "test_backend_ops", stderr);
+        printf("skipped: the CUDA backend could not start\n");
+        return 77;
+    }
+    g_rng = seed;
+    printf("test_backend_ops: seed %llu (replay with --seed %llu)\n", (unsigned long long)seed,
+           (unsigned long long)seed);
+    if (perf) {
+        for (int i = 0; i < NPERF; i++)
+            if (!only || strstr(k_perf[i].name, only)) run_perf(&g, &k_perf[i]);
+    } else {
+        int failed_cases = 0, run = 0;
+        for (int i = 0; i < NCASES; i++) {
+            const tcase *tc = &k_cases[i];
+            if (only && !strstr(tc->name, only)) continue;
+            g.label = tc->name;
+            g.fails = 0;
+            if (!g.gpu->supports(g.gpu, tc->op, tc->prec)) {
+                printf("  %-28s not supported by the CUDA backend: FAIL\n", tc->name);
+                CHECK_MSG(0, "%s: cuda backend does not support %s", tc->name, moe_op_name(tc->op));
+                continue;
+            }
+            runner_for(tc->op)(&g, tc);
+            free_bufs(&g);
+            run++;
+            failed_cases += g.fails > 0;
+        }
+        printf("test_backend_ops: %d cases, %d failed, worst nmse %.3e, seed %llu\n", run,
+               failed_cases, g_worst_nmse, (unsigned long long)seed);
+    }
+    moe_backend_cuda_free(g.gpu);
+    free(g.perf_src);
+    return test_summary("test_backend_ops");
+}

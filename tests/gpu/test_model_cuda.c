@@ -1,0 +1,255 @@
+/* test_model_cuda: the whole MoE model on the CUDA backend against the CPU backend, both
+ * under the bf16 recipe (the CPU emulates the GPU's bf16 operand rounding).
+ *
+ * Same configuration, same initial weights (made once on the CPU and copied), same batch:
+ * the losses (total, CE, aux, z) of one forward, every parameter gradient of one backward
+ * (normalised mean squared error per tensor and over all), the final hidden states, and the
+ * loss curve of 8 AdamW steps run with each backend's own adamw must agree (and, under the
+ * fp32 recipe, one step's loss and gradients to fp32 noise); repeating a
+ * step on the GPU must give bit-identical loss and gradients (no float atomics anywhere).
+ * Differences come only from summation order and the bf16 rounding-boundary flips it causes, which
+ * compound through the layers: measured on an H200 (2026-11-29), the loss agrees to 2e-5 relative,
+ * gradients to NMSE 2e-5..7e-5 per tensor, and the 8-step curve (which overfits one batch,
+ * 4.55 -> 0.33) to 0.5%. The tolerances sit about 10x above that; an indexing or formula
+ * error in any op shows up as NMSE >= 1e-2 in the tensors it touches. Exits 77 without a
+ * CUDA device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/backend_cuda.h"
+#include "moe/model.h"
+#include "testlib.h"
+
+enum { B = 2, T = 96, STEPS = 8 };
+
+static moe_model_config config(void) {
+    moe_model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 64;
+    c.hidden_size = 256;
+    c.intermediate_size = 192;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4; /* head dim 64 */
+    c.num_key_value_heads = 2;
+    c.num_local_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.max_position_embeddings = 128;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-5;
+    c.router_aux_loss_coef = 0.02;
+    c.router_z_loss_coef = 0.001;
+    c.initializer_range = 0.05; /* spreads router logits: no near-ties in top-k */
+    c.tie_word_embeddings = 0;
+    return c;
+}
+
+static double nmse(const float *a, const float *ref, int64_t n) {
+    double num = 0.0, den = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)a[i] - ref[i];
+        if (isnan(a[i])) return INFINITY;
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? num / den : num;
+}
+
+static int close_rel(double a, double b, double tol) {
+    return fabs(a - b) <= tol * fmax(fabs(b), 1e-6);
+}
+
+/* fp32 recipe on both backends: the same function up to summation order, so the loss and
+ * every gradient agree to fp32 rounding noise (measured tolerances in the banner). */
+static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe_model_config *cfg,
+                       const int32_t *tokens, const int32_t *targets) {
+    moe_err err;
+    moe_err_clear(&err);
+    moe_model mc, mg;
+    memset(&mc, 0, sizeof mc);
+    memset(&mg, 0, sizeof mg);
+    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, cpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, gpu, B, T, &err) == MOE_OK);
+    if (err.status != MOE_OK) {
+        moe_err_print(&err, "test_model_cuda", stderr);
+        moe_model_free(&mc);
+        moe_model_free(&mg);
+        return;
+    }
+    int64_t n = mc.n_elems;
+    float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
+    moe_model_init_weights(&mc, 77);
+    moe_model_copy_params_to_host(&mc, a);
+    moe_model_copy_params_from_host(&mg, a);
+    moe_step_stats sc, sg;
+    moe_model_zero_grad(&mc);
+    moe_model_zero_grad(&mg);
+    CHECK(moe_model_forward(&mc, tokens, targets, NULL, B, T, &sc, &err) == MOE_OK);
+    CHECK(moe_model_forward(&mg, tokens, targets, NULL, B, T, &sg, &err) == MOE_OK);
+    CHECK(moe_model_backward(&mc, 1.0f, &err) == MOE_OK);
+    CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
+    moe_model_copy_grads_to_host(&mc, a);
+    moe_model_copy_grads_to_host(&mg, b);
+    double worst = 0.0;
+    const char *wname = "";
+    for (int i = 0; i < mc.n_params; i++) {
+        double e = nmse(b + mc.params[i].offset, a + mc.params[i].offset, mc.params[i].numel);
+        if (e > worst) worst = e, wname = mc.params[i].name;
+    }
+    printf("fp32 recipe: loss cpu %.9f gpu %.9f (rel %.2e); gradients worst nmse %.3e (%s), "
+           "all %.3e\n",
+           sc.loss, sg.loss, fabs(sg.loss - sc.loss) / sc.loss, worst, wname, nmse(b, a, n));
+    CHECK_MSG(close_rel(sg.loss, sc.loss, 1e-5), "fp32 loss %.9g vs %.9g", sg.loss, sc.loss);
+    CHECK_MSG(worst <= 1e-8, "fp32 gradient of %s: nmse %.3e > 1e-8", wname, worst);
+    free(a), free(b);
+    moe_model_free(&mc);
+    moe_model_free(&mg);
+}
+
+int main(void) {
+    if (moe_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    moe_err err;
+    moe_err_clear(&err);
+    const moe_backend *gpu = moe_backend_cuda(&err), *cpu = moe_backend_cpu();
+    if (!gpu) {
+        moe_err_print(&err, "test_model_cuda", stderr);
+        printf("skipped: the CUDA backend could not start\n");
+        return 77;
+    }
+    moe_model_config cfg = config();
+    moe_model mc, mg;
+    memset(&mc, 0, sizeof mc);
+    memset(&mg, 0, sizeof mg);
+    CHECK(moe_model_create(&mc, &cfg, MOE_RECIPE_BF16, cpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mg, &cfg, MOE_RECIPE_BF16, gpu, B, T, &err) == MOE_OK);
+    if (err.status != MOE_OK) {
+        moe_err_print(&err, "test_model_cuda", stderr);
+        return test_summary("test_model_cuda");
+    }
+    int64_t n = mc.n_elems;
+    CHECK_INT_EQ(mg.n_elems, n);
+    moe_model_init_weights(&mc, 2024);
+    float *host = malloc((size_t)n * sizeof(float)), *hg = malloc((size_t)n * sizeof(float));
+    moe_model_copy_params_to_host(&mc, host);
+    moe_model_copy_params_from_host(&mg, host);
+
+    int32_t tokens[B * T], targets[B * T];
+    uint64_t s = 12345;
+    for (int i = 0; i < B * T; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tokens[i] = (int32_t)((s >> 33) % (uint64_t)cfg.vocab_size);
+    }
+    for (int i = 0; i < B * T; i++)
+        targets[i] = (i % T == T - 1) ? -1 : tokens[i + 1];
+
+    check_fp32(cpu, gpu, &cfg, tokens, targets);
+
+    /* ---- bf16: one forward + backward ---- */
+    moe_step_stats sc, sg;
+    moe_model_zero_grad(&mc);
+    moe_model_zero_grad(&mg);
+    CHECK(moe_model_forward(&mc, tokens, targets, NULL, B, T, &sc, &err) == MOE_OK);
+    CHECK(moe_model_forward(&mg, tokens, targets, NULL, B, T, &sg, &err) == MOE_OK);
+    printf("loss   cpu %.7f gpu %.7f\nce     cpu %.7f gpu %.7f\naux    cpu %.7f gpu %.7f\n"
+           "z      cpu %.7f gpu %.7f\nentropy cpu %.7f gpu %.7f\n",
+           sc.loss, sg.loss, sc.ce_loss, sg.ce_loss, sc.aux_loss, sg.aux_loss, sc.z_loss, sg.z_loss,
+           sc.router_entropy, sg.router_entropy);
+    CHECK_MSG(close_rel(sg.loss, sc.loss, 1e-3), "loss %.9g vs cpu %.9g", sg.loss, sc.loss);
+    CHECK_MSG(close_rel(sg.ce_loss, sc.ce_loss, 1e-3), "ce %.9g vs %.9g", sg.ce_loss, sc.ce_loss);
+    CHECK_MSG(close_rel(sg.aux_loss, sc.aux_loss, 1e-3), "aux %.9g vs %.9g", sg.aux_loss,
+              sc.aux_loss);
+    CHECK_MSG(close_rel(sg.z_loss, sc.z_loss, 1e-3), "z %.9g vs %.9g", sg.z_loss, sc.z_loss);
+    int64_t nexp = cfg.num_hidden_layers * cfg.num_local_experts, route_diff = 0;
+    for (int64_t i = 0; i < nexp; i++)
+        route_diff += sc.expert_tokens[i] != sg.expert_tokens[i];
+    printf("expert token counts differing: %lld of %lld\n", (long long)route_diff, (long long)nexp);
+    CHECK_MSG(route_diff == 0, "routing differs between cpu and gpu");
+
+    CHECK(moe_model_backward(&mc, 1.0f, &err) == MOE_OK);
+    CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
+    moe_model_copy_grads_to_host(&mc, host);
+    moe_model_copy_grads_to_host(&mg, hg);
+    double worst = 0.0;
+    for (int i = 0; i < mc.n_params; i++) {
+        const moe_param *p = &mc.params[i];
+        double e = nmse(hg + p->offset, host + p->offset, p->numel);
+        if (e > worst) worst = e;
+        if (i < 12 || e > 1e-4) printf("  grad %-52s nmse %.3e\n", p->name, e);
+        CHECK_MSG(e <= 1e-3, "grad of %s: nmse %.3e > 1e-3", p->name, e);
+    }
+    double all = nmse(hg, host, n);
+    printf("gradients: %d tensors, worst nmse %.3e, all params nmse %.3e\n", mc.n_params, worst,
+           all);
+    CHECK_MSG(all <= 3e-4, "all gradients: nmse %.3e", all);
+
+    /* ---- determinism: the same step again on the GPU gives bit-identical results ---- */
+    moe_step_stats sg2;
+    moe_model_zero_grad(&mg);
+    CHECK(moe_model_forward(&mg, tokens, targets, NULL, B, T, &sg2, &err) == MOE_OK);
+    CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
+    float *hg2 = malloc((size_t)n * sizeof(float));
+    moe_model_copy_grads_to_host(&mg, hg2);
+    int same = memcmp(&sg2.loss, &sg.loss, sizeof sg.loss) == 0 &&
+               memcmp(hg2, hg, (size_t)n * sizeof(float)) == 0;
+    printf("repeat of the step on the GPU: %s\n", same ? "bit-identical" : "DIFFERS");
+    CHECK_MSG(same, "two identical GPU steps differ (loss %.17g vs %.17g)", sg2.loss, sg.loss);
+    free(hg2);
+
+    /* ---- hidden states ---- */
+    int64_t nh = (int64_t)B * T * cfg.hidden_size;
+    float *hc = malloc((size_t)nh * sizeof(float)), *hgg = malloc((size_t)nh * sizeof(float));
+    CHECK(moe_model_hidden(&mc, tokens, B, T, (int)cfg.num_hidden_layers, hc, &err) == MOE_OK);
+    CHECK(moe_model_hidden(&mg, tokens, B, T, (int)cfg.num_hidden_layers, hgg, &err) == MOE_OK);
+    double eh = nmse(hgg, hc, nh);
+    printf("final hidden states nmse %.3e\n", eh);
+    CHECK_MSG(eh <= 3e-4, "hidden states nmse %.3e", eh);
+
+    /* ---- a short training run, each backend with its own AdamW ---- */
+    float *mcm = cpu->alloc(cpu, (size_t)n * 4), *mcv = cpu->alloc(cpu, (size_t)n * 4);
+    float *mgm = gpu->alloc(gpu, (size_t)n * 4), *mgv = gpu->alloc(gpu, (size_t)n * 4);
+    double lc[STEPS], lg[STEPS];
+    for (int step = 1; step <= STEPS; step++) {
+        moe_model_zero_grad(&mc);
+        moe_model_zero_grad(&mg);
+        CHECK(moe_model_forward(&mc, tokens, targets, NULL, B, T, &sc, &err) == MOE_OK);
+        CHECK(moe_model_forward(&mg, tokens, targets, NULL, B, T, &sg, &err) == MOE_OK);
+        CHECK(moe_model_backward(&mc, 1.0f, &err) == MOE_OK);
+        CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
+        double gc = cpu->sum_squares(cpu, mc.grad_mem, n),
+               gg = gpu->sum_squares(gpu, mg.grad_mem, n);
+        cpu->adamw(cpu, mc.param_mem, mc.grad_mem, mcm, mcv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                   step, 1.0f);
+        gpu->adamw(gpu, mg.param_mem, mg.grad_mem, mgm, mgv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                   step, 1.0f);
+        lc[step - 1] = sc.loss;
+        lg[step - 1] = sg.loss;
+        printf("step %d  loss cpu %.6f gpu %.6f  |grad| cpu %.6f gpu %.6f\n", step, sc.loss,
+               sg.loss, sqrt(gc), sqrt(gg));
+        CHECK_MSG(close_rel(sqrt(gg), sqrt(gc), 1e-1), "step %d grad norm %.6g vs %.6g", step,
+                  sqrt(gg), sqrt(gc));
+    }
+    CHECK(gpu->synchronize(gpu, &err) == MOE_OK);
+    for (int i = 0; i < STEPS; i++)
+        CHECK_MSG(close_rel(lg[i], lc[i], 5e-2), "step %d loss %.9g vs cpu %.9g", i + 1, lg[i],
+                  lc[i]);
+    CHECK_MSG(lg[STEPS - 1] < lg[0], "gpu loss did not decrease: %.6g -> %.6g", lg[0],
+              lg[STEPS - 1]);
+    moe_model_copy_params_to_host(&mc, host);
+    moe_model_copy_params_to_host(&mg, hg);
+    double ep = nmse(hg, host, n);
+    printf("parameters after %d AdamW steps: nmse %.3e\n", STEPS, ep);
+    CHECK_MSG(ep <= 1e-3, "parameters after training nmse %.3e", ep);
+
+    if (err.status != MOE_OK) moe_err_print(&err, "test_model_cuda", stderr);
+    cpu->free(cpu, mcm), cpu->free(cpu, mcv), gpu->free(gpu, mgm), gpu->free(gpu, mgv);
+    free(host), free(hg), free(hc), free(hgg);
+    moe_model_free(&mc);
+    moe_model_free(&mg);
+    moe_backend_cuda_free(gpu);
+    return test_summary("test_model_cuda");
+}

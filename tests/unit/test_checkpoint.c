@@ -1,0 +1,156 @@
+/* test_checkpoint: checkpoint directories appear atomically with a MANIFEST that load
+ * verifies: a flipped byte, a truncated or missing file is refused naming the file; `latest`
+ * follows the newest checkpoint; only the newest `keep` survive; stale temporary directories
+ * of a crashed writer are replaced. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "moe/checkpoint.h"
+#include "moe/fileio.h"
+#include "testlib.h"
+
+static void write_text(const char *path, const char *text) {
+    FILE *fp = fopen(path, "wb");
+    if (!fp) return;
+    fputs(text, fp);
+    fclose(fp);
+}
+
+/* Writes a checkpoint of `step` with two files into run. */
+static moe_status save(const char *run, int64_t step, int64_t keep, moe_err *err) {
+    moe_ckpt_writer w;
+    moe_status st = moe_ckpt_begin(&w, run, step, err);
+    if (st != MOE_OK) return st;
+    char p[4096], body[64];
+    snprintf(body, sizeof body, "{\"step\": %lld}\n", (long long)step);
+    write_text(moe_ckpt_path(&w, "trainer_state.json", p, sizeof p), body);
+    write_text(moe_ckpt_path(&w, "model.safetensors", p, sizeof p), "0123456789abcdef");
+    return moe_ckpt_commit(&w, keep, err);
+}
+
+static void flip_byte(const char *path, long off) {
+    FILE *fp = fopen(path, "r+b");
+    if (!fp) return;
+    fseek(fp, off, SEEK_SET);
+    int c = fgetc(fp);
+    fseek(fp, off, SEEK_SET);
+    fputc(c ^ 0x01, fp);
+    fclose(fp);
+}
+
+int main(void) {
+    moe_err err;
+    moe_err_clear(&err);
+    moe_remove_tree("run", &err);
+
+    char name[64];
+    moe_ckpt_dir_name(42, name, sizeof name);
+    CHECK(strcmp(name, "ckpt-00000042") == 0);
+    CHECK_INT_EQ(moe_ckpt_step_of("run/ckpt-00000042"), 42);
+    CHECK_INT_EQ(moe_ckpt_step_of("run/ckpt-00000042/"), 42);
+    CHECK_INT_EQ(moe_ckpt_step_of("run/ckpt-12x"), -1);
+    CHECK_INT_EQ(moe_ckpt_step_of("latest"), -1);
+
+    /* No checkpoint yet. */
+    char latest[4096];
+    int found = 1;
+    CHECK(moe_ckpt_latest("run", latest, sizeof latest, &found, &err) == MOE_OK);
+    CHECK_INT_EQ(found, 0);
+
+    /* A stale temporary directory from a crash must not survive or be taken as a checkpoint. */
+    CHECK(moe_mkdirs("run/.ckpt-00000010.tmp", &err) == MOE_OK);
+    write_text("run/.ckpt-00000010.tmp/junk", "x");
+
+    for (int64_t s = 10; s <= 40; s += 10)
+        CHECK(save("run", s, 3, &err) == MOE_OK);
+    CHECK_MSG(err.status == MOE_OK, "%s", err.msg);
+    CHECK(access("run/.ckpt-00000010.tmp", F_OK) != 0);
+    CHECK(access("run/ckpt-00000010", F_OK) != 0); /* pruned: keep 3 */
+    CHECK(access("run/ckpt-00000020/MANIFEST", F_OK) == 0);
+    CHECK(access("run/ckpt-00000040/junk", F_OK) != 0);
+    int64_t *steps;
+    int n;
+    CHECK(moe_ckpt_list("run", &steps, &n, &err) == MOE_OK);
+    CHECK_INT_EQ(n, 3);
+    if (n == 3) {
+        CHECK_INT_EQ(steps[0], 20);
+        CHECK_INT_EQ(steps[2], 40);
+    }
+    free(steps);
+    CHECK(moe_ckpt_latest("run", latest, sizeof latest, &found, &err) == MOE_OK);
+    CHECK(found && strcmp(latest, "run/ckpt-00000040") == 0);
+    char *text;
+    size_t len;
+    CHECK(moe_read_file("run/latest", &text, &len, &err) == MOE_OK);
+    if (text) CHECK(strcmp(text, "ckpt-00000040\n") == 0);
+    free(text);
+
+    /* MANIFEST: one line per file, sorted, "size crc name"; CRC32("0123456789abcdef"). */
+    CHECK(moe_read_file("run/ckpt-00000040/MANIFEST", &text, &len, &err) == MOE_OK);
+    if (text) {
+        char expect[256];
+        snprintf(expect, sizeof expect, "16 %08x model.safetensors\n",
+                 (unsigned)moe_crc32(0, "0123456789abcdef", 16));
+        CHECK_MSG(strncmp(text, expect, strlen(expect)) == 0, "MANIFEST: %s", text);
+        CHECK(strstr(text, " trainer_state.json\n") != NULL);
+    }
+    free(text);
+    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_OK);
+
+    /* A flipped byte: refused, naming the file, input error with a hint. */
+    flip_byte("run/ckpt-00000040/model.safetensors", 5);
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.file, "model.safetensors") && strstr(err.msg, "CRC32"), "%s: %s", err.file,
+              err.msg);
+    CHECK(strstr(err.hint, "older checkpoint") != NULL);
+    /* Truncated file: size mismatch. */
+    CHECK(truncate("run/ckpt-00000030/trainer_state.json", 3) == 0);
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_verify("run/ckpt-00000030", &err) == MOE_ERR_INPUT);
+    CHECK(strstr(err.file, "trainer_state.json") && strstr(err.msg, "size"));
+    /* Missing file. */
+    unlink("run/ckpt-00000020/model.safetensors");
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
+    CHECK(strstr(err.file, "model.safetensors") != NULL);
+    /* Garbled MANIFEST line; not a checkpoint at all. */
+    write_text("run/ckpt-00000020/MANIFEST", "garbage\n");
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
+    CHECK(strstr(err.file, "MANIFEST") && err.line == 1);
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_verify("run", &err) == MOE_ERR_INPUT);
+    CHECK(strstr(err.msg, "MANIFEST") != NULL);
+
+    /* Re-saving an existing step replaces it; keep 0 keeps everything. */
+    moe_err_clear(&err);
+    CHECK(save("run", 40, 0, &err) == MOE_OK);
+    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_OK);
+    CHECK(moe_ckpt_list("run", &steps, &n, &err) == MOE_OK);
+    CHECK_INT_EQ(n, 3);
+    free(steps);
+
+    /* Without `latest`, the newest complete directory is found. */
+    unlink("run/latest");
+    CHECK(moe_ckpt_latest("run", latest, sizeof latest, &found, &err) == MOE_OK);
+    CHECK(found && strcmp(latest, "run/ckpt-00000040") == 0);
+    write_text("run/latest", "../../etc\n");
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_latest("run", latest, sizeof latest, &found, &err) == MOE_ERR_INPUT);
+
+    /* A run directory that cannot be created: input error naming it. */
+    write_text("plainfile", "x");
+    moe_err_clear(&err);
+    moe_ckpt_writer w;
+    CHECK(moe_ckpt_begin(&w, "plainfile/run", 1, &err) == MOE_ERR_INPUT);
+    CHECK(strstr(err.file, "plainfile") != NULL);
+
+    moe_err_clear(&err);
+    moe_remove_tree("run", &err);
+    unlink("plainfile");
+    return test_summary("checkpoint");
+}

@@ -1,0 +1,159 @@
+/* moe-train: train (or resume training) a Mixtral-style MoE language model on token shards.
+ *
+ * Argument parsing only: the config is loaded by moe_config_load (file, then key=value
+ * overrides, then validation) and the run is moe_train_run (libcore/src/train.c). Exit
+ * status: 0 done, 1 runtime failure, 2 usage or input error. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "moe/config.h"
+#include "moe/err.h"
+#include "moe/log.h"
+#include "moe/train.h"
+#include "moe/version.h"
+
+static void usage(FILE *fp) {
+    fprintf(
+        fp,
+        "Usage: moe-train -c CONFIG.yaml [options] [key.path=value ...]\n"
+        "\n"
+        "Trains a Mixtral-style mixture-of-experts language model on token shards written\n"
+        "by moe-tokenize. The run directory receives checkpoints (ckpt-<step>/), `latest`,\n"
+        "metrics.jsonl and loss.svg. See docs/training.md.\n"
+        "\n"
+        "Options:\n"
+        "  -c, --config FILE     YAML config (configs/tiny.yaml, ...); required\n"
+        "      --data PATH       training shards: a .mtok file, a directory, a manifest,\n"
+        "                        or - (a shard stream on stdin); overrides data.path\n"
+        "  -o, --output DIR      run directory (default: run)\n"
+        "      --resume WHAT     auto: continue from DIR/latest if there is one;\n"
+        "                        or a checkpoint directory (DIR/ckpt-00000100; a run\n"
+        "                        directory means its latest checkpoint)\n"
+        "      --stop-at N       end after step N with a checkpoint (train.steps still\n"
+        "                        sets the length of the run and the LR schedule)\n"
+        "      --dry-run         print the resolved config, parameter counts, FLOPs per\n"
+        "                        token and a memory estimate, then exit\n"
+        "      --log-json FILE   also write the metrics JSON lines to FILE (- = stdout)\n"
+        "  -@, --threads N       OpenMP threads (default: all cores)\n"
+        "  -q, --quiet           errors and warnings only\n"
+        "  -v, --verbose         debug messages\n"
+        "  -h, --help            this help\n"
+        "      --version         version and library versions\n"
+        "\n"
+        "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
+        "\n"
+        "Example:\n"
+        "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
+        "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
+        "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n");
+}
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "moe-train: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nhint: see moe-train --help\n");
+    return 2;
+}
+
+enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON, OPT_VERSION };
+
+int main(int argc, char **argv) {
+    static const struct option longopts[] = {{"config", required_argument, NULL, 'c'},
+                                             {"data", required_argument, NULL, OPT_DATA},
+                                             {"output", required_argument, NULL, 'o'},
+                                             {"resume", required_argument, NULL, OPT_RESUME},
+                                             {"stop-at", required_argument, NULL, OPT_STOP_AT},
+                                             {"dry-run", no_argument, NULL, OPT_DRY_RUN},
+                                             {"log-json", required_argument, NULL, OPT_LOG_JSON},
+                                             {"threads", required_argument, NULL, '@'},
+                                             {"quiet", no_argument, NULL, 'q'},
+                                             {"verbose", no_argument, NULL, 'v'},
+                                             {"help", no_argument, NULL, 'h'},
+                                             {"version", no_argument, NULL, OPT_VERSION},
+                                             {NULL, 0, NULL, 0}};
+    const char *config = NULL;
+    moe_train_opts opts;
+    memset(&opts, 0, sizeof opts);
+    int dry_run = 0, threads = 0;
+    moe_log_level level = MOE_LOG_INFO;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:o:@:qvh", longopts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'c':
+            config = optarg;
+            break;
+        case OPT_DATA:
+            opts.data_path = optarg;
+            break;
+        case 'o':
+            opts.run_dir = optarg;
+            break;
+        case OPT_RESUME:
+            opts.resume = optarg;
+            break;
+        case OPT_STOP_AT:
+            opts.stop_at = strtoll(optarg, &end, 10);
+            if (*end || opts.stop_at < 1)
+                return usage_error("--stop-at expects a step number >= 1, got '%s'", optarg);
+            break;
+        case OPT_DRY_RUN:
+            dry_run = 1;
+            break;
+        case OPT_LOG_JSON:
+            opts.log_json = optarg;
+            break;
+        case '@':
+            threads = (int)strtol(optarg, &end, 10);
+            if (*end || threads < 1)
+                return usage_error("-@/--threads expects a number >= 1, got '%s'", optarg);
+            break;
+        case 'q':
+            level = MOE_LOG_WARN;
+            break;
+        case 'v':
+            level = MOE_LOG_DEBUG;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        case OPT_VERSION:
+            moe_version_print(stdout, "moe-train");
+            return 0;
+        default:
+            fprintf(stderr, "hint: see moe-train --help\n");
+            return 2;
+        }
+    }
+    moe_log_init("moe-train", level);
+    opts.quiet = level < MOE_LOG_INFO;
+    if (!config) return usage_error("%s", "a config is required (-c CONFIG.yaml)");
+    for (int i = optind; i < argc; i++)
+        if (!strchr(argv[i], '='))
+            return usage_error("unexpected argument '%s' (overrides look like key.path=value)",
+                               argv[i]);
+#ifdef _OPENMP
+    if (threads > 0) omp_set_num_threads(threads);
+#endif
+
+    moe_config cfg;
+    moe_err err;
+    moe_err_clear(&err);
+    moe_status st = moe_config_load(&cfg, config, argc - optind, argv + optind, &err);
+    if (st == MOE_OK && opts.data_path)
+        snprintf(cfg.data.path, sizeof cfg.data.path, "%s", opts.data_path);
+    if (st == MOE_OK && dry_run)
+        st = moe_train_dry_run(&cfg, stdout, &err);
+    else if (st == MOE_OK)
+        st = moe_train_run(&cfg, &opts, &err);
+    if (st != MOE_OK) {
+        moe_err_print(&err, "moe-train", stderr);
+        return moe_err_exit_code(&err);
+    }
+    return 0;
+}
