@@ -43,7 +43,7 @@ static void usage(FILE *fp) {
         "  -q, --quiet           errors and warnings only\n"
         "  -v, --verbose         debug messages\n"
         "  -h, --help            this help\n"
-        "      --version         version and library versions\n"
+        "  -V, --version         version and library versions\n"
         "\n"
         "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
         "\n"
@@ -60,7 +60,7 @@ static int usage_error(const char *fmt, const char *arg) {
     return 2;
 }
 
-enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON, OPT_VERSION };
+enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
 int main(int argc, char **argv) {
     static const struct option longopts[] = {{"config", required_argument, NULL, 'c'},
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
                                              {"quiet", no_argument, NULL, 'q'},
                                              {"verbose", no_argument, NULL, 'v'},
                                              {"help", no_argument, NULL, 'h'},
-                                             {"version", no_argument, NULL, OPT_VERSION},
+                                             {"version", no_argument, NULL, 'V'},
                                              {NULL, 0, NULL, 0}};
     const char *config = NULL;
     moe_train_opts opts;
@@ -82,7 +82,7 @@ int main(int argc, char **argv) {
     int dry_run = 0, threads = 0;
     moe_log_level level = MOE_LOG_INFO;
     int c;
-    while ((c = getopt_long(argc, argv, "c:o:@:qvh", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:o:@:qvhV", longopts, NULL)) != -1) {
         char *end;
         switch (c) {
         case 'c':
@@ -122,7 +122,7 @@ int main(int argc, char **argv) {
         case 'h':
             usage(stdout);
             return 0;
-        case OPT_VERSION:
+        case 'V':
             moe_version_print(stdout, "moe-train");
             return 0;
         default:

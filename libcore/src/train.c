@@ -19,6 +19,7 @@
 #include "moe/shard.h"
 #ifdef MOE_HAVE_CUDA
 #include "moe/backend_cuda.h"
+#include "moe/cuda_dtype.h"
 #endif
 
 typedef struct trainer {
@@ -44,9 +45,15 @@ typedef struct trainer {
 
 /* ---- setup ---- */
 
+/* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU. */
 static moe_status open_backend(trainer *t, moe_err *err) {
-    if (t->cfg.device != MOE_DEVICE_CUDA) {
+    int want_cuda = t->cfg.device == MOE_DEVICE_CUDA;
+#ifdef MOE_HAVE_CUDA
+    if (t->cfg.device == MOE_DEVICE_AUTO && moe_cuda_available() > 0) want_cuda = 1;
+#endif
+    if (!want_cuda) {
         t->be = moe_backend_cpu();
+        moe_log_info("device: cpu");
         return MOE_OK;
     }
 #ifdef MOE_HAVE_CUDA
@@ -55,6 +62,13 @@ static moe_status open_backend(trainer *t, moe_err *err) {
     t->be = moe_backend_cuda(&sub);
     if (t->be) {
         t->be_is_cuda = 1;
+        moe_log_info("device: cuda");
+        return MOE_OK;
+    }
+    if (t->cfg.device == MOE_DEVICE_AUTO) {
+        moe_log_warn("device: auto found a GPU but cannot use it (%s); training on the CPU",
+                     sub.msg);
+        t->be = moe_backend_cpu();
         return MOE_OK;
     }
     moe_err_set(err, MOE_ERR_INPUT, NULL, "device: cuda was requested but no GPU is usable: %s",
@@ -463,8 +477,8 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         }
     }
     if (st == MOE_OK)
-        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe, t.be, (int)t.B_micro,
-                              (int)t.T, err);
+        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe,
+                              t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, err);
     if (st == MOE_OK) {
         size_t bytes = (size_t)t.model.n_elems * sizeof(float), tok = (size_t)(t.B_micro * t.T);
         t.m = t.be->alloc(t.be, bytes);
@@ -524,13 +538,16 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
         micro = tc->micro_batch_tokens ? tc->micro_batch_tokens : tc->global_batch_tokens;
     moe_model_count_params(&cfg->model, &total, &active);
     double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
-    int64_t act = moe_model_activation_bytes(&cfg->model, cfg->precision.recipe,
-                                             micro / tc->seq_len, tc->seq_len);
-    char w[32], a[32], o[32], sum[32];
-    human_bytes(w, sizeof w, 4.0 * (double)total);
-    human_bytes(o, sizeof o, 8.0 * (double)total);
-    human_bytes(a, sizeof a, (double)act);
-    human_bytes(sum, sizeof sum, 16.0 * (double)total + (double)act);
+    moe_model_memory mem;
+    moe_model_memory_estimate(&cfg->model, cfg->precision.recipe, tc->recompute,
+                              micro / tc->seq_len, tc->seq_len, &mem);
+    char w[32], a[32], o[32], sum[32], gs[32], gt[32];
+    human_bytes(w, sizeof w, (double)mem.params);
+    human_bytes(o, sizeof o, (double)mem.optimizer);
+    human_bytes(a, sizeof a, (double)mem.activations);
+    human_bytes(sum, sizeof sum, (double)mem.total);
+    human_bytes(gs, sizeof gs, (double)mem.gpu_scratch);
+    human_bytes(gt, sizeof gt, (double)(mem.total + mem.gpu_scratch));
     fprintf(out, "\n# --dry-run summary\n");
     fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
     fprintf(out,
@@ -543,7 +560,8 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len);
     fprintf(out,
             "# memory estimate: weights %s + gradients %s + AdamW moments %s + "
-            "activations %s = %s (per rank, without expert/data parallel sharding)\n",
-            w, w, o, a, sum);
+            "activations %s (train.recompute %s) = %s (per rank, without expert/data parallel "
+            "sharding); on a CUDA device + %s backend scratch = %s peak\n",
+            w, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }
