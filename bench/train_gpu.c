@@ -1,15 +1,21 @@
 /* bench_train_gpu: training-step throughput of the MoE model on one GPU through the CUDA
- * backend, for the shapes of ../shared/anchors (Hugging Face Mixtral baselines on an H200).
+ * backend, for the shapes of ../shared/anchors (Hugging Face Mixtral baselines on an H200),
+ * and where the step's time goes by op kind.
  *
- *   bench_train_gpu PRESET [STEPS]      PRESET: mixtral8x7b-2L, og2-8x1b, dna-moe-1b, L0_sanity
+ *   bench_train_gpu PRESET [STEPS [PROF_STEPS]]
+ *       PRESET: mixtral8x7b-2L, og2-8x1b, dna-moe-1b, L0_sanity
  *
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
- * fp32 master weights and state) on random tokens, bf16 recipe; one warm-up step, then the
- * median of STEPS timed steps (default 3). Prints tokens/s, model TFLOP/s (6 x matmul
- * weights touched per token + 6 x layers x seq x hidden, moe_model_flops_per_token), MFU
- * against 790 TFLOP/s (the bf16 GEMM rate measured on this GPU) and the peak device memory
- * the backend held. The one thing to know: no data loading or checkpoint I/O is included,
- * so the figure is the model's compute path alone. Exits 77 without a CUDA device. */
+ * fp32 master weights and state) on random tokens, bf16 recipe, no recomputation. Pass 1,
+ * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
+ * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
+ * moe_model_flops_per_token), MFU against 790 TFLOP/s (the bf16 GEMM rate measured on this
+ * GPU) and the peak device memory the backend held. Pass 2: PROF_STEPS more steps (default 2,
+ * 0 = none) through the profiling wrapper (moe/backend_prof.h), which waits for the GPU
+ * around every op; its per-kind table gives the split, not the throughput. The one thing to
+ * know: no data loading or checkpoint I/O is included, so the figure is the model's compute
+ * path alone. The last line of pass 1 starts with "RESULT" (key=value, for scripts). Exits 77
+ * without a CUDA device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -18,6 +24,7 @@
 #include <time.h>
 
 #include "moe/backend_cuda.h"
+#include "moe/backend_prof.h"
 #include "moe/model.h"
 
 typedef struct preset {
@@ -49,13 +56,32 @@ static int fail(const moe_err *err) {
     return 1;
 }
 
+/* One training step as moe-train runs it; `st` counts from 0 (AdamW's step is st + 1). */
+static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
+                             const int32_t *tgt, int B, int T, float *am, float *av, int st,
+                             double *loss, moe_err *err) {
+    moe_step_stats ss;
+    moe_model_zero_grad(m);
+    if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
+        moe_model_backward(m, 1.0f, err) != MOE_OK)
+        return err->status;
+    double gn = be->sum_squares(be, m->grad_mem, m->n_elems);
+    float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
+    be->adamw(be, m->param_mem, m->grad_mem, am, av, m->n_elems, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
+              st + 1, scale);
+    *loss = ss.loss;
+    return be->synchronize(be, err);
+}
+
 int main(int argc, char **argv) {
     const preset *p = NULL;
     int steps = argc > 2 ? atoi(argv[2]) : 3;
+    int prof_steps = argc > 3 ? atoi(argv[3]) : 2;
     for (size_t i = 0; argc > 1 && i < sizeof k_presets / sizeof k_presets[0]; i++)
         if (!strcmp(argv[1], k_presets[i].name)) p = &k_presets[i];
-    if (!p || steps < 1 || steps > 100) {
-        fprintf(stderr, "usage: bench_train_gpu PRESET [STEPS 1..100]\npresets:");
+    if (!p || steps < 1 || steps > 100 || prof_steps < 0 || prof_steps > 100) {
+        fprintf(stderr, "usage: bench_train_gpu PRESET [STEPS 1..100 [PROF_STEPS 0..100]]\n"
+                        "presets:");
         for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
             fprintf(stderr, " %s", k_presets[i].name);
         fprintf(stderr, "\n");
@@ -89,7 +115,8 @@ int main(int argc, char **argv) {
     moe_model m;
     memset(&m, 0, sizeof m);
     double t0 = now_s();
-    if (moe_model_create(&m, &c, MOE_RECIPE_BF16, be, B, T, &err) != MOE_OK) return fail(&err);
+    if (moe_model_create(&m, &c, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, be, B, T, &err) != MOE_OK)
+        return fail(&err);
     moe_model_init_weights(&m, 1);
     int64_t n = m.n_elems;
     float *am = be->alloc(be, (size_t)n * sizeof(float)),
@@ -112,28 +139,53 @@ int main(int argc, char **argv) {
     double *times = malloc((size_t)(steps + 1) * sizeof(double)), loss = 0.0;
     for (int st = 0; st <= steps; st++) { /* st 0: warm-up */
         double a = now_s();
-        moe_step_stats ss;
-        moe_model_zero_grad(&m);
-        if (moe_model_forward(&m, tok, tgt, NULL, B, T, &ss, &err) != MOE_OK ||
-            moe_model_backward(&m, 1.0f, &err) != MOE_OK)
+        if (train_step(&m, be, tok, tgt, B, T, am, av, st, &loss, &err) != MOE_OK)
             return fail(&err);
-        double gn = be->sum_squares(be, m.grad_mem, n);
-        float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
-        be->adamw(be, m.param_mem, m.grad_mem, am, av, n, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, st + 1,
-                  scale);
-        if (be->synchronize(be, &err) != MOE_OK) return fail(&err);
         times[st] = now_s() - a;
-        loss = ss.loss;
     }
     qsort(times + 1, (size_t)steps, sizeof(double), cmp_double);
     double med = times[1 + steps / 2], tps = (double)B * T / med;
     double tflops = moe_model_flops_per_token(&c, T) * tps * 1e-12;
     size_t cur = 0, peak = 0;
     moe_backend_cuda_memory(be, &cur, &peak);
+    double peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
     printf("| %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
            "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
-           p->name, (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0,
-           (double)peak / (1024.0 * 1024.0 * 1024.0), t_init, loss);
+           p->name, (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           t_init, loss);
+    printf("RESULT preset=%s params=%lld tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+           "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f steps=%d loss=%.4f\n",
+           p->name, (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           steps, loss);
+    fflush(stdout);
+
+    if (prof_steps > 0) {
+        /* Pass 2: the same model, its ops routed through the profiling wrapper (whose memory
+         * functions forward to `be`, so buffers stay valid); m.be is restored before free. */
+        const moe_backend *prof = moe_backend_prof_wrap(be, &err);
+        if (!prof) return fail(&err);
+        m.be = prof;
+        double a = now_s();
+        for (int st = 0; st < prof_steps; st++)
+            if (train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss, &err) != MOE_OK)
+                return fail(&err);
+        double wall = now_s() - a;
+        m.be = be;
+        moe_backend_prof_stats ps;
+        moe_backend_prof_get(prof, &ps);
+        printf("\nTime per op kind, %s, mean of %d profiled steps (the GPU is synchronised "
+               "before and after every op, so a profiled step takes %.1f ms against %.1f ms "
+               "unprofiled; the split is what these figures are for):\n\n",
+               p->name, prof_steps, wall / prof_steps * 1e3, med * 1e3);
+        moe_backend_prof_print(&ps, prof_steps, wall, stdout);
+        printf("PROF preset=%s profiled_step_ms=%.2f", p->name, wall / prof_steps * 1e3);
+        for (int k = 0; k < MOE_PROF_KIND_COUNT; k++) {
+            double sec = moe_backend_prof_kind_seconds(&ps, (moe_prof_kind)k, NULL);
+            printf(" kind%d_ms=%.2f", k, sec / prof_steps * 1e3);
+        }
+        printf("\n");
+        moe_backend_prof_free(prof);
+    }
     free(times), free(tok), free(tgt);
     be->free(be, am), be->free(be, av);
     moe_model_free(&m);

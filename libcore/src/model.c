@@ -91,53 +91,110 @@ static void *carve(size_t *off, char *base, size_t bytes) {
     return base ? base + at : NULL;
 }
 
-size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, struct moe_acts *a, char *base) {
+/* Which groups a plan keeps per layer (see struct moe_acts). */
+static void plan_keeps(int plan, int *attn, int *mid, int *moe) {
+    *attn = plan == MOE_RECOMPUTE_NONE || plan == MOE_RECOMPUTE_MOE;
+    *mid = plan == MOE_RECOMPUTE_NONE || plan == MOE_RECOMPUTE_ATTN || plan == MOE_RECOMPUTE_MOE;
+    *moe = plan == MOE_RECOMPUTE_NONE || plan == MOE_RECOMPUTE_ATTN;
+}
+
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct moe_acts *a,
+                     char *base) {
     int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
     int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
     int64_t D = cfg->hidden_size / cfg->num_attention_heads;
     int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
     int64_t NK = N * K, L = cfg->num_hidden_layers;
     size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
+    int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
+    plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
+    moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
+    memset(&sh, 0, sizeof sh);
+    if (!keep_attn) {
+        sh.ln1 = carve(&off, base, (size_t)(N * C) * f);
+        sh.rstd1 = carve(&off, base, (size_t)N * f);
+        sh.q = carve(&off, base, (size_t)(N * HD) * f);
+        sh.k = carve(&off, base, (size_t)(N * KVD) * f);
+        sh.v = carve(&off, base, (size_t)(N * KVD) * f);
+        sh.att = carve(&off, base, (size_t)(N * HD) * f);
+        sh.att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
+    }
+    if (!keep_mid) sh.x_mid = carve(&off, base, (size_t)(N * C) * f);
+    if (!keep_moe) {
+        sh.ln2 = carve(&off, base, (size_t)(N * C) * f);
+        sh.rstd2 = carve(&off, base, (size_t)N * f);
+        sh.rlogits = carve(&off, base, (size_t)(N * E) * f);
+        sh.probs = carve(&off, base, (size_t)(N * E) * f);
+        sh.rlse = carve(&off, base, (size_t)N * f);
+        sh.topk_idx = carve(&off, base, (size_t)NK * i4);
+        sh.topk_w = carve(&off, base, (size_t)NK * f);
+        sh.row_src = carve(&off, base, (size_t)NK * i4);
+        sh.slot_row = carve(&off, base, (size_t)NK * i4);
+        sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
+        sh.xp = carve(&off, base, (size_t)(NK * C) * f);
+        sh.h1 = carve(&off, base, (size_t)(NK * F) * f);
+        sh.h3 = carve(&off, base, (size_t)(NK * F) * f);
+        sh.g = carve(&off, base, (size_t)(NK * F) * f);
+        sh.yp = carve(&off, base, (size_t)(NK * C) * f);
+    }
+    /* forward-only: the residual stream ping-pongs between two buffers */
+    float *xbuf[2] = {NULL, NULL};
+    if (!train) {
+        xbuf[0] = carve(&off, base, (size_t)(N * C) * f);
+        xbuf[1] = carve(&off, base, (size_t)(N * C) * f);
+    }
     for (int64_t l = 0; l < L; l++) {
         moe_layer_acts tmp, *la = base ? &a->layer[l] : &tmp;
-        la->x_in = carve(&off, base, (size_t)(N * C) * f);
-        la->ln1 = carve(&off, base, (size_t)(N * C) * f);
-        la->rstd1 = carve(&off, base, (size_t)N * f);
-        la->q = carve(&off, base, (size_t)(N * HD) * f);
-        la->k = carve(&off, base, (size_t)(N * KVD) * f);
-        la->v = carve(&off, base, (size_t)(N * KVD) * f);
-        la->att = carve(&off, base, (size_t)(N * HD) * f);
-        la->att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
-        la->x_mid = carve(&off, base, (size_t)(N * C) * f);
-        la->ln2 = carve(&off, base, (size_t)(N * C) * f);
-        la->rstd2 = carve(&off, base, (size_t)N * f);
-        la->rlogits = carve(&off, base, (size_t)(N * E) * f);
-        la->probs = carve(&off, base, (size_t)(N * E) * f);
-        la->rlse = carve(&off, base, (size_t)N * f);
-        la->topk_idx = carve(&off, base, (size_t)NK * i4);
-        la->topk_w = carve(&off, base, (size_t)NK * f);
+        *la = sh;
+        la->x_in = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[l & 1];
+        if (keep_attn) {
+            la->ln1 = carve(&off, base, (size_t)(N * C) * f);
+            la->rstd1 = carve(&off, base, (size_t)N * f);
+            la->q = carve(&off, base, (size_t)(N * HD) * f);
+            la->k = carve(&off, base, (size_t)(N * KVD) * f);
+            la->v = carve(&off, base, (size_t)(N * KVD) * f);
+            la->att = carve(&off, base, (size_t)(N * HD) * f);
+            la->att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
+        }
+        if (keep_mid) la->x_mid = carve(&off, base, (size_t)(N * C) * f);
+        if (keep_moe) {
+            la->ln2 = carve(&off, base, (size_t)(N * C) * f);
+            la->rstd2 = carve(&off, base, (size_t)N * f);
+            la->rlogits = carve(&off, base, (size_t)(N * E) * f);
+            la->probs = carve(&off, base, (size_t)(N * E) * f);
+            la->rlse = carve(&off, base, (size_t)N * f);
+            la->topk_idx = carve(&off, base, (size_t)NK * i4);
+            la->topk_w = carve(&off, base, (size_t)NK * f);
+            la->row_src = carve(&off, base, (size_t)NK * i4);
+            la->slot_row = carve(&off, base, (size_t)NK * i4);
+            la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
+            la->xp = carve(&off, base, (size_t)(NK * C) * f);
+            la->h1 = carve(&off, base, (size_t)(NK * F) * f);
+            la->h3 = carve(&off, base, (size_t)(NK * F) * f);
+            la->g = carve(&off, base, (size_t)(NK * F) * f);
+            la->yp = carve(&off, base, (size_t)(NK * C) * f);
+        }
+        /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = carve(&off, base, (size_t)E * i4);
         la->rstats = carve(&off, base, (size_t)(E + 2) * f);
-        la->row_src = carve(&off, base, (size_t)NK * i4);
-        la->slot_row = carve(&off, base, (size_t)NK * i4);
-        la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        la->xp = carve(&off, base, (size_t)(NK * C) * f);
-        la->h1 = carve(&off, base, (size_t)(NK * F) * f);
-        la->h3 = carve(&off, base, (size_t)(NK * F) * f);
-        la->g = carve(&off, base, (size_t)(NK * F) * f);
-        la->yp = carve(&off, base, (size_t)(NK * C) * f);
     }
     struct moe_acts tmp, *p = base ? a : &tmp;
-    p->x_final = carve(&off, base, (size_t)(N * C) * f);
+    memset(&tmp, 0, sizeof tmp);
+    p->plan = plan;
+    p->keep_attn = keep_attn;
+    p->keep_mid = keep_mid;
+    p->keep_moe = keep_moe;
+    p->x_final = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[L & 1];
     p->lnf = carve(&off, base, (size_t)(N * C) * f);
     p->rstdf = carve(&off, base, (size_t)N * f);
+    p->tokens = carve(&off, base, (size_t)N * i4);
+    p->tmp = carve(&off, base, (size_t)(N * C) * f);
+    if (!train) return off; /* hidden states only: no logits, losses or gradients */
     p->logits = carve(&off, base, (size_t)(N * V) * f);
     p->ce_loss = carve(&off, base, (size_t)N * f);
     p->ce_lse = carve(&off, base, (size_t)N * f);
-    p->tokens = carve(&off, base, (size_t)N * i4);
     p->targets = carve(&off, base, (size_t)N * i4);
     p->weights = carve(&off, base, (size_t)N * f);
-    p->tmp = carve(&off, base, (size_t)(N * C) * f);
     p->dres = carve(&off, base, (size_t)(N * C) * f);
     p->dln = carve(&off, base, (size_t)(N * C) * f);
     p->dq = carve(&off, base, (size_t)(N * HD) * f);
@@ -196,8 +253,9 @@ static moe_status check_config(const moe_model_config *c, int max_batch, int max
     return MOE_OK;
 }
 
-moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
-                            const moe_backend *be, int max_batch, int max_seq, moe_err *err) {
+static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                              int plan, const moe_backend *be, int max_batch, int max_seq,
+                              moe_err *err) {
     memset(m, 0, sizeof *m);
     m->p_embed = m->p_norm = m->p_lm_head = -1;
     if (check_config(cfg, max_batch, max_seq, err) != MOE_OK) {
@@ -239,28 +297,50 @@ moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recip
     if (!a->layer || !a->lidx || !a->h_offsets || !a->h_loss) goto oom;
     build_table(m, a->lidx);
     m->param_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
-    m->grad_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
-    if (!m->param_mem || !m->grad_mem) goto oom;
+    if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
+    if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem)) goto oom;
     for (int i = 0; i < m->n_params; i++) {
         m->params[i].data = m->param_mem + m->params[i].offset;
-        m->params[i].grad = m->grad_mem + m->params[i].offset;
+        m->params[i].grad = m->grad_mem ? m->grad_mem + m->params[i].offset : NULL;
     }
     a->max_tokens = N;
-    a->bytes = moe_acts_plan(cfg, N, a, NULL);
+    a->bytes = moe_acts_plan(cfg, N, plan, a, NULL);
     a->mem = be->alloc(be, a->bytes);
     if (!a->mem) goto oom;
-    moe_acts_plan(cfg, N, a, a->mem);
+    moe_acts_plan(cfg, N, plan, a, a->mem);
     return MOE_OK;
 oom:;
     size_t pbytes = (size_t)m->n_elems * sizeof(float);
-    size_t abytes = moe_acts_plan(cfg, N, NULL, NULL);
+    size_t abytes = moe_acts_plan(cfg, N, plan, NULL, NULL);
     moe_model_free(m);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
                 "out of %s memory for the model (%.1f MiB parameters + %.1f MiB gradients + "
                 "%.1f MiB activations)",
-                be->name, pbytes / 1048576.0, pbytes / 1048576.0, abytes / 1048576.0);
-    moe_err_hint(err, "use a smaller micro batch (train.micro_batch_tokens) or model");
+                be->name, pbytes / 1048576.0, plan == MOE_PLAN_FORWARD ? 0.0 : pbytes / 1048576.0,
+                abytes / 1048576.0);
+    moe_err_hint(err, plan == MOE_PLAN_FORWARD
+                          ? "use a smaller batch or window"
+                          : "use a smaller micro batch (train.micro_batch_tokens), "
+                            "train.recompute=full, or a smaller model");
     return MOE_ERR_RUNTIME;
+}
+
+moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                            moe_recompute recompute, const moe_backend *be, int max_batch,
+                            int max_seq, moe_err *err) {
+    if ((int)recompute < MOE_RECOMPUTE_NONE || (int)recompute > MOE_RECOMPUTE_FULL) {
+        memset(m, 0, sizeof *m);
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "train.recompute %d is not one of none, attn, moe, full",
+                           (int)recompute);
+    }
+    return create_plan(m, cfg, recipe, (int)recompute, be, max_batch, max_seq, err);
+}
+
+moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *cfg,
+                                         moe_recipe recipe, const moe_backend *be, int max_batch,
+                                         int max_seq, moe_err *err) {
+    return create_plan(m, cfg, recipe, MOE_PLAN_FORWARD, be, max_batch, max_seq, err);
 }
 
 void moe_model_free(moe_model *m) {
@@ -301,10 +381,15 @@ void moe_model_copy_params_from_host(moe_model *m, const float *src) {
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
+    if (!m->grad_mem) { /* forward-only model: no gradients */
+        memset(dst, 0, (size_t)m->n_elems * sizeof(float));
+        return;
+    }
     m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)m->n_elems * sizeof(float));
 }
 
 void moe_model_zero_grad(moe_model *m) {
+    if (!m->grad_mem) return; /* forward-only model */
     m->be->memset(m->be, m->grad_mem, 0, (size_t)m->n_elems * sizeof(float));
 }
 
@@ -334,11 +419,47 @@ double moe_model_flops_per_token(const moe_model_config *c, int64_t seq) {
     return 6.0 * matmul + 6.0 * L * (double)seq * C;
 }
 
-int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe, int64_t batch,
-                                   int64_t seq) {
-    (void)recipe; /* the CPU reference keeps fp32 buffers for every recipe */
+int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
+                                   moe_recompute recompute, int64_t batch, int64_t seq) {
+    (void)recipe; /* the backends keep fp32 buffers for every recipe */
     if (cfg->num_attention_heads <= 0) return 0;
-    return (int64_t)moe_acts_plan(cfg, batch * seq, NULL, NULL);
+    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, NULL, NULL);
+}
+
+/* The CUDA backend's own working memory (kernels/backend_cuda.cu): a 32 MiB cuBLASLt
+ * workspace, and under bf16 the bf16 copies of GEMM operands in grow-only scratch slots that
+ * are sized 1.25 x the request that made them grow (so at most 1.25 x the largest operand a
+ * slot ever holds). Slot A: activation x or dy; B: weights (an expert block for grouped
+ * GEMMs), k in attention; C: x in backward, v; D: attention dout. */
+static int64_t gpu_scratch_bytes(const moe_model_config *c, moe_recipe recipe, int64_t N) {
+    int64_t ws = (int64_t)32 << 20;
+    int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
+    int64_t E = c->num_local_experts, NK = N * c->num_experts_per_tok;
+    int64_t D = c->num_attention_heads > 0 ? C / c->num_attention_heads : 0;
+    int64_t HD = c->num_attention_heads * D, KVD = c->num_key_value_heads * D;
+    int64_t small = N * c->num_attention_heads * 4 + N * 8 + 2 * V * 4; /* lse, grouping */
+    if (recipe != MOE_RECIPE_BF16) return ws + small;
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+    int64_t sa = MAX2(MAX2(NK * F, NK * C), MAX2(N * V, MAX2(N * C, N * HD)));
+    int64_t sb = MAX2(MAX2(E * F * C, V * C), MAX2(HD * C, N * KVD));
+    int64_t sc = MAX2(MAX2(NK * F, NK * C), MAX2(N * C, MAX2(N * HD, N * KVD)));
+    int64_t sd = N * HD;
+#undef MAX2
+    return ws + small + 2 * (sa + sb + sc + sd) * 5 / 4;
+}
+
+void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
+                               moe_recompute recompute, int64_t batch, int64_t seq,
+                               moe_model_memory *out) {
+    int64_t total = 0;
+    moe_model_count_params(cfg, &total, NULL);
+    memset(out, 0, sizeof *out);
+    out->params = total * (int64_t)sizeof(float);
+    out->grads = out->params;
+    out->optimizer = 2 * out->params;
+    out->activations = moe_model_activation_bytes(cfg, recipe, recompute, batch, seq);
+    out->gpu_scratch = gpu_scratch_bytes(cfg, recipe, batch * seq);
+    out->total = out->params + out->grads + out->optimizer + out->activations;
 }
 
 /* ---- init ---- */

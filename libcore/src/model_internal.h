@@ -3,7 +3,10 @@
  *
  * The one thing a reader must know: activations are carved out of ONE backend allocation by
  * moe_acts_plan(), which is run once with base == NULL to measure (that total is also what
- * moe_model_activation_bytes reports) and once to assign pointers. */
+ * moe_model_activation_bytes reports) and once to assign pointers. The plan (recompute mode)
+ * decides which per-layer buffers are kept: a group that is not kept points, in every layer,
+ * at ONE shared set of buffers that the forward overwrites layer after layer and the backward
+ * refills by running that block's forward again (moe_model_recompute_*). */
 #ifndef MOE_MODEL_INTERNAL_H
 #define MOE_MODEL_INTERNAL_H
 
@@ -16,7 +19,11 @@ typedef struct moe_layer_idx {                  /* indices into moe_model.params
     int ln1, q, k, v, o, ln2, gate, w1, w2, w3; /* w1/w2/w3: expert 0 of a contiguous block */
 } moe_layer_idx;
 
-typedef struct moe_layer_acts { /* saved for backward, all dev memory */
+/* Activation plans: the four train.recompute modes (same values as moe_recompute) and a
+ * forward-only plan (hidden states for embedding: no backward, no logits, no gradients). */
+enum { MOE_PLAN_FORWARD = 4 };
+
+typedef struct moe_layer_acts { /* dev memory; a group not kept points at the shared set */
     float *x_in;                /* [N, C] residual stream entering the layer */
     float *ln1;                 /* [N, C] */
     float *rstd1;               /* [N] */
@@ -47,6 +54,10 @@ typedef struct moe_layer_acts { /* saved for backward, all dev memory */
 
 struct moe_acts {
     int64_t max_tokens; /* N capacity */
+    int plan;           /* moe_recompute value or MOE_PLAN_FORWARD */
+    int keep_attn;      /* ln1..att_lse kept per layer (else shared and recomputed) */
+    int keep_mid;       /* x_mid kept per layer */
+    int keep_moe;       /* ln2..yp kept per layer */
     void *mem;          /* the single backend allocation */
     size_t bytes;
     moe_layer_acts *layer; /* [L] host array of pointers */
@@ -78,14 +89,19 @@ struct moe_acts {
     double weight_sum;
 };
 
-/* Lays the activation buffers for max_tokens tokens out in memory at base (NULL: only
- * measure). layer must hold cfg->num_hidden_layers entries when base is non-NULL.
- * Returns the bytes needed. */
-size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, struct moe_acts *a,
+/* Lays the activation buffers for max_tokens tokens and plan (moe_recompute value or
+ * MOE_PLAN_FORWARD) out in memory at base (NULL: only measure). a->layer must hold
+ * cfg->num_hidden_layers entries when base is non-NULL. Returns the bytes needed. */
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, struct moe_acts *a,
                      char *base);
 
 /* forward up to (not including) layer `upto` (0..L); returns after filling x_in of that
  * layer (or x_final when upto = L). Inputs are validated by the caller. */
 void moe_model_run_layers(moe_model *m, int B, int T, int upto);
+/* One block's forward for layer l into that layer's buffers. with_residual: also form the
+ * block's residual sum (x_mid, or the next layer's input); the recompute in backward needs
+ * x_mid only when it was not kept, and never the MoE block's output. */
+void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual);
+void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual);
 
 #endif

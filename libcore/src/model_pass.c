@@ -5,7 +5,10 @@
  * same code drives the CUDA backend); the host sees only the small per-token loss vector and
  * the router statistics, copied back to compute the scalar losses in double. Backward ops
  * accumulate, so each gradient scratch buffer is zeroed right before the op that fills it.
- * Loss definitions (ce, aux, z) are in moe/model.h. */
+ * Loss definitions (ce, aux, z) are in moe/model.h. Activation recomputation
+ * (train.recompute): the forward is written as two block functions so that backward can run
+ * a block again for a layer whose intermediates were not kept (they live in a shared set,
+ * see model_internal.h); the recomputed values are bit-identical to the first forward's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,49 +17,70 @@
 
 #define ZERO(ptr, count) be->memset(be, (ptr), 0, (size_t)(count) * sizeof(*(ptr)))
 
-void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
+void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) {
+    const moe_backend *be = m->be;
+    const moe_model_config *c = &m->cfg;
+    struct moe_acts *a = m->acts;
+    const moe_recipe prec = m->recipe;
+    int64_t N = (int64_t)B * T, C = c->hidden_size;
+    int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
+    moe_param *P = m->params;
+    moe_layer_acts *la = &a->layer[l];
+    const moe_layer_idx *li = &a->lidx[l];
+    be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
+                        (float)c->rms_norm_eps, prec);
+    be->matmul_forward(be, la->q, la->ln1, P[li->q].data, N, C, H * D, prec);
+    be->matmul_forward(be, la->k, la->ln1, P[li->k].data, N, C, KV * D, prec);
+    be->matmul_forward(be, la->v, la->ln1, P[li->v].data, N, C, KV * D, prec);
+    be->rope_forward(be, la->q, B, T, H, D, c->rope_theta);
+    be->rope_forward(be, la->k, B, T, KV, D, c->rope_theta);
+    be->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, H, KV, D, prec);
+    if (!with_residual) return;
+    be->matmul_forward(be, a->tmp, la->att, P[li->o].data, N, H * D, C, prec);
+    be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
+}
+
+void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
     const moe_recipe prec = m->recipe;
     int64_t N = (int64_t)B * T, C = c->hidden_size, F = c->intermediate_size;
-    int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
     moe_param *P = m->params;
+    moe_layer_acts *la = &a->layer[l];
+    const moe_layer_idx *li = &a->lidx[l];
+    /* the router (gate matmul included) runs in fp32 */
+    be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
+                        (float)c->rms_norm_eps, prec);
+    be->matmul_forward(be, la->rlogits, la->ln2, P[li->gate].data, N, C, E, MOE_RECIPE_FP32);
+    be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
+                       la->rlogits, N, E, K);
+    be->permute_forward(be, la->xp, la->row_src, la->slot_row, la->offsets, la->ln2, la->topk_idx,
+                        N, C, E, K);
+    int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
+    be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
+    be->grouped_matmul_forward(be, la->h1, la->xp, P[li->w1].data, hoff, E, C, F, prec);
+    be->grouped_matmul_forward(be, la->h3, la->xp, P[li->w3].data, hoff, E, C, F, prec);
+    be->swiglu_forward(be, la->g, la->h1, la->h3, N * K * F, prec);
+    be->grouped_matmul_forward(be, la->yp, la->g, P[li->w2].data, hoff, E, F, C, prec);
+    if (!with_residual) return;
+    float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
+    be->unpermute_forward(be, a->tmp, la->yp, la->topk_w, la->slot_row, N, C, K);
+    be->add(be, x_out, la->x_mid, a->tmp, N * C);
+}
+
+void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
+    const moe_backend *be = m->be;
+    struct moe_acts *a = m->acts;
+    int64_t N = (int64_t)B * T, C = m->cfg.hidden_size;
+    int L = (int)m->cfg.num_hidden_layers;
     float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
-    be->embedding_forward(be, x0, a->tokens, P[m->p_embed].data, N, C);
+    be->embedding_forward(be, x0, a->tokens, m->params[m->p_embed].data, N, C);
     for (int l = 0; l < upto && l < L; l++) {
-        moe_layer_acts *la = &a->layer[l];
-        const moe_layer_idx *li = &a->lidx[l];
-        float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
-        /* attention block */
-        be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
-                            (float)c->rms_norm_eps, prec);
-        be->matmul_forward(be, la->q, la->ln1, P[li->q].data, N, C, H * D, prec);
-        be->matmul_forward(be, la->k, la->ln1, P[li->k].data, N, C, KV * D, prec);
-        be->matmul_forward(be, la->v, la->ln1, P[li->v].data, N, C, KV * D, prec);
-        be->rope_forward(be, la->q, B, T, H, D, c->rope_theta);
-        be->rope_forward(be, la->k, B, T, KV, D, c->rope_theta);
-        be->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, H, KV, D, prec);
-        be->matmul_forward(be, a->tmp, la->att, P[li->o].data, N, H * D, C, prec);
-        be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
-        /* MoE block; the router (gate matmul included) runs in fp32 */
-        be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
-                            (float)c->rms_norm_eps, prec);
-        be->matmul_forward(be, la->rlogits, la->ln2, P[li->gate].data, N, C, E, MOE_RECIPE_FP32);
-        be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts,
-                           la->rstats, la->rlogits, N, E, K);
-        be->permute_forward(be, la->xp, la->row_src, la->slot_row, la->offsets, la->ln2,
-                            la->topk_idx, N, C, E, K);
-        int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
-        be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
-        be->grouped_matmul_forward(be, la->h1, la->xp, P[li->w1].data, hoff, E, C, F, prec);
-        be->grouped_matmul_forward(be, la->h3, la->xp, P[li->w3].data, hoff, E, C, F, prec);
-        be->swiglu_forward(be, la->g, la->h1, la->h3, N * K * F, prec);
-        be->grouped_matmul_forward(be, la->yp, la->g, P[li->w2].data, hoff, E, F, C, prec);
-        be->unpermute_forward(be, a->tmp, la->yp, la->topk_w, la->slot_row, N, C, K);
-        be->add(be, x_out, la->x_mid, a->tmp, N * C);
+        moe_model_attn_block(m, l, B, T, 1);
+        moe_model_moe_block(m, l, B, T, 1);
     }
 }
 
@@ -99,6 +123,10 @@ static moe_status check_inputs(const moe_model *m, const int32_t *tokens, const 
 
 moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
                              const float *weights, int B, int T, moe_step_stats *st, moe_err *err) {
+    if (m->acts->plan == MOE_PLAN_FORWARD)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "moe_model_forward on a model created forward-only (hidden states "
+                           "only); create it with moe_model_create");
     if (check_inputs(m, tokens, targets, weights, B, T, err) != MOE_OK) return err->status;
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -203,6 +231,10 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         moe_layer_acts *la = &a->layer[l];
         const moe_layer_idx *li = &a->lidx[l];
         const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
+        /* recompute what the plan did not keep, from the layer's kept inputs: the attention
+         * block from x_in (also x_mid when that was not kept), the MoE block from x_mid */
+        if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);
+        if (!a->keep_moe) moe_model_moe_block(m, l, B, T, 0);
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
         ZERO(a->dyp, NK * C);
         ZERO(a->dtw, NK);

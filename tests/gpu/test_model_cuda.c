@@ -70,8 +70,10 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
     moe_model mc, mg;
     memset(&mc, 0, sizeof mc);
     memset(&mg, 0, sizeof mg);
-    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, cpu, B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, gpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
+                           cpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
+                           gpu, B, T, &err) == MOE_OK);
     if (err.status != MOE_OK) {
         moe_err_print(&err, "test_model_cuda", stderr);
         moe_model_free(&mc);
@@ -125,8 +127,10 @@ int main(void) {
     moe_model mc, mg;
     memset(&mc, 0, sizeof mc);
     memset(&mg, 0, sizeof mg);
-    CHECK(moe_model_create(&mc, &cfg, MOE_RECIPE_BF16, cpu, B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&mg, &cfg, MOE_RECIPE_BF16, gpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mc, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE,
+                           cpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mg, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE,
+                           gpu, B, T, &err) == MOE_OK);
     if (err.status != MOE_OK) {
         moe_err_print(&err, "test_model_cuda", stderr);
         return test_summary("test_model_cuda");

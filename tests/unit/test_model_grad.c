@@ -90,7 +90,8 @@ static void grad_check_model(int tied) {
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
     moe_model_init_weights(&m, 1234);
     moe_step_stats st;
     CHECK(moe_model_forward(&m, tokens, targets, weights, B, T, &st, &err) == MOE_OK);
@@ -155,9 +156,12 @@ static void test_threads_precision_accumulation(void) {
     moe_model m1, m2, mb;
     moe_err err;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m1, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&m2, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&mb, &cfg, MOE_RECIPE_BF16, moe_backend_cpu(), B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&m1, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
+    CHECK(moe_model_create(&m2, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
+    CHECK(moe_model_create(&mb, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
     moe_model_init_weights(&m1, 5);
     moe_model_init_weights(&m2, 5);
     moe_model_init_weights(&mb, 5);
@@ -203,7 +207,8 @@ static void test_hidden_init_sizes_errors(void) {
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
     moe_model_init_weights(&m, 42);
     /* init: norms are ones, matrices ~ N(0, 0.3), deterministic per seed */
     int ie = moe_model_find_param(&m, "model.embed_tokens.weight");
@@ -262,7 +267,8 @@ static void test_hidden_init_sizes_errors(void) {
         6.0 * (2 * (16 * 16 + 2 * 16 * 8 + 16 * 16 + 2 * 3 * 16 * 12 + 16 * 4) + 11 * 16) +
         6.0 * 2 * 9 * 16;
     CHECK_NEAR(moe_model_flops_per_token(&cfg, 9), want, 0);
-    CHECK_INT_EQ(moe_model_activation_bytes(&cfg, MOE_RECIPE_FP32, B, T), (int64_t)m.acts->bytes);
+    CHECK_INT_EQ(moe_model_activation_bytes(&cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, B, T),
+                 (int64_t)m.acts->bytes);
     /* bad input */
     int32_t bad[B * T];
     memcpy(bad, tokens, sizeof bad);
@@ -277,18 +283,18 @@ static void test_hidden_init_sizes_errors(void) {
     /* fp8 recipes are refused clearly; impossible shapes too */
     moe_model m8;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP8_BLOCK, moe_backend_cpu(), B, T, &err) ==
-          MOE_ERR_INPUT);
+    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP8_BLOCK, MOE_RECOMPUTE_NONE, moe_backend_cpu(),
+                           B, T, &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.msg, "fp8-block") && strstr(err.msg, "not available in this build"));
     moe_model_free(&m8);
     cfg.num_experts_per_tok = 5;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) ==
-          MOE_ERR_INPUT);
+    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_ERR_INPUT);
     cfg = tiny_config(0);
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, 33, &err) ==
-          MOE_ERR_INPUT);
+    CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, 33,
+                           &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.msg, "max_position_embeddings") != NULL);
 }
 
@@ -299,7 +305,8 @@ static void test_initial_loss(void) {
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
-    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
     moe_model_init_weights(&m, 7);
     moe_step_stats st;
     CHECK(moe_model_forward(&m, tokens, targets, weights, B, T, &st, &err) == MOE_OK);
@@ -329,8 +336,8 @@ static void test_threads_big(void) {
         moe_model m;
         moe_err err;
         moe_err_clear(&err);
-        CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_BF16, moe_backend_cpu(), BB, TT, &err) ==
-              MOE_OK);
+        CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, moe_backend_cpu(), BB,
+                               TT, &err) == MOE_OK);
         moe_model_init_weights(&m, 11);
         moe_step_stats st;
         CHECK(moe_model_forward(&m, tok, tgt, NULL, BB, TT, &st, &err) == MOE_OK);

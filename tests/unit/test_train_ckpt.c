@@ -34,8 +34,10 @@ int main(void) {
     moe_model a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
-    if (moe_model_create(&a, &cfg.model, MOE_RECIPE_FP32, be, 2, 16, &err) != MOE_OK ||
-        moe_model_create(&b, &cfg.model, MOE_RECIPE_FP32, be, 2, 16, &err) != MOE_OK) {
+    if (moe_model_create(&a, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
+                         be, 2, 16, &err) != MOE_OK ||
+        moe_model_create(&b, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
+                         be, 2, 16, &err) != MOE_OK) {
         CHECK_MSG(0, "model: %s", err.msg);
         moe_model_free(&a);
         moe_model_free(&b);

@@ -83,9 +83,23 @@ typedef struct moe_model {
 /* Validates cfg (shapes divisible, k <= E, ...), refuses recipes the backend does not
  * support (fp8-block/mxfp8: MOE_ERR_INPUT), builds the parameter table, allocates
  * parameters, gradients (zeroed) and activations for up to max_batch x max_seq tokens.
+ * recompute (train.recompute) sizes the activation plan: NONE keeps every intermediate of
+ * every layer for backward; ATTN keeps the layer input, the residual after attention and the
+ * MoE block, and recomputes the attention block (norm, q/k/v, RoPE, attention) in backward;
+ * MOE keeps the attention block and both residuals and recomputes the MoE block (norm,
+ * router, permutation, experts); FULL keeps only each layer's input and recomputes the whole
+ * layer. Buffers that are not kept exist once, shared by all layers. Gradients are
+ * bit-identical in every mode (the forward ops are deterministic).
  * Weights start at zero: call moe_model_init_weights or load them. */
 moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
-                            const moe_backend *be, int max_batch, int max_seq, moe_err *err);
+                            moe_recompute recompute, const moe_backend *be, int max_batch,
+                            int max_seq, moe_err *err);
+/* The smallest plan, for moe_model_hidden only (embedding): no gradients, no logits, the
+ * residual stream in two buffers and one shared set of layer intermediates.
+ * moe_model_forward and moe_model_backward refuse such a model (MOE_ERR_RUNTIME). */
+moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *cfg,
+                                         moe_recipe recipe, const moe_backend *be, int max_batch,
+                                         int max_seq, moe_err *err);
 /* normal(0, initializer_range) for matrices and the embedding, ones for norms; Philox
  * keyed by seed, each tensor its own stream: same result for any thread count. */
 void moe_model_init_weights(moe_model *m, uint64_t seed);
@@ -121,10 +135,26 @@ void moe_model_count_params(const moe_model_config *cfg, int64_t *total, int64_t
 /* 6 x (matmul weights touched per token: q,k,v,o + k experts x 3 + router, per layer,
  * + lm_head) + 6 x layers x seq x hidden (causal attention). Training FLOPs per token. */
 double moe_model_flops_per_token(const moe_model_config *cfg, int64_t seq);
-/* Bytes of activation (and activation-gradient scratch) buffers moe_model_create
- * allocates for batch x seq tokens (parameters, grads, optimizer state not included). */
-int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe, int64_t batch,
-                                   int64_t seq);
+/* Bytes of the one activation allocation (saved activations, the shared recompute set and
+ * the activation-gradient scratch) moe_model_create makes for batch x seq tokens under this
+ * recompute mode. Exact: the same plan function sizes the allocation. */
+int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
+                                   moe_recompute recompute, int64_t batch, int64_t seq);
+
+typedef struct moe_model_memory { /* bytes, one rank, no sharding */
+    int64_t params;               /* fp32 master weights (one allocation) */
+    int64_t grads;                /* fp32 gradients (one allocation) */
+    int64_t optimizer;            /* AdamW m and v, fp32 (allocated by the trainer) */
+    int64_t activations;          /* moe_model_activation_bytes */
+    int64_t total;                /* the four above: everything allocated through be->alloc */
+    int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace, bf16
+                                     operand copies under the bf16 recipe; upper bound) */
+} moe_model_memory;
+/* What a training run allocates: total exactly for any backend; add gpu_scratch for the
+ * peak device memory of the CUDA backend. */
+void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
+                               moe_recompute recompute, int64_t batch, int64_t seq,
+                               moe_model_memory *out);
 
 #ifdef __cplusplus
 }

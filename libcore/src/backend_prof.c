@@ -1,0 +1,466 @@
+/* backend_prof: the profiling wrapper of moe/backend_prof.h.
+ *
+ * The wrapper's table lives inside its context (ctx points back at the struct that holds the
+ * table), so op entries find the inner backend and the counters through be->ctx without any
+ * global state. Each timed entry: wait for the inner backend, read the clock, call the inner
+ * entry with the INNER table (its own ctx), wait again, read the clock, add. The waits make
+ * the interval cover exactly the device work of that call. */
+#include "moe/backend_prof.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/log.h"
+
+typedef struct prof_ctx {
+    moe_backend table; /* what moe_backend_prof_wrap returns; table.ctx == this struct */
+    const moe_backend *inner;
+    moe_backend_prof_stats st;
+    moe_err first_err; /* first failure a bracketing wait reported */
+} prof_ctx;
+
+static prof_ctx *ctx_of(const moe_backend *be) {
+    return (prof_ctx *)be->ctx;
+}
+
+static void prof_wait(prof_ctx *p) {
+    moe_err e;
+    moe_err_clear(&e);
+    if (p->inner->synchronize(p->inner, &e) != MOE_OK && p->first_err.status == MOE_OK)
+        p->first_err = e;
+}
+
+static double prof_begin(prof_ctx *p) {
+    prof_wait(p);
+    return moe_time_now();
+}
+
+/* dir: 0 forward (or only direction), 1 backward */
+static void prof_end_op(prof_ctx *p, double t0, moe_op op, int dir) {
+    prof_wait(p);
+    p->st.op_seconds[op][dir] += moe_time_now() - t0;
+    p->st.op_calls[op][dir]++;
+}
+
+static void prof_end_mem(prof_ctx *p, double t0) {
+    prof_wait(p);
+    p->st.mem_seconds += moe_time_now() - t0;
+    p->st.mem_calls++;
+}
+
+/* ---- forwarded untimed ---- */
+
+static int pr_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+    const moe_backend *in = ctx_of(be)->inner;
+    return in->supports(in, op, prec);
+}
+
+static void *pr_alloc(const moe_backend *be, size_t bytes) {
+    const moe_backend *in = ctx_of(be)->inner;
+    return in->alloc(in, bytes);
+}
+
+static void pr_free(const moe_backend *be, void *ptr) {
+    const moe_backend *in = ctx_of(be)->inner;
+    in->free(in, ptr);
+}
+
+static moe_status pr_synchronize(const moe_backend *be, moe_err *err) {
+    prof_ctx *p = ctx_of(be);
+    moe_status st = p->inner->synchronize(p->inner, err);
+    if (p->first_err.status != MOE_OK) {
+        if (err && (err->status == MOE_OK || st == MOE_OK)) *err = p->first_err;
+        return p->first_err.status;
+    }
+    return st;
+}
+
+/* ---- memory, timed as MOE_PROF_MEMORY ---- */
+
+static void pr_memcpy_h2d(const moe_backend *be, void *dst, const void *src, size_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->memcpy_h2d(p->inner, dst, src, n);
+    prof_end_mem(p, t0);
+}
+
+static void pr_memcpy_d2h(const moe_backend *be, void *dst, const void *src, size_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->memcpy_d2h(p->inner, dst, src, n);
+    prof_end_mem(p, t0);
+}
+
+static void pr_memcpy_d2d(const moe_backend *be, void *dst, const void *src, size_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->memcpy_d2d(p->inner, dst, src, n);
+    prof_end_mem(p, t0);
+}
+
+static void pr_memset(const moe_backend *be, void *dst, int byte, size_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->memset(p->inner, dst, byte, n);
+    prof_end_mem(p, t0);
+}
+
+/* ---- ops ---- */
+
+static void pr_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+                                 const float *wte, int64_t N, int64_t C) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->embedding_forward(p->inner, out, tokens, wte, N, C);
+    prof_end_op(p, t0, MOE_OP_EMBEDDING, 0);
+}
+
+static void pr_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
+                                  const int32_t *tokens, int64_t N, int64_t C, int64_t V) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->embedding_backward(p->inner, dwte, dout, tokens, N, C, V);
+    prof_end_op(p, t0, MOE_OP_EMBEDDING, 1);
+}
+
+static void pr_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->rmsnorm_forward(p->inner, out, rstd, x, w, N, C, eps, prec);
+    prof_end_op(p, t0, MOE_OP_RMSNORM, 0);
+}
+
+static void pr_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
+                                const float *x, const float *w, const float *rstd, int64_t N,
+                                int64_t C) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->rmsnorm_backward(p->inner, dx, dw, dout, x, w, rstd, N, C);
+    prof_end_op(p, t0, MOE_OP_RMSNORM, 1);
+}
+
+static void pr_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+                            int64_t D, double theta) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->rope_forward(p->inner, x, B, T, NH, D, theta);
+    prof_end_op(p, t0, MOE_OP_ROPE, 0);
+}
+
+static void pr_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
+                             int64_t D, double theta) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->rope_backward(p->inner, dx, B, T, NH, D, theta);
+    prof_end_op(p, t0, MOE_OP_ROPE, 1);
+}
+
+static void pr_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
+                                 const float *k, const float *v, int64_t B, int64_t T, int64_t H,
+                                 int64_t KV, int64_t D, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->attention_forward(p->inner, out, lse, q, k, v, B, T, H, KV, D, prec);
+    prof_end_op(p, t0, MOE_OP_ATTENTION, 0);
+}
+
+static void pr_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
+                                  const float *dout, const float *q, const float *k, const float *v,
+                                  const float *out, const float *lse, int64_t B, int64_t T,
+                                  int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->attention_backward(p->inner, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D,
+                                 prec);
+    prof_end_op(p, t0, MOE_OP_ATTENTION, 1);
+}
+
+static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+                              int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->matmul_forward(p->inner, y, x, w, N, I, O, prec);
+    prof_end_op(p, t0, MOE_OP_MATMUL, 0);
+}
+
+static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                               const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                               moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->matmul_backward(p->inner, dx, dw, dy, x, w, N, I, O, prec);
+    prof_end_op(p, t0, MOE_OP_MATMUL, 1);
+}
+
+static void pr_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,
+                              float *topk_w, int32_t *counts, float *stats, const float *logits,
+                              int64_t N, int64_t E, int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->router_forward(p->inner, probs, lse, topk_idx, topk_w, counts, stats, logits, N, E,
+                             K);
+    prof_end_op(p, t0, MOE_OP_ROUTER, 0);
+}
+
+static void pr_router_backward(const moe_backend *be, float *dlogits, const float *dtopk_w,
+                               const float *dprob, float dz, const float *probs, const float *lse,
+                               const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
+                               int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->router_backward(p->inner, dlogits, dtopk_w, dprob, dz, probs, lse, topk_idx, topk_w,
+                              N, E, K);
+    prof_end_op(p, t0, MOE_OP_ROUTER, 1);
+}
+
+static void pr_permute_forward(const moe_backend *be, float *xp, int32_t *row_src,
+                               int32_t *slot_row, int32_t *offsets, const float *x,
+                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E,
+                               int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->permute_forward(p->inner, xp, row_src, slot_row, offsets, x, topk_idx, N, C, E, K);
+    prof_end_op(p, t0, MOE_OP_PERMUTE, 0);
+}
+
+static void pr_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->permute_backward(p->inner, dx, dxp, slot_row, N, C, K);
+    prof_end_op(p, t0, MOE_OP_PERMUTE, 1);
+}
+
+static void pr_unpermute_forward(const moe_backend *be, float *y, const float *yp,
+                                 const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                                 int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->unpermute_forward(p->inner, y, yp, topk_w, slot_row, N, C, K);
+    prof_end_op(p, t0, MOE_OP_UNPERMUTE, 0);
+}
+
+static void pr_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w,
+                                  const float *dy, const float *yp, const float *topk_w,
+                                  const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->unpermute_backward(p->inner, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
+    prof_end_op(p, t0, MOE_OP_UNPERMUTE, 1);
+}
+
+static void pr_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
+                                      const float *w, const int32_t *offsets, int64_t E, int64_t I,
+                                      int64_t O, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->grouped_matmul_forward(p->inner, y, x, w, offsets, E, I, O, prec);
+    prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 0);
+}
+
+static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+                                       const float *x, const float *w, const int32_t *offsets,
+                                       int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->grouped_matmul_backward(p->inner, dx, dw, dy, x, w, offsets, E, I, O, prec);
+    prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 1);
+}
+
+static void pr_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
+                              int64_t n, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->swiglu_forward(p->inner, out, a, b, n, prec);
+    prof_end_op(p, t0, MOE_OP_SWIGLU, 0);
+}
+
+static void pr_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+                               const float *a, const float *b, int64_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->swiglu_backward(p->inner, da, db, dout, a, b, n);
+    prof_end_op(p, t0, MOE_OP_SWIGLU, 1);
+}
+
+static void pr_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
+                                     const float *logits, const int32_t *targets,
+                                     const float *weights, int64_t N, int64_t V) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->cross_entropy_forward(p->inner, loss, lse, logits, targets, weights, N, V);
+    prof_end_op(p, t0, MOE_OP_CROSS_ENTROPY, 0);
+}
+
+static void pr_cross_entropy_backward(const moe_backend *be, float *dlogits, const float *logits,
+                                      const float *lse, const int32_t *targets,
+                                      const float *weights, float dloss, int64_t N, int64_t V) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->cross_entropy_backward(p->inner, dlogits, logits, lse, targets, weights, dloss, N, V);
+    prof_end_op(p, t0, MOE_OP_CROSS_ENTROPY, 1);
+}
+
+static void pr_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->add(p->inner, out, a, b, n);
+    prof_end_op(p, t0, MOE_OP_ADD, 0);
+}
+
+static void pr_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
+                     int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int64_t step, float grad_scale) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->adamw(p->inner, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step,
+                    grad_scale);
+    prof_end_op(p, t0, MOE_OP_ADAMW, 0);
+}
+
+static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    double r = p->inner->sum_squares(p->inner, x, n);
+    prof_end_op(p, t0, MOE_OP_SUM_SQUARES, 0);
+    return r;
+}
+
+/* ---- public API ---- */
+
+const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err) {
+    prof_ctx *p = calloc(1, sizeof *p);
+    if (!p) {
+        moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory for the profiling wrapper");
+        return NULL;
+    }
+    p->inner = inner;
+    moe_err_clear(&p->first_err);
+    moe_backend *t = &p->table;
+    t->name = inner->name;
+    t->ctx = p;
+    t->supports = pr_supports;
+    t->alloc = pr_alloc;
+    t->free = pr_free;
+    t->memcpy_h2d = pr_memcpy_h2d;
+    t->memcpy_d2h = pr_memcpy_d2h;
+    t->memcpy_d2d = pr_memcpy_d2d;
+    t->memset = pr_memset;
+    t->synchronize = pr_synchronize;
+    t->embedding_forward = pr_embedding_forward;
+    t->embedding_backward = pr_embedding_backward;
+    t->rmsnorm_forward = pr_rmsnorm_forward;
+    t->rmsnorm_backward = pr_rmsnorm_backward;
+    t->rope_forward = pr_rope_forward;
+    t->rope_backward = pr_rope_backward;
+    t->attention_forward = pr_attention_forward;
+    t->attention_backward = pr_attention_backward;
+    t->matmul_forward = pr_matmul_forward;
+    t->matmul_backward = pr_matmul_backward;
+    t->router_forward = pr_router_forward;
+    t->router_backward = pr_router_backward;
+    t->permute_forward = pr_permute_forward;
+    t->permute_backward = pr_permute_backward;
+    t->unpermute_forward = pr_unpermute_forward;
+    t->unpermute_backward = pr_unpermute_backward;
+    t->grouped_matmul_forward = pr_grouped_matmul_forward;
+    t->grouped_matmul_backward = pr_grouped_matmul_backward;
+    t->swiglu_forward = pr_swiglu_forward;
+    t->swiglu_backward = pr_swiglu_backward;
+    t->cross_entropy_forward = pr_cross_entropy_forward;
+    t->cross_entropy_backward = pr_cross_entropy_backward;
+    t->add = pr_add;
+    t->adamw = pr_adamw;
+    t->sum_squares = pr_sum_squares;
+    return t;
+}
+
+const moe_backend *moe_backend_prof_inner(const moe_backend *prof) {
+    return ctx_of(prof)->inner;
+}
+
+void moe_backend_prof_free(const moe_backend *prof) {
+    if (prof) free(ctx_of(prof));
+}
+
+void moe_backend_prof_get(const moe_backend *prof, moe_backend_prof_stats *out) {
+    *out = ctx_of(prof)->st;
+}
+
+void moe_backend_prof_reset(const moe_backend *prof) {
+    memset(&ctx_of(prof)->st, 0, sizeof(moe_backend_prof_stats));
+}
+
+moe_prof_kind moe_backend_prof_kind_of(moe_op op) {
+    switch (op) {
+    case MOE_OP_ATTENTION:
+        return MOE_PROF_ATTENTION;
+    case MOE_OP_GROUPED_MATMUL:
+        return MOE_PROF_EXPERT_GEMM;
+    case MOE_OP_MATMUL:
+        return MOE_PROF_DENSE_GEMM;
+    default:
+        return MOE_PROF_OTHER;
+    }
+}
+
+const char *moe_backend_prof_kind_name(moe_prof_kind kind) {
+    switch (kind) {
+    case MOE_PROF_ATTENTION:
+        return "attention";
+    case MOE_PROF_EXPERT_GEMM:
+        return "expert GEMMs";
+    case MOE_PROF_DENSE_GEMM:
+        return "dense GEMMs";
+    case MOE_PROF_OTHER:
+        return "other ops";
+    case MOE_PROF_MEMORY:
+        return "memory";
+    default:
+        return "?";
+    }
+}
+
+double moe_backend_prof_kind_seconds(const moe_backend_prof_stats *s, moe_prof_kind kind,
+                                     int64_t *calls) {
+    double sec = 0.0;
+    int64_t n = 0;
+    if (kind == MOE_PROF_MEMORY) {
+        sec = s->mem_seconds;
+        n = s->mem_calls;
+    } else {
+        for (int op = 0; op < MOE_OP_COUNT; op++)
+            if (moe_backend_prof_kind_of((moe_op)op) == kind)
+                for (int d = 0; d < 2; d++) {
+                    sec += s->op_seconds[op][d];
+                    n += s->op_calls[op][d];
+                }
+    }
+    if (calls) *calls = n;
+    return sec;
+}
+
+void moe_backend_prof_print(const moe_backend_prof_stats *s, int steps, double wall_seconds,
+                            FILE *f) {
+    double per = steps > 0 ? 1.0 / steps : 1.0, timed = 0.0;
+    double wall = wall_seconds > 0.0 ? wall_seconds : 1e-30;
+    fprintf(f, "| op kind | ms/step | share of profiled step | calls/step |\n|---|---|---|---|\n");
+    for (int k = 0; k < MOE_PROF_KIND_COUNT; k++) {
+        int64_t n = 0;
+        double sec = moe_backend_prof_kind_seconds(s, (moe_prof_kind)k, &n);
+        timed += sec;
+        fprintf(f, "| %s | %.2f | %.1f%% | %.0f |\n", moe_backend_prof_kind_name((moe_prof_kind)k),
+                sec * per * 1e3, 100.0 * sec / wall, (double)n * per);
+    }
+    fprintf(f, "| host (outside the table) | %.2f | %.1f%% | - |\n",
+            (wall_seconds - timed) * per * 1e3, 100.0 * (wall_seconds - timed) / wall);
+    fprintf(f, "| profiled step | %.2f | 100%% | - |\n", wall_seconds * per * 1e3);
+    fprintf(f, "\n| op | direction | ms/step | calls/step |\n|---|---|---|---|\n");
+    for (int op = 0; op < MOE_OP_COUNT; op++)
+        for (int d = 0; d < 2; d++)
+            if (s->op_calls[op][d] > 0)
+                fprintf(f, "| %s | %s | %.3f | %.0f |\n", moe_op_name((moe_op)op),
+                        d ? "backward" : "forward", s->op_seconds[op][d] * per * 1e3,
+                        (double)s->op_calls[op][d] * per);
+}

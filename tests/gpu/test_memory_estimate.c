@@ -1,0 +1,139 @@
+/* test_memory_estimate: the --dry-run memory estimate against the measured peak on a GPU.
+ *
+ * For configs/L0_sanity.yaml (one micro-batch = train.global_batch_tokens, 64 x 256 tokens),
+ * under the fp32 and bf16 recipes and every train.recompute mode, a fresh CUDA backend
+ * builds the model, runs one forward + backward + AdamW step, and its peak device memory
+ * (moe_backend_cuda_memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
+ * within 10% of moe_model_memory_estimate's total + gpu_scratch, the figure --dry-run prints
+ * as the peak on a CUDA device. The part allocated through be->alloc (total) is exact (the
+ * CPU test unit.recompute checks it byte for byte); gpu_scratch is an upper bound on the
+ * backend's grow-only scratch. Also: the peaks of the four modes must shrink in the order
+ * none > attn, moe > full, as the plans do, and every mode's gradients must be bit-identical
+ * to recompute none's on the GPU too (its kernels are deterministic). Exits 77 without a
+ * CUDA device. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/backend_cuda.h"
+#include "moe/config.h"
+#include "moe/model.h"
+#include "testlib.h"
+
+/* One training step on a fresh backend; returns the peak device bytes (0 on failure) and
+ * the gradients of the step (before AdamW) in *grads (malloc'ed, n_elems floats). */
+static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute rc, float **grads,
+                        int64_t *n) {
+    moe_err err;
+    moe_err_clear(&err);
+    const moe_backend *be = moe_backend_cuda(&err);
+    if (!be) {
+        CHECK_MSG(0, "CUDA backend: %s", err.msg);
+        return 0;
+    }
+    int T = (int)cfg->train.seq_len, B = (int)(cfg->train.global_batch_tokens / T);
+    moe_model m;
+    size_t peak = 0;
+    float *am = NULL, *av = NULL;
+    int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)),
+            *tgt = malloc((size_t)B * T * sizeof(int32_t));
+    if (moe_model_create(&m, &cfg->model, recipe, rc, be, B, T, &err) != MOE_OK) {
+        CHECK_MSG(0, "create: %s", err.msg);
+        goto done;
+    }
+    moe_model_init_weights(&m, 5);
+    size_t pb = (size_t)m.n_elems * sizeof(float);
+    am = be->alloc(be, pb);
+    av = be->alloc(be, pb);
+    CHECK(am && av);
+    if (!am || !av) goto done;
+    uint64_t s = 1;
+    for (int64_t i = 0; i < (int64_t)B * T; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        tok[i] = (int32_t)((s >> 33) % (uint64_t)cfg->model.vocab_size);
+        tgt[i] = (int32_t)((s >> 17) % (uint64_t)cfg->model.vocab_size);
+    }
+    moe_step_stats st;
+    moe_model_zero_grad(&m);
+    CHECK(moe_model_forward(&m, tok, tgt, NULL, B, T, &st, &err) == MOE_OK);
+    CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
+    *n = m.n_elems;
+    *grads = malloc(pb);
+    if (*grads) moe_model_copy_grads_to_host(&m, *grads);
+    be->adamw(be, m.param_mem, m.grad_mem, am, av, m.n_elems, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1,
+              1.0f);
+    (void)be->sum_squares(be, m.grad_mem, m.n_elems); /* gradient clipping's norm */
+    CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
+    CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);
+    moe_backend_cuda_memory(be, NULL, &peak);
+done:
+    be->free(be, am);
+    be->free(be, av);
+    moe_model_free(&m);
+    moe_backend_cuda_free(be);
+    free(tok);
+    free(tgt);
+    return peak;
+}
+
+int main(void) {
+    if (moe_cuda_device_count() == 0) {
+        printf("skipped: no CUDA device\n");
+        return 77;
+    }
+    moe_err err;
+    moe_err_clear(&err);
+    const moe_backend *probe = moe_backend_cuda(&err);
+    if (!probe) {
+        moe_err_print(&err, "test_memory_estimate", stderr);
+        printf("skipped: the CUDA backend could not start\n");
+        return 77;
+    }
+    moe_backend_cuda_free(probe);
+    moe_config cfg;
+    if (moe_config_load(&cfg, test_src_path("configs/L0_sanity.yaml"), 0, NULL, &err) != MOE_OK) {
+        CHECK_MSG(0, "config: %s", err.msg);
+        return test_summary("test_memory_estimate");
+    }
+    const moe_recipe recipes[2] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16};
+    for (int r = 0; r < 2; r++) {
+        size_t peaks[4] = {0, 0, 0, 0};
+        float *ref = NULL;
+        int64_t nref = 0;
+        for (int rc = 0; rc < 4; rc++) {
+            moe_model_memory est;
+            moe_model_memory_estimate(&cfg.model, recipes[r], (moe_recompute)rc,
+                                      cfg.train.global_batch_tokens / cfg.train.seq_len,
+                                      cfg.train.seq_len, &est);
+            float *g = NULL;
+            int64_t n = 0;
+            peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, &g, &n);
+            if (rc == MOE_RECOMPUTE_NONE) {
+                ref = g, nref = n;
+            } else if (g && ref) {
+                CHECK_MSG(n == nref && memcmp(g, ref, (size_t)n * sizeof(float)) == 0,
+                          "%s recompute %s: gradients differ from recompute none on the GPU",
+                          moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc));
+            }
+            if (g != ref) free(g);
+            double want = (double)(est.total + est.gpu_scratch), got = (double)peaks[rc];
+            printf("%-4s recompute %-4s: estimate %8.1f MiB (be->alloc %8.1f + scratch %6.1f), "
+                   "measured peak %8.1f MiB, %+.1f%%\n",
+                   moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc),
+                   want / 1048576.0, (double)est.total / 1048576.0,
+                   (double)est.gpu_scratch / 1048576.0, got / 1048576.0,
+                   got > 0 ? 100.0 * (want - got) / got : 0.0);
+            CHECK_MSG(got > 0 && fabs(want - got) <= 0.10 * got,
+                      "%s recompute %s: estimate %.0f bytes is not within 10%% of the peak %.0f",
+                      moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc), want,
+                      got);
+        }
+        free(ref);
+        CHECK(peaks[MOE_RECOMPUTE_ATTN] < peaks[MOE_RECOMPUTE_NONE]);
+        CHECK(peaks[MOE_RECOMPUTE_MOE] < peaks[MOE_RECOMPUTE_NONE]);
+        CHECK(peaks[MOE_RECOMPUTE_FULL] < peaks[MOE_RECOMPUTE_ATTN]);
+        CHECK(peaks[MOE_RECOMPUTE_FULL] < peaks[MOE_RECOMPUTE_MOE]);
+    }
+    return test_summary("test_memory_estimate");
+}

@@ -1,0 +1,270 @@
+/* test_recompute: train.recompute (none/attn/moe/full) and the memory estimate.
+ *
+ * 1. Gradients, losses and router statistics of every recompute mode are BIT-identical to
+ *    recompute none, for the fp32 and bf16 recipes, tied and untied lm_head, over two
+ *    accumulated micro-batches of different shapes (the second smaller than the buffers).
+ * 2. Each mode's activation plan is smaller than the one before it (none > attn, moe > full >
+ *    forward-only), and a forward-only model gives the same hidden states as a training one.
+ * 3. moe_model_memory_estimate is exact: a counting wrapper around the CPU backend's
+ *    alloc/free sums what the model (and the AdamW moments a trainer adds) really allocate
+ *    through the backend, and forward/backward allocate nothing more.
+ * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
+ * recomputed forward runs the same deterministic ops on the same inputs. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradcheck.h"
+#include "model_internal.h"
+#include "moe/model.h"
+#include "testlib.h"
+
+enum { B = 3, T = 24, NLIVE = 64 };
+
+/* ---- counting backend: the CPU table with alloc/free that keep a ledger in ctx ---- */
+
+typedef struct counter {
+    const moe_backend *cpu;
+    void *ptr[NLIVE];
+    size_t bytes[NLIVE];
+    size_t live, peak;
+    int n_alloc;
+} counter;
+
+static void *count_alloc(const moe_backend *be, size_t bytes) {
+    counter *c = be->ctx;
+    void *p = c->cpu->alloc(c->cpu, bytes);
+    if (!p) return NULL;
+    for (int i = 0; i < NLIVE; i++)
+        if (!c->ptr[i]) {
+            c->ptr[i] = p, c->bytes[i] = bytes;
+            c->live += bytes;
+            if (c->live > c->peak) c->peak = c->live;
+            c->n_alloc++;
+            return p;
+        }
+    CHECK_MSG(0, "more than %d live allocations", NLIVE);
+    c->cpu->free(c->cpu, p);
+    return NULL;
+}
+
+static void count_free(const moe_backend *be, void *p) {
+    counter *c = be->ctx;
+    if (!p) return;
+    for (int i = 0; i < NLIVE; i++)
+        if (c->ptr[i] == p) {
+            c->live -= c->bytes[i];
+            c->ptr[i] = NULL;
+            break;
+        }
+    c->cpu->free(c->cpu, p);
+}
+
+static moe_backend counting_backend(counter *c) {
+    memset(c, 0, sizeof *c);
+    c->cpu = moe_backend_cpu();
+    moe_backend be = *c->cpu;
+    be.ctx = c;
+    be.alloc = count_alloc;
+    be.free = count_free;
+    return be;
+}
+
+/* ---- fixtures ---- */
+
+static moe_model_config config(int tied) {
+    moe_model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 37;
+    c.hidden_size = 32;
+    c.intermediate_size = 24;
+    c.num_hidden_layers = 3;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.num_local_experts = 5;
+    c.num_experts_per_tok = 2;
+    c.max_position_embeddings = 64;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-5;
+    c.router_aux_loss_coef = 0.3;
+    c.router_z_loss_coef = 0.05;
+    c.initializer_range = 0.25;
+    c.tie_word_embeddings = tied;
+    return c;
+}
+
+typedef struct run_out {
+    float *grads;
+    double loss[2], aux[2], z[2];
+    int64_t n, act_bytes;
+} run_out;
+
+/* Two accumulated micro-batches: B x T, then 2 x (T - 5) with weights. */
+static run_out run(const moe_model_config *cfg, moe_recipe recipe, moe_recompute rc,
+                   const int32_t *tok, const int32_t *tgt, const float *w) {
+    run_out o;
+    memset(&o, 0, sizeof o);
+    moe_model m;
+    moe_err err;
+    moe_err_clear(&err);
+    if (moe_model_create(&m, cfg, recipe, rc, moe_backend_cpu(), B, T, &err) != MOE_OK) {
+        CHECK_MSG(0, "create: %s", err.msg);
+        return o;
+    }
+    moe_model_init_weights(&m, 21);
+    moe_step_stats st;
+    CHECK(moe_model_forward(&m, tok, tgt, NULL, B, T, &st, &err) == MOE_OK);
+    CHECK(moe_model_backward(&m, 0.5f, &err) == MOE_OK);
+    o.loss[0] = st.loss, o.aux[0] = st.aux_loss, o.z[0] = st.z_loss;
+    CHECK(moe_model_forward(&m, tok + 7, tgt + 7, w, 2, T - 5, &st, &err) == MOE_OK);
+    CHECK(moe_model_backward(&m, 0.5f, &err) == MOE_OK);
+    o.loss[1] = st.loss, o.aux[1] = st.aux_loss, o.z[1] = st.z_loss;
+    o.n = m.n_elems;
+    o.act_bytes = (int64_t)m.acts->bytes;
+    o.grads = malloc((size_t)o.n * sizeof(float));
+    moe_model_copy_grads_to_host(&m, o.grads);
+    moe_model_free(&m);
+    return o;
+}
+
+static void test_bit_identical(void) {
+    int32_t tok[B * T], tgt[B * T];
+    float w[B * T];
+    uint64_t s = 9;
+    for (int i = 0; i < B * T; i++) {
+        tok[i] = (int32_t)gc_uniform(&s, 0, 37);
+        tgt[i] = i % 11 == 3 ? -1 : (int32_t)gc_uniform(&s, 0, 37);
+        w[i] = (float)gc_uniform(&s, 0.2, 1.0);
+    }
+    const moe_recipe recipes[2] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16};
+    for (int tied = 0; tied < 2; tied++)
+        for (int r = 0; r < 2; r++) {
+            moe_model_config cfg = config(tied);
+            run_out ref = run(&cfg, recipes[r], MOE_RECOMPUTE_NONE, tok, tgt, w);
+            if (!ref.grads) return;
+            double gmax = 0.0;
+            for (int64_t i = 0; i < ref.n; i++)
+                if (ref.grads[i] > gmax) gmax = ref.grads[i];
+            CHECK_MSG(gmax > 0.0, "reference gradients are all zero");
+            for (int rc = MOE_RECOMPUTE_ATTN; rc <= MOE_RECOMPUTE_FULL; rc++) {
+                run_out o = run(&cfg, recipes[r], (moe_recompute)rc, tok, tgt, w);
+                if (!o.grads) continue;
+                const char *what = moe_recompute_name((moe_recompute)rc);
+                CHECK_MSG(o.n == ref.n, "%s: parameter count", what);
+                CHECK_MSG(memcmp(o.loss, ref.loss, sizeof o.loss) == 0 &&
+                              memcmp(o.aux, ref.aux, sizeof o.aux) == 0 &&
+                              memcmp(o.z, ref.z, sizeof o.z) == 0,
+                          "recompute %s (%s, tied %d): losses differ from none", what,
+                          moe_recipe_name(recipes[r]), tied);
+                CHECK_MSG(memcmp(o.grads, ref.grads, (size_t)ref.n * sizeof(float)) == 0,
+                          "recompute %s (%s, tied %d): gradients differ from none", what,
+                          moe_recipe_name(recipes[r]), tied);
+                CHECK_MSG(o.act_bytes < ref.act_bytes, "recompute %s does not save memory", what);
+                free(o.grads);
+            }
+            free(ref.grads);
+        }
+}
+
+/* Plans shrink in the documented order; forward-only gives the training model's hidden
+ * states and refuses forward/backward. */
+static void test_plans_and_forward_only(void) {
+    moe_model_config cfg = config(0);
+    int64_t by[4];
+    for (int rc = 0; rc < 4; rc++)
+        by[rc] = moe_model_activation_bytes(&cfg, MOE_RECIPE_FP32, (moe_recompute)rc, B, T);
+    CHECK(by[MOE_RECOMPUTE_ATTN] < by[MOE_RECOMPUTE_NONE]);
+    CHECK(by[MOE_RECOMPUTE_MOE] < by[MOE_RECOMPUTE_NONE]);
+    CHECK(by[MOE_RECOMPUTE_FULL] < by[MOE_RECOMPUTE_ATTN]);
+    CHECK(by[MOE_RECOMPUTE_FULL] < by[MOE_RECOMPUTE_MOE]);
+    /* the MoE block (N k rows of width C and 3F) outweighs attention in this config */
+    CHECK(by[MOE_RECOMPUTE_MOE] < by[MOE_RECOMPUTE_ATTN]);
+
+    counter cnt;
+    moe_backend cbe = counting_backend(&cnt);
+    moe_model tr, fo;
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(moe_model_create(&tr, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_FULL, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
+    CHECK(moe_model_create_forward_only(&fo, &cfg, MOE_RECIPE_BF16, &cbe, B, T, &err) == MOE_OK);
+    if (err.status != MOE_OK) return;
+    /* forward-only: parameters and activations, no gradients */
+    CHECK_INT_EQ(cnt.n_alloc, 2);
+    CHECK((int64_t)cnt.live == fo.n_elems * 4 + (int64_t)fo.acts->bytes);
+    CHECK((int64_t)fo.acts->bytes < by[MOE_RECOMPUTE_FULL]);
+    moe_model_init_weights(&tr, 4);
+    moe_model_init_weights(&fo, 4);
+    int32_t tok[B * T];
+    uint64_t s = 3;
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)gc_uniform(&s, 0, 37);
+    size_t nh = (size_t)B * T * 32;
+    float *h1 = malloc(nh * sizeof(float)), *h2 = malloc(nh * sizeof(float));
+    for (int layer = 0; layer <= 3; layer++) {
+        CHECK(moe_model_hidden(&tr, tok, B, T, layer, h1, &err) == MOE_OK);
+        CHECK(moe_model_hidden(&fo, tok, B, T, layer, h2, &err) == MOE_OK);
+        CHECK_MSG(memcmp(h1, h2, nh * sizeof(float)) == 0, "hidden layer %d differs", layer);
+    }
+    CHECK(moe_model_forward(&fo, tok, tok, NULL, B, T, NULL, &err) == MOE_ERR_RUNTIME);
+    CHECK(moe_model_backward(&fo, 1.0f, &err) == MOE_ERR_RUNTIME);
+    moe_model bad;
+    CHECK(moe_model_create(&bad, &cfg, MOE_RECIPE_FP32, (moe_recompute)7, moe_backend_cpu(), B, T,
+                           &err) == MOE_ERR_INPUT);
+    moe_model_free(&bad);
+    free(h1), free(h2);
+    moe_model_free(&tr);
+    moe_model_free(&fo);
+    CHECK_INT_EQ((int64_t)cnt.live, 0);
+}
+
+/* The estimate equals what is really allocated through the backend, for every mode. */
+static void test_estimate_exact(void) {
+    int32_t tok[B * T];
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)((i * 7) % 37);
+    for (int tied = 0; tied < 2; tied++)
+        for (int rc = 0; rc < 4; rc++)
+            for (int r = 0; r < 2; r++) {
+                moe_recipe recipe = r ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+                moe_model_config cfg = config(tied);
+                counter cnt;
+                moe_backend cbe = counting_backend(&cnt);
+                moe_model m;
+                moe_err err;
+                moe_err_clear(&err);
+                if (moe_model_create(&m, &cfg, recipe, (moe_recompute)rc, &cbe, B, T, &err) !=
+                    MOE_OK) {
+                    CHECK_MSG(0, "create: %s", err.msg);
+                    continue;
+                }
+                moe_model_init_weights(&m, 1);
+                /* what the trainer adds: the AdamW moments, through the same backend */
+                size_t pb = (size_t)m.n_elems * sizeof(float);
+                float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
+                moe_model_zero_grad(&m);
+                CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
+                CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
+                cbe.adamw(&cbe, m.param_mem, m.grad_mem, am, av, m.n_elems, 1e-3f, 0.9f, 0.95f,
+                          1e-8f, 0.1f, 1, 1.0f);
+                moe_model_memory est;
+                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, &est);
+                CHECK_MSG((int64_t)cnt.peak == est.total,
+                          "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
+                          moe_recompute_name((moe_recompute)rc), moe_recipe_name(recipe), tied,
+                          (long long)est.total, cnt.peak);
+                CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
+                CHECK_INT_EQ(est.params, (int64_t)pb);
+                CHECK(est.gpu_scratch > 0);
+                cbe.free(&cbe, am);
+                cbe.free(&cbe, av);
+                moe_model_free(&m);
+                CHECK_INT_EQ((int64_t)cnt.live, 0);
+            }
+}
+
+int main(void) {
+    test_bit_identical();
+    test_plans_and_forward_only();
+    test_estimate_exact();
+    return test_summary("test_recompute");
+}
