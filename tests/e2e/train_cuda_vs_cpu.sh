@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # e2e.train_cuda_vs_cpu: moe-train on the GPU follows the CPU's loss curve. L0_sanity
-# (head dim 64) under the bf16 recipe, 12 steps of 2048 tokens on the lambda phage genome,
+# (head dim 64) under the bf16 recipe, 20 steps of 2048 tokens on the lambda phage genome,
 # once with device=cpu (which emulates the GPU's bf16 rounding) and once with device=cuda,
 # same seed, same data order: every step's loss must agree within 2% and the GPU loss must
-# fall. Skipped (77) where no NVIDIA GPU is visible, as in CI.
+# fall. Then resume on the GPU: stopped at step 10 and resumed, the run must continue the
+# same loss curve (deterministic kernels: the same values). Skipped (77) where no NVIDIA GPU
+# is visible, as in CI.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
@@ -12,27 +14,32 @@ fa=$src/data/lambda_virus.fa.gz
 [ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards run-cpu run-gpu
+rm -rf shards run-cpu run-gpu run-gpu-resumed
 gzip -dc "$fa" | awk '/^>/ {next} {s = s $0}
     END {for (i = 1; i <= length(s); i += 1000) printf(">lambda_%d\n%s\n", (i - 1) / 1000 + 1, substr(s, i, 1000))}' \
     > lambda_1kb.fa
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 
-common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=bf16 train.steps=12
+common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=bf16 train.steps=20
         train.global_batch_tokens=2048 optim.warmup_steps=3 train.eval_every=0
-        checkpoint.every=12 log.every=1)
+        checkpoint.every=20 log.every=1)
 moe-train -q "${common[@]}" device=cpu -o run-cpu
 moe-train -q "${common[@]}" device=cuda -o run-gpu
 
 loss() { sed -n 's/.*"loss":\([0-9.eE+-]*\).*/\1/p' "$1/metrics.jsonl"; }
 paste <(loss run-cpu) <(loss run-gpu) > curves.tsv
-[ "$(wc -l < curves.tsv)" -eq 12 ] || fail "expected 12 loss values per run, got $(wc -l < curves.tsv)"
+[ "$(wc -l < curves.tsv)" -eq 20 ] || fail "expected 20 loss values per run, got $(wc -l < curves.tsv)"
 echo "step cpu gpu"
 awk '{printf "%d %s %s\n", NR, $1, $2}' curves.tsv
 awk '{d = $1 - $2; if (d < 0) d = -d; if (d > 0.02 * $1) bad++}
      NR == 1 {first = $2} {last = $2}
      END {if (bad) {print "FAIL: " bad " steps differ by more than 2%"; exit 1}
           if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' curves.tsv
+moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed --stop-at 10
+moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed --resume auto
+loss run-gpu-resumed | diff - <(loss run-gpu) > /dev/null \
+  || { paste <(loss run-gpu) <(loss run-gpu-resumed); fail "resumed GPU run left the loss curve"; }
+echo "gpu resume: same 20 losses"
 grep -o '"tokens_per_s":[0-9.eE+-]*' run-gpu/metrics.jsonl | tail -1 | sed 's/^/gpu /'
 grep -o '"tokens_per_s":[0-9.eE+-]*' run-cpu/metrics.jsonl | tail -1 | sed 's/^/cpu /'
 echo "ok"
