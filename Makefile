@@ -4,6 +4,8 @@
 #   make            configure + build into build/
 #   make test       deps, build, run every test (ctest), output shown on failure
 #   make test-asan  the same under AddressSanitizer + UBSan, in build-asan/
+#   make demo       deps, build, then pipelines/quickstart.sh: lambda genome -> tokens ->
+#                   tiny MoE training -> 1 kb embeddings, all under demo-out/ (a few minutes)
 
 #   make clean      remove the build trees
 BUILD ?= build
@@ -16,7 +18,7 @@ DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
 	bowtie2-examples htslib-test seqkit-examples snakemake
 
-.PHONY: all build deps test test-asan clean
+.PHONY: all build deps test test-asan demo clean
 
 all: build
 
@@ -39,6 +41,10 @@ build: $(BUILD)/build.ninja
 test: deps
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+
+demo: deps
+	$(MAKE) build
+	MOE_BUILD_DIR=$(CURDIR)/$(BUILD) pipelines/quickstart.sh
 
 test-asan: deps
 	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"

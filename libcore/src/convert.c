@@ -1,0 +1,359 @@
+/* convert: moe-convert to-hf - a checkpoint as a Hugging Face Mixtral directory.
+ *
+ * Output (written into OUT.tmp.<pid>/ and renamed to OUT only when complete):
+ *   config.json                      MixtralConfig keys + architectures + torch_dtype
+ *   model.safetensors                (one shard) or model-0000i-of-0000n.safetensors +
+ *   model.safetensors.index.json     {"metadata": {"total_size"}, "weight_map"}
+ *   tokenizer.json, tokenizer_config.json, special_tokens_map.json
+ *   moe_tokenizer.json, moe_config.yaml  the checkpoint's own, for an exact from-hf
+ * Tensors go into shards in model order (embedding, layer 0, ..., norm, lm_head); a shard
+ * closes before the tensor that would take it past max_shard_bytes, as transformers'
+ * save_pretrained does. The one thing to know: f32 export copies the checkpoint's bytes
+ * (the writer reads them straight from the mmap), so native -> HF -> native is exact. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "moe/convert.h"
+#include "moe/embed.h"
+#include "moe/fileio.h"
+#include "moe/log.h"
+#include "moe/version.h"
+
+void moe_convert_opts_defaults(moe_convert_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->max_shard_bytes = 5000000000LL;
+    o->dtype = MOE_ST_F32;
+}
+
+int64_t moe_convert_parse_size(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    double mul = 1;
+    if (!strcmp(end, "") || !strcmp(end, "B"))
+        mul = 1;
+    else if (!strcmp(end, "KB") || !strcmp(end, "kB"))
+        mul = 1e3;
+    else if (!strcmp(end, "MB"))
+        mul = 1e6;
+    else if (!strcmp(end, "GB"))
+        mul = 1e9;
+    else if (!strcmp(end, "KiB"))
+        mul = 1024.0;
+    else if (!strcmp(end, "MiB"))
+        mul = 1024.0 * 1024;
+    else if (!strcmp(end, "GiB"))
+        mul = 1024.0 * 1024 * 1024;
+    else
+        return -1;
+    double b = v * mul;
+    return b >= 1 && b < 9e18 ? (int64_t)b : -1;
+}
+
+int moe_convert_tensor_table(const moe_model_config *c, moe_convert_tensor **out) {
+    int L = (int)c->num_hidden_layers, E = (int)c->num_local_experts;
+    int n = 1 + L * (7 + 3 * E) + 1 + (c->tie_word_embeddings ? 0 : 1);
+    moe_convert_tensor *t = calloc((size_t)n, sizeof *t);
+    *out = t;
+    if (!t) return -1;
+    int64_t V = c->vocab_size, C = c->hidden_size, F = c->intermediate_size;
+    int64_t KVD = c->hidden_size / c->num_attention_heads * c->num_key_value_heads;
+    int i = 0;
+#define ADD(nd, d0, d1, l, e, k, ...)                                                              \
+    do {                                                                                           \
+        snprintf(t[i].name, sizeof t[i].name, __VA_ARGS__);                                        \
+        t[i].ndim = nd;                                                                            \
+        t[i].shape[0] = d0;                                                                        \
+        t[i].shape[1] = d1;                                                                        \
+        t[i].layer = l;                                                                            \
+        t[i].expert = e;                                                                           \
+        t[i].kind = k;                                                                             \
+        i++;                                                                                       \
+    } while (0)
+    ADD(2, V, C, -1, -1, MOE_CT_OTHER, "model.embed_tokens.weight");
+    for (int l = 0; l < L; l++) {
+        ADD(1, C, 0, l, -1, MOE_CT_OTHER, "model.layers.%d.input_layernorm.weight", l);
+        ADD(2, C, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.q_proj.weight", l);
+        ADD(2, KVD, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.k_proj.weight", l);
+        ADD(2, KVD, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.v_proj.weight", l);
+        ADD(2, C, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.o_proj.weight", l);
+        ADD(1, C, 0, l, -1, MOE_CT_OTHER, "model.layers.%d.post_attention_layernorm.weight", l);
+        ADD(2, E, C, l, -1, MOE_CT_OTHER, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        for (int j = 0; j < E; j++)
+            ADD(2, F, C, l, j, MOE_CT_W1, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight",
+                l, j);
+        for (int j = 0; j < E; j++)
+            ADD(2, C, F, l, j, MOE_CT_W2, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight",
+                l, j);
+        for (int j = 0; j < E; j++)
+            ADD(2, F, C, l, j, MOE_CT_W3, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight",
+                l, j);
+    }
+    ADD(1, C, 0, -1, -1, MOE_CT_OTHER, "model.norm.weight");
+    if (!c->tie_word_embeddings) ADD(2, V, C, -1, -1, MOE_CT_OTHER, "lm_head.weight");
+#undef ADD
+    return i;
+}
+
+/* ---- config.json ---- */
+
+static json_t *hf_config_json(const moe_config *cfg, const moe_tokenizer *tok, moe_st_dtype dtype) {
+    const moe_model_config *m = &cfg->model;
+    json_t *o = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string("MixtralForCausalLM"));
+    json_object_set_new(o, "architectures", arch);
+    json_object_set_new(o, "model_type", json_string("mixtral"));
+    json_object_set_new(o, "vocab_size", json_integer(m->vocab_size));
+    json_object_set_new(o, "hidden_size", json_integer(m->hidden_size));
+    json_object_set_new(o, "intermediate_size", json_integer(m->intermediate_size));
+    json_object_set_new(o, "num_hidden_layers", json_integer(m->num_hidden_layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(m->num_attention_heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(m->num_key_value_heads));
+    json_object_set_new(o, "head_dim", json_integer(m->hidden_size / m->num_attention_heads));
+    json_object_set_new(o, "num_local_experts", json_integer(m->num_local_experts));
+    json_object_set_new(o, "num_experts_per_tok", json_integer(m->num_experts_per_tok));
+    json_object_set_new(o, "max_position_embeddings", json_integer(m->max_position_embeddings));
+    json_object_set_new(o, "rope_theta", json_real(m->rope_theta));
+    json_object_set_new(o, "rms_norm_eps", json_real(m->rms_norm_eps));
+    json_object_set_new(o, "router_aux_loss_coef", json_real(m->router_aux_loss_coef));
+    json_object_set_new(o, "initializer_range", json_real(m->initializer_range));
+    json_object_set_new(o, "tie_word_embeddings", json_boolean(m->tie_word_embeddings));
+    json_object_set_new(o, "hidden_act", json_string("silu"));
+    json_object_set_new(o, "attention_dropout", json_real(0.0));
+    json_object_set_new(o, "sliding_window", json_null());
+    json_object_set_new(o, "router_jitter_noise", json_real(0.0));
+    json_object_set_new(o, "output_router_logits", json_false());
+    json_object_set_new(o, "use_cache", json_true());
+    json_object_set_new(o, "bos_token_id",
+                        tok->bos_id >= 0 ? json_integer(tok->bos_id) : json_null());
+    json_object_set_new(o, "eos_token_id",
+                        tok->eos_id >= 0 ? json_integer(tok->eos_id) : json_null());
+    json_object_set_new(o, "pad_token_id",
+                        tok->pad_id >= 0 ? json_integer(tok->pad_id) : json_null());
+    json_object_set_new(o, "torch_dtype",
+                        json_string(dtype == MOE_ST_BF16 ? "bfloat16" : "float32"));
+    json_object_set_new(o, "moe_genomics_version", json_string(moe_version()));
+    return o;
+}
+
+static moe_status write_json(json_t *o, const char *path, moe_err *err) {
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
+    moe_outfile f;
+    memset(&f, 0, sizeof f);
+    moe_status st = moe_outfile_open(&f, path, err);
+    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
+    if (st == MOE_OK) st = moe_outfile_write(&f, "\n", 1, err);
+    if (st == MOE_OK)
+        st = moe_outfile_commit(&f, err);
+    else if (f.fp)
+        moe_outfile_abort(&f);
+    free(text);
+    return st;
+}
+
+static moe_status write_text(const char *text, const char *path, moe_err *err) {
+    moe_outfile f;
+    memset(&f, 0, sizeof f);
+    moe_status st = moe_outfile_open(&f, path, err);
+    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
+    if (st == MOE_OK)
+        st = moe_outfile_commit(&f, err);
+    else if (f.fp)
+        moe_outfile_abort(&f);
+    return st;
+}
+
+/* ---- output directory: OUT.tmp.<pid>, renamed at the end ---- */
+
+static moe_status prepare_out(const char *out_dir, char *tmp, size_t n, moe_err *err) {
+    struct stat sb;
+    if (stat(out_dir, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode) || rmdir(out_dir) != 0) {
+            moe_err_set(err, MOE_ERR_INPUT, out_dir,
+                        "the output exists and is not an empty directory");
+            moe_err_hint(err, "choose a new output directory (nothing is overwritten)");
+            return MOE_ERR_INPUT;
+        }
+    }
+    if (snprintf(tmp, n, "%s.tmp.%d", out_dir, (int)getpid()) >= (int)n)
+        return moe_err_set(err, MOE_ERR_INPUT, out_dir, "path too long");
+    if (stat(tmp, &sb) == 0) moe_remove_tree(tmp, NULL);
+    return moe_mkdirs(tmp, err);
+}
+
+static moe_status finish_out(const char *tmp, const char *out_dir, moe_status st, moe_err *err) {
+    if (st == MOE_OK && rename(tmp, out_dir) != 0)
+        st = moe_err_errno(err, out_dir, "cannot rename the finished output into place");
+    if (st != MOE_OK) moe_remove_tree(tmp, NULL);
+    return st;
+}
+
+/* ---- to-hf ---- */
+
+typedef struct src_tensor {
+    const moe_st_tensor *t;
+    int64_t out_bytes;
+    int shard;
+} src_tensor;
+
+static moe_status add_tensor(moe_st_writer *w, const moe_st_file *f, const moe_convert_tensor *ct,
+                             const moe_st_tensor *t, moe_st_dtype dtype, float **owned,
+                             moe_err *err) {
+    *owned = NULL;
+    int aligned = ((uintptr_t)t->data % sizeof(float)) == 0;
+    if (t->dtype == MOE_ST_F32 && dtype == MOE_ST_F32)
+        return moe_st_writer_add(w, ct->name, MOE_ST_F32, ct->ndim, ct->shape, t->data, err);
+    const float *src = t->data;
+    if (t->dtype != MOE_ST_F32 || !aligned) {
+        float *buf = malloc((size_t)(t->numel ? t->numel : 1) * sizeof(float));
+        if (!buf) return moe_err_set(err, MOE_ERR_RUNTIME, f->path, "out of memory");
+        moe_status st = moe_st_read_f32(f, t, buf, err);
+        if (st != MOE_OK) {
+            free(buf);
+            return st;
+        }
+        *owned = buf;
+        src = buf;
+    }
+    return moe_st_writer_add_f32(w, ct->name, dtype, ct->ndim, ct->shape, src, err);
+}
+
+static moe_status write_shards(const char *tmp, const moe_st_file *f, const moe_convert_tensor *tab,
+                               src_tensor *src, int n, int n_shards, moe_st_dtype dtype,
+                               moe_err *err) {
+    float **owned = calloc((size_t)n, sizeof *owned);
+    if (!owned) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    moe_status st = MOE_OK;
+    int first = 0;
+    for (int s = 0; st == MOE_OK && s < n_shards; s++) {
+        moe_st_writer w;
+        moe_st_writer_init(&w);
+        st = moe_st_writer_meta(&w, "format", "pt", err);
+        int i = first;
+        for (; st == MOE_OK && i < n && src[i].shard == s; i++)
+            st = add_tensor(&w, f, &tab[i], src[i].t, dtype, &owned[i], err);
+        char path[4400];
+        if (n_shards == 1)
+            snprintf(path, sizeof path, "%s/model.safetensors", tmp);
+        else
+            snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", tmp, s + 1, n_shards);
+        if (st == MOE_OK) st = moe_st_writer_write(&w, path, err);
+        moe_st_writer_free(&w);
+        for (int j = first; j < i; j++) {
+            free(owned[j]);
+            owned[j] = NULL;
+        }
+        first = i;
+    }
+    free(owned);
+    return st;
+}
+
+static moe_status write_index(const char *tmp, const moe_convert_tensor *tab, const src_tensor *src,
+                              int n, int n_shards, moe_err *err) {
+    json_t *o = json_object(), *meta = json_object(), *map = json_object();
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        char file[64];
+        snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", src[i].shard + 1, n_shards);
+        json_object_set_new(map, tab[i].name, json_string(file));
+        total += src[i].out_bytes;
+    }
+    json_object_set_new(meta, "total_size", json_integer(total));
+    json_object_set_new(o, "metadata", meta);
+    json_object_set_new(o, "weight_map", map);
+    char path[4400];
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", tmp);
+    /* sorted keys as transformers writes them */
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
+    moe_status st = write_text(text, path, err);
+    free(text);
+    return st;
+}
+
+moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const moe_convert_opts *o,
+                             moe_err *err) {
+    if (o->dtype != MOE_ST_F32 && o->dtype != MOE_ST_BF16)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL, "--dtype must be f32 or bf16");
+    moe_infer_ckpt ck;
+    moe_status st = moe_infer_ckpt_open(&ck, ckpt_dir, err);
+    if (st != MOE_OK) return st;
+    char path[4400], tmp[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", ck.dir);
+    moe_st_file f;
+    memset(&f, 0, sizeof f);
+    moe_convert_tensor *tab = NULL;
+    src_tensor *src = NULL;
+    int n = moe_convert_tensor_table(&ck.cfg.model, &tab), n_shards = 0, have_tmp = 0;
+    st = n < 0 ? moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory")
+               : moe_st_open(&f, path, err);
+    int opened = st == MOE_OK;
+    if (st == MOE_OK && !(src = calloc((size_t)n, sizeof *src)))
+        st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    /* validate every tensor and plan the shards before writing anything */
+    int64_t in_shard = 0, esize = (int64_t)moe_st_dtype_size(o->dtype);
+    for (int i = 0; st == MOE_OK && i < n; i++) {
+        st = moe_st_expect(&f, tab[i].name, tab[i].ndim, tab[i].shape, &src[i].t, err);
+        if (st != MOE_OK) break;
+        src[i].out_bytes = src[i].t->numel * esize;
+        if (n_shards == 0 || (in_shard > 0 && in_shard + src[i].out_bytes > o->max_shard_bytes)) {
+            n_shards++;
+            in_shard = 0;
+        }
+        src[i].shard = n_shards - 1;
+        in_shard += src[i].out_bytes;
+    }
+    if (st == MOE_OK && n_shards > 99999)
+        st = moe_err_set(err, MOE_ERR_INPUT, NULL, "%d shards: raise --max-shard-size", n_shards);
+    if (st == MOE_OK) {
+        st = prepare_out(out_dir, tmp, sizeof tmp, err);
+        have_tmp = st == MOE_OK;
+    }
+    if (st == MOE_OK) st = write_shards(tmp, &f, tab, src, n, n_shards, o->dtype, err);
+    if (st == MOE_OK && n_shards > 1) st = write_index(tmp, tab, src, n, n_shards, err);
+    if (st == MOE_OK) {
+        json_t *cj = hf_config_json(&ck.cfg, ck.tok, o->dtype);
+        snprintf(path, sizeof path, "%s/config.json", tmp);
+        st = write_json(cj, path, err);
+        json_decref(cj);
+    }
+    if (st == MOE_OK) {
+        snprintf(path, sizeof path, "%s/moe_tokenizer.json", tmp);
+        st = write_text(ck.tokenizer_json, path, err);
+    }
+    if (st == MOE_OK) {
+        moe_outfile cf;
+        memset(&cf, 0, sizeof cf);
+        snprintf(path, sizeof path, "%s/moe_config.yaml", tmp);
+        st = moe_outfile_open(&cf, path, err);
+        if (st == MOE_OK) st = moe_config_write_yaml(&ck.cfg, cf.fp, err);
+        if (st == MOE_OK)
+            st = moe_outfile_commit(&cf, err);
+        else if (cf.fp)
+            moe_outfile_abort(&cf);
+    }
+    int tok_written = 0;
+    if (st == MOE_OK)
+        st = moe_convert_write_hf_tokenizer(ck.tokenizer_json, ck.cfg.model.max_position_embeddings,
+                                            tmp, &tok_written, err);
+    if (have_tmp) st = finish_out(tmp, out_dir, st, err);
+    if (st == MOE_OK) {
+        moe_log_info("wrote %s: %d tensors in %d shard(s), %s, tokenizer %s%s", out_dir, n,
+                     n_shards, o->dtype == MOE_ST_BF16 ? "bf16" : "f32", ck.tok->name,
+                     tok_written ? " (tokenizer.json for AutoTokenizer)"
+                                 : " (no AutoTokenizer files: see docs/interop.md)");
+    }
+    if (opened) moe_st_close(&f);
+    free(src);
+    free(tab);
+    moe_infer_ckpt_close(&ck);
+    return st;
+}

@@ -1,0 +1,215 @@
+/* convert_inspect: moe-convert inspect - what is in a checkpoint (or in a Hugging Face
+ * directory, or any directory or file of safetensors): config, tokenizer, every tensor with shape,
+ * dtype, RMS and max |x|, parameter counts, and the MANIFEST check.
+ *
+ * The one thing to know: the report is printed in full even when the MANIFEST check
+ * fails (that is when people want to look), and the failure is then returned, so the
+ * exit status still says the checkpoint is damaged. */
+#include <dirent.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "moe/checkpoint.h"
+#include "moe/convert.h"
+#include "moe/embed.h"
+#include "moe/model.h"
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every *.safetensors file of dir except optimizer state, sorted; or dir itself if it is
+ * a file. */
+static moe_status list_files(const char *dir, char ***out, int *n, moe_err *err) {
+    *out = NULL;
+    *n = 0;
+    struct stat sb;
+    if (stat(dir, &sb) != 0)
+        return moe_err_set(err, MOE_ERR_INPUT, dir, "no such file or directory");
+    if (!S_ISDIR(sb.st_mode)) {
+        *out = malloc(sizeof **out);
+        if (!*out || !((*out)[0] = strdup(dir)))
+            return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        *n = 1;
+        return MOE_OK;
+    }
+    DIR *d = opendir(dir);
+    if (!d) return moe_err_errno(err, dir, "cannot list the directory");
+    struct dirent *e;
+    int cap = 0;
+    while ((e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len < 12 || strcmp(e->d_name + len - 12, ".safetensors") != 0 ||
+            strncmp(e->d_name, "optimizer", 9) == 0 || e->d_name[0] == '.')
+            continue;
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 8;
+            char **p = realloc(*out, (size_t)cap * sizeof *p);
+            if (!p) break;
+            *out = p;
+        }
+        size_t m = strlen(dir) + len + 2;
+        char *path = malloc(m);
+        if (!path) break;
+        snprintf(path, m, "%s/%s", dir, e->d_name);
+        (*out)[(*n)++] = path;
+    }
+    closedir(d);
+    if (*n) qsort(*out, (size_t)*n, sizeof **out, cmp_str);
+    return MOE_OK;
+}
+
+static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64_t *bytes) {
+    float *buf = NULL;
+    int64_t cap = 0;
+    fprintf(out, "\n%s: %d tensors\n", f->path, f->n_tensors);
+    fprintf(out, "  %-64s %-5s %-22s %12s %12s\n", "name", "dtype", "shape", "rms", "max|x|");
+    for (int i = 0; i < f->n_tensors; i++) {
+        const moe_st_tensor *t = &f->tensors[i];
+        char shape[64] = "[";
+        for (int d = 0; d < t->ndim; d++) {
+            char dim[24];
+            snprintf(dim, sizeof dim, "%s%" PRId64, d ? ", " : "", t->shape[d]);
+            strncat(shape, dim, sizeof shape - strlen(shape) - 2);
+        }
+        strcat(shape, "]");
+        double ss = 0, mx = 0;
+        int stats = 0;
+        if (t->numel > cap) {
+            float *p = realloc(buf, (size_t)t->numel * sizeof(float));
+            if (p) {
+                buf = p;
+                cap = t->numel;
+            }
+        }
+        if (t->numel <= cap && moe_st_read_f32(f, t, buf, NULL) == MOE_OK) {
+            for (int64_t k = 0; k < t->numel; k++) {
+                double v = buf[k];
+                ss += v * v;
+                if (fabs(v) > mx) mx = fabs(v);
+            }
+            stats = 1;
+        }
+        if (stats)
+            fprintf(out, "  %-64s %-5s %-22s %12.6g %12.6g\n", t->name, moe_st_dtype_name(t->dtype),
+                    shape, t->numel ? sqrt(ss / (double)t->numel) : 0.0, mx);
+        else
+            fprintf(out, "  %-64s %-5s %-22s %12s %12s\n", t->name, moe_st_dtype_name(t->dtype),
+                    shape, "-", "-");
+        *elems += t->numel;
+        *bytes += (int64_t)(t->end - t->begin);
+    }
+    free(buf);
+}
+
+moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out,
+                               moe_err *err) {
+    (void)o;
+    struct stat sb;
+    char path[4400];
+    snprintf(path, sizeof path, "%s/MANIFEST", dir);
+    int is_ckpt = stat(path, &sb) == 0;
+    moe_status manifest = MOE_OK;
+    moe_err merr;
+    moe_err_clear(&merr);
+    if (is_ckpt) {
+        manifest = moe_ckpt_verify(dir, &merr);
+        fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", dir,
+                manifest == MOE_OK ? "ok (sizes and CRC32 of every file match)" : "FAILED: ",
+                manifest == MOE_OK ? "" : merr.msg);
+        moe_config cfg;
+        snprintf(path, sizeof path, "%s/config.yaml", dir);
+        moe_err cerr;
+        moe_err_clear(&cerr);
+        if (moe_config_load(&cfg, path, 0, NULL, &cerr) == MOE_OK) {
+            const moe_model_config *m = &cfg.model;
+            int64_t total, active;
+            moe_model_count_params(m, &total, &active);
+            fprintf(out,
+                    "model: vocab %" PRId64 ", hidden %" PRId64 ", intermediate %" PRId64
+                    ", layers %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, experts %" PRId64
+                    " (top-%" PRId64 "), context %" PRId64 ", rope_theta %g, tied %s\n"
+                    "parameters: %" PRId64 " total, %" PRId64 " active per token; recipe %s\n",
+                    m->vocab_size, m->hidden_size, m->intermediate_size, m->num_hidden_layers,
+                    m->num_attention_heads, m->num_key_value_heads, m->num_local_experts,
+                    m->num_experts_per_tok, m->max_position_embeddings, m->rope_theta,
+                    m->tie_word_embeddings ? "yes" : "no", total, active,
+                    moe_recipe_name(cfg.precision.recipe));
+        } else {
+            fprintf(out, "config.yaml: unreadable: %s\n", cerr.msg);
+        }
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        char *json = NULL;
+        size_t len;
+        moe_tokenizer *tok = NULL;
+        moe_err terr;
+        moe_err_clear(&terr);
+        if (moe_read_file(path, &json, &len, &terr) == MOE_OK &&
+            moe_tokenizer_from_json(&tok, json, path, &terr) == MOE_OK)
+            fprintf(out,
+                    "tokenizer: %s, %" PRId64 " tokens, vocabulary hash %016" PRIx64
+                    "\n  spec: %s\n",
+                    tok->name, tok->vocab_size, tok->vocab_hash, moe_tokenizer_spec_json(tok));
+        else
+            fprintf(out, "tokenizer.json: unreadable: %s\n", terr.msg);
+        moe_tokenizer_free(tok);
+        free(json);
+        snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+        if (moe_read_file(path, &json, &len, NULL) == MOE_OK) {
+            fprintf(out, "trainer_state.json: %s", json);
+            if (len && json[len - 1] != '\n') fputc('\n', out);
+            free(json);
+        }
+    }
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    json_t *hf = is_ckpt ? NULL : json_load_file(path, 0, NULL);
+    if (json_is_object(hf)) { /* a Hugging Face directory: its config in one line */
+        const char *keys[] = {"model_type",          "vocab_size",
+                              "hidden_size",         "intermediate_size",
+                              "num_hidden_layers",   "num_attention_heads",
+                              "num_key_value_heads", "num_local_experts",
+                              "num_experts_per_tok", "max_position_embeddings",
+                              "torch_dtype"};
+        fprintf(out, "Hugging Face directory %s\nconfig.json:", dir);
+        for (size_t k = 0; k < sizeof keys / sizeof *keys; k++) {
+            json_t *v = json_object_get(hf, keys[k]);
+            if (json_is_string(v))
+                fprintf(out, " %s=%s", keys[k], json_string_value(v));
+            else if (json_is_integer(v))
+                fprintf(out, " %s=%" JSON_INTEGER_FORMAT, keys[k], json_integer_value(v));
+        }
+        fputc('\n', out);
+    }
+    json_decref(hf);
+    char **files;
+    int n;
+    moe_status st = list_files(dir, &files, &n, err);
+    if (st != MOE_OK) return st;
+    if (n == 0 && !is_ckpt) {
+        moe_err_set(err, MOE_ERR_INPUT, dir, "no checkpoint (MANIFEST) and no *.safetensors here");
+        st = MOE_ERR_INPUT;
+    }
+    int64_t elems = 0, bytes = 0;
+    for (int i = 0; st == MOE_OK && i < n; i++) {
+        moe_st_file f;
+        st = moe_st_open(&f, files[i], err);
+        if (st != MOE_OK) break;
+        print_tensors(&f, out, &elems, &bytes);
+        moe_st_close(&f);
+    }
+    for (int i = 0; i < n; i++)
+        free(files[i]);
+    free(files);
+    if (st == MOE_OK)
+        fprintf(out, "\ntotal: %" PRId64 " elements in %" PRId64 " bytes of tensor data\n", elems,
+                bytes);
+    if (st == MOE_OK && manifest != MOE_OK) {
+        *err = merr;
+        st = manifest;
+    }
+    return st;
+}

@@ -1,0 +1,535 @@
+/* embed: the moe-embed pipeline (moe/embed.h) - read sequences in chunks, cut windows,
+ * batch them longest first, run the model to the chosen layer, pool, write in input order.
+ *
+ * Flow per chunk (bounded by tokens and accumulator size, so memory does not grow with
+ * the input): sequences are read and tokenized (and reverse-complemented) -> every window
+ * of every strand becomes a work item -> items sorted by padded length (ties by position
+ * in the input: deterministic) -> batches of at most batch_tokens padded tokens ->
+ * moe_model_hidden -> each window's pooled vector (or its token rows) is added into its
+ * sequence's double accumulator -> sequences are finished and written in input order.
+ * The one thing to know: every number a sequence gets depends only on that sequence and
+ * the options (padding is right-side, attention causal, routing per token), not on which
+ * other sequences share its batch - up to the last bits of BLAS blocking. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "embed_internal.h"
+#include "moe/shard.h"
+
+void moe_embed_opts_defaults(moe_embed_opts *o) {
+    memset(o, 0, sizeof *o);
+    moe_seqio_opts_defaults(&o->io);
+    o->dtype = MOE_NPY_F32;
+    o->pool = MOE_EMBED_POOL_MEAN;
+    o->layer = MOE_EMBED_LAYER_DEFAULT;
+    o->batch_tokens = 8192;
+    o->device = MOE_DEVICE_AUTO;
+}
+
+typedef struct embed_win {
+    int64_t seq;   /* index in the chunk */
+    int64_t k;     /* window index within its strand */
+    int64_t start; /* content tokens [start, end) in forward coordinates */
+    int64_t end;
+    int64_t T; /* tokens fed to the model: BOS? + content + EOS? */
+    int rc;    /* 1: a window of the reverse complement (its range: flush_chunk) */
+} embed_win;
+
+typedef struct embedder {
+    const moe_embed_opts *o;
+    moe_infer_ckpt ck;
+    const moe_tokenizer *tok;
+    int64_t C, W, S, max_seq, max_batch, cap_tokens;
+    int layer, nb, ne;
+    int32_t pad;
+    embed_seq *seqs;
+    int64_t n_seqs, cap_seqs, chunk_tokens, chunk_acc;
+    embed_win *wins;
+    int64_t cap_wins;
+    int32_t *tokens; /* [cap_tokens] one batch */
+    float *hidden;   /* [cap_tokens, C] */
+    moe_token_buf enc, rcenc;
+    char *bases; /* scratch for reverse complements */
+    int64_t bases_cap;
+    embed_out out;
+    moe_progress prog;
+    moe_embed_summary sum;
+} embedder;
+
+/* ---- windows and batches ---- */
+
+static int64_t n_windows(const embedder *e, int64_t n) {
+    if (n <= e->W) return 1;
+    int64_t k = 1;
+    for (int64_t s = 0; s + e->W < n; s += e->S)
+        k++;
+    return k;
+}
+
+static int cmp_win(const void *a, const void *b) {
+    const embed_win *x = a, *y = b;
+    if (x->T != y->T) return x->T > y->T ? -1 : 1;
+    if (x->seq != y->seq) return x->seq < y->seq ? -1 : 1;
+    if (x->rc != y->rc) return x->rc - y->rc;
+    return x->k < y->k ? -1 : (x->k > y->k);
+}
+
+/* Pools rows h [Tw, C] of one window into v [C] and adds it where it belongs. */
+static void accumulate(embedder *e, const embed_win *w, const float *h, double *v) {
+    embed_seq *s = &e->seqs[w->seq];
+    int64_t C = e->C, cnt = w->end - w->start, off = e->nb;
+    if (e->o->per_token) {
+        for (int64_t j = 0; j < cnt; j++) {
+            int64_t pos = w->rc ? w->end - 1 - j : w->start + j;
+            const float *src = h + (off + j) * C;
+            double *dst = s->acc + pos * C;
+            for (int64_t c = 0; c < C; c++)
+                dst[c] += src[c];
+            s->cover[pos]++;
+        }
+        return;
+    }
+    if (cnt == 0) { /* nothing but BOS/EOS: pool those */
+        off = 0;
+        cnt = w->T;
+    }
+    if (e->o->pool == MOE_EMBED_POOL_LAST) {
+        for (int64_t c = 0; c < C; c++)
+            v[c] = h[(w->T - 1) * C + c];
+    } else if (e->o->pool == MOE_EMBED_POOL_MAX) {
+        for (int64_t c = 0; c < C; c++)
+            v[c] = h[off * C + c];
+        for (int64_t j = 1; j < cnt; j++)
+            for (int64_t c = 0; c < C; c++)
+                if (h[(off + j) * C + c] > v[c]) v[c] = h[(off + j) * C + c];
+    } else {
+        for (int64_t c = 0; c < C; c++)
+            v[c] = 0.0;
+        for (int64_t j = 0; j < cnt; j++)
+            for (int64_t c = 0; c < C; c++)
+                v[c] += h[(off + j) * C + c];
+        for (int64_t c = 0; c < C; c++)
+            v[c] /= (double)cnt;
+    }
+    double *dst = e->o->per_window ? s->acc + w->k * C : s->acc;
+    for (int64_t c = 0; c < C; c++)
+        dst[c] += v[c];
+}
+
+/* Runs windows [0, n) (sorted, longest first) through the model in batches. */
+static moe_status run_windows(embedder *e, embed_win *wins, int64_t n, moe_err *err) {
+    double *v = malloc((size_t)e->C * sizeof(double));
+    if (!v) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    moe_status st = MOE_OK;
+    for (int64_t i = 0; st == MOE_OK && i < n;) {
+        int64_t T = wins[i].T;
+        int64_t B = e->o->batch_tokens / T;
+        if (B < 1) B = 1;
+        if (B > e->cap_tokens / T) B = e->cap_tokens / T;
+        if (B > n - i) B = n - i;
+        for (int64_t b = 0; b < B; b++) {
+            const embed_win *w = &wins[i + b];
+            const embed_seq *s = &e->seqs[w->seq];
+            int32_t *row = e->tokens + b * T;
+            int64_t t = 0;
+            if (e->nb) row[t++] = e->tok->bos_id;
+            if (w->rc)
+                memcpy(row + t, s->rc + (s->n - w->end), (size_t)(w->end - w->start) * 4);
+            else
+                memcpy(row + t, s->ids + w->start, (size_t)(w->end - w->start) * 4);
+            t += w->end - w->start;
+            if (e->ne) row[t++] = e->tok->eos_id;
+            for (; t < T; t++)
+                row[t] = e->pad;
+        }
+        st = moe_model_hidden(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->hidden, err);
+        for (int64_t b = 0; st == MOE_OK && b < B; b++) {
+            accumulate(e, &wins[i + b], e->hidden + b * T * e->C, v);
+            e->sum.tokens += wins[i + b].end - wins[i + b].start;
+        }
+        e->sum.windows += B;
+        i += B;
+        moe_progress_update(&e->prog, e->sum.tokens, NULL);
+    }
+    free(v);
+    return st;
+}
+
+static void free_chunk(embedder *e) {
+    for (int64_t i = 0; i < e->n_seqs; i++) {
+        embed_seq *s = &e->seqs[i];
+        free(s->name);
+        free(s->ids);
+        free(s->rc);
+        free(s->acc);
+        free(s->cover);
+    }
+    e->n_seqs = e->chunk_tokens = e->chunk_acc = 0;
+}
+
+/* Embeds and writes the sequences of the current chunk, then empties it. */
+static moe_status flush_chunk(embedder *e, moe_err *err) {
+    int strands = e->o->rc_average ? 2 : 1;
+    int64_t nw = 0;
+    for (int64_t i = 0; i < e->n_seqs; i++)
+        nw += e->seqs[i].n_win * strands;
+    if (nw > e->cap_wins) {
+        embed_win *p = realloc(e->wins, (size_t)nw * sizeof *p);
+        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        e->wins = p;
+        e->cap_wins = nw;
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < e->n_seqs; i++) {
+        const embed_seq *s = &e->seqs[i];
+        for (int r = 0; r < strands; r++)
+            for (int64_t k = 0; k < s->n_win; k++) {
+                embed_win *w = &e->wins[m++];
+                w->seq = i;
+                w->k = k;
+                w->rc = r;
+                int64_t a = k * e->S, b = a + e->W < s->n ? a + e->W : s->n;
+                /* The reverse strand's windows: with --per-window the complement of the
+                 * same bases (window k of both strands covers one region); otherwise the
+                 * reverse complement's own window grid, [a, b) counted from its start,
+                 * which is forward range [n - b, n - a). Then a sequence and its reverse
+                 * complement average the very same set of windows: exact invariance. */
+                if (r && !e->o->per_window) {
+                    w->start = s->n - b;
+                    w->end = s->n - a;
+                } else {
+                    w->start = a;
+                    w->end = b;
+                }
+                w->T = (w->end - w->start) + e->nb + e->ne;
+            }
+    }
+    qsort(e->wins, (size_t)m, sizeof *e->wins, cmp_win);
+    moe_status st = run_windows(e, e->wins, m, err);
+    int64_t C = e->C;
+    for (int64_t i = 0; st == MOE_OK && i < e->n_seqs; i++) {
+        embed_seq *s = &e->seqs[i];
+        if (e->o->per_token) {
+            for (int64_t t = 0; t < s->n; t++)
+                for (int64_t c = 0; c < C; c++)
+                    s->acc[t * C + c] /= s->cover[t];
+        } else if (e->o->per_window) {
+            for (int64_t k = 0; k < s->n_win * C; k++)
+                s->acc[k] /= strands;
+        } else {
+            for (int64_t c = 0; c < C; c++)
+                s->acc[c] /= (double)(s->n_win * strands);
+        }
+        st = moe_embed_out_seq(&e->out, e->o, s, e->S, e->W, err);
+        e->sum.rows = e->out.rows;
+    }
+    free_chunk(e);
+    return st;
+}
+
+/* ---- input ---- */
+
+/* Tokens of the reverse complement of bases[0, len) into e->rcenc; must be n tokens. */
+static moe_status encode_rc(embedder *e, const char *bases, int64_t len, int64_t n, moe_err *err) {
+    if (len + 1 > e->bases_cap) {
+        char *p = realloc(e->bases, (size_t)len + 1);
+        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        e->bases = p;
+        e->bases_cap = len + 1;
+    }
+    if (bases != e->bases) memcpy(e->bases, bases, (size_t)len);
+    moe_seqio_revcomp(e->bases, len);
+    e->rcenc.n = 0;
+    moe_status st = moe_tokenizer_encode(e->tok, e->bases, len, &e->rcenc, err);
+    if (st == MOE_OK && e->rcenc.n != n) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "the reverse complement has %" PRId64 " tokens, the sequence %" PRId64,
+                    e->rcenc.n, n);
+        moe_err_hint(err, "--rc-average needs tokens that map one-to-one onto bases; "
+                          "drop --rc-average for this input");
+        st = MOE_ERR_INPUT;
+    }
+    return st;
+}
+
+/* Adds one sequence (content tokens ids [n]; rc [n] or NULL) to the chunk. */
+static moe_status add_seq(embedder *e, const char *name, int64_t bases, const int32_t *ids,
+                          int64_t n, const int32_t *rc, moe_err *err) {
+    if (n == 0 && e->nb + e->ne == 0) {
+        moe_log_warn("sequence %s has no tokens and the tokenizer adds no BOS/EOS: skipped", name);
+        e->sum.skipped++;
+        return MOE_OK;
+    }
+    if (e->n_seqs == e->cap_seqs) {
+        int64_t cap = e->cap_seqs ? 2 * e->cap_seqs : 256;
+        embed_seq *p = realloc(e->seqs, (size_t)cap * sizeof *p);
+        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        e->seqs = p;
+        e->cap_seqs = cap;
+    }
+    embed_seq *s = &e->seqs[e->n_seqs];
+    memset(s, 0, sizeof *s);
+    s->bases = bases;
+    s->n = n;
+    s->n_win = n_windows(e, n);
+    int64_t rows = e->o->per_token ? n : e->o->per_window ? s->n_win : 1;
+    s->name = strdup(name);
+    s->ids = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    s->acc = calloc((size_t)(rows ? rows : 1) * (size_t)e->C, sizeof(double));
+    if (rc) s->rc = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
+    if (e->o->per_token) s->cover = calloc((size_t)(n ? n : 1), sizeof(int32_t));
+    e->n_seqs++; /* owned by the chunk from here, freed on every path */
+    if (!s->name || !s->ids || !s->acc || (rc && !s->rc) || (e->o->per_token && !s->cover))
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    memcpy(s->ids, ids, (size_t)n * sizeof(int32_t));
+    if (rc) memcpy(s->rc, rc, (size_t)n * sizeof(int32_t));
+    e->sum.sequences++;
+    e->chunk_tokens += n * (rc ? 2 : 1);
+    e->chunk_acc += rows * e->C;
+    /* bounded chunks: ~64 full batches of work or 32 M accumulator doubles */
+    if (e->chunk_tokens >= 64 * e->cap_tokens || e->chunk_acc >= (32 << 20) || e->n_seqs >= 100000)
+        return flush_chunk(e, err);
+    return MOE_OK;
+}
+
+static moe_status read_seqfile(embedder *e, const char *path, moe_err *err) {
+    moe_seq_reader *r;
+    moe_status st = moe_seqio_open(&r, path, &e->o->io, err);
+    if (st != MOE_OK) return st;
+    moe_seq_record rec;
+    int rc;
+    while (st == MOE_OK && (rc = moe_seqio_next(r, &rec, err)) == 1) {
+        e->enc.n = 0;
+        st = moe_tokenizer_encode(e->tok, rec.seq, rec.len, &e->enc, err);
+        if (st == MOE_OK && e->o->rc_average) st = encode_rc(e, rec.seq, rec.len, e->enc.n, err);
+        if (st != MOE_OK) {
+            moe_err_prefix(err, "record %" PRId64 " (%s)", rec.record_no, rec.name);
+            if (!err->file[0]) snprintf(err->file, sizeof err->file, "%s", path);
+            if (!err->record) moe_err_at_record(err, rec.record_no);
+            break;
+        }
+        st = add_seq(e, rec.name, rec.len, e->enc.ids, e->enc.n,
+                     e->o->rc_average ? e->rcenc.ids : NULL, err);
+    }
+    if (st == MOE_OK && rc < 0) st = err->status;
+    moe_seqio_close(r);
+    return st;
+}
+
+/* Every document of an open shard, as one sequence each (its BOS/EOS stripped: windows get
+ * their own). */
+static moe_status read_shard(embedder *e, const moe_shard *sh, moe_err *err) {
+    const char *path = moe_shard_path(sh);
+    moe_status st = MOE_OK;
+    if (moe_shard_vocab_hash(sh) != e->tok->vocab_hash) {
+        const moe_tokenizer *t = moe_shard_tokenizer(sh);
+        moe_err_set(err, MOE_ERR_INPUT, path,
+                    "the shard was tokenized with another tokenizer (%s, %" PRId64 " tokens, "
+                    "hash %016" PRIx64 ") than the checkpoint's (%s, %" PRId64 " tokens, hash "
+                    "%016" PRIx64 ")",
+                    t->name, t->vocab_size, moe_shard_vocab_hash(sh), e->tok->name,
+                    e->tok->vocab_size, e->tok->vocab_hash);
+        moe_err_hint(err, "give moe-embed the sequences (FASTA/BAM) instead: they are "
+                          "tokenized with the checkpoint's own tokenizer");
+        return MOE_ERR_INPUT;
+    }
+    int32_t *ids = NULL;
+    uint8_t *lower = NULL;
+    int64_t cap = 0;
+    int bpt = moe_tokenizer_max_bases_per_token(e->tok);
+    for (int64_t d = 0; st == MOE_OK && d < moe_shard_n_docs(sh); d++) {
+        moe_shard_doc doc;
+        moe_shard_get_doc(sh, d, &doc);
+        if (doc.length > cap) {
+            cap = doc.length;
+            int32_t *a = realloc(ids, (size_t)cap * sizeof *a);
+            if (a) ids = a;
+            uint8_t *b = realloc(lower, (size_t)cap);
+            if (b) lower = b;
+            if (!a || !b) st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+        }
+        if (st != MOE_OK) break;
+        moe_shard_read_tokens(sh, doc.start, doc.length, ids, lower);
+        int64_t a = 0, b = doc.length; /* strip the document's own BOS/EOS */
+        if (b > a && e->nb && ids[a] == e->tok->bos_id) a++;
+        if (b > a && e->ne && ids[b - 1] == e->tok->eos_id) b--;
+        const int32_t *rc = NULL;
+        if (e->o->rc_average) {
+            int64_t need = (b - a) * bpt + 1;
+            if (need > e->bases_cap) {
+                char *p = realloc(e->bases, (size_t)need);
+                if (!p) {
+                    st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+                    break;
+                }
+                e->bases = p;
+                e->bases_cap = need;
+            }
+            int64_t nb = moe_tokenizer_decode(e->tok, ids + a, lower + a, b - a, e->bases);
+            st = encode_rc(e, e->bases, nb, b - a, err);
+            if (st != MOE_OK) {
+                moe_err_prefix(err, "document %" PRId64 " (%s)", d + 1, doc.name);
+                if (!err->file[0]) snprintf(err->file, sizeof err->file, "%s", path);
+                break;
+            }
+            rc = e->rcenc.ids;
+        }
+        st = add_seq(e, doc.name, doc.src_end - doc.src_start, ids + a, b - a, rc, err);
+    }
+    free(ids);
+    free(lower);
+    return st;
+}
+
+/* A .mtok file, or (is_set) a directory of shards or a manifest.json as moe-train reads. */
+static moe_status read_shards(embedder *e, const char *path, int is_set, moe_err *err) {
+    moe_status st;
+    if (!is_set) {
+        moe_shard *sh;
+        st = moe_shard_open(&sh, path, err);
+        if (st != MOE_OK) return st;
+        st = read_shard(e, sh, err);
+        moe_shard_close(sh);
+        return st;
+    }
+    moe_shardset *set = NULL;
+    st = moe_shardset_open(&set, path, err);
+    for (int64_t i = 0; st == MOE_OK && i < moe_shardset_n_shards(set); i++)
+        st = read_shard(e, moe_shardset_shard(set, i), err);
+    if (set) moe_shardset_close(set);
+    return st;
+}
+
+/* 1: a .mtok file (by its magic), 2: a directory or a manifest.json (a shard set), 0: a
+ * sequence file. Only regular files are sniffed: reading a pipe's first bytes would
+ * consume them. */
+static int is_shard_file(const char *path) {
+    struct stat sb;
+    size_t len = strlen(path);
+    if (strcmp(path, "-") == 0 || stat(path, &sb) != 0) return 0;
+    if (S_ISDIR(sb.st_mode) || (len >= 13 && strcmp(path + len - 13, "manifest.json") == 0))
+        return 2;
+    if (!S_ISREG(sb.st_mode)) return 0;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return 0;
+    char magic[8];
+    int yes = fread(magic, 1, 8, fp) == 8 && memcmp(magic, MOE_SHARD_MAGIC, 8) == 0;
+    fclose(fp);
+    return yes;
+}
+
+/* ---- setup ---- */
+
+static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
+    if (o->per_token && o->per_window) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "--per-token and --per-window exclude each other");
+        return MOE_ERR_INPUT;
+    }
+    if (o->window < 0 || o->stride < 0 || (o->stride && !o->window) || o->stride > o->window ||
+        o->batch_tokens < 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "--window must be >= 1, --stride between 1 and the window (and only with "
+                    "--window), --batch-tokens >= 1");
+        return MOE_ERR_INPUT;
+    }
+    moe_status st = moe_infer_ckpt_open(&e->ck, o->ckpt_dir, err);
+    if (st != MOE_OK) return st;
+    e->tok = e->ck.tok;
+    const moe_model_config *mc = &e->ck.cfg.model;
+    e->C = mc->hidden_size;
+    e->nb = e->tok->opts.add_bos && e->tok->bos_id >= 0;
+    e->ne = e->tok->opts.add_eos && e->tok->eos_id >= 0;
+    e->pad = e->tok->pad_id >= 0 ? e->tok->pad_id : 0;
+    int64_t ctx = mc->max_position_embeddings - e->nb - e->ne;
+    if (o->window > ctx) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "--window %" PRId64 " plus BOS/EOS exceeds the model's context of %" PRId64
+                    " tokens",
+                    o->window, mc->max_position_embeddings);
+        moe_err_hint(err, "use --window %" PRId64 " or less", ctx);
+        return MOE_ERR_INPUT;
+    }
+    e->W = o->window ? o->window : ctx;
+    e->S = o->stride ? o->stride : e->W;
+    int L = (int)mc->num_hidden_layers;
+    e->layer = o->layer == MOE_EMBED_LAYER_DEFAULT ? L : o->layer < 0 ? L + 1 + o->layer : o->layer;
+    if (e->layer < 0 || e->layer > L) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "--layer %d is outside the model's %d layers (0 = embeddings .. %d = final "
+                    "norm, -1 = final norm, -%d = embeddings)",
+                    o->layer, L, L, L + 1);
+        return MOE_ERR_INPUT;
+    }
+    if ((o->rc_average) && moe_tokenizer_max_bases_per_token(e->tok) != 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "--rc-average needs a tokenizer with one base per token (byte, nuc); this "
+                    "checkpoint uses '%s'",
+                    e->tok->name);
+        return MOE_ERR_INPUT;
+    }
+    e->max_seq = e->W + e->nb + e->ne;
+    int64_t cap = o->batch_tokens > e->max_seq ? o->batch_tokens : e->max_seq;
+    e->max_batch = (cap + e->max_seq - 1) / e->max_seq;
+    e->cap_tokens = e->max_batch * e->max_seq;
+    st = moe_infer_ckpt_load_model(&e->ck, o->device, o->bf16, (int)e->max_batch, (int)e->max_seq,
+                                   err);
+    if (st != MOE_OK) return st;
+    e->tokens = malloc((size_t)e->cap_tokens * sizeof(int32_t));
+    e->hidden = malloc((size_t)e->cap_tokens * (size_t)e->C * sizeof(float));
+    if (!e->tokens || !e->hidden) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    moe_log_info("checkpoint %s: %s tokenizer, hidden %" PRId64 ", layer %d of %d (%s), %s "
+                 "pooling%s, windows of %" PRId64 " tokens every %" PRId64 ", %s backend",
+                 e->ck.dir, e->tok->name, e->C, e->layer, L,
+                 e->layer == L   ? "final norm"
+                 : e->layer == 0 ? "embeddings"
+                                 : "layer output",
+                 o->per_token                     ? "no"
+                 : o->pool == MOE_EMBED_POOL_MAX  ? "max"
+                 : o->pool == MOE_EMBED_POOL_LAST ? "last"
+                                                  : "mean",
+                 o->rc_average ? " with reverse-complement averaging" : "", e->W, e->S,
+                 e->ck.be->name);
+    return moe_embed_out_open(&e->out, o, e->C, err);
+}
+
+moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_err *err) {
+    embedder e;
+    memset(&e, 0, sizeof e);
+    e.o = o;
+    double t0 = moe_time_now();
+    moe_status st = setup(&e, o, err);
+    moe_progress_start(&e.prog, "embed", "tokens", 0);
+    if (o->quiet) e.prog.enabled = e.prog.tty = 0;
+    for (int i = 0; st == MOE_OK && i < o->n_inputs; i++) {
+        int kind = is_shard_file(o->inputs[i]);
+        if (kind)
+            st = read_shards(&e, o->inputs[i], kind == 2, err);
+        else
+            st = read_seqfile(&e, o->inputs[i], err);
+    }
+    if (st == MOE_OK && e.n_seqs) st = flush_chunk(&e, err);
+    free_chunk(&e);
+    if (st == MOE_OK) {
+        st = moe_embed_out_commit(&e.out, err);
+        char extra[96];
+        snprintf(extra, sizeof extra, "%" PRId64 " sequences, %" PRId64 " rows", e.sum.sequences,
+                 e.sum.rows);
+        moe_progress_finish(&e.prog, extra);
+    } else {
+        moe_embed_out_abort(&e.out);
+    }
+    e.sum.cols = e.C;
+    e.sum.seconds = moe_time_now() - t0;
+    if (sum) *sum = e.sum;
+    free(e.seqs);
+    free(e.wins);
+    free(e.tokens);
+    free(e.hidden);
+    free(e.bases);
+    moe_token_buf_free(&e.enc);
+    moe_token_buf_free(&e.rcenc);
+    moe_infer_ckpt_close(&e.ck);
+    return st;
+}

@@ -1,0 +1,141 @@
+/* embed_ckpt: a training checkpoint opened for inference (moe/embed.h, moe_infer_ckpt).
+ *
+ * Reads what inference needs from ckpt-<step>/ - config.yaml, tokenizer.json and the fp32
+ * weights of model.safetensors - after verifying MANIFEST; the optimizer state is never
+ * read. The one thing to know: the tokenizer must fit the model (vocabulary size at most
+ * model.vocab_size); anything else is refused here, before a model is built, so that every
+ * later token id is a valid embedding row. */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "moe/checkpoint.h"
+#include "moe/embed.h"
+#include "moe/fileio.h"
+#include "moe/log.h"
+#include "moe/safetensors.h"
+#ifdef MOE_HAVE_CUDA
+#include "moe/backend_cuda.h"
+#endif
+
+static int is_file(const char *dir, const char *name) {
+    char p[4200];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err) {
+    memset(c, 0, sizeof *c);
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        moe_err_set(err, MOE_ERR_INPUT, dir, "no such checkpoint directory");
+        moe_err_hint(err, "pass a checkpoint (RUN/ckpt-00000100) or a run directory written "
+                          "by moe-train");
+        return MOE_ERR_INPUT;
+    }
+    if (!is_file(dir, "MANIFEST")) {
+        int found = 0;
+        moe_status st = moe_ckpt_latest(dir, c->dir, sizeof c->dir, &found, err);
+        if (st != MOE_OK) return st;
+        if (!found) {
+            moe_err_set(err, MOE_ERR_INPUT, dir,
+                        "not a checkpoint (no MANIFEST) and not a run directory with one");
+            moe_err_hint(err, "pass a ckpt-<step> directory written by moe-train or "
+                              "moe-convert from-hf");
+            return MOE_ERR_INPUT;
+        }
+        moe_log_info("using the latest checkpoint of %s: %s", dir, c->dir);
+    } else if (snprintf(c->dir, sizeof c->dir, "%s", dir) >= (int)sizeof c->dir) {
+        return moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
+    }
+    moe_status st = moe_ckpt_verify(c->dir, err);
+    if (st != MOE_OK) return st;
+
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.yaml", c->dir);
+    st = moe_config_load(&c->cfg, path, 0, NULL, err);
+    if (st != MOE_OK) return st;
+    snprintf(path, sizeof path, "%s/tokenizer.json", c->dir);
+    size_t len;
+    st = moe_read_file(path, &c->tokenizer_json, &len, err);
+    if (st == MOE_OK) st = moe_tokenizer_from_json(&c->tok, c->tokenizer_json, path, err);
+    if (st == MOE_OK && c->tok->vocab_size > c->cfg.model.vocab_size) {
+        moe_err_set(err, MOE_ERR_INPUT, path,
+                    "tokenizer '%s' has %" PRId64 " tokens but the model's vocab_size is %" PRId64,
+                    c->tok->name, c->tok->vocab_size, c->cfg.model.vocab_size);
+        moe_err_hint(err, "the checkpoint's tokenizer.json does not belong to its model");
+        st = MOE_ERR_INPUT;
+    }
+    if (st != MOE_OK) moe_infer_ckpt_close(c);
+    return st;
+}
+
+static moe_status open_backend(moe_infer_ckpt *c, moe_device_kind device, moe_err *err) {
+    if (device != MOE_DEVICE_CUDA) {
+        c->be = moe_backend_cpu();
+        return MOE_OK;
+    }
+#ifdef MOE_HAVE_CUDA
+    moe_err sub;
+    moe_err_clear(&sub);
+    c->be = moe_backend_cuda(&sub);
+    if (c->be) {
+        c->be_is_cuda = 1;
+        return MOE_OK;
+    }
+    moe_err_set(err, MOE_ERR_INPUT, NULL, "--device cuda was requested but no GPU is usable: %s",
+                sub.msg);
+#else
+    moe_err_set(err, MOE_ERR_INPUT, NULL,
+                "--device cuda was requested but this build has no CUDA support");
+#endif
+    moe_err_hint(err, "use --device cpu (or auto) on a machine without a GPU");
+    return MOE_ERR_INPUT;
+}
+
+moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, int bf16,
+                                     int max_batch, int max_seq, moe_err *err) {
+    moe_status st = open_backend(c, device, err);
+    if (st != MOE_OK) return st;
+    moe_recipe recipe = bf16 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+    st = moe_model_create_forward_only(&c->model, &c->cfg.model, recipe, c->be, max_batch, max_seq,
+                                       err);
+    if (st != MOE_OK) {
+        moe_model_free(&c->model);
+        return st;
+    }
+    c->has_model = 1;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", c->dir);
+    moe_st_file f;
+    st = moe_st_open(&f, path, err);
+    if (st != MOE_OK) return st;
+    float *host = malloc((size_t)(c->model.n_elems ? c->model.n_elems : 1) * sizeof(float));
+    if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+    for (int i = 0; st == MOE_OK && i < c->model.n_params; i++) {
+        const moe_param *p = &c->model.params[i];
+        const moe_st_tensor *t;
+        st = moe_st_expect(&f, p->name, p->ndim, p->shape, &t, err);
+        if (st == MOE_OK) st = moe_st_read_f32(&f, t, host + p->offset, err);
+    }
+    if (st == MOE_OK) moe_model_copy_params_from_host(&c->model, host);
+    free(host);
+    moe_st_close(&f);
+    return st;
+}
+
+void moe_infer_ckpt_close(moe_infer_ckpt *c) {
+    if (c->has_model) moe_model_free(&c->model);
+    c->has_model = 0;
+#ifdef MOE_HAVE_CUDA
+    if (c->be_is_cuda) moe_backend_cuda_free(c->be);
+#endif
+    c->be = NULL;
+    c->be_is_cuda = 0;
+    moe_tokenizer_free(c->tok);
+    c->tok = NULL;
+    free(c->tokenizer_json);
+    c->tokenizer_json = NULL;
+}

@@ -1,0 +1,317 @@
+/* moe-embed: sequences -> embedding vectors from a trained checkpoint.
+ *
+ * Argument parsing only: the work is moe_embed_run (libcore/src/embed*.c). Output is a
+ * NumPy .npy matrix plus FILE.ids.tsv with -o, TSV text on stdout without. Exit status: 0
+ * done, 1 runtime failure, 2 usage or input error. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "moe/embed.h"
+#include "moe/err.h"
+#include "moe/log.h"
+#include "moe/version.h"
+
+static const char USAGE[] =
+    "Usage: moe-embed -m CKPT [options] INPUT...\n"
+    "\n"
+    "Embeds DNA/RNA sequences with a checkpoint written by moe-train (or imported by\n"
+    "moe-convert from-hf). INPUT: FASTA/FASTQ (plain, gzip, bgzip), SAM, BAM, CRAM, - for\n"
+    "stdin, or token shards (.mtok, a directory of them, a manifest.json) that use the\n"
+    "checkpoint's tokenizer. Sequences are tokenized with the checkpoint's tokenizer.json.\n"
+    "See docs/cli.md and docs/interop.md.\n"
+    "\n"
+    "Model:\n"
+    "  -m, --model CKPT        checkpoint directory, or a run directory (its latest)\n"
+    "      --layer L           0 = embeddings .. L = final norm; negative counts from the\n"
+    "                          top (-1 = final norm, the default; -2 = last layer's output)\n"
+    "      --device D          cpu | auto | cuda [auto = cpu in this version]\n"
+    "      --precision P       fp32 | bf16 [fp32 on cpu, bf16 on cuda]\n"
+    "Output:\n"
+    "  -o, --output FILE.npy   float matrix + FILE.ids.tsv [default: TSV text on stdout]\n"
+    "      --dtype T           f32 | f16 [f32]\n"
+    "      --pool P            mean | max | last [mean] (last = final position: the EOS\n"
+    "                          when the tokenizer adds one)\n"
+    "      --per-token         one row per token ([tokens, hidden]; ids.tsv gives offsets)\n"
+    "      --per-window        one row per window instead of their mean\n"
+    "      --rc-average        average with the reverse complement (strand-invariant;\n"
+    "                          byte and nuc tokenizers)\n"
+    "Windows and batches:\n"
+    "      --window W          windows of W tokens [whole sequences; those longer than the\n"
+    "                          model's context are cut at the context length]\n"
+    "      --stride S          a window every S tokens, S <= W [W]\n"
+    "      --batch-tokens N    padded tokens per forward pass [8192]\n"
+    "Input (SAM/BAM/CRAM and indexed FASTA):\n"
+    "  -r, --region R          chr, chr:beg-end (1-based); repeatable\n"
+    "      --regions-file BED  regions from a BED file\n"
+    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"
+    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"
+    "  -f, --require-flags N   keep only records with all flags N\n"
+    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"
+    "      --as-stored         keep reverse-strand reads as stored\n"
+    "General:\n"
+    "  -@, --threads N         threads [all cores]\n"
+    "  -q, --quiet / -v, --verbose / -h, --help / -V, --version\n"
+    "\n"
+    "Example:\n"
+    "  moe-embed -m run/ genes.fa -o genes.npy     # genes.npy + genes.ids.tsv\n"
+    "  python3 -c 'import numpy; print(numpy.load(\"genes.npy\").shape)'\n";
+
+enum {
+    OPT_LAYER = 256,
+    OPT_DEVICE,
+    OPT_PRECISION,
+    OPT_DTYPE,
+    OPT_POOL,
+    OPT_PER_TOKEN,
+    OPT_PER_WINDOW,
+    OPT_RC,
+    OPT_WINDOW,
+    OPT_STRIDE,
+    OPT_BATCH,
+    OPT_REGIONS_FILE,
+    OPT_MINMAPQ,
+    OPT_AS_STORED,
+};
+
+static const struct option LONG[] = {
+    {"model", required_argument, 0, 'm'},
+    {"layer", required_argument, 0, OPT_LAYER},
+    {"device", required_argument, 0, OPT_DEVICE},
+    {"precision", required_argument, 0, OPT_PRECISION},
+    {"output", required_argument, 0, 'o'},
+    {"dtype", required_argument, 0, OPT_DTYPE},
+    {"pool", required_argument, 0, OPT_POOL},
+    {"per-token", no_argument, 0, OPT_PER_TOKEN},
+    {"per-window", no_argument, 0, OPT_PER_WINDOW},
+    {"rc-average", no_argument, 0, OPT_RC},
+    {"window", required_argument, 0, OPT_WINDOW},
+    {"stride", required_argument, 0, OPT_STRIDE},
+    {"batch-tokens", required_argument, 0, OPT_BATCH},
+    {"region", required_argument, 0, 'r'},
+    {"regions-file", required_argument, 0, OPT_REGIONS_FILE},
+    {"reference", required_argument, 0, 'T'},
+    {"min-mapq", required_argument, 0, OPT_MINMAPQ},
+    {"require-flags", required_argument, 0, 'f'},
+    {"exclude-flags", required_argument, 0, 'F'},
+    {"as-stored", no_argument, 0, OPT_AS_STORED},
+    {"threads", required_argument, 0, '@'},
+    {"quiet", no_argument, 0, 'q'},
+    {"verbose", no_argument, 0, 'v'},
+    {"help", no_argument, 0, 'h'},
+    {"version", no_argument, 0, 'V'},
+    {0, 0, 0, 0},
+};
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "moe-embed: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nhint: see moe-embed --help\n");
+    return 2;
+}
+
+/* Integer (decimal or 0x hex) into *v; 0 when s is not one. */
+static int parse_int(const char *s, long long *v) {
+    char *end;
+    *v = strtoll(s, &end, 0);
+    return *s && !*end;
+}
+
+typedef struct cli {
+    moe_embed_opts o;
+    char **regions;
+    int n_regions, threads, precision; /* precision: -1 default, 0 fp32, 1 bf16 */
+    const char *regions_file;
+} cli;
+
+static int add_region(cli *c, char *r) {
+    char **nr = realloc(c->regions, (size_t)(c->n_regions + 1) * sizeof *nr);
+    if (!nr) return 0;
+    c->regions = nr;
+    nr[c->n_regions++] = r;
+    return 1;
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int parse(cli *c, int argc, char **argv) {
+    int opt;
+    moe_log_level level = MOE_LOG_INFO;
+    moe_embed_opts *o = &c->o;
+    while ((opt = getopt_long(argc, argv, "m:o:r:T:f:F:@:qvhV", LONG, NULL)) != -1) {
+        long long v = 0;
+        switch (opt) {
+        case 'm':
+            o->ckpt_dir = optarg;
+            break;
+        case 'o':
+            o->output = optarg;
+            break;
+        case OPT_LAYER:
+            if (!parse_int(optarg, &v) || v < -100000 || v > 100000)
+                return usage_error("--layer expects an integer, not '%s'", optarg);
+            o->layer = (int)v;
+            break;
+        case OPT_DEVICE:
+            if (strcmp(optarg, "cpu") == 0)
+                o->device = MOE_DEVICE_CPU;
+            else if (strcmp(optarg, "auto") == 0)
+                o->device = MOE_DEVICE_AUTO;
+            else if (strcmp(optarg, "cuda") == 0)
+                o->device = MOE_DEVICE_CUDA;
+            else
+                return usage_error("--device must be cpu, auto or cuda, not '%s'", optarg);
+            break;
+        case OPT_PRECISION:
+            if (strcmp(optarg, "fp32") == 0)
+                c->precision = 0;
+            else if (strcmp(optarg, "bf16") == 0)
+                c->precision = 1;
+            else
+                return usage_error("--precision must be fp32 or bf16, not '%s'", optarg);
+            break;
+        case OPT_DTYPE:
+            if (strcmp(optarg, "f32") == 0)
+                o->dtype = MOE_NPY_F32;
+            else if (strcmp(optarg, "f16") == 0)
+                o->dtype = MOE_NPY_F16;
+            else
+                return usage_error("--dtype must be f32 or f16, not '%s'", optarg);
+            break;
+        case OPT_POOL:
+            if (strcmp(optarg, "mean") == 0)
+                o->pool = MOE_EMBED_POOL_MEAN;
+            else if (strcmp(optarg, "max") == 0)
+                o->pool = MOE_EMBED_POOL_MAX;
+            else if (strcmp(optarg, "last") == 0)
+                o->pool = MOE_EMBED_POOL_LAST;
+            else
+                return usage_error("--pool must be mean, max or last, not '%s'", optarg);
+            break;
+        case OPT_PER_TOKEN:
+            o->per_token = 1;
+            break;
+        case OPT_PER_WINDOW:
+            o->per_window = 1;
+            break;
+        case OPT_RC:
+            o->rc_average = 1;
+            break;
+        case OPT_WINDOW:
+        case OPT_STRIDE:
+        case OPT_BATCH:
+        case OPT_MINMAPQ:
+        case 'f':
+        case 'F':
+        case '@':
+            if (!parse_int(optarg, &v) || v < 0 || v > (1LL << 40))
+                return usage_error("expected a non-negative number, not '%s'", optarg);
+            if ((opt == OPT_WINDOW || opt == OPT_STRIDE || opt == OPT_BATCH || opt == '@') && v < 1)
+                return usage_error("expected a number >= 1, not '%s'", optarg);
+            if (opt == OPT_WINDOW)
+                o->window = v;
+            else if (opt == OPT_STRIDE)
+                o->stride = v;
+            else if (opt == OPT_BATCH)
+                o->batch_tokens = v;
+            else if (opt == OPT_MINMAPQ)
+                o->io.min_mapq = (int)v;
+            else if (opt == 'f')
+                o->io.require_flags = (uint32_t)v;
+            else if (opt == 'F')
+                o->io.exclude_flags = (uint32_t)v;
+            else
+                c->threads = (int)v;
+            break;
+        case 'r': {
+            char *r = strdup(optarg);
+            if (!r || !add_region(c, r)) {
+                free(r);
+                return 1;
+            }
+            break;
+        }
+        case OPT_REGIONS_FILE:
+            c->regions_file = optarg;
+            break;
+        case 'T':
+            o->io.reference = optarg;
+            break;
+        case OPT_AS_STORED:
+            o->io.as_stored = 1;
+            break;
+        case 'q':
+            level = MOE_LOG_WARN;
+            break;
+        case 'v':
+            level = MOE_LOG_DEBUG;
+            break;
+        case 'h':
+            fputs(USAGE, stdout);
+            return 0;
+        case 'V':
+            moe_version_print(stdout, "moe-embed");
+            return 0;
+        default:
+            return usage_error("%s", "unknown option or missing argument");
+        }
+    }
+    moe_log_init("moe-embed", level);
+    o->quiet = level < MOE_LOG_INFO;
+    return -1;
+}
+
+static int run(cli *c, int argc, char **argv) {
+    moe_err err;
+    moe_err_clear(&err);
+    moe_embed_opts *o = &c->o;
+    if (!o->ckpt_dir) return usage_error("%s", "a checkpoint is required (-m CKPT_DIR)");
+    if (optind >= argc) return usage_error("%s", "no input files (use - for stdin)");
+    if (c->regions_file) {
+        char **bed = NULL;
+        int n_bed = 0;
+        if (moe_seqio_read_bed(c->regions_file, &bed, &n_bed, &err) != MOE_OK) {
+            moe_err_print(&err, "moe-embed", stderr);
+            return moe_err_exit_code(&err);
+        }
+        for (int i = 0; i < n_bed; i++)
+            if (add_region(c, bed[i])) bed[i] = NULL;
+        moe_seqio_free_regions(bed, n_bed);
+    }
+    o->io.regions = (const char *const *)c->regions;
+    o->io.n_regions = c->n_regions;
+    o->io.threads = c->threads > 1 ? 1 : 0;
+    o->inputs = (const char *const *)(argv + optind);
+    o->n_inputs = argc - optind;
+    o->bf16 = c->precision < 0 ? o->device == MOE_DEVICE_CUDA : c->precision;
+#ifdef _OPENMP
+    if (c->threads > 0) omp_set_num_threads(c->threads);
+#endif
+    moe_embed_summary sum;
+    if (moe_embed_run(o, &sum, &err) != MOE_OK) {
+        moe_err_print(&err, "moe-embed", stderr);
+        return moe_err_exit_code(&err);
+    }
+    moe_log_info("%lld sequences (%lld skipped), %lld windows, %lld tokens -> %lld x %lld in "
+                 "%.2f s (%.1f sequences/s)",
+                 (long long)sum.sequences, (long long)sum.skipped, (long long)sum.windows,
+                 (long long)sum.tokens, (long long)sum.rows, (long long)sum.cols, sum.seconds,
+                 sum.seconds > 0 ? (double)sum.sequences / sum.seconds : 0.0);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    cli c;
+    memset(&c, 0, sizeof c);
+    moe_embed_opts_defaults(&c.o);
+    c.precision = -1;
+    int rc = parse(&c, argc, argv);
+    if (rc < 0) rc = run(&c, argc, argv);
+    for (int i = 0; i < c.n_regions; i++)
+        free(c.regions[i]);
+    free(c.regions);
+    return rc;
+}
