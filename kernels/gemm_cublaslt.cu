@@ -225,7 +225,7 @@ static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n,
 
 static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
     if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32) return 1;
-    moe_cuda_check(c, cudaErrorNotSupported, op, "recipe %d (fp8 recipes are not implemented)",
+    moe_cuda_check(c, cudaErrorNotSupported, op, "recipe %d (fp8 recipes are not available in this build)",
                    (int)prec);
     return 0;
 }
