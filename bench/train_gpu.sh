@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# train_gpu.sh: the GPU training benchmark of docs/performance.md "GPU", in one go on one GPU:
+# bench_train_gpu on mixtral8x7b-2L and og2-8x1b (tokens/s, model TFLOP/s, MFU vs 790 TFLOP/s,
+# peak memory, time per op kind), then the Hugging Face MixtralForCausalLM baseline of
+# ../shared/anchors on the same shapes, then one table with the ratio ours / HF.
+#
+#   bench/train_gpu.sh [BUILD_DIR]          (default build-gpu; run from the checkout root)
+#
+# Environment: STEPS (timed unprofiled steps, default 5), PROF_STEPS (profiled steps, 2),
+# PRESETS (default "mixtral8x7b-2L og2-8x1b"), HF_IMPLS (experts implementations for the
+# baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
+# .anchors/hf_moe_baseline.py, else ../shared/anchors/hf_moe_baseline.py; the baseline is
+# skipped with a message when neither exists or python3 has no torch).
+# The one thing to know: the ratio is only meaningful when both sides ran in the same call on
+# the same GPU, which is why they are in one script.
+set -uo pipefail
+build=${1:-build-gpu}
+steps=${STEPS:-5}
+prof_steps=${PROF_STEPS:-2}
+presets=${PRESETS:-"mixtral8x7b-2L og2-8x1b"}
+hf_impls=${HF_IMPLS:-grouped_mm}
+hf=${HF_SCRIPT:-}
+if [ -z "$hf" ]; then
+    for c in .anchors/hf_moe_baseline.py ../shared/anchors/hf_moe_baseline.py; do
+        [ -f "$c" ] && { hf=$c; break; }
+    done
+fi
+bin="$build/bench/bench_train_gpu"
+if [ ! -x "$bin" ]; then
+    echo "train_gpu.sh: $bin not found; build first (source bench/gpu_build.sh $build)" >&2
+    exit 2
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader 2>/dev/null ||
+    echo "(nvidia-smi not available)"
+rc=0
+for p in $presets; do
+    echo
+    echo "== bench_train_gpu $p $steps $prof_steps"
+    "$bin" "$p" "$steps" "$prof_steps" | tee "$tmp/ours-$p.log"
+    st=${PIPESTATUS[0]}
+    [ "$st" -eq 77 ] && { echo "train_gpu.sh: no CUDA device, nothing measured"; exit 77; }
+    [ "$st" -ne 0 ] && { echo "train_gpu.sh: bench_train_gpu $p failed (exit $st)"; rc=1; }
+done
+
+echo
+if [ -n "$hf" ] && python3 -c 'import torch, transformers' 2>/dev/null; then
+    names=$(echo $presets | tr ' ' ',')
+    echo "== python3 $hf $hf_impls $names"
+    PYTHONUNBUFFERED=1 python3 "$hf" "$hf_impls" "$names" 2>&1 | tee "$tmp/hf.log"
+    [ "${PIPESTATUS[0]}" -ne 0 ] && { echo "train_gpu.sh: the HF baseline failed"; rc=1; }
+else
+    echo "== HF baseline skipped: ${hf:-no hf_moe_baseline.py found} / python3 without torch+transformers"
+fi
+
+echo
+echo "== summary (same call, same GPU)"
+python3 - "$tmp" $presets <<'PY'
+import json, os, re, sys
+tmp, presets = sys.argv[1], sys.argv[2:]
+ours, prof, hf = {}, {}, {}
+for p in presets:
+    f = os.path.join(tmp, f"ours-{p}.log")
+    if not os.path.exists(f):
+        continue
+    for line in open(f):
+        if line.startswith("RESULT ") or line.startswith("PROF "):
+            kv = dict(t.split("=", 1) for t in line.split()[1:])
+            (ours if line.startswith("RESULT") else prof)[p] = kv
+hl = os.path.join(tmp, "hf.log")
+if os.path.exists(hl):
+    for line in open(hl):
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if "tokens_per_s" in r:
+                hf.setdefault(r["config"], []).append(r)
+print("| preset | tokens/step | ours tokens/s | ours TFLOP/s | ours MFU | ours peak GiB | HF impl | HF tokens/s | HF TFLOP/s | HF peak GiB | ours/HF |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
+for p in presets:
+    o = ours.get(p)
+    if not o:
+        print(f"| {p} | failed | | | | | | | | | |")
+        continue
+    rows = hf.get(p) or [None]
+    for r in rows:
+        tail = "| - | - | - | - | - |" if r is None else (
+            f"| {r['impl']} | {r['tokens_per_s']:,} | {r['model_tflops']} | {r['peak_mem_GiB']} | "
+            f"{float(o['tokens_per_s']) / r['tokens_per_s']:.2f}x |")
+        print(f"| {p} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | "
+              f"{o['model_tflops']} | {o['mfu_pct']}% | {o['peak_gib']} " + tail)
+if prof:
+    names = ["attention", "expert GEMMs", "dense GEMMs", "other ops", "memory"]
+    print()
+    print("| preset | profiled step ms | " + " | ".join(names) + " | host |")
+    print("|---|---|" + "---|" * (len(names) + 1))
+    for p in presets:
+        k = prof.get(p)
+        if not k:
+            continue
+        step = float(k["profiled_step_ms"])
+        ms = [float(k[f"kind{i}_ms"]) for i in range(len(names))]
+        cells = [f"{v:.1f} ({100 * v / step:.0f}%)" for v in ms]
+        host = step - sum(ms)
+        print(f"| {p} | {step:.1f} | " + " | ".join(cells) + f" | {host:.1f} ({100 * host / step:.0f}%) |")
+    print("\n(profiled steps synchronise the GPU around every op; throughput above is unprofiled)")
+PY
+exit $rc
