@@ -6,7 +6,8 @@
 #   make test-asan  the same under AddressSanitizer + UBSan, in build-asan/
 #   make demo       deps, build, then pipelines/quickstart.sh: lambda genome -> tokens ->
 #                   tiny MoE training -> 1 kb embeddings, all under demo-out/ (a few minutes)
-
+#   make bench      CPU benchmarks: bench/tokenize.sh and bench/train_cpu.sh (minutes; GPU
+#                   benchmarks run on a GPU machine: bench/train_gpu.sh, docs/performance.md)
 #   make clean      remove the build trees
 BUILD ?= build
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
@@ -18,7 +19,7 @@ DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
 	bowtie2-examples htslib-test seqkit-examples snakemake
 
-.PHONY: all build deps test test-asan demo clean
+.PHONY: all build deps test test-asan demo bench clean
 
 all: build
 
@@ -50,6 +51,11 @@ test-asan: deps
 	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
+
+bench: deps
+	$(MAKE) build
+	bench/tokenize.sh $(BUILD)
+	bench/train_cpu.sh $(BUILD)
 
 clean:
 	rm -rf build build-asan

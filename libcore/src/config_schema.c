@@ -200,6 +200,7 @@ int moe_cfg_in_section(const moe_cfg_key *k, const char *section) {
 /* ---- formatting ------------------------------------------------------------------------ */
 
 void moe_cfg_format_double(double v, char *buf, size_t n) {
+    if (!buf || n == 0) return; /* also tells GCC's -O3 + sanitizer analysis buf is not NULL */
     for (int prec = 15; prec <= 17; prec++) {
         snprintf(buf, n, "%.*g", prec, v);
         if (strtod(buf, NULL) == v) break;
