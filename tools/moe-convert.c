@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/cli.h"
 #include "moe/convert.h"
 #include "moe/err.h"
 #include "moe/log.h"
-#include "moe/version.h"
 
 static const char USAGE[] =
     "Usage: moe-convert to-hf [options] CKPT OUT_DIR     checkpoint -> Hugging Face Mixtral\n"
@@ -50,13 +50,6 @@ static const struct option LONG[] = {
     {0, 0, 0, 0},
 };
 
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "moe-convert: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nhint: see moe-convert --help\n");
-    return 2;
-}
-
 int main(int argc, char **argv) {
     moe_convert_opts o;
     moe_convert_opts_defaults(&o);
@@ -70,39 +63,34 @@ int main(int argc, char **argv) {
             else if (strcmp(optarg, "bf16") == 0)
                 o.dtype = MOE_ST_BF16;
             else
-                return usage_error("--dtype must be f32 or bf16, not '%s'", optarg);
+                return moe_cli_usage_error("moe-convert", "--dtype must be f32 or bf16, not '%s'",
+                                           optarg);
             break;
         case OPT_SHARD:
             if ((o.max_shard_bytes = moe_convert_parse_size(optarg)) < 1)
-                return usage_error("--max-shard-size expects a size like 5GB or 200MB, not '%s'",
-                                   optarg);
+                return moe_cli_usage_error(
+                    "moe-convert", "--max-shard-size expects a size like 5GB or 200MB, not '%s'",
+                    optarg);
             break;
         case OPT_TOKENIZER:
             o.tokenizer = optarg;
             break;
         case '@':
             if (atoi(optarg) < 1)
-                return usage_error("-@/--threads expects a number >= 1, not '%s'", optarg);
+                return moe_cli_usage_error("moe-convert",
+                                           "-@/--threads expects a number >= 1, not '%s'", optarg);
             break;
-        case 'q':
-            level = MOE_LOG_WARN;
+        default: {
+            int rc = moe_cli_common_option("moe-convert", USAGE, opt, &level);
+            if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        case 'v':
-            level = MOE_LOG_DEBUG;
-            break;
-        case 'h':
-            fputs(USAGE, stdout);
-            return 0;
-        case 'V':
-            moe_version_print(stdout, "moe-convert");
-            return 0;
-        default:
-            return usage_error("%s", "unknown option or missing argument");
+        }
         }
     }
     moe_log_init("moe-convert", level);
     if (optind >= argc)
-        return usage_error("%s", "a command is required: to-hf, from-hf or inspect");
+        return moe_cli_usage_error("moe-convert", "%s",
+                                   "a command is required: to-hf, from-hf or inspect");
     const char *cmd = argv[optind];
     int nargs = argc - optind - 1;
     char **args = argv + optind + 1;
@@ -110,16 +98,20 @@ int main(int argc, char **argv) {
     moe_err_clear(&err);
     moe_status st;
     if (strcmp(cmd, "to-hf") == 0) {
-        if (nargs != 2) return usage_error("%s", "to-hf takes CKPT OUT_DIR");
+        if (nargs != 2) return moe_cli_usage_error("moe-convert", "%s", "to-hf takes CKPT OUT_DIR");
         st = moe_convert_to_hf(args[0], args[1], &o, &err);
     } else if (strcmp(cmd, "from-hf") == 0) {
-        if (nargs != 2) return usage_error("%s", "from-hf takes HF_DIR CKPT");
+        if (nargs != 2)
+            return moe_cli_usage_error("moe-convert", "%s", "from-hf takes HF_DIR CKPT");
         st = moe_convert_from_hf(args[0], args[1], &o, &err);
     } else if (strcmp(cmd, "inspect") == 0) {
-        if (nargs != 1) return usage_error("%s", "inspect takes one checkpoint, directory or file");
+        if (nargs != 1)
+            return moe_cli_usage_error("moe-convert", "%s",
+                                       "inspect takes one checkpoint, directory or file");
         st = moe_convert_inspect(args[0], &o, stdout, &err);
     } else {
-        return usage_error("unknown command '%s' (to-hf, from-hf, inspect)", cmd);
+        return moe_cli_usage_error("moe-convert", "unknown command '%s' (to-hf, from-hf, inspect)",
+                                   cmd);
     }
     if (st != MOE_OK) {
         moe_err_print(&err, "moe-convert", stderr);

@@ -11,10 +11,10 @@
 #include <omp.h>
 #endif
 
+#include "moe/cli.h"
 #include "moe/embed.h"
 #include "moe/err.h"
 #include "moe/log.h"
-#include "moe/version.h"
 
 static const char USAGE[] =
     "Usage: moe-embed -m CKPT [options] INPUT...\n"
@@ -107,13 +107,6 @@ static const struct option LONG[] = {
     {0, 0, 0, 0},
 };
 
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "moe-embed: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nhint: see moe-embed --help\n");
-    return 2;
-}
-
 /* Integer (decimal or 0x hex) into *v; 0 when s is not one. */
 static int parse_int(const char *s, long long *v) {
     char *end;
@@ -152,7 +145,8 @@ static int parse(cli *c, int argc, char **argv) {
             break;
         case OPT_LAYER:
             if (!parse_int(optarg, &v) || v < -100000 || v > 100000)
-                return usage_error("--layer expects an integer, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed", "--layer expects an integer, not '%s'",
+                                           optarg);
             o->layer = (int)v;
             break;
         case OPT_DEVICE:
@@ -163,7 +157,8 @@ static int parse(cli *c, int argc, char **argv) {
             else if (strcmp(optarg, "cuda") == 0)
                 o->device = MOE_DEVICE_CUDA;
             else
-                return usage_error("--device must be cpu, auto or cuda, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed",
+                                           "--device must be cpu, auto or cuda, not '%s'", optarg);
             break;
         case OPT_PRECISION:
             if (strcmp(optarg, "fp32") == 0)
@@ -171,7 +166,8 @@ static int parse(cli *c, int argc, char **argv) {
             else if (strcmp(optarg, "bf16") == 0)
                 c->precision = 1;
             else
-                return usage_error("--precision must be fp32 or bf16, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed",
+                                           "--precision must be fp32 or bf16, not '%s'", optarg);
             break;
         case OPT_DTYPE:
             if (strcmp(optarg, "f32") == 0)
@@ -179,7 +175,8 @@ static int parse(cli *c, int argc, char **argv) {
             else if (strcmp(optarg, "f16") == 0)
                 o->dtype = MOE_NPY_F16;
             else
-                return usage_error("--dtype must be f32 or f16, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed", "--dtype must be f32 or f16, not '%s'",
+                                           optarg);
             break;
         case OPT_POOL:
             if (strcmp(optarg, "mean") == 0)
@@ -189,7 +186,8 @@ static int parse(cli *c, int argc, char **argv) {
             else if (strcmp(optarg, "last") == 0)
                 o->pool = MOE_EMBED_POOL_LAST;
             else
-                return usage_error("--pool must be mean, max or last, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed",
+                                           "--pool must be mean, max or last, not '%s'", optarg);
             break;
         case OPT_PER_TOKEN:
             o->per_token = 1;
@@ -208,9 +206,10 @@ static int parse(cli *c, int argc, char **argv) {
         case 'F':
         case '@':
             if (!parse_int(optarg, &v) || v < 0 || v > (1LL << 40))
-                return usage_error("expected a non-negative number, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed", "expected a non-negative number, not '%s'",
+                                           optarg);
             if ((opt == OPT_WINDOW || opt == OPT_STRIDE || opt == OPT_BATCH || opt == '@') && v < 1)
-                return usage_error("expected a number >= 1, not '%s'", optarg);
+                return moe_cli_usage_error("moe-embed", "expected a number >= 1, not '%s'", optarg);
             if (opt == OPT_WINDOW)
                 o->window = v;
             else if (opt == OPT_STRIDE)
@@ -243,20 +242,11 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_AS_STORED:
             o->io.as_stored = 1;
             break;
-        case 'q':
-            level = MOE_LOG_WARN;
+        default: {
+            int rc = moe_cli_common_option("moe-embed", USAGE, opt, &level);
+            if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        case 'v':
-            level = MOE_LOG_DEBUG;
-            break;
-        case 'h':
-            fputs(USAGE, stdout);
-            return 0;
-        case 'V':
-            moe_version_print(stdout, "moe-embed");
-            return 0;
-        default:
-            return usage_error("%s", "unknown option or missing argument");
+        }
         }
     }
     moe_log_init("moe-embed", level);
@@ -268,8 +258,10 @@ static int run(cli *c, int argc, char **argv) {
     moe_err err;
     moe_err_clear(&err);
     moe_embed_opts *o = &c->o;
-    if (!o->ckpt_dir) return usage_error("%s", "a checkpoint is required (-m CKPT_DIR)");
-    if (optind >= argc) return usage_error("%s", "no input files (use - for stdin)");
+    if (!o->ckpt_dir)
+        return moe_cli_usage_error("moe-embed", "%s", "a checkpoint is required (-m CKPT_DIR)");
+    if (optind >= argc)
+        return moe_cli_usage_error("moe-embed", "%s", "no input files (use - for stdin)");
     if (c->regions_file) {
         char **bed = NULL;
         int n_bed = 0;

@@ -10,11 +10,11 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "moe/cli.h"
 #include "moe/err.h"
 #include "moe/log.h"
 #include "moe/seqio.h"
 #include "moe/tokenize.h"
-#include "moe/version.h"
 
 static const char USAGE[] =
     "Usage: moe-tokenize [options] INPUT...      sequences -> token shards\n"
@@ -114,13 +114,6 @@ static const struct option LONG[] = {
     {0, 0, 0, 0},
 };
 
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "moe-tokenize: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nhint: see moe-tokenize --help\n");
-    return 2;
-}
-
 /* Parses a non-negative integer (decimal or 0x hex); -1 on error. */
 static long long parse_count(const char *s) {
     char *end;
@@ -149,31 +142,37 @@ static int parse(cli *c, int argc, char **argv) {
             break;
         case 't':
             if ((c->kind = moe_tokenizer_kind_parse(optarg)) < 0)
-                return usage_error("--tokenizer must be byte, nuc or kmer, not '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--tokenizer must be byte, nuc or kmer, not '%s'", optarg);
             break;
         case 'k':
             if ((c->k = (int)parse_count(optarg)) < 1 || c->k > 8)
-                return usage_error("--k must be 1..8, not '%s'", optarg);
+                return moe_cli_usage_error("moe-tokenize", "--k must be 1..8, not '%s'", optarg);
             break;
         case OPT_VOCAB:
             if ((c->vocab = parse_count(optarg)) < 0)
-                return usage_error("--vocab-size must be a number, not '%s'", optarg);
+                return moe_cli_usage_error("moe-tokenize",
+                                           "--vocab-size must be a number, not '%s'", optarg);
             break;
         case OPT_CASE:
             if ((c->case_p = moe_case_policy_parse(optarg)) < 0)
-                return usage_error("--case must be keep, upper or upper+mask, not '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--case must be keep, upper or upper+mask, not '%s'", optarg);
             break;
         case OPT_IUPAC:
             if ((c->iupac = moe_iupac_policy_parse(optarg)) < 0)
-                return usage_error("--iupac must be keep, to-n or drop, not '%s'", optarg);
+                return moe_cli_usage_error("moe-tokenize",
+                                           "--iupac must be keep, to-n or drop, not '%s'", optarg);
             break;
         case OPT_NRUNS:
             if ((c->nruns = moe_nrun_policy_parse(optarg)) < 0)
-                return usage_error("--n-runs must be keep, collapse or split, not '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--n-runs must be keep, collapse or split, not '%s'", optarg);
             break;
         case OPT_REVCOMP:
             if ((c->revcomp = moe_revcomp_policy_parse(optarg)) < 0)
-                return usage_error("--revcomp must be none, add or random, not '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--revcomp must be none, add or random, not '%s'", optarg);
             break;
         case OPT_SEED:
         case OPT_WINDOW:
@@ -186,7 +185,8 @@ static int parse(cli *c, int argc, char **argv) {
         case '@':
         case 'w':
             if ((v = parse_count(optarg)) < 0)
-                return usage_error("expected a non-negative number, not '%s'", optarg);
+                return moe_cli_usage_error("moe-tokenize",
+                                           "expected a non-negative number, not '%s'", optarg);
             if (opt == OPT_SEED)
                 c->seed = v;
             else if (opt == OPT_WINDOW)
@@ -212,7 +212,8 @@ static int parse(cli *c, int argc, char **argv) {
             char *end;
             c->o.val_fraction = strtod(optarg, &end);
             if (*end || c->o.val_fraction < 0 || c->o.val_fraction > 1)
-                return usage_error("--val-fraction must be a number in [0, 1], not '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--val-fraction must be a number in [0, 1], not '%s'", optarg);
             break;
         }
         case OPT_BOS:
@@ -247,20 +248,11 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_JSON:
             c->json = 1;
             break;
-        case 'q':
-            level = MOE_LOG_ERROR;
+        default: {
+            int rc = moe_cli_common_option("moe-tokenize", USAGE, opt, &level);
+            if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        case 'v':
-            level = MOE_LOG_DEBUG;
-            break;
-        case 'h':
-            fputs(USAGE, stdout);
-            return 0;
-        case 'V':
-            moe_version_print(stdout, "moe-tokenize");
-            return 0;
-        default:
-            return usage_error("%s", "unknown option or missing argument");
+        }
         }
     }
     moe_log_init("moe-tokenize", level);
@@ -312,11 +304,13 @@ static int run_tokenize(cli *c, int argc, char **argv) {
     c->o.io.n_regions = c->n_regions;
     c->o.inputs = (const char *const *)(argv + optind);
     c->o.n_inputs = argc - optind;
-    if (c->o.n_inputs < 1) return usage_error("%s", "no input files (use - for stdin)");
+    if (c->o.n_inputs < 1)
+        return moe_cli_usage_error("moe-tokenize", "%s", "no input files (use - for stdin)");
     if ((!c->o.output || strcmp(c->o.output, "-") == 0) && isatty(STDOUT_FILENO))
-        return usage_error("%s",
-                           "refusing to write a binary shard to a terminal: give -o FILE.mtok "
-                           "or pipe the output");
+        return moe_cli_usage_error(
+            "moe-tokenize", "%s",
+            "refusing to write a binary shard to a terminal: give -o FILE.mtok "
+            "or pipe the output");
     moe_tokenize_summary sum;
     moe_tokenize_run(&c->o, &sum, &err);
     if (err.status == MOE_OK)
@@ -347,12 +341,14 @@ int main(int argc, char **argv) {
         if (!sub)
             rc = run_tokenize(&c, argc, argv);
         else if (optind >= argc - 1)
-            rc = usage_error("%s needs at least one shard file, directory or manifest", sub);
+            rc = moe_cli_usage_error(
+                "moe-tokenize", "%s needs at least one shard file, directory or manifest", sub);
         else if (strcmp(sub, "stats") == 0)
             rc = finish(&err, moe_tokenize_stats((const char *const *)(argv + 1 + optind),
                                                  argc - 1 - optind, c.json, stdout, &err));
         else if (argc - 1 - optind != 1)
-            rc = usage_error("%s", "decode takes exactly one shard file, directory or manifest");
+            rc = moe_cli_usage_error("moe-tokenize", "%s",
+                                     "decode takes exactly one shard file, directory or manifest");
         else
             rc = finish(&err, moe_tokenize_decode(argv[1 + optind], c.width, stdout, &err));
     }

@@ -11,54 +11,44 @@
 #include <omp.h>
 #endif
 
+#include "moe/cli.h"
 #include "moe/config.h"
 #include "moe/err.h"
 #include "moe/log.h"
 #include "moe/train.h"
-#include "moe/version.h"
 
-static void usage(FILE *fp) {
-    fprintf(
-        fp,
-        "Usage: moe-train -c CONFIG.yaml [options] [key.path=value ...]\n"
-        "\n"
-        "Trains a Mixtral-style mixture-of-experts language model on token shards written\n"
-        "by moe-tokenize. The run directory receives checkpoints (ckpt-<step>/), `latest`,\n"
-        "metrics.jsonl and loss.svg. See docs/training.md.\n"
-        "\n"
-        "Options:\n"
-        "  -c, --config FILE     YAML config (configs/tiny.yaml, ...); required\n"
-        "      --data PATH       training shards: a .mtok file, a directory, a manifest,\n"
-        "                        or - (a shard stream on stdin); overrides data.path\n"
-        "  -o, --output DIR      run directory (default: run)\n"
-        "      --resume WHAT     auto: continue from DIR/latest if there is one;\n"
-        "                        or a checkpoint directory (DIR/ckpt-00000100; a run\n"
-        "                        directory means its latest checkpoint)\n"
-        "      --stop-at N       end after step N with a checkpoint (train.steps still\n"
-        "                        sets the length of the run and the LR schedule)\n"
-        "      --dry-run         print the resolved config, parameter counts, FLOPs per\n"
-        "                        token and a memory estimate, then exit\n"
-        "      --log-json FILE   also write the metrics JSON lines to FILE (- = stdout)\n"
-        "  -@, --threads N       OpenMP threads (default: all cores)\n"
-        "  -q, --quiet           errors and warnings only\n"
-        "  -v, --verbose         debug messages\n"
-        "  -h, --help            this help\n"
-        "  -V, --version         version and library versions\n"
-        "\n"
-        "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
-        "\n"
-        "Example:\n"
-        "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
-        "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
-        "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n");
-}
-
-static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "moe-train: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nhint: see moe-train --help\n");
-    return 2;
-}
+static const char USAGE[] =
+    "Usage: moe-train -c CONFIG.yaml [options] [key.path=value ...]\n"
+    "\n"
+    "Trains a Mixtral-style mixture-of-experts language model on token shards written\n"
+    "by moe-tokenize. The run directory receives checkpoints (ckpt-<step>/), `latest`,\n"
+    "metrics.jsonl and loss.svg. See docs/training.md.\n"
+    "\n"
+    "Options:\n"
+    "  -c, --config FILE     YAML config (configs/tiny.yaml, ...); required\n"
+    "      --data PATH       training shards: a .mtok file, a directory, a manifest,\n"
+    "                        or - (a shard stream on stdin); overrides data.path\n"
+    "  -o, --output DIR      run directory (default: run)\n"
+    "      --resume WHAT     auto: continue from DIR/latest if there is one;\n"
+    "                        or a checkpoint directory (DIR/ckpt-00000100; a run\n"
+    "                        directory means its latest checkpoint)\n"
+    "      --stop-at N       end after step N with a checkpoint (train.steps still\n"
+    "                        sets the length of the run and the LR schedule)\n"
+    "      --dry-run         print the resolved config, parameter counts, FLOPs per\n"
+    "                        token and a memory estimate, then exit\n"
+    "      --log-json FILE   also write the metrics JSON lines to FILE (- = stdout)\n"
+    "  -@, --threads N       OpenMP threads (default: all cores)\n"
+    "  -q, --quiet           errors and warnings only\n"
+    "  -v, --verbose         debug messages\n"
+    "  -h, --help            this help\n"
+    "  -V, --version         version and library versions\n"
+    "\n"
+    "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
+    "\n"
+    "Example:\n"
+    "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
+    "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
+    "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n";
 
 enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
@@ -100,7 +90,8 @@ int main(int argc, char **argv) {
         case OPT_STOP_AT:
             opts.stop_at = strtoll(optarg, &end, 10);
             if (*end || opts.stop_at < 1)
-                return usage_error("--stop-at expects a step number >= 1, got '%s'", optarg);
+                return moe_cli_usage_error(
+                    "moe-train", "--stop-at expects a step number >= 1, got '%s'", optarg);
             break;
         case OPT_DRY_RUN:
             dry_run = 1;
@@ -111,32 +102,25 @@ int main(int argc, char **argv) {
         case '@':
             threads = (int)strtol(optarg, &end, 10);
             if (*end || threads < 1)
-                return usage_error("-@/--threads expects a number >= 1, got '%s'", optarg);
+                return moe_cli_usage_error("moe-train",
+                                           "-@/--threads expects a number >= 1, got '%s'", optarg);
             break;
-        case 'q':
-            level = MOE_LOG_WARN;
+        default: {
+            int rc = moe_cli_common_option("moe-train", USAGE, c, &level);
+            if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        case 'v':
-            level = MOE_LOG_DEBUG;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        case 'V':
-            moe_version_print(stdout, "moe-train");
-            return 0;
-        default:
-            fprintf(stderr, "hint: see moe-train --help\n");
-            return 2;
+        }
         }
     }
     moe_log_init("moe-train", level);
     opts.quiet = level < MOE_LOG_INFO;
-    if (!config) return usage_error("%s", "a config is required (-c CONFIG.yaml)");
+    if (!config)
+        return moe_cli_usage_error("moe-train", "%s", "a config is required (-c CONFIG.yaml)");
     for (int i = optind; i < argc; i++)
         if (!strchr(argv[i], '='))
-            return usage_error("unexpected argument '%s' (overrides look like key.path=value)",
-                               argv[i]);
+            return moe_cli_usage_error(
+                "moe-train", "unexpected argument '%s' (overrides look like key.path=value)",
+                argv[i]);
 #ifdef _OPENMP
     if (threads > 0) omp_set_num_threads(threads);
 #endif
