@@ -144,28 +144,8 @@ static json_t *hf_config_json(const moe_config *cfg, const moe_tokenizer *tok, m
 static moe_status write_json(json_t *o, const char *path, moe_err *err) {
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
-    moe_outfile f;
-    memset(&f, 0, sizeof f);
-    moe_status st = moe_outfile_open(&f, path, err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, "\n", 1, err);
-    if (st == MOE_OK)
-        st = moe_outfile_commit(&f, err);
-    else if (f.fp)
-        moe_outfile_abort(&f);
+    moe_status st = moe_write_text_file(path, text, "\n", err);
     free(text);
-    return st;
-}
-
-static moe_status write_text(const char *text, const char *path, moe_err *err) {
-    moe_outfile f;
-    memset(&f, 0, sizeof f);
-    moe_status st = moe_outfile_open(&f, path, err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
-    if (st == MOE_OK)
-        st = moe_outfile_commit(&f, err);
-    else if (f.fp)
-        moe_outfile_abort(&f);
     return st;
 }
 
@@ -274,7 +254,7 @@ static moe_status write_index(const char *tmp, const moe_convert_tensor *tab, co
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
     json_decref(o);
     if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
-    moe_status st = write_text(text, path, err);
+    moe_status st = moe_write_text_file(path, text, NULL, err);
     free(text);
     return st;
 }
@@ -327,7 +307,7 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const mo
     }
     if (st == MOE_OK) {
         snprintf(path, sizeof path, "%s/moe_tokenizer.json", tmp);
-        st = write_text(ck.tokenizer_json, path, err);
+        st = moe_write_text_file(path, ck.tokenizer_json, NULL, err);
     }
     if (st == MOE_OK) {
         moe_outfile cf;

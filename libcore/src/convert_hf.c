@@ -385,18 +385,6 @@ static const char STATE_JSON[] =
     "\"philox4x32-10\", \"seed\": %" PRId64 "},\n  \"last_metrics\": null,\n"
     "  \"imported_from\": \"Hugging Face (moe-convert from-hf)\"\n}\n";
 
-static moe_status write_file_text(const char *path, const char *text, moe_err *err) {
-    moe_outfile f;
-    memset(&f, 0, sizeof f);
-    moe_status st = moe_outfile_open(&f, path, err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
-    if (st == MOE_OK)
-        st = moe_outfile_commit(&f, err);
-    else if (f.fp)
-        moe_outfile_abort(&f);
-    return st;
-}
-
 static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_tokenizer *tok,
                              const moe_convert_tensor *tab, int n, float **bufs, moe_err *err) {
     moe_ckpt_writer w;
@@ -412,8 +400,8 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
     else if (cf.fp)
         moe_outfile_abort(&cf);
     if (st == MOE_OK)
-        st = write_file_text(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
-                             moe_tokenizer_spec_json(tok), err);
+        st = moe_write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
+                                 moe_tokenizer_spec_json(tok), NULL, err);
     int64_t maxn = 1;
     for (int i = 0; i < n; i++) {
         int64_t k = tab[i].shape[0] * (tab[i].ndim == 2 ? tab[i].shape[1] : 1);
@@ -450,8 +438,8 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
         char state[1024];
         snprintf(state, sizeof state, STATE_JSON, cfg->data.shuffle ? "true" : "false",
                  cfg->train.seed);
-        st =
-            write_file_text(moe_ckpt_path(&w, "trainer_state.json", path, sizeof path), state, err);
+        st = moe_write_text_file(moe_ckpt_path(&w, "trainer_state.json", path, sizeof path), state,
+                                 NULL, err);
     }
     if (st != MOE_OK) {
         moe_ckpt_abort(&w);

@@ -134,15 +134,7 @@ static moe_status dump(json_t *o, const char *dir, const char *name, moe_err *er
     snprintf(path, sizeof path, "%s/%s", dir, name);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
-    moe_outfile f;
-    memset(&f, 0, sizeof f);
-    moe_status st = moe_outfile_open(&f, path, err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, text, strlen(text), err);
-    if (st == MOE_OK) st = moe_outfile_write(&f, "\n", 1, err);
-    if (st == MOE_OK)
-        st = moe_outfile_commit(&f, err);
-    else if (f.fp)
-        moe_outfile_abort(&f);
+    moe_status st = moe_write_text_file(path, text, "\n", err);
     free(text);
     return st;
 }

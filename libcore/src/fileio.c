@@ -84,6 +84,17 @@ void moe_outfile_abort(moe_outfile *f) {
     memset(f, 0, sizeof *f);
 }
 
+moe_status moe_write_text_file(const char *path, const char *text, const char *tail, moe_err *err) {
+    moe_outfile f;
+    moe_status st = moe_outfile_open(&f, path, err);
+    if (st != MOE_OK) return st;
+    st = moe_outfile_write(&f, text, strlen(text), err);
+    if (st == MOE_OK && tail) st = moe_outfile_write(&f, tail, strlen(tail), err);
+    if (st == MOE_OK) return moe_outfile_commit(&f, err);
+    moe_outfile_abort(&f);
+    return st;
+}
+
 moe_status moe_mkdirs(const char *path, moe_err *err) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)

@@ -316,8 +316,8 @@ static moe_status do_orientation(ctx *c, const moe_seq_record *rec, const char *
         } else {
             for (int64_t s = a;; s += stride) {
                 int64_t e = s + w < b ? s + w : b;
-                int v = per_window ? window_is_val(rec->name, n_windows, c->o->val_fraction)
-                                   : is_val;
+                int v =
+                    per_window ? window_is_val(rec->name, n_windows, c->o->val_fraction) : is_val;
                 n_windows++;
                 if (emit_doc(c, rec, source, v, rc, s, e, err) != MOE_OK) return err->status;
                 if (e == b) break;
@@ -378,16 +378,7 @@ static moe_status write_manifest(ctx *c, moe_err *err) {
     if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, c->dir, "out of memory");
     char path[4200];
     snprintf(path, sizeof path, "%s/manifest.json", c->dir);
-    moe_outfile f;
-    moe_status st = moe_outfile_open(&f, path, err);
-    if (st == MOE_OK) {
-        st = moe_outfile_write(&f, text, strlen(text), err);
-        if (st == MOE_OK) st = moe_outfile_write(&f, "\n", 1, err);
-        if (st == MOE_OK)
-            st = moe_outfile_commit(&f, err);
-        else
-            moe_outfile_abort(&f);
-    }
+    moe_status st = moe_write_text_file(path, text, "\n", err);
     free(text);
     return st;
 }

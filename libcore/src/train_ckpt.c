@@ -22,16 +22,6 @@
 #define STATE_FORMAT "moe-genomics trainer state"
 #define STATE_VERSION 1
 
-static moe_status write_text_file(const char *path, const char *text, moe_err *err) {
-    moe_outfile out;
-    moe_status st = moe_outfile_open(&out, path, err);
-    if (st != MOE_OK) return st;
-    st = moe_outfile_write(&out, text, strlen(text), err);
-    if (st == MOE_OK) return moe_outfile_commit(&out, err);
-    moe_outfile_abort(&out);
-    return st;
-}
-
 /* Writes the tensors of the parameter table with data from host ([n_elems]), each name
  * followed by suffix ("" for weights). */
 static moe_status write_params(const char *path, const moe_model *model, const float *host,
@@ -106,8 +96,8 @@ moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const mo
         }
     }
     if (st == MOE_OK)
-        st = write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path), tokenizer_json,
-                             err);
+        st = moe_write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
+                                 tokenizer_json, NULL, err);
     if (st == MOE_OK) {
         moe_model_copy_params_to_host(model, host);
         st = write_params(moe_ckpt_path(&w, "model.safetensors", path, sizeof path), model, host,
@@ -124,7 +114,8 @@ moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const mo
         if (!text) st = moe_err_set(err, MOE_ERR_RUNTIME, run_dir, "cannot encode trainer state");
     }
     if (st == MOE_OK)
-        st = write_text_file(moe_ckpt_path(&w, "trainer_state.json", path, sizeof path), text, err);
+        st = moe_write_text_file(moe_ckpt_path(&w, "trainer_state.json", path, sizeof path), text,
+                                 NULL, err);
     free(text);
     free(host);
     free(host2);
@@ -157,12 +148,23 @@ static moe_status check_model_config(const char *path, const moe_model_config *a
                     "checkpoint has model." #k "=%.17g but the config says %.17g", a->k, b->k);    \
         goto mismatch;                                                                             \
     }
+    /* clang-format off: one key per line reads best */
     INT_KEY(vocab_size)
-    INT_KEY(hidden_size) INT_KEY(intermediate_size) INT_KEY(num_hidden_layers)
-        INT_KEY(num_attention_heads) INT_KEY(num_key_value_heads) INT_KEY(num_local_experts)
-            INT_KEY(num_experts_per_tok) INT_KEY(max_position_embeddings)
-                INT_KEY(tie_word_embeddings) DBL_KEY(rope_theta) DBL_KEY(rms_norm_eps)
-                    DBL_KEY(router_aux_loss_coef) DBL_KEY(router_z_loss_coef) return MOE_OK;
+    INT_KEY(hidden_size)
+    INT_KEY(intermediate_size)
+    INT_KEY(num_hidden_layers)
+    INT_KEY(num_attention_heads)
+    INT_KEY(num_key_value_heads)
+    INT_KEY(num_local_experts)
+    INT_KEY(num_experts_per_tok)
+    INT_KEY(max_position_embeddings)
+    INT_KEY(tie_word_embeddings)
+    DBL_KEY(rope_theta)
+    DBL_KEY(rms_norm_eps)
+    DBL_KEY(router_aux_loss_coef)
+    DBL_KEY(router_z_loss_coef)
+    /* clang-format on */
+    return MOE_OK;
 #undef INT_KEY
 #undef DBL_KEY
 mismatch:

@@ -30,6 +30,10 @@ moe_status moe_outfile_write(moe_outfile *f, const void *data, size_t n, moe_err
 moe_status moe_outfile_commit(moe_outfile *f, moe_err *err);
 void moe_outfile_abort(moe_outfile *f);
 
+/* Writes text, then tail (may be NULL, e.g. "\n" after a JSON dump), to path through a
+ * moe_outfile: the whole file appears under its name at once or not at all. */
+moe_status moe_write_text_file(const char *path, const char *text, const char *tail, moe_err *err);
+
 /* mkdir -p; an existing directory is fine. */
 moe_status moe_mkdirs(const char *path, moe_err *err);
 /* fsync a directory so that a rename inside it is durable. */
