@@ -73,9 +73,6 @@ enum {
     OPT_WINDOW,
     OPT_STRIDE,
     OPT_BATCH,
-    OPT_REGIONS_FILE,
-    OPT_MINMAPQ,
-    OPT_AS_STORED,
 };
 
 static const struct option LONG[] = {
@@ -93,12 +90,12 @@ static const struct option LONG[] = {
     {"stride", required_argument, 0, OPT_STRIDE},
     {"batch-tokens", required_argument, 0, OPT_BATCH},
     {"region", required_argument, 0, 'r'},
-    {"regions-file", required_argument, 0, OPT_REGIONS_FILE},
+    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
     {"reference", required_argument, 0, 'T'},
-    {"min-mapq", required_argument, 0, OPT_MINMAPQ},
+    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
     {"require-flags", required_argument, 0, 'f'},
     {"exclude-flags", required_argument, 0, 'F'},
-    {"as-stored", no_argument, 0, OPT_AS_STORED},
+    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
     {"threads", required_argument, 0, '@'},
     {"quiet", no_argument, 0, 'q'},
     {"verbose", no_argument, 0, 'v'},
@@ -116,18 +113,9 @@ static int parse_int(const char *s, long long *v) {
 
 typedef struct cli {
     moe_embed_opts o;
-    char **regions;
-    int n_regions, threads, precision; /* precision: -1 default, 0 fp32, 1 bf16 */
-    const char *regions_file;
+    moe_cli_input in;
+    int threads, precision; /* precision: -1 default, 0 fp32, 1 bf16 */
 } cli;
-
-static int add_region(cli *c, char *r) {
-    char **nr = realloc(c->regions, (size_t)(c->n_regions + 1) * sizeof *nr);
-    if (!nr) return 0;
-    c->regions = nr;
-    nr[c->n_regions++] = r;
-    return 1;
-}
 
 /* Returns -1 to go on, else the exit code. */
 static int parse(cli *c, int argc, char **argv) {
@@ -136,6 +124,11 @@ static int parse(cli *c, int argc, char **argv) {
     moe_embed_opts *o = &c->o;
     while ((opt = getopt_long(argc, argv, "m:o:r:T:f:F:@:qvhV", LONG, NULL)) != -1) {
         long long v = 0;
+        int rc = moe_cli_input_option("moe-embed", &c->in, &o->io, opt, optarg);
+        if (rc != MOE_CLI_NOT_MINE) {
+            if (rc != MOE_CLI_CONTINUE) return rc;
+            continue;
+        }
         switch (opt) {
         case 'm':
             o->ckpt_dir = optarg;
@@ -201,9 +194,6 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_WINDOW:
         case OPT_STRIDE:
         case OPT_BATCH:
-        case OPT_MINMAPQ:
-        case 'f':
-        case 'F':
         case '@':
             if (!parse_int(optarg, &v) || v < 0 || v > (1LL << 40))
                 return moe_cli_usage_error("moe-embed", "expected a non-negative number, not '%s'",
@@ -216,37 +206,13 @@ static int parse(cli *c, int argc, char **argv) {
                 o->stride = v;
             else if (opt == OPT_BATCH)
                 o->batch_tokens = v;
-            else if (opt == OPT_MINMAPQ)
-                o->io.min_mapq = (int)v;
-            else if (opt == 'f')
-                o->io.require_flags = (uint32_t)v;
-            else if (opt == 'F')
-                o->io.exclude_flags = (uint32_t)v;
             else
                 c->threads = (int)v;
             break;
-        case 'r': {
-            char *r = strdup(optarg);
-            if (!r || !add_region(c, r)) {
-                free(r);
-                return 1;
-            }
-            break;
-        }
-        case OPT_REGIONS_FILE:
-            c->regions_file = optarg;
-            break;
-        case 'T':
-            o->io.reference = optarg;
-            break;
-        case OPT_AS_STORED:
-            o->io.as_stored = 1;
-            break;
-        default: {
-            int rc = moe_cli_common_option("moe-embed", USAGE, opt, &level);
+        default:
+            rc = moe_cli_common_option("moe-embed", USAGE, opt, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        }
         }
     }
     moe_log_init("moe-embed", level);
@@ -262,19 +228,10 @@ static int run(cli *c, int argc, char **argv) {
         return moe_cli_usage_error("moe-embed", "%s", "a checkpoint is required (-m CKPT_DIR)");
     if (optind >= argc)
         return moe_cli_usage_error("moe-embed", "%s", "no input files (use - for stdin)");
-    if (c->regions_file) {
-        char **bed = NULL;
-        int n_bed = 0;
-        if (moe_seqio_read_bed(c->regions_file, &bed, &n_bed, &err) != MOE_OK) {
-            moe_err_print(&err, "moe-embed", stderr);
-            return moe_err_exit_code(&err);
-        }
-        for (int i = 0; i < n_bed; i++)
-            if (add_region(c, bed[i])) bed[i] = NULL;
-        moe_seqio_free_regions(bed, n_bed);
+    if (moe_cli_input_finish(&c->in, &o->io, &err) != MOE_OK) {
+        moe_err_print(&err, "moe-embed", stderr);
+        return moe_err_exit_code(&err);
     }
-    o->io.regions = (const char *const *)c->regions;
-    o->io.n_regions = c->n_regions;
     o->io.threads = c->threads > 1 ? 1 : 0;
     o->inputs = (const char *const *)(argv + optind);
     o->n_inputs = argc - optind;
@@ -302,8 +259,6 @@ int main(int argc, char **argv) {
     c.precision = -1;
     int rc = parse(&c, argc, argv);
     if (rc < 0) rc = run(&c, argc, argv);
-    for (int i = 0; i < c.n_regions; i++)
-        free(c.regions[i]);
-    free(c.regions);
+    moe_cli_input_free(&c.in);
     return rc;
 }

@@ -72,9 +72,6 @@ enum {
     OPT_NOEOS,
     OPT_SHARD_TOKENS,
     OPT_VAL,
-    OPT_REGIONS_FILE,
-    OPT_MINMAPQ,
-    OPT_AS_STORED,
     OPT_JSON,
 };
 
@@ -98,12 +95,12 @@ static const struct option LONG[] = {
     {"shard-tokens", required_argument, 0, OPT_SHARD_TOKENS},
     {"val-fraction", required_argument, 0, OPT_VAL},
     {"region", required_argument, 0, 'r'},
-    {"regions-file", required_argument, 0, OPT_REGIONS_FILE},
+    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
     {"reference", required_argument, 0, 'T'},
-    {"min-mapq", required_argument, 0, OPT_MINMAPQ},
+    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
     {"require-flags", required_argument, 0, 'f'},
     {"exclude-flags", required_argument, 0, 'F'},
-    {"as-stored", no_argument, 0, OPT_AS_STORED},
+    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
     {"threads", required_argument, 0, '@'},
     {"width", required_argument, 0, 'w'},
     {"json", no_argument, 0, OPT_JSON},
@@ -125,9 +122,7 @@ typedef struct cli {
     moe_tokenize_opts o;
     int kind, k, case_p, iupac, nruns, revcomp, bos, eos, json, width;
     long long vocab, seed, window, stride, minlen;
-    char **regions;
-    int n_regions;
-    const char *regions_file;
+    moe_cli_input in;
 } cli;
 
 /* Returns -1 to go on, else the exit code. */
@@ -136,6 +131,11 @@ static int parse(cli *c, int argc, char **argv) {
     moe_log_level level = MOE_LOG_INFO;
     while ((opt = getopt_long(argc, argv, "o:t:k:r:T:f:F:@:w:qvhV", LONG, NULL)) != -1) {
         long long v = 0;
+        int rc = moe_cli_input_option("moe-tokenize", &c->in, &c->o.io, opt, optarg);
+        if (rc != MOE_CLI_NOT_MINE) {
+            if (rc != MOE_CLI_CONTINUE) return rc;
+            continue;
+        }
         switch (opt) {
         case 'o':
             c->o.output = optarg;
@@ -179,9 +179,6 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_STRIDE:
         case OPT_MINLEN:
         case OPT_SHARD_TOKENS:
-        case OPT_MINMAPQ:
-        case 'f':
-        case 'F':
         case '@':
         case 'w':
             if ((v = parse_count(optarg)) < 0)
@@ -197,12 +194,6 @@ static int parse(cli *c, int argc, char **argv) {
                 c->minlen = v;
             else if (opt == OPT_SHARD_TOKENS)
                 c->o.shard_tokens = v;
-            else if (opt == OPT_MINMAPQ)
-                c->o.io.min_mapq = (int)v;
-            else if (opt == 'f')
-                c->o.io.require_flags = (uint32_t)v;
-            else if (opt == 'F')
-                c->o.io.exclude_flags = (uint32_t)v;
             else if (opt == '@')
                 c->o.threads = v < 1 ? 1 : (int)v;
             else
@@ -228,31 +219,13 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_NOEOS:
             c->eos = 0;
             break;
-        case 'r': {
-            char **nr = realloc(c->regions, (size_t)(c->n_regions + 1) * sizeof *nr);
-            if (!nr) return 1;
-            c->regions = nr;
-            if (!(nr[c->n_regions] = strdup(optarg))) return 1;
-            c->n_regions++;
-            break;
-        }
-        case OPT_REGIONS_FILE:
-            c->regions_file = optarg;
-            break;
-        case 'T':
-            c->o.io.reference = optarg;
-            break;
-        case OPT_AS_STORED:
-            c->o.io.as_stored = 1;
-            break;
         case OPT_JSON:
             c->json = 1;
             break;
-        default: {
-            int rc = moe_cli_common_option("moe-tokenize", USAGE, opt, &level);
+        default:
+            rc = moe_cli_common_option("moe-tokenize", USAGE, opt, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;
-        }
         }
     }
     moe_log_init("moe-tokenize", level);
@@ -285,23 +258,7 @@ static int run_tokenize(cli *c, int argc, char **argv) {
     if (c->stride >= 0) t->stride = c->stride;
     if (c->minlen >= 0) t->min_length = c->minlen;
     if (t->window > 0 && t->stride == 0) t->stride = t->window;
-    char **bed = NULL;
-    int n_bed = 0;
-    if (c->regions_file && moe_seqio_read_bed(c->regions_file, &bed, &n_bed, &err) != MOE_OK)
-        return finish(&err, 2);
-    for (int i = 0; i < n_bed; i++) {
-        char **nr = realloc(c->regions, (size_t)(c->n_regions + 1) * sizeof *nr);
-        if (!nr) {
-            moe_seqio_free_regions(bed, n_bed);
-            return 1;
-        }
-        c->regions = nr;
-        nr[c->n_regions++] = bed[i];
-        bed[i] = NULL;
-    }
-    moe_seqio_free_regions(bed, n_bed);
-    c->o.io.regions = (const char *const *)c->regions;
-    c->o.io.n_regions = c->n_regions;
+    if (moe_cli_input_finish(&c->in, &c->o.io, &err) != MOE_OK) return finish(&err, 2);
     c->o.inputs = (const char *const *)(argv + optind);
     c->o.n_inputs = argc - optind;
     if (c->o.n_inputs < 1)
@@ -352,8 +309,6 @@ int main(int argc, char **argv) {
         else
             rc = finish(&err, moe_tokenize_decode(argv[1 + optind], c.width, stdout, &err));
     }
-    for (int i = 0; i < c.n_regions; i++)
-        free(c.regions[i]);
-    free(c.regions);
+    moe_cli_input_free(&c.in);
     return rc;
 }

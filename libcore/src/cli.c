@@ -3,6 +3,8 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "moe/version.h"
 
@@ -33,4 +35,79 @@ int moe_cli_usage_error(const char *prog, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "\nhint: see %s --help\n", prog);
     return 2;
+}
+
+/* Takes ownership of r (freed on failure). 0 when out of memory. */
+static int add_region(moe_cli_input *in, char *r) {
+    char **nr = r ? realloc(in->regions, (size_t)(in->n_regions + 1) * sizeof *nr) : NULL;
+    if (!nr) {
+        free(r);
+        return 0;
+    }
+    in->regions = nr;
+    nr[in->n_regions++] = r;
+    return 1;
+}
+
+int moe_cli_input_option(const char *prog, moe_cli_input *in, moe_seqio_opts *io, int opt,
+                         const char *arg) {
+    char *end;
+    long long v;
+    switch (opt) {
+    case 'r':
+        return add_region(in, strdup(arg)) ? MOE_CLI_CONTINUE : 1;
+    case MOE_CLI_OPT_REGIONS_FILE:
+        in->regions_file = arg;
+        return MOE_CLI_CONTINUE;
+    case 'T':
+        io->reference = arg;
+        return MOE_CLI_CONTINUE;
+    case MOE_CLI_OPT_AS_STORED:
+        io->as_stored = 1;
+        return MOE_CLI_CONTINUE;
+    case MOE_CLI_OPT_MIN_MAPQ:
+    case 'f':
+    case 'F':
+        v = strtoll(arg, &end, 0); /* flags may be written in hex: -F 0x904 */
+        if (!*arg || *end || v < 0 || v > (opt == MOE_CLI_OPT_MIN_MAPQ ? 255 : 0xffff))
+            return moe_cli_usage_error(
+                prog, "expected %s, not '%s'",
+                opt == MOE_CLI_OPT_MIN_MAPQ ? "a MAPQ 0..255" : "SAM flags 0..0xffff", arg);
+        if (opt == MOE_CLI_OPT_MIN_MAPQ)
+            io->min_mapq = (int)v;
+        else if (opt == 'f')
+            io->require_flags = (uint32_t)v;
+        else
+            io->exclude_flags = (uint32_t)v;
+        return MOE_CLI_CONTINUE;
+    default:
+        return MOE_CLI_NOT_MINE;
+    }
+}
+
+moe_status moe_cli_input_finish(moe_cli_input *in, moe_seqio_opts *io, moe_err *err) {
+    if (in->regions_file) {
+        char **bed = NULL;
+        int n_bed = 0;
+        if (moe_seqio_read_bed(in->regions_file, &bed, &n_bed, err) != MOE_OK) return err->status;
+        for (int i = 0; i < n_bed; i++) {
+            if (!add_region(in, bed[i])) {
+                for (int j = i + 1; j < n_bed; j++)
+                    free(bed[j]);
+                free(bed);
+                return moe_err_set(err, MOE_ERR_RUNTIME, in->regions_file, "out of memory");
+            }
+        }
+        free(bed);
+    }
+    io->regions = (const char *const *)in->regions;
+    io->n_regions = in->n_regions;
+    return MOE_OK;
+}
+
+void moe_cli_input_free(moe_cli_input *in) {
+    for (int i = 0; i < in->n_regions; i++)
+        free(in->regions[i]);
+    free(in->regions);
+    memset(in, 0, sizeof *in);
 }

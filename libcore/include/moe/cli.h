@@ -1,11 +1,14 @@
 /* cli: what the four tools share on the command line, so they behave alike - the
- * -q/-v/-h/-V options and the usage-error format ("prog: error: ..." + "hint: see prog
- * --help", exit 2). A tool's getopt loop hands every option it does not handle itself to
- * moe_cli_common_option(). */
+ * -q/-v/-h/-V options, the usage-error format ("prog: error: ..." + "hint: see prog
+ * --help", exit 2), and the input-selection options of the tools that read sequences
+ * (moe-tokenize, moe-embed). A tool's getopt loop offers each option first to
+ * moe_cli_input_option() (when it reads sequences), then handles its own, and hands the
+ * rest to moe_cli_common_option(). */
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
 
 #include "moe/log.h"
+#include "moe/seqio.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,6 +26,33 @@ int moe_cli_common_option(const char *prog, const char *usage, int opt, moe_log_
 /* Prints "prog: error: <message>" and "hint: see prog --help" to stderr; returns 2. */
 int moe_cli_usage_error(const char *prog, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* ---- input selection: -r/--region, --regions-file, -T/--reference, --min-mapq,
+ * -f/--require-flags, -F/--exclude-flags, --as-stored. Tools list these getopt codes in
+ * their option tables; the short ones are the letters themselves. ---- */
+enum {
+    MOE_CLI_OPT_REGIONS_FILE = 0x1000,
+    MOE_CLI_OPT_MIN_MAPQ,
+    MOE_CLI_OPT_AS_STORED,
+};
+/* moe_cli_input_option's "not an input option" result. */
+#define MOE_CLI_NOT_MINE (-2)
+
+typedef struct moe_cli_input {
+    char **regions; /* -r values, then the regions file's (owned) */
+    int n_regions;
+    const char *regions_file; /* --regions-file, read by moe_cli_input_finish */
+} moe_cli_input;
+
+/* Applies an input-selection option to io/in. Returns MOE_CLI_NOT_MINE for any other
+ * option, MOE_CLI_CONTINUE when applied, 1 when out of memory, 2 for a bad value (the
+ * message is printed). */
+int moe_cli_input_option(const char *prog, moe_cli_input *in, moe_seqio_opts *io, int opt,
+                         const char *arg);
+/* After parsing: appends the regions of --regions-file and points io at the region list
+ * (which stays owned by in). */
+moe_status moe_cli_input_finish(moe_cli_input *in, moe_seqio_opts *io, moe_err *err);
+void moe_cli_input_free(moe_cli_input *in);
 
 #ifdef __cplusplus
 }
