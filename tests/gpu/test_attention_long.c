@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpulib.h"
 #include "moe/backend_cuda.h"
 #include "moe/dtype.h"
 #include "moe/log.h"
@@ -126,18 +127,10 @@ done:
 }
 
 int main(void) {
-    if (moe_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    const moe_backend *be = test_cuda_backend("test_attention_long");
+    if (!be) return 77;
     moe_err err;
     moe_err_clear(&err);
-    const moe_backend *be = moe_backend_cuda(&err);
-    if (!be) {
-        moe_err_print(&err, "test_attention_long", stderr);
-        printf("skipped: the CUDA backend could not start\n");
-        return 77;
-    }
     size_t nq = (size_t)T * H * D, nk = (size_t)T * KV * D;
     float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
     float *out = malloc(nq * 4), *lse = malloc((size_t)T * H * 4), *dq = malloc(nq * 4);

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpulib.h"
 #include "moe/backend_cuda.h"
 #include "moe/ops.h"
 #include "testlib.h"
@@ -930,19 +931,11 @@ int main(int argc, char **argv) {
     }
     moe_err err;
     moe_err_clear(&err);
-    if (moe_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
     gctx g;
     memset(&g, 0, sizeof g);
     g.cpu = moe_backend_cpu();
-    g.gpu = moe_backend_cuda(&err);
-    if (!g.gpu) {
-        moe_err_print(&err, "test_backend_ops", stderr);
-        printf("skipped: the CUDA backend could not start\n");
-        return 77;
-    }
+    g.gpu = test_cuda_backend("test_backend_ops");
+    if (!g.gpu) return 77;
     g_rng = seed;
     printf("test_backend_ops: seed %llu (replay with --seed %llu)\n", (unsigned long long)seed,
            (unsigned long long)seed);

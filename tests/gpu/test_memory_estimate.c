@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpulib.h"
 #include "moe/backend_cuda.h"
 #include "moe/config.h"
 #include "moe/model.h"
@@ -78,18 +79,10 @@ done:
 }
 
 int main(void) {
-    if (moe_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    const moe_backend *probe = test_cuda_backend("test_memory_estimate");
+    if (!probe) return 77;
     moe_err err;
     moe_err_clear(&err);
-    const moe_backend *probe = moe_backend_cuda(&err);
-    if (!probe) {
-        moe_err_print(&err, "test_memory_estimate", stderr);
-        printf("skipped: the CUDA backend could not start\n");
-        return 77;
-    }
     moe_backend_cuda_free(probe);
     moe_config cfg;
     if (moe_config_load(&cfg, test_src_path("configs/L0_sanity.yaml"), 0, NULL, &err) != MOE_OK) {

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gpulib.h"
 #include "moe/backend_cuda.h"
 #include "moe/model.h"
 #include "testlib.h"
@@ -70,10 +71,10 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
     moe_model mc, mg;
     memset(&mc, 0, sizeof mc);
     memset(&mg, 0, sizeof mg);
-    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
-                           cpu, B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
-                           gpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, cpu, B, T, &err) ==
+          MOE_OK);
+    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, gpu, B, T, &err) ==
+          MOE_OK);
     if (err.status != MOE_OK) {
         moe_err_print(&err, "test_model_cuda", stderr);
         moe_model_free(&mc);
@@ -111,26 +112,18 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
 }
 
 int main(void) {
-    if (moe_cuda_device_count() == 0) {
-        printf("skipped: no CUDA device\n");
-        return 77;
-    }
+    const moe_backend *gpu = test_cuda_backend("test_model_cuda"), *cpu = moe_backend_cpu();
+    if (!gpu) return 77;
     moe_err err;
     moe_err_clear(&err);
-    const moe_backend *gpu = moe_backend_cuda(&err), *cpu = moe_backend_cpu();
-    if (!gpu) {
-        moe_err_print(&err, "test_model_cuda", stderr);
-        printf("skipped: the CUDA backend could not start\n");
-        return 77;
-    }
     moe_model_config cfg = config();
     moe_model mc, mg;
     memset(&mc, 0, sizeof mc);
     memset(&mg, 0, sizeof mg);
-    CHECK(moe_model_create(&mc, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE,
-                           cpu, B, T, &err) == MOE_OK);
-    CHECK(moe_model_create(&mg, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE,
-                           gpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mc, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, cpu, B, T, &err) ==
+          MOE_OK);
+    CHECK(moe_model_create(&mg, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, gpu, B, T, &err) ==
+          MOE_OK);
     if (err.status != MOE_OK) {
         moe_err_print(&err, "test_model_cuda", stderr);
         return test_summary("test_model_cuda");

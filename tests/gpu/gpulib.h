@@ -1,0 +1,12 @@
+/* gpulib: what every GPU test does first. */
+#ifndef MOE_GPULIB_H
+#define MOE_GPULIB_H
+
+#include "moe/ops.h"
+
+/* The CUDA backend on the first GPU, or NULL after printing why the test is skipped (no
+ * device, or the backend could not start); the caller then returns 77 (ctest: skipped).
+ * Free it with moe_backend_cuda_free. */
+const moe_backend *test_cuda_backend(const char *test);
+
+#endif
