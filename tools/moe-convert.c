@@ -1,8 +1,9 @@
-/* moe-convert: checkpoints <-> Hugging Face Mixtral directories, and `inspect`.
+/* moe-convert: checkpoints <-> Hugging Face Mixtral directories, expert-parallel
+ * resharding (`reshard --ep N`, `consolidate`) and `inspect`.
  *
  * Argument parsing only: the work is moe_convert_to_hf / moe_convert_from_hf /
- * moe_convert_inspect (libcore/src/convert*.c). Exit status: 0 done, 1 runtime failure,
- * 2 usage or input error. */
+ * moe_convert_reshard / moe_convert_inspect (libcore/src/convert*.c). Exit status: 0 done,
+ * 1 runtime failure, 2 usage or input error. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,16 +17,26 @@
 static const char USAGE[] =
     "Usage: moe-convert to-hf [options] CKPT OUT_DIR     checkpoint -> Hugging Face Mixtral\n"
     "       moe-convert from-hf [options] HF_DIR CKPT    Hugging Face Mixtral -> checkpoint\n"
-    "       moe-convert inspect CKPT|DIR|FILE            config, tokenizer, tensors, MANIFEST\n"
+    "       moe-convert reshard --ep N CKPT OUT_DIR [KEY=VALUE...]  expert-parallel layout\n"
+    "       moe-convert consolidate CKPT OUT_DIR         single-file layout (ep 1)\n"
+    "       moe-convert inspect CKPT|DIR|FILE            config, tokenizer, layout, tensors,\n"
+    "                                                    MANIFEST\n"
     "\n"
     "CKPT: a checkpoint directory (RUN/ckpt-00000100) or, as input, a run directory (its\n"
-    "latest checkpoint). to-hf writes config.json, safetensors weights (+ index when\n"
-    "sharded), tokenizer files for AutoTokenizer, moe_tokenizer.json and moe_config.yaml;\n"
-    "from-hf writes a checkpoint at step 0 (fp32, zero Adam moments). See docs/interop.md.\n"
+    "latest checkpoint), in either layout. to-hf writes config.json, safetensors weights\n"
+    "(+ index when sharded), tokenizer files for AutoTokenizer, moe_tokenizer.json and\n"
+    "moe_config.yaml; from-hf writes a checkpoint at step 0 (fp32, zero Adam moments). See\n"
+    "docs/interop.md. reshard writes a new checkpoint whose experts are split over N EP\n"
+    "ranks (model.safetensors.index.json, model-ep<R>-of-<N>.safetensors and\n"
+    "optimizer-rank<R>.safetensors per rank; N divides num_local_experts), config.yaml with\n"
+    "parallel.ep = N (KEY=VALUE overrides fix a config that N would make invalid);\n"
+    "consolidate is reshard --ep 1. Tensor bytes are copied, never converted. See\n"
+    "docs/formats.md (Checkpoints).\n"
     "\n"
     "Options:\n"
     "      --dtype T            to-hf: f32 | bf16 [f32]\n"
     "      --max-shard-size S   to-hf: largest safetensors file, e.g. 5GB, 500MB [5GB]\n"
+    "      --ep N               reshard: expert-parallel ranks (divides num_local_experts)\n"
     "      --tokenizer T        from-hf: moe tokenizer when HF_DIR has no moe_tokenizer.json:\n"
     "                           a spec file (a checkpoint's tokenizer.json) or byte|nuc|kmer\n"
     "  -@, --threads N          accepted for symmetry with the other tools (single-threaded)\n"
@@ -34,14 +45,16 @@ static const char USAGE[] =
     "Example:\n"
     "  moe-convert to-hf run/ckpt-00000240 hf/ --dtype bf16\n"
     "  python3 -c 'from transformers import AutoModelForCausalLM as M; M.from_pretrained(\"hf\")'\n"
-    "  moe-convert from-hf hf/ imported/ && moe-embed -m imported/ genes.fa -o genes.npy\n";
+    "  moe-convert from-hf hf/ imported/ && moe-embed -m imported/ genes.fa -o genes.npy\n"
+    "  moe-convert reshard --ep 4 run/ckpt-00000240 ckpt-ep4/ && moe-convert inspect ckpt-ep4/\n";
 
-enum { OPT_DTYPE = 256, OPT_SHARD, OPT_TOKENIZER };
+enum { OPT_DTYPE = 256, OPT_SHARD, OPT_TOKENIZER, OPT_EP };
 
 static const struct option LONG[] = {
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"max-shard-size", required_argument, 0, OPT_SHARD},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
+    {"ep", required_argument, 0, OPT_EP},
     {"threads", required_argument, 0, '@'},
     {"quiet", no_argument, 0, 'q'},
     {"verbose", no_argument, 0, 'v'},
@@ -54,7 +67,7 @@ int main(int argc, char **argv) {
     moe_convert_opts o;
     moe_convert_opts_defaults(&o);
     moe_log_level level = MOE_LOG_INFO;
-    int opt;
+    int opt, ep = 0;
     while ((opt = getopt_long(argc, argv, "@:qvhV", LONG, NULL)) != -1) {
         switch (opt) {
         case OPT_DTYPE:
@@ -75,6 +88,15 @@ int main(int argc, char **argv) {
         case OPT_TOKENIZER:
             o.tokenizer = optarg;
             break;
+        case OPT_EP: {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (end == optarg || *end || v < 1 || v > 65536)
+                return moe_cli_usage_error("moe-convert",
+                                           "--ep expects a number of ranks >= 1, not '%s'", optarg);
+            ep = (int)v;
+            break;
+        }
         case '@':
             if (atoi(optarg) < 1)
                 return moe_cli_usage_error("moe-convert",
@@ -90,7 +112,8 @@ int main(int argc, char **argv) {
     moe_log_init("moe-convert", level);
     if (optind >= argc)
         return moe_cli_usage_error("moe-convert", "%s",
-                                   "a command is required: to-hf, from-hf or inspect");
+                                   "a command is required: to-hf, from-hf, reshard, "
+                                   "consolidate or inspect");
     const char *cmd = argv[optind];
     int nargs = argc - optind - 1;
     char **args = argv + optind + 1;
@@ -104,14 +127,27 @@ int main(int argc, char **argv) {
         if (nargs != 2)
             return moe_cli_usage_error("moe-convert", "%s", "from-hf takes HF_DIR CKPT");
         st = moe_convert_from_hf(args[0], args[1], &o, &err);
+    } else if (strcmp(cmd, "reshard") == 0) {
+        if (ep < 1)
+            return moe_cli_usage_error("moe-convert", "%s",
+                                       "reshard needs --ep N (1 is the same as consolidate)");
+        if (nargs < 2)
+            return moe_cli_usage_error("moe-convert", "%s",
+                                       "reshard takes --ep N CKPT OUT_DIR [KEY=VALUE...]");
+        st = moe_convert_reshard(args[0], args[1], ep, nargs - 2, args + 2, &err);
+    } else if (strcmp(cmd, "consolidate") == 0) {
+        if (nargs != 2)
+            return moe_cli_usage_error("moe-convert", "%s", "consolidate takes CKPT OUT_DIR");
+        st = moe_convert_reshard(args[0], args[1], 1, 0, NULL, &err);
     } else if (strcmp(cmd, "inspect") == 0) {
         if (nargs != 1)
             return moe_cli_usage_error("moe-convert", "%s",
                                        "inspect takes one checkpoint, directory or file");
         st = moe_convert_inspect(args[0], &o, stdout, &err);
     } else {
-        return moe_cli_usage_error("moe-convert", "unknown command '%s' (to-hf, from-hf, inspect)",
-                                   cmd);
+        return moe_cli_usage_error(
+            "moe-convert", "unknown command '%s' (to-hf, from-hf, reshard, consolidate, inspect)",
+            cmd);
     }
     if (st != MOE_OK) {
         moe_err_print(&err, "moe-convert", stderr);

@@ -139,7 +139,7 @@ static moe_status fsync_file(const char *path, moe_err *err) {
     return rc == 0 ? MOE_OK : moe_err_errno(err, path, "fsync failed");
 }
 
-static moe_status write_manifest(const char *dir, moe_err *err) {
+moe_status moe_ckpt_write_manifest(const char *dir, moe_err *err) {
     char **names;
     int n;
     moe_status st = list_files(dir, &names, &n, err);
@@ -211,7 +211,7 @@ moe_status moe_ckpt_list(const char *run_dir, int64_t **steps, int *n, moe_err *
 }
 
 moe_status moe_ckpt_commit(moe_ckpt_writer *w, int64_t keep, moe_err *err) {
-    moe_status st = write_manifest(w->tmp_dir, err);
+    moe_status st = moe_ckpt_write_manifest(w->tmp_dir, err);
     if (st == MOE_OK) st = moe_fsync_dir(w->tmp_dir, err);
     if (st == MOE_OK && access(w->final_dir, F_OK) == 0) st = moe_remove_tree(w->final_dir, err);
     if (st == MOE_OK && rename(w->tmp_dir, w->final_dir) != 0)
@@ -253,6 +253,15 @@ moe_status moe_ckpt_commit(moe_ckpt_writer *w, int64_t keep, moe_err *err) {
     return st;
 }
 
+/* One MANIFEST line "<size> <crc32 hex> <name>": the offset of the name, 0 when malformed. */
+static int manifest_line(const char *p, unsigned long long *size, unsigned int *crc) {
+    int name_at = 0;
+    if (sscanf(p, "%llu %8x %n", size, crc, &name_at) != 2 || name_at == 0 || !p[name_at] ||
+        strchr(p + name_at, '/'))
+        return 0;
+    return name_at;
+}
+
 moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err) {
     char path[MOE_CKPT_PATH_MAX];
     if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
@@ -276,9 +285,8 @@ moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err) {
         if (!*p) continue;
         unsigned long long size;
         unsigned int crc;
-        int name_at = 0;
-        if (sscanf(p, "%llu %8x %n", &size, &crc, &name_at) != 2 || name_at == 0 || !p[name_at] ||
-            strchr(p + name_at, '/')) {
+        int name_at = manifest_line(p, &size, &crc);
+        if (!name_at) {
             st = moe_err_set(err, MOE_ERR_INPUT, path,
                              "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
             moe_err_at_line(err, line, 0);
@@ -358,4 +366,86 @@ moe_status moe_ckpt_latest(const char *run_dir, char *out, size_t n, int *found,
     }
     free(steps);
     return st;
+}
+
+void moe_ckpt_names_free(char **names, int n) {
+    free_names(names, n);
+}
+
+moe_status moe_ckpt_manifest_names(const char *ckpt_dir, char ***names, int *n, moe_err *err) {
+    *names = NULL;
+    *n = 0;
+    char path[MOE_CKPT_PATH_MAX];
+    if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
+        return moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
+    char *text;
+    size_t len;
+    moe_status st = moe_read_file(path, &text, &len, err);
+    if (st != MOE_OK) return st;
+    int cap = 0;
+    int64_t line = 0;
+    for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
+        nl = strchr(p, '\n');
+        if (nl) *nl = '\0';
+        line++;
+        if (!*p) continue;
+        unsigned long long size;
+        unsigned int crc;
+        int at = manifest_line(p, &size, &crc);
+        if (!at) {
+            st = moe_err_set(err, MOE_ERR_INPUT, path,
+                             "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
+            moe_err_at_line(err, line, 0);
+            moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
+            break;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            char **nn = realloc(*names, (size_t)cap * sizeof *nn);
+            if (!nn) {
+                st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+                break;
+            }
+            *names = nn;
+        }
+        if (!((*names)[*n] = strdup(p + at))) {
+            st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+            break;
+        }
+        (*n)++;
+    }
+    free(text);
+    if (st != MOE_OK) {
+        free_names(*names, *n);
+        *names = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
+moe_status moe_ckpt_resolve(const char *path, char *out, size_t n, moe_err *err) {
+    struct stat sb;
+    char man[MOE_CKPT_PATH_MAX];
+    if (stat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        moe_err_set(err, MOE_ERR_INPUT, path, "no such checkpoint directory");
+        moe_err_hint(err, "pass a checkpoint (RUN/ckpt-00000100) or a run directory written "
+                          "by moe-train");
+        return MOE_ERR_INPUT;
+    }
+    if (join(man, sizeof man, path, "MANIFEST") && access(man, F_OK) == 0) {
+        if (snprintf(out, n, "%s", path) >= (int)n)
+            return moe_err_set(err, MOE_ERR_INPUT, path, "path too long");
+        return MOE_OK;
+    }
+    int found = 0;
+    moe_status st = moe_ckpt_latest(path, out, n, &found, err);
+    if (st != MOE_OK) return st;
+    if (!found) {
+        moe_err_set(err, MOE_ERR_INPUT, path,
+                    "not a checkpoint (no MANIFEST) and not a run directory with one");
+        moe_err_hint(err, "pass a ckpt-<step> directory written by moe-train or "
+                          "moe-convert from-hf");
+        return MOE_ERR_INPUT;
+    }
+    return MOE_OK;
 }

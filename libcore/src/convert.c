@@ -17,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "moe/ckpt_tensors.h"
 #include "moe/convert.h"
 #include "moe/embed.h"
 #include "moe/fileio.h"
@@ -52,6 +53,20 @@ int64_t moe_convert_parse_size(const char *s) {
         return -1;
     double b = v * mul;
     return b >= 1 && b < 9e18 ? (int64_t)b : -1;
+}
+
+moe_status moe_convert_out_dir(const char *arg, char *out, size_t n, moe_err *err) {
+    size_t len = strlen(arg);
+    while (len > 1 && arg[len - 1] == '/')
+        len--;
+    if (len == 0 || (len == 1 && arg[0] == '/') || len + 32 > n) {
+        moe_err_set(err, MOE_ERR_INPUT, arg, "not usable as an output directory");
+        moe_err_hint(err, "give the path of a new directory, e.g. out/");
+        return MOE_ERR_INPUT;
+    }
+    memcpy(out, arg, len);
+    out[len] = '\0';
+    return MOE_OK;
 }
 
 int moe_convert_tensor_table(const moe_model_config *c, moe_convert_tensor **out) {
@@ -177,6 +192,7 @@ static moe_status finish_out(const char *tmp, const char *out_dir, moe_status st
 /* ---- to-hf ---- */
 
 typedef struct src_tensor {
+    const moe_st_file *f; /* the checkpoint file holding t */
     const moe_st_tensor *t;
     int64_t out_bytes;
     int shard;
@@ -204,9 +220,8 @@ static moe_status add_tensor(moe_st_writer *w, const moe_st_file *f, const moe_c
     return moe_st_writer_add_f32(w, ct->name, dtype, ct->ndim, ct->shape, src, err);
 }
 
-static moe_status write_shards(const char *tmp, const moe_st_file *f, const moe_convert_tensor *tab,
-                               src_tensor *src, int n, int n_shards, moe_st_dtype dtype,
-                               moe_err *err) {
+static moe_status write_shards(const char *tmp, const moe_convert_tensor *tab, src_tensor *src,
+                               int n, int n_shards, moe_st_dtype dtype, moe_err *err) {
     float **owned = calloc((size_t)n, sizeof *owned);
     if (!owned) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_status st = MOE_OK;
@@ -217,7 +232,7 @@ static moe_status write_shards(const char *tmp, const moe_st_file *f, const moe_
         st = moe_st_writer_meta(&w, "format", "pt", err);
         int i = first;
         for (; st == MOE_OK && i < n && src[i].shard == s; i++)
-            st = add_tensor(&w, f, &tab[i], src[i].t, dtype, &owned[i], err);
+            st = add_tensor(&w, src[i].f, &tab[i], src[i].t, dtype, &owned[i], err);
         char path[4400];
         if (n_shards == 1)
             snprintf(path, sizeof path, "%s/model.safetensors", tmp);
@@ -259,30 +274,31 @@ static moe_status write_index(const char *tmp, const moe_convert_tensor *tab, co
     return st;
 }
 
-moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const moe_convert_opts *o,
+moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const moe_convert_opts *o,
                              moe_err *err) {
     if (o->dtype != MOE_ST_F32 && o->dtype != MOE_ST_BF16)
         return moe_err_set(err, MOE_ERR_INPUT, NULL, "--dtype must be f32 or bf16");
+    char out_dir[4096];
+    if (moe_convert_out_dir(out_arg, out_dir, sizeof out_dir, err) != MOE_OK) return MOE_ERR_INPUT;
     moe_infer_ckpt ck;
     moe_status st = moe_infer_ckpt_open(&ck, ckpt_dir, err);
     if (st != MOE_OK) return st;
     char path[4400], tmp[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", ck.dir);
-    moe_st_file f;
-    memset(&f, 0, sizeof f);
+    moe_ckpt_tensors ct; /* either layout: single file or expert-parallel shards */
     moe_convert_tensor *tab = NULL;
     src_tensor *src = NULL;
     int n = moe_convert_tensor_table(&ck.cfg.model, &tab), n_shards = 0, have_tmp = 0;
     st = n < 0 ? moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory")
-               : moe_st_open(&f, path, err);
+               : moe_ckpt_tensors_open(&ct, ck.dir, &ck.cfg, 0, err);
     int opened = st == MOE_OK;
     if (st == MOE_OK && !(src = calloc((size_t)n, sizeof *src)))
         st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     /* validate every tensor and plan the shards before writing anything */
     int64_t in_shard = 0, esize = (int64_t)moe_st_dtype_size(o->dtype);
     for (int i = 0; st == MOE_OK && i < n; i++) {
-        st = moe_st_expect(&f, tab[i].name, tab[i].ndim, tab[i].shape, &src[i].t, err);
-        if (st != MOE_OK) break;
+        const moe_ckpt_tensor *ref = moe_ckpt_tensors_find(&ct, tab[i].name);
+        src[i].f = ref->file; /* the reader validated every parameter of this table */
+        src[i].t = ref->w;
         src[i].out_bytes = src[i].t->numel * esize;
         if (n_shards == 0 || (in_shard > 0 && in_shard + src[i].out_bytes > o->max_shard_bytes)) {
             n_shards++;
@@ -297,7 +313,7 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const mo
         st = prepare_out(out_dir, tmp, sizeof tmp, err);
         have_tmp = st == MOE_OK;
     }
-    if (st == MOE_OK) st = write_shards(tmp, &f, tab, src, n, n_shards, o->dtype, err);
+    if (st == MOE_OK) st = write_shards(tmp, tab, src, n, n_shards, o->dtype, err);
     if (st == MOE_OK && n_shards > 1) st = write_index(tmp, tab, src, n, n_shards, err);
     if (st == MOE_OK) {
         json_t *cj = hf_config_json(&ck.cfg, ck.tok, o->dtype);
@@ -314,7 +330,10 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const mo
         memset(&cf, 0, sizeof cf);
         snprintf(path, sizeof path, "%s/moe_config.yaml", tmp);
         st = moe_outfile_open(&cf, path, err);
-        if (st == MOE_OK) st = moe_config_write_yaml(&ck.cfg, cf.fp, err);
+        /* the export is one model, not EP shards: from-hf makes a single-file checkpoint */
+        moe_config one = ck.cfg;
+        one.parallel.ep = 1;
+        if (st == MOE_OK) st = moe_config_write_yaml(&one, cf.fp, err);
         if (st == MOE_OK)
             st = moe_outfile_commit(&cf, err);
         else if (cf.fp)
@@ -331,7 +350,7 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const mo
                      tok_written ? " (tokenizer.json for AutoTokenizer)"
                                  : " (no AutoTokenizer files: see docs/interop.md)");
     }
-    if (opened) moe_st_close(&f);
+    if (opened) moe_ckpt_tensors_close(&ct);
     free(src);
     free(tab);
     moe_infer_ckpt_close(&ck);

@@ -111,6 +111,7 @@ static moe_status read_hf_config(const char *hf_dir, moe_config *cfg, moe_err *e
         st = moe_config_load(cfg, ypath, 0, NULL, err);
     else
         moe_config_defaults(cfg);
+    cfg->parallel.ep = 1; /* from-hf writes the single-file layout (moe/ckpt_tensors.h) */
     moe_model_config *m = &cfg->model;
     int64_t tie = 0, hd = 0;
     if (st == MOE_OK) st = cfg_int(o, path, "vocab_size", -1, &m->vocab_size, err);
@@ -448,8 +449,11 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
     return moe_ckpt_commit(&w, 0, err);
 }
 
-moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_dir, const moe_convert_opts *o,
+moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_arg, const moe_convert_opts *o,
                                moe_err *err) {
+    char ckpt_dir[MOE_CKPT_PATH_MAX - 64];
+    if (moe_convert_out_dir(ckpt_arg, ckpt_dir, sizeof ckpt_dir, err) != MOE_OK)
+        return MOE_ERR_INPUT;
     struct stat sb;
     if (stat(ckpt_dir, &sb) == 0) {
         moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "the output already exists");

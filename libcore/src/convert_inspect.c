@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 
 #include "moe/checkpoint.h"
+#include "moe/ckpt_tensors.h"
 #include "moe/convert.h"
 #include "moe/embed.h"
 #include "moe/model.h"
@@ -106,6 +107,38 @@ static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64
     free(buf);
 }
 
+/* "layout: ..." - which file holds what (moe/ckpt_tensors.h), after validating it; a
+ * layout that does not validate is printed and left in *lerr. */
+static void print_layout(const char *dir, const moe_config *cfg, FILE *out, moe_err *lerr) {
+    moe_ckpt_tensors ct;
+    if (moe_ckpt_tensors_open(&ct, dir, cfg, 1, lerr) != MOE_OK) {
+        fprintf(out, "layout: INVALID: %s\n", lerr->msg);
+        return;
+    }
+    int64_t E = cfg->model.num_local_experts, per = E / ct.ep;
+    if (ct.ep == 1) {
+        fprintf(out, "layout: single file (ep 1): model.safetensors, "
+                     "optimizer-rank0.safetensors\n");
+    } else {
+        fprintf(out,
+                "layout: expert-parallel, ep %d (%s + %d model files, experts split "
+                "%" PRId64 " per rank):\n",
+                ct.ep, MOE_CKPT_INDEX_FILE, ct.ep, per);
+        for (int r = 0; r < ct.ep; r++) {
+            char mf[64], of[64], ex[64];
+            moe_ckpt_model_file(r, ct.ep, mf, sizeof mf);
+            moe_ckpt_optim_file(r, of, sizeof of);
+            if (per == 1)
+                snprintf(ex, sizeof ex, "expert %" PRId64, (int64_t)r);
+            else
+                snprintf(ex, sizeof ex, "experts %" PRId64 "-%" PRId64, r * per, (r + 1) * per - 1);
+            fprintf(out, "  rank %d: %s (%s%s, %d tensors), %s\n", r, mf, r == 0 ? "dense + " : "",
+                    ex, ct.model[r].n_tensors, of);
+        }
+    }
+    moe_ckpt_tensors_close(&ct);
+}
+
 moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out,
                                moe_err *err) {
     (void)o;
@@ -114,8 +147,9 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
     snprintf(path, sizeof path, "%s/MANIFEST", dir);
     int is_ckpt = stat(path, &sb) == 0;
     moe_status manifest = MOE_OK;
-    moe_err merr;
+    moe_err merr, lerr;
     moe_err_clear(&merr);
+    moe_err_clear(&lerr);
     if (is_ckpt) {
         manifest = moe_ckpt_verify(dir, &merr);
         fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", dir,
@@ -139,6 +173,7 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
                     m->num_experts_per_tok, m->max_position_embeddings, m->rope_theta,
                     m->tie_word_embeddings ? "yes" : "no", total, active,
                     moe_recipe_name(cfg.precision.recipe));
+            print_layout(dir, &cfg, out, &lerr);
         } else {
             fprintf(out, "config.yaml: unreadable: %s\n", cerr.msg);
         }
@@ -210,6 +245,10 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
     if (st == MOE_OK && manifest != MOE_OK) {
         *err = merr;
         st = manifest;
+    }
+    if (st == MOE_OK && lerr.status != MOE_OK) {
+        *err = lerr;
+        st = lerr.status;
     }
     return st;
 }

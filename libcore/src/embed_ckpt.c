@@ -1,16 +1,17 @@
 /* embed_ckpt: a training checkpoint opened for inference (moe/embed.h, moe_infer_ckpt).
  *
  * Reads what inference needs from ckpt-<step>/ - config.yaml, tokenizer.json and the fp32
- * weights of model.safetensors - after verifying MANIFEST; the optimizer state is never
- * read. The one thing to know: the tokenizer must fit the model (vocabulary size at most
- * model.vocab_size); anything else is refused here, before a model is built, so that every
- * later token id is a valid embedding row. */
+ * weights (moe/ckpt_tensors.h: model.safetensors, or the expert-parallel shards) - after
+ * verifying MANIFEST; the optimizer state is never read. The one thing to know: the
+ * tokenizer must fit the model (vocabulary size at most model.vocab_size); anything else is
+ * refused here, before a model is built, so that every later token id is a valid embedding
+ * row. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "moe/checkpoint.h"
+#include "moe/ckpt_tensors.h"
 #include "moe/embed.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
@@ -19,38 +20,13 @@
 #include "moe/backend_cuda.h"
 #endif
 
-static int is_file(const char *dir, const char *name) {
-    char p[4200];
-    struct stat sb;
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
 moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err) {
     memset(c, 0, sizeof *c);
-    struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-        moe_err_set(err, MOE_ERR_INPUT, dir, "no such checkpoint directory");
-        moe_err_hint(err, "pass a checkpoint (RUN/ckpt-00000100) or a run directory written "
-                          "by moe-train");
-        return MOE_ERR_INPUT;
-    }
-    if (!is_file(dir, "MANIFEST")) {
-        int found = 0;
-        moe_status st = moe_ckpt_latest(dir, c->dir, sizeof c->dir, &found, err);
-        if (st != MOE_OK) return st;
-        if (!found) {
-            moe_err_set(err, MOE_ERR_INPUT, dir,
-                        "not a checkpoint (no MANIFEST) and not a run directory with one");
-            moe_err_hint(err, "pass a ckpt-<step> directory written by moe-train or "
-                              "moe-convert from-hf");
-            return MOE_ERR_INPUT;
-        }
+    moe_status st = moe_ckpt_resolve(dir, c->dir, sizeof c->dir, err);
+    if (st != MOE_OK) return st;
+    if (strcmp(c->dir, dir) != 0)
         moe_log_info("using the latest checkpoint of %s: %s", dir, c->dir);
-    } else if (snprintf(c->dir, sizeof c->dir, "%s", dir) >= (int)sizeof c->dir) {
-        return moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
-    }
-    moe_status st = moe_ckpt_verify(c->dir, err);
+    st = moe_ckpt_verify(c->dir, err);
     if (st != MOE_OK) return st;
 
     char path[4200];
@@ -107,22 +83,19 @@ moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, 
         return st;
     }
     c->has_model = 1;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/model.safetensors", c->dir);
-    moe_st_file f;
-    st = moe_st_open(&f, path, err);
+    moe_ckpt_tensors ct;
+    st = moe_ckpt_tensors_open(&ct, c->dir, &c->cfg, 0, err);
     if (st != MOE_OK) return st;
     float *host = malloc((size_t)(c->model.n_elems ? c->model.n_elems : 1) * sizeof(float));
-    if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+    if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, c->dir, "out of memory");
     for (int i = 0; st == MOE_OK && i < c->model.n_params; i++) {
         const moe_param *p = &c->model.params[i];
-        const moe_st_tensor *t;
-        st = moe_st_expect(&f, p->name, p->ndim, p->shape, &t, err);
-        if (st == MOE_OK) st = moe_st_read_f32(&f, t, host + p->offset, err);
+        st = moe_ckpt_tensors_read(&ct, p->name, MOE_CKPT_WEIGHT, p->ndim, p->shape,
+                                   host + p->offset, err);
     }
     if (st == MOE_OK) moe_model_copy_params_from_host(&c->model, host);
     free(host);
-    moe_st_close(&f);
+    moe_ckpt_tensors_close(&ct);
     return st;
 }
 

@@ -6,6 +6,9 @@
  *   optimizer-rank0.safetensors  <param>.exp_avg and <param>.exp_avg_sq (fp32)
  *   trainer_state.json           step, tokens, data position, seed, last metrics
  *
+ * Training writes this single-file layout (ep = 1); loading goes through moe/ckpt_tensors.h
+ * and so also takes an expert-parallel checkpoint (moe-convert reshard --ep N): the run's
+ * config wins, the checkpoint's parallel.ep only says how its tensors are stored.
  * Loading refuses anything that does not fit the current run: a MANIFEST mismatch, another
  * model shape, another tokenizer, a missing or misshapen tensor - each naming the file. */
 #include <inttypes.h>
@@ -14,6 +17,7 @@
 #include <string.h>
 
 #include "moe/checkpoint.h"
+#include "moe/ckpt_tensors.h"
 #include "moe/fileio.h"
 #include "moe/safetensors.h"
 #include "moe/tokenizer.h"
@@ -173,22 +177,13 @@ mismatch:
     return MOE_ERR_INPUT;
 }
 
-/* Reads the tensors name+suffix of every parameter from an open file into host. */
-static moe_status read_params(const moe_st_file *f, const moe_model *model, const char *suffix,
-                              float *host, moe_err *err) {
+/* Reads one slot (weights or a moment) of every parameter into host [n_elems]. */
+static moe_status read_params(const moe_ckpt_tensors *ct, const moe_model *model,
+                              moe_ckpt_slot slot, float *host, moe_err *err) {
     for (int i = 0; i < model->n_params; i++) {
         const moe_param *p = &model->params[i];
-        char name[160];
-        snprintf(name, sizeof name, "%s%s", p->name, suffix);
-        const moe_st_tensor *t;
-        moe_status st = moe_st_expect(f, name, p->ndim, p->shape, &t, err);
-        if (st == MOE_OK && t->dtype != MOE_ST_F32) {
-            st = moe_err_set(err, MOE_ERR_INPUT, f->path,
-                             "tensor '%s' is %s; training checkpoints hold F32 master weights",
-                             name, moe_st_dtype_name(t->dtype));
-            moe_err_hint(err, "convert it to F32 with moe-convert, or use another checkpoint");
-        }
-        if (st == MOE_OK) st = moe_st_read_f32(f, t, host + p->offset, err);
+        moe_status st =
+            moe_ckpt_tensors_read(ct, p->name, slot, p->ndim, p->shape, host + p->offset, err);
         if (st != MOE_OK) return st;
     }
     return MOE_OK;
@@ -284,22 +279,18 @@ moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg
     size_t bytes = (size_t)model->n_elems * sizeof(float);
     float *host = malloc(bytes ? bytes : 1);
     if (!host) return moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
-    moe_st_file f;
-    join_path(path, sizeof path, ckpt_dir, "model.safetensors");
-    st = moe_st_open(&f, path, err);
+    /* Whatever the layout (single file or expert-parallel shards): the run's config wins,
+     * the checkpoint's parallel.ep only says how its tensors are stored. */
+    moe_ckpt_tensors ct;
+    st = moe_ckpt_tensors_open(&ct, ckpt_dir, &ck, 1, err);
     if (st == MOE_OK) {
-        st = read_params(&f, model, "", host, err);
-        moe_st_close(&f);
-    }
-    if (st == MOE_OK) moe_model_copy_params_from_host(model, host);
-    join_path(path, sizeof path, ckpt_dir, "optimizer-rank0.safetensors");
-    if (st == MOE_OK) st = moe_st_open(&f, path, err);
-    if (st == MOE_OK) {
-        st = read_params(&f, model, ".exp_avg", host, err);
+        st = read_params(&ct, model, MOE_CKPT_WEIGHT, host, err);
+        if (st == MOE_OK) moe_model_copy_params_from_host(model, host);
+        if (st == MOE_OK) st = read_params(&ct, model, MOE_CKPT_EXP_AVG, host, err);
         if (st == MOE_OK) be->memcpy_h2d(be, m, host, bytes);
-        if (st == MOE_OK) st = read_params(&f, model, ".exp_avg_sq", host, err);
+        if (st == MOE_OK) st = read_params(&ct, model, MOE_CKPT_EXP_AVG_SQ, host, err);
         if (st == MOE_OK) be->memcpy_h2d(be, v, host, bytes);
-        moe_st_close(&f);
+        moe_ckpt_tensors_close(&ct);
     }
     free(host);
     if (st != MOE_OK) return st;

@@ -49,6 +49,21 @@ void moe_ckpt_abort(moe_ckpt_writer *w);
  * A mismatch is MOE_ERR_INPUT naming the file, with a hint to use an older checkpoint. */
 moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err);
 
+/* fsyncs every regular file of dir and writes dir/MANIFEST for them (what
+ * moe_ckpt_commit does before its rename); for writers of a checkpoint directory outside a
+ * run directory (moe-convert reshard), who then rename dir into place themselves. */
+moe_status moe_ckpt_write_manifest(const char *dir, moe_err *err);
+
+/* The file names listed in DIR/MANIFEST (no verification of the files), *names malloc'ed
+ * array of malloc'ed strings (free with moe_ckpt_names_free). A malformed line is
+ * MOE_ERR_INPUT naming MANIFEST and the line. */
+moe_status moe_ckpt_manifest_names(const char *ckpt_dir, char ***names, int *n, moe_err *err);
+void moe_ckpt_names_free(char **names, int n);
+
+/* A checkpoint directory (one with a MANIFEST) as is, or a run directory's latest
+ * checkpoint, into out. Neither is MOE_ERR_INPUT naming path. */
+moe_status moe_ckpt_resolve(const char *path, char *out, size_t n, moe_err *err);
+
 /* Steps of the complete checkpoints (ckpt-<digits> directories with a MANIFEST) in RUN,
  * ascending; *steps is malloc'ed (free it), *n may be 0. A missing RUN gives n = 0. */
 moe_status moe_ckpt_list(const char *run_dir, int64_t **steps, int *n, moe_err *err);

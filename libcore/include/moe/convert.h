@@ -11,16 +11,24 @@
  *            [E, 2I, H] (gate rows first, then up) / experts.down_proj [E, H, I] layout of
  *            newer transformers; block_sparse_moe or mlp module names; any float dtype)
  *            -> a checkpoint directory with fp32 weights, zero Adam moments at step 0.
- *   inspect  config, tokenizer, tensor table (shape, dtype, RMS, max |x|), parameter
- *            counts and MANIFEST verification of a checkpoint (or an HF directory).
+ *   inspect  config, tokenizer, layout, tensor table (shape, dtype, RMS, max |x|),
+ *            parameter counts and MANIFEST verification of a checkpoint (or an HF
+ *            directory).
+ *   reshard  ckpt-N/ -> the same checkpoint in the expert-parallel layout for --ep N
+ *            (moe/ckpt_tensors.h: index + one model and one optimizer file per EP rank);
+ *            consolidate = reshard to ep 1, the single-file layout moe-train writes.
+ * Every reader of a checkpoint (to-hf, inspect, moe-embed, moe-train --resume) takes either
+ * layout through moe/ckpt_tensors.h.
  *
- * The one thing to know: f32 round trips are bit-identical (weights are copied, never
- * recomputed), and every input is validated before anything is written: a config that is
- * not Mixtral, a missing or misshapen tensor, a truncated safetensors file, a tokenizer
- * that does not fit the vocabulary are MOE_ERR_INPUT naming the file and the tensor. */
+ * The one thing to know: f32 round trips (to-hf/from-hf, reshard/consolidate) are
+ * bit-identical (weights are copied, never recomputed), and every input is validated
+ * before anything is written: a config that is not Mixtral, a missing or misshapen tensor,
+ * a truncated safetensors file, a tokenizer that does not fit the vocabulary, a damaged
+ * expert-parallel layout are MOE_ERR_INPUT naming the file and the tensor. */
 #ifndef MOE_CONVERT_H
 #define MOE_CONVERT_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -42,12 +50,22 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_dir, const mo
 moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_dir, const moe_convert_opts *o,
                                moe_err *err);
 moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out, moe_err *err);
+/* reshard --ep N / consolidate (ep = 1): ckpt_dir (either layout; a run directory means its
+ * latest checkpoint) rewritten as the new checkpoint directory out_dir (must not exist) in
+ * the layout of moe/ckpt_tensors.h, config.yaml with parallel.ep = ep and then the
+ * "key=value" overrides (not model.* or parallel.ep), which must validate. */
+moe_status moe_convert_reshard(const char *ckpt_dir, const char *out_dir, int ep, int n_overrides,
+                               char *const *overrides, moe_err *err);
 
 /* "5GB", "500MB", "2GiB", "123456" -> bytes (KB/MB/GB are powers of 1000 as in
  * transformers' max_shard_size); -1 when not a size. */
 int64_t moe_convert_parse_size(const char *s);
 
 /* ---- shared by the convert_*.c files ---- */
+
+/* An output directory argument without trailing slashes ("out/" -> "out"), so that the
+ * temporary sibling "out.tmp.<pid>" is not created inside it; "" or "/" is MOE_ERR_INPUT. */
+moe_status moe_convert_out_dir(const char *arg, char *out, size_t n, moe_err *err);
 
 typedef struct moe_convert_tensor { /* one tensor of the Mixtral parameter table */
     char name[128];
