@@ -2,8 +2,13 @@
  * backend, for the shapes of ../shared/anchors (Hugging Face Mixtral baselines on an H200),
  * and where the step's time goes by op kind.
  *
- *   bench_train_gpu PRESET [STEPS [PROF_STEPS]]
+ *   bench_train_gpu PRESET [STEPS [PROF_STEPS [forward [TOKENS [SEQ]]]]]
  *       PRESET: mixtral8x7b-2L, og2-8x1b, dna-moe-1b, L0_sanity
+ *
+ * With `forward`, a step is what moe-embed runs per batch instead: moe_model_hidden on a
+ * forward-only model (final norm output, copied to the host), TOKENS padded tokens per pass
+ * as TOKENS/SEQ rows of SEQ tokens (defaults: the preset's); FLOPs counted are a third of
+ * the training FLOPs (2 x matmul weights touched + 2 x layers x seq x hidden per token).
  *
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
  * fp32 master weights and state) on random tokens, bf16 recipe, no recomputation. Pass 1,
@@ -57,6 +62,12 @@ static int fail(const moe_err *err) {
 }
 
 /* One training step as moe-train runs it; `st` counts from 0 (AdamW's step is st + 1). */
+/* One forward pass as moe-embed runs it: hidden states of the final norm to the host. */
+static moe_status forward_step(moe_model *m, const int32_t *tok, int B, int T, float *out,
+                               moe_err *err) {
+    return moe_model_hidden(m, tok, B, T, (int)m->cfg.num_hidden_layers, out, err);
+}
+
 static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
                              const int32_t *tgt, int B, int T, float *am, float *av, int st,
                              double *loss, moe_err *err) {
@@ -77,10 +88,13 @@ int main(int argc, char **argv) {
     const preset *p = NULL;
     int steps = argc > 2 ? atoi(argv[2]) : 3;
     int prof_steps = argc > 3 ? atoi(argv[3]) : 2;
+    int fwd = argc > 4 && !strcmp(argv[4], "forward");
     for (size_t i = 0; argc > 1 && i < sizeof k_presets / sizeof k_presets[0]; i++)
         if (!strcmp(argv[1], k_presets[i].name)) p = &k_presets[i];
-    if (!p || steps < 1 || steps > 100 || prof_steps < 0 || prof_steps > 100) {
-        fprintf(stderr, "usage: bench_train_gpu PRESET [STEPS 1..100 [PROF_STEPS 0..100]]\n"
+    if (!p || steps < 1 || steps > 100 || prof_steps < 0 || prof_steps > 100 ||
+        (argc > 4 && !fwd)) {
+        fprintf(stderr, "usage: bench_train_gpu PRESET [STEPS 1..100 [PROF_STEPS 0..100 "
+                        "[forward [TOKENS [SEQ]]]]]\n"
                         "presets:");
         for (size_t i = 0; i < sizeof k_presets / sizeof k_presets[0]; i++)
             fprintf(stderr, " %s", k_presets[i].name);
@@ -111,17 +125,27 @@ int main(int argc, char **argv) {
     c.router_aux_loss_coef = 0.02;
     c.router_z_loss_coef = 0.001;
     c.initializer_range = 0.02;
-    int B = (int)(p->tokens / p->seq), T = (int)p->seq;
+    int64_t tokens = fwd && argc > 5 ? atoll(argv[5]) : p->tokens;
+    int T = fwd && argc > 6 ? atoi(argv[6]) : (int)p->seq;
+    int B = T > 0 && T <= p->seq ? (int)(tokens / T) : 0;
+    if (B < 1) {
+        fprintf(stderr, "bench_train_gpu: need 1 <= SEQ <= %lld and TOKENS >= SEQ\n",
+                (long long)p->seq);
+        return 2;
+    }
     moe_model m;
     memset(&m, 0, sizeof m);
     double t0 = now_s();
-    if (moe_model_create(&m, &c, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, be, B, T, &err) != MOE_OK)
-        return fail(&err);
+    moe_status cst = fwd ? moe_model_create_forward_only(&m, &c, MOE_RECIPE_BF16, be, B, T, &err)
+                         : moe_model_create(&m, &c, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, be, B, T,
+                                            &err);
+    if (cst != MOE_OK) return fail(&err);
     moe_model_init_weights(&m, 1);
     int64_t n = m.n_elems;
-    float *am = be->alloc(be, (size_t)n * sizeof(float)),
-          *av = be->alloc(be, (size_t)n * sizeof(float));
-    if (!am || !av || be->synchronize(be, &err) != MOE_OK) {
+    float *am = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float)),
+          *av = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float));
+    float *out = fwd ? malloc((size_t)B * T * (size_t)c.hidden_size * sizeof(float)) : NULL;
+    if ((!fwd && (!am || !av)) || (fwd && !out) || be->synchronize(be, &err) != MOE_OK) {
         if (err.status == MOE_OK)
             moe_err_set(&err, MOE_ERR_RUNTIME, NULL, "no memory for AdamW state");
         return fail(&err);
@@ -139,23 +163,24 @@ int main(int argc, char **argv) {
     double *times = malloc((size_t)(steps + 1) * sizeof(double)), loss = 0.0;
     for (int st = 0; st <= steps; st++) { /* st 0: warm-up */
         double a = now_s();
-        if (train_step(&m, be, tok, tgt, B, T, am, av, st, &loss, &err) != MOE_OK)
+        if ((fwd ? forward_step(&m, tok, B, T, out, &err)
+                 : train_step(&m, be, tok, tgt, B, T, am, av, st, &loss, &err)) != MOE_OK)
             return fail(&err);
         times[st] = now_s() - a;
     }
     qsort(times + 1, (size_t)steps, sizeof(double), cmp_double);
     double med = times[1 + steps / 2], tps = (double)B * T / med;
-    double tflops = moe_model_flops_per_token(&c, T) * tps * 1e-12;
+    double tflops = moe_model_flops_per_token(&c, T) * (fwd ? 1.0 / 3.0 : 1.0) * tps * 1e-12;
     size_t cur = 0, peak = 0;
     moe_backend_cuda_memory(be, &cur, &peak);
     double peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
-    printf("| %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
+    printf("| %s %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
            "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
-           p->name, (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           p->name, fwd ? "forward" : "train", (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
            t_init, loss);
-    printf("RESULT preset=%s params=%lld tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+    printf("RESULT preset=%s mode=%s params=%lld tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f steps=%d loss=%.4f\n",
-           p->name, (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           p->name, fwd ? "forward" : "train", (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
            steps, loss);
     fflush(stdout);
 
@@ -167,7 +192,9 @@ int main(int argc, char **argv) {
         m.be = prof;
         double a = now_s();
         for (int st = 0; st < prof_steps; st++)
-            if (train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss, &err) != MOE_OK)
+            if ((fwd ? forward_step(&m, tok, B, T, out, &err)
+                     : train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss,
+                                  &err)) != MOE_OK)
                 return fail(&err);
         double wall = now_s() - a;
         m.be = be;
@@ -186,7 +213,7 @@ int main(int argc, char **argv) {
         printf("\n");
         moe_backend_prof_free(prof);
     }
-    free(times), free(tok), free(tgt);
+    free(times), free(tok), free(tgt), free(out);
     be->free(be, am), be->free(be, av);
     moe_model_free(&m);
     moe_backend_cuda_free(be);

@@ -476,6 +476,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->add = moe_cuda_add;
     be->adamw = moe_cuda_adamw;
     be->sum_squares = moe_cuda_sum_squares;
+    be->pool_forward = moe_cuda_pool_forward;
     return be;
 }
 

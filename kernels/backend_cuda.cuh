@@ -182,6 +182,8 @@ void moe_cuda_swiglu_forward(const moe_backend *be, float *out, const float *a, 
 void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
                               const float *a, const float *b, int64_t n);
 void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
+                           int64_t B, int64_t T, int64_t C, int max);
 
 void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
                                 const float *k, const float *v, int64_t B, int64_t T, int64_t H,

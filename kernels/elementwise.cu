@@ -1,5 +1,5 @@
 /* elementwise: the per-element and per-row ops of the CUDA backend - embedding lookup,
- * RMSNorm, RoPE and SwiGLU, forward and backward.
+ * RMSNorm, RoPE and SwiGLU, forward and backward, and the pooling of hidden states.
  *
  * Semantics are those of the CPU reference (libcore/src/cpu/ops_norm.c). The one thing a
  * reader must know: every reduction that writes a PARAMETER gradient (RMSNorm weight,
@@ -274,4 +274,41 @@ void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const
     if (moe_cuda_failed(c) || n <= 0) return;
     k_swiglu_bwd<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(da, db, dout, a, b, n);
     MOE_CUDA_LAUNCHED(c, "swiglu_backward", "n=%lld", (long long)n);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * pooling over a range of positions per row (moe-embed). A block owns 32 columns of one row;
+ * its 8 lanes of warps each walk every 8th position in order and the 8 partial sums are added
+ * in lane order: a fixed order, so repeated runs are bit-identical. */
+
+#define POOL_LANES 8
+
+__global__ void k_pool_fwd(float *__restrict__ out, const float *__restrict__ x,
+                           const int32_t *__restrict__ range, int64_t T, int64_t C, int max) {
+    __shared__ double part[POOL_LANES][32];
+    int64_t b = blockIdx.y, c = (int64_t)blockIdx.x * 32 + threadIdx.x;
+    int64_t first = range[2 * b], cnt = range[2 * b + 1];
+    double acc = max ? -INFINITY : 0.0;
+    if (c < C)
+        for (int64_t t = threadIdx.y; t < cnt; t += POOL_LANES) {
+            double v = x[(b * T + first + t) * C + c];
+            acc = max ? fmax(acc, v) : acc + v;
+        }
+    part[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        for (int l = 1; l < POOL_LANES; l++)
+            acc = max ? fmax(acc, part[l][threadIdx.x]) : acc + part[l][threadIdx.x];
+        out[b * C + c] = (float)(max ? acc : acc / (double)cnt);
+    }
+}
+
+void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
+                           int64_t B, int64_t T, int64_t C, int max) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || B <= 0 || C <= 0) return;
+    dim3 grid((unsigned)((C + 31) / 32), (unsigned)B), block(32, POOL_LANES);
+    k_pool_fwd<<<grid, block, 0, c->stream>>>(out, x, range, T, C, max);
+    MOE_CUDA_LAUNCHED(c, "pool_forward", "B=%lld T=%lld C=%lld", (long long)B, (long long)T,
+                      (long long)C);
 }

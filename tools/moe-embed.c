@@ -29,7 +29,7 @@ static const char USAGE[] =
     "  -m, --model CKPT        checkpoint directory, or a run directory (its latest)\n"
     "      --layer L           0 = embeddings .. L = final norm; negative counts from the\n"
     "                          top (-1 = final norm, the default; -2 = last layer's output)\n"
-    "      --device D          cpu | auto | cuda [auto = cpu in this version]\n"
+    "      --device D          cpu | auto | cuda [auto: a GPU when one is usable]\n"
     "      --precision P       fp32 | bf16 [fp32 on cpu, bf16 on cuda]\n"
     "Output:\n"
     "  -o, --output FILE.npy   float matrix + FILE.ids.tsv [default: TSV text on stdout]\n"
@@ -235,7 +235,7 @@ static int run(cli *c, int argc, char **argv) {
     o->io.threads = c->threads > 1 ? 1 : 0;
     o->inputs = (const char *const *)(argv + optind);
     o->n_inputs = argc - optind;
-    o->bf16 = c->precision < 0 ? o->device == MOE_DEVICE_CUDA : c->precision;
+    o->bf16 = c->precision; /* -1: bf16 on a GPU, fp32 on the CPU */
 #ifdef _OPENMP
     if (c->threads > 0) omp_set_num_threads(c->threads);
 #endif
@@ -245,10 +245,11 @@ static int run(cli *c, int argc, char **argv) {
         return moe_err_exit_code(&err);
     }
     moe_log_info("%lld sequences (%lld skipped), %lld windows, %lld tokens -> %lld x %lld in "
-                 "%.2f s (%.1f sequences/s)",
+                 "%.2f s after a %.2f s model load (%.1f sequences/s, %.0f tokens/s)",
                  (long long)sum.sequences, (long long)sum.skipped, (long long)sum.windows,
                  (long long)sum.tokens, (long long)sum.rows, (long long)sum.cols, sum.seconds,
-                 sum.seconds > 0 ? (double)sum.sequences / sum.seconds : 0.0);
+                 sum.load_seconds, sum.seconds > 0 ? (double)sum.sequences / sum.seconds : 0.0,
+                 sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0.0);
     return 0;
 }
 

@@ -284,6 +284,14 @@ static void pr_swiglu_backward(const moe_backend *be, float *da, float *db, cons
     prof_end_op(p, t0, MOE_OP_SWIGLU, 1);
 }
 
+static void pr_pool_forward(const moe_backend *be, float *out, const float *x,
+                            const int32_t *range, int64_t B, int64_t T, int64_t C, int max) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->pool_forward(p->inner, out, x, range, B, T, C, max);
+    prof_end_op(p, t0, MOE_OP_POOL, 0);
+}
+
 static void pr_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
                                      const float *logits, const int32_t *targets,
                                      const float *weights, int64_t N, int64_t V) {
@@ -368,6 +376,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->grouped_matmul_backward = pr_grouped_matmul_backward;
     t->swiglu_forward = pr_swiglu_forward;
     t->swiglu_backward = pr_swiglu_backward;
+    t->pool_forward = pr_pool_forward;
     t->cross_entropy_forward = pr_cross_entropy_forward;
     t->cross_entropy_backward = pr_cross_entropy_backward;
     t->add = pr_add;

@@ -262,7 +262,83 @@ static int manifest_line(const char *p, unsigned long long *size, unsigned int *
     return name_at;
 }
 
+typedef struct manifest_entry {
+    char *name;
+    unsigned long long size;
+    unsigned int crc;
+} manifest_entry;
+
+static void free_entries(manifest_entry *e, int n) {
+    for (int i = 0; e && i < n; i++)
+        free(e[i].name);
+    free(e);
+}
+
+/* Parses DIR/MANIFEST (path: its path, for messages) into *out [*n] (malloc'ed). A malformed
+ * line is MOE_ERR_INPUT naming the line. */
+static moe_status read_manifest(const char *path, manifest_entry **out, int *n, moe_err *err) {
+    *out = NULL;
+    *n = 0;
+    char *text;
+    size_t len;
+    moe_status st = moe_read_file(path, &text, &len, err);
+    if (st != MOE_OK) return st;
+    int cap = 0;
+    int64_t line = 0;
+    for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
+        nl = strchr(p, '\n');
+        if (nl) *nl = '\0';
+        line++;
+        if (!*p) continue;
+        manifest_entry e;
+        int at = manifest_line(p, &e.size, &e.crc);
+        if (!at) {
+            st = moe_err_set(err, MOE_ERR_INPUT, path,
+                             "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
+            moe_err_at_line(err, line, 0);
+            moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
+            break;
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 16;
+            manifest_entry *ne = realloc(*out, (size_t)cap * sizeof *ne);
+            if (!ne) {
+                st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+                break;
+            }
+            *out = ne;
+        }
+        if (!(e.name = strdup(p + at))) {
+            st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+            break;
+        }
+        (*out)[(*n)++] = e;
+    }
+    free(text);
+    if (st != MOE_OK) {
+        free_entries(*out, *n);
+        *out = NULL;
+        *n = 0;
+    }
+    return st;
+}
+
 moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err) {
+    return moe_ckpt_verify_except(ckpt_dir, NULL, err);
+}
+
+/* Size (and CRC32 unless size_only) of a file, as moe_crc32_file reports them. */
+static moe_status file_size_crc(const char *path, int size_only, uint32_t *crc, uint64_t *size,
+                                moe_err *err) {
+    if (!size_only) return moe_crc32_file(path, crc, size, err);
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return moe_err_set(err, MOE_ERR_INPUT, path, "%s", strerror(errno ? errno : ENOENT));
+    *size = (uint64_t)sb.st_size;
+    return MOE_OK;
+}
+
+moe_status moe_ckpt_verify_except(const char *ckpt_dir, const char *skip_crc, moe_err *err) {
     char path[MOE_CKPT_PATH_MAX];
     if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
         return moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
@@ -273,58 +349,42 @@ moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err) {
                           "older checkpoint");
         return MOE_ERR_INPUT;
     }
-    char *text;
-    size_t len;
-    moe_status st = moe_read_file(path, &text, &len, err);
-    if (st != MOE_OK) return st;
-    int64_t line = 0, n_files = 0;
-    for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
-        nl = strchr(p, '\n');
-        if (nl) *nl = '\0';
-        line++;
-        if (!*p) continue;
-        unsigned long long size;
-        unsigned int crc;
-        int name_at = manifest_line(p, &size, &crc);
-        if (!name_at) {
-            st = moe_err_set(err, MOE_ERR_INPUT, path,
-                             "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
-            moe_err_at_line(err, line, 0);
-            moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
-            break;
-        }
+    manifest_entry *ent;
+    int n_files;
+    moe_status st = read_manifest(path, &ent, &n_files, err);
+    for (int i = 0; st == MOE_OK && i < n_files; i++) {
         char fpath[MOE_CKPT_PATH_MAX];
-        uint32_t got_crc;
-        uint64_t got_size;
-        if (!join(fpath, sizeof fpath, ckpt_dir, p + name_at)) {
+        if (!join(fpath, sizeof fpath, ckpt_dir, ent[i].name)) {
             st = moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
             break;
         }
         moe_err sub;
         moe_err_clear(&sub);
-        if (moe_crc32_file(fpath, &got_crc, &got_size, &sub) != MOE_OK) {
+        int size_only = skip_crc && strncmp(ent[i].name, skip_crc, strlen(skip_crc)) == 0;
+        uint32_t got_crc = ent[i].crc;
+        uint64_t got_size;
+        if (file_size_crc(fpath, size_only, &got_crc, &got_size, &sub) != MOE_OK) {
             st = moe_err_set(err, MOE_ERR_INPUT, fpath,
                              "checkpoint file listed in MANIFEST cannot be read: %s", sub.msg);
-        } else if (got_size != size) {
+        } else if (got_size != ent[i].size) {
             st = moe_err_set(err, MOE_ERR_INPUT, fpath,
                              "checkpoint file is corrupted: size %" PRIu64
                              " bytes, MANIFEST says %llu",
-                             got_size, size);
-        } else if (got_crc != crc) {
+                             got_size, ent[i].size);
+        } else if (got_crc != ent[i].crc) {
             st =
                 moe_err_set(err, MOE_ERR_INPUT, fpath,
                             "checkpoint file is corrupted: CRC32 %08" PRIx32 ", MANIFEST says %08x",
-                            got_crc, crc);
+                            got_crc, ent[i].crc);
         }
         if (st != MOE_OK)
             moe_err_hint(err, "resume from an older checkpoint (--resume RUN/ckpt-<step>)");
-        n_files++;
     }
     if (st == MOE_OK && n_files == 0) {
         st = moe_err_set(err, MOE_ERR_INPUT, path, "MANIFEST lists no files");
         moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
     }
-    free(text);
+    free_entries(ent, n_files);
     return st;
 }
 
@@ -378,49 +438,20 @@ moe_status moe_ckpt_manifest_names(const char *ckpt_dir, char ***names, int *n, 
     char path[MOE_CKPT_PATH_MAX];
     if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
         return moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
-    char *text;
-    size_t len;
-    moe_status st = moe_read_file(path, &text, &len, err);
+    manifest_entry *ent;
+    int cnt;
+    moe_status st = read_manifest(path, &ent, &cnt, err);
     if (st != MOE_OK) return st;
-    int cap = 0;
-    int64_t line = 0;
-    for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
-        nl = strchr(p, '\n');
-        if (nl) *nl = '\0';
-        line++;
-        if (!*p) continue;
-        unsigned long long size;
-        unsigned int crc;
-        int at = manifest_line(p, &size, &crc);
-        if (!at) {
-            st = moe_err_set(err, MOE_ERR_INPUT, path,
-                             "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
-            moe_err_at_line(err, line, 0);
-            moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
-            break;
-        }
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            char **nn = realloc(*names, (size_t)cap * sizeof *nn);
-            if (!nn) {
-                st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-                break;
-            }
-            *names = nn;
-        }
-        if (!((*names)[*n] = strdup(p + at))) {
-            st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-            break;
-        }
-        (*n)++;
+    *names = malloc((size_t)(cnt ? cnt : 1) * sizeof **names);
+    if (!*names) {
+        free_entries(ent, cnt);
+        return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
     }
-    free(text);
-    if (st != MOE_OK) {
-        free_names(*names, *n);
-        *names = NULL;
-        *n = 0;
-    }
-    return st;
+    for (int i = 0; i < cnt; i++)
+        (*names)[i] = ent[i].name; /* ownership moves to *names */
+    free(ent);
+    *n = cnt;
+    return MOE_OK;
 }
 
 moe_status moe_ckpt_resolve(const char *path, char *out, size_t n, moe_err *err) {

@@ -61,6 +61,16 @@ moe_status moe_ckpt_tensors_read(const moe_ckpt_tensors *c, const char *name, mo
                               : slot == MOE_CKPT_EXP_AVG ? t->exp_avg
                                                          : t->exp_avg_sq;
     const moe_st_file *f = t && slot == MOE_CKPT_WEIGHT ? t->file : t ? t->ofile : NULL;
+    if (t && slot != MOE_CKPT_WEIGHT && c->weights_only) {
+        int64_t numel = 1;
+        for (int d = 0; d < ndim; d++)
+            numel *= shape[d];
+        if (ndim != t->p.ndim || numel != t->p.shape[0] * (t->p.ndim == 2 ? t->p.shape[1] : 1))
+            return moe_err_set(err, MOE_ERR_INPUT, c->model[0].path,
+                               "tensor '%s' has another shape in this checkpoint", name);
+        memset(out, 0, (size_t)numel * sizeof(float));
+        return MOE_OK;
+    }
     if (!st || !f) {
         moe_err_set(err, MOE_ERR_INPUT, c->ep && c->model ? c->model[0].path : NULL,
                     "the checkpoint has no %s of tensor '%s'",
@@ -202,9 +212,20 @@ static moe_status check_f32(const moe_st_file *f, const moe_st_tensor *t, moe_er
     return MOE_ERR_INPUT;
 }
 
-/* Finds and checks the optimizer moments of every parameter. */
+/* Finds and checks the optimizer moments of every parameter. A checkpoint whose MANIFEST
+ * lists no optimizer file at all is weights-only (moe-convert from-hf): moments read as 0. */
 static moe_status open_optimizer(moe_ckpt_tensors *c, const char *dir, char **manifest,
                                  int n_manifest, const int *counts, moe_err *err) {
+    int listed = 0;
+    for (int r = 0; r < c->ep; r++) {
+        char name[64];
+        moe_ckpt_optim_file(r, name, sizeof name);
+        listed += is_listed(name, manifest, n_manifest);
+    }
+    if (listed == 0) {
+        c->weights_only = 1;
+        return MOE_OK;
+    }
     c->optim = calloc((size_t)c->ep, sizeof *c->optim);
     if (!c->optim) return moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
     for (int r = 0; r < c->ep; r++) {

@@ -10,7 +10,8 @@
  *                transformers' MixtralExperts chunks them) and experts.down_proj [E, C, F]
  *                (= w2); `mlp.` is accepted in place of `block_sparse_moe.`.
  * Writes CKPT_DIR as a checkpoint (moe/checkpoint.h mechanics: temporary directory,
- * MANIFEST, rename) at step 0 with fp32 weights and zero Adam moments. The one thing to
+ * MANIFEST, rename) at step 0 with fp32 weights and no optimizer file (weights only: the
+ * Adam moments start at zero, moe/ckpt_tensors.h). The one thing to
  * know: the moe tokenizer comes from HF_DIR/moe_tokenizer.json (written by to-hf) or
  * --tokenizer, and must have exactly model.vocab_size tokens, so that moe-train and
  * moe-embed accept the result. */
@@ -403,38 +404,21 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
     if (st == MOE_OK)
         st = moe_write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
                                  moe_tokenizer_spec_json(tok), NULL, err);
-    int64_t maxn = 1;
-    for (int i = 0; i < n; i++) {
-        int64_t k = tab[i].shape[0] * (tab[i].ndim == 2 ? tab[i].shape[1] : 1);
-        if (k > maxn) maxn = k;
-    }
-    float *zeros = calloc((size_t)maxn, sizeof(float));
-    if (!zeros && st == MOE_OK) st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-    for (int pass = 0; st == MOE_OK && pass < 2; pass++) {
+    /* Weights only: no optimizer file; readers start the Adam moments at zero
+     * (moe/ckpt_tensors.h), which is what a file of zeros twice the weights' size would say. */
+    if (st == MOE_OK) {
         moe_st_writer sw;
         moe_st_writer_init(&sw);
         st = moe_st_writer_meta(&sw, "format", "pt", err);
         if (st == MOE_OK) st = moe_st_writer_meta(&sw, "step", "0", err);
-        for (int i = 0; st == MOE_OK && i < n; i++) {
-            char name[160];
-            if (pass == 0) {
-                st = moe_st_writer_add(&sw, tab[i].name, MOE_ST_F32, tab[i].ndim, tab[i].shape,
-                                       bufs[i], err);
-                continue;
-            }
-            snprintf(name, sizeof name, "%s.exp_avg", tab[i].name);
-            st = moe_st_writer_add(&sw, name, MOE_ST_F32, tab[i].ndim, tab[i].shape, zeros, err);
-            snprintf(name, sizeof name, "%s.exp_avg_sq", tab[i].name);
-            if (st == MOE_OK)
-                st =
-                    moe_st_writer_add(&sw, name, MOE_ST_F32, tab[i].ndim, tab[i].shape, zeros, err);
-        }
-        const char *file = pass == 0 ? "model.safetensors" : "optimizer-rank0.safetensors";
+        for (int i = 0; st == MOE_OK && i < n; i++)
+            st = moe_st_writer_add(&sw, tab[i].name, MOE_ST_F32, tab[i].ndim, tab[i].shape,
+                                   bufs[i], err);
         if (st == MOE_OK)
-            st = moe_st_writer_write(&sw, moe_ckpt_path(&w, file, path, sizeof path), err);
+            st = moe_st_writer_write(&sw, moe_ckpt_path(&w, "model.safetensors", path, sizeof path),
+                                     err);
         moe_st_writer_free(&sw);
     }
-    free(zeros);
     if (st == MOE_OK) {
         char state[1024];
         snprintf(state, sizeof state, STATE_JSON, cfg->data.shuffle ? "true" : "false",
@@ -489,7 +473,7 @@ moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_arg, const m
     }
     if (stat(run, &sb) == 0) moe_remove_tree(run, NULL);
     if (st == MOE_OK)
-        moe_log_info("wrote checkpoint %s: %d tensors, tokenizer %s, step 0 (Adam moments zero)",
+        moe_log_info("wrote checkpoint %s: %d tensors, tokenizer %s, step 0 (weights only)",
                      ckpt_dir, n, tok->name);
     for (int i = 0; bufs && i < n; i++)
         free(bufs[i]);

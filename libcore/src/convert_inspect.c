@@ -116,9 +116,10 @@ static void print_layout(const char *dir, const moe_config *cfg, FILE *out, moe_
         return;
     }
     int64_t E = cfg->model.num_local_experts, per = E / ct.ep;
+    const char *none = "no optimizer state (weights only: Adam moments start at zero)";
     if (ct.ep == 1) {
-        fprintf(out, "layout: single file (ep 1): model.safetensors, "
-                     "optimizer-rank0.safetensors\n");
+        fprintf(out, "layout: single file (ep 1): model.safetensors, %s\n",
+                ct.weights_only ? none : "optimizer-rank0.safetensors");
     } else {
         fprintf(out,
                 "layout: expert-parallel, ep %d (%s + %d model files, experts split "
@@ -133,8 +134,9 @@ static void print_layout(const char *dir, const moe_config *cfg, FILE *out, moe_
             else
                 snprintf(ex, sizeof ex, "experts %" PRId64 "-%" PRId64, r * per, (r + 1) * per - 1);
             fprintf(out, "  rank %d: %s (%s%s, %d tensors), %s\n", r, mf, r == 0 ? "dense + " : "",
-                    ex, ct.model[r].n_tensors, of);
+                    ex, ct.model[r].n_tensors, ct.weights_only ? "no optimizer file" : of);
         }
+        if (ct.weights_only) fprintf(out, "  %s\n", none);
     }
     moe_ckpt_tensors_close(&ct);
 }

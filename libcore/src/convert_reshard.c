@@ -87,11 +87,11 @@ static moe_status add_copy(moe_st_writer *w, const moe_st_tensor *t, moe_err *er
     return moe_st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, t->data, err);
 }
 
-/* Writes rank r's model file and optimizer file into tmp. */
+/* Writes rank r's model file and optimizer file (none for a weights-only input) into tmp. */
 static moe_status write_rank(const moe_ckpt_tensors *in, int r, int ep, int64_t E, const char *tmp,
                              moe_err *err) {
     moe_status st = MOE_OK;
-    for (int pass = 0; st == MOE_OK && pass < 2; pass++) {
+    for (int pass = 0; st == MOE_OK && pass < (in->weights_only ? 1 : 2); pass++) {
         moe_st_writer w;
         moe_st_writer_init(&w);
         st = copy_meta(&w, pass == 0 ? &in->model[0] : &in->optim[0], err);

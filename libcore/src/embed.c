@@ -5,8 +5,8 @@
  * the input): sequences are read and tokenized (and reverse-complemented) -> every window
  * of every strand becomes a work item -> items sorted by padded length (ties by position
  * in the input: deterministic) -> batches of at most batch_tokens padded tokens ->
- * moe_model_hidden -> each window's pooled vector (or its token rows) is added into its
- * sequence's double accumulator -> sequences are finished and written in input order.
+ * moe_model_hidden_pooled (pooling on the backend; moe_model_hidden for --per-token) -> each
+ * window's pooled vector (or its token rows) is added into its sequence's double accumulator -> sequences are finished and written in input order.
  * The one thing to know: every number a sequence gets depends only on that sequence and
  * the options (padding is right-side, attention causal, routing per token), not on which
  * other sequences share its batch - up to the last bits of BLAS blocking. */
@@ -26,6 +26,7 @@ void moe_embed_opts_defaults(moe_embed_opts *o) {
     o->layer = MOE_EMBED_LAYER_DEFAULT;
     o->batch_tokens = 8192;
     o->device = MOE_DEVICE_AUTO;
+    o->bf16 = -1;
 }
 
 typedef struct embed_win {
@@ -49,7 +50,8 @@ typedef struct embedder {
     embed_win *wins;
     int64_t cap_wins;
     int32_t *tokens; /* [cap_tokens] one batch */
-    float *hidden;   /* [cap_tokens, C] */
+    int32_t *range;  /* [cap_tokens, 2] pooled positions of each row (B <= cap_tokens) */
+    float *hidden;   /* [cap_tokens, C] token rows (--per-token), or [B, C] vectors */
     moe_token_buf enc, rcenc;
     char *bases; /* scratch for reverse complements */
     int64_t bases_cap;
@@ -76,52 +78,43 @@ static int cmp_win(const void *a, const void *b) {
     return x->k < y->k ? -1 : (x->k > y->k);
 }
 
-/* Pools rows h [Tw, C] of one window into v [C] and adds it where it belongs. */
-static void accumulate(embedder *e, const embed_win *w, const float *h, double *v) {
+/* Adds the token rows h [Tw, C] of one window (--per-token) to its sequence's rows. */
+static void add_token_rows(embedder *e, const embed_win *w, const float *h) {
     embed_seq *s = &e->seqs[w->seq];
-    int64_t C = e->C, cnt = w->end - w->start, off = e->nb;
-    if (e->o->per_token) {
-        for (int64_t j = 0; j < cnt; j++) {
-            int64_t pos = w->rc ? w->end - 1 - j : w->start + j;
-            const float *src = h + (off + j) * C;
-            double *dst = s->acc + pos * C;
-            for (int64_t c = 0; c < C; c++)
-                dst[c] += src[c];
-            s->cover[pos]++;
-        }
-        return;
+    int64_t C = e->C;
+    for (int64_t j = 0; j < w->end - w->start; j++) {
+        int64_t pos = w->rc ? w->end - 1 - j : w->start + j;
+        const float *src = h + (e->nb + j) * C;
+        double *dst = s->acc + pos * C;
+        for (int64_t c = 0; c < C; c++)
+            dst[c] += src[c];
+        s->cover[pos]++;
     }
-    if (cnt == 0) { /* nothing but BOS/EOS: pool those */
-        off = 0;
-        cnt = w->T;
-    }
-    if (e->o->pool == MOE_EMBED_POOL_LAST) {
-        for (int64_t c = 0; c < C; c++)
-            v[c] = h[(w->T - 1) * C + c];
-    } else if (e->o->pool == MOE_EMBED_POOL_MAX) {
-        for (int64_t c = 0; c < C; c++)
-            v[c] = h[off * C + c];
-        for (int64_t j = 1; j < cnt; j++)
-            for (int64_t c = 0; c < C; c++)
-                if (h[(off + j) * C + c] > v[c]) v[c] = h[(off + j) * C + c];
-    } else {
-        for (int64_t c = 0; c < C; c++)
-            v[c] = 0.0;
-        for (int64_t j = 0; j < cnt; j++)
-            for (int64_t c = 0; c < C; c++)
-                v[c] += h[(off + j) * C + c];
-        for (int64_t c = 0; c < C; c++)
-            v[c] /= (double)cnt;
-    }
-    double *dst = e->o->per_window ? s->acc + w->k * C : s->acc;
-    for (int64_t c = 0; c < C; c++)
+}
+
+/* The positions a window's vector pools: its content tokens (its last position for `last`;
+ * all of BOS/EOS when it has no content). range [2]: first, count. */
+static void pool_range(const embedder *e, const embed_win *w, int32_t *range) {
+    int64_t cnt = w->end - w->start;
+    if (e->o->pool == MOE_EMBED_POOL_LAST)
+        range[0] = (int32_t)(w->T - 1), range[1] = 1;
+    else if (cnt == 0)
+        range[0] = 0, range[1] = (int32_t)w->T;
+    else
+        range[0] = (int32_t)e->nb, range[1] = (int32_t)cnt;
+}
+
+/* Adds a window's pooled vector v [C] where it belongs (its window row or the mean). */
+static void add_window_vector(embedder *e, const embed_win *w, const float *v) {
+    embed_seq *s = &e->seqs[w->seq];
+    double *dst = e->o->per_window ? s->acc + w->k * e->C : s->acc;
+    for (int64_t c = 0; c < e->C; c++)
         dst[c] += v[c];
 }
 
-/* Runs windows [0, n) (sorted, longest first) through the model in batches. */
+/* Runs windows [0, n) (sorted, longest first) through the model in batches; pooling happens
+ * on the backend, so only [B, C] per batch comes back (all rows with --per-token). */
 static moe_status run_windows(embedder *e, embed_win *wins, int64_t n, moe_err *err) {
-    double *v = malloc((size_t)e->C * sizeof(double));
-    if (!v) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_status st = MOE_OK;
     for (int64_t i = 0; st == MOE_OK && i < n;) {
         int64_t T = wins[i].T;
@@ -143,17 +136,26 @@ static moe_status run_windows(embedder *e, embed_win *wins, int64_t n, moe_err *
             if (e->ne) row[t++] = e->tok->eos_id;
             for (; t < T; t++)
                 row[t] = e->pad;
+            pool_range(e, w, e->range + 2 * b);
         }
-        st = moe_model_hidden(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->hidden, err);
+        if (e->o->per_token)
+            st = moe_model_hidden(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->hidden,
+                                  err);
+        else
+            st = moe_model_hidden_pooled(&e->ck.model, e->tokens, (int)B, (int)T, e->layer,
+                                         e->range, e->o->pool == MOE_EMBED_POOL_MAX, e->hidden,
+                                         err);
         for (int64_t b = 0; st == MOE_OK && b < B; b++) {
-            accumulate(e, &wins[i + b], e->hidden + b * T * e->C, v);
+            if (e->o->per_token)
+                add_token_rows(e, &wins[i + b], e->hidden + b * T * e->C);
+            else
+                add_window_vector(e, &wins[i + b], e->hidden + b * e->C);
             e->sum.tokens += wins[i + b].end - wins[i + b].start;
         }
         e->sum.windows += B;
         i += B;
         moe_progress_update(&e->prog, e->sum.tokens, NULL);
     }
-    free(v);
     return st;
 }
 
@@ -477,8 +479,9 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
                                    err);
     if (st != MOE_OK) return st;
     e->tokens = malloc((size_t)e->cap_tokens * sizeof(int32_t));
+    e->range = malloc((size_t)e->cap_tokens * 2 * sizeof(int32_t));
     e->hidden = malloc((size_t)e->cap_tokens * (size_t)e->C * sizeof(float));
-    if (!e->tokens || !e->hidden) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    if (!e->tokens || !e->range || !e->hidden) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_log_info("checkpoint %s: %s tokenizer, hidden %" PRId64 ", layer %d of %d (%s), %s "
                  "pooling%s, windows of %" PRId64 " tokens every %" PRId64 ", %s backend",
                  e->ck.dir, e->tok->name, e->C, e->layer, L,
@@ -500,6 +503,8 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     e.o = o;
     double t0 = moe_time_now();
     moe_status st = setup(&e, o, err);
+    double t1 = moe_time_now();
+    e.sum.load_seconds = t1 - t0;
     moe_progress_start(&e.prog, "embed", "tokens", 0);
     if (o->quiet) e.prog.enabled = e.prog.tty = 0;
     for (int i = 0; st == MOE_OK && i < o->n_inputs; i++) {
@@ -521,11 +526,12 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
         moe_embed_out_abort(&e.out);
     }
     e.sum.cols = e.C;
-    e.sum.seconds = moe_time_now() - t0;
+    e.sum.seconds = moe_time_now() - t1;
     if (sum) *sum = e.sum;
     free(e.seqs);
     free(e.wins);
     free(e.tokens);
+    free(e.range);
     free(e.hidden);
     free(e.bases);
     moe_token_buf_free(&e.enc);

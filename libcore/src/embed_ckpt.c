@@ -18,6 +18,7 @@
 #include "moe/safetensors.h"
 #ifdef MOE_HAVE_CUDA
 #include "moe/backend_cuda.h"
+#include "moe/cuda_dtype.h"
 #endif
 
 moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err) {
@@ -26,7 +27,7 @@ moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err)
     if (st != MOE_OK) return st;
     if (strcmp(c->dir, dir) != 0)
         moe_log_info("using the latest checkpoint of %s: %s", dir, c->dir);
-    st = moe_ckpt_verify(c->dir, err);
+    st = moe_ckpt_verify_except(c->dir, "optimizer-", err); /* never read here */
     if (st != MOE_OK) return st;
 
     char path[4200];
@@ -48,8 +49,13 @@ moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err)
     return st;
 }
 
+/* cpu, cuda, or auto = the first GPU when one is usable (as moe-train), else the CPU. */
 static moe_status open_backend(moe_infer_ckpt *c, moe_device_kind device, moe_err *err) {
-    if (device != MOE_DEVICE_CUDA) {
+    int want_cuda = device == MOE_DEVICE_CUDA;
+#ifdef MOE_HAVE_CUDA
+    if (device == MOE_DEVICE_AUTO && moe_cuda_available() > 0) want_cuda = 1;
+#endif
+    if (!want_cuda) {
         c->be = moe_backend_cpu();
         return MOE_OK;
     }
@@ -59,6 +65,12 @@ static moe_status open_backend(moe_infer_ckpt *c, moe_device_kind device, moe_er
     c->be = moe_backend_cuda(&sub);
     if (c->be) {
         c->be_is_cuda = 1;
+        return MOE_OK;
+    }
+    if (device == MOE_DEVICE_AUTO) {
+        moe_log_warn("--device auto found a GPU but cannot use it (%s); embedding on the CPU",
+                     sub.msg);
+        c->be = moe_backend_cpu();
         return MOE_OK;
     }
     moe_err_set(err, MOE_ERR_INPUT, NULL, "--device cuda was requested but no GPU is usable: %s",
@@ -75,7 +87,7 @@ moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, 
                                      int max_batch, int max_seq, moe_err *err) {
     moe_status st = open_backend(c, device, err);
     if (st != MOE_OK) return st;
-    moe_recipe recipe = bf16 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+    moe_recipe recipe = (bf16 < 0 ? c->be_is_cuda : bf16) ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
     st = moe_model_create_forward_only(&c->model, &c->cfg.model, recipe, c->be, max_batch, max_seq,
                                        err);
     if (st != MOE_OK) {

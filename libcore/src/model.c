@@ -188,6 +188,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct mo
     p->lnf = carve(&off, base, (size_t)(N * C) * f);
     p->rstdf = carve(&off, base, (size_t)N * f);
     p->tokens = carve(&off, base, (size_t)N * i4);
+    p->pool_range = carve(&off, base, (size_t)(2 * N) * i4);
     p->tmp = carve(&off, base, (size_t)(N * C) * f);
     if (!train) return off; /* hidden states only: no logits, losses or gradients */
     p->logits = carve(&off, base, (size_t)(N * V) * f);

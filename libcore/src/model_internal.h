@@ -70,6 +70,7 @@ struct moe_acts {
     float *ce_loss;        /* [N] */
     float *ce_lse;         /* [N] */
     int32_t *tokens;       /* [N] */
+    int32_t *pool_range;   /* [N, 2] row ranges of moe_model_hidden_pooled */
     int32_t *targets;      /* [N] */
     float *weights;        /* [N] */
     float *tmp;            /* [N, C] o_proj / moe output before the residual add */

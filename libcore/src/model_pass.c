@@ -292,8 +292,10 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     return be->synchronize(be, err);
 }
 
-moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, int layer,
-                            float *out, moe_err *err) {
+/* Runs tokens [B, T] (host) up to `layer` and sets *src to its hidden states [B, T, C] on
+ * the backend; the activations then no longer belong to a forward with targets. */
+static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                                const float **src, moe_err *err) {
     const moe_model_config *c = &m->cfg;
     int L = (int)c->num_hidden_layers;
     if (layer < 0 || layer > L)
@@ -307,16 +309,41 @@ moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, i
     int64_t N = (int64_t)B * T, C = c->hidden_size;
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     moe_model_run_layers(m, B, T, layer);
-    const float *src;
     if (layer == L) {
         be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->params[m->p_norm].data, N, C,
                             (float)c->rms_norm_eps, m->recipe);
-        src = a->lnf;
+        *src = a->lnf;
     } else {
-        src = a->layer[layer].x_in;
+        *src = a->layer[layer].x_in;
     }
-    be->memcpy_d2h(be, out, src, (size_t)(N * C) * sizeof(float));
-    m->last_B = 0; /* activations no longer match a forward with targets */
+    m->last_B = 0;
     a->has_targets = 0;
+    return MOE_OK;
+}
+
+moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                            float *out, moe_err *err) {
+    const float *src = NULL;
+    if (hidden_states(m, tokens, B, T, layer, &src, err) != MOE_OK) return err->status;
+    m->be->memcpy_d2h(m->be, out, src, (size_t)B * T * m->cfg.hidden_size * sizeof(float));
+    return m->be->synchronize(m->be, err);
+}
+
+moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                                   const int32_t *range, int max, float *out, moe_err *err) {
+    for (int b = 0; b < B; b++)
+        if (range[2 * b] < 0 || range[2 * b + 1] < 1 || range[2 * b] + range[2 * b + 1] > T)
+            return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                               "pooling range %d of row %d (%d positions) is outside [0, %d)",
+                               range[2 * b], b, range[2 * b + 1], T);
+    const float *src = NULL;
+    if (hidden_states(m, tokens, B, T, layer, &src, err) != MOE_OK) return err->status;
+    const moe_backend *be = m->be;
+    struct moe_acts *a = m->acts;
+    int64_t C = m->cfg.hidden_size;
+    /* a->tmp [N, C] is free after the forward and holds [B, C] (B <= N) */
+    be->memcpy_h2d(be, a->pool_range, range, (size_t)(2 * B) * sizeof(int32_t));
+    be->pool_forward(be, a->tmp, src, a->pool_range, B, T, C, max);
+    be->memcpy_d2h(be, out, a->tmp, (size_t)B * C * sizeof(float));
     return be->synchronize(be, err);
 }

@@ -19,6 +19,7 @@
 #include "moe/checkpoint.h"
 #include "moe/ckpt_tensors.h"
 #include "moe/fileio.h"
+#include "moe/log.h"
 #include "moe/safetensors.h"
 #include "moe/tokenizer.h"
 #include "moe/train.h"
@@ -283,6 +284,8 @@ moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg
      * the checkpoint's parallel.ep only says how its tensors are stored. */
     moe_ckpt_tensors ct;
     st = moe_ckpt_tensors_open(&ct, ckpt_dir, &ck, 1, err);
+    if (st == MOE_OK && ct.weights_only)
+        moe_log_info("%s holds weights only (an import): AdamW moments start at zero", ckpt_dir);
     if (st == MOE_OK) {
         st = read_params(&ct, model, MOE_CKPT_WEIGHT, host, err);
         if (st == MOE_OK) moe_model_copy_params_from_host(model, host);

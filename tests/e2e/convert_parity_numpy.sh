@@ -12,7 +12,7 @@ SEQ=ACGTTGCAGGCATTACGATCGATCGNNACGTACGTTTGACCAGTacgtRYACGGT
 printf '>s\n%s\n' "$SEQ" > s.fa
 args=()
 for l in 0 1 2; do
-    moe-embed -q -m "$CKPT" --per-token --layer "$l" s.fa > "l$l.tsv"
+    moe-embed -q --device cpu -m "$CKPT" --per-token --layer "$l" s.fa > "l$l.tsv"
     args+=("$l:l$l.tsv")
 done
 "$PY" "$INTEROP/np_mixtral.py" hf "$SEQ" "${args[@]}" --tol 1e-4

@@ -95,6 +95,14 @@ cmp orig.npy ep4.npy || fail "moe-embed -o on ep4 differs"
 moe-convert -q to-hf "$CKPT" hf_orig
 moe-convert -q to-hf ep4 hf_ep4/
 same_dirs hf_orig hf_ep4
+# a weights-only checkpoint (an import) stays weights only through reshard and consolidate
+moe-convert -q from-hf hf_orig imported
+moe-convert -q reshard --ep 2 imported imported_ep2
+moe-convert -q consolidate imported_ep2 imported_back
+ls imported_ep2 imported_back | grep -q optimizer && fail "reshard invented optimizer state"
+cmp imported/model.safetensors imported_back/model.safetensors || fail "weights-only round trip differs"
+moe-embed -q -m imported_ep2 q.fa > imported.tsv
+cmp orig.tsv imported.tsv || fail "moe-embed on the resharded import differs"
 moe-convert inspect ep2 > inspect.txt
 grep -q "layout: expert-parallel, ep 2" inspect.txt || fail "inspect does not show the layout"
 grep -q "rank 1: model-ep00001-of-00002.safetensors (experts 2-3, 12 tensors)" inspect.txt ||

@@ -27,6 +27,32 @@ for mode in pooled per-window per-token; do
     moe-embed -q -m "$CKPT" seqs.fa $opt --window 16 --stride 8 > "$mode.tsv"
     "$PY" "$INTEROP/check_npy.py" "$mode.npy" "$mode.tsv" "$mode"
 done
+# pooling runs on the backend: it must agree with pooling the per-token rows here
+moe-embed -q -m "$CKPT" seqs.fa --per-token > tok.tsv
+moe-embed -q -m "$CKPT" seqs.fa > mean.tsv
+moe-embed -q -m "$CKPT" seqs.fa --pool max > max.tsv
+"$PY" - <<'PY'
+import numpy as np
+rows = {}
+for l in open("tok.tsv"):
+    f = l.rstrip("\n").split("\t")
+    rows.setdefault(f[0], []).append(np.array(f[2:], float))  # name, position, vector
+def vecs(p): return {l.split("\t")[0]: np.array(l.split("\t")[1:], float) for l in open(p)}
+mean, mx = vecs("mean.tsv"), vecs("max.tsv")
+assert len(mean) == 3 and mean.keys() == mx.keys(), (mean.keys(), mx.keys())
+for k in mean:
+    t = np.array(rows[k])
+    assert np.allclose(mean[k], t.mean(0), rtol=1e-6, atol=1e-6), k
+    assert np.array_equal(mx[k], t.max(0)), k
+PY
+# inference never reads the optimizer state, so its CRC is not checked (its size is); a
+# reader of the moments (consolidate) still refuses the damaged file
+cp -r "$CKPT" flipped
+"$PY" -c "f=open('flipped/optimizer-rank0.safetensors','r+b'); f.seek(-9,2); b=f.read(1); f.seek(-9,2); f.write(bytes([b[0]^1]))"
+moe-embed -q -m flipped seqs.fa > flipped.tsv && cmp flipped.tsv mean.tsv
+rc=0; moe-convert consolidate flipped cons 2> cons.err || rc=$?
+[ "$rc" = 2 ] && grep -q "optimizer-rank0.safetensors" cons.err ||
+    { echo "FAIL: consolidate accepted a damaged optimizer file (rc $rc)"; cat cons.err; exit 1; }
 moe-embed -q -m "$CKPT" seqs.fa --dtype f16 -o h.npy
 moe-embed -q -m "$CKPT" seqs.fa --dtype f16 > h.tsv
 "$PY" "$INTEROP/check_npy.py" h.npy h.tsv pooled f16

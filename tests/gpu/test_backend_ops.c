@@ -525,6 +525,28 @@ static void run_swiglu(gctx *g, const tcase *tc) {
     free(a), free(b), free(o), free(gy), free(ga), free(gb);
 }
 
+/* pool: random ranges per row, including a range of one position and one reaching the end */
+static void run_pool(gctx *g, const tcase *tc) {
+    int64_t B = tc->s[0], T = tc->s[1], C = tc->s[2];
+    float *x = frand(B * T * C, -3, 3), *o = xmalloc(F(B * C));
+    int32_t *range = xmalloc(I32(2 * B));
+    for (int64_t b = 0; b < B; b++) {
+        int64_t first = b == 0 ? 0 : rng_int(T), cnt = b == 1 ? 1 : 1 + rng_int(T - first);
+        if (b == 2) first = T - 5, cnt = 5;
+        range[2 * b] = (int32_t)first, range[2 * b + 1] = (int32_t)cnt;
+    }
+    float *dx = dup_dev(g, "x", x, F(B * T * C));
+    int32_t *dr = dup_dev(g, "range", range, I32(2 * B));
+    for (int max = 0; max <= 1; max++) {
+        float *dout = dup_dev(g, max ? "out_max" : "out_mean", NULL, F(B * C));
+        g->cpu->pool_forward(g->cpu, o, x, range, B, T, C, max);
+        g->gpu->pool_forward(g->gpu, dout, dx, dr, B, T, C, max);
+        check_sync_guards(g, "pool_forward");
+        cmp_f32(g, max ? "max" : "mean", dout, o, B * C, max ? 0.0 : tc->tol);
+    }
+    free(x), free(o), free(range);
+}
+
 static void run_xent(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], V = tc->s[1];
     int use_w = tc->s[2] != 0;
@@ -634,6 +656,8 @@ static runner_fn runner_for(moe_op op) {
         return run_adamw;
     case MOE_OP_SUM_SQUARES:
         return run_sum_squares;
+    case MOE_OP_POOL:
+        return run_pool;
     default:
         return NULL;
     }
@@ -678,6 +702,8 @@ static const tcase k_cases[] = {
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12},
+    {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13},
+    {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13},
 };
 enum { NCASES = sizeof k_cases / sizeof k_cases[0] };
 

@@ -4,7 +4,9 @@
  * file shows is refused naming the file and the tensor: a dense tensor also in rank 1's
  * file, a BF16 weight, a missing moment, an index total_size that does not add up, an index
  * naming a tensor the model lacks, a file missing from MANIFEST, config parallel.ep that
- * disagrees with the files. (tests/e2e/convert_reshard.sh covers the tools.) */
+ * disagrees with the files, optimizer files for some ranks only. A weights-only checkpoint
+ * (no optimizer file) reads its moments as zeros. (tests/e2e/convert_reshard.sh covers the
+ * tools.) */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,7 +18,7 @@
 #include "moe/fileio.h"
 #include "testlib.h"
 
-enum { OK = 0, STRAY, BF16, NO_MOMENT, BAD_TOTAL, EXTRA_NAME, UNLISTED };
+enum { OK = 0, STRAY, BF16, NO_MOMENT, BAD_TOTAL, EXTRA_NAME, UNLISTED, WEIGHTS_ONLY, HALF_OPTIM };
 
 static void small_config(moe_config *c, int ep) {
     moe_config_defaults(c);
@@ -90,7 +92,8 @@ static int write_ckpt(const char *dir, const moe_config *c, int ep, int damage) 
         ok = moe_st_writer_write(&w, path, &err) == MOE_OK;
         moe_ckpt_optim_file(r, file, sizeof file);
         snprintf(path, sizeof path, "%s/%s", dir, file);
-        ok = ok && moe_st_writer_write(&o, path, &err) == MOE_OK;
+        if (damage != WEIGHTS_ONLY && !(damage == HALF_OPTIM && r == 1))
+            ok = ok && moe_st_writer_write(&o, path, &err) == MOE_OK;
         moe_st_writer_free(&w);
         moe_st_writer_free(&o);
     }
@@ -167,6 +170,34 @@ static moe_status open_and_check(const char *dir, const moe_config *c, int ep, m
     return MOE_OK;
 }
 
+/* A weights-only checkpoint: weights as written, both moments zero. */
+static void check_weights_only(const char *dir, const moe_config *c, int ep) {
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(write_ckpt(dir, c, ep, WEIGHTS_ONLY));
+    moe_ckpt_tensors ct;
+    CHECK_MSG(moe_ckpt_tensors_open(&ct, dir, c, 1, &err) == MOE_OK, "%s", err.msg);
+    if (err.status != MOE_OK) return;
+    CHECK_INT_EQ(ct.weights_only, 1);
+    for (int i = 0; i < ct.n; i++) {
+        const moe_ckpt_tensor *t = &ct.t[i];
+        int64_t numel = t->p.shape[0] * (t->p.ndim == 2 ? t->p.shape[1] : 1);
+        float *buf = malloc((size_t)numel * sizeof(float));
+        for (int s = 0; s < 3; s++) {
+            for (int64_t k = 0; k < numel; k++)
+                buf[k] = 7.0f;
+            CHECK(moe_ckpt_tensors_read(&ct, t->p.name, (moe_ckpt_slot)s, t->p.ndim, t->p.shape,
+                                        buf, &err) == MOE_OK);
+            int same = 1;
+            for (int64_t k = 0; k < numel; k++)
+                same &= buf[k] == (s == 0 ? value(i, 0, k) : 0.0f);
+            CHECK_MSG(same, "weights-only %s slot %d: values differ", t->p.name, s);
+        }
+        free(buf);
+    }
+    moe_ckpt_tensors_close(&ct);
+}
+
 static void expect_error(const char *dir, const moe_config *c, int ep, int damage,
                          const char *want) {
     moe_err err;
@@ -224,6 +255,9 @@ int main(void) {
     expect_error("bad", &c2, 2, BAD_TOTAL, "total_size");
     expect_error("bad", &c2, 2, EXTRA_NAME, "experts.9.w1.weight', which is not a parameter");
     expect_error("bad", &c2, 2, UNLISTED, "not listed in the checkpoint's MANIFEST");
+    expect_error("bad", &c2, 2, HALF_OPTIM, "optimizer-rank1.safetensors");
+    check_weights_only("bad", &c1, 1);
+    check_weights_only("bad", &c4, 4);
 
     const char *dirs[] = {"ckt1", "ckt2", "ckt4", "bad"};
     for (int i = 0; i < 4; i++)

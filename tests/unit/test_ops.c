@@ -547,8 +547,32 @@ static void test_expf(void) {
     CHECK(isnan(moe_cpu_expf(NAN)));
 }
 
+/* pool: x[b, t, c] = 10 b + t + c / 2 gives exact means and maxima to check against */
+static void test_pool(void) {
+    enum { B = 3, T = 5, C = 4 };
+    float x[B * T * C], out[B * C];
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int c = 0; c < C; c++)
+                x[(b * T + t) * C + c] = (float)(10 * b + t) + 0.5f * (float)c;
+    const int32_t range[2 * B] = {1, 2, 4, 1, 0, 5}; /* [1, 3), [4, 5), [0, 5) */
+    be->pool_forward(be, out, x, range, B, T, C, 0);
+    for (int c = 0; c < C; c++) {
+        CHECK_NEAR(out[0 * C + c], 1.5 + 0.5 * c, 0.0);
+        CHECK_NEAR(out[1 * C + c], 14.0 + 0.5 * c, 0.0);
+        CHECK_NEAR(out[2 * C + c], 22.0 + 0.5 * c, 0.0);
+    }
+    be->pool_forward(be, out, x, range, B, T, C, 1);
+    for (int c = 0; c < C; c++) {
+        CHECK_NEAR(out[0 * C + c], 2.0 + 0.5 * c, 0.0);
+        CHECK_NEAR(out[1 * C + c], 14.0 + 0.5 * c, 0.0);
+        CHECK_NEAR(out[2 * C + c], 24.0 + 0.5 * c, 0.0);
+    }
+}
+
 int main(void) {
     be = moe_backend_cpu();
+    test_pool();
     test_expf();
     test_embedding();
     test_rmsnorm();

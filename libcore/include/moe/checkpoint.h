@@ -48,6 +48,10 @@ void moe_ckpt_abort(moe_ckpt_writer *w);
 /* Checks every line of DIR/MANIFEST against the files: present, same size, same CRC32.
  * A mismatch is MOE_ERR_INPUT naming the file, with a hint to use an older checkpoint. */
 moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err);
+/* The same, but files whose names start with skip_crc (e.g. "optimizer-", for readers that
+ * never open the optimizer state) are checked for presence and size only: inference on a
+ * large checkpoint need not read the moments, twice the weights' bytes. */
+moe_status moe_ckpt_verify_except(const char *ckpt_dir, const char *skip_crc, moe_err *err);
 
 /* fsyncs every regular file of dir and writes dir/MANIFEST for them (what
  * moe_ckpt_commit does before its rename); for writers of a checkpoint directory outside a

@@ -14,7 +14,10 @@
  * is handed out - the index (well-formed JSON, no duplicate names, moe_ep equal to the
  * config's parallel.ep, every name mapped to the file of the rank that owns it,
  * total_size), every file listed in MANIFEST, every parameter present exactly once (no
- * stray tensors), F32 and of its shape. CRCs are the caller's (moe_ckpt_verify). */
+ * stray tensors), F32 and of its shape. CRCs are the caller's (moe_ckpt_verify).
+ * A weights-only checkpoint (what moe-convert from-hf writes: MANIFEST lists no optimizer
+ * file) opens with the optimizer too; its Adam moments read as zeros, the state of a fresh
+ * optimizer, instead of storing twice the weights' bytes of zeros. */
 #ifndef MOE_CKPT_TENSORS_H
 #define MOE_CKPT_TENSORS_H
 
@@ -45,7 +48,8 @@ typedef struct moe_ckpt_tensor {
 typedef struct moe_ckpt_tensors {
     int ep;             /* layout: 1 single file, N index + N rank files */
     moe_st_file *model; /* [ep] model files, rank order */
-    moe_st_file *optim; /* [ep] optimizer files, or NULL when not opened */
+    moe_st_file *optim; /* [ep] optimizer files, or NULL when not opened or weights-only */
+    int weights_only;   /* opened with the optimizer, but MANIFEST lists no optimizer file */
     int n;
     moe_ckpt_tensor *t;              /* [n] in parameter-table (model) order */
     const moe_ckpt_tensor **by_name; /* [n] into t, sorted by name */
@@ -66,7 +70,8 @@ moe_status moe_ckpt_tensors_open(moe_ckpt_tensors *c, const char *ckpt_dir, cons
 /* The parameter called name, NULL when the model has none. */
 const moe_ckpt_tensor *moe_ckpt_tensors_find(const moe_ckpt_tensors *c, const char *name);
 /* Copies slot of parameter name, which must have shape [ndim dims], as f32 into
- * out [numel]; a missing name or another shape is MOE_ERR_INPUT. */
+ * out [numel] (zeros for the moments of a weights-only checkpoint); a missing name or another
+ * shape is MOE_ERR_INPUT. */
 moe_status moe_ckpt_tensors_read(const moe_ckpt_tensors *c, const char *name, moe_ckpt_slot slot,
                                  int ndim, const int64_t *shape, float *out, moe_err *err);
 void moe_ckpt_tensors_close(moe_ckpt_tensors *c);

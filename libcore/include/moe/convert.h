@@ -10,7 +10,8 @@
  *   from-hf  a Mixtral directory (per-expert w1/w2/w3, or the fused experts.gate_up_proj
  *            [E, 2I, H] (gate rows first, then up) / experts.down_proj [E, H, I] layout of
  *            newer transformers; block_sparse_moe or mlp module names; any float dtype)
- *            -> a checkpoint directory with fp32 weights, zero Adam moments at step 0.
+ *            -> a checkpoint directory with fp32 weights at step 0, weights only (no
+ *            optimizer file: its Adam moments read as zeros).
  *   inspect  config, tokenizer, layout, tensor table (shape, dtype, RMS, max |x|),
  *            parameter counts and MANIFEST verification of a checkpoint (or an HF
  *            directory).

@@ -50,8 +50,8 @@ typedef struct moe_embed_opts {
     int per_token, per_window, rc_average;
     int64_t window, stride; /* content tokens per window / between window starts (0: auto) */
     int64_t batch_tokens;   /* padded tokens per forward pass (0: 8192) */
-    moe_device_kind device; /* auto = cpu in this version; cuda needs a CUDA build + GPU */
-    int bf16;               /* run the model with the bf16 recipe (default on cuda) */
+    moe_device_kind device; /* auto: a usable GPU, else the CPU; cuda needs a CUDA build + GPU */
+    int bf16;               /* 1 bf16 recipe, 0 fp32, -1 (default) bf16 on a GPU, fp32 on CPU */
     int quiet;              /* no progress lines */
 } moe_embed_opts;
 
@@ -59,7 +59,8 @@ void moe_embed_opts_defaults(moe_embed_opts *o);
 
 typedef struct moe_embed_summary {
     int64_t sequences, skipped, windows, tokens, rows, cols;
-    double seconds;
+    double load_seconds; /* opening the checkpoint and loading the model */
+    double seconds;      /* reading, embedding and writing, after the load */
 } moe_embed_summary;
 
 /* Runs moe-embed. Input problems (checkpoint, sequences, options) are MOE_ERR_INPUT;
@@ -82,8 +83,9 @@ typedef struct moe_infer_ckpt {
 /* Resolves dir (a run directory means its latest checkpoint), verifies MANIFEST, loads
  * config.yaml and tokenizer.json and checks that the tokenizer fits the model. */
 moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err);
-/* Creates the model on a backend for batches of up to max_batch x max_seq tokens and reads
- * model.safetensors into it (every tensor present, F32, right shape). */
+/* Creates the model on a backend (device as in moe_embed_opts; bf16 1/0/-1 as there) for
+ * batches of up to max_batch x max_seq tokens and reads the weights into it, either layout
+ * (moe/ckpt_tensors.h: every tensor present, F32, right shape). */
 moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, int bf16,
                                      int max_batch, int max_seq, moe_err *err);
 void moe_infer_ckpt_close(moe_infer_ckpt *c);

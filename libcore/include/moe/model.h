@@ -127,6 +127,12 @@ void moe_model_zero_grad(moe_model *m);
  * num_hidden_layers = output of the final norm. tokens [B, T] host; out [B, T, C] host. */
 moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, int layer,
                             float *out, moe_err *err);
+/* The same hidden states pooled on the backend, so that only [B, C] leaves it: out[b] = the
+ * mean (max = 0) or elementwise max (max = 1) of row b's states at positions
+ * [range[b, 0], range[b, 0] + range[b, 1]) (count >= 1, inside [0, T)).
+ * tokens [B, T] host; range [B, 2] host; out [B, C] host. */
+moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, int T, int layer,
+                                   const int32_t *range, int max, float *out, moe_err *err);
 
 /* ---- sizes for --dry-run (no model needed) ---- */
 /* total: all parameters (lm_head counted once when tied); active: those touched per token

@@ -57,6 +57,7 @@ typedef enum moe_op {
     MOE_OP_ADD,
     MOE_OP_ADAMW,
     MOE_OP_SUM_SQUARES,
+    MOE_OP_POOL,
     MOE_OP_COUNT
 } moe_op;
 
@@ -270,6 +271,15 @@ struct moe_backend {
 
     /* ---- sum of squares in double over fixed chunks, summed in order (deterministic) --- */
     double (*sum_squares)(const moe_backend *be, const float *x /* [n] dev */, int64_t n);
+
+    /* ---- pooling over a range of positions per row, forward only (moe-embed):
+     * out[b, :] = mean (max = 0) or elementwise max (max = 1) of x[b, t, :] over
+     * t in [range[b, 0], range[b, 0] + range[b, 1]); range[b, 1] >= 1 and the range lies in
+     * [0, T). Means sum in double (deterministic order) and round once. ---- */
+    void (*pool_forward)(const moe_backend *be, float *out, /* [B, C] dev */
+                         const float *x,                    /* [B, T, C] dev */
+                         const int32_t *range,              /* [B, 2] dev: first, count */
+                         int64_t B, int64_t T, int64_t C, int max);
 };
 
 /* The CPU reference backend (static, immutable table). */

@@ -29,6 +29,7 @@ static const char *const op_names[MOE_OP_COUNT] = {
     [MOE_OP_ADD] = "add",
     [MOE_OP_ADAMW] = "adamw",
     [MOE_OP_SUM_SQUARES] = "sum_squares",
+    [MOE_OP_POOL] = "pool",
 };
 
 const char *moe_op_name(moe_op op) {
@@ -108,6 +109,7 @@ static const moe_backend cpu_backend = {
     .add = moe_cpu_add,
     .adamw = moe_cpu_adamw,
     .sum_squares = moe_cpu_sum_squares,
+    .pool_forward = moe_cpu_pool_forward,
 };
 
 const moe_backend *moe_backend_cpu(void) {

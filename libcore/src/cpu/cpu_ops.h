@@ -82,6 +82,8 @@ void moe_cpu_swiglu_forward(const moe_backend *be, float *out, const float *a, c
 void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
                              const float *a, const float *b, int64_t n);
 void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
+                          int64_t B, int64_t T, int64_t C, int max);
 
 /* ops_attention.c */
 void moe_cpu_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,

@@ -1,5 +1,5 @@
 /* ops_norm: the elementwise and per-row ops of the CPU backend - embedding lookup, RMSNorm,
- * RoPE, SwiGLU and the residual add.
+ * RoPE, SwiGLU, the residual add and the pooling of hidden states over positions.
  *
  * Parallel loops split rows (or, for parameter-gradient reductions over rows, column
  * slabs), never a reduction's summation order, so results are thread-count independent. */
@@ -158,4 +158,27 @@ void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float 
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
+}
+
+void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
+                          int64_t B, int64_t T, int64_t C, int max) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < B; b++) {
+        const float *xb = x + (b * T + range[2 * b]) * C;
+        int64_t cnt = range[2 * b + 1];
+        for (int64_t c = 0; c < C; c++) {
+            if (max) {
+                float v = xb[c];
+                for (int64_t t = 1; t < cnt; t++)
+                    v = xb[t * C + c] > v ? xb[t * C + c] : v;
+                out[b * C + c] = v;
+            } else {
+                double s = 0.0;
+                for (int64_t t = 0; t < cnt; t++)
+                    s += xb[t * C + c];
+                out[b * C + c] = (float)(s / (double)cnt);
+            }
+        }
+    }
 }
