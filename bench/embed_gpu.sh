@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # embed_gpu.sh: the GPU embedding benchmark of docs/performance.md "Embedding", in one go on
 # one GPU: a random-init Mixtral with the og2-8x1b shapes (Hugging Face, bf16) imported with
-# `moe-convert from-hf`; N sequences of 1,000-8,000 bases cut from the bundled lambda genome;
-# `moe-embed --device cuda` on them; then Hugging Face MixtralModel on the same weights and
-# sequences, in file order with a fixed batch of sequences and longest first under the same
-# token budget; then the cosine agreement of the vectors and one table of ratios.
+# `moe-convert from-hf` and exported again with `moe-convert to-hf --dtype bf16` (the
+# converted checkpoint HF loads); N sequences of 1,000-8,000 bases cut from the bundled
+# lambda genome; `moe-embed --device cuda` on them; then Hugging Face MixtralModel on the same weights and sequences, in file
+# order with a fixed batch of sequences and longest first under the same token budget; then
+# the cosine agreement of the vectors and the ratios.
 #
 #   bench/embed_gpu.sh [BUILD_DIR]        (default build-gpu; run from the checkout root)
 #
@@ -44,6 +45,9 @@ if [ ! -f "$work/ckpt/MANIFEST" ]; then
     "$build/moe-convert" from-hf --tokenizer byte "$work/hf" "$work/ckpt" || exit 1
     echo "from-hf: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 fi
+if [ -n "$orders" ] && [ ! -f "$work/hf-converted/config.json" ]; then
+    "$build/moe-convert" to-hf --dtype bf16 "$work/ckpt" "$work/hf-converted" || exit 1
+fi
 python3 "$here/embed_hf.py" make-fasta "$work/seqs.fa" "$n" data/lambda_virus.fa.gz || exit 1
 
 echo
@@ -63,7 +67,7 @@ for o in $orders; do
     [ "$o" = input ] && b=$hf_batch
     echo
     echo "== HF MixtralModel, order $o, batch $b, $n_hf sequences"
-    python3 "$here/embed_hf.py" embed "$work/hf" "$work/seqs.fa" "$o" "$b" "$work/hf-$o.npy" "$n_hf" \
+    python3 "$here/embed_hf.py" embed "$work/hf-converted" "$work/seqs.fa" "$o" "$b" "$work/hf-$o.npy" "$n_hf" \
         2>&1 | grep -v Warning | tee "$work/hf-$o.log"
     python3 "$here/embed_hf.py" compare "$work/ours.npy" "$work/hf-$o.npy"
 done

@@ -250,6 +250,9 @@ static int run(cli *c, int argc, char **argv) {
                  (long long)sum.tokens, (long long)sum.rows, (long long)sum.cols, sum.seconds,
                  sum.load_seconds, sum.seconds > 0 ? (double)sum.sequences / sum.seconds : 0.0,
                  sum.seconds > 0 ? (double)sum.tokens / sum.seconds : 0.0);
+    if (sum.device_peak_bytes > 0)
+        moe_log_info("peak GPU memory held by the model and its buffers: %.2f GiB",
+                     (double)sum.device_peak_bytes / (1024.0 * 1024.0 * 1024.0));
     return 0;
 }
 

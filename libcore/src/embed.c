@@ -17,6 +17,9 @@
 
 #include "embed_internal.h"
 #include "moe/shard.h"
+#ifdef MOE_HAVE_CUDA
+#include "moe/backend_cuda.h"
+#endif
 
 void moe_embed_opts_defaults(moe_embed_opts *o) {
     memset(o, 0, sizeof *o);
@@ -527,6 +530,11 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     }
     e.sum.cols = e.C;
     e.sum.seconds = moe_time_now() - t1;
+#ifdef MOE_HAVE_CUDA
+    size_t cur = 0, peak = 0;
+    if (e.ck.be_is_cuda) moe_backend_cuda_memory(e.ck.be, &cur, &peak);
+    e.sum.device_peak_bytes = (int64_t)peak;
+#endif
     if (sum) *sum = e.sum;
     free(e.seqs);
     free(e.wins);

@@ -61,6 +61,7 @@ typedef struct moe_embed_summary {
     int64_t sequences, skipped, windows, tokens, rows, cols;
     double load_seconds; /* opening the checkpoint and loading the model */
     double seconds;      /* reading, embedding and writing, after the load */
+    int64_t device_peak_bytes; /* GPU memory the backend held at most (0 on the CPU) */
 } moe_embed_summary;
 
 /* Runs moe-embed. Input problems (checkpoint, sequences, options) are MOE_ERR_INPUT;
