@@ -13,6 +13,7 @@
 
 #include "moe/cli.h"
 #include "moe/embed.h"
+#include "moe/ops.h"
 #include "moe/err.h"
 #include "moe/log.h"
 
@@ -257,6 +258,7 @@ static int run(cli *c, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    moe_backend_cpu_tune_blas(argv);
     cli c;
     memset(&c, 0, sizeof c);
     moe_embed_opts_defaults(&c.o);

@@ -15,6 +15,7 @@
 #include "moe/config.h"
 #include "moe/err.h"
 #include "moe/log.h"
+#include "moe/ops.h"
 #include "moe/train.h"
 
 static const char USAGE[] =
@@ -53,6 +54,7 @@ static const char USAGE[] =
 enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
 int main(int argc, char **argv) {
+    moe_backend_cpu_tune_blas(argv);
     static const struct option longopts[] = {{"config", required_argument, NULL, 'c'},
                                              {"data", required_argument, NULL, OPT_DATA},
                                              {"output", required_argument, NULL, 'o'},

@@ -5,10 +5,9 @@
 # device cuda without a GPU, a fresh run into a directory with checkpoints, bad options.
 set -uo pipefail
 src=${MOE_SRC_DIR:?}
-# A shared 2-core box: no OpenMP spin-waiting, no BLAS threads beside OpenMP's, AVX-512
-# GEMM kernels where the CPU has them (3-7x faster here, see docs/performance.md).
+# A shared 2-core box: no OpenMP spin-waiting, no BLAS threads beside OpenMP's (the tools
+# choose the AVX-512 GEMM kernels themselves; see docs/performance.md).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-if grep -q avx512f /proc/cpuinfo 2>/dev/null; then export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-SkylakeX}; fi
 fa=$src/data/lambda_virus.fa.gz
 [ -f "$fa" ] || fa=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
 [ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }

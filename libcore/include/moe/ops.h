@@ -293,6 +293,14 @@ void moe_backend_cpu_set_threads(int n);
  * (about 4x slower GEMMs); the core type can only be chosen through the environment
  * (OPENBLAS_CORETYPE) before the program starts. moe_model_create logs it as a warning. */
 const char *moe_backend_cpu_blas_advice(void);
+/* Called first thing in main by the tools that multiply matrices on the CPU (moe-train,
+ * moe-embed): when OpenBLAS fell back to its generic kernels on a CPU with AVX2/AVX-512 and
+ * OPENBLAS_CORETYPE is unset, sets it to the right core type (Haswell, SkylakeX) and
+ * re-executes the program (/proc/self/exe, same argv and open files; nothing has been read
+ * yet), so that users get the fast kernels without knowing the variable. Returns only when
+ * it does not re-execute. A value the user set is never changed (OPENBLAS_CORETYPE=Prescott
+ * keeps the generic kernels). */
+void moe_backend_cpu_tune_blas(char **argv);
 
 #ifdef __cplusplus
 }

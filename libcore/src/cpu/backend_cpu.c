@@ -7,6 +7,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cpu/cpu_ops.h"
 
@@ -124,15 +125,36 @@ void moe_backend_cpu_set_threads(int n) {
 #endif
 }
 
-const char *moe_backend_cpu_blas_advice(void) {
+/* The OpenBLAS core type this CPU should get when OpenBLAS fell back to its generic Prescott
+ * kernels, else NULL. */
+static const char *better_coretype(void) {
 #if defined(MOE_HAVE_CBLAS) && defined(__x86_64__)
     const char *core = openblas_get_corename();
     if (core && strcmp(core, "Prescott") == 0 && __builtin_cpu_supports("avx2"))
-        return __builtin_cpu_supports("avx512f")
-                   ? "OpenBLAS chose its generic Prescott kernels on this AVX-512 CPU; matrix "
-                     "products run ~4x faster with OPENBLAS_CORETYPE=SkylakeX in the environment"
-                   : "OpenBLAS chose its generic Prescott kernels on this AVX2 CPU; matrix "
-                     "products run much faster with OPENBLAS_CORETYPE=Haswell in the environment";
+        return __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell";
 #endif
     return NULL;
+}
+
+const char *moe_backend_cpu_blas_advice(void) {
+    const char *better = better_coretype();
+    if (!better) return NULL;
+    if (getenv("OPENBLAS_CORETYPE"))
+        return "OpenBLAS runs its generic Prescott kernels although OPENBLAS_CORETYPE is set; "
+               "matrix products run several times slower than this CPU allows";
+    return strcmp(better, "SkylakeX") == 0
+               ? "OpenBLAS chose its generic Prescott kernels on this AVX-512 CPU; matrix "
+                 "products run ~4x faster with OPENBLAS_CORETYPE=SkylakeX in the environment"
+               : "OpenBLAS chose its generic Prescott kernels on this AVX2 CPU; matrix "
+                 "products run much faster with OPENBLAS_CORETYPE=Haswell in the environment";
+}
+
+void moe_backend_cpu_tune_blas(char **argv) {
+    const char *better = better_coretype();
+    if (!better || getenv("OPENBLAS_CORETYPE")) return;
+    /* OpenBLAS reads the variable once, when it is loaded: only a fresh image sees it. The
+     * variable being set afterwards also guarantees a single re-execution. */
+    if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE"); /* exec failed: carry on with the generic kernels */
 }
