@@ -12,6 +12,7 @@
 #endif
 
 #include "moe/cli.h"
+#include "moe/comm.h"
 #include "moe/config.h"
 #include "moe/err.h"
 #include "moe/log.h"
@@ -45,11 +46,15 @@ static const char USAGE[] =
     "  -V, --version         version and library versions\n"
     "\n"
     "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
+    "Data parallelism on the CPU: start parallel.dp processes with an MPI launcher; each\n"
+    "runs its share of a step's micro-batches and rank 0 writes the run directory.\n"
     "\n"
     "Example:\n"
     "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
     "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
-    "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n";
+    "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n"
+    "  mpirun -np 4 moe-train -@ 8 -c configs/L0_sanity.yaml --data shards/ -o run4/ "
+    "parallel.dp=4\n";
 
 enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
@@ -114,8 +119,6 @@ int main(int argc, char **argv) {
         }
         }
     }
-    moe_log_init("moe-train", level);
-    opts.quiet = level < MOE_LOG_INFO;
     if (!config)
         return moe_cli_usage_error("moe-train", "%s", "a config is required (-c CONFIG.yaml)");
     for (int i = optind; i < argc; i++)
@@ -127,9 +130,22 @@ int main(int argc, char **argv) {
     if (threads > 0) omp_set_num_threads(threads);
 #endif
 
-    moe_config cfg;
     moe_err err;
     moe_err_clear(&err);
+    moe_comm comm;
+    if (moe_comm_init(&comm, &argc, &argv, &err) != MOE_OK) {
+        moe_err_print(&err, "moe-train", stderr);
+        return moe_err_exit_code(&err);
+    }
+    char prog[48] = "moe-train";
+    if (comm.world > 1) {
+        if (comm.rank != 0) snprintf(prog, sizeof prog, "moe-train[rank %d]", comm.rank);
+        if (comm.rank != 0 && level > MOE_LOG_WARN) level = MOE_LOG_WARN; /* rank 0 reports */
+        opts.comm = &comm;
+    }
+    moe_log_init(prog, level);
+    opts.quiet = level < MOE_LOG_INFO;
+    moe_config cfg;
     moe_status st = moe_config_load(&cfg, config, argc - optind, argv + optind, &err);
     if (st == MOE_OK && opts.data_path)
         snprintf(cfg.data.path, sizeof cfg.data.path, "%s", opts.data_path);
@@ -138,8 +154,11 @@ int main(int argc, char **argv) {
     else if (st == MOE_OK)
         st = moe_train_run(&cfg, &opts, &err);
     if (st != MOE_OK) {
-        moe_err_print(&err, "moe-train", stderr);
+        moe_err_print(&err, prog, stderr);
+        moe_comm_abort(&comm, moe_err_exit_code(&err)); /* the other ranks would wait forever */
+        moe_comm_finalize(&comm);
         return moe_err_exit_code(&err);
     }
+    moe_comm_finalize(&comm);
     return 0;
 }

@@ -488,19 +488,28 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
                          (long long)c->parallel.dp, (long long)c->parallel.ep);
     }
     if (t->micro_batch_tokens) {
-        if (t->micro_batch_tokens % (t->seq_len * world))
+        if (t->micro_batch_tokens % t->seq_len)
             return rule_fail(err, bad, "train.micro_batch_tokens", "train.seq_len",
-                             "each rank runs whole samples; 0 means no accumulation",
+                             "a micro-batch is whole samples; 0 means one per rank",
                              "train.micro_batch_tokens (%lld) is not a multiple of "
-                             "train.seq_len (%lld) x parallel.dp (%lld) x parallel.ep (%lld)",
-                             (long long)t->micro_batch_tokens, (long long)t->seq_len,
-                             (long long)c->parallel.dp, (long long)c->parallel.ep);
+                             "train.seq_len (%lld)",
+                             (long long)t->micro_batch_tokens, (long long)t->seq_len);
         if (t->global_batch_tokens % t->micro_batch_tokens)
             return rule_fail(err, bad, "train.micro_batch_tokens", "train.global_batch_tokens",
                              "the global batch is an integer number of micro-batches",
                              "train.micro_batch_tokens (%lld) does not divide "
                              "train.global_batch_tokens (%lld)",
                              (long long)t->micro_batch_tokens, (long long)t->global_batch_tokens);
+        if ((t->global_batch_tokens / t->micro_batch_tokens) % world) {
+            snprintf(hint, sizeof hint, "e.g. train.micro_batch_tokens=%lld",
+                     (long long)(t->global_batch_tokens / world));
+            return rule_fail(err, bad, "train.micro_batch_tokens", "parallel.dp", hint,
+                             "the %lld micro-batches of a step (train.global_batch_tokens / "
+                             "train.micro_batch_tokens) are not a multiple of the %lld ranks "
+                             "(parallel.dp x parallel.ep) that share them",
+                             (long long)(t->global_batch_tokens / t->micro_batch_tokens),
+                             (long long)world);
+        }
     }
     if (t->eval_tokens % t->seq_len)
         return rule_fail(err, bad, "train.eval_tokens", "train.seq_len",

@@ -104,8 +104,8 @@ const moe_cfg_key moe_cfg_keys[] = {
      I64_MAX, NULL, "Tokens per optimizer step over all ranks; a multiple of seq_len x dp x ep."},
     {"train.micro_batch_tokens", MOE_CFG_INT, FIELD(train.micro_batch_tokens), "0", MIN_MAX, 0,
      I64_MAX, NULL,
-     "Tokens per forward/backward summed over all ranks (gradient accumulation = global / "
-     "micro); 0 = global_batch_tokens."},
+     "Tokens per forward/backward of one rank; a step runs global / micro of them, shared by "
+     "the dp x ep ranks (gradient accumulation); 0 = global / (dp x ep), one per rank."},
     {"train.seed", MOE_CFG_INT, FIELD(train.seed), "1234", MIN_MAX, 0, I64_MAX, NULL,
      "Seed of weight init, data order and every other random choice."},
     {"train.eval_every", MOE_CFG_INT, FIELD(train.eval_every), "50", MIN_MAX, 0, I64_MAX, NULL,
@@ -644,9 +644,9 @@ void moe_config_write_markdown(FILE *fp) {
           "- `train.seq_len` <= `model.max_position_embeddings`.\n"
           "- `train.global_batch_tokens` is a multiple of `train.seq_len` x `parallel.dp` x "
           "`parallel.ep` (every rank trains on its own whole samples).\n"
-          "- `train.micro_batch_tokens`, when not 0, is a multiple of `train.seq_len` x "
-          "`parallel.dp` x `parallel.ep` and divides `train.global_batch_tokens`; the number "
-          "of accumulation steps is global / micro.\n"
+          "- `train.micro_batch_tokens`, when not 0, is a multiple of `train.seq_len` and "
+          "divides `train.global_batch_tokens`; the number of micro-batches per step, global / "
+          "micro, is a multiple of `parallel.dp` x `parallel.ep` (each rank runs its share).\n"
           "- `train.eval_tokens` is a multiple of `train.seq_len`.\n"
           "- `optim.min_lr` <= `optim.lr`; `optim.warmup_steps` <= `train.steps`.\n"
           "- `parallel.ep` divides `model.num_local_experts`.\n"

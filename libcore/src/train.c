@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "moe/checkpoint.h"
+#include "moe/comm.h"
 #include "moe/dataloader.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
@@ -25,6 +26,8 @@
 typedef struct trainer {
     moe_config cfg; /* resolved: data.path is the data actually used */
     const char *run_dir;
+    const moe_comm *comm; /* NULL: one process */
+    int rank, dp;         /* this process, and parallel.dp (= the world size) */
     moe_shardset *data, *val;
     moe_dataloader dl, vdl;
     int has_val;
@@ -48,8 +51,16 @@ typedef struct trainer {
 /* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU. */
 static moe_status open_backend(trainer *t, moe_err *err) {
     int want_cuda = t->cfg.device == MOE_DEVICE_CUDA;
+    if (want_cuda && t->dp > 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "parallel.dp=%d with device=cuda: data parallelism runs on the CPU backend "
+                    "in this version (NCCL is not wired in yet)",
+                    t->dp);
+        moe_err_hint(err, "set device=cpu, or train on one GPU with parallel.dp=1");
+        return MOE_ERR_INPUT;
+    }
 #ifdef MOE_HAVE_CUDA
-    if (t->cfg.device == MOE_DEVICE_AUTO && moe_cuda_available() > 0) want_cuda = 1;
+    if (t->cfg.device == MOE_DEVICE_AUTO && t->dp == 1 && moe_cuda_available() > 0) want_cuda = 1;
 #endif
     if (!want_cuda) {
         t->be = moe_backend_cpu();
@@ -198,6 +209,38 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
     return MOE_OK;
 }
 
+/* parallel.dp ranks, one per process the launcher started, each taking every dp-th
+ * micro-batch of a step (the config guarantees dp divides their number); expert
+ * parallelism is not there yet. */
+static moe_status check_parallel(const trainer *t, int world, moe_err *err) {
+    const moe_config *c = &t->cfg;
+    if (c->parallel.ep != 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "parallel.ep=%lld: expert parallelism is not implemented in this version",
+                    (long long)c->parallel.ep);
+        moe_err_hint(err, "set parallel.ep=1 (the checkpoint layout for it exists: moe-convert "
+                          "reshard)");
+        return MOE_ERR_INPUT;
+    }
+    if (c->parallel.dp != world) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "parallel.dp=%lld but %d process%s started",
+                    (long long)c->parallel.dp, world, world == 1 ? " was" : "es were");
+        if (world == 1)
+            moe_err_hint(err, "start one process per rank: mpirun -np %lld moe-train ...",
+                         (long long)c->parallel.dp);
+        else
+            moe_err_hint(err, "set parallel.dp=%d", world);
+        return MOE_ERR_INPUT;
+    }
+    if (t->dp > 1 && strcmp(c->data.path, "-") == 0) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "--data - (a stream on stdin) feeds one process, "
+                                              "not parallel.dp=%d ranks", t->dp);
+        moe_err_hint(err, "tokenize into shard files first (moe-tokenize -o shards/)");
+        return MOE_ERR_INPUT;
+    }
+    return MOE_OK;
+}
+
 /* ---- one step ---- */
 
 typedef struct step_metrics {
@@ -239,6 +282,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     moe_status st = MOE_OK;
     for (int64_t k = 0; k < t->accum && st == MOE_OK; k++) {
         moe_dataloader_next(&t->dl, t->B_micro, t->tokens, t->targets, t->weights);
+        if (k % t->dp != t->rank) continue; /* another rank's micro-batch */
         moe_step_stats ss;
         st = moe_model_forward(&t->model, t->tokens, t->targets, t->weights, (int)t->B_micro,
                                (int)t->T, &ss, err);
@@ -253,6 +297,13 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
             load[i] += ss.expert_tokens[i];
     }
     if (st == MOE_OK) st = t->be->synchronize(t->be, err);
+    if (st == MOE_OK && t->dp > 1) { /* the global batch's gradient and statistics */
+        double sums[5] = {ce_sum, w_sum, aux, z, ent};
+        st = moe_comm_sum_f32(t->comm, t->model.grad_mem, t->model.n_elems, err);
+        if (st == MOE_OK) st = moe_comm_sum_f64(t->comm, sums, 5, err);
+        if (st == MOE_OK) st = moe_comm_sum_i64(t->comm, load, L * E, err);
+        ce_sum = sums[0], w_sum = sums[1], aux = sums[2], z = sums[3], ent = sums[4];
+    }
     if (st != MOE_OK) {
         free(load);
         return st;
@@ -360,6 +411,7 @@ static moe_status loop(trainer *t, moe_err *err) {
     if (!load) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_progress prog;
     moe_progress_start(&prog, "train", "steps", t->end_step - start);
+    if (t->rank != 0) prog.enabled = prog.tty = 0; /* rank 0 speaks for the run */
     char title[1100];
     snprintf(title, sizeof title, "moe-train: %.1000s", c->data.path);
     moe_status st = MOE_OK;
@@ -368,6 +420,7 @@ static moe_status loop(trainer *t, moe_err *err) {
         st = train_step(t, step, &sm, err);
         if (st != MOE_OK) break;
         t->ts.step = step;
+        if (t->rank != 0) continue; /* evaluation, metrics, checkpoints: rank 0's */
         int last = step == t->end_step;
         int do_eval =
             t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
@@ -394,7 +447,7 @@ static moe_status loop(trainer *t, moe_err *err) {
         snprintf(extra, sizeof extra, "loss %.4f lr %.2e", sm.loss, sm.lr);
         moe_progress_update(&prog, step - start, extra);
     }
-    if (st == MOE_OK) {
+    if (st == MOE_OK && t->rank == 0) {
         moe_progress_finish(&prog, NULL);
         st = moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
     }
@@ -439,20 +492,18 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                           "manifest, or - for stdin) or set data.path in the config");
         return MOE_ERR_INPUT;
     }
-    if (t.cfg.parallel.dp * t.cfg.parallel.ep != 1) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "parallel.dp=%lld x parallel.ep=%lld ranks: this moe-train trains on one "
-                    "process only",
-                    (long long)t.cfg.parallel.dp, (long long)t.cfg.parallel.ep);
-        moe_err_hint(err, "set parallel.dp=1 parallel.ep=1 (gradient accumulation gives the "
-                          "same global batch)");
-        return MOE_ERR_INPUT;
-    }
+    t.comm = opts->comm;
+    t.rank = opts->comm ? opts->comm->rank : 0;
+    t.dp = (int)t.cfg.parallel.dp;
+    int world = opts->comm ? opts->comm->world : 1;
     t.T = t.cfg.train.seq_len;
-    int64_t micro = t.cfg.train.micro_batch_tokens ? t.cfg.train.micro_batch_tokens
-                                                   : t.cfg.train.global_batch_tokens;
+    int64_t micro = t.cfg.train.micro_batch_tokens
+                        ? t.cfg.train.micro_batch_tokens
+                        : t.cfg.train.global_batch_tokens / (t.cfg.parallel.dp * t.cfg.parallel.ep);
     t.B_micro = micro / t.T;
     t.accum = t.cfg.train.global_batch_tokens / micro;
+    st = check_parallel(&t, world, err);
+    if (st != MOE_OK) return st;
     t.end_step =
         opts->stop_at > 0 && opts->stop_at < t.cfg.train.steps ? opts->stop_at : t.cfg.train.steps;
     t.ts.seed = (uint64_t)t.cfg.train.seed;
@@ -494,11 +545,12 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);
         if (opts->resume) st = resume(&t, opts->resume, err);
     }
-    if (st == MOE_OK) {
+    if (st == MOE_OK && t.rank == 0) { /* rank 0 writes the run directory */
         st = moe_mkdirs(t.run_dir, err);
         if (st != MOE_OK) moe_err_hint(err, "choose a writable run directory with -o");
+        if (st == MOE_OK)
+            st = open_outputs(&t, opts->log_json ? opts->log_json : t.cfg.log.json, err);
     }
-    if (st == MOE_OK) st = open_outputs(&t, opts->log_json ? opts->log_json : t.cfg.log.json, err);
     if (st == MOE_OK) {
         int64_t total, active;
         moe_model_count_params(&t.cfg.model, &total, &active);
@@ -535,7 +587,9 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     if (st != MOE_OK) return st;
     const moe_train_config *tc = &cfg->train;
     int64_t total, active,
-        micro = tc->micro_batch_tokens ? tc->micro_batch_tokens : tc->global_batch_tokens;
+        micro = tc->micro_batch_tokens
+                    ? tc->micro_batch_tokens
+                    : tc->global_batch_tokens / (cfg->parallel.dp * cfg->parallel.ep);
     moe_model_count_params(&cfg->model, &total, &active);
     double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
     moe_model_memory mem;
@@ -556,8 +610,10 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             fpt, tc->seq_len, fpt * (double)tc->global_batch_tokens, tc->global_batch_tokens,
             fpt * (double)tc->global_batch_tokens * (double)tc->steps, tc->steps);
     fprintf(out,
-            "# batch: %" PRId64 " micro-step(s) of %" PRId64 " sequences x %" PRId64 " tokens\n",
-            tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len);
+            "# batch: %" PRId64 " micro-step(s) of %" PRId64 " sequences x %" PRId64
+            " tokens, shared by %" PRId64 " rank(s); memory below is per rank\n",
+            tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len,
+            cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
             "# memory estimate: weights %s + gradients %s + AdamW moments %s + "
             "activations %s (train.recompute %s) = %s (per rank, without expert/data parallel "

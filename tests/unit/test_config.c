@@ -415,6 +415,9 @@ static void test_cross_field(void) {
                    "300");
     EXPECT_INVALID("train.micro_batch_tokens (1536) does not divide", "train.micro_batch_tokens",
                    "1536");
+    EXPECT_INVALID("micro-batches of a step (train.global_batch_tokens / train.micro_batch_tokens) "
+                   "are not a multiple of the 2 ranks",
+                   "parallel.dp", "2", "train.micro_batch_tokens", "4096");
     EXPECT_INVALID("train.eval_tokens (1000) is not a multiple", "train.eval_tokens", "1000");
     EXPECT_INVALID("optim.min_lr (0.01) is larger than optim.lr (0.003)", "optim.min_lr", "0.01");
     EXPECT_INVALID("optim.warmup_steps (30) exceeds train.steps (20)", "train.steps", "20",
@@ -433,6 +436,10 @@ static void test_cross_field(void) {
     c.train.global_batch_tokens = c.train.seq_len;
     c.train.micro_batch_tokens = 0;
     c.train.eval_tokens = 0;
+    CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    moe_config_defaults(&c); /* 4 ranks share 8 micro-batches of 512 tokens */
+    c.parallel.dp = 4;
+    c.train.micro_batch_tokens = 512;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
     /* a struct edited directly is range-checked too */
     c.precision.recipe = (moe_recipe)7;
