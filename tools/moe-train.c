@@ -149,10 +149,11 @@ int main(int argc, char **argv) {
     moe_status st = moe_config_load(&cfg, config, argc - optind, argv + optind, &err);
     if (st == MOE_OK && opts.data_path)
         snprintf(cfg.data.path, sizeof cfg.data.path, "%s", opts.data_path);
-    if (st == MOE_OK && dry_run)
-        st = moe_train_dry_run(&cfg, stdout, &err);
-    else if (st == MOE_OK)
+    if (st == MOE_OK && dry_run) {
+        if (comm.rank == 0) st = moe_train_dry_run(&cfg, stdout, &err); /* one report per run */
+    } else if (st == MOE_OK) {
         st = moe_train_run(&cfg, &opts, &err);
+    }
     if (st != MOE_OK) {
         moe_err_print(&err, prog, stderr);
         moe_comm_abort(&comm, moe_err_exit_code(&err)); /* the other ranks would wait forever */
