@@ -298,8 +298,8 @@ const char *moe_backend_cpu_blas_advice(void);
  * OPENBLAS_CORETYPE is unset, sets it to the right core type (Haswell, SkylakeX) and
  * re-executes the program (/proc/self/exe, same argv and open files; nothing has been read
  * yet), so that users get the fast kernels without knowing the variable. Returns only when
- * it does not re-execute. A value the user set is never changed (OPENBLAS_CORETYPE=Prescott
- * keeps the generic kernels). */
+ * it does not re-execute (also under valgrind, which would not follow the new image). A value
+ * the user set is never changed (OPENBLAS_CORETYPE=Prescott keeps the generic kernels). */
 void moe_backend_cpu_tune_blas(char **argv);
 
 #ifdef __cplusplus

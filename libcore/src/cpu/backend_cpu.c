@@ -152,6 +152,8 @@ const char *moe_backend_cpu_blas_advice(void) {
 void moe_backend_cpu_tune_blas(char **argv) {
     const char *better = better_coretype();
     if (!better || getenv("OPENBLAS_CORETYPE")) return;
+    const char *preload = getenv("LD_PRELOAD"); /* under valgrind the new image would run */
+    if (preload && strstr(preload, "vgpreload")) return; /* without it: keep this one */
     /* OpenBLAS reads the variable once, when it is loaded: only a fresh image sees it. The
      * variable being set afterwards also guarantees a single re-execution. */
     if (setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
