@@ -252,6 +252,18 @@ static void test_read_crc(void) {
     CHECK(size == N && crc == moe_crc32(0, big, N));
     free(data);
     free(big);
+    /* several 32 MiB segments, summed in parallel: the same CRC as one pass */
+    size_t huge_n = (size_t)72 << 20 | 5;
+    unsigned char *huge = malloc(huge_n);
+    for (size_t i = 0; i < huge_n; i++)
+        huge[i] = (unsigned char)(i * 2654435761u >> 13);
+    fp = fopen(TMP "/huge.bin", "wb");
+    fwrite(huge, 1, huge_n, fp);
+    fclose(fp);
+    CHECK_INT_EQ(moe_crc32_file(TMP "/huge.bin", &crc, &size, &err), MOE_OK);
+    CHECK(size == huge_n && crc == moe_crc32(0, huge, huge_n));
+    remove(TMP "/huge.bin");
+    free(huge);
     CHECK_INT_EQ(moe_read_file(TMP "/missing.txt", &data, &len, &err), MOE_ERR_INPUT);
     CHECK(data == NULL && strcmp(err.file, TMP "/missing.txt") == 0);
     CHECK_INT_EQ(moe_err_exit_code(&err), 2);

@@ -45,6 +45,8 @@ moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *er
 
 /* CRC-32 (zlib polynomial) of a buffer, continuing from crc (start with 0). */
 uint32_t moe_crc32(uint32_t crc, const void *data, size_t n);
+/* CRC-32 and size of a regular file. Large files are read in 32 MiB segments on all OpenMP
+ * threads and the segment CRCs combined in order: the same value as one sequential pass. */
 moe_status moe_crc32_file(const char *path, uint32_t *crc, uint64_t *size, moe_err *err);
 
 #ifdef __cplusplus
