@@ -105,12 +105,67 @@ moe_status moe_comm_sum_i64(const moe_comm *c, int64_t *buf, int64_t n, moe_err 
 #endif
 }
 
-moe_status moe_comm_barrier(const moe_comm *c, moe_err *err) {
 #ifdef MOE_HAVE_MPI
-    if (c->mpi && c->world > 1 && MPI_Barrier(MPI_COMM_WORLD) != MPI_SUCCESS)
-        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI_Barrier failed");
+/* Point to point in chunks of at most INT_MAX / 2 floats (MPI counts are int). */
+static int send_f32(const float *p, int64_t n, int to) {
+    const int64_t chunk = INT_MAX / 2;
+    for (int64_t at = 0; at < n; at += chunk)
+        if (MPI_Send(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, to, 0,
+                     MPI_COMM_WORLD) != MPI_SUCCESS)
+            return 0;
+    return 1;
+}
+
+static int recv_f32(float *p, int64_t n, int from) {
+    const int64_t chunk = INT_MAX / 2;
+    for (int64_t at = 0; at < n; at += chunk)
+        if (MPI_Recv(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, from, 0,
+                     MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+            return 0;
+    return 1;
+}
+
+static int bcast_f32(float *p, int64_t n, int root) {
+    const int64_t chunk = INT_MAX / 2;
+    for (int64_t at = 0; at < n; at += chunk)
+        if (MPI_Bcast(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, root,
+                      MPI_COMM_WORLD) != MPI_SUCCESS)
+            return 0;
+    return 1;
+}
+#endif
+
+moe_status moe_comm_allgather_f32(const moe_comm *c, float *buf, const int64_t *offsets,
+                                  moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (!c->mpi || c->world == 1) return MOE_OK;
+    for (int r = 0; r < c->world; r++)
+        if (!bcast_f32(buf + offsets[r], offsets[r + 1] - offsets[r], r))
+            return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI_Bcast of rank %d's slice failed",
+                               r);
 #else
-    (void)c, (void)err;
+    (void)c, (void)buf, (void)offsets, (void)err;
+#endif
+    return MOE_OK;
+}
+
+moe_status moe_comm_gather_f32(const moe_comm *c, float *full, const float *mine,
+                               const int64_t *offsets, int root, moe_err *err) {
+    int64_t own = offsets[c->rank + 1] - offsets[c->rank];
+    if (c->rank == root && full + offsets[c->rank] != mine)
+        memcpy(full + offsets[c->rank], mine, (size_t)own * sizeof(float));
+#ifdef MOE_HAVE_MPI
+    if (!c->mpi || c->world == 1) return MOE_OK;
+    int ok = 1;
+    if (c->rank == root) {
+        for (int r = 0; r < c->world && ok; r++)
+            if (r != root) ok = recv_f32(full + offsets[r], offsets[r + 1] - offsets[r], r);
+    } else {
+        ok = send_f32(mine, own, root);
+    }
+    if (!ok) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI gather of slices failed");
+#else
+    (void)err;
 #endif
     return MOE_OK;
 }

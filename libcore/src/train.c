@@ -34,7 +34,10 @@ typedef struct trainer {
     const moe_backend *be;
     int be_is_cuda;
     moe_model model;
-    float *m, *v;              /* [n_elems] dev, Adam moments */
+    /* ZeRO-1: this rank's AdamW state covers parameter elements [lo, hi) of the flat array,
+     * slice[r] = rank r's lo (slice[dp] = n_elems); one process owns everything */
+    float *m, *v; /* [hi - lo] dev, Adam moments */
+    int64_t lo, hi, *slice;
     int32_t *tokens, *targets; /* [B_micro, T] host */
     float *weights;            /* [B_micro, T] host, NULL when no lower-case weighting */
     int64_t T, B_micro, accum, end_step;
@@ -186,8 +189,22 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
         if (!found) snprintf(dir, sizeof dir, "%.4000s", spec);
     }
     uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
-    moe_status st =
-        moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, t->m, t->v, &t->ts, err);
+    /* the moments arrive whole; this rank keeps its slice */
+    size_t bytes = (size_t)t->model.n_elems * sizeof(float);
+    float *m = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->m;
+    float *v = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->v;
+    moe_status st = m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v,
+                                                       &t->ts, err)
+                           : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+    if (st == MOE_OK && t->dp > 1) {
+        size_t own = (size_t)(t->hi - t->lo) * sizeof(float);
+        t->be->memcpy_d2d(t->be, t->m, m + t->lo, own);
+        t->be->memcpy_d2d(t->be, t->v, v + t->lo, own);
+    }
+    if (t->dp > 1) {
+        t->be->free(t->be, m);
+        t->be->free(t->be, v);
+    }
     if (st != MOE_OK) return st;
     if (t->ts.data_samples != t->dl.n_samples || t->ts.data_stream_tokens != t->dl.stream_tokens ||
         t->ts.seed != (uint64_t)t->cfg.train.seed || t->ts.data_shuffle != t->cfg.data.shuffle) {
@@ -314,14 +331,20 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     float scale = 1.0f;
     if (c->optim.grad_clip > 0 && norm > c->optim.grad_clip)
         scale = (float)(c->optim.grad_clip / norm);
-    for (int i = 0; i < t->model.n_params; i++) {
+    for (int i = 0; i < t->model.n_params; i++) { /* the part of each tensor this rank owns */
         moe_param *p = &t->model.params[i];
+        int64_t a = p->offset > t->lo ? p->offset : t->lo;
+        int64_t b = p->offset + p->numel < t->hi ? p->offset + p->numel : t->hi;
+        if (a >= b) continue;
         double wd = (p->decay || c->optim.decay_norms_and_embeddings) ? c->optim.weight_decay : 0;
-        t->be->adamw(t->be, p->data, p->grad, t->m + p->offset, t->v + p->offset, p->numel,
-                     (float)lr, (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps,
+        t->be->adamw(t->be, p->data + (a - p->offset), p->grad + (a - p->offset),
+                     t->m + (a - t->lo), t->v + (a - t->lo), b - a, (float)lr,
+                     (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps,
                      (float)wd, step, scale);
     }
     st = t->be->synchronize(t->be, err);
+    if (st == MOE_OK && t->dp > 1) /* every rank gets every rank's updated weights */
+        st = moe_comm_allgather_f32(t->comm, t->model.param_mem, t->slice, err);
     sm->ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->aux = aux;
     sm->z = z;
@@ -392,16 +415,54 @@ static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm,
     return moe_metrics_history_add(&t->hist, step, sm->loss, sm->val_loss, err);
 }
 
+/* Writes a checkpoint; with dp ranks every rank calls it (the AdamW state is gathered on
+ * rank 0, which writes). */
 static moe_status save(trainer *t, moe_err *err) {
     moe_dataloader_position(&t->dl, &t->ts.data_epoch, &t->ts.data_index);
     double t0 = moe_time_now();
-    moe_status st = moe_train_save_checkpoint(t->run_dir, t->cfg.checkpoint.keep, &t->cfg,
-                                              moe_shardset_spec_json(t->data), &t->model, t->m,
-                                              t->v, &t->ts, err);
-    if (st == MOE_OK)
+    size_t bytes = (size_t)t->model.n_elems * sizeof(float);
+    int lead = t->rank == 0, whole = t->dp == 1;
+    float *m = whole ? t->m : lead ? t->be->alloc(t->be, bytes) : NULL;
+    float *v = whole ? t->v : lead ? t->be->alloc(t->be, bytes) : NULL;
+    moe_status st = MOE_OK;
+    if (lead && (!m || !v)) st = moe_err_set(err, MOE_ERR_RUNTIME, t->run_dir, "out of memory");
+    if (st == MOE_OK && !whole) st = moe_comm_gather_f32(t->comm, m, t->m, t->slice, 0, err);
+    if (st == MOE_OK && !whole) st = moe_comm_gather_f32(t->comm, v, t->v, t->slice, 0, err);
+    if (st == MOE_OK && lead)
+        st = moe_train_save_checkpoint(t->run_dir, t->cfg.checkpoint.keep, &t->cfg,
+                                       moe_shardset_spec_json(t->data), &t->model, m, v, &t->ts,
+                                       err);
+    if (st == MOE_OK && lead)
         moe_log_debug("checkpoint of step %lld written in %.2f s", (long long)t->ts.step,
                       moe_time_now() - t0);
+    if (!whole) {
+        t->be->free(t->be, m);
+        t->be->free(t->be, v);
+    }
     return st;
+}
+
+/* Rank 0's part of a step: evaluation, metrics, the log line, loss.svg. */
+static moe_status report(trainer *t, int64_t step, int last, step_metrics *sm,
+                         const moe_progress *prog, const char *title, moe_err *err) {
+    const moe_config *c = &t->cfg;
+    int do_eval =
+        t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
+    moe_status st = do_eval ? evaluate(t, &sm->val_loss, err) : MOE_OK;
+    if (st == MOE_OK) st = emit_metrics(t, step, sm, err);
+    if (st != MOE_OK) return st;
+    int log_line = step % c->log.every == 0 || last;
+    if (prog->tty && (log_line || do_eval)) fputs("\r\033[K", stderr); /* clear the bar */
+    if (log_line)
+        moe_log_info("step %lld/%lld loss %.4f (ce %.4f, %.3f bits/base) lr %.3g gnorm %.3f "
+                     "%.0f tok/s",
+                     (long long)step, (long long)c->train.steps, sm->loss, sm->ce,
+                     sm->ce / 0.69314718055994530942 / t->bases_per_token, sm->lr, sm->grad_norm,
+                     (double)(t->accum * t->B_micro * t->T) / (sm->seconds > 0 ? sm->seconds : 1));
+    if (!do_eval) return MOE_OK;
+    moe_log_info("step %lld: val_loss %.4f (%.3f bits/base)", (long long)step, sm->val_loss,
+                 sm->val_loss / 0.69314718055994530942 / t->bases_per_token);
+    return moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
 }
 
 static moe_status loop(trainer *t, moe_err *err) {
@@ -420,29 +481,10 @@ static moe_status loop(trainer *t, moe_err *err) {
         st = train_step(t, step, &sm, err);
         if (st != MOE_OK) break;
         t->ts.step = step;
-        if (t->rank != 0) continue; /* evaluation, metrics, checkpoints: rank 0's */
         int last = step == t->end_step;
-        int do_eval =
-            t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
-        if (do_eval) st = evaluate(t, &sm.val_loss, err);
-        if (st == MOE_OK) st = emit_metrics(t, step, &sm, err);
-        if (st != MOE_OK) break;
-        int log_line = step % c->log.every == 0 || last;
-        if (prog.tty && (log_line || do_eval)) fputs("\r\033[K", stderr); /* clear the bar */
-        if (log_line)
-            moe_log_info("step %lld/%lld loss %.4f (ce %.4f, %.3f bits/base) lr %.3g gnorm %.3f "
-                         "%.0f tok/s%s",
-                         (long long)step, (long long)c->train.steps, sm.loss, sm.ce,
-                         sm.ce / 0.69314718055994530942 / t->bases_per_token, sm.lr, sm.grad_norm,
-                         (double)(t->accum * t->B_micro * t->T) / (sm.seconds > 0 ? sm.seconds : 1),
-                         "");
-        if (do_eval) {
-            moe_log_info("step %lld: val_loss %.4f (%.3f bits/base)", (long long)step, sm.val_loss,
-                         sm.val_loss / 0.69314718055994530942 / t->bases_per_token);
-            st = moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
-        }
+        if (t->rank == 0) st = report(t, step, last, &sm, &prog, title, err);
         if (st == MOE_OK && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || last))
-            st = save(t, err);
+            st = save(t, err); /* every rank: the AdamW state is gathered */
         char extra[96];
         snprintf(extra, sizeof extra, "loss %.4f lr %.2e", sm.loss, sm.lr);
         moe_progress_update(&prog, step - start, extra);
@@ -468,6 +510,7 @@ static void trainer_free(trainer *t) {
     moe_dataloader_free(&t->vdl);
     moe_shardset_close(t->data);
     moe_shardset_close(t->val);
+    free(t->slice);
     free(t->tokens);
     free(t->targets);
     free(t->weights);
@@ -531,13 +574,20 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe,
                               t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, err);
     if (st == MOE_OK) {
-        size_t bytes = (size_t)t.model.n_elems * sizeof(float), tok = (size_t)(t.B_micro * t.T);
+        size_t tok = (size_t)(t.B_micro * t.T);
+        t.slice = malloc((size_t)(t.dp + 1) * sizeof *t.slice);
+        for (int r = 0; t.slice && r <= t.dp; r++)
+            t.slice[r] = t.model.n_elems * r / t.dp;
+        t.lo = t.slice ? t.slice[t.rank] : 0;
+        t.hi = t.slice ? t.slice[t.rank + 1] : 0;
+        size_t bytes = (size_t)(t.hi - t.lo) * sizeof(float);
         t.m = t.be->alloc(t.be, bytes);
         t.v = t.be->alloc(t.be, bytes);
         t.tokens = malloc(tok * sizeof *t.tokens);
         t.targets = malloc(tok * sizeof *t.targets);
         if (t.dl.use_weights) t.weights = malloc(tok * sizeof *t.weights);
-        if (!t.m || !t.v || !t.tokens || !t.targets || (t.dl.use_weights && !t.weights))
+        if (!t.slice || !t.m || !t.v || !t.tokens || !t.targets ||
+            (t.dl.use_weights && !t.weights))
             st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
                              (long long)t.model.n_elems);
     }
@@ -595,13 +645,15 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     moe_model_memory mem;
     moe_model_memory_estimate(&cfg->model, cfg->precision.recipe, tc->recompute,
                               micro / tc->seq_len, tc->seq_len, &mem);
+    /* the AdamW state is sharded over the data-parallel ranks (ZeRO-1) */
+    int64_t opt = mem.optimizer / cfg->parallel.dp, total_mem = mem.total - mem.optimizer + opt;
     char w[32], a[32], o[32], sum[32], gs[32], gt[32];
     human_bytes(w, sizeof w, (double)mem.params);
-    human_bytes(o, sizeof o, (double)mem.optimizer);
+    human_bytes(o, sizeof o, (double)opt);
     human_bytes(a, sizeof a, (double)mem.activations);
-    human_bytes(sum, sizeof sum, (double)mem.total);
+    human_bytes(sum, sizeof sum, (double)total_mem);
     human_bytes(gs, sizeof gs, (double)mem.gpu_scratch);
-    human_bytes(gt, sizeof gt, (double)(mem.total + mem.gpu_scratch));
+    human_bytes(gt, sizeof gt, (double)(total_mem + mem.gpu_scratch));
     fprintf(out, "\n# --dry-run summary\n");
     fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
     fprintf(out,
@@ -615,9 +667,9 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len,
             cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
-            "# memory estimate: weights %s + gradients %s + AdamW moments %s + "
-            "activations %s (train.recompute %s) = %s (per rank, without expert/data parallel "
-            "sharding); on a CUDA device + %s backend scratch = %s peak\n",
+            "# memory estimate: weights %s + gradients %s + AdamW moments %s (1/parallel.dp of "
+            "them) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
+            "backend scratch = %s peak\n",
             w, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }

@@ -36,6 +36,13 @@ void moe_comm_abort(const moe_comm *c, int code);
 moe_status moe_comm_sum_f32(const moe_comm *c, float *buf, int64_t n, moe_err *err);
 moe_status moe_comm_sum_f64(const moe_comm *c, double *buf, int64_t n, moe_err *err);
 moe_status moe_comm_sum_i64(const moe_comm *c, int64_t *buf, int64_t n, moe_err *err);
-moe_status moe_comm_barrier(const moe_comm *c, moe_err *err);
+/* Slices of a flat array: rank r owns [offsets[r], offsets[r + 1]) (offsets [world + 1]).
+ * allgather: every rank's buf [offsets[world]] gets every rank's slice from its owner.
+ * gather: root's full [offsets[world]] gets every slice; `mine` is this rank's slice
+ * [offsets[rank + 1] - offsets[rank]]; full may be NULL on the other ranks. Host buffers. */
+moe_status moe_comm_allgather_f32(const moe_comm *c, float *buf, const int64_t *offsets,
+                                  moe_err *err);
+moe_status moe_comm_gather_f32(const moe_comm *c, float *full, const float *mine,
+                               const int64_t *offsets, int root, moe_err *err);
 
 #endif

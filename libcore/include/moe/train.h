@@ -7,7 +7,10 @@
  * moe_param.decay unless optim.decay_norms_and_embeddings), learning rate from
  * moe/schedule.h. Metrics go to RUN/metrics.jsonl (and --log-json), loss.svg is redrawn at
  * every evaluation and at the end, checkpoints (moe/checkpoint.h) every checkpoint.every
- * steps and at the end of the invocation.
+ * steps and at the end of the invocation. With parallel.dp ranks (moe/comm.h) rank r runs
+ * micro-steps r, r + dp, ...; the gradients are summed over the ranks, each rank updates its
+ * 1/dp slice of the flat parameter array with its slice of the AdamW state (ZeRO-1) and the
+ * slices are exchanged; rank 0 evaluates and writes the run directory.
  *
  * The one thing to know: a checkpoint holds everything the next step depends on - weights,
  * both Adam moments, the step, the data position (epoch, index) and the seed - and every
