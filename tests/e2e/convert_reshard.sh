@@ -38,16 +38,9 @@ ls -d ./*.tmp.* 2>/dev/null && fail "temporary directories left behind"
 
 # ---- the layout, checked by an independent reader ----
 "$PYS" - "$CKPT" ep2 2 ep4 4 <<'EOF'
-import json, os, re, struct, sys
-
-def read(path):
-    blob = open(path, "rb").read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    meta = header.pop("__metadata__", None)
-    data = blob[8 + n:]
-    return {k: (v["dtype"], v["shape"], data[v["data_offsets"][0]:v["data_offsets"][1]])
-            for k, v in header.items()}, meta
+import json, os, re, sys
+sys.path.insert(0, os.path.join(os.environ["MOE_SRC_DIR"], "tests", "interop"))
+from st_tool import read  # {name: (dtype, shape, bytes)}, __metadata__
 
 orig, ometa = read(os.path.join(sys.argv[1], "model.safetensors"))
 oopt, oometa = read(os.path.join(sys.argv[1], "optimizer-rank0.safetensors"))

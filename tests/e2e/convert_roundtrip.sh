@@ -41,28 +41,7 @@ cmp orig.tsv back.tsv
 moe-convert inspect back > inspect_back.txt
 grep -q "weights only" inspect_back.txt || { echo "FAIL: inspect does not say weights only"; exit 1; }
 cp -r back zeros
-$PYS - zeros <<'PY'
-import binascii, json, os, struct, sys
-d = sys.argv[1]
-raw = open(f"{d}/model.safetensors", "rb").read()
-hdr = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
-meta, out, off = hdr.pop("__metadata__"), {}, 0
-for name in sorted(n + m for n in hdr for m in (".exp_avg", ".exp_avg_sq")):
-    t = hdr[name.rsplit(".", 1)[0]]
-    size = t["data_offsets"][1] - t["data_offsets"][0]
-    out[name] = {"dtype": "F32", "shape": t["shape"], "data_offsets": [off, off + size]}
-    off += size
-out["__metadata__"] = meta
-h = json.dumps(out, sort_keys=True, separators=(",", ":")).encode()
-h += b" " * (-len(h) % 8)
-open(f"{d}/optimizer-rank0.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + bytes(off))
-lines = []
-for f in sorted(os.listdir(d)):
-    if f != "MANIFEST":
-        b = open(f"{d}/{f}", "rb").read()
-        lines.append(f"{len(b)} {binascii.crc32(b) & 0xffffffff:08x} {f}\n")
-open(f"{d}/MANIFEST", "w").write("".join(lines))
-PY
+$ST zero-moments zeros
 for from in back zeros; do
     moe-train -q -c back/config.yaml --data run.mtok -o "cont_$from" --resume "$from" \
         train.steps=2 checkpoint.every=0 train.eval_every=0 >/dev/null

@@ -44,7 +44,7 @@ done
 [ "$(ls dp2)" = "$(ls one)" ] || fail "the dp=2 run directory holds other files: $(ls dp2)"
 
 "$PY" - <<'PY'
-import json, struct, numpy as np
+import json, os, sys, numpy as np
 def metrics(d):
     return [json.loads(l) for l in open(f"{d}/metrics.jsonl")]
 a, b = metrics("one"), metrics("dp2")
@@ -54,11 +54,10 @@ for x, y in zip(a, b):
         assert abs(x[k] - y[k]) <= 1e-6 * abs(x[k]), (x["step"], k, x[k], y[k])
     assert x["tokens"] == y["tokens"] and x["expert_load_max_over_mean"] == y["expert_load_max_over_mean"]
     assert ("val_loss" in x) == ("val_loss" in y)
+sys.path.insert(0, os.path.join(os.environ["MOE_SRC_DIR"], "tests", "interop"))
+from st_tool import read
 def tensors(p):
-    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
-    h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
-    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32)
-            for k, v in h.items()}
+    return {k: np.frombuffer(b, np.float32) for k, (_, _, b) in read(p)[0].items()}
 w1, w2 = tensors("one/ckpt-00000006/model.safetensors"), tensors("dp2/ckpt-00000006/model.safetensors")
 assert w1.keys() == w2.keys()
 worst = max(float(np.abs(w1[k] - w2[k]).max() / np.abs(w1[k]).max()) for k in w1)

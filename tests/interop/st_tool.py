@@ -8,9 +8,13 @@ with the standard library only (json + struct).
         expert j, model.layers.{l}.mlp.experts.down_proj [E, C, F] = w2_j, and
         model.layers.{l}.mlp.gate.weight.
   st_tool.py drop FILE NAME OUT      FILE without tensor NAME, written to OUT.
+  st_tool.py zero-moments CKPT_DIR   gives a weights-only checkpoint an optimizer-rank0 of
+        zero Adam moments (<param>.exp_avg, .exp_avg_sq) and rewrites its MANIFEST.
+read() is also imported by the e2e tests that look inside checkpoints.
 The one thing to know: tensors are copied byte for byte, so importing the fused copy must
 give bit-identical weights to importing the original.
 """
+import binascii
 import json
 import os
 import re
@@ -72,11 +76,26 @@ def drop(path, name, out):
     write(out, tensors, meta)
 
 
+def zero_moments(d):
+    tensors, meta = read(os.path.join(d, "model.safetensors"))
+    zeros = {name + m: ("F32", shape, bytes(len(b)))
+             for name, (_, shape, b) in tensors.items() for m in (".exp_avg", ".exp_avg_sq")}
+    write(os.path.join(d, "optimizer-rank0.safetensors"), zeros, meta)
+    lines = []
+    for f in sorted(os.listdir(d)):
+        if f != "MANIFEST":
+            b = open(os.path.join(d, f), "rb").read()
+            lines.append(f"{len(b)} {binascii.crc32(b) & 0xffffffff:08x} {f}\n")
+    open(os.path.join(d, "MANIFEST"), "w").write("".join(lines))
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "fuse":
         fuse(sys.argv[2], sys.argv[3])
     elif len(sys.argv) == 5 and sys.argv[1] == "drop":
         drop(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 3 and sys.argv[1] == "zero-moments":
+        zero_moments(sys.argv[2])
     else:
         print(__doc__)
         sys.exit(2)
