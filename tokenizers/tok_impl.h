@@ -1,5 +1,5 @@
-/* tok_impl: what libcore/src/tokenizer.c needs from each tokenizer kind (tokenizers/byte.c, nuc.c,
- * kmer.c).
+/* tok_impl: what libcore/src/tokenize/tokenizer.c needs from each tokenizer kind
+ * (tokenizers/byte.c, nuc.c, kmer.c).
  *
  * A kind's build function fills the vocabulary strings, the special ids and the byte
  * tables of a moe_tokenizer whose opts are already validated; encode/decode are generic

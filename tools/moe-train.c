@@ -1,7 +1,7 @@
 /* moe-train: train (or resume training) a Mixtral-style MoE language model on token shards.
  *
  * Argument parsing only: the config is loaded by moe_config_load (file, then key=value
- * overrides, then validation) and the run is moe_train_run (libcore/src/train.c). Exit
+ * overrides, then validation) and the run is moe_train_run (libcore/src/train/train.c). Exit
  * status: 0 done, 1 runtime failure, 2 usage or input error. */
 #include <getopt.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "config_schema.h"
+#include "io/config_schema.h"
 #include "moe/config.h"
 #include "moe/fileio.h"
 #include "testlib.h"

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "gradcheck.h"
-#include "model_internal.h"
+#include "model/model_internal.h"
 #include "moe/model.h"
 #include "testlib.h"
 

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "seqio_impl.h"
+#include "seqio/seqio_impl.h"
 
 /* 1: a line in r->line, 0: end of input, -1: error. */
 static int read_line(moe_seq_reader *r, moe_err *err) {

@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #define ATT_BLOCK 64
 

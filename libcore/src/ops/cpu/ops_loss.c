@@ -5,7 +5,7 @@
  * logits and lse and may overwrite the logits in place, so the [N, V] buffer is needed once. */
 #include <math.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void moe_cpu_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
                                    const float *logits, const int32_t *targets,

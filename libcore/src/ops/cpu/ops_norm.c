@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #define COL_SLAB 64 /* columns per task in column-parallel reductions */
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "seqio_impl.h"
+#include "seqio/seqio_impl.h"
 
 static const char NO_REF_PATH[] = "/dev/null/moe-genomics-no-network-reference/%s";
 

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_internal.h"
+#include "model/model_internal.h"
 #include "moe/log.h"
 #include "moe/rng.h"
 

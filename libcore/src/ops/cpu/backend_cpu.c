@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #ifdef MOE_HAVE_CBLAS
 #include <cblas.h>

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "embed_internal.h"
+#include "embed/embed_internal.h"
 #include "moe/dtype.h"
 
 moe_status moe_embed_out_open(embed_out *w, const moe_embed_opts *o, int64_t C, moe_err *err) {

@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 void moe_cpu_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
                    int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,

@@ -15,7 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "embed_internal.h"
+#include "embed/embed_internal.h"
 #include "moe/shard.h"
 #ifdef MOE_HAVE_CUDA
 #include "moe/backend_cuda.h"

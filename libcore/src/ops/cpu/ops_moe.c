@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/cpu_ops.h"
+#include "ops/cpu/cpu_ops.h"
 
 #define ROUTER_CHUNK 256
 

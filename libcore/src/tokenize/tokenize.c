@@ -21,7 +21,7 @@
 #include "moe/fileio.h"
 #include "moe/log.h"
 #include "moe/shard.h"
-#include "tokenize_prefetch.h"
+#include "tokenize/tokenize_prefetch.h"
 
 void moe_tokenize_opts_defaults(moe_tokenize_opts *o) {
     memset(o, 0, sizeof *o);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_internal.h"
+#include "model/model_internal.h"
 
 #define ZERO(ptr, count) be->memset(be, (ptr), 0, (size_t)(count) * sizeof(*(ptr)))
 

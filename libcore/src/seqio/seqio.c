@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "moe/log.h"
-#include "seqio_impl.h"
+#include "seqio/seqio_impl.h"
 
 void moe_seqio_opts_defaults(moe_seqio_opts *o) {
     moe_seqio_no_network_refs();

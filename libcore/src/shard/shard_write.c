@@ -10,7 +10,7 @@
 
 #include "moe/fileio.h"
 #include "moe/shard.h"
-#include "shard_format.h"
+#include "shard/shard_format.h"
 
 typedef struct doc_entry {
     uint64_t start, length, src_start, src_end, name_off;

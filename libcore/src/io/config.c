@@ -12,7 +12,7 @@
 #include <string.h>
 #include <yaml.h>
 
-#include "config_schema.h"
+#include "io/config_schema.h"
 #include "moe/fileio.h"
 
 /* Where a key's value came from, so a validation error can point at the right line. */

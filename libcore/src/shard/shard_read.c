@@ -15,7 +15,7 @@
 
 #include "moe/fileio.h"
 #include "moe/shard.h"
-#include "shard_format.h"
+#include "shard/shard_format.h"
 
 struct moe_shard {
     char *path;

@@ -6,7 +6,7 @@
  * handed over in order through a small ring, so the output is the same bytes as the
  * single-threaded path. A reader error travels inside the batch where it happened and is
  * reported after the records before it were processed, exactly as without the thread. */
-#include "tokenize_prefetch.h"
+#include "tokenize/tokenize_prefetch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
