@@ -76,10 +76,10 @@ static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t 
     if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
         moe_model_backward(m, 1.0f, err) != MOE_OK)
         return err->status;
-    double gn = be->sum_squares(be, m->grad_mem, m->n_elems);
+    double gn = be->sum_squares(be, m->grad_mem, m->table.n_elems);
     float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
-    be->adamw(be, m->param_mem, m->grad_mem, am, av, m->n_elems, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f,
-              st + 1, scale);
+    be->adamw(be, m->param_mem, m->grad_mem, am, av, m->table.n_elems, 3e-4f, 0.9f, 0.95f, 1e-8f,
+              0.1f, st + 1, scale);
     *loss = ss.loss;
     return be->synchronize(be, err);
 }
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
                                             &err);
     if (cst != MOE_OK) return fail(&err);
     moe_model_init_weights(&m, 1);
-    int64_t n = m.n_elems;
+    int64_t n = m.table.n_elems;
     float *am = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float)),
           *av = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float));
     float *out = fwd ? malloc((size_t)B * T * (size_t)c.hidden_size * sizeof(float)) : NULL;

@@ -44,7 +44,7 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
         goto done;
     }
     moe_model_init_weights(&m, 5);
-    size_t pb = (size_t)m.n_elems * sizeof(float);
+    size_t pb = (size_t)m.table.n_elems * sizeof(float);
     am = be->alloc(be, pb);
     av = be->alloc(be, pb);
     CHECK(am && av);
@@ -59,12 +59,12 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     moe_model_zero_grad(&m);
     CHECK(moe_model_forward(&m, tok, tgt, NULL, B, T, &st, &err) == MOE_OK);
     CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
-    *n = m.n_elems;
+    *n = m.table.n_elems;
     *grads = malloc(pb);
     if (*grads) moe_model_copy_grads_to_host(&m, *grads);
-    be->adamw(be, m.param_mem, m.grad_mem, am, av, m.n_elems, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1,
-              1.0f);
-    (void)be->sum_squares(be, m.grad_mem, m.n_elems); /* gradient clipping's norm */
+    be->adamw(be, m.param_mem, m.grad_mem, am, av, m.table.n_elems, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+              1, 1.0f);
+    (void)be->sum_squares(be, m.grad_mem, m.table.n_elems); /* gradient clipping's norm */
     CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
     CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);
     moe_backend_cuda_memory(be, NULL, &peak);

@@ -81,7 +81,7 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
         moe_model_free(&mg);
         return;
     }
-    int64_t n = mc.n_elems;
+    int64_t n = mc.table.n_elems;
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
     moe_model_init_weights(&mc, 77);
     moe_model_copy_params_to_host(&mc, a);
@@ -97,9 +97,10 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
     moe_model_copy_grads_to_host(&mg, b);
     double worst = 0.0;
     const char *wname = "";
-    for (int i = 0; i < mc.n_params; i++) {
-        double e = nmse(b + mc.params[i].offset, a + mc.params[i].offset, mc.params[i].numel);
-        if (e > worst) worst = e, wname = mc.params[i].name;
+    for (int i = 0; i < mc.table.n_params; i++) {
+        double e = nmse(b + mc.table.params[i].offset, a + mc.table.params[i].offset,
+                        mc.table.params[i].numel);
+        if (e > worst) worst = e, wname = mc.table.params[i].name;
     }
     printf("fp32 recipe: loss cpu %.9f gpu %.9f (rel %.2e); gradients worst nmse %.3e (%s), "
            "all %.3e\n",
@@ -128,8 +129,8 @@ int main(void) {
         moe_err_print(&err, "test_model_cuda", stderr);
         return test_summary("test_model_cuda");
     }
-    int64_t n = mc.n_elems;
-    CHECK_INT_EQ(mg.n_elems, n);
+    int64_t n = mc.table.n_elems;
+    CHECK_INT_EQ(mg.table.n_elems, n);
     moe_model_init_weights(&mc, 2024);
     float *host = malloc((size_t)n * sizeof(float)), *hg = malloc((size_t)n * sizeof(float));
     moe_model_copy_params_to_host(&mc, host);
@@ -172,16 +173,16 @@ int main(void) {
     moe_model_copy_grads_to_host(&mc, host);
     moe_model_copy_grads_to_host(&mg, hg);
     double worst = 0.0;
-    for (int i = 0; i < mc.n_params; i++) {
-        const moe_param *p = &mc.params[i];
+    for (int i = 0; i < mc.table.n_params; i++) {
+        const moe_param *p = &mc.table.params[i];
         double e = nmse(hg + p->offset, host + p->offset, p->numel);
         if (e > worst) worst = e;
         if (i < 12 || e > 1e-4) printf("  grad %-52s nmse %.3e\n", p->name, e);
         CHECK_MSG(e <= 1e-3, "grad of %s: nmse %.3e > 1e-3", p->name, e);
     }
     double all = nmse(hg, host, n);
-    printf("gradients: %d tensors, worst nmse %.3e, all params nmse %.3e\n", mc.n_params, worst,
-           all);
+    printf("gradients: %d tensors, worst nmse %.3e, all params nmse %.3e\n", mc.table.n_params,
+           worst, all);
     CHECK_MSG(all <= 3e-4, "all gradients: nmse %.3e", all);
 
     /* ---- determinism: the same step again on the GPU gives bit-identical results ---- */

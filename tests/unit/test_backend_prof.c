@@ -50,7 +50,7 @@ static int train_steps(const moe_backend *be, double *losses, float **grads, flo
         return 1;
     }
     moe_model_init_weights(&m, 7);
-    int64_t n = m.n_elems;
+    int64_t n = m.table.n_elems;
     float *am = be->alloc(be, (size_t)n * sizeof(float));
     float *av = be->alloc(be, (size_t)n * sizeof(float));
     int32_t tok[B * T], tgt[B * T];

@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "moe/checkpoint.h"
+#include "moe/ckpt.h"
 #include "moe/fileio.h"
 #include "testlib.h"
 
@@ -29,6 +29,16 @@ static moe_status save(const char *run, int64_t step, int64_t keep, moe_err *err
     write_text(moe_ckpt_path(&w, "trainer_state.json", p, sizeof p), body);
     write_text(moe_ckpt_path(&w, "model.safetensors", p, sizeof p), "0123456789abcdef");
     return moe_ckpt_commit(&w, keep, err);
+}
+
+/* The MANIFEST check of moe_ckpt_open (its first part) on dir. */
+static moe_status verify(const char *dir, moe_err *err) {
+    moe_ckpt c;
+    moe_status st = moe_ckpt_open(&c, dir, MOE_CKPT_REPORT, err);
+    if (st != MOE_OK) return st;
+    *err = c.part_err[MOE_CKPT_PART_MANIFEST];
+    moe_ckpt_close(&c);
+    return err->status;
 }
 
 static void flip_byte(const char *path, long off) {
@@ -98,38 +108,39 @@ int main(void) {
         CHECK(strstr(text, " trainer_state.json\n") != NULL);
     }
     free(text);
-    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_OK);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_OK);
 
     /* A flipped byte: refused, naming the file, input error with a hint. */
     flip_byte("run/ckpt-00000040/model.safetensors", 5);
     moe_err_clear(&err);
-    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
     CHECK_MSG(strstr(err.file, "model.safetensors") && strstr(err.msg, "CRC32"), "%s: %s", err.file,
               err.msg);
     CHECK(strstr(err.hint, "older checkpoint") != NULL);
     /* Truncated file: size mismatch. */
     CHECK(truncate("run/ckpt-00000030/trainer_state.json", 3) == 0);
     moe_err_clear(&err);
-    CHECK(moe_ckpt_verify("run/ckpt-00000030", &err) == MOE_ERR_INPUT);
+    CHECK(verify("run/ckpt-00000030", &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.file, "trainer_state.json") && strstr(err.msg, "size"));
     /* Missing file. */
     unlink("run/ckpt-00000020/model.safetensors");
     moe_err_clear(&err);
-    CHECK(moe_ckpt_verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
+    CHECK(verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.file, "model.safetensors") != NULL);
     /* Garbled MANIFEST line; not a checkpoint at all. */
     write_text("run/ckpt-00000020/MANIFEST", "garbage\n");
     moe_err_clear(&err);
-    CHECK(moe_ckpt_verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
+    CHECK(verify("run/ckpt-00000020", &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.file, "MANIFEST") && err.line == 1);
     moe_err_clear(&err);
-    CHECK(moe_ckpt_verify("run", &err) == MOE_ERR_INPUT);
+    mkdir("notckpt", 0777);
+    CHECK(verify("notckpt", &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.msg, "MANIFEST") != NULL);
 
     /* Re-saving an existing step replaces it; keep 0 keeps everything. */
     moe_err_clear(&err);
     CHECK(save("run", 40, 0, &err) == MOE_OK);
-    CHECK(moe_ckpt_verify("run/ckpt-00000040", &err) == MOE_OK);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_OK);
     CHECK(moe_ckpt_list("run", &steps, &n, &err) == MOE_OK);
     CHECK_INT_EQ(n, 3);
     free(steps);

@@ -104,8 +104,8 @@ static void grad_check_model(int tied) {
     CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
     int checked = 0, skipped = 0, tensors = 0;
     uint64_t s = 99 + (uint64_t)tied;
-    for (int i = 0; i < m.n_params; i++) {
-        moe_param *p = &m.params[i];
+    for (int i = 0; i < m.table.n_params; i++) {
+        moe_param *p = &m.table.params[i];
         int64_t best = 0;
         for (int64_t j = 1; j < p->numel; j++)
             if (fabsf(p->grad[j]) > fabsf(p->grad[best])) best = j;
@@ -132,10 +132,10 @@ static void grad_check_model(int tied) {
         }
         tensors += ok_here;
     }
-    CHECK_MSG(tensors == m.n_params,
+    CHECK_MSG(tensors == m.table.n_params,
               "only %d of %d tensors were checked (%d samples skipped "
               "for routing flips)",
-              tensors, m.n_params, skipped);
+              tensors, m.table.n_params, skipped);
     CHECK(skipped * 5 < checked);
     free(c.route0);
     moe_model_free(&m);
@@ -165,7 +165,7 @@ static void test_threads_precision_accumulation(void) {
     moe_model_init_weights(&m1, 5);
     moe_model_init_weights(&m2, 5);
     moe_model_init_weights(&mb, 5);
-    int64_t n = m1.n_elems;
+    int64_t n = m1.table.n_elems;
     CHECK(memcmp(m1.param_mem, m2.param_mem, (size_t)n * 4) == 0);
     moe_backend_cpu_set_threads(1);
     double l1 = step(&m1, 1.0f);
@@ -211,31 +211,32 @@ static void test_hidden_init_sizes_errors(void) {
                            &err) == MOE_OK);
     moe_model_init_weights(&m, 42);
     /* init: norms are ones, matrices ~ N(0, 0.3), deterministic per seed */
-    int ie = moe_model_find_param(&m, "model.embed_tokens.weight");
-    int in = moe_model_find_param(&m, "model.layers.1.post_attention_layernorm.weight");
-    int iw = moe_model_find_param(&m, "model.layers.0.block_sparse_moe.experts.3.w2.weight");
+    int ie = moe_param_table_find(&m.table, "model.embed_tokens.weight");
+    int in = moe_param_table_find(&m.table, "model.layers.1.post_attention_layernorm.weight");
+    int iw = moe_param_table_find(&m.table, "model.layers.0.block_sparse_moe.experts.3.w2.weight");
     CHECK(ie >= 0 && in >= 0 && iw >= 0);
-    CHECK(moe_model_find_param(&m, "lm_head.weight") >= 0);
-    CHECK(moe_model_find_param(&m, "model.layers.2.input_layernorm.weight") < 0);
-    CHECK(m.params[in].data[3] == 1.0f && m.params[in].decay == 0 && m.params[iw].decay == 1);
-    CHECK(m.params[iw].layer == 0 && m.params[iw].expert == 3);
-    CHECK(m.params[iw].shape[0] == 16 && m.params[iw].shape[1] == 12);
+    CHECK(moe_param_table_find(&m.table, "lm_head.weight") >= 0);
+    CHECK(moe_param_table_find(&m.table, "model.layers.2.input_layernorm.weight") < 0);
+    CHECK(m.table.params[in].data[3] == 1.0f && m.table.params[in].decay == 0 &&
+          m.table.params[iw].decay == 1);
+    CHECK(m.table.params[iw].layer == 0 && m.table.params[iw].expert == 3);
+    CHECK(m.table.params[iw].shape[0] == 16 && m.table.params[iw].shape[1] == 12);
     double ss = 0;
-    for (int64_t j = 0; j < m.params[iw].numel; j++)
-        ss += (double)m.params[iw].data[j] * m.params[iw].data[j];
-    CHECK_NEAR(sqrt(ss / m.params[iw].numel), 0.3, 0.05);
-    float *p0 = malloc((size_t)m.n_elems * 4);
+    for (int64_t j = 0; j < m.table.params[iw].numel; j++)
+        ss += (double)m.table.params[iw].data[j] * m.table.params[iw].data[j];
+    CHECK_NEAR(sqrt(ss / m.table.params[iw].numel), 0.3, 0.05);
+    float *p0 = malloc((size_t)m.table.n_elems * 4);
     moe_model_copy_params_to_host(&m, p0);
     moe_model_init_weights(&m, 43);
-    CHECK(memcmp(p0, m.param_mem, (size_t)m.n_elems * 4) != 0);
+    CHECK(memcmp(p0, m.param_mem, (size_t)m.table.n_elems * 4) != 0);
     moe_model_init_weights(&m, 42);
-    CHECK(memcmp(p0, m.param_mem, (size_t)m.n_elems * 4) == 0);
+    CHECK(memcmp(p0, m.param_mem, (size_t)m.table.n_elems * 4) == 0);
     /* hidden states: layer 0 is the embedding; rows are independent across the batch;
      * the last layer is the final norm (unit RMS with unit weights) */
     int64_t C = cfg.hidden_size;
     float *h = malloc((size_t)(B * T * C) * 4), *h1 = malloc((size_t)(T * C) * 4);
     CHECK(moe_model_hidden(&m, tokens, B, T, 0, h, &err) == MOE_OK);
-    CHECK(memcmp(h + 5 * C, m.params[ie].data + tokens[5] * C, (size_t)C * 4) == 0);
+    CHECK(memcmp(h + 5 * C, m.table.params[ie].data + tokens[5] * C, (size_t)C * 4) == 0);
     CHECK(moe_model_hidden(&m, tokens, B, T, 2, h, &err) == MOE_OK);
     double rs = 0;
     for (int64_t c = 0; c < C; c++)
@@ -261,7 +262,7 @@ static void test_hidden_init_sizes_errors(void) {
     /* sizes */
     int64_t total, active;
     moe_model_count_params(&cfg, &total, &active);
-    CHECK_INT_EQ(total, m.n_elems);
+    CHECK_INT_EQ(total, m.table.n_elems);
     CHECK_INT_EQ(total - active, 2 * 2 * 3 * 16 * 12); /* 2 layers x 2 idle experts x 3 mats */
     double want =
         6.0 * (2 * (16 * 16 + 2 * 16 * 8 + 16 * 16 + 2 * 3 * 16 * 12 + 16 * 4) + 11 * 16) +
@@ -343,7 +344,7 @@ static void test_threads_big(void) {
         CHECK(moe_model_forward(&m, tok, tgt, NULL, BB, TT, &st, &err) == MOE_OK);
         CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
         loss[r] = st.loss;
-        n = m.n_elems;
+        n = m.table.n_elems;
         g[r] = malloc((size_t)n * sizeof(float));
         moe_model_copy_grads_to_host(&m, g[r]);
         moe_model_free(&m);

@@ -118,7 +118,7 @@ static run_out run(const moe_model_config *cfg, moe_recipe recipe, moe_recompute
     CHECK(moe_model_forward(&m, tok + 7, tgt + 7, w, 2, T - 5, &st, &err) == MOE_OK);
     CHECK(moe_model_backward(&m, 0.5f, &err) == MOE_OK);
     o.loss[1] = st.loss, o.aux[1] = st.aux_loss, o.z[1] = st.z_loss;
-    o.n = m.n_elems;
+    o.n = m.table.n_elems;
     o.act_bytes = (int64_t)m.acts->bytes;
     o.grads = malloc((size_t)o.n * sizeof(float));
     moe_model_copy_grads_to_host(&m, o.grads);
@@ -190,7 +190,7 @@ static void test_plans_and_forward_only(void) {
     if (err.status != MOE_OK) return;
     /* forward-only: parameters and activations, no gradients */
     CHECK_INT_EQ(cnt.n_alloc, 2);
-    CHECK((int64_t)cnt.live == fo.n_elems * 4 + (int64_t)fo.acts->bytes);
+    CHECK((int64_t)cnt.live == fo.table.n_elems * 4 + (int64_t)fo.acts->bytes);
     CHECK((int64_t)fo.acts->bytes < by[MOE_RECOMPUTE_FULL]);
     moe_model_init_weights(&tr, 4);
     moe_model_init_weights(&fo, 4);
@@ -239,13 +239,13 @@ static void test_estimate_exact(void) {
                 }
                 moe_model_init_weights(&m, 1);
                 /* what the trainer adds: the AdamW moments, through the same backend */
-                size_t pb = (size_t)m.n_elems * sizeof(float);
+                size_t pb = (size_t)m.table.n_elems * sizeof(float);
                 float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
                 moe_model_zero_grad(&m);
                 CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
                 CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
-                cbe.adamw(&cbe, m.param_mem, m.grad_mem, am, av, m.n_elems, 1e-3f, 0.9f, 0.95f,
-                          1e-8f, 0.1f, 1, 1.0f);
+                cbe.adamw(&cbe, m.param_mem, m.grad_mem, am, av, m.table.n_elems, 1e-3f, 0.9f,
+                          0.95f, 1e-8f, 0.1f, 1, 1.0f);
                 moe_model_memory est;
                 moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,

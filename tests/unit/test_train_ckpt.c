@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "moe/checkpoint.h"
+#include "moe/ckpt.h"
 #include "moe/config.h"
 #include "moe/fileio.h"
 #include "moe/model.h"
@@ -45,7 +45,7 @@ int main(void) {
     }
     moe_model_init_weights(&a, 7);
     moe_model_init_weights(&b, 8);
-    int64_t n = a.n_elems;
+    int64_t n = a.table.n_elems;
     size_t bytes = (size_t)n * sizeof(float);
     float *m = be->alloc(be, bytes), *v = be->alloc(be, bytes);
     float *m2 = be->alloc(be, bytes), *v2 = be->alloc(be, bytes);
@@ -101,7 +101,7 @@ int main(void) {
     moe_st_file f;
     CHECK(moe_st_open(&f, "run/ckpt-00000005/model.safetensors", &err) == MOE_OK);
     if (err.status == MOE_OK) {
-        CHECK_INT_EQ(f.n_tensors, a.n_params);
+        CHECK_INT_EQ(f.n_tensors, a.table.n_params);
         CHECK(moe_st_find(&f, "model.embed_tokens.weight") != NULL);
         CHECK(moe_st_find(&f, "model.layers.1.block_sparse_moe.experts.3.w2.weight") != NULL);
         CHECK(moe_st_meta(&f, "format") && strcmp(moe_st_meta(&f, "format"), "pt") == 0);
@@ -109,7 +109,7 @@ int main(void) {
     }
     CHECK(moe_st_open(&f, "run/ckpt-00000005/optimizer-rank0.safetensors", &err) == MOE_OK);
     if (err.status == MOE_OK) {
-        CHECK_INT_EQ(f.n_tensors, 2 * a.n_params);
+        CHECK_INT_EQ(f.n_tensors, 2 * a.table.n_params);
         CHECK(moe_st_find(&f, "model.norm.weight.exp_avg_sq") != NULL);
         moe_st_close(&f);
     }

@@ -16,10 +16,11 @@
  *            parameter counts and MANIFEST verification of a checkpoint (or an HF
  *            directory).
  *   reshard  ckpt-N/ -> the same checkpoint in the expert-parallel layout for --ep N
- *            (moe/ckpt_tensors.h: index + one model and one optimizer file per EP rank);
+ *            (moe/ckpt.h: index + one model and one optimizer file per EP rank);
  *            consolidate = reshard to ep 1, the single-file layout moe-train writes.
- * Every reader of a checkpoint (to-hf, inspect, moe-embed, moe-train --resume) takes either
- * layout through moe/ckpt_tensors.h.
+ * Every reader of a checkpoint (to-hf, inspect, reshard, moe-embed, moe-train --resume)
+ * opens it through moe_ckpt_open (moe/ckpt.h), either layout; every list of tensors is the
+ * parameter table (moe/model_params.h).
  *
  * The one thing to know: f32 round trips (to-hf/from-hf, reshard/consolidate) are
  * bit-identical (weights are copied, never recomputed), and every input is validated
@@ -53,7 +54,7 @@ moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_dir, const m
 moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out, moe_err *err);
 /* reshard --ep N / consolidate (ep = 1): ckpt_dir (either layout; a run directory means its
  * latest checkpoint) rewritten as the new checkpoint directory out_dir (must not exist) in
- * the layout of moe/ckpt_tensors.h, config.yaml with parallel.ep = ep and then the
+ * the layout of moe/ckpt.h, config.yaml with parallel.ep = ep and then the
  * "key=value" overrides (not model.* or parallel.ep), which must validate. */
 moe_status moe_convert_reshard(const char *ckpt_dir, const char *out_dir, int ep, int n_overrides,
                                char *const *overrides, moe_err *err);
@@ -67,19 +68,6 @@ int64_t moe_convert_parse_size(const char *s);
 /* An output directory argument without trailing slashes ("out/" -> "out"), so that the
  * temporary sibling "out.tmp.<pid>" is not created inside it; "" or "/" is MOE_ERR_INPUT. */
 moe_status moe_convert_out_dir(const char *arg, char *out, size_t n, moe_err *err);
-
-typedef struct moe_convert_tensor { /* one tensor of the Mixtral parameter table */
-    char name[128];
-    int ndim;
-    int64_t shape[2];
-    int layer, expert, kind; /* kind: MOE_CT_* */
-} moe_convert_tensor;
-
-enum { MOE_CT_OTHER = 0, MOE_CT_W1, MOE_CT_W2, MOE_CT_W3 };
-
-/* The parameter table of a config, in model order (same names and shapes as
- * moe_model_create's); *out malloc'ed. Returns the count, or -1 when out of memory. */
-int moe_convert_tensor_table(const moe_model_config *c, moe_convert_tensor **out);
 
 /* Writes the Hugging Face tokenizer files (tokenizer.json, tokenizer_config.json,
  * special_tokens_map.json) of the moe tokenizer spec `spec_json` into dir; *written = 1. */

@@ -22,6 +22,7 @@
 
 #include <stdint.h>
 
+#include "moe/ckpt.h"
 #include "moe/config.h"
 #include "moe/err.h"
 #include "moe/model.h"
@@ -68,25 +69,22 @@ typedef struct moe_embed_summary {
  * nothing is left under a final output name on failure. */
 moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_err *err);
 
-/* ---- a checkpoint opened for inference (also used by moe-convert's tests and tools) ---- */
+/* ---- a checkpoint opened for inference ---- */
 
 typedef struct moe_infer_ckpt {
-    char dir[4096];        /* the checkpoint directory actually used */
-    moe_config cfg;        /* its config.yaml */
-    moe_tokenizer *tok;    /* rebuilt from its tokenizer.json */
-    char *tokenizer_json;  /* the file's text */
+    moe_ckpt ckpt;         /* dir, config, tokenizer, tensors (moe/ckpt.h) */
     const moe_backend *be; /* set by moe_infer_ckpt_load_model */
     int be_is_cuda;
     moe_model model; /* valid after moe_infer_ckpt_load_model */
     int has_model;
 } moe_infer_ckpt;
 
-/* Resolves dir (a run directory means its latest checkpoint), verifies MANIFEST, loads
- * config.yaml and tokenizer.json and checks that the tokenizer fits the model. */
+/* Opens dir (a run directory means its latest checkpoint) with moe_ckpt_open: MANIFEST
+ * verified (the optimizer files, never read here, by size only), config.yaml and
+ * tokenizer.json loaded (the tokenizer fits the model), the weights indexed. */
 moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err);
 /* Creates the model on a backend (device as in moe_embed_opts; bf16 1/0/-1 as there) for
- * batches of up to max_batch x max_seq tokens and reads the weights into it, either layout
- * (moe/ckpt_tensors.h: every tensor present, F32, right shape). */
+ * batches of up to max_batch x max_seq tokens and reads the weights into it. */
 moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, int bf16,
                                      int max_batch, int max_seq, moe_err *err);
 void moe_infer_ckpt_close(moe_infer_ckpt *c);

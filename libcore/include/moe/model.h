@@ -9,7 +9,8 @@
  *
  * The one thing a reader must know: every buffer (parameters, gradients, activations) is
  * backend memory, allocated through the backend table; `moe_param.data/grad` point into
- * two single allocations (all fp32 master weights / all gradients, in table order). Use
+ * two single allocations (all fp32 master weights / all gradients, in the order of the one
+ * parameter table, moe/model_params.h: dense tensors first, then the expert blocks). Use
  * moe_model_copy_params_to_host / _from_host (or be->memcpy_*) to read or write them.
  *
  * Loss of one forward (what backward differentiates):
@@ -29,24 +30,12 @@
 
 #include "moe/config.h"
 #include "moe/err.h"
+#include "moe/model_params.h"
 #include "moe/ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
-    char name[128];
-    int ndim;
-    int64_t shape[4];
-    int64_t numel;
-    int64_t offset; /* element offset in the flat parameter / gradient arrays */
-    float *data;    /* [shape] dev, fp32 master weight */
-    float *grad;    /* [shape] dev, its gradient */
-    int decay;      /* 1 for matrices (incl. lm_head); 0 for norms and embeddings */
-    int layer;      /* -1 when not applicable */
-    int expert;     /* -1 when not applicable */
-} moe_param;
 
 typedef struct moe_step_stats {
     double loss;                  /* ce + aux_coef*aux + z_coef*z */
@@ -68,13 +57,9 @@ typedef struct moe_model {
     const moe_backend *be;
     int max_batch, max_seq;
     int64_t head_dim;
-    moe_param *params; /* [n_params] */
-    int n_params;
-    int64_t n_elems;  /* total parameter elements */
-    float *param_mem; /* [n_elems] dev, one allocation */
-    float *grad_mem;  /* [n_elems] dev, one allocation */
-    /* quick access by role (indices into params; -1 when absent) */
-    int p_embed, p_norm, p_lm_head;
+    moe_param_table table; /* all experts of every layer ([e0, e1) = [0, E)); data/grad set */
+    float *param_mem;      /* [table.n_elems] dev, one allocation */
+    float *grad_mem;       /* [table.n_elems] dev, one allocation */
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     int last_B, last_T;     /* shape of the last forward (0 = none) */
@@ -105,8 +90,6 @@ moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *c
 void moe_model_init_weights(moe_model *m, uint64_t seed);
 void moe_model_free(moe_model *m);              /* safe on a zeroed or failed-create struct */
 int64_t moe_model_n_params(const moe_model *m); /* number of parameter elements */
-/* Index of the tensor with this HF name, or -1. */
-int moe_model_find_param(const moe_model *m, const char *name);
 /* Whole flat parameter array <-> host memory ([n_elems] floats, table order). */
 void moe_model_copy_params_to_host(const moe_model *m, float *dst);
 void moe_model_copy_params_from_host(moe_model *m, const float *src);

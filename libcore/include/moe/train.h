@@ -6,7 +6,7 @@
  * AdamW's grad_scale, AdamW (fp32 master weights and moments; decay only on parameters with
  * moe_param.decay unless optim.decay_norms_and_embeddings), learning rate from
  * moe/schedule.h. Metrics go to RUN/metrics.jsonl (and --log-json), loss.svg is redrawn at
- * every evaluation and at the end, checkpoints (moe/checkpoint.h) every checkpoint.every
+ * every evaluation and at the end, checkpoints (moe/ckpt.h) every checkpoint.every
  * steps and at the end of the invocation. With parallel.dp ranks (moe/comm.h) rank r runs
  * micro-steps r, r + dp, ...; the gradients are summed over the ranks, each rank updates its
  * 1/dp slice of the flat parameter array with its slice of the AdamW state (ZeRO-1) and the
@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "moe/ckpt.h"
 #include "moe/config.h"
 #include "moe/err.h"
 #include "moe/model.h"
@@ -44,28 +45,17 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
  * parameters, training FLOPs per token and per step, and a memory estimate. */
 moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err);
 
-/* The training state of a run that moe_train_run keeps between steps. Exposed for the
- * checkpoint code (train_ckpt.c) and tests. */
-typedef struct moe_trainer_state {
-    int64_t step;        /* optimizer steps done */
-    int64_t tokens_seen; /* training tokens consumed (inputs, all micro-steps) */
-    int64_t data_epoch, data_index;
-    uint64_t seed;
-    int data_shuffle;
-    int64_t data_samples, data_stream_tokens; /* to detect changed data on resume */
-    char *last_metrics; /* JSON object text of the last step's metrics, or NULL */
-} moe_trainer_state;
-
 /* Writes RUN/ckpt-<step>/ from a model, its Adam moments m, v ([n_elems] backend memory, in
- * parameter-table order), the resolved config, the tokenizer spec and the state. */
+ * parameter-table order; moe_trainer_state is in moe/ckpt.h), the resolved config, the tokenizer
+ * spec and the state. */
 moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
                                      const char *tokenizer_json, const moe_model *model,
                                      const float *m, const float *v, const moe_trainer_state *ts,
                                      moe_err *err);
 
-/* Loads a verified checkpoint directory into model, m, v and *ts (ts->last_metrics is
- * malloc'ed). Checks that the checkpoint's model config equals cfg->model and that its
- * tokenizer has the vocabulary hash `vocab_hash` (0: not checked). */
+/* Loads a checkpoint directory (opened and verified with moe_ckpt_open) into model, m, v and *ts
+ * (ts->last_metrics is malloc'ed). Checks that the checkpoint's model config equals cfg->model and
+ * that its tokenizer has the vocabulary hash `vocab_hash` (0: not checked). */
 moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
                                      uint64_t vocab_hash, moe_model *model, float *m, float *v,
                                      moe_trainer_state *ts, moe_err *err);

@@ -1,9 +1,11 @@
-/* ckpt_tensors: see moe/ckpt_tensors.h. Validation order: layout (index or single file),
- * MANIFEST membership, the files' headers (moe_st_open), then every parameter against the
- * table of the checkpoint's own model config, then the reverse direction (stray tensors in a
+/* ckpt_tensors: the tensor part of moe_ckpt_open (moe/ckpt.h) - either layout, indexed by
+ * the parameter table of the checkpoint's own config (moe/model_params.h), and
+ * moe_ckpt_read_tensor. CRCs were checked before (ckpt_open.c). Validation order: layout (index or
+ * single file), MANIFEST membership, the files' headers (moe_st_open), then every parameter against
+ * the table of the checkpoint's own model config, then the reverse direction (stray tensors in a
  * file, stray names in the index), so that an error names the first thing a reader of the
  * directory would trip over. */
-#include "moe/ckpt_tensors.h"
+#include "ckpt/ckpt_internal.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -12,13 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-
-#include "moe/checkpoint.h"
-
-int moe_ckpt_rank_of(const moe_convert_tensor *p, int64_t num_experts, int ep) {
-    if (p->expert < 0 || ep <= 1) return 0;
-    return (int)(p->expert / (num_experts / ep));
-}
 
 void moe_ckpt_model_file(int rank, int ep, char *buf, size_t n) {
     if (ep <= 1)
@@ -34,16 +29,16 @@ void moe_ckpt_optim_file(int rank, char *buf, size_t n) {
 /* ---- lookup ---- */
 
 static int cmp_by_name(const void *a, const void *b) {
-    return strcmp((*(const moe_ckpt_tensor *const *)a)->p.name,
-                  (*(const moe_ckpt_tensor *const *)b)->p.name);
+    return strcmp((*(const moe_ckpt_tensor *const *)a)->p->name,
+                  (*(const moe_ckpt_tensor *const *)b)->p->name);
 }
 
-const moe_ckpt_tensor *moe_ckpt_tensors_find(const moe_ckpt_tensors *c, const char *name) {
-    int lo = 0, hi = c->n - 1;
+const moe_ckpt_tensor *moe_ckpt_find(const moe_ckpt *c, const char *name) {
+    int lo = 0, hi = c->by_name ? c->table.n_params - 1 : -1;
     while (lo <= hi) {
         int mid = lo + (hi - lo) / 2;
         const moe_ckpt_tensor *t = c->by_name[mid];
-        int r = strcmp(t->p.name, name);
+        int r = strcmp(t->p->name, name);
         if (r == 0) return t;
         if (r < 0)
             lo = mid + 1;
@@ -53,9 +48,9 @@ const moe_ckpt_tensor *moe_ckpt_tensors_find(const moe_ckpt_tensors *c, const ch
     return NULL;
 }
 
-moe_status moe_ckpt_tensors_read(const moe_ckpt_tensors *c, const char *name, moe_ckpt_slot slot,
-                                 int ndim, const int64_t *shape, float *out, moe_err *err) {
-    const moe_ckpt_tensor *t = moe_ckpt_tensors_find(c, name);
+moe_status moe_ckpt_read_tensor(const moe_ckpt *c, const char *name, moe_ckpt_slot slot, int ndim,
+                                const int64_t *shape, float *out, moe_err *err) {
+    const moe_ckpt_tensor *t = moe_ckpt_find(c, name);
     const moe_st_tensor *st = !t                         ? NULL
                               : slot == MOE_CKPT_WEIGHT  ? t->w
                               : slot == MOE_CKPT_EXP_AVG ? t->exp_avg
@@ -65,7 +60,7 @@ moe_status moe_ckpt_tensors_read(const moe_ckpt_tensors *c, const char *name, mo
         int64_t numel = 1;
         for (int d = 0; d < ndim; d++)
             numel *= shape[d];
-        if (ndim != t->p.ndim || numel != t->p.shape[0] * (t->p.ndim == 2 ? t->p.shape[1] : 1))
+        if (ndim != t->p->ndim || numel != t->p->numel)
             return moe_err_set(err, MOE_ERR_INPUT, c->model[0].path,
                                "tensor '%s' has another shape in this checkpoint", name);
         memset(out, 0, (size_t)numel * sizeof(float));
@@ -91,12 +86,16 @@ static void close_files(moe_st_file *files, int n) {
     free(files);
 }
 
-void moe_ckpt_tensors_close(moe_ckpt_tensors *c) {
+void moe_ckpt_tensors_close(moe_ckpt *c) {
     close_files(c->model, c->ep);
     close_files(c->optim, c->ep);
     free(c->t);
     free(c->by_name);
-    memset(c, 0, sizeof *c);
+    moe_param_table_free(&c->table);
+    c->model = c->optim = NULL;
+    c->t = NULL;
+    c->by_name = NULL;
+    c->ep = c->weights_only = 0;
 }
 
 static const char HINT_DAMAGED[] =
@@ -117,19 +116,13 @@ static moe_status damaged(moe_err *err, const char *file, const char *fmt, ...) 
     return MOE_ERR_INPUT;
 }
 
-static int is_listed(const char *name, char **manifest, int n_manifest) {
-    for (int i = 0; i < n_manifest; i++)
-        if (strcmp(manifest[i], name) == 0) return 1;
-    return 0;
-}
-
 /* Checks that `name` is listed in MANIFEST, then opens dir/name into *f. */
-static moe_status open_listed(const char *dir, const char *name, char **manifest, int n_manifest,
-                              moe_st_file *f, moe_err *err) {
+static moe_status open_listed(const moe_ckpt *c, const char *name, moe_st_file *f, moe_err *err) {
+    const char *dir = c->dir;
     char path[MOE_CKPT_PATH_MAX];
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
-    if (!is_listed(name, manifest, n_manifest))
+    if (!moe_ckpt_lists(c, name))
         return damaged(err, path, "%s is not listed in the checkpoint's MANIFEST", name);
     moe_status st = moe_st_open(f, path, err);
     if (st != MOE_OK) moe_err_hint(err, "%s", HINT_DAMAGED);
@@ -178,8 +171,8 @@ static moe_status read_index(const char *path, json_t **root, json_t **map, int 
 /* Every tensor of file f must be one of rank's parameters (name.exp_avg/.exp_avg_sq in an
  * optimizer file); names the first that is not. Called when f holds more tensors than
  * rank owns, after every owned one was found. */
-static moe_status check_no_strays(const moe_ckpt_tensors *c, const moe_st_file *f, int rank,
-                                  int optimizer, moe_err *err) {
+static moe_status check_no_strays(const moe_ckpt *c, const moe_st_file *f, int rank, int optimizer,
+                                  moe_err *err) {
     for (int i = 0; i < f->n_tensors; i++) {
         char name[200];
         snprintf(name, sizeof name, "%s", f->tensors[i].name);
@@ -190,7 +183,7 @@ static moe_status check_no_strays(const moe_ckpt_tensors *c, const moe_st_file *
             else
                 name[0] = '\0';
         }
-        const moe_ckpt_tensor *t = moe_ckpt_tensors_find(c, name);
+        const moe_ckpt_tensor *t = moe_ckpt_find(c, name);
         if (!t)
             return damaged(err, f->path, "tensor '%s' is not a parameter of the checkpoint's model",
                            f->tensors[i].name);
@@ -214,13 +207,13 @@ static moe_status check_f32(const moe_st_file *f, const moe_st_tensor *t, moe_er
 
 /* Finds and checks the optimizer moments of every parameter. A checkpoint whose MANIFEST
  * lists no optimizer file at all is weights-only (moe-convert from-hf): moments read as 0. */
-static moe_status open_optimizer(moe_ckpt_tensors *c, const char *dir, char **manifest,
-                                 int n_manifest, const int *counts, moe_err *err) {
+static moe_status open_optimizer(moe_ckpt *c, const int *counts, moe_err *err) {
+    const char *dir = c->dir;
     int listed = 0;
     for (int r = 0; r < c->ep; r++) {
         char name[64];
         moe_ckpt_optim_file(r, name, sizeof name);
-        listed += is_listed(name, manifest, n_manifest);
+        listed += moe_ckpt_lists(c, name);
     }
     if (listed == 0) {
         c->weights_only = 1;
@@ -231,18 +224,18 @@ static moe_status open_optimizer(moe_ckpt_tensors *c, const char *dir, char **ma
     for (int r = 0; r < c->ep; r++) {
         char name[64];
         moe_ckpt_optim_file(r, name, sizeof name);
-        moe_status st = open_listed(dir, name, manifest, n_manifest, &c->optim[r], err);
+        moe_status st = open_listed(c, name, &c->optim[r], err);
         if (st != MOE_OK) return st;
     }
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->table.n_params; i++) {
         moe_ckpt_tensor *t = &c->t[i];
         const moe_st_file *f = &c->optim[t->rank];
         char name[200];
-        snprintf(name, sizeof name, "%s.exp_avg", t->p.name);
-        moe_status st = moe_st_expect(f, name, t->p.ndim, t->p.shape, &t->exp_avg, err);
+        snprintf(name, sizeof name, "%s.exp_avg", t->p->name);
+        moe_status st = moe_st_expect(f, name, t->p->ndim, t->p->shape, &t->exp_avg, err);
         if (st == MOE_OK) st = check_f32(f, t->exp_avg, err);
-        snprintf(name, sizeof name, "%s.exp_avg_sq", t->p.name);
-        if (st == MOE_OK) st = moe_st_expect(f, name, t->p.ndim, t->p.shape, &t->exp_avg_sq, err);
+        snprintf(name, sizeof name, "%s.exp_avg_sq", t->p->name);
+        if (st == MOE_OK) st = moe_st_expect(f, name, t->p->ndim, t->p->shape, &t->exp_avg_sq, err);
         if (st == MOE_OK) st = check_f32(f, t->exp_avg_sq, err);
         if (st != MOE_OK) return st;
         t->ofile = f;
@@ -256,27 +249,27 @@ static moe_status open_optimizer(moe_ckpt_tensors *c, const char *dir, char **ma
 }
 
 /* The index's entry for every parameter names its rank's file; no other names; the total. */
-static moe_status check_index(const moe_ckpt_tensors *c, const char *path, json_t *map,
-                              int64_t total, moe_err *err) {
+static moe_status check_index(const moe_ckpt *c, const char *path, json_t *map, int64_t total,
+                              moe_err *err) {
     int64_t bytes = 0;
-    for (int i = 0; i < c->n; i++) {
+    for (int i = 0; i < c->table.n_params; i++) {
         const moe_ckpt_tensor *t = &c->t[i];
-        const char *file = json_string_value(json_object_get(map, t->p.name));
+        const char *file = json_string_value(json_object_get(map, t->p->name));
         char want[64];
         moe_ckpt_model_file(t->rank, c->ep, want, sizeof want);
         if (!file)
-            return damaged(err, path, "the weight_map has no file for tensor '%s'", t->p.name);
+            return damaged(err, path, "the weight_map has no file for tensor '%s'", t->p->name);
         if (strcmp(file, want) != 0)
             return damaged(err, path,
                            "the weight_map puts tensor '%s' in %s; EP rank %d owns it: expected %s",
-                           t->p.name, file, t->rank, want);
+                           t->p->name, file, t->rank, want);
         bytes += (int64_t)(t->w->end - t->w->begin);
     }
-    if ((int)json_object_size(map) != c->n) {
+    if ((int)json_object_size(map) != c->table.n_params) {
         const char *key;
         json_t *v;
         json_object_foreach(map, key, v) {
-            if (!moe_ckpt_tensors_find(c, key))
+            if (!moe_ckpt_find(c, key))
                 return damaged(err, path,
                                "the weight_map names tensor '%s', which is not a parameter of "
                                "the checkpoint's model",
@@ -295,7 +288,7 @@ static moe_status check_index(const moe_ckpt_tensors *c, const char *path, json_
 static moe_status detect_layout(const char *dir, const moe_config *ck, json_t **index, json_t **map,
                                 int *ep, int64_t *total, char *ipath, size_t n, moe_err *err) {
     struct stat sb;
-    char single[MOE_CKPT_PATH_MAX];
+    char single[MOE_CKPT_PATH_MAX + 32];
     snprintf(ipath, n, "%s/%s", dir, MOE_CKPT_INDEX_FILE);
     snprintf(single, sizeof single, "%s/model.safetensors", dir);
     int has_index = stat(ipath, &sb) == 0, has_single = stat(single, &sb) == 0;
@@ -329,10 +322,10 @@ static moe_status detect_layout(const char *dir, const moe_config *ck, json_t **
     return MOE_OK;
 }
 
-moe_status moe_ckpt_tensors_open(moe_ckpt_tensors *c, const char *ckpt_dir, const moe_config *ck,
-                                 int with_optimizer, moe_err *err) {
-    memset(c, 0, sizeof *c);
-    char ipath[MOE_CKPT_PATH_MAX];
+moe_status moe_ckpt_tensors_open(moe_ckpt *c, int with_optimizer, moe_err *err) {
+    const moe_config *ck = &c->cfg;
+    const char *ckpt_dir = c->dir;
+    char ipath[MOE_CKPT_PATH_MAX + 32];
     json_t *index, *map;
     int ep;
     int64_t total;
@@ -342,54 +335,48 @@ moe_status moe_ckpt_tensors_open(moe_ckpt_tensors *c, const char *ckpt_dir, cons
         json_decref(index); /* NULL, or an index whose ep does not fit */
         return st;
     }
-    char **manifest = NULL;
-    int n_manifest = 0, *counts = calloc((size_t)ep, sizeof *counts);
-    moe_convert_tensor *tab = NULL;
-    int n = moe_convert_tensor_table(&ck->model, &tab);
+    st = moe_param_table_build(&c->table, &ck->model, 0, ck->model.num_local_experts, err);
+    if (st != MOE_OK) {
+        json_decref(index);
+        return st;
+    }
+    int n = c->table.n_params, *counts = calloc((size_t)ep, sizeof *counts);
     c->ep = ep;
     c->model = calloc((size_t)ep, sizeof *c->model);
-    if (n >= 0) {
-        c->n = n;
-        c->t = calloc((size_t)(n ? n : 1), sizeof *c->t);
-        c->by_name = calloc((size_t)(n ? n : 1), sizeof *c->by_name);
-    }
-    if (!counts || n < 0 || !c->model || !c->t || !c->by_name)
+    c->t = calloc((size_t)n, sizeof *c->t);
+    c->by_name = calloc((size_t)n, sizeof *c->by_name);
+    if (!counts || !c->model || !c->t || !c->by_name)
         st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
-    if (st == MOE_OK) st = moe_ckpt_manifest_names(ckpt_dir, &manifest, &n_manifest, err);
-    if (st == MOE_OK && index && !is_listed(MOE_CKPT_INDEX_FILE, manifest, n_manifest))
+    if (st == MOE_OK && index && !moe_ckpt_lists(c, MOE_CKPT_INDEX_FILE))
         st = damaged(err, ipath, "%s is not listed in the checkpoint's MANIFEST",
                      MOE_CKPT_INDEX_FILE);
     if (st == MOE_OK) {
         for (int i = 0; i < n; i++) {
-            c->t[i].p = tab[i];
-            c->t[i].rank = moe_ckpt_rank_of(&tab[i], ck->model.num_local_experts, ep);
+            c->t[i].p = &c->table.params[i];
+            c->t[i].rank = moe_param_rank(c->t[i].p, ck->model.num_local_experts, ep);
             counts[c->t[i].rank]++;
-        }
-        for (int i = 0; i < n; i++)
             c->by_name[i] = &c->t[i];
+        }
         qsort(c->by_name, (size_t)n, sizeof *c->by_name, cmp_by_name);
     }
     for (int r = 0; st == MOE_OK && r < ep; r++) {
         char name[64];
         moe_ckpt_model_file(r, ep, name, sizeof name);
-        st = open_listed(ckpt_dir, name, manifest, n_manifest, &c->model[r], err);
+        st = open_listed(c, name, &c->model[r], err);
     }
     for (int i = 0; st == MOE_OK && i < n; i++) {
         moe_ckpt_tensor *t = &c->t[i];
         const moe_st_file *f = &c->model[t->rank];
-        st = moe_st_expect(f, t->p.name, t->p.ndim, t->p.shape, &t->w, err);
+        st = moe_st_expect(f, t->p->name, t->p->ndim, t->p->shape, &t->w, err);
         if (st == MOE_OK) st = check_f32(f, t->w, err);
         t->file = f;
     }
     for (int r = 0; st == MOE_OK && r < ep; r++)
         if (c->model[r].n_tensors != counts[r]) st = check_no_strays(c, &c->model[r], r, 0, err);
     if (st == MOE_OK && index) st = check_index(c, ipath, map, total, err);
-    if (st == MOE_OK && with_optimizer)
-        st = open_optimizer(c, ckpt_dir, manifest, n_manifest, counts, err);
+    if (st == MOE_OK && with_optimizer) st = open_optimizer(c, counts, err);
     json_decref(index);
-    moe_ckpt_names_free(manifest, n_manifest);
     free(counts);
-    free(tab);
     if (st != MOE_OK) moe_ckpt_tensors_close(c);
     return st;
 }

@@ -6,7 +6,8 @@
  *   model.safetensors.index.json     {"metadata": {"total_size"}, "weight_map"}
  *   tokenizer.json, tokenizer_config.json, special_tokens_map.json
  *   moe_tokenizer.json, moe_config.yaml  the checkpoint's own, for an exact from-hf
- * Tensors go into shards in model order (embedding, layer 0, ..., norm, lm_head); a shard
+ * Tensors go into shards in Hugging Face state_dict order (embedding, layer 0, ..., norm,
+ * lm_head: moe_param_table_hf_order); a shard
  * closes before the tensor that would take it past max_shard_bytes, as transformers'
  * save_pretrained does. The one thing to know: f32 export copies the checkpoint's bytes
  * (the writer reads them straight from the mmap), so native -> HF -> native is exact. */
@@ -17,9 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "moe/ckpt_tensors.h"
+#include "moe/ckpt.h"
 #include "moe/convert.h"
-#include "moe/embed.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
 #include "moe/version.h"
@@ -67,51 +67,6 @@ moe_status moe_convert_out_dir(const char *arg, char *out, size_t n, moe_err *er
     memcpy(out, arg, len);
     out[len] = '\0';
     return MOE_OK;
-}
-
-int moe_convert_tensor_table(const moe_model_config *c, moe_convert_tensor **out) {
-    int L = (int)c->num_hidden_layers, E = (int)c->num_local_experts;
-    int n = 1 + L * (7 + 3 * E) + 1 + (c->tie_word_embeddings ? 0 : 1);
-    moe_convert_tensor *t = calloc((size_t)n, sizeof *t);
-    *out = t;
-    if (!t) return -1;
-    int64_t V = c->vocab_size, C = c->hidden_size, F = c->intermediate_size;
-    int64_t KVD = c->hidden_size / c->num_attention_heads * c->num_key_value_heads;
-    int i = 0;
-#define ADD(nd, d0, d1, l, e, k, ...)                                                              \
-    do {                                                                                           \
-        snprintf(t[i].name, sizeof t[i].name, __VA_ARGS__);                                        \
-        t[i].ndim = nd;                                                                            \
-        t[i].shape[0] = d0;                                                                        \
-        t[i].shape[1] = d1;                                                                        \
-        t[i].layer = l;                                                                            \
-        t[i].expert = e;                                                                           \
-        t[i].kind = k;                                                                             \
-        i++;                                                                                       \
-    } while (0)
-    ADD(2, V, C, -1, -1, MOE_CT_OTHER, "model.embed_tokens.weight");
-    for (int l = 0; l < L; l++) {
-        ADD(1, C, 0, l, -1, MOE_CT_OTHER, "model.layers.%d.input_layernorm.weight", l);
-        ADD(2, C, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.q_proj.weight", l);
-        ADD(2, KVD, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.k_proj.weight", l);
-        ADD(2, KVD, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.v_proj.weight", l);
-        ADD(2, C, C, l, -1, MOE_CT_OTHER, "model.layers.%d.self_attn.o_proj.weight", l);
-        ADD(1, C, 0, l, -1, MOE_CT_OTHER, "model.layers.%d.post_attention_layernorm.weight", l);
-        ADD(2, E, C, l, -1, MOE_CT_OTHER, "model.layers.%d.block_sparse_moe.gate.weight", l);
-        for (int j = 0; j < E; j++)
-            ADD(2, F, C, l, j, MOE_CT_W1, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight",
-                l, j);
-        for (int j = 0; j < E; j++)
-            ADD(2, C, F, l, j, MOE_CT_W2, "model.layers.%d.block_sparse_moe.experts.%d.w2.weight",
-                l, j);
-        for (int j = 0; j < E; j++)
-            ADD(2, F, C, l, j, MOE_CT_W3, "model.layers.%d.block_sparse_moe.experts.%d.w3.weight",
-                l, j);
-    }
-    ADD(1, C, 0, -1, -1, MOE_CT_OTHER, "model.norm.weight");
-    if (!c->tie_word_embeddings) ADD(2, V, C, -1, -1, MOE_CT_OTHER, "lm_head.weight");
-#undef ADD
-    return i;
 }
 
 /* ---- config.json ---- */
@@ -192,13 +147,14 @@ static moe_status finish_out(const char *tmp, const char *out_dir, moe_status st
 /* ---- to-hf ---- */
 
 typedef struct src_tensor {
+    const moe_param *p;   /* its table entry */
     const moe_st_file *f; /* the checkpoint file holding t */
     const moe_st_tensor *t;
     int64_t out_bytes;
     int shard;
 } src_tensor;
 
-static moe_status add_tensor(moe_st_writer *w, const moe_st_file *f, const moe_convert_tensor *ct,
+static moe_status add_tensor(moe_st_writer *w, const moe_st_file *f, const moe_param *ct,
                              const moe_st_tensor *t, moe_st_dtype dtype, float **owned,
                              moe_err *err) {
     *owned = NULL;
@@ -220,8 +176,8 @@ static moe_status add_tensor(moe_st_writer *w, const moe_st_file *f, const moe_c
     return moe_st_writer_add_f32(w, ct->name, dtype, ct->ndim, ct->shape, src, err);
 }
 
-static moe_status write_shards(const char *tmp, const moe_convert_tensor *tab, src_tensor *src,
-                               int n, int n_shards, moe_st_dtype dtype, moe_err *err) {
+static moe_status write_shards(const char *tmp, src_tensor *src, int n, int n_shards,
+                               moe_st_dtype dtype, moe_err *err) {
     float **owned = calloc((size_t)n, sizeof *owned);
     if (!owned) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_status st = MOE_OK;
@@ -232,7 +188,7 @@ static moe_status write_shards(const char *tmp, const moe_convert_tensor *tab, s
         st = moe_st_writer_meta(&w, "format", "pt", err);
         int i = first;
         for (; st == MOE_OK && i < n && src[i].shard == s; i++)
-            st = add_tensor(&w, src[i].f, &tab[i], src[i].t, dtype, &owned[i], err);
+            st = add_tensor(&w, src[i].f, src[i].p, src[i].t, dtype, &owned[i], err);
         char path[4400];
         if (n_shards == 1)
             snprintf(path, sizeof path, "%s/model.safetensors", tmp);
@@ -250,14 +206,14 @@ static moe_status write_shards(const char *tmp, const moe_convert_tensor *tab, s
     return st;
 }
 
-static moe_status write_index(const char *tmp, const moe_convert_tensor *tab, const src_tensor *src,
-                              int n, int n_shards, moe_err *err) {
+static moe_status write_index(const char *tmp, const src_tensor *src, int n, int n_shards,
+                              moe_err *err) {
     json_t *o = json_object(), *meta = json_object(), *map = json_object();
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
         char file[64];
         snprintf(file, sizeof file, "model-%05d-of-%05d.safetensors", src[i].shard + 1, n_shards);
-        json_object_set_new(map, tab[i].name, json_string(file));
+        json_object_set_new(map, src[i].p->name, json_string(file));
         total += src[i].out_bytes;
     }
     json_object_set_new(meta, "total_size", json_integer(total));
@@ -280,24 +236,21 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
         return moe_err_set(err, MOE_ERR_INPUT, NULL, "--dtype must be f32 or bf16");
     char out_dir[4096];
     if (moe_convert_out_dir(out_arg, out_dir, sizeof out_dir, err) != MOE_OK) return MOE_ERR_INPUT;
-    moe_infer_ckpt ck;
-    moe_status st = moe_infer_ckpt_open(&ck, ckpt_dir, err);
+    moe_ckpt ck; /* either layout: single file or expert-parallel shards */
+    moe_status st = moe_ckpt_open(&ck, ckpt_dir, MOE_CKPT_SKIP_OPTIMIZER_CRC, err);
     if (st != MOE_OK) return st;
     char path[4400], tmp[4200];
-    moe_ckpt_tensors ct; /* either layout: single file or expert-parallel shards */
-    moe_convert_tensor *tab = NULL;
-    src_tensor *src = NULL;
-    int n = moe_convert_tensor_table(&ck.cfg.model, &tab), n_shards = 0, have_tmp = 0;
-    st = n < 0 ? moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory")
-               : moe_ckpt_tensors_open(&ct, ck.dir, &ck.cfg, 0, err);
-    int opened = st == MOE_OK;
-    if (st == MOE_OK && !(src = calloc((size_t)n, sizeof *src)))
-        st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-    /* validate every tensor and plan the shards before writing anything */
+    int n = ck.table.n_params, n_shards = 0, have_tmp = 0;
+    src_tensor *src = calloc((size_t)n, sizeof *src);
+    int *order = calloc((size_t)n, sizeof *order);
+    if (!src || !order) st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    if (st == MOE_OK) moe_param_table_hf_order(&ck.table, order);
+    /* plan the shards before writing anything (the reader validated every tensor) */
     int64_t in_shard = 0, esize = (int64_t)moe_st_dtype_size(o->dtype);
     for (int i = 0; st == MOE_OK && i < n; i++) {
-        const moe_ckpt_tensor *ref = moe_ckpt_tensors_find(&ct, tab[i].name);
-        src[i].f = ref->file; /* the reader validated every parameter of this table */
+        const moe_ckpt_tensor *ref = &ck.t[order[i]];
+        src[i].p = ref->p;
+        src[i].f = ref->file;
         src[i].t = ref->w;
         src[i].out_bytes = src[i].t->numel * esize;
         if (n_shards == 0 || (in_shard > 0 && in_shard + src[i].out_bytes > o->max_shard_bytes)) {
@@ -313,8 +266,8 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
         st = prepare_out(out_dir, tmp, sizeof tmp, err);
         have_tmp = st == MOE_OK;
     }
-    if (st == MOE_OK) st = write_shards(tmp, tab, src, n, n_shards, o->dtype, err);
-    if (st == MOE_OK && n_shards > 1) st = write_index(tmp, tab, src, n, n_shards, err);
+    if (st == MOE_OK) st = write_shards(tmp, src, n, n_shards, o->dtype, err);
+    if (st == MOE_OK && n_shards > 1) st = write_index(tmp, src, n, n_shards, err);
     if (st == MOE_OK) {
         json_t *cj = hf_config_json(&ck.cfg, ck.tok, o->dtype);
         snprintf(path, sizeof path, "%s/config.json", tmp);
@@ -350,9 +303,8 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
                      tok_written ? " (tokenizer.json for AutoTokenizer)"
                                  : " (no AutoTokenizer files: see docs/interop.md)");
     }
-    if (opened) moe_ckpt_tensors_close(&ct);
     free(src);
-    free(tab);
-    moe_infer_ckpt_close(&ck);
+    free(order);
+    moe_ckpt_close(&ck);
     return st;
 }

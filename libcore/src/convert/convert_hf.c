@@ -9,9 +9,10 @@
  *                (rows [0, F) of expert j are w1 = gate, rows [F, 2F) are w3 = up, as
  *                transformers' MixtralExperts chunks them) and experts.down_proj [E, C, F]
  *                (= w2); `mlp.` is accepted in place of `block_sparse_moe.`.
- * Writes CKPT_DIR as a checkpoint (moe/checkpoint.h mechanics: temporary directory,
- * MANIFEST, rename) at step 0 with fp32 weights and no optimizer file (weights only: the
- * Adam moments start at zero, moe/ckpt_tensors.h). The one thing to
+ * Writes CKPT_DIR as a checkpoint (moe/ckpt.h mechanics: temporary directory, MANIFEST,
+ * rename) at step 0 with fp32 weights of every tensor of the parameter table
+ * (moe/model_params.h) and no optimizer file (weights only: the Adam moments start at
+ * zero). The one thing to
  * know: the moe tokenizer comes from HF_DIR/moe_tokenizer.json (written by to-hf) or
  * --tokenizer, and must have exactly model.vocab_size tokens, so that moe-train and
  * moe-embed accept the result. */
@@ -22,7 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "moe/checkpoint.h"
+#include "moe/ckpt.h"
 #include "moe/convert.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
@@ -112,7 +113,7 @@ static moe_status read_hf_config(const char *hf_dir, moe_config *cfg, moe_err *e
         st = moe_config_load(cfg, ypath, 0, NULL, err);
     else
         moe_config_defaults(cfg);
-    cfg->parallel.ep = 1; /* from-hf writes the single-file layout (moe/ckpt_tensors.h) */
+    cfg->parallel.ep = 1; /* from-hf writes the single-file layout (moe/ckpt.h) */
     moe_model_config *m = &cfg->model;
     int64_t tie = 0, hd = 0;
     if (st == MOE_OK) st = cfg_int(o, path, "vocab_size", -1, &m->vocab_size, err);
@@ -303,11 +304,10 @@ static moe_status bad_shape(moe_err *err, const moe_st_file *f, const moe_st_ten
 }
 
 /* Expert tensor ct from a fused layer tensor (cached: one gate_up and one down at a time). */
-static moe_status read_fused(const hf_src *s, const moe_model_config *c,
-                             const moe_convert_tensor *ct, fused_cache *cache, float *out,
-                             moe_err *err) {
+static moe_status read_fused(const hf_src *s, const moe_model_config *c, const moe_param *ct,
+                             fused_cache *cache, float *out, moe_err *err) {
     int64_t E = c->num_local_experts, F = c->intermediate_size, C = c->hidden_size;
-    int down = ct->kind == MOE_CT_W2;
+    int down = ct->kind == MOE_PARAM_W2;
     char name[160];
     snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%s", ct->layer,
              down ? "down_proj" : "gate_up_proj");
@@ -338,27 +338,26 @@ static moe_status read_fused(const hf_src *s, const moe_model_config *c,
     }
     int64_t n = ct->shape[0] * ct->shape[1];
     const float *base = fc->data + (int64_t)ct->expert * (down ? C * F : 2 * F * C);
-    if (ct->kind == MOE_CT_W3) base += F * C;
+    if (ct->kind == MOE_PARAM_W3) base += F * C;
     memcpy(out, base, (size_t)n * sizeof(float));
     return MOE_OK;
 }
 
-static moe_status read_weights(const hf_src *s, const moe_model_config *c,
-                               const moe_convert_tensor *tab, int n, float **bufs, moe_err *err) {
+static moe_status read_weights(const hf_src *s, const moe_model_config *c, const moe_param *tab,
+                               int n, float **bufs, moe_err *err) {
     fused_cache cache[2];
     memset(cache, 0, sizeof cache);
     moe_status st = MOE_OK;
     for (int i = 0; st == MOE_OK && i < n; i++) {
-        const moe_convert_tensor *ct = &tab[i];
-        bufs[i] =
-            malloc((size_t)(ct->shape[0] * (ct->ndim == 2 ? ct->shape[1] : 1)) * sizeof(float));
+        const moe_param *ct = &tab[i];
+        bufs[i] = malloc((size_t)ct->numel * sizeof(float));
         if (!bufs[i]) {
             st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
             break;
         }
         const moe_st_file *f;
         const moe_st_tensor *t = src_find(s, ct->name, &f);
-        if (!t && ct->kind != MOE_CT_OTHER) {
+        if (!t && ct->kind != MOE_PARAM_DENSE) {
             st = read_fused(s, c, ct, cache, bufs[i], err);
             continue;
         }
@@ -388,7 +387,7 @@ static const char STATE_JSON[] =
     "  \"imported_from\": \"Hugging Face (moe-convert from-hf)\"\n}\n";
 
 static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_tokenizer *tok,
-                             const moe_convert_tensor *tab, int n, float **bufs, moe_err *err) {
+                             const moe_param *tab, int n, float **bufs, moe_err *err) {
     moe_ckpt_writer w;
     moe_status st = moe_ckpt_begin(&w, run, 0, err);
     if (st != MOE_OK) return st;
@@ -405,7 +404,7 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
         st = moe_write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
                                  moe_tokenizer_spec_json(tok), NULL, err);
     /* Weights only: no optimizer file; readers start the Adam moments at zero
-     * (moe/ckpt_tensors.h), which is what a file of zeros twice the weights' size would say. */
+     * (moe/ckpt.h), which is what a file of zeros twice the weights' size would say. */
     if (st == MOE_OK) {
         moe_st_writer sw;
         moe_st_writer_init(&sw);
@@ -452,19 +451,21 @@ moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_arg, const m
     if (st != MOE_OK) return st;
     hf_src src;
     st = src_open(&src, hf_dir, err);
-    moe_convert_tensor *tab = NULL;
+    moe_param_table table;
+    memset(&table, 0, sizeof table);
     float **bufs = NULL;
     int n = 0;
     if (st == MOE_OK) {
-        n = moe_convert_tensor_table(&cfg.model, &tab);
-        bufs = n > 0 ? calloc((size_t)n, sizeof *bufs) : NULL;
-        if (!bufs) st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        if (st == MOE_OK) st = read_weights(&src, &cfg.model, tab, n, bufs, err);
+        st = moe_param_table_build(&table, &cfg.model, 0, cfg.model.num_local_experts, err);
+        n = table.n_params;
+        bufs = st == MOE_OK ? calloc((size_t)n, sizeof *bufs) : NULL;
+        if (st == MOE_OK && !bufs) st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        if (st == MOE_OK) st = read_weights(&src, &cfg.model, table.params, n, bufs, err);
         src_close(&src);
     }
     char run[MOE_CKPT_PATH_MAX];
     snprintf(run, sizeof run, "%s.tmp.%d", ckpt_dir, (int)getpid());
-    if (st == MOE_OK) st = write_ckpt(run, &cfg, tok, tab, n, bufs, err);
+    if (st == MOE_OK) st = write_ckpt(run, &cfg, tok, table.params, n, bufs, err);
     if (st == MOE_OK) {
         char made[MOE_CKPT_PATH_MAX + 32];
         snprintf(made, sizeof made, "%s/ckpt-00000000", run);
@@ -478,7 +479,7 @@ moe_status moe_convert_from_hf(const char *hf_dir, const char *ckpt_arg, const m
     for (int i = 0; bufs && i < n; i++)
         free(bufs[i]);
     free(bufs);
-    free(tab);
+    moe_param_table_free(&table);
     moe_tokenizer_free(tok);
     return st;
 }

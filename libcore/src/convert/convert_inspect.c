@@ -13,10 +13,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "moe/checkpoint.h"
-#include "moe/ckpt_tensors.h"
+#include "moe/ckpt.h"
 #include "moe/convert.h"
-#include "moe/embed.h"
+#include "moe/fileio.h"
 #include "moe/model.h"
 
 static int cmp_str(const void *a, const void *b) {
@@ -107,38 +106,84 @@ static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64
     free(buf);
 }
 
-/* "layout: ..." - which file holds what (moe/ckpt_tensors.h), after validating it; a
- * layout that does not validate is printed and left in *lerr. */
-static void print_layout(const char *dir, const moe_config *cfg, FILE *out, moe_err *lerr) {
-    moe_ckpt_tensors ct;
-    if (moe_ckpt_tensors_open(&ct, dir, cfg, 1, lerr) != MOE_OK) {
+/* "layout: ..." - which file holds what (moe/ckpt.h) of an opened checkpoint, or the reason
+ * its layout did not validate. */
+static void print_layout(const moe_ckpt *ct, FILE *out) {
+    const moe_err *lerr = &ct->part_err[MOE_CKPT_PART_TENSORS];
+    if (lerr->status != MOE_OK) {
         fprintf(out, "layout: INVALID: %s\n", lerr->msg);
         return;
     }
-    int64_t E = cfg->model.num_local_experts, per = E / ct.ep;
+    int64_t E = ct->cfg.model.num_local_experts, per = E / ct->ep;
     const char *none = "no optimizer state (weights only: Adam moments start at zero)";
-    if (ct.ep == 1) {
+    if (ct->ep == 1) {
         fprintf(out, "layout: single file (ep 1): model.safetensors, %s\n",
-                ct.weights_only ? none : "optimizer-rank0.safetensors");
+                ct->weights_only ? none : "optimizer-rank0.safetensors");
     } else {
         fprintf(out,
                 "layout: expert-parallel, ep %d (%s + %d model files, experts split "
                 "%" PRId64 " per rank):\n",
-                ct.ep, MOE_CKPT_INDEX_FILE, ct.ep, per);
-        for (int r = 0; r < ct.ep; r++) {
+                ct->ep, MOE_CKPT_INDEX_FILE, ct->ep, per);
+        for (int r = 0; r < ct->ep; r++) {
             char mf[64], of[64], ex[64];
-            moe_ckpt_model_file(r, ct.ep, mf, sizeof mf);
+            moe_ckpt_model_file(r, ct->ep, mf, sizeof mf);
             moe_ckpt_optim_file(r, of, sizeof of);
             if (per == 1)
                 snprintf(ex, sizeof ex, "expert %" PRId64, (int64_t)r);
             else
                 snprintf(ex, sizeof ex, "experts %" PRId64 "-%" PRId64, r * per, (r + 1) * per - 1);
             fprintf(out, "  rank %d: %s (%s%s, %d tensors), %s\n", r, mf, r == 0 ? "dense + " : "",
-                    ex, ct.model[r].n_tensors, ct.weights_only ? "no optimizer file" : of);
+                    ex, ct->model[r].n_tensors, ct->weights_only ? "no optimizer file" : of);
         }
-        if (ct.weights_only) fprintf(out, "  %s\n", none);
+        if (ct->weights_only) fprintf(out, "  %s\n", none);
     }
-    moe_ckpt_tensors_close(&ct);
+}
+
+/* The checkpoint part of the report: MANIFEST, config, layout, tokenizer, trainer state.
+ * *manifest and *layout get the failures that make inspect fail (the rest is printed). */
+static void print_ckpt(const moe_ckpt *ck, const char *dir, FILE *out, moe_err *manifest,
+                       moe_err *layout) {
+    const moe_err *merr = &ck->part_err[MOE_CKPT_PART_MANIFEST];
+    fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", dir,
+            merr->status == MOE_OK ? "ok (sizes and CRC32 of every file match)" : "FAILED: ",
+            merr->status == MOE_OK ? "" : merr->msg);
+    *manifest = *merr;
+    const moe_err *cerr = &ck->part_err[MOE_CKPT_PART_CONFIG];
+    if (cerr->status == MOE_OK) {
+        const moe_model_config *m = &ck->cfg.model;
+        int64_t total, active;
+        moe_model_count_params(m, &total, &active);
+        fprintf(out,
+                "model: vocab %" PRId64 ", hidden %" PRId64 ", intermediate %" PRId64
+                ", layers %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, experts %" PRId64
+                " (top-%" PRId64 "), context %" PRId64 ", rope_theta %g, tied %s\n"
+                "parameters: %" PRId64 " total, %" PRId64 " active per token; recipe %s\n",
+                m->vocab_size, m->hidden_size, m->intermediate_size, m->num_hidden_layers,
+                m->num_attention_heads, m->num_key_value_heads, m->num_local_experts,
+                m->num_experts_per_tok, m->max_position_embeddings, m->rope_theta,
+                m->tie_word_embeddings ? "yes" : "no", total, active,
+                moe_recipe_name(ck->cfg.precision.recipe));
+        print_layout(ck, out);
+        *layout = ck->part_err[MOE_CKPT_PART_TENSORS];
+    } else {
+        fprintf(out, "config.yaml: unreadable: %s\n", cerr->msg);
+    }
+    const moe_err *terr = &ck->part_err[MOE_CKPT_PART_TOKENIZER];
+    if (terr->status == MOE_OK && ck->tok)
+        fprintf(out,
+                "tokenizer: %s, %" PRId64 " tokens, vocabulary hash %016" PRIx64 "\n  spec: %s\n",
+                ck->tok->name, ck->tok->vocab_size, ck->tok->vocab_hash,
+                moe_tokenizer_spec_json(ck->tok));
+    else
+        fprintf(out, "tokenizer.json: unreadable: %s\n", terr->msg);
+    char path[MOE_CKPT_PATH_MAX + 24], *json;
+    size_t len;
+    snprintf(path, sizeof path, "%s/trainer_state.json", ck->dir);
+    if (moe_read_file(path, &json, &len, NULL) == MOE_OK) {
+        fprintf(out, "trainer_state.json: %s", json);
+        if (len && json[len - 1] != '\n') fputc('\n', out);
+        free(json);
+    }
 }
 
 moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out,
@@ -153,54 +198,12 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
     moe_err_clear(&merr);
     moe_err_clear(&lerr);
     if (is_ckpt) {
-        manifest = moe_ckpt_verify(dir, &merr);
-        fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", dir,
-                manifest == MOE_OK ? "ok (sizes and CRC32 of every file match)" : "FAILED: ",
-                manifest == MOE_OK ? "" : merr.msg);
-        moe_config cfg;
-        snprintf(path, sizeof path, "%s/config.yaml", dir);
-        moe_err cerr;
-        moe_err_clear(&cerr);
-        if (moe_config_load(&cfg, path, 0, NULL, &cerr) == MOE_OK) {
-            const moe_model_config *m = &cfg.model;
-            int64_t total, active;
-            moe_model_count_params(m, &total, &active);
-            fprintf(out,
-                    "model: vocab %" PRId64 ", hidden %" PRId64 ", intermediate %" PRId64
-                    ", layers %" PRId64 ", heads %" PRId64 "/%" PRId64 " kv, experts %" PRId64
-                    " (top-%" PRId64 "), context %" PRId64 ", rope_theta %g, tied %s\n"
-                    "parameters: %" PRId64 " total, %" PRId64 " active per token; recipe %s\n",
-                    m->vocab_size, m->hidden_size, m->intermediate_size, m->num_hidden_layers,
-                    m->num_attention_heads, m->num_key_value_heads, m->num_local_experts,
-                    m->num_experts_per_tok, m->max_position_embeddings, m->rope_theta,
-                    m->tie_word_embeddings ? "yes" : "no", total, active,
-                    moe_recipe_name(cfg.precision.recipe));
-            print_layout(dir, &cfg, out, &lerr);
-        } else {
-            fprintf(out, "config.yaml: unreadable: %s\n", cerr.msg);
-        }
-        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-        char *json = NULL;
-        size_t len;
-        moe_tokenizer *tok = NULL;
-        moe_err terr;
-        moe_err_clear(&terr);
-        if (moe_read_file(path, &json, &len, &terr) == MOE_OK &&
-            moe_tokenizer_from_json(&tok, json, path, &terr) == MOE_OK)
-            fprintf(out,
-                    "tokenizer: %s, %" PRId64 " tokens, vocabulary hash %016" PRIx64
-                    "\n  spec: %s\n",
-                    tok->name, tok->vocab_size, tok->vocab_hash, moe_tokenizer_spec_json(tok));
-        else
-            fprintf(out, "tokenizer.json: unreadable: %s\n", terr.msg);
-        moe_tokenizer_free(tok);
-        free(json);
-        snprintf(path, sizeof path, "%s/trainer_state.json", dir);
-        if (moe_read_file(path, &json, &len, NULL) == MOE_OK) {
-            fprintf(out, "trainer_state.json: %s", json);
-            if (len && json[len - 1] != '\n') fputc('\n', out);
-            free(json);
-        }
+        moe_ckpt ck;
+        moe_status st = moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_REPORT, err);
+        if (st != MOE_OK) return st;
+        print_ckpt(&ck, dir, out, &merr, &lerr);
+        manifest = merr.status;
+        moe_ckpt_close(&ck);
     }
     snprintf(path, sizeof path, "%s/config.json", dir);
     json_t *hf = is_ckpt ? NULL : json_load_file(path, 0, NULL);

@@ -1,11 +1,11 @@
 /* convert_reshard: moe-convert reshard --ep N and consolidate (= reshard to ep 1) - a
- * checkpoint rewritten in another expert-parallel layout (moe/ckpt_tensors.h).
+ * checkpoint rewritten in another expert-parallel layout (moe/ckpt.h).
  *
- * Input: any checkpoint (either layout), read through moe_ckpt_tensors after its MANIFEST
- * verified. Output: a new complete checkpoint directory, written into OUT.tmp.<pid>/ (model
- * files, optimizer files, the index when ep > 1, config.yaml with parallel.ep = N, every
- * other file - tokenizer.json, trainer_state.json, ... - copied byte for byte), each file
- * fsynced, MANIFEST last, then renamed to OUT and the parent fsynced. The one thing to know:
+ * Input: any checkpoint (either layout), opened with moe_ckpt_open (MANIFEST verified, every
+ * tensor of the parameter table indexed). Output: a new complete checkpoint directory, written into
+ * OUT.tmp.<pid>/ (model files, optimizer files, the index when ep > 1, config.yaml with parallel.ep
+ * = N, every other file - tokenizer.json, trainer_state.json, ... - copied byte for byte), each
+ * file fsynced, MANIFEST last, then renamed to OUT and the parent fsynced. The one thing to know:
  * tensor bytes are handed from the input's mmap straight to the safetensors writer with
  * their dtype, shape and the input's __metadata__, never converted, so reshard then
  * consolidate gives back every file of the original byte for byte. */
@@ -16,8 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "moe/checkpoint.h"
-#include "moe/ckpt_tensors.h"
+#include "moe/ckpt.h"
 #include "moe/convert.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
@@ -88,16 +87,16 @@ static moe_status add_copy(moe_st_writer *w, const moe_st_tensor *t, moe_err *er
 }
 
 /* Writes rank r's model file and optimizer file (none for a weights-only input) into tmp. */
-static moe_status write_rank(const moe_ckpt_tensors *in, int r, int ep, int64_t E, const char *tmp,
+static moe_status write_rank(const moe_ckpt *in, int r, int ep, int64_t E, const char *tmp,
                              moe_err *err) {
     moe_status st = MOE_OK;
     for (int pass = 0; st == MOE_OK && pass < (in->weights_only ? 1 : 2); pass++) {
         moe_st_writer w;
         moe_st_writer_init(&w);
         st = copy_meta(&w, pass == 0 ? &in->model[0] : &in->optim[0], err);
-        for (int i = 0; st == MOE_OK && i < in->n; i++) {
+        for (int i = 0; st == MOE_OK && i < in->table.n_params; i++) {
             const moe_ckpt_tensor *t = &in->t[i];
-            if (moe_ckpt_rank_of(&t->p, E, ep) != r) continue;
+            if (moe_param_rank(t->p, E, ep) != r) continue;
             if (pass == 0) {
                 st = add_copy(&w, t->w, err);
             } else {
@@ -119,14 +118,14 @@ static moe_status write_rank(const moe_ckpt_tensors *in, int r, int ep, int64_t 
 }
 
 /* model.safetensors.index.json: the Hugging Face sharded-checkpoint index plus moe_ep. */
-static moe_status write_index(const moe_ckpt_tensors *in, int ep, int64_t E, const char *tmp,
+static moe_status write_index(const moe_ckpt *in, int ep, int64_t E, const char *tmp,
                               moe_err *err) {
     json_t *o = json_object(), *meta = json_object(), *map = json_object();
     int64_t total = 0;
-    for (int i = 0; i < in->n; i++) {
+    for (int i = 0; i < in->table.n_params; i++) {
         char file[64];
-        moe_ckpt_model_file(moe_ckpt_rank_of(&in->t[i].p, E, ep), ep, file, sizeof file);
-        json_object_set_new(map, in->t[i].p.name, json_string(file));
+        moe_ckpt_model_file(moe_param_rank(in->t[i].p, E, ep), ep, file, sizeof file);
+        json_object_set_new(map, in->t[i].p->name, json_string(file));
         total += (int64_t)(in->t[i].w->end - in->t[i].w->begin);
     }
     json_object_set_new(meta, "total_size", json_integer(total));
@@ -152,15 +151,15 @@ static int is_layout_file(const char *name) {
 }
 
 /* Copies every other file MANIFEST lists (tokenizer.json, trainer_state.json, ...) verbatim. */
-static moe_status copy_other_files(const char *dir, const char *tmp, moe_err *err) {
-    char **names;
-    int n;
-    moe_status st = moe_ckpt_manifest_names(dir, &names, &n, err);
-    for (int i = 0; st == MOE_OK && i < n; i++) {
-        if (is_layout_file(names[i])) continue;
+static moe_status copy_other_files(const moe_ckpt *in, const char *tmp, moe_err *err) {
+    const char *dir = in->dir;
+    moe_status st = MOE_OK;
+    for (int i = 0; st == MOE_OK && i < in->n_files; i++) {
+        const char *name = in->files[i].name;
+        if (is_layout_file(name)) continue;
         char src[MOE_CKPT_PATH_MAX], dst[MOE_CKPT_PATH_MAX];
-        if (snprintf(src, sizeof src, "%s/%s", dir, names[i]) >= (int)sizeof src ||
-            snprintf(dst, sizeof dst, "%s/%s", tmp, names[i]) >= (int)sizeof dst) {
+        if (snprintf(src, sizeof src, "%s/%s", dir, name) >= (int)sizeof src ||
+            snprintf(dst, sizeof dst, "%s/%s", tmp, name) >= (int)sizeof dst) {
             st = moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
             break;
         }
@@ -179,7 +178,6 @@ static moe_status copy_other_files(const char *dir, const char *tmp, moe_err *er
         }
         free(data);
     }
-    moe_ckpt_names_free(names, n);
     return st;
 }
 
@@ -227,37 +225,37 @@ moe_status moe_convert_reshard(const char *ckpt_path, const char *out_arg, int e
         moe_err_hint(err, "choose a new output directory (nothing is overwritten)");
         return MOE_ERR_INPUT;
     }
-    char dir[MOE_CKPT_PATH_MAX], path[MOE_CKPT_PATH_MAX + 16];
-    moe_status st = moe_ckpt_resolve(ckpt_path, dir, sizeof dir, err);
-    if (st == MOE_OK) st = moe_ckpt_verify(dir, err);
+    moe_ckpt in;
+    moe_status st = moe_ckpt_open(&in, ckpt_path, MOE_CKPT_OPTIMIZER, err);
     if (st != MOE_OK) return st;
-    moe_config ck, out;
-    snprintf(path, sizeof path, "%s/config.yaml", dir);
-    st = moe_config_load(&ck, path, 0, NULL, err);
-    if (st == MOE_OK) st = out_config(&ck, path, ep, n_overrides, overrides, &out, err);
-    if (st != MOE_OK) return st;
-    moe_ckpt_tensors in;
-    st = moe_ckpt_tensors_open(&in, dir, &ck, 1, err);
-    if (st != MOE_OK) return st;
+    moe_config out;
+    char path[MOE_CKPT_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.yaml", in.dir);
+    st = out_config(&in.cfg, path, ep, n_overrides, overrides, &out, err);
+    if (st != MOE_OK) {
+        moe_ckpt_close(&in);
+        return st;
+    }
 
     char tmp[MOE_CKPT_PATH_MAX];
-    int64_t E = ck.model.num_local_experts;
+    int64_t E = in.cfg.model.num_local_experts;
     if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", out_dir, (int)getpid()) >= (int)sizeof tmp)
         st = moe_err_set(err, MOE_ERR_INPUT, out_dir, "path too long");
     if (st == MOE_OK && stat(tmp, &sb) == 0) st = moe_remove_tree(tmp, err);
     if (st == MOE_OK) st = moe_mkdirs(tmp, err);
     int made = st == MOE_OK;
     if (st == MOE_OK) st = write_config(&out, tmp, err);
-    if (st == MOE_OK) st = copy_other_files(dir, tmp, err);
+    if (st == MOE_OK) st = copy_other_files(&in, tmp, err);
     for (int r = 0; st == MOE_OK && r < ep; r++)
         st = write_rank(&in, r, ep, E, tmp, err);
     if (st == MOE_OK && ep > 1) st = write_index(&in, ep, E, tmp, err);
     if (st == MOE_OK) st = publish(tmp, out_dir, err);
     if (st != MOE_OK && made) moe_remove_tree(tmp, NULL);
     if (st == MOE_OK)
-        moe_log_info("wrote %s: %d tensors, ep %d (was %d): %s", out_dir, in.n, ep, in.ep,
+        moe_log_info("wrote %s: %d tensors, ep %d (was %d): %s", out_dir, in.table.n_params, ep,
+                     in.ep,
                      ep == 1 ? "model.safetensors + optimizer-rank0.safetensors"
                              : "index + one model and one optimizer file per EP rank");
-    moe_ckpt_tensors_close(&in);
+    moe_ckpt_close(&in);
     return st;
 }

@@ -441,8 +441,8 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
     }
     moe_status st = moe_infer_ckpt_open(&e->ck, o->ckpt_dir, err);
     if (st != MOE_OK) return st;
-    e->tok = e->ck.tok;
-    const moe_model_config *mc = &e->ck.cfg.model;
+    e->tok = e->ck.ckpt.tok;
+    const moe_model_config *mc = &e->ck.ckpt.cfg.model;
     e->C = mc->hidden_size;
     e->nb = e->tok->opts.add_bos && e->tok->bos_id >= 0;
     e->ne = e->tok->opts.add_eos && e->tok->eos_id >= 0;
@@ -487,7 +487,7 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
     if (!e->tokens || !e->range || !e->hidden) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_log_info("checkpoint %s: %s tokenizer, hidden %" PRId64 ", layer %d of %d (%s), %s "
                  "pooling%s, windows of %" PRId64 " tokens every %" PRId64 ", %s backend",
-                 e->ck.dir, e->tok->name, e->C, e->layer, L,
+                 e->ck.ckpt.dir, e->tok->name, e->C, e->layer, L,
                  e->layer == L   ? "final norm"
                  : e->layer == 0 ? "embeddings"
                                  : "layer output",

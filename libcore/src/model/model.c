@@ -1,11 +1,8 @@
-/* model: the MoE model's parameter table, lifetime, weight init, hidden-state API and the
- * size/FLOP estimates for --dry-run. The passes themselves live in model_pass.c.
- *
- * The parameter table lists tensors in this order: embed_tokens; per layer input_layernorm,
- * q/k/v/o_proj, post_attention_layernorm, gate, experts.0..E-1.w1, experts.0..E-1.w2,
- * experts.0..E-1.w3; model.norm; lm_head (absent when tied). Experts of one kind are
- * adjacent, so each kind is one [E, out, in] block for the grouped matmul. All weights live
- * in one backend allocation, all gradients in another, at the same offsets. */
+/* model: the MoE model's lifetime, weight init, hidden-state API and the size/FLOP
+ * estimates for --dry-run. The passes themselves live in model_pass.c, the parameter table
+ * in model_params.c (moe/model_params.h: dense tensors first, then per layer and kind one
+ * [E, out, in] block of experts for the grouped matmul). All weights live in one backend
+ * allocation, all gradients in another, at the table's offsets. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,75 +10,6 @@
 #include "model/model_internal.h"
 #include "moe/log.h"
 #include "moe/rng.h"
-
-/* ---- parameter table ---- */
-
-static void add_param(moe_model *m, const char *name, int ndim, int64_t d0, int64_t d1, int decay,
-                      int layer, int expert) {
-    moe_param *p = &m->params[m->n_params++];
-    memset(p, 0, sizeof *p);
-    snprintf(p->name, sizeof p->name, "%s", name);
-    p->ndim = ndim;
-    p->shape[0] = d0;
-    p->shape[1] = ndim > 1 ? d1 : 0;
-    p->numel = ndim > 1 ? d0 * d1 : d0;
-    p->offset = m->n_elems;
-    p->decay = decay;
-    p->layer = layer;
-    p->expert = expert;
-    m->n_elems += p->numel;
-}
-
-static int table_size(const moe_model_config *c) {
-    return 1 + (int)c->num_hidden_layers * (7 + 3 * (int)c->num_local_experts) + 1 +
-           (c->tie_word_embeddings ? 0 : 1);
-}
-
-static void build_table(moe_model *m, moe_layer_idx *lidx) {
-    const moe_model_config *c = &m->cfg;
-    int64_t C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
-    int64_t HD = c->num_attention_heads * m->head_dim, KVD = c->num_key_value_heads * m->head_dim;
-    int E = (int)c->num_local_experts;
-    char nm[128];
-    m->p_embed = m->n_params;
-    add_param(m, "model.embed_tokens.weight", 2, V, C, 0, -1, -1);
-    for (int l = 0; l < (int)c->num_hidden_layers; l++) {
-        moe_layer_idx *li = &lidx[l];
-#define LNAME(fmt, ...) (snprintf(nm, sizeof nm, "model.layers.%d." fmt, l, __VA_ARGS__), nm)
-        li->ln1 = m->n_params;
-        add_param(m, LNAME("%s", "input_layernorm.weight"), 1, C, 0, 0, l, -1);
-        li->q = m->n_params;
-        add_param(m, LNAME("%s", "self_attn.q_proj.weight"), 2, HD, C, 1, l, -1);
-        li->k = m->n_params;
-        add_param(m, LNAME("%s", "self_attn.k_proj.weight"), 2, KVD, C, 1, l, -1);
-        li->v = m->n_params;
-        add_param(m, LNAME("%s", "self_attn.v_proj.weight"), 2, KVD, C, 1, l, -1);
-        li->o = m->n_params;
-        add_param(m, LNAME("%s", "self_attn.o_proj.weight"), 2, C, HD, 1, l, -1);
-        li->ln2 = m->n_params;
-        add_param(m, LNAME("%s", "post_attention_layernorm.weight"), 1, C, 0, 0, l, -1);
-        li->gate = m->n_params;
-        add_param(m, LNAME("%s", "block_sparse_moe.gate.weight"), 2, E, C, 1, l, -1);
-        li->w1 = m->n_params;
-        for (int j = 0; j < E; j++)
-            add_param(m, LNAME("block_sparse_moe.experts.%d.w1.weight", j), 2, F, C, 1, l, j);
-        li->w2 = m->n_params;
-        for (int j = 0; j < E; j++)
-            add_param(m, LNAME("block_sparse_moe.experts.%d.w2.weight", j), 2, C, F, 1, l, j);
-        li->w3 = m->n_params;
-        for (int j = 0; j < E; j++)
-            add_param(m, LNAME("block_sparse_moe.experts.%d.w3.weight", j), 2, F, C, 1, l, j);
-#undef LNAME
-    }
-    m->p_norm = m->n_params;
-    add_param(m, "model.norm.weight", 1, C, 0, 0, -1, -1);
-    if (c->tie_word_embeddings) {
-        m->p_lm_head = m->p_embed;
-    } else {
-        m->p_lm_head = m->n_params;
-        add_param(m, "lm_head.weight", 2, V, C, 1, -1, -1);
-    }
-}
 
 /* ---- activation plan ---- */
 
@@ -258,7 +186,6 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
                               int plan, const moe_backend *be, int max_batch, int max_seq,
                               moe_err *err) {
     memset(m, 0, sizeof *m);
-    m->p_embed = m->p_norm = m->p_lm_head = -1;
     if (check_config(cfg, max_batch, max_seq, err) != MOE_OK) {
         moe_err_hint(err, "fix the model section of the config");
         return MOE_ERR_INPUT;
@@ -286,23 +213,27 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
     int L = (int)cfg->num_hidden_layers, E = (int)cfg->num_local_experts;
     int64_t N = (int64_t)max_batch * max_seq;
-    m->params = calloc((size_t)table_size(cfg), sizeof(moe_param));
+    /* every expert is local until expert parallelism narrows the range */
+    moe_status tst = moe_param_table_build(&m->table, cfg, 0, E, err);
+    if (tst != MOE_OK) {
+        moe_model_free(m);
+        return tst;
+    }
+    moe_param_table *t = &m->table;
     m->acts = calloc(1, sizeof(struct moe_acts));
     m->expert_tokens = calloc((size_t)(L * E), sizeof(int64_t));
-    if (!m->params || !m->acts || !m->expert_tokens) goto oom;
+    if (!m->acts || !m->expert_tokens) goto oom;
     struct moe_acts *a = m->acts;
     a->layer = calloc((size_t)L, sizeof(moe_layer_acts));
-    a->lidx = calloc((size_t)L, sizeof(moe_layer_idx));
     a->h_offsets = calloc((size_t)(L * (E + 1)), sizeof(int32_t));
     a->h_loss = calloc((size_t)N, sizeof(float));
-    if (!a->layer || !a->lidx || !a->h_offsets || !a->h_loss) goto oom;
-    build_table(m, a->lidx);
-    m->param_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
-    if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)m->n_elems * sizeof(float));
+    if (!a->layer || !a->h_offsets || !a->h_loss) goto oom;
+    m->param_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
+    if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
     if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem)) goto oom;
-    for (int i = 0; i < m->n_params; i++) {
-        m->params[i].data = m->param_mem + m->params[i].offset;
-        m->params[i].grad = m->grad_mem ? m->grad_mem + m->params[i].offset : NULL;
+    for (int i = 0; i < t->n_params; i++) {
+        t->params[i].data = m->param_mem + t->params[i].offset;
+        t->params[i].grad = m->grad_mem ? m->grad_mem + t->params[i].offset : NULL;
     }
     a->max_tokens = N;
     a->bytes = moe_acts_plan(cfg, N, plan, a, NULL);
@@ -311,7 +242,7 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     moe_acts_plan(cfg, N, plan, a, a->mem);
     return MOE_OK;
 oom:;
-    size_t pbytes = (size_t)m->n_elems * sizeof(float);
+    size_t pbytes = (size_t)m->table.n_elems * sizeof(float);
     size_t abytes = moe_acts_plan(cfg, N, plan, NULL, NULL);
     moe_model_free(m);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
@@ -353,45 +284,38 @@ void moe_model_free(moe_model *m) {
     }
     if (m->acts) {
         free(m->acts->layer);
-        free(m->acts->lidx);
         free(m->acts->h_offsets);
         free(m->acts->h_loss);
         free(m->acts);
     }
-    free(m->params);
+    moe_param_table_free(&m->table);
     free(m->expert_tokens);
     memset(m, 0, sizeof *m);
 }
 
 int64_t moe_model_n_params(const moe_model *m) {
-    return m->n_elems;
-}
-
-int moe_model_find_param(const moe_model *m, const char *name) {
-    for (int i = 0; i < m->n_params; i++)
-        if (strcmp(m->params[i].name, name) == 0) return i;
-    return -1;
+    return m->table.n_elems;
 }
 
 void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
-    m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->n_elems * sizeof(float));
+    m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->table.n_elems * sizeof(float));
 }
 
 void moe_model_copy_params_from_host(moe_model *m, const float *src) {
-    m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->n_elems * sizeof(float));
+    m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
     if (!m->grad_mem) { /* forward-only model: no gradients */
-        memset(dst, 0, (size_t)m->n_elems * sizeof(float));
+        memset(dst, 0, (size_t)m->table.n_elems * sizeof(float));
         return;
     }
-    m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)m->n_elems * sizeof(float));
+    m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)m->table.n_elems * sizeof(float));
 }
 
 void moe_model_zero_grad(moe_model *m) {
     if (!m->grad_mem) return; /* forward-only model */
-    m->be->memset(m->be, m->grad_mem, 0, (size_t)m->n_elems * sizeof(float));
+    m->be->memset(m->be, m->grad_mem, 0, (size_t)m->table.n_elems * sizeof(float));
 }
 
 /* ---- sizes for --dry-run ---- */
@@ -475,13 +399,14 @@ static uint64_t name_stream(const char *s) {
 }
 
 void moe_model_init_weights(moe_model *m, uint64_t seed) {
+    const moe_param_table *t = &m->table;
     int64_t maxn = 0;
-    for (int i = 0; i < m->n_params; i++)
-        if (m->params[i].numel > maxn) maxn = m->params[i].numel;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].numel > maxn) maxn = t->params[i].numel;
     float *host = malloc((size_t)maxn * sizeof(float));
     if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
-    for (int i = 0; i < m->n_params; i++) {
-        moe_param *p = &m->params[i];
+    for (int i = 0; i < t->n_params; i++) {
+        const moe_param *p = &t->params[i];
         if (p->ndim == 1) {
             for (int64_t j = 0; j < p->numel; j++)
                 host[j] = 1.0f;

@@ -1,5 +1,6 @@
-/* model_internal: what model.c (table, sizes, lifetime) and model_pass.c (forward and
- * backward) share - the per-layer parameter indices and the activation plan.
+/* model_internal: what model.c (sizes, lifetime) and model_pass.c (forward and backward)
+ * share - the activation plan (the per-layer parameter indices are the parameter table's,
+ * moe/model_params.h).
  *
  * The one thing a reader must know: activations are carved out of ONE backend allocation by
  * moe_acts_plan(), which is run once with base == NULL to measure (that total is also what
@@ -14,10 +15,6 @@
 #include <stdint.h>
 
 #include "moe/model.h"
-
-typedef struct moe_layer_idx {                  /* indices into moe_model.params */
-    int ln1, q, k, v, o, ln2, gate, w1, w2, w3; /* w1/w2/w3: expert 0 of a contiguous block */
-} moe_layer_idx;
 
 /* Activation plans: the four train.recompute modes (same values as moe_recompute) and a
  * forward-only plan (hidden states for embedding: no backward, no logits, no gradients). */
@@ -61,7 +58,6 @@ struct moe_acts {
     void *mem;          /* the single backend allocation */
     size_t bytes;
     moe_layer_acts *layer; /* [L] host array of pointers */
-    moe_layer_idx *lidx;   /* [L] parameter indices of each layer */
     int32_t *h_offsets;    /* [L, E + 1] host copy for grouped matmul */
     float *x_final;        /* [N, C] residual after the last layer */
     float *lnf;            /* [N, C] */

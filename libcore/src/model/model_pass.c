@@ -24,9 +24,9 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_recipe prec = m->recipe;
     int64_t N = (int64_t)B * T, C = c->hidden_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
-    moe_param *P = m->params;
+    moe_param *P = m->table.params;
     moe_layer_acts *la = &a->layer[l];
-    const moe_layer_idx *li = &a->lidx[l];
+    const moe_param_layer *li = &m->table.layer[l];
     be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
                         (float)c->rms_norm_eps, prec);
     be->matmul_forward(be, la->q, la->ln1, P[li->q].data, N, C, H * D, prec);
@@ -48,9 +48,9 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     int64_t N = (int64_t)B * T, C = c->hidden_size, F = c->intermediate_size;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
-    moe_param *P = m->params;
+    moe_param *P = m->table.params;
     moe_layer_acts *la = &a->layer[l];
-    const moe_layer_idx *li = &a->lidx[l];
+    const moe_param_layer *li = &m->table.layer[l];
     /* the router (gate matmul included) runs in fp32 */
     be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
                         (float)c->rms_norm_eps, prec);
@@ -77,7 +77,7 @@ void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
     int64_t N = (int64_t)B * T, C = m->cfg.hidden_size;
     int L = (int)m->cfg.num_hidden_layers;
     float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
-    be->embedding_forward(be, x0, a->tokens, m->params[m->p_embed].data, N, C);
+    be->embedding_forward(be, x0, a->tokens, m->table.params[m->table.p_embed].data, N, C);
     for (int l = 0; l < upto && l < L; l++) {
         moe_model_attn_block(m, l, B, T, 1);
         moe_model_moe_block(m, l, B, T, 1);
@@ -136,9 +136,10 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
     int L = (int)c->num_hidden_layers;
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     moe_model_run_layers(m, B, T, L);
-    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->params[m->p_norm].data, N, C,
-                        (float)c->rms_norm_eps, m->recipe);
-    be->matmul_forward(be, a->logits, a->lnf, m->params[m->p_lm_head].data, N, C, V, m->recipe);
+    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data, N,
+                        C, (float)c->rms_norm_eps, m->recipe);
+    be->matmul_forward(be, a->logits, a->lnf, m->table.params[m->table.p_lm_head].data, N, C, V,
+                       m->recipe);
     double ce_sum = 0.0, wsum = 0.0, ntok = 0.0;
     a->has_targets = targets != NULL;
     a->has_weights = targets && weights;
@@ -212,24 +213,24 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok, NK = N * K;
-    moe_param *P = m->params;
+    moe_param *P = m->table.params;
     /* head: CE -> lm_head -> final norm */
     float dloss = a->weight_sum > 0.0 ? (float)(grad_scale / a->weight_sum) : 0.0f;
     be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
                                a->has_weights ? a->weights : NULL, dloss, N, V);
     ZERO(a->dln, N * C);
-    be->matmul_backward(be, a->dln, P[m->p_lm_head].grad, a->logits, a->lnf, P[m->p_lm_head].data,
-                        N, C, V, prec);
+    be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, a->lnf,
+                        P[m->table.p_lm_head].data, N, C, V, prec);
     ZERO(a->dres, N * C);
-    be->rmsnorm_backward(be, a->dres, P[m->p_norm].grad, a->dln, a->x_final, P[m->p_norm].data,
-                         a->rstdf, N, C);
+    be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
+                         P[m->table.p_norm].data, a->rstdf, N, C);
     /* router loss derivatives: aux = mean_l E sum_e f_e P_e, z = mean_l mean_n lse^2 */
     float *dprob = malloc((size_t)E * sizeof(float));
     if (!dprob) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
     float dz = (float)(grad_scale * c->router_z_loss_coef / ((double)L * (double)N));
     for (int l = L - 1; l >= 0; l--) {
         moe_layer_acts *la = &a->layer[l];
-        const moe_layer_idx *li = &a->lidx[l];
+        const moe_param_layer *li = &m->table.layer[l];
         const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
         /* recompute what the plan did not keep, from the layer's kept inputs: the attention
          * block from x_in (also x_mid when that was not kept), the MoE block from x_mid */
@@ -286,7 +287,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                              la->rstd1, N, C);
     }
     free(dprob);
-    be->embedding_backward(be, P[m->p_embed].grad, a->dres, a->tokens, N, C, V);
+    be->embedding_backward(be, P[m->table.p_embed].grad, a->dres, a->tokens, N, C, V);
     /* the logits buffer now holds gradients: a second backward needs a new forward */
     a->has_targets = 0;
     return be->synchronize(be, err);
@@ -310,8 +311,8 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     moe_model_run_layers(m, B, T, layer);
     if (layer == L) {
-        be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->params[m->p_norm].data, N, C,
-                            (float)c->rms_norm_eps, m->recipe);
+        be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data,
+                            N, C, (float)c->rms_norm_eps, m->recipe);
         *src = a->lnf;
     } else {
         *src = a->layer[layer].x_in;

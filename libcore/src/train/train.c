@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "moe/checkpoint.h"
+#include "moe/ckpt.h"
 #include "moe/comm.h"
 #include "moe/dataloader.h"
 #include "moe/fileio.h"
@@ -176,21 +176,12 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
             moe_log_info("--resume auto: no checkpoint in %s, starting from step 0", t->run_dir);
             return MOE_OK;
         }
-    } else {
-        /* A run directory (no MANIFEST of its own) means its latest checkpoint. */
-        char man[MOE_CKPT_PATH_MAX];
-        int found = 0;
-        snprintf(man, sizeof man, "%.4000s/MANIFEST", spec);
-        if (access(man, F_OK) != 0) {
-            moe_err sub;
-            moe_err_clear(&sub);
-            if (moe_ckpt_latest(spec, dir, sizeof dir, &found, &sub) != MOE_OK) found = 0;
-        }
-        if (!found) snprintf(dir, sizeof dir, "%.4000s", spec);
+    } else { /* a checkpoint, or a run directory meaning its latest (moe_ckpt_open) */
+        snprintf(dir, sizeof dir, "%.4000s", spec);
     }
     uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
     /* the moments arrive whole; this rank keeps its slice */
-    size_t bytes = (size_t)t->model.n_elems * sizeof(float);
+    size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
     float *m = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->m;
     float *v = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->v;
     moe_status st = m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v,
@@ -316,7 +307,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (st == MOE_OK) st = t->be->synchronize(t->be, err);
     if (st == MOE_OK && t->dp > 1) { /* the global batch's gradient and statistics */
         double sums[5] = {ce_sum, w_sum, aux, z, ent};
-        st = moe_comm_sum_f32(t->comm, t->model.grad_mem, t->model.n_elems, err);
+        st = moe_comm_sum_f32(t->comm, t->model.grad_mem, t->model.table.n_elems, err);
         if (st == MOE_OK) st = moe_comm_sum_f64(t->comm, sums, 5, err);
         if (st == MOE_OK) st = moe_comm_sum_i64(t->comm, load, L * E, err);
         ce_sum = sums[0], w_sum = sums[1], aux = sums[2], z = sums[3], ent = sums[4];
@@ -326,13 +317,13 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
         return st;
     }
     t->ts.tokens_seen += t->accum * t->B_micro * t->T;
-    double norm = sqrt(t->be->sum_squares(t->be, t->model.grad_mem, t->model.n_elems));
+    double norm = sqrt(t->be->sum_squares(t->be, t->model.grad_mem, t->model.table.n_elems));
     double lr = moe_schedule_lr(&c->optim, step, c->train.steps);
     float scale = 1.0f;
     if (c->optim.grad_clip > 0 && norm > c->optim.grad_clip)
         scale = (float)(c->optim.grad_clip / norm);
-    for (int i = 0; i < t->model.n_params; i++) { /* the part of each tensor this rank owns */
-        moe_param *p = &t->model.params[i];
+    for (int i = 0; i < t->model.table.n_params; i++) { /* the part of each tensor this rank owns */
+        moe_param *p = &t->model.table.params[i];
         int64_t a = p->offset > t->lo ? p->offset : t->lo;
         int64_t b = p->offset + p->numel < t->hi ? p->offset + p->numel : t->hi;
         if (a >= b) continue;
@@ -420,7 +411,7 @@ static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm,
 static moe_status save(trainer *t, moe_err *err) {
     moe_dataloader_position(&t->dl, &t->ts.data_epoch, &t->ts.data_index);
     double t0 = moe_time_now();
-    size_t bytes = (size_t)t->model.n_elems * sizeof(float);
+    size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
     int lead = t->rank == 0, whole = t->dp == 1;
     float *m = whole ? t->m : lead ? t->be->alloc(t->be, bytes) : NULL;
     float *v = whole ? t->v : lead ? t->be->alloc(t->be, bytes) : NULL;
@@ -577,7 +568,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         size_t tok = (size_t)(t.B_micro * t.T);
         t.slice = malloc((size_t)(t.dp + 1) * sizeof *t.slice);
         for (int r = 0; t.slice && r <= t.dp; r++)
-            t.slice[r] = t.model.n_elems * r / t.dp;
+            t.slice[r] = t.model.table.n_elems * r / t.dp;
         t.lo = t.slice ? t.slice[t.rank] : 0;
         t.hi = t.slice ? t.slice[t.rank + 1] : 0;
         size_t bytes = (size_t)(t.hi - t.lo) * sizeof(float);
@@ -589,7 +580,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         if (!t.slice || !t.m || !t.v || !t.tokens || !t.targets ||
             (t.dl.use_weights && !t.weights))
             st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
-                             (long long)t.model.n_elems);
+                             (long long)t.model.table.n_elems);
     }
     if (st == MOE_OK) {
         moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);

@@ -1,6 +1,7 @@
-/* checkpoint: see moe/checkpoint.h. Ordering is what makes it crash-safe: files fsynced,
- * MANIFEST last, rename, fsync the parent, and only then `latest` and pruning. */
-#include "moe/checkpoint.h"
+/* ckpt_write: writing checkpoint directories and finding them in a run directory
+ * (moe/ckpt.h). Ordering is what makes it crash-safe: files fsynced, MANIFEST last, rename,
+ * fsync the parent, and only then `latest` and pruning. */
+#include "moe/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -253,141 +254,6 @@ moe_status moe_ckpt_commit(moe_ckpt_writer *w, int64_t keep, moe_err *err) {
     return st;
 }
 
-/* One MANIFEST line "<size> <crc32 hex> <name>": the offset of the name, 0 when malformed. */
-static int manifest_line(const char *p, unsigned long long *size, unsigned int *crc) {
-    int name_at = 0;
-    if (sscanf(p, "%llu %8x %n", size, crc, &name_at) != 2 || name_at == 0 || !p[name_at] ||
-        strchr(p + name_at, '/'))
-        return 0;
-    return name_at;
-}
-
-typedef struct manifest_entry {
-    char *name;
-    unsigned long long size;
-    unsigned int crc;
-} manifest_entry;
-
-static void free_entries(manifest_entry *e, int n) {
-    for (int i = 0; e && i < n; i++)
-        free(e[i].name);
-    free(e);
-}
-
-/* Parses DIR/MANIFEST (path: its path, for messages) into *out [*n] (malloc'ed). A malformed
- * line is MOE_ERR_INPUT naming the line. */
-static moe_status read_manifest(const char *path, manifest_entry **out, int *n, moe_err *err) {
-    *out = NULL;
-    *n = 0;
-    char *text;
-    size_t len;
-    moe_status st = moe_read_file(path, &text, &len, err);
-    if (st != MOE_OK) return st;
-    int cap = 0;
-    int64_t line = 0;
-    for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
-        nl = strchr(p, '\n');
-        if (nl) *nl = '\0';
-        line++;
-        if (!*p) continue;
-        manifest_entry e;
-        int at = manifest_line(p, &e.size, &e.crc);
-        if (!at) {
-            st = moe_err_set(err, MOE_ERR_INPUT, path,
-                             "expected \"<size> <crc32 hex> <file name>\", got \"%.80s\"", p);
-            moe_err_at_line(err, line, 0);
-            moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
-            break;
-        }
-        if (*n == cap) {
-            cap = cap ? 2 * cap : 16;
-            manifest_entry *ne = realloc(*out, (size_t)cap * sizeof *ne);
-            if (!ne) {
-                st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-                break;
-            }
-            *out = ne;
-        }
-        if (!(e.name = strdup(p + at))) {
-            st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-            break;
-        }
-        (*out)[(*n)++] = e;
-    }
-    free(text);
-    if (st != MOE_OK) {
-        free_entries(*out, *n);
-        *out = NULL;
-        *n = 0;
-    }
-    return st;
-}
-
-moe_status moe_ckpt_verify(const char *ckpt_dir, moe_err *err) {
-    return moe_ckpt_verify_except(ckpt_dir, NULL, err);
-}
-
-/* Size (and CRC32 unless size_only) of a file, as moe_crc32_file reports them. */
-static moe_status file_size_crc(const char *path, int size_only, uint32_t *crc, uint64_t *size,
-                                moe_err *err) {
-    if (!size_only) return moe_crc32_file(path, crc, size, err);
-    struct stat sb;
-    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
-        return moe_err_set(err, MOE_ERR_INPUT, path, "%s", strerror(errno ? errno : ENOENT));
-    *size = (uint64_t)sb.st_size;
-    return MOE_OK;
-}
-
-moe_status moe_ckpt_verify_except(const char *ckpt_dir, const char *skip_crc, moe_err *err) {
-    char path[MOE_CKPT_PATH_MAX];
-    if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
-        return moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
-    if (access(path, F_OK) != 0) {
-        moe_err_set(err, MOE_ERR_INPUT, ckpt_dir,
-                    "not a complete checkpoint directory (no MANIFEST)");
-        moe_err_hint(err, "give a ckpt-<step> directory written by moe-train, or use an "
-                          "older checkpoint");
-        return MOE_ERR_INPUT;
-    }
-    manifest_entry *ent;
-    int n_files;
-    moe_status st = read_manifest(path, &ent, &n_files, err);
-    for (int i = 0; st == MOE_OK && i < n_files; i++) {
-        char fpath[MOE_CKPT_PATH_MAX];
-        if (!join(fpath, sizeof fpath, ckpt_dir, ent[i].name)) {
-            st = moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
-            break;
-        }
-        moe_err sub;
-        moe_err_clear(&sub);
-        int size_only = skip_crc && strncmp(ent[i].name, skip_crc, strlen(skip_crc)) == 0;
-        uint32_t got_crc = ent[i].crc;
-        uint64_t got_size;
-        if (file_size_crc(fpath, size_only, &got_crc, &got_size, &sub) != MOE_OK) {
-            st = moe_err_set(err, MOE_ERR_INPUT, fpath,
-                             "checkpoint file listed in MANIFEST cannot be read: %s", sub.msg);
-        } else if (got_size != ent[i].size) {
-            st = moe_err_set(err, MOE_ERR_INPUT, fpath,
-                             "checkpoint file is corrupted: size %" PRIu64
-                             " bytes, MANIFEST says %llu",
-                             got_size, ent[i].size);
-        } else if (got_crc != ent[i].crc) {
-            st =
-                moe_err_set(err, MOE_ERR_INPUT, fpath,
-                            "checkpoint file is corrupted: CRC32 %08" PRIx32 ", MANIFEST says %08x",
-                            got_crc, ent[i].crc);
-        }
-        if (st != MOE_OK)
-            moe_err_hint(err, "resume from an older checkpoint (--resume RUN/ckpt-<step>)");
-    }
-    if (st == MOE_OK && n_files == 0) {
-        st = moe_err_set(err, MOE_ERR_INPUT, path, "MANIFEST lists no files");
-        moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
-    }
-    free_entries(ent, n_files);
-    return st;
-}
-
 moe_status moe_ckpt_latest(const char *run_dir, char *out, size_t n, int *found, moe_err *err) {
     *found = 0;
     char path[MOE_CKPT_PATH_MAX];
@@ -426,32 +292,6 @@ moe_status moe_ckpt_latest(const char *run_dir, char *out, size_t n, int *found,
     }
     free(steps);
     return st;
-}
-
-void moe_ckpt_names_free(char **names, int n) {
-    free_names(names, n);
-}
-
-moe_status moe_ckpt_manifest_names(const char *ckpt_dir, char ***names, int *n, moe_err *err) {
-    *names = NULL;
-    *n = 0;
-    char path[MOE_CKPT_PATH_MAX];
-    if (!join(path, sizeof path, ckpt_dir, "MANIFEST"))
-        return moe_err_set(err, MOE_ERR_INPUT, ckpt_dir, "path too long");
-    manifest_entry *ent;
-    int cnt;
-    moe_status st = read_manifest(path, &ent, &cnt, err);
-    if (st != MOE_OK) return st;
-    *names = malloc((size_t)(cnt ? cnt : 1) * sizeof **names);
-    if (!*names) {
-        free_entries(ent, cnt);
-        return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-    }
-    for (int i = 0; i < cnt; i++)
-        (*names)[i] = ent[i].name; /* ownership moves to *names */
-    free(ent);
-    *n = cnt;
-    return MOE_OK;
 }
 
 moe_status moe_ckpt_resolve(const char *path, char *out, size_t n, moe_err *err) {
