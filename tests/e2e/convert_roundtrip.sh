@@ -3,7 +3,8 @@
 # bit-identical (f32, single file and sharded), the export passes a strict pure-Python
 # safetensors/index/config check, the HF tokenizer.json tokenizes like moe (nuc, kmer,
 # byte), the fused
-# expert layout imports to the same weights, bf16 export, inspect, and bad input
+# expert layout imports to the same weights, bf16 export, inspect (of a checkpoint and of
+# a run directory), and bad input
 # (non-Mixtral config, truncated file, missing tensor, tokenizer of another vocabulary,
 # damaged checkpoint) each fails with exit 2 and a message.
 set -euo pipefail
@@ -80,6 +81,11 @@ moe-convert inspect "$CKPT" > inspect.txt
 grep -q "MANIFEST: ok" inspect.txt
 grep -q "model.layers.1.block_sparse_moe.experts.3.w2.weight" inspect.txt
 grep -q "tokenizer: nuc, 40 tokens" inspect.txt
+# ... of a run directory: its latest checkpoint, as every other tool takes it
+moe-convert inspect run > inspect_run.txt
+grep -q "^checkpoint run/ckpt-" inspect_run.txt || { echo "FAIL: inspect RUN/"; cat inspect_run.txt; exit 1; }
+grep -q "MANIFEST: ok" inspect_run.txt
+grep -q "model.layers.1.block_sparse_moe.experts.3.w2.weight" inspect_run.txt
 
 expect_fail() { # expect_fail PATTERN CMD...
     local pat=$1; shift

@@ -139,12 +139,24 @@ static void print_layout(const moe_ckpt *ct, FILE *out) {
     }
 }
 
+/* Whether dir is a checkpoint (it has a MANIFEST) or a run directory (a `latest` file or
+ * complete checkpoints; a damaged `latest` counts, so that opening it names the damage). */
+static int is_checkpoint(const char *dir) {
+    char path[MOE_CKPT_PATH_MAX + 16], latest[MOE_CKPT_PATH_MAX];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/MANIFEST", dir);
+    if (stat(path, &sb) == 0) return 1;
+    int found = 0;
+    moe_err sub;
+    moe_err_clear(&sub);
+    return moe_ckpt_latest(dir, latest, sizeof latest, &found, &sub) != MOE_OK || found;
+}
+
 /* The checkpoint part of the report: MANIFEST, config, layout, tokenizer, trainer state.
  * *manifest and *layout get the failures that make inspect fail (the rest is printed). */
-static void print_ckpt(const moe_ckpt *ck, const char *dir, FILE *out, moe_err *manifest,
-                       moe_err *layout) {
+static void print_ckpt(const moe_ckpt *ck, FILE *out, moe_err *manifest, moe_err *layout) {
     const moe_err *merr = &ck->part_err[MOE_CKPT_PART_MANIFEST];
-    fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", dir,
+    fprintf(out, "checkpoint %s\nMANIFEST: %s%s\n", ck->dir,
             merr->status == MOE_OK ? "ok (sizes and CRC32 of every file match)" : "FAILED: ",
             merr->status == MOE_OK ? "" : merr->msg);
     *manifest = *merr;
@@ -189,19 +201,19 @@ static void print_ckpt(const moe_ckpt *ck, const char *dir, FILE *out, moe_err *
 moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE *out,
                                moe_err *err) {
     (void)o;
-    struct stat sb;
-    char path[4400];
-    snprintf(path, sizeof path, "%s/MANIFEST", dir);
-    int is_ckpt = stat(path, &sb) == 0;
+    char path[4400], where[MOE_CKPT_PATH_MAX]; /* where: the directory whose files are listed */
+    snprintf(where, sizeof where, "%s", dir);
+    int is_ckpt = is_checkpoint(dir);
     moe_status manifest = MOE_OK;
     moe_err merr, lerr;
     moe_err_clear(&merr);
     moe_err_clear(&lerr);
-    if (is_ckpt) {
+    if (is_ckpt) { /* a checkpoint, or a run directory meaning its latest */
         moe_ckpt ck;
         moe_status st = moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_REPORT, err);
         if (st != MOE_OK) return st;
-        print_ckpt(&ck, dir, out, &merr, &lerr);
+        snprintf(where, sizeof where, "%s", ck.dir);
+        print_ckpt(&ck, out, &merr, &lerr);
         manifest = merr.status;
         moe_ckpt_close(&ck);
     }
@@ -227,7 +239,7 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
     json_decref(hf);
     char **files;
     int n;
-    moe_status st = list_files(dir, &files, &n, err);
+    moe_status st = list_files(where, &files, &n, err);
     if (st != MOE_OK) return st;
     if (n == 0 && !is_ckpt) {
         moe_err_set(err, MOE_ERR_INPUT, dir, "no checkpoint (MANIFEST) and no *.safetensors here");
