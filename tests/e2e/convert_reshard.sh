@@ -163,6 +163,8 @@ text = eval(expr, {"t": open(p).read()})
 open(p, "w").write(text)
 lines = []
 for line in open(os.path.join(d, "MANIFEST")):
+    if line.startswith("#"):  # the first line (file count, CRC32): a careless tool drops it
+        continue
     name = line.split(" ", 2)[2].rstrip("\n")
     blob = open(os.path.join(d, name), "rb").read()
     lines.append("%d %08x %s\n" % (len(blob), zlib.crc32(blob) & 0xffffffff, name))

@@ -1,5 +1,7 @@
 /* test_checkpoint: checkpoint directories appear atomically with a MANIFEST that load
- * verifies: a flipped byte, a truncated or missing file is refused naming the file; `latest`
+ * verifies: a flipped byte, a truncated or missing file is refused naming the file; a
+ * MANIFEST cut short (at a line end or mid-line) or with a line dropped is refused naming
+ * MANIFEST, one of the older format without a first line is read; `latest`
  * follows the newest checkpoint; only the newest `keep` survive; stale temporary directories
  * of a crashed writer are replaced. */
 #include <stdio.h>
@@ -19,7 +21,7 @@ static void write_text(const char *path, const char *text) {
     fclose(fp);
 }
 
-/* Writes a checkpoint of `step` with two files into run. */
+/* Writes a checkpoint of `step` with the files every checkpoint lists into run. */
 static moe_status save(const char *run, int64_t step, int64_t keep, moe_err *err) {
     moe_ckpt_writer w;
     moe_status st = moe_ckpt_begin(&w, run, step, err);
@@ -28,6 +30,8 @@ static moe_status save(const char *run, int64_t step, int64_t keep, moe_err *err
     snprintf(body, sizeof body, "{\"step\": %lld}\n", (long long)step);
     write_text(moe_ckpt_path(&w, "trainer_state.json", p, sizeof p), body);
     write_text(moe_ckpt_path(&w, "model.safetensors", p, sizeof p), "0123456789abcdef");
+    write_text(moe_ckpt_path(&w, "config.yaml", p, sizeof p), "model: {}\n");
+    write_text(moe_ckpt_path(&w, "tokenizer.json", p, sizeof p), "{}\n");
     return moe_ckpt_commit(&w, keep, err);
 }
 
@@ -49,6 +53,58 @@ static void flip_byte(const char *path, long off) {
     fseek(fp, off, SEEK_SET);
     fputc(c ^ 0x01, fp);
     fclose(fp);
+}
+
+/* A MANIFEST cut short or edited is refused naming MANIFEST, never a file it does not
+ * list (issue 18, defect 5); one of the older format (no first line) still opens.
+ * manifest: the intact MANIFEST text of run/ckpt-00000040. */
+static void check_cut_manifest(const char *manifest) {
+    moe_err err;
+    const char *path = "run/ckpt-00000040/MANIFEST";
+    const char *body = strchr(manifest, '\n') + 1;
+    char *copy = strdup(manifest);
+    /* head -2: the first line and one file line */
+    char *second = strchr(strchr(copy, '\n') + 1, '\n');
+    second[1] = '\0';
+    write_text(path, copy);
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.file, "MANIFEST") && strstr(err.msg, "cut short"), "%s: %s", err.file,
+              err.msg);
+    /* cut in the middle of a line ("… model.s") */
+    const char *cut = strstr(manifest, "model.safetensors");
+    snprintf(copy, strlen(manifest) + 1, "%.*s", (int)(cut - manifest + 7), manifest);
+    write_text(path, copy);
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.file, "MANIFEST") && strstr(err.msg, "cut short") &&
+                  strstr(err.msg, "does not end"),
+              "%s: %s", err.file, err.msg);
+    /* a file line dropped (a careless edit), the first line kept */
+    snprintf(copy, strlen(manifest) + 1, "%s", manifest);
+    char *tok = strstr(copy, " tokenizer.json\n"), *start = tok;
+    while (start[-1] != '\n')
+        start--;
+    memmove(start, tok + strlen(" tokenizer.json\n"),
+            strlen(tok + strlen(" tokenizer.json\n")) + 1);
+    write_text(path, copy);
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "does not match its first line") && err.line == 1, "%s", err.msg);
+    /* the older format: no first line; accepted whole, refused when cut at a line end */
+    write_text(path, body);
+    moe_err_clear(&err);
+    CHECK_MSG(verify("run/ckpt-00000040", &err) == MOE_OK, "%s", err.msg);
+    snprintf(copy, strlen(manifest) + 1, "%s", body);
+    *strstr(copy, "tokenizer.json\n") = '\0';
+    *strrchr(copy, '\n') = '\0';
+    strcat(copy, "\n"); /* head -2 of the older format: config.yaml and model.safetensors */
+    write_text(path, copy);
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "does not list tokenizer.json"), "%s", err.msg);
+    write_text(path, manifest);
+    free(copy);
 }
 
 int main(void) {
@@ -98,17 +154,24 @@ int main(void) {
     if (text) CHECK(strcmp(text, "ckpt-00000040\n") == 0);
     free(text);
 
-    /* MANIFEST: one line per file, sorted, "size crc name"; CRC32("0123456789abcdef"). */
+    /* MANIFEST: a first line with the number of file lines and their CRC32, then one line
+     * per file, sorted, "size crc name"; CRC32("0123456789abcdef"). */
     CHECK(moe_read_file("run/ckpt-00000040/MANIFEST", &text, &len, &err) == MOE_OK);
     if (text) {
         char expect[256];
-        snprintf(expect, sizeof expect, "16 %08x model.safetensors\n",
+        snprintf(expect, sizeof expect, "\n16 %08x model.safetensors\n",
                  (unsigned)moe_crc32(0, "0123456789abcdef", 16));
-        CHECK_MSG(strncmp(text, expect, strlen(expect)) == 0, "MANIFEST: %s", text);
+        CHECK_MSG(strstr(text, expect) != NULL, "MANIFEST: %s", text);
         CHECK(strstr(text, " trainer_state.json\n") != NULL);
+        const char *body = strchr(text, '\n') + 1;
+        snprintf(expect, sizeof expect,
+                 "# moe-genomics MANIFEST v2: 4 files, CRC32 %08x of the lines below\n",
+                 (unsigned)moe_crc32(0, body, strlen(body)));
+        CHECK_MSG(strncmp(text, expect, strlen(expect)) == 0, "MANIFEST: %s", text);
     }
-    free(text);
     CHECK(verify("run/ckpt-00000040", &err) == MOE_OK);
+    if (text) check_cut_manifest(text);
+    free(text);
 
     /* A flipped byte: refused, naming the file, input error with a hint. */
     flip_byte("run/ckpt-00000040/model.safetensors", 5);

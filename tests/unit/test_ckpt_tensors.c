@@ -41,7 +41,7 @@ static float value(int i, int s, int64_t k) {
     return (float)(i + 1) * (s == 0 ? 1.0f : s == 1 ? -1.0f : 0.5f) + (float)k * 1e-3f;
 }
 
-/* config.yaml (c) and a nuc tokenizer.json into dir. */
+/* config.yaml (c), a nuc tokenizer.json and a trainer_state.json into dir. */
 static int write_meta(const char *dir, const moe_config *c) {
     moe_err err;
     moe_err_clear(&err);
@@ -57,6 +57,8 @@ static int write_meta(const char *dir, const moe_config *c) {
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     ok = ok && moe_write_text_file(path, moe_tokenizer_spec_json(tok), NULL, &err) == MOE_OK;
     moe_tokenizer_free(tok);
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir); /* listed by every checkpoint */
+    ok = ok && moe_write_text_file(path, "{}\n", NULL, &err) == MOE_OK;
     return ok;
 }
 
@@ -150,6 +152,8 @@ static int write_ckpt(const char *dir, const moe_config *c, int ep, int damage) 
                 start--;
             char *end = strchr(line, '\n');
             memmove(start, end + 1, strlen(end + 1) + 1);
+            if (man[0] == '#') /* and its first line, or it would not match the lines below */
+                memmove(man, strchr(man, '\n') + 1, strlen(strchr(man, '\n') + 1) + 1);
             moe_write_text_file(path, man, NULL, &err);
             free(man);
         }

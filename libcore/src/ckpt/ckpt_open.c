@@ -30,19 +30,81 @@ static void free_entries(moe_ckpt_entry *e, int n) {
     free(e);
 }
 
-/* Parses MANIFEST at path into c->files. A malformed line is MOE_ERR_INPUT naming it. */
+/* The first line of a version-2 MANIFEST: *files and *crc from it; 0 when it is not exactly
+ * what moe_ckpt_manifest_header writes. */
+static int manifest_header(const char *p, int *files, uint32_t *crc) {
+    unsigned int x;
+    size_t m = strlen(MOE_CKPT_MANIFEST_MAGIC);
+    if (strncmp(p, MOE_CKPT_MANIFEST_MAGIC, m) != 0 ||
+        sscanf(p + m, " %d files, CRC32 %8x", files, &x) != 2 || *files < 0)
+        return 0;
+    char again[160];
+    moe_ckpt_manifest_header(again, sizeof again, *files, (uint32_t)x);
+    *crc = (uint32_t)x;
+    return strcmp(again, p) == 0;
+}
+
+/* Files every checkpoint lists, whoever wrote it (moe-train, from-hf, reshard): a MANIFEST
+ * without one was cut short or edited. (A cut of an older MANIFEST, which has no first
+ * line to check, always loses trainer_state.json: its lines are sorted by name.) */
+static moe_status check_needed(const moe_ckpt *c, const char *path, moe_err *err) {
+    static const char *const needed[] = {"config.yaml", "tokenizer.json", "trainer_state.json"};
+    for (size_t i = 0; i < sizeof needed / sizeof *needed; i++)
+        if (!moe_ckpt_lists(c, needed[i]))
+            return moe_ckpt_damaged(err, path,
+                                    "MANIFEST does not list %s, which every checkpoint has: it was "
+                                    "cut short or edited",
+                                    needed[i]);
+    if (!moe_ckpt_lists(c, "model.safetensors") && !moe_ckpt_lists(c, MOE_CKPT_INDEX_FILE))
+        return moe_ckpt_damaged(err, path,
+                                "MANIFEST lists neither model.safetensors nor %s: it was cut "
+                                "short or edited",
+                                MOE_CKPT_INDEX_FILE);
+    return MOE_OK;
+}
+
+/* Parses MANIFEST at path into c->files: the version-2 first line (file count and CRC32 of
+ * the lines below), if there is one, then one line per file. A malformed line, a last line
+ * without its newline, lines that do not match the first line, or a missing file every
+ * checkpoint needs is MOE_ERR_INPUT naming MANIFEST. */
 static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
     char *text;
     size_t len;
     moe_status st = moe_read_file(path, &text, &len, err);
     if (st != MOE_OK) return st;
+    int64_t lines = 0;
+    for (size_t i = 0; i < len; i++)
+        lines += text[i] == '\n';
+    int has_head = 0, head_files = 0;
+    uint32_t head_crc = 0, body_crc = 0;
+    if (len && text[len - 1] != '\n') {
+        size_t from = len;
+        while (from > 0 && text[from - 1] != '\n')
+            from--;
+        st = moe_ckpt_damaged(
+            err, path, "MANIFEST is cut short: its last line \"%.80s\" does not end", text + from);
+        moe_err_at_line(err, lines + 1, 0);
+    } else if (len && text[0] == '#') {
+        char *nl = strchr(text, '\n');
+        *nl = '\0';
+        if (!manifest_header(text, &head_files, &head_crc)) {
+            st = moe_ckpt_damaged(err, path,
+                                  "expected \"%s N files, CRC32 X of the lines below\", got "
+                                  "\"%.80s\"",
+                                  MOE_CKPT_MANIFEST_MAGIC, text);
+            moe_err_at_line(err, 1, 0);
+        }
+        *nl = '\n';
+        has_head = 1;
+        body_crc = moe_crc32(0, nl + 1, len - (size_t)(nl + 1 - text));
+    }
     int cap = 0;
     int64_t line = 0;
     for (char *p = text, *nl; st == MOE_OK && *p; p = nl ? nl + 1 : p + strlen(p)) {
         nl = strchr(p, '\n');
         if (nl) *nl = '\0';
         line++;
-        if (!*p) continue;
+        if (!*p || (has_head && line == 1)) continue;
         unsigned long long size;
         unsigned int crc;
         int at = manifest_line(p, &size, &crc);
@@ -72,10 +134,19 @@ static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
         c->n_files++;
     }
     free(text);
+    if (st == MOE_OK && has_head && (head_files != c->n_files || head_crc != body_crc)) {
+        st = moe_ckpt_damaged(err, path,
+                              "MANIFEST does not match its first line (%d files, CRC32 %08" PRIx32
+                              "): the lines below hold %d files, CRC32 %08" PRIx32
+                              "; it was cut short or edited",
+                              head_files, head_crc, c->n_files, body_crc);
+        moe_err_at_line(err, 1, 0);
+    }
     if (st == MOE_OK && c->n_files == 0) {
         st = moe_err_set(err, MOE_ERR_INPUT, path, "MANIFEST lists no files");
         moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
     }
+    if (st == MOE_OK) st = check_needed(c, path, err);
     return st;
 }
 

@@ -102,10 +102,7 @@ static const char HINT_DAMAGED[] =
     "the checkpoint directory was changed after it was written; use an older checkpoint or "
     "rewrite it with moe-convert reshard/consolidate from an intact copy";
 
-/* A layout error about file (MOE_ERR_INPUT) with the hint for a damaged directory. */
-static moe_status damaged(moe_err *err, const char *file, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static moe_status damaged(moe_err *err, const char *file, const char *fmt, ...) {
+moe_status moe_ckpt_damaged(moe_err *err, const char *file, const char *fmt, ...) {
     char msg[sizeof err->msg];
     va_list ap;
     va_start(ap, fmt);
@@ -123,7 +120,7 @@ static moe_status open_listed(const moe_ckpt *c, const char *name, moe_st_file *
     if (snprintf(path, sizeof path, "%s/%s", dir, name) >= (int)sizeof path)
         return moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
     if (!moe_ckpt_lists(c, name))
-        return damaged(err, path, "%s is not listed in the checkpoint's MANIFEST", name);
+        return moe_ckpt_damaged(err, path, "%s is not listed in the checkpoint's MANIFEST", name);
     moe_status st = moe_st_open(f, path, err);
     if (st != MOE_OK) moe_err_hint(err, "%s", HINT_DAMAGED);
     return st;
@@ -157,9 +154,9 @@ static moe_status read_index(const char *path, json_t **root, json_t **map, int 
     *total = json_count(json_object_get(meta, "total_size"));
     if (!json_is_object(*root) || !json_is_object(meta) || !json_is_object(*map) || e < 1 ||
         e > 65536) {
-        damaged(err, path,
-                "expected {\"metadata\": {\"total_size\": BYTES, \"moe_ep\": N}, "
-                "\"weight_map\": {tensor: file}} with N >= 1");
+        moe_ckpt_damaged(err, path,
+                         "expected {\"metadata\": {\"total_size\": BYTES, \"moe_ep\": N}, "
+                         "\"weight_map\": {tensor: file}} with N >= 1");
         json_decref(*root);
         *root = NULL;
         return MOE_ERR_INPUT;
@@ -185,13 +182,14 @@ static moe_status check_no_strays(const moe_ckpt *c, const moe_st_file *f, int r
         }
         const moe_ckpt_tensor *t = moe_ckpt_find(c, name);
         if (!t)
-            return damaged(err, f->path, "tensor '%s' is not a parameter of the checkpoint's model",
-                           f->tensors[i].name);
+            return moe_ckpt_damaged(err, f->path,
+                                    "tensor '%s' is not a parameter of the checkpoint's model",
+                                    f->tensors[i].name);
         if (t->rank != rank)
-            return damaged(err, f->path,
-                           "tensor '%s' belongs to EP rank %d's file, not rank %d's "
-                           "(it is in the checkpoint twice)",
-                           f->tensors[i].name, t->rank, rank);
+            return moe_ckpt_damaged(err, f->path,
+                                    "tensor '%s' belongs to EP rank %d's file, not rank %d's "
+                                    "(it is in the checkpoint twice)",
+                                    f->tensors[i].name, t->rank, rank);
     }
     return MOE_OK;
 }
@@ -258,11 +256,12 @@ static moe_status check_index(const moe_ckpt *c, const char *path, json_t *map, 
         char want[64];
         moe_ckpt_model_file(t->rank, c->ep, want, sizeof want);
         if (!file)
-            return damaged(err, path, "the weight_map has no file for tensor '%s'", t->p->name);
+            return moe_ckpt_damaged(err, path, "the weight_map has no file for tensor '%s'",
+                                    t->p->name);
         if (strcmp(file, want) != 0)
-            return damaged(err, path,
-                           "the weight_map puts tensor '%s' in %s; EP rank %d owns it: expected %s",
-                           t->p->name, file, t->rank, want);
+            return moe_ckpt_damaged(
+                err, path, "the weight_map puts tensor '%s' in %s; EP rank %d owns it: expected %s",
+                t->p->name, file, t->rank, want);
         bytes += (int64_t)(t->w->end - t->w->begin);
     }
     if ((int)json_object_size(map) != c->table.n_params) {
@@ -270,16 +269,17 @@ static moe_status check_index(const moe_ckpt *c, const char *path, json_t *map, 
         json_t *v;
         json_object_foreach(map, key, v) {
             if (!moe_ckpt_find(c, key))
-                return damaged(err, path,
-                               "the weight_map names tensor '%s', which is not a parameter of "
-                               "the checkpoint's model",
-                               key);
+                return moe_ckpt_damaged(
+                    err, path,
+                    "the weight_map names tensor '%s', which is not a parameter of "
+                    "the checkpoint's model",
+                    key);
         }
     }
     if (total >= 0 && total != bytes) {
-        return damaged(err, path,
-                       "metadata.total_size is %" PRId64 " but the tensors hold %" PRId64 " bytes",
-                       total, bytes);
+        return moe_ckpt_damaged(
+            err, path, "metadata.total_size is %" PRId64 " but the tensors hold %" PRId64 " bytes",
+            total, bytes);
     }
     return MOE_OK;
 }
@@ -296,8 +296,9 @@ static moe_status detect_layout(const char *dir, const moe_config *ck, json_t **
     *ep = 1;
     *total = -1;
     if (has_index && has_single)
-        return damaged(err, dir, "holds both model.safetensors and %s: which layout is it?",
-                       MOE_CKPT_INDEX_FILE);
+        return moe_ckpt_damaged(err, dir,
+                                "holds both model.safetensors and %s: which layout is it?",
+                                MOE_CKPT_INDEX_FILE);
     if (!has_index && !has_single) {
         moe_err_set(err, MOE_ERR_INPUT, dir, "no model.safetensors and no %s", MOE_CKPT_INDEX_FILE);
         moe_err_hint(err, "pass a checkpoint directory written by moe-train or moe-convert");
@@ -317,8 +318,9 @@ static moe_status detect_layout(const char *dir, const moe_config *ck, json_t **
         return MOE_ERR_INPUT;
     }
     if (ck->model.num_local_experts % *ep)
-        return damaged(err, ipath, "moe_ep=%d does not divide model.num_local_experts (%lld)", *ep,
-                       (long long)ck->model.num_local_experts);
+        return moe_ckpt_damaged(err, ipath,
+                                "moe_ep=%d does not divide model.num_local_experts (%lld)", *ep,
+                                (long long)ck->model.num_local_experts);
     return MOE_OK;
 }
 
@@ -348,8 +350,8 @@ moe_status moe_ckpt_tensors_open(moe_ckpt *c, int with_optimizer, moe_err *err) 
     if (!counts || !c->model || !c->t || !c->by_name)
         st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
     if (st == MOE_OK && index && !moe_ckpt_lists(c, MOE_CKPT_INDEX_FILE))
-        st = damaged(err, ipath, "%s is not listed in the checkpoint's MANIFEST",
-                     MOE_CKPT_INDEX_FILE);
+        st = moe_ckpt_damaged(err, ipath, "%s is not listed in the checkpoint's MANIFEST",
+                              MOE_CKPT_INDEX_FILE);
     if (st == MOE_OK) {
         for (int i = 0; i < n; i++) {
             c->t[i].p = &c->table.params[i];

@@ -1,7 +1,7 @@
 /* ckpt_write: writing checkpoint directories and finding them in a run directory
  * (moe/ckpt.h). Ordering is what makes it crash-safe: files fsynced, MANIFEST last, rename,
  * fsync the parent, and only then `latest` and pruning. */
-#include "moe/ckpt.h"
+#include "ckpt/ckpt_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -140,17 +140,22 @@ static moe_status fsync_file(const char *path, moe_err *err) {
     return rc == 0 ? MOE_OK : moe_err_errno(err, path, "fsync failed");
 }
 
+void moe_ckpt_manifest_header(char *buf, size_t n, int files, uint32_t crc) {
+    snprintf(buf, n, "%s %d files, CRC32 %08" PRIx32 " of the lines below", MOE_CKPT_MANIFEST_MAGIC,
+             files, crc);
+}
+
 moe_status moe_ckpt_write_manifest(const char *dir, moe_err *err) {
     char **names;
     int n;
     moe_status st = list_files(dir, &names, &n, err);
     char path[MOE_CKPT_PATH_MAX];
-    moe_outfile out;
-    int open_ok = 0;
+    char *body = NULL; /* the file lines, "<size> <crc32 hex> <name>\n" each */
+    size_t body_len = 0;
+    FILE *mem = st == MOE_OK ? open_memstream(&body, &body_len) : NULL;
+    if (st == MOE_OK && !mem) st = moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
     if (st == MOE_OK && !join(path, sizeof path, dir, "MANIFEST"))
         st = moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
-    if (st == MOE_OK) st = moe_outfile_open(&out, path, err);
-    if (st == MOE_OK) open_ok = 1;
     for (int i = 0; st == MOE_OK && i < n; i++) {
         char fpath[MOE_CKPT_PATH_MAX];
         uint32_t crc;
@@ -158,16 +163,24 @@ moe_status moe_ckpt_write_manifest(const char *dir, moe_err *err) {
         join(fpath, sizeof fpath, dir, names[i]);
         st = fsync_file(fpath, err);
         if (st == MOE_OK) st = moe_crc32_file(fpath, &crc, &size, err);
-        if (st == MOE_OK &&
-            fprintf(out.fp, "%" PRIu64 " %08" PRIx32 " %s\n", size, crc, names[i]) < 0)
-            st = moe_err_errno(err, path, "write failed");
+        if (st == MOE_OK) fprintf(mem, "%" PRIu64 " %08" PRIx32 " %s\n", size, crc, names[i]);
     }
-    if (open_ok) {
+    if (mem && fclose(mem) != 0 && st == MOE_OK)
+        st = moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+    moe_outfile out;
+    if (st == MOE_OK) st = moe_outfile_open(&out, path, err);
+    if (st == MOE_OK) {
+        char head[160];
+        moe_ckpt_manifest_header(head, sizeof head, n, moe_crc32(0, body, body_len));
+        st = moe_outfile_write(&out, head, strlen(head), err);
+        if (st == MOE_OK) st = moe_outfile_write(&out, "\n", 1, err);
+        if (st == MOE_OK) st = moe_outfile_write(&out, body, body_len, err);
         if (st == MOE_OK)
             st = moe_outfile_commit(&out, err);
         else
             moe_outfile_abort(&out);
     }
+    free(body);
     free_names(names, n);
     return st;
 }
