@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt/ckpt_internal.h"
 #include "moe/fileio.h"
@@ -24,6 +25,7 @@ static int manifest_line(const char *p, unsigned long long *size, unsigned int *
     return name_at;
 }
 
+/* Frees n MANIFEST entries and the array. */
 static void free_entries(moe_ckpt_entry *e, int n) {
     for (int i = 0; e && i < n; i++)
         free(e[i].name);
@@ -203,13 +205,15 @@ int moe_ckpt_lists(const moe_ckpt *c, const char *name) {
     return 0;
 }
 
-/* config.yaml, then tokenizer.json and whether it fits the model. */
+/* c->cfg from the checkpoint's config.yaml. */
 static moe_status load_config(moe_ckpt *c, moe_err *err) {
     char path[MOE_CKPT_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", c->dir);
     return moe_config_load(&c->cfg, path, 0, NULL, err);
 }
 
+/* c->tokenizer_json and c->tok from tokenizer.json; with the config (have_cfg), also that
+ * the tokenizer fits model.vocab_size. */
 static moe_status load_tokenizer(moe_ckpt *c, int have_cfg, moe_err *err) {
     char path[MOE_CKPT_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/tokenizer.json", c->dir);
@@ -226,6 +230,7 @@ static moe_status load_tokenizer(moe_ckpt *c, int have_cfg, moe_err *err) {
     return st;
 }
 
+/* c->state from trainer_state.json. */
 static moe_status load_state(moe_ckpt *c, moe_err *err) {
     char path[MOE_CKPT_PATH_MAX + 24], *text;
     size_t len;
@@ -260,7 +265,13 @@ moe_status moe_ckpt_open(moe_ckpt *c, const char *path, unsigned flags, moe_err 
     snprintf(man, sizeof man, "%s/MANIFEST", c->dir);
     moe_err sub;
     moe_err_clear(&sub);
-    st = read_manifest(c, man, &sub);
+    if (access(man, F_OK) != 0) { /* e.g. RUN/latest naming a removed checkpoint */
+        st = moe_err_set(&sub, MOE_ERR_INPUT, c->dir,
+                         "not a complete checkpoint directory (no MANIFEST)");
+        moe_err_hint(&sub, "give a ckpt-<step> directory written by moe-train, or use an "
+                           "older checkpoint");
+    }
+    if (st == MOE_OK) st = read_manifest(c, man, &sub);
     if (st == MOE_OK) st = verify_files(c, (flags & MOE_CKPT_SKIP_OPTIMIZER_CRC) != 0, &sub);
     int go = part_done(c, MOE_CKPT_PART_MANIFEST, st, &sub, flags, err);
     int have_cfg = 0;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Appends tensor name of shape [d0] (ndim 1) or [d0, d1] at the next offset; returns its
+ * index. t->params has room (the caller counted). */
 static int add(moe_param_table *t, const char *name, int ndim, int64_t d0, int64_t d1, int decay,
                int layer, int expert, moe_param_kind kind) {
     moe_param *p = &t->params[t->n_params];
@@ -26,6 +28,7 @@ static int add(moe_param_table *t, const char *name, int ndim, int64_t d0, int64
     return t->n_params++;
 }
 
+/* add() for a tensor that is not an expert weight. */
 static int add_dense(moe_param_table *t, const char *name, int ndim, int64_t d0, int64_t d1,
                      int decay, int layer) {
     return add(t, name, ndim, d0, d1, decay, layer, -1, MOE_PARAM_DENSE);
