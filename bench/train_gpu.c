@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
     double med = times[1 + steps / 2], tps = (double)B * T / med;
     double tflops = moe_model_flops_per_token(&c, T) * (fwd ? 1.0 / 3.0 : 1.0) * tps * 1e-12;
     size_t cur = 0, peak = 0;
-    moe_backend_cuda_memory(be, &cur, &peak);
+    be->memory(be, &cur, &peak);
     double peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
     printf("| %s %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
            "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
@@ -216,6 +216,6 @@ int main(int argc, char **argv) {
     free(times), free(tok), free(tgt), free(out);
     be->free(be, am), be->free(be, av);
     moe_model_free(&m);
-    moe_backend_cuda_free(be);
+    be->destroy(be);
     return 0;
 }

@@ -556,6 +556,14 @@ __global__ void __launch_bounds__(FA_THREADS)
 /* ------------------------------------------------------------------------------------------
  * host side */
 
+int moe_cuda_attention_shape_ok(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                moe_recipe prec) {
+    if (prec == MOE_RECIPE_FP32) return moe_cuda_attention_fp32_shape_ok(B, H, KV, D);
+    if (prec != MOE_RECIPE_BF16) return 0;
+    return (D == 16 || D == 32 || D == 64 || D == 96 || D == 128) && KV >= 1 && H % KV == 0 &&
+           B * H <= 65535 && T <= (int64_t)FA_BQ * 0x7fffffff;
+}
+
 static int fa_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t KV,
                        int64_t D, moe_recipe prec) {
     if (prec != MOE_RECIPE_BF16) {
@@ -564,8 +572,7 @@ static int fa_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, in
                        (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
         return 0;
     }
-    if ((D != 16 && D != 32 && D != 64 && D != 96 && D != 128) || KV < 1 || H % KV != 0 ||
-        B * H > 65535 || T > (int64_t)FA_BQ * 0x7fffffff) {
+    if (!moe_cuda_attention_shape_ok(B, T, H, KV, D, prec)) {
         moe_cuda_check(c, cudaErrorNotSupported, op,
                        "B=%lld T=%lld H=%lld KV=%lld D=%lld: need D in {16, 32, 64, 96, 128}, "
                        "H %% KV == 0, B*H <= 65535",

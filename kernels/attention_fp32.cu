@@ -167,9 +167,13 @@ __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
     }
 }
 
+int moe_cuda_attention_fp32_shape_ok(int64_t B, int64_t H, int64_t KV, int64_t D) {
+    return D >= 1 && D <= 32 * AF_MAXR && KV >= 1 && H % KV == 0 && B * H <= 65535;
+}
+
 static int af_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t KV,
                        int64_t D) {
-    if (D < 1 || D > 32 * AF_MAXR || KV < 1 || H % KV != 0 || B * H > 65535) {
+    if (!moe_cuda_attention_fp32_shape_ok(B, H, KV, D)) {
         moe_cuda_check(c, cudaErrorNotSupported, op,
                        "fp32 B=%lld T=%lld H=%lld KV=%lld D=%lld: need D <= %d, H %% KV == 0, "
                        "B*H <= 65535",

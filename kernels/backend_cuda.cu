@@ -13,39 +13,24 @@
 #include <string.h>
 
 #include "backend_cuda.cuh"
+#include "ops/cuda_scratch.h"
 
 extern "C" {
 #include "moe/backend_cuda.h"
 }
 
-#define MOE_CUDA_WORKSPACE_BYTES ((size_t)32 << 20)
-
 /* ------------------------------------------------------------------------------------------
- * error recording and scratch. moe_err is filled directly (not through err.c) so that
- * libmoe_cuda needs nothing from libmoe at link time (libmoe links libmoe_cuda, not back). */
-
-static void cu_err_set(moe_err *e, moe_status st, const char *hint, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void cu_err_set(moe_err *e, moe_status st, const char *hint, const char *fmt, ...) {
-    if (!e || e->status != MOE_OK) return;
-    memset(e, 0, sizeof *e);
-    e->status = st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    if (hint) snprintf(e->hint, sizeof e->hint, "%s", hint);
-}
+ * error recording and scratch. Errors go through libmoe_base's moe_err_set (first error
+ * wins), which libmoe_cuda links directly. */
 
 static int moe_cuda_record(moe_cuda_ctx *c, const char *op, const char *what, const char *fmt,
                            va_list ap) {
     if (c->err.status != MOE_OK) return 0;
     char shape[256];
     vsnprintf(shape, sizeof shape, fmt, ap);
-    cu_err_set(&c->err, MOE_ERR_RUNTIME,
-               "check the GPU with nvidia-smi; CUDA_LAUNCH_BLOCKING=1 pins an asynchronous "
-               "error to the op that caused it",
-               "cuda: %s [%s]: %s", op, shape, what);
+    moe_err_set(&c->err, MOE_ERR_RUNTIME, NULL, "cuda: %s [%s]: %s", op, shape, what);
+    moe_err_hint(&c->err, "check the GPU with nvidia-smi; CUDA_LAUNCH_BLOCKING=1 pins an "
+                          "asynchronous error to the op that caused it");
     return 0;
 }
 
@@ -75,8 +60,7 @@ int moe_cublas_check(moe_cuda_ctx *c, cublasStatus_t s, const char *op, const ch
 void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op) {
     if (bytes == 0) bytes = 16;
     if (c->scratch_bytes[slot] >= bytes) return c->scratch[slot];
-    /* grow by 25% beyond the request so slowly rising sizes do not reallocate every step */
-    size_t want = bytes + bytes / 4;
+    size_t want = MOE_CUDA_SCRATCH_GROW(bytes);
     if (c->scratch[slot]) {
         /* the old buffer may still be read by queued work */
         if (!moe_cuda_check(c, cudaStreamSynchronize(c->stream), op, "scratch %zu bytes", want))
@@ -249,10 +233,31 @@ static moe_status cu_synchronize(const moe_backend *be, moe_err *err) {
     return MOE_OK;
 }
 
-static int cu_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+/* The recipes and sizes the kernels take; the shape predicates are the ones the kernels
+ * check at launch, so supports() and a refused launch never disagree. */
+static int cu_supports(const moe_backend *be, moe_op op, const moe_op_dims *d, moe_recipe prec) {
     (void)be;
     if (op < 0 || op >= MOE_OP_COUNT) return 0;
-    return prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32;
+    if (prec != MOE_RECIPE_BF16 && prec != MOE_RECIPE_FP32) return 0;
+    if (!d) return 1;
+    switch (op) {
+    case MOE_OP_ATTENTION:
+        return moe_cuda_attention_shape_ok(d->B, d->T, d->H, d->KV, d->D, prec);
+    case MOE_OP_ROPE:
+        return d->D % 2 == 0;
+    case MOE_OP_ROUTER:
+        return d->K >= 1 && d->K <= d->E;
+    case MOE_OP_PERMUTE:
+        return d->E >= 1 && d->E <= MOE_CUDA_MAX_EXPERTS;
+    default:
+        return 1;
+    }
+}
+
+static void cu_memory(const moe_backend *be, size_t *current, size_t *peak) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (current) *current = c->mem_current;
+    if (peak) *peak = c->mem_peak;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -379,24 +384,34 @@ static void moe_cuda_ctx_release(moe_cuda_ctx *c) {
 
 extern "C" int moe_cuda_device_count(void) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError(); /* reset the error state so later calls start clean */
+        return 0;
+    }
     return n;
+}
+
+static void cu_destroy(const moe_backend *be) {
+    if (!be) return;
+    moe_cuda_ctx_release(moe_cuda_ctx_of(be));
+    free((void *)be);
 }
 
 extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-        cu_err_set(err, MOE_ERR_RUNTIME,
-                   "run on a machine with an NVIDIA GPU and driver, check CUDA_VISIBLE_DEVICES, "
-                   "or use device: cpu",
-                   "no CUDA device available: %s",
-                   e != cudaSuccess ? cudaGetErrorString(e) : "0 devices visible");
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        moe_err_set(err, MOE_ERR_RUNTIME, NULL, "no CUDA device available: %s",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "0 devices visible");
+        moe_err_hint(err, "run on a machine with an NVIDIA GPU and driver, check "
+                          "CUDA_VISIBLE_DEVICES, or use device: cpu");
         return NULL;
     }
     if (device < 0 || device >= n) {
-        cu_err_set(err, MOE_ERR_INPUT, "device numbers start at 0; check CUDA_VISIBLE_DEVICES",
-                   "CUDA device %d does not exist (%d visible)", device, n);
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "CUDA device %d does not exist (%d visible)", device,
+                    n);
+        moe_err_hint(err, "device numbers start at 0; check CUDA_VISIBLE_DEVICES");
         return NULL;
     }
     moe_cuda_ctx *c = (moe_cuda_ctx *)calloc(1, sizeof *c);
@@ -404,7 +419,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     if (!c || !be) {
         free(c);
         free(be);
-        cu_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory creating the CUDA backend");
+        moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory creating the CUDA backend");
         return NULL;
     }
     memset(&c->err, 0, sizeof c->err); /* status MOE_OK */
@@ -414,9 +429,10 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     if (ok)
         ok = moe_cuda_check(c, cudaGetDeviceProperties(&prop, device), "init", "device %d", device);
     if (ok && prop.major < 8) {
-        cu_err_set(&c->err, MOE_ERR_RUNTIME, "use a GPU of the Ampere generation or newer",
-                   "CUDA device %d (%s) has compute capability %d.%d; bf16 kernels need 8.0+",
-                   device, prop.name, prop.major, prop.minor);
+        moe_err_set(&c->err, MOE_ERR_RUNTIME, NULL,
+                    "CUDA device %d (%s) has compute capability %d.%d; bf16 kernels need 8.0+",
+                    device, prop.name, prop.major, prop.minor);
+        moe_err_hint(&c->err, "use a GPU of the Ampere generation or newer");
         ok = 0;
     }
     if (ok) {
@@ -443,7 +459,10 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     }
     be->name = "cuda";
     be->ctx = c;
+    be->bf16_native = 1;
     be->supports = cu_supports;
+    be->destroy = cu_destroy;
+    be->memory = cu_memory;
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->memcpy_h2d = cu_memcpy_h2d;
@@ -484,16 +503,4 @@ extern "C" const moe_backend *moe_backend_cuda(moe_err *err) {
     int dev = 0;
     if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
     return moe_backend_cuda_on(dev, err);
-}
-
-extern "C" void moe_backend_cuda_memory(const moe_backend *be, size_t *current, size_t *peak) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (current) *current = c->mem_current;
-    if (peak) *peak = c->mem_peak;
-}
-
-extern "C" void moe_backend_cuda_free(const moe_backend *be) {
-    if (!be) return;
-    moe_cuda_ctx_release(moe_cuda_ctx_of(be));
-    free((void *)be);
 }

@@ -143,7 +143,18 @@ __device__ __forceinline__ float moe_dev_round_bf16(float x) {
 }
 #endif
 
-/* Stable counting sort of n keys in [0, nkeys) (nkeys <= 1024), moe_permute.cu:
+/* ---- the sizes the kernels take (cu_supports answers with these; launches check them) ---- */
+
+/* Most experts (keys) the grouping kernels of moe_permute.cu handle. */
+#define MOE_CUDA_MAX_EXPERTS 1024
+/* 1 when attention runs at these sizes under prec: bf16 flash attention needs D in {16, 32,
+ * 64, 96, 128}, the fp32 kernel D <= 256; both need H % KV == 0 and B*H <= 65535. */
+int moe_cuda_attention_shape_ok(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                moe_recipe prec);
+/* The fp32 kernel's part of the rule above (attention_fp32.cu). */
+int moe_cuda_attention_fp32_shape_ok(int64_t B, int64_t H, int64_t KV, int64_t D);
+
+/* Stable counting sort of n keys in [0, nkeys) (nkeys <= MOE_CUDA_MAX_EXPERTS), moe_permute.cu:
  * order[r] = index of the r-th element in (key, index) order, inverse[i] = its position,
  * offsets[k]..offsets[k+1] = positions of key k. Uses the RED scratch slot. 0 on failure. */
 int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,

@@ -11,7 +11,6 @@
 #include "backend_cuda.cuh"
 
 #define MOE_PERM_CHUNK 1024 /* pairs per chunk = threads per block of the counting passes */
-#define MOE_PERM_MAX_E 1024
 
 /* cnt[ch, e] = pairs of chunk ch routed to expert e */
 __global__ void __launch_bounds__(MOE_PERM_CHUNK)
@@ -101,9 +100,9 @@ __global__ void k_perm_gather(float *__restrict__ xp, const float *__restrict__ 
 
 int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
                           const int32_t *keys, int64_t n, int64_t nkeys, const char *op) {
-    if (nkeys < 1 || nkeys > MOE_PERM_MAX_E) {
+    if (nkeys < 1 || nkeys > MOE_CUDA_MAX_EXPERTS) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "%lld keys: 1..%d supported", (long long)nkeys,
-                       MOE_PERM_MAX_E);
+                       MOE_CUDA_MAX_EXPERTS);
         return 0;
     }
     int64_t nchunks = (n + MOE_PERM_CHUNK - 1) / MOE_PERM_CHUNK;

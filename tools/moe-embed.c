@@ -7,9 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "moe/cli.h"
 #include "moe/embed.h"
@@ -237,9 +234,7 @@ static int run(cli *c, int argc, char **argv) {
     o->inputs = (const char *const *)(argv + optind);
     o->n_inputs = argc - optind;
     o->bf16 = c->precision; /* -1: bf16 on a GPU, fp32 on the CPU */
-#ifdef _OPENMP
-    if (c->threads > 0) omp_set_num_threads(c->threads);
-#endif
+    o->threads = c->threads;
     moe_embed_summary sum;
     if (moe_embed_run(o, &sum, &err) != MOE_OK) {
         moe_err_print(&err, "moe-embed", stderr);

@@ -7,9 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "moe/cli.h"
 #include "moe/comm.h"
@@ -126,9 +123,7 @@ int main(int argc, char **argv) {
             return moe_cli_usage_error(
                 "moe-train", "unexpected argument '%s' (overrides look like key.path=value)",
                 argv[i]);
-#ifdef _OPENMP
-    if (threads > 0) omp_set_num_threads(threads);
-#endif
+    opts.threads = threads;
 
     moe_err err;
     moe_err_clear(&err);

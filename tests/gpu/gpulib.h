@@ -6,7 +6,7 @@
 
 /* The CUDA backend on the first GPU, or NULL after printing why the test is skipped (no
  * device, or the backend could not start); the caller then returns 77 (ctest: skipped).
- * Free it with moe_backend_cuda_free. */
+ * Release it with be->destroy(be). */
 const moe_backend *test_cuda_backend(const char *test);
 
 #endif

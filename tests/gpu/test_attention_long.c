@@ -145,11 +145,11 @@ int main(void) {
     double f0, b0, f, b;
     CHECK(run_attention(be, T0, q, k, v, dout, out0, lse0, dq0, &f0, &b0, &err) > 0);
     size_t cur, peak;
-    moe_backend_cuda_memory(be, &cur, &peak);
+    be->memory(be, &cur, &peak);
     size_t base = cur;
     double bytes = run_attention(be, T, q, k, v, dout, out, lse, dq, &f, &b, &err);
     CHECK_MSG(bytes > 0, "T=%d run failed: %s", T, err.msg);
-    moe_backend_cuda_memory(be, &cur, &peak);
+    be->memory(be, &cur, &peak);
     if (bytes > 0) {
         /* [B, H, T] lse: the prefix rows of head h sit at h*T (long) and h*T0 (short) */
         double e_lse = 0;
@@ -188,6 +188,6 @@ int main(void) {
     }
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq);
     free(out0), free(lse0), free(dq0);
-    moe_backend_cuda_free(be);
+    be->destroy(be);
     return test_summary("gpu.attention_long");
 }

@@ -707,6 +707,60 @@ static const tcase k_cases[] = {
 };
 enum { NCASES = sizeof k_cases / sizeof k_cases[0] };
 
+/* The sizes supports() sees for a case (the fields its op reads; the rest 0). */
+static moe_op_dims tcase_dims(const tcase *tc) {
+    moe_op_dims d;
+    memset(&d, 0, sizeof d);
+    const int64_t *s = tc->s;
+    switch (tc->op) {
+    case MOE_OP_ATTENTION:
+        d.B = s[0], d.T = s[1], d.H = s[2], d.KV = s[3], d.D = s[4];
+        break;
+    case MOE_OP_ROPE:
+        d.B = s[0], d.T = s[1], d.H = s[2], d.D = s[3];
+        break;
+    case MOE_OP_ROUTER:
+        d.B = 1, d.T = s[0], d.E = s[1], d.K = s[2];
+        break;
+    case MOE_OP_PERMUTE:
+        d.B = 1, d.T = s[0], d.C = s[1], d.E = s[2], d.K = s[3];
+        break;
+    default:
+        break;
+    }
+    return d;
+}
+
+/* supports() with sizes: the shapes the kernels refuse at launch are refused up front, and
+ * moe_backend_check names the op and the sizes (what moe_model_create reports). */
+static void check_supports_shapes(const moe_backend *gpu) {
+    moe_op_dims d;
+    memset(&d, 0, sizeof d);
+    d.B = 2, d.T = 64, d.H = 4, d.KV = 2, d.D = 64, d.C = 256, d.E = 8, d.K = 2, d.V = 64;
+    d.F = 128;
+    CHECK(gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_BF16));
+    CHECK(gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_FP32));
+    CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_BF16, NULL) == MOE_OK);
+    d.D = 80; /* no flash-attention kernel for head dim 80; the fp32 kernel takes it */
+    CHECK(!gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_BF16));
+    CHECK(gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_FP32));
+    CHECK(gpu->supports(gpu, MOE_OP_MATMUL, &d, MOE_RECIPE_BF16)); /* only attention cares */
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_BF16, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "attention") && strstr(err.msg, "D=80"), "message: %s", err.msg);
+    d.D = 288; /* beyond the fp32 kernel's 256 */
+    CHECK(!gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_FP32));
+    d.D = 64, d.H = 6, d.KV = 4; /* H % KV != 0 */
+    CHECK(!gpu->supports(gpu, MOE_OP_ATTENTION, &d, MOE_RECIPE_BF16));
+    d.H = 4, d.KV = 2, d.E = 2000; /* more experts than the grouping kernels take */
+    CHECK(!gpu->supports(gpu, MOE_OP_PERMUTE, &d, MOE_RECIPE_FP32));
+    moe_err_clear(&err);
+    CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_FP32, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "permute") && strstr(err.msg, "E=2000"), "message: %s", err.msg);
+    CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
+}
+
 /* ------------------------------------------------------------------------------------------
  * perf mode: GPU only, large shapes, median of timed repetitions after a warm-up */
 
@@ -969,13 +1023,15 @@ int main(int argc, char **argv) {
         for (int i = 0; i < NPERF; i++)
             if (!only || strstr(k_perf[i].name, only)) run_perf(&g, &k_perf[i]);
     } else {
+        check_supports_shapes(g.gpu);
         int failed_cases = 0, run = 0;
         for (int i = 0; i < NCASES; i++) {
             const tcase *tc = &k_cases[i];
             if (only && !strstr(tc->name, only)) continue;
             g.label = tc->name;
             g.fails = 0;
-            if (!g.gpu->supports(g.gpu, tc->op, tc->prec)) {
+            moe_op_dims dims = tcase_dims(tc);
+            if (!g.gpu->supports(g.gpu, tc->op, &dims, tc->prec)) {
                 printf("  %-28s not supported by the CUDA backend: FAIL\n", tc->name);
                 CHECK_MSG(0, "%s: cuda backend does not support %s", tc->name, moe_op_name(tc->op));
                 continue;
@@ -988,7 +1044,7 @@ int main(int argc, char **argv) {
         printf("test_backend_ops: %d cases, %d failed, worst nmse %.3e, seed %llu\n", run,
                failed_cases, g_worst_nmse, (unsigned long long)seed);
     }
-    moe_backend_cuda_free(g.gpu);
+    g.gpu->destroy(g.gpu);
     free(g.perf_src);
     return test_summary("test_backend_ops");
 }

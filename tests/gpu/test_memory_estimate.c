@@ -3,7 +3,7 @@
  * For configs/L0_sanity.yaml (one micro-batch = train.global_batch_tokens, 64 x 256 tokens),
  * under the fp32 and bf16 recipes and every train.recompute mode, a fresh CUDA backend
  * builds the model, runs one forward + backward + AdamW step, and its peak device memory
- * (moe_backend_cuda_memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
+ * (be->memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
  * within 10% of moe_model_memory_estimate's total + gpu_scratch, the figure --dry-run prints
  * as the peak on a CUDA device. The part allocated through be->alloc (total) is exact (the
  * CPU test unit.recompute checks it byte for byte); gpu_scratch is an upper bound on the
@@ -67,12 +67,12 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     (void)be->sum_squares(be, m.grad_mem, m.table.n_elems); /* gradient clipping's norm */
     CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
     CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);
-    moe_backend_cuda_memory(be, NULL, &peak);
+    be->memory(be, NULL, &peak);
 done:
     be->free(be, am);
     be->free(be, av);
     moe_model_free(&m);
-    moe_backend_cuda_free(be);
+    be->destroy(be);
     free(tok);
     free(tgt);
     return peak;
@@ -83,7 +83,7 @@ int main(void) {
     if (!probe) return 77;
     moe_err err;
     moe_err_clear(&err);
-    moe_backend_cuda_free(probe);
+    probe->destroy(probe);
     moe_config cfg;
     if (moe_config_load(&cfg, test_src_path("configs/L0_sanity.yaml"), 0, NULL, &err) != MOE_OK) {
         CHECK_MSG(0, "config: %s", err.msg);

@@ -112,9 +112,35 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
     moe_model_free(&mg);
 }
 
+/* A head dimension the bf16 flash attention has no kernel for is refused by moe_model_create
+ * with an input error naming the op and the size, before anything is allocated; under fp32
+ * (whose kernel takes it) the same model is created. */
+static void refuses_unsupported_shape(const moe_backend *gpu) {
+    moe_model_config cfg = config();
+    cfg.hidden_size = 160; /* 2 heads of 80 */
+    cfg.num_attention_heads = 2;
+    cfg.num_key_value_heads = 2;
+    size_t before = 0, after = 0;
+    gpu->memory(gpu, &before, NULL);
+    moe_model m;
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, gpu, B, T, &err) ==
+          MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "attention") && strstr(err.msg, "D=80"), "message: %s", err.msg);
+    gpu->memory(gpu, &after, NULL);
+    CHECK_INT_EQ((int64_t)after, (int64_t)before);
+    moe_model_free(&m);
+    moe_err_clear(&err);
+    CHECK(moe_model_create(&m, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, gpu, B, T, &err) ==
+          MOE_OK);
+    moe_model_free(&m);
+}
+
 int main(void) {
     const moe_backend *gpu = test_cuda_backend("test_model_cuda"), *cpu = moe_backend_cpu();
     if (!gpu) return 77;
+    refuses_unsupported_shape(gpu);
     moe_err err;
     moe_err_clear(&err);
     moe_model_config cfg = config();
@@ -248,6 +274,6 @@ int main(void) {
     free(host), free(hg), free(hc), free(hgg);
     moe_model_free(&mc);
     moe_model_free(&mg);
-    moe_backend_cuda_free(gpu);
+    gpu->destroy(gpu);
     return test_summary("test_model_cuda");
 }

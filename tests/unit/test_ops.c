@@ -524,9 +524,11 @@ static void test_bf16(void) {
     be->swiglu_forward(be, o16, a, b, 3, MOE_RECIPE_BF16);
     CHECK(all_bf16(o16, 3));
     /* supports */
-    CHECK(be->supports(be, MOE_OP_MATMUL, MOE_RECIPE_BF16));
-    CHECK(!be->supports(be, MOE_OP_MATMUL, MOE_RECIPE_FP8_BLOCK));
-    CHECK(!be->supports(be, MOE_OP_MATMUL, MOE_RECIPE_MXFP8));
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_BF16));
+    CHECK(!be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
+    CHECK(!be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8));
+    moe_op_dims odd = {.B = 1, .T = 7, .C = 96, .H = 3, .KV = 1, .D = 32, .V = 5, .E = 3, .K = 2};
+    CHECK(be->supports(be, MOE_OP_ATTENTION, &odd, MOE_RECIPE_BF16)); /* any shape (test_backend) */
     CHECK(strcmp(moe_op_name(MOE_OP_GROUPED_MATMUL), "grouped_matmul") == 0);
     CHECK(strcmp(moe_op_name(MOE_OP_COUNT), "?") == 0);
     free(x), free(w), free(y32), free(y16);

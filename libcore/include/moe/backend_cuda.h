@@ -19,16 +19,16 @@ extern "C" {
 
 /* Creates the CUDA backend on the current device (cudaGetDevice; select one beforehand with
  * CUDA_VISIBLE_DEVICES or moe_backend_cuda_on). Returns NULL with a runtime error that says
- * why (no device, driver too old, out of memory) when no usable GPU is present. */
+ * why (no device, driver too old, out of memory) when no usable GPU is present. Callers above
+ * the ops layer use moe_backend_open("cuda" | "cuda:N" | "auto") instead. be->destroy(be)
+ * waits for queued work and releases the stream, handles, scratch and the table;
+ * be->memory reports the device memory held through be->alloc, scratch buffers and the
+ * cuBLASLt workspace (not the CUDA context). */
 const moe_backend *moe_backend_cuda(moe_err *err);
 /* Same, on device `device` (0-based). */
 const moe_backend *moe_backend_cuda_on(int device, moe_err *err);
-/* Waits for queued work and releases the stream, handles, scratch and the table. NULL is ok. */
-void moe_backend_cuda_free(const moe_backend *be);
-/* Device memory this backend holds now and the most it has held (bytes): allocations made
- * through be->alloc, scratch buffers and the cuBLASLt workspace; not the CUDA context. */
-void moe_backend_cuda_memory(const moe_backend *be, size_t *current, size_t *peak);
-/* Number of CUDA devices visible to this process (0 when none or no driver). */
+/* Number of CUDA devices visible to this process (0 when none, no driver, or any error; the
+ * CUDA error state is reset then, so later calls start clean). */
 int moe_cuda_device_count(void);
 
 #ifdef __cplusplus

@@ -44,11 +44,12 @@ typedef struct moe_backend_prof_stats {
 } moe_backend_prof_stats;
 
 /* Wraps `inner` (which must outlive the wrapper). Returns NULL with a runtime error when out
- * of host memory. The table's name is the inner backend's name; alloc/free and supports are
- * forwarded untimed. synchronize() reports the first error any bracketing wait saw, else the
+ * of host memory. The table's name is the inner backend's name; alloc/free, supports and
+ * memory are forwarded untimed; destroy frees the wrapper (as moe_backend_prof_free), never
+ * the inner backend. synchronize() reports the first error any bracketing wait saw, else the
  * inner backend's. */
 const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err);
-/* The wrapped backend (for backend-specific calls such as moe_backend_cuda_memory). */
+/* The wrapped backend. */
 const moe_backend *moe_backend_prof_inner(const moe_backend *prof);
 /* Frees the wrapper, not the inner backend. NULL is ok. */
 void moe_backend_prof_free(const moe_backend *prof);

@@ -16,14 +16,9 @@
 #include <stdio.h>
 
 #include "moe/err.h"
+#include "moe/recipe.h"
 
 typedef enum moe_device_kind { MOE_DEVICE_AUTO, MOE_DEVICE_CPU, MOE_DEVICE_CUDA } moe_device_kind;
-typedef enum moe_recipe {
-    MOE_RECIPE_FP32,
-    MOE_RECIPE_BF16,
-    MOE_RECIPE_FP8_BLOCK,
-    MOE_RECIPE_MXFP8
-} moe_recipe;
 typedef enum moe_lr_schedule {
     MOE_SCHED_COSINE,
     MOE_SCHED_LINEAR,

@@ -71,7 +71,8 @@ int moe_dtype_is_float(moe_dtype dt);
  * above; by default fp8 targets saturate and e8m0 targets round to nearest (see the flags).
  * Integer -> integer keeps values (out of range: MOE_ERR_INPUT naming the index); integer ->
  * float goes through f32 (integers beyond 2^24 round to f32 first); float -> integer is
- * refused (MOE_ERR_INPUT). The CUDA twin is moe_cuda_convert (moe/cuda_dtype.h). */
+ * refused (MOE_ERR_INPUT). Host memory only; the per-element functions above are MOE_HD, so
+ * device kernels can convert with the same rounding. */
 moe_status moe_convert(void *dst, moe_dtype dst_dt, const void *src, moe_dtype src_dt, int64_t n,
                        moe_err *err);
 moe_status moe_convert_ex(void *dst, moe_dtype dst_dt, const void *src, moe_dtype src_dt, int64_t n,

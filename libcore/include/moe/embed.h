@@ -54,6 +54,7 @@ typedef struct moe_embed_opts {
     moe_device_kind device; /* auto: a usable GPU, else the CPU; cuda needs a CUDA build + GPU */
     int bf16;               /* 1 bf16 recipe, 0 fp32, -1 (default) bf16 on a GPU, fp32 on CPU */
     int quiet;              /* no progress lines */
+    int threads;            /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
 } moe_embed_opts;
 
 void moe_embed_opts_defaults(moe_embed_opts *o);
@@ -73,8 +74,7 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
 
 typedef struct moe_infer_ckpt {
     moe_ckpt ckpt;         /* dir, config, tokenizer, tensors (moe/ckpt.h) */
-    const moe_backend *be; /* set by moe_infer_ckpt_load_model */
-    int be_is_cuda;
+    const moe_backend *be; /* set by moe_infer_ckpt_load_model, destroyed by close */
     moe_model model; /* valid after moe_infer_ckpt_load_model */
     int has_model;
 } moe_infer_ckpt;
@@ -83,10 +83,10 @@ typedef struct moe_infer_ckpt {
  * verified (the optimizer files, never read here, by size only), config.yaml and
  * tokenizer.json loaded (the tokenizer fits the model), the weights indexed. */
 moe_status moe_infer_ckpt_open(moe_infer_ckpt *c, const char *dir, moe_err *err);
-/* Creates the model on a backend (device as in moe_embed_opts; bf16 1/0/-1 as there) for
+/* Creates the model on a backend (device, threads and bf16 1/0/-1 as in moe_embed_opts) for
  * batches of up to max_batch x max_seq tokens and reads the weights into it. */
-moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, int bf16,
-                                     int max_batch, int max_seq, moe_err *err);
+moe_status moe_infer_ckpt_load_model(moe_infer_ckpt *c, moe_device_kind device, int threads,
+                                     int bf16, int max_batch, int max_seq, moe_err *err);
 void moe_infer_ckpt_close(moe_infer_ckpt *c);
 
 #endif

@@ -2,8 +2,10 @@
  *
  * Headers such as moe/dtype.h and moe/rng.h define their bit-exact arithmetic (format
  * conversions, Philox rounds, Box-Muller) as MOE_HD functions: `static inline` in C11, and
- * additionally `__host__ __device__` when the header is compiled by nvcc. the kernels/ sources
- * include the very same functions, which is what makes CPU and GPU results bit-identical.
+ * additionally `__host__ __device__` when the header is compiled by nvcc, so that a kernel
+ * including them computes bit-identical results to the CPU. (No kernel in kernels/ calls
+ * them today: the device fill and conversion kernels, used only by tests, were removed in
+ * issue 11; the fp8 recipes' quantize kernels are meant to build on them.)
  * Functions marked MOE_HD must use only integer operations and IEEE basic operations
  * (+ - * / sqrt, no contraction into FMA: see MOE_FMUL/MOE_FADD) and no libm calls. */
 #ifndef MOE_HOSTDEV_H

@@ -65,8 +65,10 @@ typedef struct moe_model {
     int last_B, last_T;     /* shape of the last forward (0 = none) */
 } moe_model;
 
-/* Validates cfg (shapes divisible, k <= E, ...), refuses recipes the backend does not
- * support (fp8-block/mxfp8: MOE_ERR_INPUT), builds the parameter table, allocates
+/* Validates cfg (shapes divisible, k <= E, ...), refuses recipes and sizes the backend does
+ * not support before allocating anything (moe_backend_check: fp8-block/mxfp8, or e.g. a head
+ * dimension the CUDA bf16 attention lacks: MOE_ERR_INPUT naming the op and the sizes),
+ * builds the parameter table, allocates
  * parameters, gradients (zeroed) and activations for up to max_batch x max_seq tokens.
  * recompute (train.recompute) sizes the activation plan: NONE keeps every intermediate of
  * every layer for backward; ATTN keeps the layer input, the residual after attention and the
@@ -137,8 +139,12 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the four above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace, bf16
-                                     operand copies under the bf16 recipe; upper bound) */
+                                     operand copies under the bf16 recipe; upper bound):
+                                     moe_backend_scratch_estimate("cuda", ...) */
 } moe_model_memory;
+/* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what
+ * moe_model_create asks moe_backend_check about and the scratch estimate is computed for. */
+void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d);
 /* What a training run allocates: total exactly for any backend; add gpu_scratch for the
  * peak device memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,

@@ -1,10 +1,16 @@
 /* ops: every operation the MoE model needs, forward and backward, behind a backend table.
  *
- * A backend (`moe_backend`) is a table of function pointers: memory functions (the model
- * allocates ALL its parameters, gradients and activations through them, so buffers may live
- * on a GPU) and one entry per op direction. `moe_backend_cpu()` is the reference: fp32
- * accumulation, OpenMP, cblas_sgemm when built with MOE_HAVE_CBLAS; the CUDA backend in
- * kernels/ fills the same table.
+ * A backend (`moe_backend`) is a table of function pointers: its lifecycle and capabilities
+ * (supports, destroy, memory), memory functions (the model allocates ALL its parameters,
+ * gradients and activations through them, so buffers may live on a GPU) and one entry per op
+ * direction. `moe_backend_cpu()` is the reference: fp32 accumulation, OpenMP, cblas_sgemm
+ * when built with MOE_HAVE_CBLAS; the CUDA backend in kernels/ fills the same table.
+ *
+ * Lifecycle (src/ops/backend.c): moe_backend_open("cpu" | "cuda" | "cuda:N" | "auto", ...)
+ * chooses and creates a backend, be->destroy(be) releases it (a no-op for the static CPU
+ * table). Callers never test which backend they hold: what differs is asked of the table
+ * (supports with the op's sizes, bf16_native, memory), and moe_backend_check refuses a
+ * model shape a backend cannot run before any work.
  *
  * Conventions every implementation follows (the one thing a reader must know):
  *  - Pointers marked "dev" are backend memory (from be->alloc); "host" means CPU memory.
@@ -35,8 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "moe/config.h"
 #include "moe/err.h"
+#include "moe/recipe.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -64,13 +70,29 @@ typedef enum moe_op {
 /* "embedding", "rmsnorm", ... ; "?" for an out-of-range value. */
 const char *moe_op_name(moe_op op);
 
+/* The sizes of the op calls a caller will make (the "Sizes" above), each the largest it will
+ * use: B sequences of T tokens per call (N = B*T), C, H, KV, D, V, E, K, F. What supports()
+ * and the scratch estimate see; a model fills it from its config and batch. */
+typedef struct moe_op_dims {
+    int64_t B, T, C, H, KV, D, V, E, K, F;
+} moe_op_dims;
+
 typedef struct moe_backend moe_backend;
 struct moe_backend {
     const char *name; /* "cpu", "cuda" */
     void *ctx;        /* backend state (streams, handles); NULL for the CPU backend */
+    int bf16_native;  /* 1: bf16 matrix products run natively, faster than fp32 (a GPU);
+                         0: bf16 is emulated by rounding (the CPU), fp32 is the fast recipe */
 
-    /* 1 when the backend implements op (both directions) at precision prec, else 0. */
-    int (*supports)(const moe_backend *be, moe_op op, moe_recipe prec);
+    /* 1 when the backend implements op (both directions) at precision prec for calls of
+     * sizes dims, else 0. dims NULL asks about the recipe alone (some sizes work). */
+    int (*supports)(const moe_backend *be, moe_op op, const moe_op_dims *dims, moe_recipe prec);
+    /* Waits for queued work and releases everything the backend holds, the table included;
+     * every buffer from alloc must have been freed. A no-op for the static CPU table. */
+    void (*destroy)(const moe_backend *be);
+    /* Backend memory held now and the most held so far (bytes): buffers from alloc plus the
+     * backend's own scratch. The CPU backend does not count (both 0). */
+    void (*memory)(const moe_backend *be, size_t *current, size_t *peak);
 
     /* ---- memory (all sizes in bytes) ---- */
     void *(*alloc)(const moe_backend *be, size_t bytes); /* zero-filled, 64-byte aligned;
@@ -282,6 +304,28 @@ struct moe_backend {
                          int64_t B, int64_t T, int64_t C, int max);
 };
 
+/* ---- lifecycle and capabilities (src/ops/backend.c) ---- */
+
+/* Opens the backend `device` names: "cpu"; "cuda" (the current CUDA device); "cuda:N" (device
+ * N); "auto" (the first GPU when one is usable, else the CPU; a GPU that is visible but cannot
+ * start gives a warning and the CPU). Logs "device: <name>" at info level. threads > 0 sets
+ * the CPU threads (moe_backend_cpu_set_threads; OpenMP is per process, so for any device);
+ * 0 keeps the current count. The backend must support `recipe` (moe_backend_check without
+ * sizes). Errors: an unknown name, cuda in a build without CUDA, no usable GPU for cuda or
+ * cuda:N, an unsupported recipe: MOE_ERR_INPUT with a hint. Release with be->destroy(be). */
+const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int threads,
+                                    moe_err *err);
+/* MOE_OK when be supports every op at precision prec for calls of sizes dims (NULL: the
+ * recipe alone); else MOE_ERR_INPUT naming the backend, the first refused op, its sizes and
+ * the recipe, with a hint. Callers check before allocating anything (moe_model_create). */
+moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe_recipe prec,
+                             moe_err *err);
+/* Working memory (bytes) backend kind `kind` ("cpu", "cuda") allocates on top of the buffers
+ * it is asked for, for op calls up to dims under prec: 0 for the CPU; for CUDA the cuBLASLt
+ * workspace, bf16 operand copies and reduction scratch (an upper bound). Needs no device
+ * and works in every build (moe-train --dry-run prints it); unknown kinds give 0. */
+int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec);
+
 /* The CPU reference backend (static, immutable table). */
 const moe_backend *moe_backend_cpu(void);
 /* Threads used by the CPU backend (OpenMP's count; OpenBLAS is kept single-threaded and
@@ -291,7 +335,8 @@ void moe_backend_cpu_set_threads(int n);
 /* NULL, or one line of advice when the BLAS runs far below this CPU's ability: OpenBLAS
  * 0.3.21 does not recognise recent Xeons and falls back to its SSE3 "Prescott" kernels
  * (about 4x slower GEMMs); the core type can only be chosen through the environment
- * (OPENBLAS_CORETYPE) before the program starts. moe_model_create logs it as a warning. */
+ * (OPENBLAS_CORETYPE) before the program starts. moe_backend_open logs it as a warning when
+ * it opens the CPU backend. */
 const char *moe_backend_cpu_blas_advice(void);
 /* Called first thing in main by the tools that multiply matrices on the CPU (moe-train,
  * moe-embed): when OpenBLAS fell back to its generic kernels on a CPU with AVX2/AVX-512 and

@@ -34,6 +34,7 @@ typedef struct moe_train_opts {
     int64_t stop_at;       /* end this invocation after this step (0: run to train.steps) */
     const char *log_json;  /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
     int quiet;             /* no progress bar */
+    int threads;           /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
     const struct moe_comm *comm; /* the processes of the run (moe/comm.h); NULL: one */
 } moe_train_opts;
 

@@ -17,9 +17,6 @@
 
 #include "embed/embed_internal.h"
 #include "moe/shard.h"
-#ifdef MOE_HAVE_CUDA
-#include "moe/backend_cuda.h"
-#endif
 
 void moe_embed_opts_defaults(moe_embed_opts *o) {
     memset(o, 0, sizeof *o);
@@ -478,8 +475,8 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
     int64_t cap = o->batch_tokens > e->max_seq ? o->batch_tokens : e->max_seq;
     e->max_batch = (cap + e->max_seq - 1) / e->max_seq;
     e->cap_tokens = e->max_batch * e->max_seq;
-    st = moe_infer_ckpt_load_model(&e->ck, o->device, o->bf16, (int)e->max_batch, (int)e->max_seq,
-                                   err);
+    st = moe_infer_ckpt_load_model(&e->ck, o->device, o->threads, o->bf16, (int)e->max_batch,
+                                   (int)e->max_seq, err);
     if (st != MOE_OK) return st;
     e->tokens = malloc((size_t)e->cap_tokens * sizeof(int32_t));
     e->range = malloc((size_t)e->cap_tokens * 2 * sizeof(int32_t));
@@ -530,11 +527,9 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     }
     e.sum.cols = e.C;
     e.sum.seconds = moe_time_now() - t1;
-#ifdef MOE_HAVE_CUDA
-    size_t cur = 0, peak = 0;
-    if (e.ck.be_is_cuda) moe_backend_cuda_memory(e.ck.be, &cur, &peak);
+    size_t peak = 0;
+    if (e.ck.be) e.ck.be->memory(e.ck.be, NULL, &peak); /* 0 on the CPU */
     e.sum.device_peak_bytes = (int64_t)peak;
-#endif
     if (sum) *sum = e.sum;
     free(e.seqs);
     free(e.wins);

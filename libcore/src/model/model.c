@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "model/model_internal.h"
-#include "moe/log.h"
 #include "moe/rng.h"
 
 /* ---- activation plan ---- */
@@ -190,21 +189,9 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
         moe_err_hint(err, "fix the model section of the config");
         return MOE_ERR_INPUT;
     }
-    for (int op = 0; op < MOE_OP_COUNT; op++)
-        if (!be->supports(be, (moe_op)op, recipe)) {
-            moe_err_set(err, MOE_ERR_INPUT, NULL,
-                        "precision.recipe %s needs %s support in the %s backend, which is not "
-                        "available in this build yet (op %s)",
-                        moe_recipe_name(recipe),
-                        recipe == MOE_RECIPE_FP8_BLOCK || recipe == MOE_RECIPE_MXFP8
-                            ? "fp8 GEMM"
-                            : "this precision",
-                        be->name, moe_op_name((moe_op)op));
-            moe_err_hint(err, "use precision.recipe=bf16 (or fp32)");
-            return MOE_ERR_INPUT;
-        }
-    if (be == moe_backend_cpu() && moe_backend_cpu_blas_advice())
-        moe_log_warn("%s", moe_backend_cpu_blas_advice());
+    moe_op_dims dims;
+    moe_model_op_dims(cfg, max_batch, max_seq, &dims);
+    if (moe_backend_check(be, &dims, recipe, err) != MOE_OK) return MOE_ERR_INPUT;
     m->cfg = *cfg;
     m->recipe = recipe;
     m->be = be;
@@ -351,26 +338,18 @@ int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recip
     return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, NULL, NULL);
 }
 
-/* The CUDA backend's own working memory (kernels/backend_cuda.cu): a 32 MiB cuBLASLt
- * workspace, and under bf16 the bf16 copies of GEMM operands in grow-only scratch slots that
- * are sized 1.25 x the request that made them grow (so at most 1.25 x the largest operand a
- * slot ever holds). Slot A: activation x or dy; B: weights (an expert block for grouped
- * GEMMs), k in attention; C: x in backward, v; D: attention dout. */
-static int64_t gpu_scratch_bytes(const moe_model_config *c, moe_recipe recipe, int64_t N) {
-    int64_t ws = (int64_t)32 << 20;
-    int64_t C = c->hidden_size, F = c->intermediate_size, V = c->vocab_size;
-    int64_t E = c->num_local_experts, NK = N * c->num_experts_per_tok;
-    int64_t D = c->num_attention_heads > 0 ? C / c->num_attention_heads : 0;
-    int64_t HD = c->num_attention_heads * D, KVD = c->num_key_value_heads * D;
-    int64_t small = N * c->num_attention_heads * 4 + N * 8 + 2 * V * 4; /* lse, grouping */
-    if (recipe != MOE_RECIPE_BF16) return ws + small;
-#define MAX2(a, b) ((a) > (b) ? (a) : (b))
-    int64_t sa = MAX2(MAX2(NK * F, NK * C), MAX2(N * V, MAX2(N * C, N * HD)));
-    int64_t sb = MAX2(MAX2(E * F * C, V * C), MAX2(HD * C, N * KVD));
-    int64_t sc = MAX2(MAX2(NK * F, NK * C), MAX2(N * C, MAX2(N * HD, N * KVD)));
-    int64_t sd = N * HD;
-#undef MAX2
-    return ws + small + 2 * (sa + sb + sc + sd) * 5 / 4;
+void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d) {
+    memset(d, 0, sizeof *d);
+    d->B = batch;
+    d->T = seq;
+    d->C = c->hidden_size;
+    d->H = c->num_attention_heads;
+    d->KV = c->num_key_value_heads;
+    d->D = c->num_attention_heads > 0 ? c->hidden_size / c->num_attention_heads : 0;
+    d->V = c->vocab_size;
+    d->E = c->num_local_experts;
+    d->K = c->num_experts_per_tok;
+    d->F = c->intermediate_size;
 }
 
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
@@ -383,7 +362,9 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     out->grads = out->params;
     out->optimizer = 2 * out->params;
     out->activations = moe_model_activation_bytes(cfg, recipe, recompute, batch, seq);
-    out->gpu_scratch = gpu_scratch_bytes(cfg, recipe, batch * seq);
+    moe_op_dims dims;
+    moe_model_op_dims(cfg, batch, seq, &dims);
+    out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
     out->total = out->params + out->grads + out->optimizer + out->activations;
 }
 

@@ -50,9 +50,14 @@ static void prof_end_mem(prof_ctx *p, double t0) {
 
 /* ---- forwarded untimed ---- */
 
-static int pr_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+static int pr_supports(const moe_backend *be, moe_op op, const moe_op_dims *dims, moe_recipe prec) {
     const moe_backend *in = ctx_of(be)->inner;
-    return in->supports(in, op, prec);
+    return in->supports(in, op, dims, prec);
+}
+
+static void pr_memory(const moe_backend *be, size_t *current, size_t *peak) {
+    const moe_backend *in = ctx_of(be)->inner;
+    in->memory(in, current, peak);
 }
 
 static void *pr_alloc(const moe_backend *be, size_t bytes) {
@@ -348,7 +353,10 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     moe_backend *t = &p->table;
     t->name = inner->name;
     t->ctx = p;
+    t->bf16_native = inner->bf16_native;
     t->supports = pr_supports;
+    t->destroy = moe_backend_prof_free; /* the wrapper only: the inner backend is the caller's */
+    t->memory = pr_memory;
     t->alloc = pr_alloc;
     t->free = pr_free;
     t->memcpy_h2d = pr_memcpy_h2d;

@@ -18,10 +18,6 @@
 #include "moe/metrics.h"
 #include "moe/schedule.h"
 #include "moe/shard.h"
-#ifdef MOE_HAVE_CUDA
-#include "moe/backend_cuda.h"
-#include "moe/cuda_dtype.h"
-#endif
 
 typedef struct trainer {
     moe_config cfg; /* resolved: data.path is the data actually used */
@@ -32,7 +28,6 @@ typedef struct trainer {
     moe_dataloader dl, vdl;
     int has_val;
     const moe_backend *be;
-    int be_is_cuda;
     moe_model model;
     /* ZeRO-1: this rank's AdamW state covers parameter elements [lo, hi) of the flat array,
      * slice[r] = rank r's lo (slice[dp] = n_elems); one process owns everything */
@@ -51,10 +46,10 @@ typedef struct trainer {
 
 /* ---- setup ---- */
 
-/* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU. */
-static moe_status open_backend(trainer *t, moe_err *err) {
-    int want_cuda = t->cfg.device == MOE_DEVICE_CUDA;
-    if (want_cuda && t->dp > 1) {
+/* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU
+ * (moe_backend_open); data parallelism runs on the CPU, so auto means cpu when dp > 1. */
+static moe_status open_backend(trainer *t, int threads, moe_err *err) {
+    if (t->cfg.device == MOE_DEVICE_CUDA && t->dp > 1) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
                     "parallel.dp=%d with device=cuda: data parallelism runs on the CPU backend "
                     "in this version (NCCL is not wired in yet)",
@@ -62,37 +57,9 @@ static moe_status open_backend(trainer *t, moe_err *err) {
         moe_err_hint(err, "set device=cpu, or train on one GPU with parallel.dp=1");
         return MOE_ERR_INPUT;
     }
-#ifdef MOE_HAVE_CUDA
-    if (t->cfg.device == MOE_DEVICE_AUTO && t->dp == 1 && moe_cuda_available() > 0) want_cuda = 1;
-#endif
-    if (!want_cuda) {
-        t->be = moe_backend_cpu();
-        moe_log_info("device: cpu");
-        return MOE_OK;
-    }
-#ifdef MOE_HAVE_CUDA
-    moe_err sub;
-    moe_err_clear(&sub);
-    t->be = moe_backend_cuda(&sub);
-    if (t->be) {
-        t->be_is_cuda = 1;
-        moe_log_info("device: cuda");
-        return MOE_OK;
-    }
-    if (t->cfg.device == MOE_DEVICE_AUTO) {
-        moe_log_warn("device: auto found a GPU but cannot use it (%s); training on the CPU",
-                     sub.msg);
-        t->be = moe_backend_cpu();
-        return MOE_OK;
-    }
-    moe_err_set(err, MOE_ERR_INPUT, NULL, "device: cuda was requested but no GPU is usable: %s",
-                sub.msg);
-#else
-    moe_err_set(err, MOE_ERR_INPUT, NULL,
-                "device: cuda was requested but this moe-train was built without CUDA");
-#endif
-    moe_err_hint(err, "use device=cpu (or device=auto) on a machine without a GPU");
-    return MOE_ERR_INPUT;
+    const char *device = t->dp > 1 ? "cpu" : moe_device_name(t->cfg.device);
+    t->be = moe_backend_open(device, t->cfg.precision.recipe, threads, err);
+    return t->be ? MOE_OK : MOE_ERR_INPUT;
 }
 
 static moe_status open_data(trainer *t, moe_err *err) {
@@ -494,9 +461,7 @@ static void trainer_free(trainer *t) {
         t->be->free(t->be, t->v);
     }
     moe_model_free(&t->model);
-#ifdef MOE_HAVE_CUDA
-    if (t->be_is_cuda) moe_backend_cuda_free(t->be);
-#endif
+    if (t->be) t->be->destroy(t->be);
     moe_dataloader_free(&t->dl);
     moe_dataloader_free(&t->vdl);
     moe_shardset_close(t->data);
@@ -543,7 +508,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     t.ts.seed = (uint64_t)t.cfg.train.seed;
     t.ts.data_shuffle = t.cfg.data.shuffle;
 
-    st = open_backend(&t, err);
+    st = open_backend(&t, opts->threads, err);
     if (st == MOE_OK) st = open_data(&t, err);
     if (st == MOE_OK) {
         t.ts.data_samples = t.dl.n_samples;

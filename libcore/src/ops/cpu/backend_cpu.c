@@ -1,9 +1,10 @@
-/* backend_cpu: the CPU reference backend's table - memory functions over the host heap and
- * the op entries implemented in ops_*.c.
+/* backend_cpu: the CPU reference backend's table - capabilities, memory functions over the
+ * host heap and the op entries implemented in ops_*.c.
  *
  * The table is a static const object: the CPU backend has no state (ctx NULL), so it can be
- * shared by any number of models and threads. Memory from alloc is zero-filled and 64-byte
- * aligned; a failed allocation returns NULL (the model turns that into MOE_ERR_RUNTIME). */
+ * shared by any number of models and threads, and destroy does nothing. Memory from alloc
+ * is zero-filled and 64-byte aligned; a failed allocation returns NULL (the model turns that
+ * into MOE_ERR_RUNTIME). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,33 +16,24 @@
 #include <cblas.h>
 #endif
 
-static const char *const op_names[MOE_OP_COUNT] = {
-    [MOE_OP_EMBEDDING] = "embedding",
-    [MOE_OP_RMSNORM] = "rmsnorm",
-    [MOE_OP_ROPE] = "rope",
-    [MOE_OP_ATTENTION] = "attention",
-    [MOE_OP_MATMUL] = "matmul",
-    [MOE_OP_ROUTER] = "router",
-    [MOE_OP_PERMUTE] = "permute",
-    [MOE_OP_UNPERMUTE] = "unpermute",
-    [MOE_OP_GROUPED_MATMUL] = "grouped_matmul",
-    [MOE_OP_SWIGLU] = "swiglu",
-    [MOE_OP_CROSS_ENTROPY] = "cross_entropy",
-    [MOE_OP_ADD] = "add",
-    [MOE_OP_ADAMW] = "adamw",
-    [MOE_OP_SUM_SQUARES] = "sum_squares",
-    [MOE_OP_POOL] = "pool",
-};
-
-const char *moe_op_name(moe_op op) {
-    if ((int)op < 0 || op >= MOE_OP_COUNT) return "?";
-    return op_names[op];
-}
-
-static int cpu_supports(const moe_backend *be, moe_op op, moe_recipe prec) {
+/* The reference runs every op at every size (the model's config validation bounds them);
+ * fp8 recipes are not emulated yet. */
+static int cpu_supports(const moe_backend *be, moe_op op, const moe_op_dims *dims,
+                        moe_recipe prec) {
     (void)be;
+    (void)dims;
     if ((int)op < 0 || op >= MOE_OP_COUNT) return 0;
     return prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_BF16;
+}
+
+static void cpu_destroy(const moe_backend *be) {
+    (void)be; /* a static table: nothing to release */
+}
+
+static void cpu_memory(const moe_backend *be, size_t *current, size_t *peak) {
+    (void)be; /* host memory is not counted */
+    if (current) *current = 0;
+    if (peak) *peak = 0;
 }
 
 static void *cpu_alloc(const moe_backend *be, size_t bytes) {
@@ -77,7 +69,10 @@ static moe_status cpu_synchronize(const moe_backend *be, moe_err *err) {
 static const moe_backend cpu_backend = {
     .name = "cpu",
     .ctx = NULL,
+    .bf16_native = 0,
     .supports = cpu_supports,
+    .destroy = cpu_destroy,
+    .memory = cpu_memory,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .memcpy_h2d = cpu_memcpy,

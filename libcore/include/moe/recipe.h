@@ -1,0 +1,18 @@
+/* recipe: the precision recipe, the one setting that decides the dtype of every GEMM operand,
+ * stored activation and weight copy (docs/model.md's precision table).
+ *
+ * Its own header because the ops layer needs the enum and nothing else of the configuration
+ * (moe/config.h includes this file; its `precision.recipe` key holds one of these values and
+ * moe_recipe_name() lives there with the other schema names). Master weights and optimizer
+ * state are fp32 under every recipe. */
+#ifndef MOE_RECIPE_H
+#define MOE_RECIPE_H
+
+typedef enum moe_recipe {
+    MOE_RECIPE_FP32,      /* fp32 operands: the CPU reference */
+    MOE_RECIPE_BF16,      /* bf16 GEMM operands and stored activations, fp32 accumulation */
+    MOE_RECIPE_FP8_BLOCK, /* e4m3 with 128x128 / 1x128 block scales (not implemented yet) */
+    MOE_RECIPE_MXFP8      /* e4m3 with e8m0 scales per 32 values (not implemented yet) */
+} moe_recipe;
+
+#endif

@@ -1,0 +1,214 @@
+/* backend: the backend lifecycle and capability checks of the ops layer (moe/ops.h) - op
+ * names, moe_backend_open (device names, the auto rule and its log line), moe_backend_check
+ * (supports over every op, with the sizes named in the error) and the scratch estimate.
+ *
+ * The one thing to know: this is the only file above kernels/ that knows which backends a
+ * build has (#ifdef MOE_HAVE_CUDA); model, train and embed open, query and destroy backends
+ * through these functions and the table, never by name. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/config.h" /* moe_recipe_name */
+#include "moe/log.h"
+#include "moe/ops.h"
+#include "ops/cuda_scratch.h"
+#ifdef MOE_HAVE_CUDA
+#include "moe/backend_cuda.h"
+#endif
+
+static const char *const op_names[MOE_OP_COUNT] = {
+    [MOE_OP_EMBEDDING] = "embedding",
+    [MOE_OP_RMSNORM] = "rmsnorm",
+    [MOE_OP_ROPE] = "rope",
+    [MOE_OP_ATTENTION] = "attention",
+    [MOE_OP_MATMUL] = "matmul",
+    [MOE_OP_ROUTER] = "router",
+    [MOE_OP_PERMUTE] = "permute",
+    [MOE_OP_UNPERMUTE] = "unpermute",
+    [MOE_OP_GROUPED_MATMUL] = "grouped_matmul",
+    [MOE_OP_SWIGLU] = "swiglu",
+    [MOE_OP_CROSS_ENTROPY] = "cross_entropy",
+    [MOE_OP_ADD] = "add",
+    [MOE_OP_ADAMW] = "adamw",
+    [MOE_OP_SUM_SQUARES] = "sum_squares",
+    [MOE_OP_POOL] = "pool",
+};
+
+const char *moe_op_name(moe_op op) {
+    if ((int)op < 0 || op >= MOE_OP_COUNT) return "?";
+    return op_names[op];
+}
+
+/* ---- moe_backend_check ---- */
+
+/* The sizes that matter for op, "B=2 T=64 H=4 KV=2 D=80" style, into buf. */
+static void describe_dims(moe_op op, const moe_op_dims *d, char *buf, size_t n) {
+    long long B = d->B, T = d->T, C = d->C, H = d->H, KV = d->KV, D = d->D, V = d->V, E = d->E,
+              K = d->K, F = d->F;
+    switch (op) {
+    case MOE_OP_ATTENTION:
+        snprintf(buf, n, "B=%lld T=%lld H=%lld KV=%lld D=%lld (head dim)", B, T, H, KV, D);
+        break;
+    case MOE_OP_ROPE:
+        snprintf(buf, n, "B=%lld T=%lld H=%lld D=%lld (head dim)", B, T, H, D);
+        break;
+    case MOE_OP_ROUTER:
+    case MOE_OP_PERMUTE:
+    case MOE_OP_UNPERMUTE:
+        snprintf(buf, n, "N=%lld C=%lld E=%lld (experts) K=%lld (experts per token)", B * T, C, E,
+                 K);
+        break;
+    case MOE_OP_GROUPED_MATMUL:
+        snprintf(buf, n, "E=%lld (experts) C=%lld F=%lld rows=%lld", E, C, F, B * T * K);
+        break;
+    case MOE_OP_EMBEDDING:
+    case MOE_OP_CROSS_ENTROPY:
+        snprintf(buf, n, "N=%lld C=%lld V=%lld (vocabulary)", B * T, C, V);
+        break;
+    default:
+        snprintf(buf, n, "N=%lld C=%lld H=%lld KV=%lld D=%lld V=%lld E=%lld K=%lld F=%lld", B * T,
+                 C, H, KV, D, V, E, K, F);
+        break;
+    }
+}
+
+moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe_recipe prec,
+                             moe_err *err) {
+    for (int i = 0; i < MOE_OP_COUNT; i++) {
+        moe_op op = (moe_op)i;
+        if (!be->supports(be, op, NULL, prec)) {
+            moe_err_set(err, MOE_ERR_INPUT, NULL,
+                        "precision.recipe %s needs %s support in the %s backend, which is not "
+                        "available in this build yet (op %s)",
+                        moe_recipe_name(prec),
+                        prec == MOE_RECIPE_FP8_BLOCK || prec == MOE_RECIPE_MXFP8 ? "fp8 GEMM"
+                                                                                 : "this precision",
+                        be->name, moe_op_name(op));
+            moe_err_hint(err, "use precision.recipe=bf16 (or fp32)");
+            return MOE_ERR_INPUT;
+        }
+        if (dims && !be->supports(be, op, dims, prec)) {
+            char sizes[256];
+            describe_dims(op, dims, sizes, sizeof sizes);
+            moe_err_set(err, MOE_ERR_INPUT, NULL,
+                        "the %s backend cannot run op %s at %s under recipe %s", be->name,
+                        moe_op_name(op), sizes, moe_recipe_name(prec));
+            moe_err_hint(err, "docs/model.md lists the sizes each backend supports; change the "
+                              "model shape, or use the cpu device (the reference runs every "
+                              "shape)");
+            return MOE_ERR_INPUT;
+        }
+    }
+    return MOE_OK;
+}
+
+/* ---- moe_backend_open ---- */
+
+/* Parses "cuda" (*index = -1: the current device) or "cuda:N". 1 on success. */
+static int parse_cuda(const char *device, int *index) {
+    if (strcmp(device, "cuda") == 0) {
+        *index = -1;
+        return 1;
+    }
+    if (strncmp(device, "cuda:", 5) != 0 || device[5] < '0' || device[5] > '9') return 0;
+    char *end;
+    long v = strtol(device + 5, &end, 10);
+    if (*end || v > 4096) return 0;
+    *index = (int)v;
+    return 1;
+}
+
+/* The CUDA backend on device index (-1: the current one), or NULL with err set. */
+static const moe_backend *open_cuda(int index, moe_err *err) {
+#ifdef MOE_HAVE_CUDA
+    return index < 0 ? moe_backend_cuda(err) : moe_backend_cuda_on(index, err);
+#else
+    (void)index;
+    moe_err_set(err, MOE_ERR_INPUT, NULL, "this build has no CUDA support");
+    return NULL;
+#endif
+}
+
+/* The CPU reference, with OpenBLAS's advice logged when its kernels are slow here. */
+static const moe_backend *open_cpu(void) {
+    const char *advice = moe_backend_cpu_blas_advice();
+    if (advice) moe_log_warn("%s", advice);
+    return moe_backend_cpu();
+}
+
+/* 1 when a CUDA device is visible (the auto rule's test). */
+static int gpu_visible(void) {
+#ifdef MOE_HAVE_CUDA
+    return moe_cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int threads,
+                                    moe_err *err) {
+    int index = -1, is_auto = strcmp(device, "auto") == 0;
+    int is_cpu = strcmp(device, "cpu") == 0;
+    if (!is_auto && !is_cpu && !parse_cuda(device, &index)) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "unknown device '%s': expected cpu, cuda, cuda:N or auto", device);
+        moe_err_hint(err, "auto takes the first GPU when one is usable, else the CPU; cuda:N "
+                          "counts the GPUs this process sees from 0");
+        return NULL;
+    }
+    if (threads > 0) moe_backend_cpu_set_threads(threads);
+    const moe_backend *be = NULL;
+    if (is_cpu || (is_auto && !gpu_visible())) {
+        be = open_cpu();
+    } else {
+        moe_err sub;
+        moe_err_clear(&sub);
+        be = open_cuda(index, &sub);
+        if (!be && is_auto) {
+            moe_log_warn("device: auto found a GPU but cannot use it (%s); running on the CPU",
+                         sub.msg);
+            be = open_cpu();
+        } else if (!be) {
+            moe_err_set(err, MOE_ERR_INPUT, NULL, "device: %s was requested but %s%s", device,
+                        sub.status == MOE_ERR_INPUT ? "" : "no GPU is usable: ", sub.msg);
+            moe_err_hint(err, "use the cpu (or auto) device on a machine without a GPU");
+            return NULL;
+        }
+    }
+    if (moe_backend_check(be, NULL, recipe, err) != MOE_OK) {
+        be->destroy(be);
+        return NULL;
+    }
+    if (index >= 0)
+        moe_log_info("device: %s:%d", be->name, index);
+    else
+        moe_log_info("device: %s", be->name);
+    return be;
+}
+
+/* ---- scratch estimate ---- */
+
+/* The CUDA backend's own working memory (kernels/backend_cuda.cu): the cuBLASLt workspace,
+ * and under bf16 the bf16 copies of GEMM operands in grow-only scratch slots (at most
+ * MOE_CUDA_SCRATCH_GROW of the largest operand a slot ever holds). Slot A: activation x or
+ * dy; B: weights (an expert block for grouped GEMMs), k in attention; C: x in backward, v;
+ * D: attention dout. Small: attention lse/delta, expert grouping, cross-entropy partials. */
+static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
+    int64_t N = d->B * d->T, C = d->C, F = d->F, V = d->V, E = d->E, NK = N * d->K;
+    int64_t HD = d->H * d->D, KVD = d->KV * d->D;
+    int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
+    int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
+    if (prec != MOE_RECIPE_BF16) return ws + small;
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+    int64_t sa = MAX2(MAX2(NK * F, NK * C), MAX2(N * V, MAX2(N * C, N * HD)));
+    int64_t sb = MAX2(MAX2(E * F * C, V * C), MAX2(HD * C, N * KVD));
+    int64_t sc = MAX2(MAX2(NK * F, NK * C), MAX2(N * C, MAX2(N * HD, N * KVD)));
+    int64_t sd = N * HD;
+#undef MAX2
+    return ws + small + MOE_CUDA_SCRATCH_GROW(2 * (sa + sb + sc + sd)); /* 2 bytes per bf16 */
+}
+
+int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec) {
+    if (strcmp(kind, "cuda") == 0) return cuda_scratch_bytes(dims, prec);
+    return 0; /* the CPU backend allocates only what it is asked for */
+}
