@@ -9,7 +9,6 @@
 #include "tok_impl.h"
 
 moe_status moe_tok_byte_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "byte";
     if (moe_tok_alloc_vocab(t, t->opts.vocab_size, err) != MOE_OK) return MOE_ERR_RUNTIME;
     t->eos_id = 0;
     t->pad_id = 1;

@@ -14,7 +14,6 @@
 static const char ACGT[4] = {'A', 'C', 'G', 'T'};
 
 moe_status moe_tok_kmer_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "kmer";
     int k = t->opts.k;
     int64_t nk = (int64_t)1 << (2 * k);
     int64_t n = (MOE_TOK_N_SPECIAL + nk + 5 + 7) / 8 * 8;

@@ -11,7 +11,6 @@
 #include "tok_impl.h"
 
 moe_status moe_tok_nuc_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "nuc";
     char bases[64];
     snprintf(bases, sizeof bases, "ACGTN%s", t->opts.iupac == MOE_IUPAC_KEEP ? "RYSWKMBDHVU" : "");
     size_t nb = strlen(bases);
