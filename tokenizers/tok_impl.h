@@ -26,6 +26,13 @@ char moe_tok_resolve_base(const moe_tokenizer_opts *o, unsigned char c, int *low
 moe_status moe_tok_alloc_vocab(moe_tokenizer *t, int64_t n, moe_err *err);
 /* strdup into t->vocab[i]. */
 moe_status moe_tok_set_vocab(moe_tokenizer *t, int64_t i, const char *s, moe_err *err);
+/* The specials that start the nuc and kmer vocabularies (t->vocab allocated): ids and
+ * strings of PAD 0, BOS 1, EOS 2, MASK 3, UNK 4. */
+moe_status moe_tok_set_nt_specials(moe_tokenizer *t, moe_err *err);
+/* Fills enc, enc_lower and enc_is_n for every byte through the IUPAC and case policies: a
+ * base becomes first_id + its index in alphabet (NULL: its byte value), a dropped one
+ * MOE_TOK_DROP, anything else MOE_TOK_BAD. */
+void moe_tok_fill_enc(moe_tokenizer *t, const char *alphabet, int first_id);
 
 /* One tokenizer kind, as the table in tokenizer.c lists it: build fills the vocabulary,
  * the special ids and the byte tables of t (opts validated, name set); encode and decode are

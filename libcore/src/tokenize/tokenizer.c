@@ -122,6 +122,34 @@ moe_status moe_tok_set_vocab(moe_tokenizer *t, int64_t i, const char *s, moe_err
     return MOE_OK;
 }
 
+moe_status moe_tok_set_nt_specials(moe_tokenizer *t, moe_err *err) {
+    static const char *const special[MOE_TOK_N_SPECIAL] = {"<pad>", "<bos>", "<eos>", "<mask>",
+                                                           "<unk>"};
+    t->pad_id = 0;
+    t->bos_id = 1;
+    t->eos_id = 2;
+    t->mask_id = 3;
+    t->unk_id = 4;
+    for (int i = 0; i < MOE_TOK_N_SPECIAL; i++)
+        if (moe_tok_set_vocab(t, i, special[i], err) != MOE_OK) return MOE_ERR_RUNTIME;
+    return MOE_OK;
+}
+
+void moe_tok_fill_enc(moe_tokenizer *t, const char *alphabet, int first_id) {
+    for (int c = 0; c < 256; c++) {
+        int lower;
+        char b = moe_tok_resolve_base(&t->opts, (unsigned char)c, &lower);
+        const char *p = b > 1 && alphabet ? strchr(alphabet, b) : NULL;
+        t->enc[c] = b == 0      ? MOE_TOK_BAD
+                    : b == 1    ? MOE_TOK_DROP
+                    : !alphabet ? (int16_t)(unsigned char)b
+                    : p         ? (int16_t)(first_id + (p - alphabet))
+                                : MOE_TOK_BAD;
+        t->enc_lower[c] = (uint8_t)lower;
+        t->enc_is_n[c] = b == 'N' || b == 'n';
+    }
+}
+
 static moe_status validate_opts(const moe_tokenizer_opts *o, moe_err *err) {
     const char *why = NULL;
     char buf[200];
