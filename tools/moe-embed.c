@@ -68,6 +68,8 @@ enum {
     OPT_BATCH,
 };
 
+static const char SHORT[] = "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+
 static const struct option LONG[] = {
     {"model", required_argument, 0, 'm'},
     {"layer", required_argument, 0, OPT_LAYER},
@@ -83,11 +85,7 @@ static const struct option LONG[] = {
     {"stride", required_argument, 0, OPT_STRIDE},
     {"batch-tokens", required_argument, 0, OPT_BATCH},
     MOE_CLI_INPUT_LONGOPTS,
-    {"threads", required_argument, 0, '@'},
-    {"quiet", no_argument, 0, 'q'},
-    {"verbose", no_argument, 0, 'v'},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},
+    MOE_CLI_COMMON_LONGOPTS,
     {0, 0, 0, 0},
 };
 
@@ -109,8 +107,7 @@ static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
     moe_embed_opts *o = &c->o;
-    while ((opt = getopt_long(argc, argv, "m:o:@:qvhV" MOE_CLI_INPUT_SHORTOPTS, LONG, NULL)) !=
-           -1) {
+    while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         int rc = moe_cli_input_option("moe-embed", &c->in, &o->io, opt, optarg);
         if (rc != MOE_CLI_NOT_MINE) {

@@ -67,6 +67,8 @@ enum {
     OPT_JSON,
 };
 
+static const char SHORT[] = "o:t:k:w:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+
 static const struct option LONG[] = {
     {"output", required_argument, 0, 'o'},
     {"tokenizer", required_argument, 0, 't'},
@@ -87,13 +89,9 @@ static const struct option LONG[] = {
     {"shard-tokens", required_argument, 0, OPT_SHARD_TOKENS},
     {"val-fraction", required_argument, 0, OPT_VAL},
     MOE_CLI_INPUT_LONGOPTS,
-    {"threads", required_argument, 0, '@'},
     {"width", required_argument, 0, 'w'},
     {"json", no_argument, 0, OPT_JSON},
-    {"quiet", no_argument, 0, 'q'},
-    {"verbose", no_argument, 0, 'v'},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},
+    MOE_CLI_COMMON_LONGOPTS,
     {0, 0, 0, 0},
 };
 
@@ -115,8 +113,7 @@ typedef struct cli {
 static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
-    while ((opt = getopt_long(argc, argv, "o:t:k:@:w:qvhV" MOE_CLI_INPUT_SHORTOPTS, LONG, NULL)) !=
-           -1) {
+    while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         int rc = moe_cli_input_option("moe-tokenize", &c->in, &c->o.io, opt, optarg);
         if (rc != MOE_CLI_NOT_MINE) {

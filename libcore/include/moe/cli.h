@@ -14,6 +14,20 @@
 extern "C" {
 #endif
 
+/* The getopt entries of the options every tool takes (docs/cli.md's preamble): -@/--threads,
+ * which each tool applies itself, and -q, -v, -h, -V, which moe_cli_common_option handles.
+ * They end a tool's option string and table. */
+/* clang-format off */
+#define MOE_CLI_COMMON_SHORTOPTS "@:qvhV"
+
+#define MOE_CLI_COMMON_LONGOPTS                                         \
+    {"threads", required_argument, 0, '@'},                             \
+    {"quiet", no_argument, 0, 'q'},                                     \
+    {"verbose", no_argument, 0, 'v'},                                   \
+    {"help", no_argument, 0, 'h'},                                      \
+    {"version", no_argument, 0, 'V'}
+/* clang-format on */
+
 /* moe_cli_common_option's "not finished: keep parsing" result. */
 #define MOE_CLI_CONTINUE (-1)
 
