@@ -9,7 +9,6 @@
 #include "tok_impl.h"
 
 moe_status moe_tok_byte_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "byte";
     if (moe_tok_alloc_vocab(t, t->opts.vocab_size, err) != MOE_OK) return MOE_ERR_RUNTIME;
     t->eos_id = 0;
     t->pad_id = 1;
@@ -30,14 +29,9 @@ moe_status moe_tok_byte_build(moe_tokenizer *t, moe_err *err) {
             snprintf(buf, sizeof buf, "<extra_%lld>", (long long)i);
         if (moe_tok_set_vocab(t, i, buf, err) != MOE_OK) return MOE_ERR_RUNTIME;
     }
+    moe_tok_fill_enc(t, NULL, 0);
     memset(t->dec, 0, sizeof t->dec);
-    for (int c = 0; c < 256; c++) {
-        int lower;
-        char b = moe_tok_resolve_base(&t->opts, (unsigned char)c, &lower);
-        t->enc[c] = b == 0 ? MOE_TOK_BAD : b == 1 ? MOE_TOK_DROP : (int16_t)(unsigned char)b;
-        t->enc_lower[c] = (uint8_t)lower;
-        t->enc_is_n[c] = b == 'N' || b == 'n';
-        if (b > 1) t->dec[(unsigned char)b] = b;
-    }
+    for (int c = 0; c < 256; c++) /* a token is its base */
+        if (t->enc[c] >= 0) t->dec[t->enc[c]] = (char)t->enc[c];
     return MOE_OK;
 }

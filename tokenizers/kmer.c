@@ -14,24 +14,16 @@
 static const char ACGT[4] = {'A', 'C', 'G', 'T'};
 
 moe_status moe_tok_kmer_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "kmer";
     int k = t->opts.k;
     int64_t nk = (int64_t)1 << (2 * k);
     int64_t n = (MOE_TOK_N_SPECIAL + nk + 5 + 7) / 8 * 8;
     if (moe_tok_alloc_vocab(t, n, err) != MOE_OK) return MOE_ERR_RUNTIME;
-    t->pad_id = 0;
-    t->bos_id = 1;
-    t->eos_id = 2;
-    t->mask_id = 3;
-    t->unk_id = 4;
+    if (moe_tok_set_nt_specials(t, err) != MOE_OK) return MOE_ERR_RUNTIME;
     t->n_id = (int32_t)(MOE_TOK_N_SPECIAL + nk + 4);
-    static const char *const special[5] = {"<pad>", "<bos>", "<eos>", "<mask>", "<unk>"};
     char buf[32];
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = MOE_TOK_N_SPECIAL; i < n; i++) {
         int64_t j = i - MOE_TOK_N_SPECIAL;
-        if (i < MOE_TOK_N_SPECIAL)
-            snprintf(buf, sizeof buf, "%s", special[i]);
-        else if (j < nk) {
+        if (j < nk) {
             for (int b = 0; b < k; b++)
                 buf[b] = ACGT[(j >> (2 * (k - 1 - b))) & 3];
             buf[k] = '\0';
@@ -43,14 +35,7 @@ moe_status moe_tok_kmer_build(moe_tokenizer *t, moe_err *err) {
         if (moe_tok_set_vocab(t, i, buf, err) != MOE_OK) return MOE_ERR_RUNTIME;
     }
     memset(t->dec, 0, sizeof t->dec);
-    for (int c = 0; c < 256; c++) {
-        int lower;
-        char b = moe_tok_resolve_base(&t->opts, (unsigned char)c, &lower);
-        const char *p = b > 1 ? strchr("ACGTN", b) : NULL;
-        t->enc[c] = b == 1 ? MOE_TOK_DROP : p ? (int16_t)(p - "ACGTN") : MOE_TOK_BAD;
-        t->enc_lower[c] = (uint8_t)lower;
-        t->enc_is_n[c] = b == 'N';
-    }
+    moe_tok_fill_enc(t, "ACGTN", 0); /* base codes: the k-mers are built from them */
     return MOE_OK;
 }
 

@@ -11,7 +11,6 @@
 #include "tok_impl.h"
 
 moe_status moe_tok_nuc_build(moe_tokenizer *t, moe_err *err) {
-    t->name = "nuc";
     char bases[64];
     snprintf(bases, sizeof bases, "ACGTN%s", t->opts.iupac == MOE_IUPAC_KEEP ? "RYSWKMBDHVU" : "");
     size_t nb = strlen(bases);
@@ -24,18 +23,11 @@ moe_status moe_tok_nuc_build(moe_tokenizer *t, moe_err *err) {
     int64_t n = MOE_TOK_N_SPECIAL + (int64_t)nb;
     n = (n + 7) / 8 * 8;
     if (moe_tok_alloc_vocab(t, n, err) != MOE_OK) return MOE_ERR_RUNTIME;
-    t->pad_id = 0;
-    t->bos_id = 1;
-    t->eos_id = 2;
-    t->mask_id = 3;
-    t->unk_id = 4;
-    static const char *const special[5] = {"<pad>", "<bos>", "<eos>", "<mask>", "<unk>"};
+    if (moe_tok_set_nt_specials(t, err) != MOE_OK) return MOE_ERR_RUNTIME;
     char buf[32];
     memset(t->dec, 0, sizeof t->dec);
-    for (int64_t i = 0; i < n; i++) {
-        if (i < MOE_TOK_N_SPECIAL)
-            snprintf(buf, sizeof buf, "%s", special[i]);
-        else if (i < MOE_TOK_N_SPECIAL + (int64_t)nb) {
+    for (int64_t i = MOE_TOK_N_SPECIAL; i < n; i++) {
+        if (i < MOE_TOK_N_SPECIAL + (int64_t)nb) {
             buf[0] = bases[i - MOE_TOK_N_SPECIAL];
             buf[1] = '\0';
             t->dec[i] = buf[0];
@@ -44,20 +36,6 @@ moe_status moe_tok_nuc_build(moe_tokenizer *t, moe_err *err) {
         if (moe_tok_set_vocab(t, i, buf, err) != MOE_OK) return MOE_ERR_RUNTIME;
     }
     t->n_id = MOE_TOK_N_SPECIAL + 4; /* 'N' is the fifth base */
-    for (int c = 0; c < 256; c++) {
-        int lower;
-        char b = moe_tok_resolve_base(&t->opts, (unsigned char)c, &lower);
-        t->enc_lower[c] = (uint8_t)lower;
-        t->enc_is_n[c] = b == 'N' || b == 'n';
-        if (b == 0)
-            t->enc[c] = MOE_TOK_BAD;
-        else if (b == 1)
-            t->enc[c] = MOE_TOK_DROP;
-        else {
-            const char *p = memchr(bases, b, nb);
-            /* resolve_base only returns letters the vocabulary has; BAD is a safe fallback */
-            t->enc[c] = p ? (int16_t)(MOE_TOK_N_SPECIAL + (p - bases)) : MOE_TOK_BAD;
-        }
-    }
+    moe_tok_fill_enc(t, bases, MOE_TOK_N_SPECIAL);
     return MOE_OK;
 }

@@ -56,11 +56,7 @@ static const struct option LONG[] = {
     {"max-shard-size", required_argument, 0, OPT_SHARD},
     {"tokenizer", required_argument, 0, OPT_TOKENIZER},
     {"ep", required_argument, 0, OPT_EP},
-    {"threads", required_argument, 0, '@'},
-    {"quiet", no_argument, 0, 'q'},
-    {"verbose", no_argument, 0, 'v'},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},
+    MOE_CLI_COMMON_LONGOPTS,
     {0, 0, 0, 0},
 };
 
@@ -69,7 +65,7 @@ int main(int argc, char **argv) {
     moe_convert_opts_defaults(&o);
     moe_log_level level = MOE_LOG_INFO;
     int opt, ep = 0;
-    while ((opt = getopt_long(argc, argv, "@:qvhV", LONG, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, MOE_CLI_COMMON_SHORTOPTS, LONG, NULL)) != -1) {
         switch (opt) {
         case OPT_DTYPE:
             if (strcmp(optarg, "f32") == 0)

@@ -43,15 +43,7 @@ static const char USAGE[] =
     "                          model's context are cut at the context length]\n"
     "      --stride S          a window every S tokens, S <= W [W]\n"
     "      --batch-tokens N    padded tokens per forward pass [8192]\n"
-    "Input (SAM/BAM/CRAM and indexed FASTA):\n"
-    "  -r, --region R          chr, chr:beg-end (1-based); repeatable\n"
-    "      --regions-file BED  regions from a BED file\n"
-    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"
-    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"
-    "  -f, --require-flags N   keep only records with all flags N\n"
-    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"
-    "      --as-stored         keep reverse-strand reads as stored\n"
-    "General:\n"
+    "Input (SAM/BAM/CRAM and indexed FASTA):\n" MOE_CLI_INPUT_HELP "General:\n"
     "  -@, --threads N         threads [all cores]\n"
     "  -q, --quiet / -v, --verbose / -h, --help / -V, --version\n"
     "\n"
@@ -73,6 +65,8 @@ enum {
     OPT_BATCH,
 };
 
+static const char SHORT[] = "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+
 static const struct option LONG[] = {
     {"model", required_argument, 0, 'm'},
     {"layer", required_argument, 0, OPT_LAYER},
@@ -87,18 +81,8 @@ static const struct option LONG[] = {
     {"window", required_argument, 0, OPT_WINDOW},
     {"stride", required_argument, 0, OPT_STRIDE},
     {"batch-tokens", required_argument, 0, OPT_BATCH},
-    {"region", required_argument, 0, 'r'},
-    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
-    {"reference", required_argument, 0, 'T'},
-    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
-    {"require-flags", required_argument, 0, 'f'},
-    {"exclude-flags", required_argument, 0, 'F'},
-    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
-    {"threads", required_argument, 0, '@'},
-    {"quiet", no_argument, 0, 'q'},
-    {"verbose", no_argument, 0, 'v'},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},
+    MOE_CLI_INPUT_LONGOPTS,
+    MOE_CLI_COMMON_LONGOPTS,
     {0, 0, 0, 0},
 };
 
@@ -120,7 +104,7 @@ static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
     moe_embed_opts *o = &c->o;
-    while ((opt = getopt_long(argc, argv, "m:o:r:T:f:F:@:qvhV", LONG, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         int rc = moe_cli_input_option("moe-embed", &c->in, &o->io, opt, optarg);
         if (rc != MOE_CLI_NOT_MINE) {

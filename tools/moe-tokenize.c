@@ -42,15 +42,7 @@ static const char USAGE[] =
     "      --min-length L      drop documents shorter than L tokens [1]\n"
     "      --bos / --no-bos    start documents with BOS [no]\n"
     "      --eos / --no-eos    end documents with EOS [yes]\n"
-    "Input:\n"
-    "  -r, --region R          chr, chr:beg-end (1-based); repeatable; indexed FASTA/BAM/CRAM\n"
-    "      --regions-file BED  regions from a BED file\n"
-    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"
-    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"
-    "  -f, --require-flags N   keep only records with all flags N\n"
-    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"
-    "      --as-stored         keep reverse-strand reads as stored (no reverse complement)\n"
-    "General:\n"
+    "Input:\n" MOE_CLI_INPUT_HELP "General:\n"
     "  -@, --threads N         threads [1]\n"
     "  -w, --width N           decode: FASTA line width [60; 0 = one line]\n"
     "      --json              stats: JSON output\n"
@@ -75,6 +67,8 @@ enum {
     OPT_JSON,
 };
 
+static const char SHORT[] = "o:t:k:w:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+
 static const struct option LONG[] = {
     {"output", required_argument, 0, 'o'},
     {"tokenizer", required_argument, 0, 't'},
@@ -94,20 +88,10 @@ static const struct option LONG[] = {
     {"no-eos", no_argument, 0, OPT_NOEOS},
     {"shard-tokens", required_argument, 0, OPT_SHARD_TOKENS},
     {"val-fraction", required_argument, 0, OPT_VAL},
-    {"region", required_argument, 0, 'r'},
-    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
-    {"reference", required_argument, 0, 'T'},
-    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
-    {"require-flags", required_argument, 0, 'f'},
-    {"exclude-flags", required_argument, 0, 'F'},
-    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
-    {"threads", required_argument, 0, '@'},
+    MOE_CLI_INPUT_LONGOPTS,
     {"width", required_argument, 0, 'w'},
     {"json", no_argument, 0, OPT_JSON},
-    {"quiet", no_argument, 0, 'q'},
-    {"verbose", no_argument, 0, 'v'},
-    {"help", no_argument, 0, 'h'},
-    {"version", no_argument, 0, 'V'},
+    MOE_CLI_COMMON_LONGOPTS,
     {0, 0, 0, 0},
 };
 
@@ -129,7 +113,7 @@ typedef struct cli {
 static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
-    while ((opt = getopt_long(argc, argv, "o:t:k:r:T:f:F:@:w:qvhV", LONG, NULL)) != -1) {
+    while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         int rc = moe_cli_input_option("moe-tokenize", &c->in, &c->o.io, opt, optarg);
         if (rc != MOE_CLI_NOT_MINE) {

@@ -64,11 +64,7 @@ int main(int argc, char **argv) {
                                              {"stop-at", required_argument, NULL, OPT_STOP_AT},
                                              {"dry-run", no_argument, NULL, OPT_DRY_RUN},
                                              {"log-json", required_argument, NULL, OPT_LOG_JSON},
-                                             {"threads", required_argument, NULL, '@'},
-                                             {"quiet", no_argument, NULL, 'q'},
-                                             {"verbose", no_argument, NULL, 'v'},
-                                             {"help", no_argument, NULL, 'h'},
-                                             {"version", no_argument, NULL, 'V'},
+                                             MOE_CLI_COMMON_LONGOPTS,
                                              {NULL, 0, NULL, 0}};
     const char *config = NULL;
     moe_train_opts opts;
@@ -76,7 +72,7 @@ int main(int argc, char **argv) {
     int dry_run = 0, threads = 0;
     moe_log_level level = MOE_LOG_INFO;
     int c;
-    while ((c = getopt_long(argc, argv, "c:o:@:qvhV", longopts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "c:o:" MOE_CLI_COMMON_SHORTOPTS, longopts, NULL)) != -1) {
         char *end;
         switch (c) {
         case 'c':

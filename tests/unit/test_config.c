@@ -441,6 +441,14 @@ static void test_cross_field(void) {
     c.parallel.dp = 4;
     c.train.micro_batch_tokens = 512;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    int64_t seqs = 0, count = 0;
+    moe_config_micro_batch(&c, &seqs, &count);
+    CHECK_INT_EQ(seqs, 512 / c.train.seq_len);
+    CHECK_INT_EQ(count, c.train.global_batch_tokens / 512);
+    c.train.micro_batch_tokens = 0; /* one micro-batch per rank: global / (dp x ep) tokens */
+    moe_config_micro_batch(&c, &seqs, &count);
+    CHECK_INT_EQ(seqs, c.train.global_batch_tokens / 4 / c.train.seq_len);
+    CHECK_INT_EQ(count, 4);
     /* a struct edited directly is range-checked too */
     c.precision.recipe = (moe_recipe)7;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_ERR_INPUT);

@@ -14,6 +14,20 @@
 extern "C" {
 #endif
 
+/* The getopt entries of the options every tool takes (docs/cli.md's preamble): -@/--threads,
+ * which each tool applies itself, and -q, -v, -h, -V, which moe_cli_common_option handles.
+ * They end a tool's option string and table. */
+/* clang-format off */
+#define MOE_CLI_COMMON_SHORTOPTS "@:qvhV"
+
+#define MOE_CLI_COMMON_LONGOPTS                                         \
+    {"threads", required_argument, 0, '@'},                             \
+    {"quiet", no_argument, 0, 'q'},                                     \
+    {"verbose", no_argument, 0, 'v'},                                   \
+    {"help", no_argument, 0, 'h'},                                      \
+    {"version", no_argument, 0, 'V'}
+/* clang-format on */
+
 /* moe_cli_common_option's "not finished: keep parsing" result. */
 #define MOE_CLI_CONTINUE (-1)
 
@@ -28,13 +42,38 @@ int moe_cli_usage_error(const char *prog, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 /* ---- input selection: -r/--region, --regions-file, -T/--reference, --min-mapq,
- * -f/--require-flags, -F/--exclude-flags, --as-stored. Tools list these getopt codes in
- * their option tables; the short ones are the letters themselves. ---- */
+ * -f/--require-flags, -F/--exclude-flags, --as-stored. As samtools' sam_opts.h does for its
+ * global options, this block is the one place they are listed: a tool puts
+ * MOE_CLI_INPUT_SHORTOPTS into its getopt string, MOE_CLI_INPUT_LONGOPTS into its option
+ * table and MOE_CLI_INPUT_HELP into its --help text, and moe_cli_input_option parses them.
+ * An input option is added here (all four) and in docs/cli.md's moe-tokenize section. ---- */
 enum {
     MOE_CLI_OPT_REGIONS_FILE = 0x1000,
     MOE_CLI_OPT_MIN_MAPQ,
     MOE_CLI_OPT_AS_STORED,
 };
+
+/* clang-format off */
+#define MOE_CLI_INPUT_SHORTOPTS "r:T:f:F:"
+
+#define MOE_CLI_INPUT_LONGOPTS                                          \
+    {"region", required_argument, 0, 'r'},                              \
+    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},   \
+    {"reference", required_argument, 0, 'T'},                           \
+    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},           \
+    {"require-flags", required_argument, 0, 'f'},                       \
+    {"exclude-flags", required_argument, 0, 'F'},                       \
+    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED}
+
+#define MOE_CLI_INPUT_HELP                                                                        \
+    "  -r, --region R          chr, chr:beg-end (1-based); repeatable; indexed FASTA/BAM/CRAM\n" \
+    "      --regions-file BED  regions from a BED file\n"                                        \
+    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"      \
+    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"                              \
+    "  -f, --require-flags N   keep only records with all flags N\n"                             \
+    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"                        \
+    "      --as-stored         keep reverse-strand reads as stored (no reverse complement)\n"
+/* clang-format on */
 /* moe_cli_input_option's "not an input option" result. */
 #define MOE_CLI_NOT_MINE (-2)
 

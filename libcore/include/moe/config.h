@@ -116,6 +116,11 @@ moe_status moe_config_set(moe_config *c, const char *dotted_key, const char *val
  * The message names the key(s); the hint says what would be valid. */
 moe_status moe_config_validate(const moe_config *c, moe_err *err);
 
+/* The batch split of a step for a validated config: *seqs sequences per micro-batch (one
+ * forward/backward of one rank: train.micro_batch_tokens, or global / (dp x ep) tokens when
+ * that is 0) and *count micro-batches per step (global / micro, shared by the ranks). */
+void moe_config_micro_batch(const moe_config *c, int64_t *seqs, int64_t *count);
+
 /* Every key, sections in schema order, each preceded by its doc line as a comment. Floats
  * are printed with %.17g, so the output loads back to identical values. */
 moe_status moe_config_write_yaml(const moe_config *c, FILE *fp, moe_err *err);

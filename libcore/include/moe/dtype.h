@@ -169,15 +169,22 @@ MOE_HD float moe_f16_to_f32(uint16_t h) {
     return moe_f32_from_bits(s | moe_f32_bits(moe_dtype_decode_minifloat_(c, 5, 10)));
 }
 
+/* f32 -> an OCP fp8 format with ebits/mbits whose largest finite code is max: NaN -> 0x7f,
+ * Inf and values rounding above max -> max when saturating, else max + 1 (NaN for e4m3, Inf
+ * for e5m2); sign kept. */
+MOE_HD uint8_t moe_dtype_encode_fp8_(float x, int saturate, int ebits, int mbits, uint32_t max) {
+    uint32_t u = moe_f32_bits(x), a = u & 0x7fffffffu, s = (u >> 24) & 0x80u;
+    uint32_t over = saturate ? max : max + 1u;
+    if (a > 0x7f800000u) return (uint8_t)(s | 0x7fu);
+    if (a == 0x7f800000u) return (uint8_t)(s | over);
+    uint32_t r = moe_dtype_round_minifloat_(a, ebits, mbits);
+    return (uint8_t)(s | (r > max ? over : r));
+}
+
 /* ---- fp8 e4m3 (OCP) ---- */
 
 MOE_HD uint8_t moe_f32_to_e4m3(float x, int saturate) {
-    uint32_t u = moe_f32_bits(x), a = u & 0x7fffffffu, s = (u >> 24) & 0x80u;
-    if (a > 0x7f800000u) return (uint8_t)(s | 0x7fu);
-    if (a == 0x7f800000u) return (uint8_t)(s | (saturate ? 0x7eu : 0x7fu));
-    uint32_t r = moe_dtype_round_minifloat_(a, 4, 3);
-    if (r > 0x7eu) r = saturate ? 0x7eu : 0x7fu;
-    return (uint8_t)(s | r);
+    return moe_dtype_encode_fp8_(x, saturate, 4, 3, 0x7eu);
 }
 
 MOE_HD float moe_e4m3_to_f32(uint8_t c) {
@@ -189,12 +196,7 @@ MOE_HD float moe_e4m3_to_f32(uint8_t c) {
 /* ---- fp8 e5m2 (OCP) ---- */
 
 MOE_HD uint8_t moe_f32_to_e5m2(float x, int saturate) {
-    uint32_t u = moe_f32_bits(x), a = u & 0x7fffffffu, s = (u >> 24) & 0x80u;
-    if (a > 0x7f800000u) return (uint8_t)(s | 0x7fu);
-    if (a == 0x7f800000u) return (uint8_t)(s | (saturate ? 0x7bu : 0x7cu));
-    uint32_t r = moe_dtype_round_minifloat_(a, 5, 2);
-    if (r > 0x7bu) r = saturate ? 0x7bu : 0x7cu;
-    return (uint8_t)(s | r);
+    return moe_dtype_encode_fp8_(x, saturate, 5, 2, 0x7bu);
 }
 
 MOE_HD float moe_e5m2_to_f32(uint8_t c) {

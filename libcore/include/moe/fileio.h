@@ -42,6 +42,8 @@ moe_status moe_fsync_dir(const char *path, moe_err *err);
 moe_status moe_remove_tree(const char *path, moe_err *err);
 /* Reads a whole file into a malloc'ed buffer (NUL-terminated; *len excludes the NUL). */
 moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *err);
+/* The same for an open stream up to its end (stdin, a pipe); `name` names it in errors. */
+moe_status moe_read_stream(FILE *fp, const char *name, char **data, size_t *len, moe_err *err);
 
 /* CRC-32 (zlib polynomial) of a buffer, continuing from crc (start with 0). */
 uint32_t moe_crc32(uint32_t crc, const void *data, size_t n);

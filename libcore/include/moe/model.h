@@ -38,7 +38,7 @@ extern "C" {
 #endif
 
 typedef struct moe_step_stats {
-    double loss;                  /* ce + aux_coef*aux + z_coef*z */
+    double loss;                  /* moe_model_loss(ce_loss, aux_loss, z_loss) */
     double ce_loss;               /* weighted mean CE over tokens with target >= 0 (nats) */
     double aux_loss;              /* load balancing, mean over layers (1 = balanced) */
     double z_loss;                /* router z-loss, mean over layers */
@@ -48,6 +48,10 @@ typedef struct moe_step_stats {
     double router_entropy;        /* mean over layers and tokens of the router entropy (nats) */
     const int64_t *expert_tokens; /* [layers, E], assignments per expert, owned by the model */
 } moe_step_stats;
+
+/* The training loss from its parts, the one place the formula is written:
+ * ce + router_aux_loss_coef * aux + router_z_loss_coef * z. */
+double moe_model_loss(const moe_model_config *c, double ce, double aux, double z);
 
 typedef struct moe_acts moe_acts; /* activation buffers, private to model.c */
 

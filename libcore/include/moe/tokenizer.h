@@ -78,8 +78,9 @@ typedef struct moe_tokenizer {
     uint64_t vocab_hash; /* FNV-1a 64 of the vocabulary strings, see docs/formats.md */
     moe_tokenizer_opts opts;
     /* private: built by the kind's implementation (tokenizers/) */
-    char *spec_json;        /* canonical spec, NUL-terminated */
-    char **vocab;           /* [vocab_size] printable token strings */
+    const struct moe_tok_kind *impl; /* the kind's row of the table in tokenizer.c */
+    char *spec_json;                 /* canonical spec, NUL-terminated */
+    char **vocab;                    /* [vocab_size] printable token strings */
     int16_t enc[256];       /* byte -> id (byte/nuc) or base code (kmer); <0: see tok_impl */
     uint8_t enc_lower[256]; /* byte -> lower-case flag under upper+mask */
     uint8_t enc_is_n[256];  /* byte -> the base counts as N (collapse/split) */

@@ -158,6 +158,14 @@ moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *er
     if (!fp) {
         return input_errno(err, path, "cannot open");
     }
+    moe_status st = moe_read_stream(fp, path, data, len, err);
+    fclose(fp);
+    return st;
+}
+
+moe_status moe_read_stream(FILE *fp, const char *name, char **data, size_t *len, moe_err *err) {
+    *data = NULL;
+    *len = 0;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
     while (buf) {
@@ -175,12 +183,10 @@ moe_status moe_read_file(const char *path, char **data, size_t *len, moe_err *er
             cap *= 2;
         }
     }
-    int bad = ferror(fp);
-    fclose(fp);
-    if (!buf) return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-    if (bad) {
+    if (!buf) return moe_err_set(err, MOE_ERR_RUNTIME, name, "out of memory");
+    if (ferror(fp)) {
         free(buf);
-        return moe_err_errno(err, path, "read failed");
+        return moe_err_errno(err, name, "read failed");
     }
     buf[n] = '\0';
     *data = buf;

@@ -168,12 +168,12 @@ static moe_status read_tokenizer(const char *hf_dir, const moe_convert_opts *o, 
     char path[4400];
     const char *src = NULL;
     moe_status st;
+    int kind = o->tokenizer ? moe_tokenizer_kind_parse(o->tokenizer) : -1;
     if (file_exists(hf_dir, "moe_tokenizer.json", path, sizeof path) && !o->tokenizer) {
         src = path;
-    } else if (o->tokenizer && moe_tokenizer_kind_parse(o->tokenizer) > 0) {
+    } else if (kind > 0) {
         moe_tokenizer_opts to;
-        moe_tokenizer_opts_defaults(&to,
-                                    (moe_tokenizer_kind)moe_tokenizer_kind_parse(o->tokenizer));
+        moe_tokenizer_opts_defaults(&to, (moe_tokenizer_kind)kind);
         st = moe_tokenizer_create(tok, &to, err);
         if (st != MOE_OK) return st;
         src = o->tokenizer;

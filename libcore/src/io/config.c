@@ -533,6 +533,15 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
     return MOE_OK;
 }
 
+void moe_config_micro_batch(const moe_config *c, int64_t *seqs, int64_t *count) {
+    const moe_train_config *t = &c->train;
+    int64_t micro = t->micro_batch_tokens
+                        ? t->micro_batch_tokens
+                        : t->global_batch_tokens / (c->parallel.dp * c->parallel.ep);
+    *seqs = micro / t->seq_len;
+    *count = t->global_batch_tokens / micro;
+}
+
 moe_status moe_config_validate(const moe_config *c, moe_err *err) {
     const char *bad[2];
     return validate(c, err, bad);

@@ -121,6 +121,10 @@ static moe_status check_inputs(const moe_model *m, const int32_t *tokens, const 
     return MOE_OK;
 }
 
+double moe_model_loss(const moe_model_config *c, double ce, double aux, double z) {
+    return ce + c->router_aux_loss_coef * aux + c->router_z_loss_coef * z;
+}
+
 moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
                              const float *weights, int B, int T, moe_step_stats *st, moe_err *err) {
     if (m->acts->plan == MOE_PLAN_FORWARD)
@@ -191,7 +195,7 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
         st->ce_loss = wsum > 0.0 ? ce_sum / wsum : 0.0;
         st->aux_loss = aux;
         st->z_loss = z;
-        st->loss = st->ce_loss + c->router_aux_loss_coef * aux + c->router_z_loss_coef * z;
+        st->loss = moe_model_loss(c, st->ce_loss, aux, z);
         st->n_tokens = ntok;
         st->weight_sum = wsum;
         st->ce_sum = ce_sum;

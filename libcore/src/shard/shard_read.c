@@ -264,28 +264,10 @@ moe_status moe_shard_open_memory(moe_shard **out, void *data, size_t size, int t
 
 moe_status moe_shard_open_stream(moe_shard **out, FILE *fp, const char *name, moe_err *err) {
     *out = NULL;
-    size_t cap = 1 << 20, n = 0;
-    uint8_t *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, fp);
-        n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            uint8_t *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    if (!buf) return moe_err_set(err, MOE_ERR_RUNTIME, name, "out of memory reading the stream");
-    if (ferror(fp)) {
-        free(buf);
-        return moe_err_errno(err, name, "read failed");
-    }
+    char *buf;
+    size_t n;
+    moe_status st = moe_read_stream(fp, name, &buf, &n, err);
+    if (st != MOE_OK) return st;
     if (n == 0) {
         free(buf);
         moe_err_set(err, MOE_ERR_INPUT, name, "the stream is empty: no token shard");

@@ -1,6 +1,7 @@
 /* tokenizer: the kind-independent half of moe/tokenizer.h - option validation, the spec
- * JSON (write and rebuild), the vocabulary hash, and encode/decode for the kinds with one
- * token per base (byte, nuc). The kinds' vocabularies live in tokenizers/.
+ * JSON (write and rebuild), the vocabulary hash, the table of kinds (name, build, encode,
+ * decode) and encode/decode for the kinds with one token per base (byte, nuc). The kinds'
+ * vocabularies live in tokenizers/.
  *
  * The one thing to know: the spec JSON is canonical (jansson, sorted keys, compact), so the
  * same options always give the same bytes in every shard. */
@@ -49,11 +50,30 @@ int moe_revcomp_policy_parse(const char *s) {
     return parse_name(s, RC_NAMES, 3);
 }
 
+/* ---- the kinds ---- */
+
+static moe_status encode_per_base(const moe_tokenizer *t, const char *seq, int64_t len,
+                                  moe_token_buf *out, moe_err *err);
+static int64_t decode_per_base(const moe_tokenizer *t, const int32_t *ids, const uint8_t *lower,
+                               int64_t n, char *out);
+
+/* Every kind once: what the command line and the spec call it, and its functions. */
+static const moe_tok_kind KINDS[] = {
+    {MOE_TOKENIZER_BYTE, "byte", moe_tok_byte_build, encode_per_base, decode_per_base},
+    {MOE_TOKENIZER_NUC, "nuc", moe_tok_nuc_build, encode_per_base, decode_per_base},
+    {MOE_TOKENIZER_KMER, "kmer", moe_tok_kmer_build, moe_tok_kmer_encode, moe_tok_kmer_decode},
+};
+
+/* The table entry of a kind; NULL for a value that is not one. */
+static const moe_tok_kind *kind_find(moe_tokenizer_kind kind) {
+    for (size_t i = 0; i < sizeof KINDS / sizeof KINDS[0]; i++)
+        if (KINDS[i].kind == kind) return &KINDS[i];
+    return NULL;
+}
+
 int moe_tokenizer_kind_parse(const char *s) {
-    if (!s) return -1;
-    if (strcmp(s, "byte") == 0) return MOE_TOKENIZER_BYTE;
-    if (strcmp(s, "nuc") == 0) return MOE_TOKENIZER_NUC;
-    if (strcmp(s, "kmer") == 0) return MOE_TOKENIZER_KMER;
+    for (size_t i = 0; s && i < sizeof KINDS / sizeof KINDS[0]; i++)
+        if (strcmp(s, KINDS[i].name) == 0) return (int)KINDS[i].kind;
     return -1;
 }
 
@@ -102,11 +122,38 @@ moe_status moe_tok_set_vocab(moe_tokenizer *t, int64_t i, const char *s, moe_err
     return MOE_OK;
 }
 
+moe_status moe_tok_set_nt_specials(moe_tokenizer *t, moe_err *err) {
+    static const char *const special[MOE_TOK_N_SPECIAL] = {"<pad>", "<bos>", "<eos>", "<mask>",
+                                                           "<unk>"};
+    t->pad_id = 0;
+    t->bos_id = 1;
+    t->eos_id = 2;
+    t->mask_id = 3;
+    t->unk_id = 4;
+    for (int i = 0; i < MOE_TOK_N_SPECIAL; i++)
+        if (moe_tok_set_vocab(t, i, special[i], err) != MOE_OK) return MOE_ERR_RUNTIME;
+    return MOE_OK;
+}
+
+void moe_tok_fill_enc(moe_tokenizer *t, const char *alphabet, int first_id) {
+    for (int c = 0; c < 256; c++) {
+        int lower;
+        char b = moe_tok_resolve_base(&t->opts, (unsigned char)c, &lower);
+        const char *p = b > 1 && alphabet ? strchr(alphabet, b) : NULL;
+        t->enc[c] = b == 0      ? MOE_TOK_BAD
+                    : b == 1    ? MOE_TOK_DROP
+                    : !alphabet ? (int16_t)(unsigned char)b
+                    : p         ? (int16_t)(first_id + (p - alphabet))
+                                : MOE_TOK_BAD;
+        t->enc_lower[c] = (uint8_t)lower;
+        t->enc_is_n[c] = b == 'N' || b == 'n';
+    }
+}
+
 static moe_status validate_opts(const moe_tokenizer_opts *o, moe_err *err) {
     const char *why = NULL;
     char buf[200];
-    if (o->kind != MOE_TOKENIZER_BYTE && o->kind != MOE_TOKENIZER_NUC &&
-        o->kind != MOE_TOKENIZER_KMER)
+    if (!kind_find(o->kind))
         why = "unknown tokenizer (expected byte, nuc or kmer)";
     else if ((unsigned)o->case_policy > 2 || (unsigned)o->iupac > 2 || (unsigned)o->nrun > 2 ||
              (unsigned)o->revcomp > 2)
@@ -164,7 +211,7 @@ static moe_status build_spec(moe_tokenizer *t, moe_err *err) {
                                    "s:i, s:o}",
                                    "format", "moe-tokenizer", "version", 1, "name", t->name,
                                    "vocab_size", (json_int_t)t->vocab_size, "vocab_hash", hash, "k",
-                                   t->kind == MOE_TOKENIZER_KMER ? o->k : 1, "pad_id", t->pad_id,
+                                   moe_tokenizer_max_bases_per_token(t), "pad_id", t->pad_id,
                                    "bos_id", t->bos_id, "eos_id", t->eos_id, "unk_id", t->unk_id,
                                    "mask_id", t->mask_id, "sep_id", t->sep_id, "policies", pol)
                        : NULL;
@@ -195,10 +242,10 @@ moe_status moe_tokenizer_create(moe_tokenizer **out, const moe_tokenizer_opts *o
     if (!t) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory (tokenizer)");
     t->opts = *o;
     t->kind = o->kind;
+    t->impl = kind_find(o->kind);
+    t->name = t->impl->name;
     t->pad_id = t->eos_id = t->bos_id = t->unk_id = t->mask_id = t->sep_id = -1;
-    moe_status st = o->kind == MOE_TOKENIZER_BYTE  ? moe_tok_byte_build(t, err)
-                    : o->kind == MOE_TOKENIZER_NUC ? moe_tok_nuc_build(t, err)
-                                                   : moe_tok_kmer_build(t, err);
+    moe_status st = t->impl->build(t, err);
     if (st == MOE_OK) {
         t->vocab_hash = vocab_hash(t);
         st = build_spec(t, err);
@@ -394,7 +441,13 @@ static moe_status bad_char(moe_err *err, unsigned char c, int64_t pos) {
 
 moe_status moe_tokenizer_encode(const moe_tokenizer *t, const char *seq, int64_t len,
                                 moe_token_buf *out, moe_err *err) {
-    if (t->kind == MOE_TOKENIZER_KMER) return moe_tok_kmer_encode(t, seq, len, out, err);
+    return t->impl->encode(t, seq, len, out, err);
+}
+
+/* moe_tokenizer_encode for the kinds with one token per base (byte, nuc): enc[] maps each
+ * byte to its id. */
+static moe_status encode_per_base(const moe_tokenizer *t, const char *seq, int64_t len,
+                                  moe_token_buf *out, moe_err *err) {
     if (moe_token_buf_reserve(out, out->n + len, err) != MOE_OK) return MOE_ERR_RUNTIME;
     /* locals so that the stores through ids/lower cannot make the compiler reload them */
     const unsigned char *restrict s = (const unsigned char *)seq;
@@ -461,7 +514,13 @@ moe_status moe_tokenizer_encode_doc(const moe_tokenizer *t, const char *seq, int
 
 int64_t moe_tokenizer_decode(const moe_tokenizer *t, const int32_t *ids, const uint8_t *lower,
                              int64_t n, char *out) {
-    if (t->kind == MOE_TOKENIZER_KMER) return moe_tok_kmer_decode(t, ids, lower, n, out);
+    return t->impl->decode(t, ids, lower, n, out);
+}
+
+/* moe_tokenizer_decode for the kinds with one token per base: dec[] maps each id to its
+ * base. */
+static int64_t decode_per_base(const moe_tokenizer *t, const int32_t *ids, const uint8_t *lower,
+                               int64_t n, char *out) {
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++) {
         int32_t id = ids[i];

@@ -306,7 +306,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     sm->ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->aux = aux;
     sm->z = z;
-    sm->loss = sm->ce + mc->router_aux_loss_coef * aux + mc->router_z_loss_coef * z;
+    sm->loss = moe_model_loss(mc, sm->ce, aux, z);
     sm->entropy = ent;
     sm->grad_norm = norm;
     sm->lr = lr;
@@ -496,11 +496,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     t.dp = (int)t.cfg.parallel.dp;
     int world = opts->comm ? opts->comm->world : 1;
     t.T = t.cfg.train.seq_len;
-    int64_t micro = t.cfg.train.micro_batch_tokens
-                        ? t.cfg.train.micro_batch_tokens
-                        : t.cfg.train.global_batch_tokens / (t.cfg.parallel.dp * t.cfg.parallel.ep);
-    t.B_micro = micro / t.T;
-    t.accum = t.cfg.train.global_batch_tokens / micro;
+    moe_config_micro_batch(&t.cfg, &t.B_micro, &t.accum);
     st = check_parallel(&t, world, err);
     if (st != MOE_OK) return st;
     t.end_step =
@@ -592,15 +588,13 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     st = moe_config_write_yaml(cfg, out, err);
     if (st != MOE_OK) return st;
     const moe_train_config *tc = &cfg->train;
-    int64_t total, active,
-        micro = tc->micro_batch_tokens
-                    ? tc->micro_batch_tokens
-                    : tc->global_batch_tokens / (cfg->parallel.dp * cfg->parallel.ep);
+    int64_t total, active, micro_seqs, n_micro;
+    moe_config_micro_batch(cfg, &micro_seqs, &n_micro);
     moe_model_count_params(&cfg->model, &total, &active);
     double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
     moe_model_memory mem;
-    moe_model_memory_estimate(&cfg->model, cfg->precision.recipe, tc->recompute,
-                              micro / tc->seq_len, tc->seq_len, &mem);
+    moe_model_memory_estimate(&cfg->model, cfg->precision.recipe, tc->recompute, micro_seqs,
+                              tc->seq_len, &mem);
     /* the AdamW state is sharded over the data-parallel ranks (ZeRO-1) */
     int64_t opt = mem.optimizer / cfg->parallel.dp, total_mem = mem.total - mem.optimizer + opt;
     char w[32], a[32], o[32], sum[32], gs[32], gt[32];
@@ -620,8 +614,7 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     fprintf(out,
             "# batch: %" PRId64 " micro-step(s) of %" PRId64 " sequences x %" PRId64
             " tokens, shared by %" PRId64 " rank(s); memory below is per rank\n",
-            tc->global_batch_tokens / micro, micro / tc->seq_len, tc->seq_len,
-            cfg->parallel.dp * cfg->parallel.ep);
+            n_micro, micro_seqs, tc->seq_len, cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
             "# memory estimate: weights %s + gradients %s + AdamW moments %s (1/parallel.dp of "
             "them) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
