@@ -1,6 +1,7 @@
 /* test_seqio: FASTA/FASTQ parsing from plain, gzip and bgzip files (CRLF, blank lines,
  * wrapped and very long lines, case kept), every FASTQ/FASTA error with its line number,
- * BED regions, reverse complement, and SAM filtering/orientation on a tiny SAM written here.
+ * BED regions, reverse complement, SAM filtering/orientation on a tiny SAM written here, and
+ * undecoded (raw) records decoding to exactly the records of a normal read.
  * Broken inputs are generated in the scratch directory, not stored. */
 #include <htslib/bgzf.h>
 #include <stdlib.h>
@@ -246,10 +247,63 @@ static void test_regions_and_helpers(void) {
               "revcomp: %s", s);
 }
 
+/* Reads path normally and with opts.raw + moe_seqio_decode; every record must agree (name,
+ * bases, line, strand, record number). Returns the number of records. */
+static int check_raw_same(const char *path) {
+    moe_seqio_opts o, raw;
+    moe_seqio_opts_defaults(&o);
+    raw = o;
+    raw.raw = 1;
+    moe_err err;
+    moe_err_clear(&err);
+    moe_seq_reader *a = NULL, *b = NULL;
+    CHECK(moe_seqio_open(&a, path, &o, &err) == MOE_OK);
+    CHECK(moe_seqio_open(&b, path, &raw, &err) == MOE_OK);
+    int n = 0, ra, rb;
+    moe_seq_record x, y;
+    char *buf = NULL;
+    while (a && b && (ra = moe_seqio_next(a, &x, &err)) == 1) {
+        rb = moe_seqio_next(b, &y, &err);
+        CHECK_INT_EQ(rb, 1);
+        if (rb != 1) break;
+        buf = realloc(buf, (size_t)y.len + 1);
+        int64_t len = moe_seqio_decode(&y, buf);
+        CHECK_MSG(len == x.len && memcmp(buf, x.seq, (size_t)len) == 0 && buf[len] == '\0',
+                  "%s: record %d (%s) decodes differently", path, n + 1, x.name);
+        CHECK(strcmp(x.name, y.name) == 0 && x.line == y.line && x.strand == y.strand &&
+              x.record_no == y.record_no);
+        n++;
+    }
+    if (a && b) CHECK_INT_EQ(moe_seqio_next(b, &y, &err), 0);
+    free(buf);
+    moe_seqio_close(a);
+    moe_seqio_close(b);
+    return n;
+}
+
+static void test_raw(void) {
+    /* CRLF, blanks and tabs, a CR inside a line, a '>' inside a line, blank lines, an empty
+       record, a CR at the very end without a line break */
+    write_file("raw.fa", "\n\n>a x\r\nAC GT\r\n\tac\rgn\r\n\r\n>b\nRY>K\n\n>empty\n\r\n>c\nTT\r");
+    CHECK_INT_EQ(check_raw_same("raw.fa"), 3);
+    write_file("raw2.fa", ">a\nACGT\nAC\n>b\nGG");
+    CHECK_INT_EQ(check_raw_same("raw2.fa"), 2);
+    /* a record longer than the 1 MB read block, with line breaks at every position modulo 7 */
+    FILE *fp = fopen("raw3.fa", "wb");
+    fputs(">long\n", fp);
+    for (int i = 0; i < 3 * 1024 * 1024; i++)
+        fputc(i % 61 == 60 ? '\n' : "ACGTN"[i % 5], fp);
+    fputs("\n>s\nA\n", fp);
+    fclose(fp);
+    CHECK_INT_EQ(check_raw_same("raw3.fa"), 2);
+    CHECK_INT_EQ(check_raw_same("t.sam"), 3); /* BAM codes, a reverse read among them */
+}
+
 int main(void) {
     test_fasta_variants();
     test_fastq();
     test_sam();
     test_regions_and_helpers();
+    test_raw();
     return test_summary("test_seqio");
 }

@@ -28,12 +28,15 @@ typedef enum moe_seq_format {
 #define MOE_SEQIO_DEFAULT_EXCLUDE 0xF00u
 
 typedef struct moe_seqio_opts {
-    const char *reference;      /* FASTA for CRAM decoding (NULL: none) */
-    int threads;                /* htslib decompression threads beyond the main one (0 = none) */
-    int min_mapq;               /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
-    uint32_t require_flags;     /* keep only records with all these flags */
-    uint32_t exclude_flags;     /* drop records with any of these (default 0xF00) */
-    int as_stored;              /* keep reverse-strand reads as stored (no reverse complement) */
+    const char *reference;  /* FASTA for CRAM decoding (NULL: none) */
+    int threads;            /* htslib decompression threads beyond the main one (0 = none) */
+    int min_mapq;           /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
+    uint32_t require_flags; /* keep only records with all these flags */
+    uint32_t exclude_flags; /* drop records with any of these (default 0xF00) */
+    int as_stored;          /* keep reverse-strand reads as stored (no reverse complement) */
+    int skip_qual;          /* SAM/BAM/CRAM: leave record.qual NULL (saves converting them) */
+    int raw; /* FASTA and BAM/CRAM records may come undecoded (record.raw): the caller
+                decodes them with moe_seqio_decode, e.g. on other threads */
     const char *const *regions; /* "chr", "chr:beg-end" (1-based inclusive); NULL = all */
     int n_regions;
 } moe_seqio_opts;
@@ -54,6 +57,7 @@ typedef struct moe_seq_record {
     char strand;       /* '-' for a reverse-strand read restored to sequenced order */
     int64_t record_no; /* 1-based record ordinal in the file (filtered ones counted) */
     int64_t line;      /* FASTA/FASTQ: line of its header; 0 otherwise */
+    int raw;           /* 0, or seq is not bases yet (moe_seq_raw): see moe_seqio_decode */
 } moe_seq_record;
 
 typedef struct moe_seq_reader moe_seq_reader; /* opaque */
@@ -79,6 +83,19 @@ void moe_seqio_close(moe_seq_reader *r);
  * moe_seqio_free_regions. */
 moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err *err);
 void moe_seqio_free_regions(char **regions, int n);
+
+/* What record.seq holds when record.raw is set (moe_seqio_opts.raw). */
+typedef enum moe_seq_raw {
+    MOE_SEQ_RAW_TEXT = 1, /* FASTA text [len] with its line breaks and blanks; len is the text's
+                             length, an upper bound of the bases */
+    MOE_SEQ_RAW_NT16 = 2, /* BAM 4-bit codes [(len + 1) / 2] of len bases, as stored; strand '-'
+                             means they are still to be reverse-complemented */
+} moe_seq_raw;
+/* Bytes of rec->seq (the NUL after them not counted). */
+int64_t moe_seqio_seq_bytes(const moe_seq_record *rec);
+/* The bases of rec into out [rec->len + 1], NUL-terminated; returns their number. A record
+ * that is not raw is copied. */
+int64_t moe_seqio_decode(const moe_seq_record *rec, char *out);
 
 /* Reverse complement of seq[0, n) in place (IUPAC codes complemented, case kept, other
  * bytes unchanged). */

@@ -86,6 +86,17 @@ moe_status moe_shard_writer_add(moe_shard_writer *w, const int32_t *ids, const u
  * any number of calls, then end the document with its metadata. add = append + end_doc. */
 moe_status moe_shard_writer_append(moe_shard_writer *w, const int32_t *ids, const uint8_t *lower,
                                    int64_t n, moe_err *err);
+/* Token packing, split out so that threads can pack while one thread writes: the bytes per
+ * token of t's shards (1, 2 or 4), and ids [n] packed little-endian into out [n * width];
+ * -1 (out partly written) when an id is outside [0, vocab_size). */
+int moe_shard_pack_width(const moe_tokenizer *t);
+int moe_shard_pack_tokens(const moe_tokenizer *t, const int32_t *ids /* [n] */, int64_t n,
+                          uint8_t *out /* [n * width] */);
+/* append with tokens already packed by moe_shard_pack_tokens for this writer's tokenizer. */
+moe_status moe_shard_writer_append_packed(moe_shard_writer *w,
+                                          const uint8_t *packed /* [n * width] */,
+                                          const uint8_t *lower /* [n] or NULL */, int64_t n,
+                                          moe_err *err);
 moe_status moe_shard_writer_end_doc(moe_shard_writer *w, const moe_shard_doc *doc, moe_err *err);
 /* Tokens written so far (including those of an unfinished document) and documents ended. */
 int64_t moe_shard_writer_n_tokens(const moe_shard_writer *w);

@@ -52,6 +52,7 @@ void moe_seqio_close(moe_seq_reader *r) {
         free(r->regions[i]);
     free(r->regions);
     free(r->line.s);
+    free(r->blk.s);
     free(r->name.s);
     free(r->comment.s);
     free(r->seq.s);
@@ -276,6 +277,22 @@ moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err
     *regions = list;
     *n = count;
     return MOE_OK;
+}
+
+int64_t moe_seqio_seq_bytes(const moe_seq_record *rec) {
+    return rec->raw == MOE_SEQ_RAW_NT16 ? (rec->len + 1) / 2 : rec->len;
+}
+
+int64_t moe_seqio_decode(const moe_seq_record *rec, char *out) {
+    int64_t n = rec->len;
+    if (rec->raw == MOE_SEQ_RAW_TEXT)
+        n = moe_seqio_clean(rec->seq, rec->len, out);
+    else if (rec->raw == MOE_SEQ_RAW_NT16)
+        moe_seqio_unpack_nt16((const uint8_t *)rec->seq, n, rec->strand == '-', out);
+    else
+        memcpy(out, rec->seq, (size_t)n);
+    out[n] = '\0';
+    return n;
 }
 
 void moe_seqio_revcomp(char *seq, int64_t n) {

@@ -1,5 +1,7 @@
 /* seqio_fastx: FASTA and FASTQ records from a BGZF stream (plain, gzip or bgzip), with
- * line numbers for every error.
+ * line numbers for every error. FASTQ is read line by line; FASTA in large blocks, a record
+ * being the text from one line-start '>' to the next, cleaned by moe_seqio_clean (here, or
+ * by the caller's threads when moe_seqio_opts.raw asks for the text as it is).
  *
  * Not kseq: kseq silently skips text before the first header and knows no line numbers.
  * Rules: CR before LF is dropped (Windows files); lines may be any length; FASTA sequence
@@ -55,19 +57,6 @@ static int parse_header(moe_seq_reader *r, moe_err *err) {
     return 0;
 }
 
-/* Appends a FASTA sequence line without spaces or tabs. */
-static int append_fasta_line(moe_seq_reader *r, moe_err *err) {
-    const char *s = r->line.s;
-    size_t l = r->line.l;
-    if (!memchr(s, ' ', l) && !memchr(s, '\t', l))
-        return kputsn(s, l, &r->seq) < 0 ? oom(r, err) : 0;
-    if (ks_resize(&r->seq, r->seq.l + l + 1) < 0) return oom(r, err);
-    for (size_t i = 0; i < l; i++)
-        if (s[i] != ' ' && s[i] != '\t') r->seq.s[r->seq.l++] = s[i];
-    r->seq.s[r->seq.l] = '\0';
-    return 0;
-}
-
 static int next_header(moe_seq_reader *r, moe_err *err) {
     if (r->have_line) {
         r->have_line = 0;
@@ -77,20 +66,6 @@ static int next_header(moe_seq_reader *r, moe_err *err) {
         int ret = read_line(r, err);
         if (ret <= 0) return ret;
         if (r->line.l) return 1;
-    }
-}
-
-static int read_fasta(moe_seq_reader *r, moe_err *err) {
-    for (;;) {
-        int ret = read_line(r, err);
-        if (ret < 0) return -1;
-        if (ret == 0) return 0;
-        if (r->line.l == 0) continue;
-        if (r->line.s[0] == '>') {
-            r->have_line = 1;
-            return 0;
-        }
-        if (append_fasta_line(r, err) < 0) return -1;
     }
 }
 
@@ -140,29 +115,180 @@ static int read_fastq(moe_seq_reader *r, int64_t header_line, moe_err *err) {
     return 0;
 }
 
+/* ---- FASTA, in blocks ---- */
+
+#define FASTA_BLOCK ((size_t)1 << 20)
+
+/* Moves the unread text to the start of r->blk and appends up to FASTA_BLOCK more bytes.
+ * Returns the number of bytes added, 0 at the end of input, -1 on error. */
+static int64_t blk_fill(moe_seq_reader *r, moe_err *err) {
+    if (r->blk_pos > 0) {
+        memmove(r->blk.s, r->blk.s + r->blk_pos, r->blk.l - r->blk_pos);
+        r->blk.l -= r->blk_pos;
+        r->blk_pos = 0;
+    }
+    if (ks_resize(&r->blk, r->blk.l + FASTA_BLOCK + 1) < 0) return oom(r, err);
+    ssize_t n = bgzf_read(r->bgzf, r->blk.s + r->blk.l, FASTA_BLOCK);
+    if (n < 0) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path,
+                    "cannot read or decompress the input after line %lld", (long long)r->lineno);
+        moe_err_hint(err, "the file is truncated or corrupt (test it with `gzip -t`)");
+        return -1;
+    }
+    r->blk.l += (size_t)n;
+    r->blk.s[r->blk.l] = '\0';
+    return n;
+}
+
+/* Reads the header line at r->blk_pos into r->line. 1: a line, 0: end of input, -1: error. */
+static int fasta_header(moe_seq_reader *r, moe_err *err) {
+    size_t searched = 0; /* bytes after blk_pos known to hold no '\n' */
+    for (;;) {
+        char *line = r->blk.s + r->blk_pos;
+        char *nl = memchr(line + searched, '\n', r->blk.l - r->blk_pos - searched);
+        if (nl || r->blk_eof) {
+            size_t n = nl ? (size_t)(nl - line) : r->blk.l - r->blk_pos;
+            if (n == 0 && !nl) return 0;
+            r->line.l = 0;
+            if (kputsn(line, n, &r->line) < 0) return oom(r, err);
+            if (r->line.l && r->line.s[r->line.l - 1] == '\r') r->line.s[--r->line.l] = '\0';
+            r->blk_pos += n + (nl != NULL);
+            r->lineno++;
+            return 1;
+        }
+        searched = r->blk.l - r->blk_pos;
+        int64_t got = blk_fill(r, err);
+        if (got < 0) return -1;
+        r->blk_eof = got == 0;
+    }
+}
+
+/* The body after a header: up to the next '>' at a line start, or the end of input. Sets
+ * *len; the body starts at r->blk.s + r->blk_pos. -1 on error. */
+static int fasta_body(moe_seq_reader *r, size_t *len, moe_err *err) {
+    size_t searched = 0; /* bytes after blk_pos known to hold no header */
+    for (;;) {
+        const char *body = r->blk.s + r->blk_pos, *end = r->blk.s + r->blk.l;
+        const char *q = body + searched;
+        /* a '>' right at the start follows the header's line break */
+        while ((q = memchr(q, '>', (size_t)(end - q))) && q > body && q[-1] != '\n')
+            q++;
+        if (q || r->blk_eof) {
+            *len = (size_t)((q ? q : end) - body);
+            return 0;
+        }
+        searched = r->blk.l - r->blk_pos;
+        int64_t got = blk_fill(r, err);
+        if (got < 0) return -1;
+        r->blk_eof = got == 0;
+    }
+}
+
+/* 1 when moe_seqio_clean would keep a byte of raw[0, n). */
+static int has_bases(const char *raw, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char c = raw[i];
+        if (c == '\n' || c == ' ' || c == '\t') continue;
+        if (c == '\r' && (i + 1 == n || raw[i + 1] == '\n')) continue;
+        return 1;
+    }
+    return 0;
+}
+
+int64_t moe_seqio_clean(const char *raw, int64_t n, char *out) {
+    int64_t o = 0;
+    size_t len = (size_t)n;
+    if (!memchr(raw, ' ', len) && !memchr(raw, '\t', len) && !memchr(raw, '\r', len)) {
+        /* the usual text: only line breaks to drop, a line at a time */
+        for (const char *p = raw, *end = raw + n; p < end;) {
+            const char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t l = (size_t)((nl ? nl : end) - p);
+            memmove(out + o, p, l);
+            o += (int64_t)l;
+            p += l + 1;
+        }
+        return o;
+    }
+    static const uint8_t drop[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 1};
+    for (int64_t i = 0; i < n; i++) {
+        char c = raw[i];
+        out[o] = c;
+        o += 1 - drop[(unsigned char)c];
+        /* CR before LF (Windows line ends) goes; a CR elsewhere is a character */
+        if (c == '\n' && i > 0 && raw[i - 1] == '\r') o--;
+    }
+    if (n > 0 && raw[n - 1] == '\r') o--;
+    return o;
+}
+
+static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    for (;;) {
+        if (r->have_line)
+            r->have_line = 0;
+        else {
+            int ret;
+            /* blank lines before a header (only possible at the start) */
+            while ((ret = fasta_header(r, err)) == 1 && r->line.l == 0)
+                ;
+            if (ret <= 0) return ret;
+        }
+        int64_t header_line = r->lineno;
+        r->record_no++;
+        if (parse_header(r, err) < 0) return -1;
+        size_t len;
+        if (fasta_body(r, &len, err) < 0) return -1;
+        const char *body = r->blk.s + r->blk_pos;
+        int64_t lines = 0;
+        for (size_t i = 0; i < len; i++)
+            lines += body[i] == '\n';
+        r->lineno += lines;
+        r->blk_pos += len;
+        r->n_read++;
+        if (!has_bases(body, len)) {
+            moe_seqio_note_empty(r, r->name.s);
+            continue;
+        }
+        if (ks_resize(&r->seq, len + 1) < 0) return oom(r, err);
+        if (r->opts.raw) {
+            memcpy(r->seq.s, body, len);
+            r->seq.l = len;
+        } else
+            r->seq.l = (size_t)moe_seqio_clean(body, (int64_t)len, r->seq.s);
+        r->seq.s[r->seq.l] = '\0';
+        rec->name = r->name.s;
+        rec->comment = r->comment.s;
+        rec->seq = r->seq.s;
+        rec->len = (int64_t)r->seq.l;
+        rec->raw = r->opts.raw ? MOE_SEQ_RAW_TEXT : 0;
+        rec->src_start = 0;
+        rec->src_end = rec->len;
+        rec->strand = '+';
+        rec->record_no = r->record_no;
+        rec->line = header_line;
+        return 1;
+    }
+}
+
 int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    if (r->fmt == MOE_SEQ_FASTA) return fasta_next(r, rec, err);
     for (;;) {
         int ret = next_header(r, err);
         if (ret <= 0) return ret;
         int64_t header_line = r->lineno;
         r->record_no++;
-        char want = r->fmt == MOE_SEQ_FASTA ? '>' : '@';
-        if (r->line.s[0] != want) {
+        if (r->line.s[0] != '@') {
             r->name.l = 0;
             if (r->name.s) r->name.s[0] = '\0';
             char msg[160];
-            snprintf(msg, sizeof msg, "expected a header line starting with '%c', found '%c'", want,
+            snprintf(msg, sizeof msg, "expected a header line starting with '@', found '%c'",
                      r->line.s[0]);
-            return fail(r, err, header_line,
-                        r->fmt == MOE_SEQ_FASTA
-                            ? "FASTA records start with '>name'"
-                            : "FASTQ records are '@name', bases, '+', qualities",
+            return fail(r, err, header_line, "FASTQ records are '@name', bases, '+', qualities",
                         msg);
         }
         if (parse_header(r, err) < 0) return -1;
         r->seq.l = r->qual.l = 0;
         if (ks_resize(&r->seq, 64) < 0 || ks_resize(&r->qual, 64) < 0) return oom(r, err);
-        ret = r->fmt == MOE_SEQ_FASTA ? read_fasta(r, err) : read_fastq(r, header_line, err);
+        ret = read_fastq(r, header_line, err);
         if (ret < 0) return -1;
         r->seq.s[r->seq.l] = '\0';
         r->qual.s[r->qual.l] = '\0';

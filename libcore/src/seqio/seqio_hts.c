@@ -61,10 +61,6 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
         moe_err_hint(err, "the file is truncated or corrupt");
         return MOE_ERR_INPUT;
     }
-    for (int i = 0; i < 256; i++) {
-        r->nt16_pairs[2 * i] = seq_nt16_str[i >> 4];
-        r->nt16_pairs[2 * i + 1] = seq_nt16_str[i & 15];
-    }
     r->b = bam_init1();
     if (!r->b) return moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
     if (r->n_regions > 0) {
@@ -136,26 +132,18 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         r->comment.l = 0;
         r->comment.s[0] = '\0';
         const uint8_t *s = bam_get_seq(b), *q = bam_get_qual(b);
-        for (int64_t i = 0; i < n / 2; i++) /* two bases per packed byte */
-            memcpy(r->seq.s + 2 * i, r->nt16_pairs + 2 * s[i], 2);
-        if (n & 1) r->seq.s[n - 1] = seq_nt16_str[bam_seqi(s, n - 1)];
-        r->seq.s[n] = '\0';
-        int has_qual = q[0] != 0xff;
+        int reverse = (b->core.flag & BAM_FREVERSE) && !r->opts.as_stored;
+        if (r->opts.raw) /* the caller decodes the 4-bit codes, and reverse-complements */
+            memcpy(r->seq.s, s, (size_t)(n + 1) / 2);
+        else
+            moe_seqio_unpack_nt16(s, n, reverse, r->seq.s);
+        r->seq.s[r->opts.raw ? (n + 1) / 2 : n] = '\0';
+        int has_qual = q[0] != 0xff && !r->opts.skip_qual;
         if (has_qual)
             for (int64_t i = 0; i < n; i++)
-                r->qual.s[i] = (char)(q[i] + 33);
+                r->qual.s[i] = (char)(q[reverse ? n - 1 - i : i] + 33);
         r->qual.s[has_qual ? n : 0] = '\0';
-        char strand = '+';
-        if ((b->core.flag & BAM_FREVERSE) && !r->opts.as_stored) {
-            moe_seqio_revcomp(r->seq.s, n);
-            if (has_qual)
-                for (int64_t i = 0, j = n - 1; i < j; i++, j--) {
-                    char t = r->qual.s[i];
-                    r->qual.s[i] = r->qual.s[j];
-                    r->qual.s[j] = t;
-                }
-            strand = '-';
-        }
+        char strand = reverse ? '-' : '+';
         rec->name = r->name.s;
         rec->comment = r->comment.s;
         rec->seq = r->seq.s;
@@ -164,9 +152,19 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         rec->src_start = 0;
         rec->src_end = n;
         rec->strand = strand;
+        rec->raw = r->opts.raw ? MOE_SEQ_RAW_NT16 : 0;
         rec->record_no = r->record_no;
         return 1;
     }
+}
+
+void moe_seqio_unpack_nt16(const uint8_t *s, int64_t n, int reverse, char *out) {
+    for (int64_t i = 0; i < n / 2; i++) { /* two bases per packed byte */
+        out[2 * i] = seq_nt16_str[s[i] >> 4];
+        out[2 * i + 1] = seq_nt16_str[s[i] & 15];
+    }
+    if (n & 1) out[n - 1] = seq_nt16_str[bam_seqi(s, n - 1)];
+    if (reverse) moe_seqio_revcomp(out, n);
 }
 
 moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err) {

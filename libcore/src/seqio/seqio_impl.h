@@ -26,13 +26,15 @@ struct moe_seq_reader {
     int have_line;  /* line holds an unconsumed header of the next record */
     int64_t lineno;
     kstring_t name, comment, seq, qual;
+    kstring_t blk; /* FASTA: decompressed text, unread from blk_pos */
+    size_t blk_pos;
+    int blk_eof;
     /* SAM/BAM/CRAM */
     htsFile *hts;
     sam_hdr_t *hdr;
     bam1_t *b;
     hts_idx_t *idx;
     hts_itr_t *itr;
-    char nt16_pairs[512]; /* packed BAM byte -> its two bases */
     /* indexed FASTA regions */
     faidx_t *fai;
     char *fai_seq;
@@ -49,6 +51,10 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, struct hFILE *hf, moe_err *err)
 moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err);
 /* Points REF_PATH/REF_CACHE nowhere unless the user set them (idempotent). */
 void moe_seqio_no_network_refs(void);
+/* BAM 4-bit codes s [(n + 1) / 2] -> n bases in out, reverse-complemented if asked. */
+void moe_seqio_unpack_nt16(const uint8_t *s, int64_t n, int reverse, char *out);
+/* FASTA text raw [n] -> its bases in out (may be raw); returns their number. */
+int64_t moe_seqio_clean(const char *raw, int64_t n, char *out);
 /* Logs the first few empty records, then one line saying further ones are not reported. */
 void moe_seqio_note_empty(moe_seq_reader *r, const char *name);
 

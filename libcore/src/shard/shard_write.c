@@ -122,23 +122,22 @@ static uint32_t source_index(moe_shard_writer *w, const char *src, int *fail) {
     return (uint32_t)w->n_sources++;
 }
 
-moe_status moe_shard_writer_append(moe_shard_writer *w, const int32_t *ids, const uint8_t *lower,
-                                   int64_t n, moe_err *err) {
-    size_t bytes = (size_t)n * (size_t)w->width;
-    if (grow((void **)&w->buf, &w->buf_cap, bytes, 1) < 0 ||
-        (w->has_mask &&
-         grow((void **)&w->mask, &w->mask_cap, (w->n_tokens + (uint64_t)n) / 8 + 1, 1) < 0))
-        return moe_err_set(err, MOE_ERR_RUNTIME, w->out.path, "out of memory");
+int moe_shard_pack_width(const moe_tokenizer *t) {
+    return moe_shard_width_for_vocab(t->vocab_size);
+}
+
+int moe_shard_pack_tokens(const moe_tokenizer *t, const int32_t *ids, int64_t n, uint8_t *out) {
     /* one pass: convert and check the range (unsigned compare catches negatives too) */
-    const uint32_t vs = (uint32_t)w->tok->vocab_size;
+    const uint32_t vs = (uint32_t)t->vocab_size;
+    const int width = moe_shard_width_for_vocab(t->vocab_size);
     uint32_t bad = 0;
-    uint8_t *restrict buf = w->buf;
-    if (w->width == 1)
+    uint8_t *restrict buf = out;
+    if (width == 1)
         for (int64_t i = 0; i < n; i++) {
             bad |= (uint32_t)ids[i] >= vs;
             buf[i] = (uint8_t)ids[i];
         }
-    else if (w->width == 2)
+    else if (width == 2)
         for (int64_t i = 0; i < n; i++) {
             bad |= (uint32_t)ids[i] >= vs;
             buf[2 * i] = (uint8_t)ids[i];
@@ -149,10 +148,16 @@ moe_status moe_shard_writer_append(moe_shard_writer *w, const int32_t *ids, cons
             bad |= (uint32_t)ids[i] >= vs;
             moe_put_u32(buf + 4 * i, (uint32_t)ids[i]);
         }
-    if (bad)
-        return moe_err_set(err, MOE_ERR_RUNTIME, w->out.path,
-                           "internal error: a token id is outside the vocabulary (%u ids)", vs);
-    if (moe_outfile_write(&w->out, w->buf, bytes, err) != MOE_OK) return MOE_ERR_RUNTIME;
+    return bad ? -1 : 0;
+}
+
+moe_status moe_shard_writer_append_packed(moe_shard_writer *w, const uint8_t *packed,
+                                          const uint8_t *lower, int64_t n, moe_err *err) {
+    if (w->has_mask &&
+        grow((void **)&w->mask, &w->mask_cap, (w->n_tokens + (uint64_t)n) / 8 + 1, 1) < 0)
+        return moe_err_set(err, MOE_ERR_RUNTIME, w->out.path, "out of memory");
+    if (moe_outfile_write(&w->out, packed, (size_t)n * (size_t)w->width, err) != MOE_OK)
+        return MOE_ERR_RUNTIME;
     if (w->has_mask) {
         /* bytes past the last token are zero, so only the newly used bytes need clearing */
         size_t old_len = (size_t)((w->n_tokens + 7) / 8);
@@ -166,6 +171,18 @@ moe_status moe_shard_writer_append(moe_shard_writer *w, const int32_t *ids, cons
     }
     w->n_tokens += (uint64_t)n;
     return MOE_OK;
+}
+
+moe_status moe_shard_writer_append(moe_shard_writer *w, const int32_t *ids, const uint8_t *lower,
+                                   int64_t n, moe_err *err) {
+    size_t bytes = (size_t)n * (size_t)w->width;
+    if (grow((void **)&w->buf, &w->buf_cap, bytes, 1) < 0)
+        return moe_err_set(err, MOE_ERR_RUNTIME, w->out.path, "out of memory");
+    if (moe_shard_pack_tokens(w->tok, ids, n, w->buf) != 0)
+        return moe_err_set(err, MOE_ERR_RUNTIME, w->out.path,
+                           "internal error: a token id is outside the vocabulary (%lld ids)",
+                           (long long)w->tok->vocab_size);
+    return moe_shard_writer_append_packed(w, w->buf, lower, n, err);
 }
 
 moe_status moe_shard_writer_end_doc(moe_shard_writer *w, const moe_shard_doc *doc, moe_err *err) {

@@ -1,18 +1,17 @@
-/* tokenize_prefetch: a reader thread for moe-tokenize -@ N (N >= 2) - it decompresses and
- * parses the inputs (seqio) into batches of records while the calling thread tokenizes and
- * writes the previous batch.
+/* tokenize_prefetch: the reader thread of moe-tokenize -@ N (N >= 2) - it decompresses (with
+ * htslib's threads) and parses the inputs (seqio) into batches of records, which encoder
+ * threads take in input order while the reader fills the next ones.
  *
- * The one thing to know: there is exactly one reader and one consumer and batches are
- * handed over in order through a small ring, so the output is the same bytes as the
- * single-threaded path. A reader error travels inside the batch where it happened and is
- * reported after the records before it were processed, exactly as without the thread. */
+ * The one thing to know: batches are numbered in input order and each one says how many
+ * records came before it, so the encoders can work on several at once and the output can
+ * still be put back in order. A reader error travels inside the batch where it happened and
+ * is reported after the records before it were processed, exactly as without the thread. */
 #include "tokenize/tokenize_prefetch.h"
 
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define N_SLOTS 3
 #define BATCH_BYTES (4u << 20)
 #define BATCH_RECORDS 8192
 
@@ -20,10 +19,10 @@ typedef struct rec_meta {
     size_t name_off, seq_off;
     int64_t len, src_start, src_end, record_no, line;
     char strand;
-    int input;
+    int input, raw;
 } rec_meta;
 
-typedef struct batch {
+struct moe_prefetch_batch {
     char *buf;
     size_t used, cap;
     rec_meta *recs;
@@ -32,26 +31,28 @@ typedef struct batch {
     moe_status status; /* reader error after the records of this batch */
     moe_err err;
     int64_t filtered, empty; /* counters of inputs finished while filling this batch */
-} batch;
+    int full;                /* filled and not yet released */
+};
+typedef struct moe_prefetch_batch batch;
 
 struct moe_prefetch {
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    batch slots[N_SLOTS];
-    int n_full, head; /* full slots are head, head+1, ... (mod N_SLOTS) */
-    int stop;         /* consumer gave up */
+    batch *slots; /* batch number i lives in slot i % n_slots */
+    int n_slots;
+    int64_t filled, taken, taken_records; /* batches filled and taken, records taken */
+    int last_taken;                       /* the batch with the end flag was taken */
+    int stop;                             /* the consumers gave up */
     int started;
     const char *const *inputs;
     int n_inputs;
     moe_seqio_opts io;
-    /* consumer position */
-    batch *cur;
-    int pos;
 };
 
 static int batch_add(batch *b, const moe_seq_record *rec, int input) {
-    size_t nl = strlen(rec->name) + 1, need = b->used + nl + (size_t)rec->len + 1;
+    size_t bytes = (size_t)moe_seqio_seq_bytes(rec);
+    size_t nl = strlen(rec->name) + 1, need = b->used + nl + bytes + 1;
     if (need > b->cap) {
         size_t nc = b->cap ? b->cap : BATCH_BYTES;
         while (nc < need)
@@ -73,8 +74,8 @@ static int batch_add(batch *b, const moe_seq_record *rec, int input) {
     memcpy(b->buf + b->used, rec->name, nl);
     b->used += nl;
     m->seq_off = b->used;
-    memcpy(b->buf + b->used, rec->seq, (size_t)rec->len + 1);
-    b->used += (size_t)rec->len + 1;
+    memcpy(b->buf + b->used, rec->seq, bytes + 1);
+    b->used += bytes + 1;
     m->len = rec->len;
     m->src_start = rec->src_start;
     m->src_end = rec->src_end;
@@ -82,6 +83,7 @@ static int batch_add(batch *b, const moe_seq_record *rec, int input) {
     m->line = rec->line;
     m->strand = rec->strand;
     m->input = input;
+    m->raw = rec->raw;
     return 0;
 }
 
@@ -130,18 +132,19 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
 static void *reader_main(void *arg) {
     moe_prefetch *p = arg;
     reader_pos rp = {0, NULL};
-    for (int slot = 0, more = 1; more; slot = (slot + 1) % N_SLOTS) {
+    for (int more = 1; more;) {
+        batch *b = &p->slots[p->filled % p->n_slots];
         pthread_mutex_lock(&p->mu);
-        while (p->n_full == N_SLOTS && !p->stop)
+        while (b->full && !p->stop)
             pthread_cond_wait(&p->cv, &p->mu);
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
         if (stop) break;
-        batch *b = &p->slots[slot];
         more = fill(p, &rp, b);
         b->end = !more;
         pthread_mutex_lock(&p->mu);
-        p->n_full++;
+        b->full = 1;
+        p->filled++;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
     }
@@ -150,10 +153,14 @@ static void *reader_main(void *arg) {
 }
 
 moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int n_inputs,
-                              const moe_seqio_opts *io, moe_err *err) {
+                              const moe_seqio_opts *io, int n_slots, moe_err *err) {
     *out = NULL;
     moe_prefetch *p = calloc(1, sizeof *p);
-    if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    if (!p || !(p->slots = calloc((size_t)n_slots, sizeof *p->slots))) {
+        free(p);
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    }
+    p->n_slots = n_slots;
     p->inputs = inputs;
     p->n_inputs = n_inputs;
     p->io = *io;
@@ -168,71 +175,84 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     return MOE_OK;
 }
 
-/* Releases the consumer's current batch back to the reader. */
-static void release(moe_prefetch *p) {
-    if (!p->cur) return;
+int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq,
+                      int64_t *records_before) {
     pthread_mutex_lock(&p->mu);
-    p->head = (p->head + 1) % N_SLOTS;
-    p->n_full--;
-    pthread_cond_broadcast(&p->cv);
+    batch *b;
+    while (b = &p->slots[p->taken % p->n_slots],
+           !p->stop && !p->last_taken && !(b->full && p->filled > p->taken))
+        pthread_cond_wait(&p->cv, &p->mu);
+    int got = !p->stop && !p->last_taken;
+    if (got) {
+        *out = b;
+        *seq = p->taken++;
+        *records_before = p->taken_records;
+        p->taken_records += b->n;
+        p->last_taken = b->end;
+    }
     pthread_mutex_unlock(&p->mu);
-    p->cur = NULL;
+    return got;
 }
 
-int moe_prefetch_next(moe_prefetch *p, moe_seq_record *rec, int *input, int64_t *filtered,
-                      int64_t *empty, moe_err *err) {
-    for (;;) {
-        if (!p->cur) {
-            pthread_mutex_lock(&p->mu);
-            while (p->n_full == 0)
-                pthread_cond_wait(&p->cv, &p->mu);
-            p->cur = &p->slots[p->head];
-            pthread_mutex_unlock(&p->mu);
-            p->pos = 0;
-            *filtered += p->cur->filtered;
-            *empty += p->cur->empty;
-        }
-        batch *b = p->cur;
-        if (p->pos < b->n) {
-            const rec_meta *m = &b->recs[p->pos++];
-            memset(rec, 0, sizeof *rec);
-            rec->name = b->buf + m->name_off;
-            rec->comment = "";
-            rec->seq = b->buf + m->seq_off;
-            rec->len = m->len;
-            rec->src_start = m->src_start;
-            rec->src_end = m->src_end;
-            rec->strand = m->strand;
-            rec->record_no = m->record_no;
-            rec->line = m->line;
-            *input = m->input;
-            return 1;
-        }
-        if (b->status != MOE_OK) {
-            *err = b->err;
-            return -1;
-        }
-        int end = b->end;
-        release(p);
-        if (end) return 0;
+int moe_prefetch_batch_size(const moe_prefetch_batch *b) {
+    return b->n;
+}
+
+void moe_prefetch_batch_record(const moe_prefetch_batch *b, int i, moe_seq_record *rec,
+                               int *input) {
+    const rec_meta *m = &b->recs[i];
+    memset(rec, 0, sizeof *rec);
+    rec->name = b->buf + m->name_off;
+    rec->comment = "";
+    rec->seq = b->buf + m->seq_off;
+    rec->len = m->len;
+    rec->src_start = m->src_start;
+    rec->src_end = m->src_end;
+    rec->strand = m->strand;
+    rec->record_no = m->record_no;
+    rec->line = m->line;
+    rec->raw = m->raw;
+    *input = m->input;
+}
+
+int moe_prefetch_batch_end(const moe_prefetch_batch *b, int64_t *filtered, int64_t *empty,
+                           moe_err *err) {
+    *filtered = b->filtered;
+    *empty = b->empty;
+    if (b->status != MOE_OK) {
+        *err = b->err;
+        return -1;
     }
+    return b->end;
+}
+
+void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b) {
+    pthread_mutex_lock(&p->mu);
+    b->full = 0;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void moe_prefetch_stop(moe_prefetch *p) {
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
 }
 
 void moe_prefetch_finish(moe_prefetch *p) {
     if (!p) return;
     if (p->started) {
-        pthread_mutex_lock(&p->mu);
-        p->stop = 1;
-        pthread_cond_broadcast(&p->cv);
-        pthread_mutex_unlock(&p->mu);
+        moe_prefetch_stop(p);
         /* a reader waiting for a free slot wakes up and sees stop; one inside fill()
            publishes its batch, then sees stop */
         pthread_join(p->thread, NULL);
     }
-    for (int i = 0; i < N_SLOTS; i++) {
+    for (int i = 0; i < p->n_slots; i++) {
         free(p->slots[i].buf);
         free(p->slots[i].recs);
     }
+    free(p->slots);
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->cv);
     free(p);

@@ -1,22 +1,35 @@
-/* tokenize_prefetch: the reader thread of moe_tokenize_run (see tokenize_prefetch.c).
+/* tokenize_prefetch: the reader thread of moe_tokenize_run -@ N (see tokenize_prefetch.c).
  *
- * The one thing to know: records come out in exactly the order a single-threaded
- * moe_seqio loop over the inputs would give them. */
+ * The one thing to know: batches come out numbered 0, 1, ... in exactly the order a
+ * single-threaded moe_seqio loop over the inputs would give their records. */
 #ifndef MOE_TOKENIZE_PREFETCH_H
 #define MOE_TOKENIZE_PREFETCH_H
 
 #include "moe/seqio.h"
 
 typedef struct moe_prefetch moe_prefetch;
+typedef struct moe_prefetch_batch moe_prefetch_batch;
 
-/* Starts a thread reading inputs[0, n_inputs) in order (inputs must outlive it). */
+/* Starts a thread reading inputs[0, n_inputs) in order (inputs must outlive it) into a ring
+ * of n_slots batches. */
 moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int n_inputs,
-                              const moe_seqio_opts *io, moe_err *err);
-/* Next record (valid until the next call; name, seq, coordinates and record_no only) and
- * the index of its input. 1: a record, 0: all inputs done, -1: error in err. filtered and
- * empty are increased by the counts of inputs the reader has finished. */
-int moe_prefetch_next(moe_prefetch *p, moe_seq_record *rec, int *input, int64_t *filtered,
-                      int64_t *empty, moe_err *err);
+                              const moe_seqio_opts *io, int n_slots, moe_err *err);
+/* The next batch in order (any thread may call): its number and the number of records in
+ * the batches before it. 1: a batch, to be given back with moe_prefetch_release; 0: the
+ * last batch was taken already, or moe_prefetch_stop was called. */
+int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **b, int64_t *seq,
+                      int64_t *records_before);
+int moe_prefetch_batch_size(const moe_prefetch_batch *b);
+/* Record i of b (valid until b is released; name, seq, coordinates, record_no and line
+ * only) and the index of its input. */
+void moe_prefetch_batch_record(const moe_prefetch_batch *b, int i, moe_seq_record *rec, int *input);
+/* After b's records: -1 with err for a reader error; else 1 when b is the last batch, 0 when
+ * not. filtered and empty are the counts of inputs the reader finished while filling b. */
+int moe_prefetch_batch_end(const moe_prefetch_batch *b, int64_t *filtered, int64_t *empty,
+                           moe_err *err);
+void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b);
+/* Wakes every waiting caller and makes moe_prefetch_take return 0. */
+void moe_prefetch_stop(moe_prefetch *p);
 /* Stops the thread (if still running) and frees everything. */
 void moe_prefetch_finish(moe_prefetch *p);
 

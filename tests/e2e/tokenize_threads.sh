@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# e2e tokenize_threads: moe-tokenize -@ 1, 2 and 8 write byte-identical shards on FASTA
+# (plain, gzip, bgzip), FASTQ, BAM and CRAM, with the tokenizer and document options that
+# change the work per record (kmer, windows, N-split, reverse complements, validation split,
+# soft-mask, directory output with rollover), and fail the same way on a bad record that sits
+# behind several batches. The inputs are several reader batches (4 MB / 8192 records) long,
+# so the encoder threads really work on different batches at once.
+set -euo pipefail
+HT=/usr/share/htslib-test/test
+PCS=/usr/share/doc/seqkit-examples/tests/pcs109_5k.bam.gz
+HAIRPIN=/usr/share/doc/seqkit-examples/tests/hairpin.fa.gz
+READS=/usr/share/doc/bowtie2/examples/reads/reads_1.fq.gz
+command -v samtools >/dev/null || { echo "samtools not installed: skip"; exit 77; }
+command -v bgzip >/dev/null || { echo "bgzip not installed: skip"; exit 77; }
+for f in "$HT/ce.fa" "$HT/range.cram" "$PCS" "$HAIRPIN" "$READS"; do
+  [ -r "$f" ] || { echo "$f missing (htslib-test, seqkit-examples, bowtie2-examples): skip"; exit 77; }
+done
+export REF_PATH=/dev/null/no-ref/%s REF_CACHE=/dev/null/no-ref/%s
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# inputs: 12 renamed copies of ce.fa (12 MB, soft-masked case made up), many short records,
+# reads, 4 x pcs109 (20,000 kept reads, a third reverse), and the CRAM with its reference
+awk '/^>/ { n++; print ">c" n; next } { print (n % 3 ? tolower($0) : $0) }' \
+  $(for _ in $(seq 12); do echo "$HT/ce.fa"; done) > big.fa
+bgzip -c big.fa > big.fa.bgz
+gzip -1 -c big.fa > big.fa.gz
+zcat "$HAIRPIN" | awk '/^>/ { print; next } { gsub(/U/, "T"); print }' > hairpin.fa
+zcat "$READS" > reads.fq
+zcat "$PCS" > pcs.bam
+samtools cat -o pcs4.bam pcs.bam pcs.bam pcs.bam pcs.bam
+cp "$HT/ce.fa" "$HT/range.cram" "$HT/range.cram.crai" .
+
+check() { # label, then moe-tokenize arguments without -@ and -o: -@ 2 and 8 == -@ 1
+  local label=$1; shift
+  moe-tokenize -q -@ 1 "$@" -o t1.mtok
+  for t in 2 8; do
+    moe-tokenize -q -@ "$t" "$@" -o "t$t.mtok"
+    cmp t1.mtok "t$t.mtok" || fail "$label: -@ $t differs from -@ 1"
+    if [ -e t1.val.mtok ]; then cmp t1.val.mtok "t$t.val.mtok" || fail "$label: -@ $t val"; fi
+  done
+  rm -f t*.mtok
+}
+for fa in big.fa big.fa.bgz big.fa.gz; do check "$fa" "$fa"; done
+check "kmer" -t kmer -k 6 big.fa.bgz
+check "windows" --window 1000 --stride 700 --revcomp add --val-fraction 0.2 big.fa.bgz
+check "N split, non-overlapping windows" --n-runs split --window 5000 --val-fraction 0.3 big.fa.bgz
+check "revcomp random, mask" --revcomp random --seed 7 --case upper+mask --bos big.fa.bgz
+check "short records" -t nuc --iupac drop --min-length 40 hairpin.fa
+check "FASTQ" --revcomp random reads.fq
+check "BAM" pcs4.bam
+check "BAM as stored" --as-stored --val-fraction 0.1 pcs4.bam
+check "CRAM" --reference ce.fa range.cram
+check "several inputs" hairpin.fa pcs.bam range.cram big.fa.bgz --reference ce.fa
+
+# directory output rolling over every 1M tokens: same files, same manifest
+for t in 1 8; do moe-tokenize -q -@ $t --shard-tokens 1000000 --val-fraction 0.1 big.fa.bgz -o "d$t/"; done
+[ "$(ls d1 | wc -l)" -gt 5 ] || fail "expected several shards in d1/"
+diff -r d1 d8 || fail "directory output differs between -@ 1 and -@ 8"
+
+# a bad character in a record after several batches: the same message, exit 2, no file
+{ cat big.fa; printf '>bad\nACGT\nAC#T\n'; cat big.fa; } > bad.fa
+for t in 1 8; do
+  set +e
+  moe-tokenize -q -@ $t bad.fa -o bad$t.mtok 2> bad$t.err; rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "bad record, -@ $t: exit $rc"
+  [ ! -e bad$t.mtok ] || fail "bad record, -@ $t: output left behind"
+done
+grep -q "record 85 (bad)" bad1.err || fail "bad record message: $(cat bad1.err)"
+cmp bad1.err bad8.err || fail "bad record: -@ 8 says $(cat bad8.err)"
+echo "tokenize_threads: ok"
