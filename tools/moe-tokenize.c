@@ -20,6 +20,7 @@ static const char USAGE[] =
     "Usage: moe-tokenize [options] INPUT...      sequences -> token shards\n"
     "       moe-tokenize stats [--json] SHARDS... counts, frequencies, lengths, spec\n"
     "       moe-tokenize decode [-w N] SHARDS    documents back to FASTA\n"
+    "       moe-tokenize merge -o OUT PARTS...   --part outputs -> one run's output\n"
     "\n"
     "INPUT: FASTA/FASTQ (plain, gzip, bgzip), SAM, BAM, CRAM; - for stdin.\n"
     "SHARDS: a .mtok file, a directory of them, a manifest.json, or - for stdin.\n"
@@ -28,6 +29,7 @@ static const char USAGE[] =
     "  -o, --output PATH       FILE.mtok, DIR/ (shards + manifest.json) or - [stdout]\n"
     "      --shard-tokens N    DIR/ output: new shard after N tokens [0 = one shard]\n"
     "      --val-fraction F    records whose name hash is below F go to *.val.mtok [0]\n"
+    "      --part I/N          only the I-th of N parts of the one INPUT (merge joins them)\n"
     "Tokenizer:\n"
     "  -t, --tokenizer NAME    byte | nuc | kmer [byte]\n"
     "  -k, --k K               kmer size 1..8 [6]\n"
@@ -65,6 +67,7 @@ enum {
     OPT_SHARD_TOKENS,
     OPT_VAL,
     OPT_JSON,
+    OPT_PART,
 };
 
 static const char SHORT[] = "o:t:k:w:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
@@ -88,6 +91,7 @@ static const struct option LONG[] = {
     {"no-eos", no_argument, 0, OPT_NOEOS},
     {"shard-tokens", required_argument, 0, OPT_SHARD_TOKENS},
     {"val-fraction", required_argument, 0, OPT_VAL},
+    {"part", required_argument, 0, OPT_PART},
     MOE_CLI_INPUT_LONGOPTS,
     {"width", required_argument, 0, 'w'},
     {"json", no_argument, 0, OPT_JSON},
@@ -191,6 +195,16 @@ static int parse(cli *c, int argc, char **argv) {
                     "moe-tokenize", "--val-fraction must be a number in [0, 1], not '%s'", optarg);
             break;
         }
+        case OPT_PART: {
+            int i, n, len = 0;
+            if (sscanf(optarg, "%d/%d%n", &i, &n, &len) != 2 || optarg[len] || n < 1 || i < 1 ||
+                i > n)
+                return moe_cli_usage_error("moe-tokenize",
+                                           "--part must be I/N with 1 <= I <= N, not '%s'", optarg);
+            c->o.io.part = i - 1;
+            c->o.io.n_parts = n;
+            break;
+        }
         case OPT_BOS:
             c->bos = 1;
             break;
@@ -247,6 +261,9 @@ static int run_tokenize(cli *c, int argc, char **argv) {
     c->o.n_inputs = argc - optind;
     if (c->o.n_inputs < 1)
         return moe_cli_usage_error("moe-tokenize", "%s", "no input files (use - for stdin)");
+    if (c->o.io.n_parts > 1 && c->o.n_inputs != 1)
+        return moe_cli_usage_error("moe-tokenize", "%s",
+                                   "--part splits one input file: run one split per input");
     if ((!c->o.output || strcmp(c->o.output, "-") == 0) && isatty(STDOUT_FILENO))
         return moe_cli_usage_error(
             "moe-tokenize", "%s",
@@ -263,6 +280,25 @@ static int run_tokenize(cli *c, int argc, char **argv) {
     return finish(&err, 0);
 }
 
+static int run_merge(cli *c, int n, char **parts) {
+    moe_err err;
+    moe_err_clear(&err);
+    if (!c->o.output)
+        return moe_cli_usage_error("moe-tokenize", "%s",
+                                   "merge needs -o FILE.mtok, -o DIR/ or -o - for its output");
+    if (strcmp(c->o.output, "-") == 0 && isatty(STDOUT_FILENO))
+        return moe_cli_usage_error("moe-tokenize", "%s",
+                                   "refusing to write a binary shard to a terminal");
+    moe_tokenize_summary sum;
+    moe_tokenize_merge((const char *const *)parts, n, c->o.output, c->o.shard_tokens, &sum, &err);
+    if (err.status == MOE_OK)
+        moe_log_info("%d parts -> %lld documents, %lld tokens (%lld/%lld in validation), %lld "
+                     "shard file(s)",
+                     n, (long long)sum.docs, (long long)sum.tokens, (long long)sum.val_docs,
+                     (long long)sum.val_tokens, (long long)sum.shards);
+    return finish(&err, 0);
+}
+
 int main(int argc, char **argv) {
     cli c;
     memset(&c, 0, sizeof c);
@@ -272,7 +308,8 @@ int main(int argc, char **argv) {
     c.vocab = c.seed = c.window = c.stride = c.minlen = -1;
     c.width = 60;
     const char *sub = argc > 1 && argv[1][0] != '-' &&
-                              (strcmp(argv[1], "stats") == 0 || strcmp(argv[1], "decode") == 0)
+                              (strcmp(argv[1], "stats") == 0 || strcmp(argv[1], "decode") == 0 ||
+                               strcmp(argv[1], "merge") == 0)
                           ? argv[1]
                           : NULL;
     int rc = sub ? parse(&c, argc - 1, argv + 1) : parse(&c, argc, argv);
@@ -284,6 +321,8 @@ int main(int argc, char **argv) {
         else if (optind >= argc - 1)
             rc = moe_cli_usage_error(
                 "moe-tokenize", "%s needs at least one shard file, directory or manifest", sub);
+        else if (strcmp(sub, "merge") == 0)
+            rc = run_merge(&c, argc - 1 - optind, argv + 1 + optind);
         else if (strcmp(sub, "stats") == 0)
             rc = finish(&err, moe_tokenize_stats((const char *const *)(argv + 1 + optind),
                                                  argc - 1 - optind, c.json, stdout, &err));

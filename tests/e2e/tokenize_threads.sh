@@ -53,6 +53,7 @@ check "CRAM" --reference ce.fa range.cram
 check "several inputs" hairpin.fa pcs.bam range.cram big.fa.bgz --reference ce.fa
 
 # directory output rolling over every 1M tokens: same files, same manifest
+rm -rf d1 d8
 for t in 1 8; do moe-tokenize -q -@ $t --shard-tokens 1000000 --val-fraction 0.1 big.fa.bgz -o "d$t/"; done
 [ "$(ls d1 | wc -l)" -gt 5 ] || fail "expected several shards in d1/"
 diff -r d1 d8 || fail "directory output differs between -@ 1 and -@ 8"

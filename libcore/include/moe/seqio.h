@@ -34,6 +34,7 @@ typedef struct moe_seqio_opts {
     uint32_t require_flags; /* keep only records with all these flags */
     uint32_t exclude_flags; /* drop records with any of these (default 0xF00) */
     int as_stored;          /* keep reverse-strand reads as stored (no reverse complement) */
+    int part, n_parts;      /* read only part `part` (0-based) of n_parts: see moe_seqio_open */
     int skip_qual;          /* SAM/BAM/CRAM: leave record.qual NULL (saves converting them) */
     int raw; /* FASTA and BAM/CRAM records may come undecoded (record.raw): the caller
                 decodes them with moe_seqio_decode, e.g. on other threads */
@@ -58,12 +59,22 @@ typedef struct moe_seq_record {
     int64_t record_no; /* 1-based record ordinal in the file (filtered ones counted) */
     int64_t line;      /* FASTA/FASTQ: line of its header; 0 otherwise */
     int raw;           /* 0, or seq is not bases yet (moe_seq_raw): see moe_seqio_decode */
+    int64_t ordinal;   /* 1-based among the records of the whole file that pass the filter and
+                          have bases (other parts' included) */
 } moe_seq_record;
 
 typedef struct moe_seq_reader moe_seq_reader; /* opaque */
 
 /* Opens path ("-" = stdin), detecting the format from its content. MOE_ERR_INPUT for a
- * missing file, an unknown format, regions on an unindexed input. */
+ * missing file, an unknown format, regions on an unindexed input.
+ * Parts (n_parts > 1): the file is cut into n_parts deterministic parts whose records, read
+ * one after another, are exactly the records of the whole file. FASTA, FASTQ and BAM: a
+ * record belongs to the part whose share of the file's bytes ([part, part + 1) * size /
+ * n_parts) holds the compressed position at which the reader found its start, so every
+ * part reads (without decoding) the records before its share and stops after it. CRAM
+ * (coordinate-sorted): a part is a run of whole reference sequences, balanced by length,
+ * the last part also holding the unplaced reads; a part decodes the records before its own
+ * too. Not for stdin, SAM or with regions. */
 moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqio_opts *o,
                           moe_err *err);
 /* Reads the next record that passes the filter. Returns 1 with a record, 0 at the end of
@@ -76,6 +87,8 @@ const char *moe_seqio_format_name(moe_seq_format f); /* "FASTA", "BAM", ... */
 int64_t moe_seqio_n_read(const moe_seq_reader *r);
 int64_t moe_seqio_n_filtered(const moe_seq_reader *r);
 int64_t moe_seqio_n_empty(const moe_seq_reader *r);
+/* The last record.ordinal given so far (other parts' records counted). */
+int64_t moe_seqio_n_kept(const moe_seq_reader *r);
 void moe_seqio_close(moe_seq_reader *r);
 
 /* Reads a BED file (chrom, 0-based start, end; '#', "track", "browser" lines skipped) into
@@ -84,7 +97,8 @@ void moe_seqio_close(moe_seq_reader *r);
 moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err *err);
 void moe_seqio_free_regions(char **regions, int n);
 
-/* What record.seq holds when record.raw is set (moe_seqio_opts.raw). */
+/* What record.seq holds when record.raw is set (moe_seqio_opts.raw): moe_seqio_seq_bytes
+ * bytes, not NUL-terminated. */
 typedef enum moe_seq_raw {
     MOE_SEQ_RAW_TEXT = 1, /* FASTA text [len] with its line breaks and blanks; len is the text's
                              length, an upper bound of the bases */

@@ -40,6 +40,13 @@ typedef struct moe_tokenize_summary {
 moe_status moe_tokenize_run(const moe_tokenize_opts *o, moe_tokenize_summary *summary,
                             moe_err *err);
 
+/* `moe-tokenize merge`: the outputs of the runs `--part 1/N` .. `N/N` (each a FILE.mtok or a
+ * DIR/, with their validation companions), in part order, written to output (FILE.mtok,
+ * DIR/ or "-") exactly as one run over the whole input with that -o and shard_tokens
+ * would have written it. summary counts documents and tokens only. */
+moe_status moe_tokenize_merge(const char *const *parts, int n_parts, const char *output,
+                              int64_t shard_tokens, moe_tokenize_summary *summary, moe_err *err);
+
 /* 1 when a split key (record name, or "name/index" for a window) goes to validation:
  * (splitmix64(FNV-1a-64(key)) >> 11) * 2^-53 < f. See docs/formats.md. */
 int moe_tokenize_is_val(const char *key, double f);

@@ -11,6 +11,7 @@
 #include <htslib/hfile.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "moe/log.h"
 #include "seqio/seqio_impl.h"
@@ -53,6 +54,7 @@ void moe_seqio_close(moe_seq_reader *r) {
     free(r->regions);
     free(r->line.s);
     free(r->blk.s);
+    free(r->tid_owner);
     free(r->name.s);
     free(r->comment.s);
     free(r->seq.s);
@@ -119,6 +121,37 @@ static moe_status sniff_fastx(moe_seq_reader *r, moe_err *err) {
     }
 }
 
+int moe_seqio_part_where(const moe_seq_reader *r, int64_t key) {
+    if (!r->part_by_pos) return 0;
+    return key < r->part_lo ? -1 : key >= r->part_hi ? 1 : 0;
+}
+
+/* floor(size * i / n) without overflow. */
+static int64_t share_start(int64_t size, int64_t i, int64_t n) {
+    return size / n * i + size % n * i / n;
+}
+
+/* Checks the part options and sets the position range of r's part. */
+static moe_status part_setup(moe_seq_reader *r, const moe_seqio_opts *o, moe_err *err) {
+    if (o->n_parts <= 1) return MOE_OK;
+    const char *why = strcmp(r->path, "-") == 0 ? "stdin" : o->n_regions > 0 ? "--region" : NULL;
+    struct stat st;
+    if (!why && stat(r->path, &st) != 0) return moe_err_errno(err, r->path, "cannot stat");
+    if (o->part < 0 || o->part >= o->n_parts) why = "a part number outside 1..N";
+    if (why) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path, "--part cannot be used with %s", why);
+        moe_err_hint(err, "--part I/N (1 <= I <= N) splits one input file; select regions "
+                          "with one run per region list instead");
+        return MOE_ERR_INPUT;
+    }
+    r->part_lo = share_start((int64_t)st.st_size, o->part, o->n_parts);
+    r->part_hi = o->part == o->n_parts - 1
+                     ? INT64_MAX
+                     : share_start((int64_t)st.st_size, o->part + 1, o->n_parts);
+    r->part_by_pos = 1;
+    return MOE_OK;
+}
+
 moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqio_opts *o,
                           moe_err *err) {
     *out = NULL;
@@ -134,6 +167,10 @@ moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqi
         if (!r->regions) goto oom;
         for (; r->n_regions < o->n_regions; r->n_regions++)
             if (!(r->regions[r->n_regions] = strdup(o->regions[r->n_regions]))) goto oom;
+    }
+    if (part_setup(r, o, err) != MOE_OK) {
+        moe_seqio_close(r);
+        return err->status;
     }
     hFILE *hf = hopen(path, "r");
     if (!hf) {
@@ -212,6 +249,9 @@ int64_t moe_seqio_n_read(const moe_seq_reader *r) {
 }
 int64_t moe_seqio_n_filtered(const moe_seq_reader *r) {
     return r->n_filtered;
+}
+int64_t moe_seqio_n_kept(const moe_seq_reader *r) {
+    return r->n_kept;
 }
 int64_t moe_seqio_n_empty(const moe_seq_reader *r) {
     return r->n_empty;

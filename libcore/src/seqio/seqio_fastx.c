@@ -63,6 +63,7 @@ static int next_header(moe_seq_reader *r, moe_err *err) {
         return 1;
     }
     for (;;) {
+        r->line_key = bgzf_tell(r->bgzf) >> 16;
         int ret = read_line(r, err);
         if (ret <= 0) return ret;
         if (r->line.l) return 1;
@@ -223,6 +224,8 @@ int64_t moe_seqio_clean(const char *raw, int64_t n, char *out) {
 
 static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
     for (;;) {
+        /* the record's position, for parts: where the reader is when it meets the header */
+        int64_t key = r->have_line ? 0 : bgzf_tell(r->bgzf) >> 16;
         if (r->have_line)
             r->have_line = 0;
         else {
@@ -232,6 +235,8 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
                 ;
             if (ret <= 0) return ret;
         }
+        int where = moe_seqio_part_where(r, key);
+        if (where > 0) return 0;
         int64_t header_line = r->lineno;
         r->record_no++;
         if (parse_header(r, err) < 0) return -1;
@@ -243,27 +248,32 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
             lines += body[i] == '\n';
         r->lineno += lines;
         r->blk_pos += len;
+        int bases = has_bases(body, len);
+        r->n_kept += bases;
+        if (where < 0) continue; /* another part's */
         r->n_read++;
-        if (!has_bases(body, len)) {
+        if (!bases) {
             moe_seqio_note_empty(r, r->name.s);
             continue;
         }
-        if (ks_resize(&r->seq, len + 1) < 0) return oom(r, err);
-        if (r->opts.raw) {
-            memcpy(r->seq.s, body, len);
-            r->seq.l = len;
-        } else
+        if (r->opts.raw) { /* the text itself, read in place: the caller cleans it */
+            rec->seq = body;
+            rec->len = (int64_t)len;
+        } else {
+            if (ks_resize(&r->seq, len + 1) < 0) return oom(r, err);
             r->seq.l = (size_t)moe_seqio_clean(body, (int64_t)len, r->seq.s);
-        r->seq.s[r->seq.l] = '\0';
+            r->seq.s[r->seq.l] = '\0';
+            rec->seq = r->seq.s;
+            rec->len = (int64_t)r->seq.l;
+        }
         rec->name = r->name.s;
         rec->comment = r->comment.s;
-        rec->seq = r->seq.s;
-        rec->len = (int64_t)r->seq.l;
         rec->raw = r->opts.raw ? MOE_SEQ_RAW_TEXT : 0;
         rec->src_start = 0;
         rec->src_end = rec->len;
         rec->strand = '+';
         rec->record_no = r->record_no;
+        rec->ordinal = r->n_kept;
         rec->line = header_line;
         return 1;
     }
@@ -274,6 +284,8 @@ int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
     for (;;) {
         int ret = next_header(r, err);
         if (ret <= 0) return ret;
+        int where = moe_seqio_part_where(r, r->line_key);
+        if (where > 0) return 0;
         int64_t header_line = r->lineno;
         r->record_no++;
         if (r->line.s[0] != '@') {
@@ -292,6 +304,8 @@ int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         if (ret < 0) return -1;
         r->seq.s[r->seq.l] = '\0';
         r->qual.s[r->qual.l] = '\0';
+        r->n_kept += r->seq.l > 0;
+        if (where < 0) continue; /* another part's */
         r->n_read++;
         if (r->seq.l == 0) {
             moe_seqio_note_empty(r, r->name.s);
@@ -306,6 +320,7 @@ int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         rec->src_end = rec->len;
         rec->strand = '+';
         rec->record_no = r->record_no;
+        rec->ordinal = r->n_kept;
         rec->line = header_line;
         return 1;
     }

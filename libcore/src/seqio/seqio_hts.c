@@ -63,6 +63,15 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
     }
     r->b = bam_init1();
     if (!r->b) return moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
+    if (r->part_by_pos && r->fmt != MOE_SEQ_BAM) {
+        if (r->fmt == MOE_SEQ_SAM) {
+            moe_err_set(err, MOE_ERR_INPUT, r->path, "--part cannot split SAM text");
+            moe_err_hint(err, "convert it to BAM first: samtools view -b -o x.bam %s", r->path);
+            return MOE_ERR_INPUT;
+        }
+        r->part_by_pos = 0; /* CRAM: by reference sequence */
+        if (moe_seqio_part_by_tid(r, err) != MOE_OK) return err->status;
+    }
     if (r->n_regions > 0) {
         if (r->fmt == MOE_SEQ_SAM || strcmp(r->path, "-") == 0) {
             moe_err_set(err, MOE_ERR_INPUT, r->path,
@@ -87,6 +96,22 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
     return MOE_OK;
 }
 
+/* CRAM parts: where a record on reference tid lies for r's part (as moe_seqio_part_where),
+ * or 2 with err when the file is not sorted after all. */
+static int tid_where(moe_seq_reader *r, int tid, moe_err *err) {
+    int at = tid < 0 || tid >= r->n_tids ? r->n_tids : tid;
+    if (at < r->last_tid) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path,
+                    "record %lld is out of coordinate order, which --part on CRAM needs",
+                    (long long)r->record_no + 1);
+        moe_err_hint(err, "sort it (samtools sort), or convert it to BAM");
+        return 2;
+    }
+    r->last_tid = at;
+    int owner = r->tid_owner[at];
+    return owner < r->opts.part ? -1 : owner > r->opts.part ? 1 : 0;
+}
+
 static int keep(const moe_seq_reader *r, const bam1_t *b) {
     uint16_t f = b->core.flag;
     if (f & r->opts.exclude_flags) return 0;
@@ -97,6 +122,9 @@ static int keep(const moe_seq_reader *r, const bam1_t *b) {
 int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
     bam1_t *b = r->b;
     for (;;) {
+        int64_t key = r->part_by_pos ? bgzf_tell(r->hts->fp.bgzf) >> 16 : 0;
+        int where = moe_seqio_part_where(r, key);
+        if (where > 0) return 0;
         int ret = r->itr ? sam_itr_next(r->hts, r->itr, b) : sam_read1(r->hts, r->hdr, b);
         if (ret == -1) return 0;
         if (ret < -1) {
@@ -112,13 +140,20 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
                 moe_err_hint(err, "the file is truncated or corrupt");
             return -1;
         }
+        if (r->tid_owner && (where = tid_where(r, b->core.tid, err)) != 0) {
+            if (where == 2) return -1;
+            if (where > 0) return 0;
+        }
         r->record_no++;
+        int64_t n = b->core.l_qseq;
+        int kept = keep(r, b);
+        r->n_kept += kept && n > 0;
+        if (where < 0) continue; /* another part's */
         r->n_read++;
-        if (!keep(r, b)) {
+        if (!kept) {
             r->n_filtered++;
             continue;
         }
-        int64_t n = b->core.l_qseq;
         if (n == 0) {
             moe_seqio_note_empty(r, bam_get_qname(b));
             continue;
@@ -154,6 +189,7 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         rec->strand = strand;
         rec->raw = r->opts.raw ? MOE_SEQ_RAW_NT16 : 0;
         rec->record_no = r->record_no;
+        rec->ordinal = r->n_kept;
         return 1;
     }
 }
@@ -230,7 +266,36 @@ int moe_seqio_fai_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         rec->src_end = end;
         rec->strand = '+';
         rec->record_no = r->record_no;
+        rec->ordinal = ++r->n_kept;
         return 1;
     }
     return 0;
+}
+
+moe_status moe_seqio_part_by_tid(moe_seq_reader *r, moe_err *err) {
+    kstring_t so = KS_INITIALIZE;
+    int sorted = sam_hdr_find_tag_hd(r->hdr, "SO", &so) == 0 && strcmp(so.s, "coordinate") == 0;
+    ks_free(&so);
+    if (!sorted) {
+        moe_err_set(err, MOE_ERR_INPUT, r->path,
+                    "--part on CRAM needs a coordinate-sorted file (@HD SO:coordinate)");
+        moe_err_hint(err, "sort it (samtools sort), or convert it to BAM, which splits in any order");
+        return MOE_ERR_INPUT;
+    }
+    int n_seq = sam_hdr_nref(r->hdr), n_parts = r->opts.n_parts;
+    int64_t total = 0, at = 0;
+    for (int t = 0; t < n_seq; t++)
+        total += sam_hdr_tid2len(r->hdr, t);
+    if (!(r->tid_owner = malloc(((size_t)n_seq + 1) * sizeof *r->tid_owner)))
+        return moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
+    for (int t = 0; t < n_seq; t++) {
+        /* a sequence goes to the part whose share of the total length holds its start */
+        int owner = total > 0 ? (int)((double)at / (double)total * n_parts) : 0;
+        r->tid_owner[t] = owner < n_parts ? owner : n_parts - 1;
+        at += sam_hdr_tid2len(r->hdr, t);
+    }
+    r->tid_owner[n_seq] = n_parts - 1; /* unplaced reads come last */
+    r->n_tids = n_seq;
+    r->last_tid = 0;
+    return MOE_OK;
 }

@@ -39,8 +39,14 @@ struct moe_seq_reader {
     faidx_t *fai;
     char *fai_seq;
     int region_i;
+    /* parts: records whose start lies at compressed offsets [part_lo, part_hi) */
+    int64_t part_lo, part_hi;
+    int part_by_pos; /* ownership by position (FASTA, FASTQ, BAM) */
+    int *tid_owner;  /* CRAM: the part of each reference sequence [n_tids + 1, unplaced last] */
+    int n_tids, last_tid;
+    int64_t line_key; /* FASTQ: compressed position of the line read last */
     /* counters */
-    int64_t record_no, n_read, n_filtered, n_empty;
+    int64_t record_no, n_read, n_filtered, n_empty, n_kept;
 };
 
 int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
@@ -55,6 +61,12 @@ void moe_seqio_no_network_refs(void);
 void moe_seqio_unpack_nt16(const uint8_t *s, int64_t n, int reverse, char *out);
 /* FASTA text raw [n] -> its bases in out (may be raw); returns their number. */
 int64_t moe_seqio_clean(const char *raw, int64_t n, char *out);
+/* Where a record found at compressed position key lies for r's part: -1 before it, 0 in it,
+ * 1 after it (nothing more of the part follows); always 0 without parts. */
+int moe_seqio_part_where(const moe_seq_reader *r, int64_t key);
+/* CRAM parts: each reference sequence (and the unplaced reads) goes to one part, runs of
+ * them balanced by length; needs a coordinate-sorted file. */
+moe_status moe_seqio_part_by_tid(moe_seq_reader *r, moe_err *err);
 /* Logs the first few empty records, then one line saying further ones are not reported. */
 void moe_seqio_note_empty(moe_seq_reader *r, const char *name);
 

@@ -327,13 +327,11 @@ moe_status tok_enc_record(tok_enc *e, const moe_seq_record *raw, int input, moe_
         rec = &clean;
     }
     int is_val = moe_tokenize_is_val(rec->name, e->o->val_fraction);
-    e->record_ordinal++;
     e->out->records++;
     e->out->bases += rec->len;
     moe_status st = MOE_OK;
     if (to->revcomp == MOE_REVCOMP_RANDOM) {
-        uint64_t h =
-            splitmix64(to->seed ^ splitmix64(fnv1a64(rec->name) + (uint64_t)e->record_ordinal));
+        uint64_t h = splitmix64(to->seed ^ splitmix64(fnv1a64(rec->name) + (uint64_t)rec->ordinal));
         st = do_orientation(e, rec, input, is_val, (int)(h & 1), err);
     } else {
         st = do_orientation(e, rec, input, is_val, 0, err);
@@ -366,17 +364,20 @@ static moe_status run_serial(const moe_tokenize_opts *o, const moe_tokenizer *to
     e.flush = flush_to_out;
     e.flush_arg = out;
     moe_status st = MOE_OK;
+    int64_t before = 0; /* records of the inputs before this one */
     for (int i = 0; i < o->n_inputs && st == MOE_OK; i++) {
         moe_seq_reader *r = NULL;
         if ((st = moe_seqio_open(&r, o->inputs[i], &o->io, err)) != MOE_OK) break;
         moe_seq_record rec;
         int ret;
         while ((ret = moe_seqio_next(r, &rec, err)) == 1) {
+            if (rec.ordinal) rec.ordinal += before;
             if ((st = tok_enc_record(&e, &rec, i, err)) != MOE_OK) break;
             /* documents of a record are written once it is done: the buffer stays small */
             if ((st = tok_out_write(out, &buf, err)) != MOE_OK) break;
         }
         if (ret < 0) st = err->status;
+        before += moe_seqio_n_kept(r);
         buf.filtered += moe_seqio_n_filtered(r);
         buf.empty += moe_seqio_n_empty(r);
         moe_log_debug("%s: %s, %lld records read, %lld filtered out, %lld empty", o->inputs[i],
@@ -406,7 +407,7 @@ moe_status moe_tokenize_run(const moe_tokenize_opts *o, moe_tokenize_summary *su
     moe_tokenizer *tok = NULL;
     tok_out *out = NULL;
     moe_status st = moe_tokenizer_create(&tok, &o->tok, err);
-    if (st == MOE_OK) st = tok_out_open(&out, o, tok, err);
+    if (st == MOE_OK) st = tok_out_open(&out, o, tok, o->val_fraction > 0, "bases", err);
     if (st == MOE_OK)
         st = o->threads > 1 ? tok_pool_run(o, tok, out, err) : run_serial(o, tok, out, err);
     if (out) st = tok_out_finish(out, st, summary, err);

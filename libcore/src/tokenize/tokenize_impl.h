@@ -3,6 +3,7 @@
  *   encoder (tokenize.c)      records -> documents, packed tokens, in a tok_docbuf
  *   output (tokenize_out.c)   tok_docbuf -> train/val shard writers, rollover, manifest
  *   pool (tokenize_pool.c)    -@ N >= 2: a reader thread, encoder threads, this thread writing
+ *   merge (tokenize_merge.c)  the outputs of --part runs -> the output of one run
  *
  * The one thing to know: a tok_docbuf holds finished documents in input order, and the
  * output writes them in that order whoever encoded them, so the bytes do not depend on the
@@ -54,7 +55,6 @@ typedef struct tok_enc {
     moe_token_buf enc, doc;
     char *rc_buf, *clean_buf; /* reverse complement; bases of a raw FASTA record */
     size_t rc_cap, clean_cap;
-    int64_t record_ordinal; /* records encoded before this one (--revcomp random) */
     tok_docbuf *out;
     /* -@ 1: called when out holds more than TOK_FLUSH_BYTES, to write it straight away (a
        chromosome then needs no buffer of its size); NULL in encoder threads */
@@ -70,10 +70,12 @@ void tok_enc_free(tok_enc *e);
  * e->out. */
 moe_status tok_enc_record(tok_enc *e, const moe_seq_record *rec, int input, moe_err *err);
 
-/* The output side: train and validation streams of shard files. */
+/* The output side: train and validation streams of shard files, as o->output and
+ * o->shard_tokens say; document sources are o->inputs[doc.input]; with_val: the validation
+ * output is written (even if empty); progress is shown in `unit`, "bases" or "tokens". */
 typedef struct tok_out tok_out;
 moe_status tok_out_open(tok_out **out, const moe_tokenize_opts *o, const moe_tokenizer *tok,
-                        moe_err *err);
+                        int with_val, const char *unit, moe_err *err);
 /* Writes everything in b (finished documents and the open one's tokens so far) and empties
  * it, keeping the open document open; then returns b->status (b->err copied to err). */
 moe_status tok_out_write(tok_out *out, tok_docbuf *b, moe_err *err);

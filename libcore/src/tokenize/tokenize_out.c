@@ -28,7 +28,8 @@ typedef struct stream {
 struct tok_out {
     const moe_tokenize_opts *o;
     const moe_tokenizer *tok;
-    int dir_mode, width;
+    int dir_mode, width, with_val;
+    int count_bases; /* progress in bases read (else in tokens written) */
     char dir[4096];
     char file[4096], val_file[4096];
     stream train, val;
@@ -141,7 +142,7 @@ moe_status tok_out_write(tok_out *c, tok_docbuf *b, moe_err *err) {
     c->sum.bases += b->bases;
     c->sum.filtered += b->filtered;
     c->sum.empty += b->empty;
-    moe_progress_update(&c->prog, c->sum.bases, NULL);
+    moe_progress_update(&c->prog, c->count_bases ? c->sum.bases : c->sum.tokens, NULL);
     moe_status st = b->status;
     if (st != MOE_OK) *err = b->err;
     tok_docbuf_reset(b);
@@ -185,7 +186,7 @@ static moe_status setup_output(ctx *c, moe_err *err) {
     struct stat st;
     size_t n = strlen(out);
     c->dir_mode = (n > 1 && out[n - 1] == '/') || (stat(out, &st) == 0 && S_ISDIR(st.st_mode));
-    if (strcmp(out, "-") == 0 && o->val_fraction > 0) {
+    if (strcmp(out, "-") == 0 && c->with_val) {
         moe_err_set(err, MOE_ERR_INPUT, NULL, "--val-fraction needs -o FILE.mtok or -o DIR/");
         moe_err_hint(err, "stdout carries one shard; validation shards need a file name");
         return MOE_ERR_INPUT;
@@ -224,21 +225,23 @@ static moe_status setup_output(ctx *c, moe_err *err) {
 }
 
 moe_status tok_out_open(tok_out **out, const moe_tokenize_opts *o, const moe_tokenizer *tok,
-                        moe_err *err) {
+                        int with_val, const char *unit, moe_err *err) {
     ctx *c = calloc(1, sizeof *c);
     *out = c;
     if (!c) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     c->o = o;
     c->tok = tok;
     c->width = moe_shard_pack_width(tok);
-    moe_progress_start(&c->prog, "tokenize", "bases", 0);
+    c->with_val = with_val;
+    c->count_bases = strcmp(unit, "bases") == 0;
+    moe_progress_start(&c->prog, "tokenize", unit, 0);
     moe_status st = setup_output(c, err);
     /* the train output always exists, even when every document went elsewhere */
     if (st == MOE_OK) st = stream_open(c, &c->train, err);
     /* so does the validation output when asked for: a companion from an earlier run must
        not survive under the name moe-train looks for */
-    if (st == MOE_OK && o->val_fraction > 0) st = stream_open(c, &c->val, err);
-    if (st == MOE_OK && !c->dir_mode && o->val_fraction == 0 && strcmp(c->file, "-") != 0 &&
+    if (st == MOE_OK && with_val) st = stream_open(c, &c->val, err);
+    if (st == MOE_OK && !c->dir_mode && !with_val && strcmp(c->file, "-") != 0 &&
         access(c->val_file, F_OK) == 0)
         moe_log_warn("%s is left from an earlier run; moe-train will use it as the validation "
                      "set of %s (remove it, or give --val-fraction)",

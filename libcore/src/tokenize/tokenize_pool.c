@@ -33,9 +33,8 @@ typedef struct pool {
     int stop;
 } pool;
 
-/* Encodes batch b (number seq, records_before records before it) into its slot. */
-static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq,
-                         int64_t records_before) {
+/* Encodes batch b (number seq) into its slot. */
+static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq) {
     slot *s = &p->slots[seq % p->n_slots];
     pthread_mutex_lock(&p->mu);
     while (s->seq != -1 && !p->stop)
@@ -47,7 +46,6 @@ static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq
     tok_docbuf *out = &s->buf;
     tok_docbuf_reset(out);
     e->out = out;
-    e->record_ordinal = records_before;
     int n = moe_prefetch_batch_size(b), input;
     moe_seq_record rec;
     for (int i = 0; i < n && out->status == MOE_OK; i++) {
@@ -72,9 +70,9 @@ static void *encoder_main(void *arg) {
     tok_enc e;
     tok_enc_init(&e, p->o, p->tok);
     moe_prefetch_batch *b;
-    int64_t seq, before;
-    while (moe_prefetch_take(p->pf, &b, &seq, &before)) {
-        encode_batch(p, &e, b, seq, before);
+    int64_t seq;
+    while (moe_prefetch_take(p->pf, &b, &seq)) {
+        encode_batch(p, &e, b, seq);
         moe_prefetch_release(p->pf, b);
     }
     tok_enc_free(&e);

@@ -2,8 +2,8 @@
  * htslib's threads) and parses the inputs (seqio) into batches of records, which encoder
  * threads take in input order while the reader fills the next ones.
  *
- * The one thing to know: batches are numbered in input order and each one says how many
- * records came before it, so the encoders can work on several at once and the output can
+ * The one thing to know: batches are numbered in input order, and each record carries its
+ * ordinal over all inputs, so the encoders can work on several at once and the output can
  * still be put back in order. A reader error travels inside the batch where it happened and
  * is reported after the records before it were processed, exactly as without the thread. */
 #include "tokenize/tokenize_prefetch.h"
@@ -17,7 +17,7 @@
 
 typedef struct rec_meta {
     size_t name_off, seq_off;
-    int64_t len, src_start, src_end, record_no, line;
+    int64_t len, src_start, src_end, record_no, line, ordinal;
     char strand;
     int input, raw;
 } rec_meta;
@@ -41,16 +41,17 @@ struct moe_prefetch {
     pthread_cond_t cv;
     batch *slots; /* batch number i lives in slot i % n_slots */
     int n_slots;
-    int64_t filled, taken, taken_records; /* batches filled and taken, records taken */
-    int last_taken;                       /* the batch with the end flag was taken */
-    int stop;                             /* the consumers gave up */
+    int64_t filled, taken; /* batches filled and taken */
+    int last_taken;        /* the batch with the end flag was taken */
+    int stop;              /* the consumers gave up */
     int started;
     const char *const *inputs;
     int n_inputs;
     moe_seqio_opts io;
 };
 
-static int batch_add(batch *b, const moe_seq_record *rec, int input) {
+/* Appends rec; `before` = records of the inputs before its own (see record.ordinal). */
+static int batch_add(batch *b, const moe_seq_record *rec, int input, int64_t before) {
     size_t bytes = (size_t)moe_seqio_seq_bytes(rec);
     size_t nl = strlen(rec->name) + 1, need = b->used + nl + bytes + 1;
     if (need > b->cap) {
@@ -74,12 +75,14 @@ static int batch_add(batch *b, const moe_seq_record *rec, int input) {
     memcpy(b->buf + b->used, rec->name, nl);
     b->used += nl;
     m->seq_off = b->used;
-    memcpy(b->buf + b->used, rec->seq, bytes + 1);
+    memcpy(b->buf + b->used, rec->seq, bytes); /* a raw record's bytes end without a NUL */
+    b->buf[b->used + bytes] = '\0';
     b->used += bytes + 1;
     m->len = rec->len;
     m->src_start = rec->src_start;
     m->src_end = rec->src_end;
     m->record_no = rec->record_no;
+    m->ordinal = rec->ordinal ? rec->ordinal + before : 0;
     m->line = rec->line;
     m->strand = rec->strand;
     m->input = input;
@@ -91,6 +94,7 @@ static int batch_add(batch *b, const moe_seq_record *rec, int input) {
 typedef struct reader_pos {
     int input;
     moe_seq_reader *r;
+    int64_t before; /* records of the inputs before `input` */
 } reader_pos;
 
 /* Fills b; returns 1 when more batches will follow. */
@@ -109,13 +113,14 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
         moe_seq_record rec;
         int ret;
         while ((ret = moe_seqio_next(rp->r, &rec, &b->err)) == 1) {
-            if (batch_add(b, &rec, rp->input) < 0) {
+            if (batch_add(b, &rec, rp->input, rp->before) < 0) {
                 b->status = moe_err_set(&b->err, MOE_ERR_RUNTIME, p->inputs[rp->input],
                                         "out of memory (reader batch)");
                 return 0;
             }
             if (b->used >= BATCH_BYTES || b->n >= BATCH_RECORDS) return 1;
         }
+        rp->before += moe_seqio_n_kept(rp->r);
         b->filtered += moe_seqio_n_filtered(rp->r);
         b->empty += moe_seqio_n_empty(rp->r);
         moe_seqio_close(rp->r);
@@ -131,7 +136,7 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
 
 static void *reader_main(void *arg) {
     moe_prefetch *p = arg;
-    reader_pos rp = {0, NULL};
+    reader_pos rp = {0, NULL, 0};
     for (int more = 1; more;) {
         batch *b = &p->slots[p->filled % p->n_slots];
         pthread_mutex_lock(&p->mu);
@@ -175,8 +180,7 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     return MOE_OK;
 }
 
-int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq,
-                      int64_t *records_before) {
+int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq) {
     pthread_mutex_lock(&p->mu);
     batch *b;
     while (b = &p->slots[p->taken % p->n_slots],
@@ -186,8 +190,6 @@ int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq,
     if (got) {
         *out = b;
         *seq = p->taken++;
-        *records_before = p->taken_records;
-        p->taken_records += b->n;
         p->last_taken = b->end;
     }
     pthread_mutex_unlock(&p->mu);
@@ -210,6 +212,7 @@ void moe_prefetch_batch_record(const moe_prefetch_batch *b, int i, moe_seq_recor
     rec->src_end = m->src_end;
     rec->strand = m->strand;
     rec->record_no = m->record_no;
+    rec->ordinal = m->ordinal;
     rec->line = m->line;
     rec->raw = m->raw;
     *input = m->input;

@@ -14,14 +14,13 @@ typedef struct moe_prefetch_batch moe_prefetch_batch;
  * of n_slots batches. */
 moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int n_inputs,
                               const moe_seqio_opts *io, int n_slots, moe_err *err);
-/* The next batch in order (any thread may call): its number and the number of records in
- * the batches before it. 1: a batch, to be given back with moe_prefetch_release; 0: the
- * last batch was taken already, or moe_prefetch_stop was called. */
-int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **b, int64_t *seq,
-                      int64_t *records_before);
+/* The next batch in order (any thread may call) and its number. 1: a batch, to be given
+ * back with moe_prefetch_release; 0: the last batch was taken already, or moe_prefetch_stop
+ * was called. */
+int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **b, int64_t *seq);
 int moe_prefetch_batch_size(const moe_prefetch_batch *b);
-/* Record i of b (valid until b is released; name, seq, coordinates, record_no and line
- * only) and the index of its input. */
+/* Record i of b (valid until b is released; name, seq, coordinates, record_no, line, raw
+ * and ordinal, counted over all inputs) and the index of its input. */
 void moe_prefetch_batch_record(const moe_prefetch_batch *b, int i, moe_seq_record *rec, int *input);
 /* After b's records: -1 with err for a reader error; else 1 when b is the last batch, 0 when
  * not. filtered and empty are the counts of inputs the reader finished while filling b. */
