@@ -3,7 +3,7 @@
 # (plain, gzip, bgzip), FASTQ, BAM and CRAM, with the tokenizer and document options that
 # change the work per record (kmer, windows, N-split, reverse complements, validation split,
 # soft-mask, directory output with rollover), and fail the same way on a bad record that sits
-# behind several batches. The inputs are several reader batches (4 MB / 8192 records) long,
+# behind several batches; a large plain gzip input gets one hint to bgzip it. The inputs are several reader batches (4 MB / 8192 records) long,
 # so the encoder threads really work on different batches at once.
 set -euo pipefail
 HT=/usr/share/htslib-test/test
@@ -69,4 +69,25 @@ for t in 1 8; do
 done
 grep -q "record 85 (bad)" bad1.err || fail "bad record message: $(cat bad1.err)"
 cmp bad1.err bad8.err || fail "bad record: -@ 8 says $(cat bad8.err)"
+# a plain gzip input over 100 MB gets one hint to bgzip it (once, however many there are);
+# the same text in BGZF, or a small gzip, gets none. Stored deflate blocks of blank lines
+# (one empty record) keep this fast.
+python3 - <<'PY'
+import zlib
+c = zlib.compressobj(0, zlib.DEFLATED, 31)
+with open("huge.fa.gz", "wb") as f:
+    f.write(c.compress(b">x\n"))
+    chunk = b"\n" * 1000000
+    for _ in range(101):
+        f.write(c.compress(chunk))
+    f.write(c.flush())
+PY
+[ "$(stat -c %s huge.fa.gz)" -gt 100000000 ] || fail "huge.fa.gz is not over 100 MB"
+moe-tokenize -@ 2 huge.fa.gz huge.fa.gz hairpin.fa > /dev/null 2> hint.err
+[ "$(grep -c 'hint: huge.fa.gz is 10[0-9] MB of plain gzip' hint.err)" -eq 1 ] \
+  || fail "expected one bgzip hint: $(cat hint.err)"
+zcat huge.fa.gz | bgzip -l 0 -c > huge.fa.bgz
+moe-tokenize -@ 2 huge.fa.bgz hairpin.fa big.fa.gz > /dev/null 2> nohint.err
+! grep -q "hint:" nohint.err || fail "hint without a large plain gzip input: $(cat nohint.err)"
+rm -f huge.fa.gz huge.fa.bgz
 echo "tokenize_threads: ok"

@@ -91,6 +91,10 @@ int64_t moe_seqio_n_empty(const moe_seq_reader *r);
 int64_t moe_seqio_n_kept(const moe_seq_reader *r);
 void moe_seqio_close(moe_seq_reader *r);
 
+/* The size of path when it is a regular file compressed with plain gzip (not BGZF: one
+ * thread must decompress it from start to end), else 0. */
+int64_t moe_seqio_plain_gzip_size(const char *path);
+
 /* Reads a BED file (chrom, 0-based start, end; '#', "track", "browser" lines skipped) into
  * region strings "chrom:start+1-end"; *regions is an array of n malloc'ed strings, free with
  * moe_seqio_free_regions. */

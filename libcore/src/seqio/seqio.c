@@ -319,6 +319,16 @@ moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err
     return MOE_OK;
 }
 
+int64_t moe_seqio_plain_gzip_size(const char *path) {
+    struct stat st;
+    if (strcmp(path, "-") == 0 || stat(path, &st) != 0 || !S_ISREG(st.st_mode)) return 0;
+    hFILE *hf = hopen(path, "r");
+    htsFormat fmt;
+    int gz = hf && hts_detect_format2(hf, path, &fmt) == 0 && fmt.compression == gzip;
+    if (hf) hclose_abruptly(hf);
+    return gz ? (int64_t)st.st_size : 0;
+}
+
 int64_t moe_seqio_seq_bytes(const moe_seq_record *rec) {
     return rec->raw == MOE_SEQ_RAW_NT16 ? (rec->len + 1) / 2 : rec->len;
 }

@@ -349,6 +349,9 @@ moe_status tok_enc_record(tok_enc *e, const moe_seq_record *raw, int input, moe_
 
 /* ---- the run ---- */
 
+/* Plain gzip inputs larger than this get a hint to bgzip them. */
+#define MOE_TOKENIZE_GZIP_HINT ((int64_t)100 * 1000 * 1000)
+
 static moe_status flush_to_out(void *arg, tok_docbuf *b, moe_err *err) {
     return tok_out_write(arg, b, err);
 }
@@ -403,6 +406,14 @@ moe_status moe_tokenize_run(const moe_tokenize_opts *o, moe_tokenize_summary *su
         moe_err_set(err, MOE_ERR_INPUT, NULL, "--val-fraction must be in [0, 1], not %g",
                     o->val_fraction);
         return MOE_ERR_INPUT;
+    }
+    for (int i = 0; i < o->n_inputs; i++) { /* once per run, for the first such input */
+        int64_t size = moe_seqio_plain_gzip_size(o->inputs[i]);
+        if (size <= MOE_TOKENIZE_GZIP_HINT) continue;
+        moe_log_info("hint: %s is %lld MB of plain gzip, which only one thread can decompress; "
+                     "bgzip it for parallel decoding (zcat %s | bgzip -@ 8 > x.fa.bgz)",
+                     o->inputs[i], (long long)(size / 1000000), o->inputs[i]);
+        break;
     }
     moe_tokenizer *tok = NULL;
     tok_out *out = NULL;

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# bench/tokenize_scaling.sh: moe-tokenize -@ 1, 2, 4, ... nproc on a bgzip FASTA, the same
+# FASTA in plain gzip and a BAM, beside `samtools fasta` with the same total threads, plus
+# the --part/merge path; checks that every output is byte-identical to the one-thread output
+# and prints markdown tables for docs/performance.md.
+#
+# Usage: bench/tokenize_scaling.sh [BUILD_DIR] [WORK_DIR]     (about 2-4 minutes on 16 cores)
+#        COPIES=100 bench/tokenize_scaling.sh ...             (a small trial: 100 genomes)
+# Needs only a bare Debian and the repo build: awk, gzip, coreutils; bgzip and samtools are
+# used when present (without bgzip the FASTA rows are skipped, without samtools the BAM and
+# samtools rows) and the output says so. Inputs are made from data/lambda_virus.fa.gz:
+# COPIES (4,000) renamed copies of the lambda genome (197 MB of FASTA) and 4 x COPIES
+# unaligned 10 kb reads cut from them (every other one flagged reverse-strand). The one thing to know: each
+# command runs 3 times, the fastest counts, and moe-tokenize writes its shard to WORK_DIR
+# (-o, so the fsync is in the figure), while samtools writes FASTA to /dev/null.
+set -euo pipefail
+BUILD=${1:-build}
+WORK=${2:-${TMPDIR:-/tmp}/moe-bench-tokscale}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+MOE="$BUILD/moe-tokenize"
+COPIES=${COPIES:-4000}
+[ -x "$MOE" ] || { echo "no $MOE: build first (make)" >&2; exit 2; }
+mkdir -p "$WORK"
+NPROC=$(nproc)
+export REF_PATH=/dev/null/no-ref/%s REF_CACHE=/dev/null/no-ref/%s
+have() { command -v "$1" >/dev/null; }
+note() { echo "# $*"; }
+
+# ---- inputs ----
+FA="$WORK/lambda$COPIES.fa"
+if [ ! -s "$FA" ]; then
+  gzip -dc "$SRC/data/lambda_virus.fa.gz" | awk -v copies="$COPIES" 'NR == 1 { next } { s = s $0 }
+    END { for (i = 0; i < copies; i++) { print ">lambda_" i " copy " i
+                                       for (j = 1; j <= length(s); j += 70) print substr(s, j, 70) } }' > "$FA"
+fi
+GZ="$FA.gz"
+[ -s "$GZ" ] || gzip -1 -c "$FA" > "$GZ"
+BGZ=""
+if have bgzip; then
+  BGZ="$FA.bgz"
+  [ -s "$BGZ" ] || bgzip -@ "$NPROC" -c "$FA" > "$BGZ"
+else
+  note "bgzip not found: the bgzip FASTA rows are skipped"
+fi
+BAM=""
+if have samtools; then
+  BAM="$WORK/reads$COPIES.bam"
+  if [ ! -s "$BAM" ]; then
+    gzip -dc "$SRC/data/lambda_virus.fa.gz" | awk -v copies="$COPIES" 'NR == 1 { next } { s = s $0 }
+      END { print "@HD\tVN:1.6\tSO:unknown"; q = ""
+            for (k = 0; k < 10000; k++) q = q substr("5?I+", k % 4 + 1, 1)
+            n = 0
+            for (i = 0; i < copies; i++) for (j = 1; j + 9999 <= length(s); j += 10000) {
+              n++; print "read" n "\t" (n % 2 ? 4 : 20) "\t*\t0\t0\t*\t*\t0\t0\t" substr(s, j, 10000) "\t" q } }' |
+      samtools view -@ "$NPROC" -b -o "$BAM" -
+  fi
+else
+  note "samtools not found: the BAM and samtools rows are skipped"
+fi
+
+# ---- timing ----
+now() { date +%s.%N; }
+best() { # fastest wall seconds of 3 runs of "$@" (stdout to /dev/null)
+  local b=999999 t0 t1
+  for _ in 1 2 3; do
+    t0=$(now)
+    "$@" > /dev/null 2>> "$WORK/stderr.txt"
+    t1=$(now)
+    b=$(awk -v a="$t0" -v z="$t1" -v b="$b" 'BEGIN { d = z - a; print (d < b ? d : b) }')
+  done
+  printf '%.2f' "$b"
+}
+div() { awk -v a="$1" -v b="$2" 'BEGIN { printf (b > 0 ? "%.1f" : "-"), a / b }'; }
+mb() { awk -v s="$(stat -c %s "$1")" 'BEGIN { printf "%.0f", s / 1e6 }'; }
+threads=()
+for t in 1 2 4 8 16 32 64; do [ "$t" -le "$NPROC" ] && threads+=("$t"); done
+[ "${threads[-1]}" -eq "$NPROC" ] || threads+=("$NPROC")
+status=0
+same() { # reference, candidate, label: byte identity
+  if ! cmp -s "$1" "$2"; then echo "MISMATCH: $3 differs from the one-thread output" >&2; status=1; fi
+}
+
+echo "## moe-tokenize thread scaling"
+echo
+note "$(date -u '+%Y-%m-%d %H:%M UTC'), $NPROC cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $("$MOE" --version | tr '\n' ' ')"
+note "FASTA: $(mb "$FA") MB, $COPIES lambda genomes ($([ -n "$BGZ" ] && echo "bgzip $(mb "$BGZ") MB, ")gzip $(mb "$GZ") MB); BAM: $([ -n "$BAM" ] && echo "$(mb "$BAM") MB, $((4 * COPIES)) x 10 kb reads" || echo none)"
+note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads)"
+echo
+echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe |"
+echo "|---|---|---|---|---|---|---|---|"
+f1="" b1=""
+for t in "${threads[@]}"; do
+  fs="-" fx="-" gs="-" bs="-" bx="-" ss="-" sx="-"
+  if [ -n "$BGZ" ]; then
+    fs=$(best "$MOE" -q -@ "$t" "$BGZ" -o "$WORK/fa.$t.mtok")
+    [ -n "$f1" ] || f1=$fs
+    fx=$(div "$f1" "$fs")
+    same "$WORK/fa.1.mtok" "$WORK/fa.$t.mtok" "bgzip FASTA -@ $t"
+  fi
+  gs=$(best "$MOE" -q -@ "$t" "$GZ" -o "$WORK/gz.$t.mtok")
+  same "$WORK/gz.1.mtok" "$WORK/gz.$t.mtok" "gzip FASTA -@ $t"
+  if [ -n "$BAM" ]; then
+    bs=$(best "$MOE" -q -@ "$t" "$BAM" -o "$WORK/bam.$t.mtok")
+    [ -n "$b1" ] || b1=$bs
+    bx=$(div "$b1" "$bs")
+    same "$WORK/bam.1.mtok" "$WORK/bam.$t.mtok" "BAM -@ $t"
+    if [ "$t" -eq 1 ]; then ss=$(best samtools fasta "$BAM"); else ss=$(best samtools fasta -@ $((t - 1)) "$BAM"); fi
+    sx=$(div "$ss" "$bs")
+  fi
+  echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx |"
+done
+
+# ---- --part I/N + merge: N jobs of NPROC/N threads each, at the same time ----
+echo
+echo "## --part and merge ($NPROC threads in all)"
+echo
+echo "| input | parts x threads | parts s (all at once) | merge s | total s | one run -@ $NPROC s |"
+echo "|---|---|---|---|---|---|"
+split_row() { # label, input, reference output of one run
+  local in=$2 n=4 t0 t1 t2 parts=()
+  [ "$NPROC" -ge 4 ] || n=2
+  local per=$((NPROC / n > 0 ? NPROC / n : 1))
+  rm -f "$WORK"/part*.mtok "$WORK/merged.mtok"
+  t0=$(now)
+  for i in $(seq "$n"); do
+    "$MOE" -q -@ "$per" --part "$i/$n" "$in" -o "$WORK/part$i.mtok" &
+    parts+=("$WORK/part$i.mtok")
+  done
+  wait
+  t1=$(now)
+  "$MOE" merge -q -o "$WORK/merged.mtok" "${parts[@]}"
+  t2=$(now)
+  same "$3" "$WORK/merged.mtok" "$1 --part 1..$n/$n + merge"
+  awk -v a="$t0" -v b="$t1" -v c="$t2" -v l="$1" -v n="$n" -v p="$per" -v one="$4" \
+    'BEGIN { printf "| %s | %d x %d | %.2f | %.2f | %.2f | %s |\n", l, n, p, b - a, c - b, c - a, one }'
+}
+last=${threads[-1]}
+if [ -n "$BGZ" ]; then split_row "bgzip FASTA" "$BGZ" "$WORK/fa.1.mtok" "$(best "$MOE" -q -@ "$last" "$BGZ" -o "$WORK/x.mtok")"; fi
+if [ -n "$BAM" ]; then split_row "BAM" "$BAM" "$WORK/bam.1.mtok" "$(best "$MOE" -q -@ "$last" "$BAM" -o "$WORK/x.mtok")"; fi
+echo
+if [ "$status" -eq 0 ]; then
+  note "byte identity: every output above equals the one-thread output (cmp)"
+else
+  note "byte identity: MISMATCHES above"
+fi
+rm -f "$WORK"/*.mtok
+exit "$status"
