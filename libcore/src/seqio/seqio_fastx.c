@@ -116,6 +116,19 @@ static int read_fastq(moe_seq_reader *r, int64_t header_line, moe_err *err) {
     return 0;
 }
 
+/* Fills the fields of rec that FASTA and FASTQ share (seq and len are set); returns 1. */
+static int record_done(const moe_seq_reader *r, moe_seq_record *rec, int64_t header_line) {
+    rec->name = r->name.s;
+    rec->comment = r->comment.s;
+    rec->src_start = 0;
+    rec->src_end = rec->len;
+    rec->strand = '+';
+    rec->record_no = r->record_no;
+    rec->ordinal = r->n_kept;
+    rec->line = header_line;
+    return 1;
+}
+
 /* ---- FASTA, in blocks ---- */
 
 #define FASTA_BLOCK ((size_t)1 << 20)
@@ -266,16 +279,8 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
             rec->seq = r->seq.s;
             rec->len = (int64_t)r->seq.l;
         }
-        rec->name = r->name.s;
-        rec->comment = r->comment.s;
         rec->raw = r->opts.raw ? MOE_SEQ_RAW_TEXT : 0;
-        rec->src_start = 0;
-        rec->src_end = rec->len;
-        rec->strand = '+';
-        rec->record_no = r->record_no;
-        rec->ordinal = r->n_kept;
-        rec->line = header_line;
-        return 1;
+        return record_done(r, rec, header_line);
     }
 }
 
@@ -311,17 +316,9 @@ int moe_seqio_fastx_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
             moe_seqio_note_empty(r, r->name.s);
             continue;
         }
-        rec->name = r->name.s;
-        rec->comment = r->comment.s;
         rec->seq = r->seq.s;
         rec->len = (int64_t)r->seq.l;
-        rec->qual = r->fmt == MOE_SEQ_FASTQ ? r->qual.s : NULL;
-        rec->src_start = 0;
-        rec->src_end = rec->len;
-        rec->strand = '+';
-        rec->record_no = r->record_no;
-        rec->ordinal = r->n_kept;
-        rec->line = header_line;
-        return 1;
+        rec->qual = r->qual.s;
+        return record_done(r, rec, header_line);
     }
 }

@@ -279,7 +279,8 @@ moe_status moe_seqio_part_by_tid(moe_seq_reader *r, moe_err *err) {
     if (!sorted) {
         moe_err_set(err, MOE_ERR_INPUT, r->path,
                     "--part on CRAM needs a coordinate-sorted file (@HD SO:coordinate)");
-        moe_err_hint(err, "sort it (samtools sort), or convert it to BAM, which splits in any order");
+        moe_err_hint(err,
+                     "sort it (samtools sort), or convert it to BAM, which splits in any order");
         return MOE_ERR_INPUT;
     }
     int n_seq = sam_hdr_nref(r->hdr), n_parts = r->opts.n_parts;

@@ -72,15 +72,31 @@ void tok_docbuf_free(tok_docbuf *b) {
     memset(b, 0, sizeof *b);
 }
 
-static int grow_bytes(void **p, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    size_t nc = *cap ? *cap : 1024;
-    while (nc < need)
-        nc *= 2;
-    void *q = realloc(*p, nc * elem);
-    if (!q) return -1;
-    *p = q;
-    *cap = nc;
+int tok_docbuf_reserve(tok_docbuf *b, int64_t n, int width, int with_lower, size_t name_bytes) {
+    if (b->n_tokens + n > b->cap_tokens) {
+        int64_t nc = b->cap_tokens ? b->cap_tokens : 1 << 16;
+        while (nc < b->n_tokens + n)
+            nc *= 2;
+        uint8_t *np = realloc(b->packed, (size_t)nc * (size_t)width);
+        if (np) b->packed = np;
+        uint8_t *nl = np && with_lower ? realloc(b->lower, (size_t)nc) : NULL;
+        if (nl) b->lower = nl;
+        if (!np || (with_lower && !nl)) return -1;
+        b->cap_tokens = nc;
+    }
+    if (b->n_docs == b->cap_docs) {
+        tok_doc *nd = realloc(b->docs, (size_t)(2 * b->cap_docs + 64) * sizeof *nd);
+        if (!nd) return -1;
+        b->docs = nd;
+        b->cap_docs = 2 * b->cap_docs + 64;
+    }
+    if (b->names_len + name_bytes > b->names_cap) {
+        size_t nc = 2 * (b->names_len + name_bytes) + 4096;
+        char *nn = realloc(b->names, nc);
+        if (!nn) return -1;
+        b->names = nn;
+        b->names_cap = nc;
+    }
     return 0;
 }
 
@@ -99,17 +115,7 @@ static void sink_begin(tok_enc *e, int is_val) {
 static moe_status sink_append(tok_enc *e, const int32_t *ids, const uint8_t *lower, int64_t n,
                               moe_err *err) {
     tok_docbuf *b = e->out;
-    if (b->n_tokens + n > b->cap_tokens) {
-        int64_t nc = b->cap_tokens ? b->cap_tokens : 1 << 16;
-        while (nc < b->n_tokens + n)
-            nc *= 2;
-        uint8_t *np = realloc(b->packed, (size_t)nc * (size_t)e->width);
-        if (np) b->packed = np;
-        uint8_t *nl = np && e->has_mask ? realloc(b->lower, (size_t)nc) : NULL;
-        if (nl) b->lower = nl;
-        if (!np || (e->has_mask && !nl)) return oom(err);
-        b->cap_tokens = nc;
-    }
+    if (tok_docbuf_reserve(b, n, e->width, e->has_mask, 0) < 0) return oom(err);
     if (e->has_mask) memcpy(b->lower + b->n_tokens, lower, (size_t)n);
     if (moe_shard_pack_tokens(e->tok, ids, n, b->packed + b->n_tokens * e->width) != 0)
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
@@ -125,11 +131,8 @@ static moe_status sink_append(tok_enc *e, const int32_t *ids, const uint8_t *low
 static moe_status sink_end(tok_enc *e, const moe_seq_record *rec, int input, int rc, int64_t bs,
                            int64_t be, moe_err *err) {
     tok_docbuf *b = e->out;
-    size_t dcap = (size_t)b->cap_docs, nl = strlen(rec->name) + 1;
-    if (grow_bytes((void **)&b->docs, &dcap, (size_t)b->n_docs + 1, sizeof *b->docs) < 0 ||
-        grow_bytes((void **)&b->names, &b->names_cap, b->names_len + nl, 1) < 0)
-        return oom(err);
-    b->cap_docs = (int64_t)dcap;
+    size_t nl = strlen(rec->name) + 1;
+    if (tok_docbuf_reserve(b, 0, e->width, e->has_mask, nl) < 0) return oom(err);
     tok_doc *d = &b->docs[b->n_docs++];
     d->n_tokens = b->open_tokens;
     d->src_start = rec->src_start + (rc ? rec->len - be : bs);

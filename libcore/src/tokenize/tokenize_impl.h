@@ -45,6 +45,10 @@ typedef struct tok_docbuf {
 } tok_docbuf;
 
 void tok_docbuf_reset(tok_docbuf *b);
+/* Room for n more tokens (packed at width bytes; with their lower-case flags when
+ * with_lower, the same on every call for one buffer), one more document and name_bytes
+ * more of names; -1 when out of memory. */
+int tok_docbuf_reserve(tok_docbuf *b, int64_t n, int width, int with_lower, size_t name_bytes);
 void tok_docbuf_free(tok_docbuf *b);
 
 /* Per-thread encoding state. tok is shared (read-only). */

@@ -66,33 +66,6 @@ static moe_status merge_open(merge *m, const char *const *parts, int n, moe_err 
     return MOE_OK;
 }
 
-/* Room in b for n more tokens (packed at width bytes, with their lower-case flags), one more
- * document and a name of nl bytes; -1 when out of memory. */
-static int reserve(tok_docbuf *b, int64_t n, int width, size_t nl) {
-    if (b->n_tokens + n > b->cap_tokens) {
-        int64_t nc = 2 * (b->n_tokens + n);
-        uint8_t *np = realloc(b->packed, (size_t)nc * (size_t)width);
-        if (np) b->packed = np;
-        uint8_t *nlow = np ? realloc(b->lower, (size_t)nc) : NULL;
-        if (!nlow) return -1;
-        b->lower = nlow;
-        b->cap_tokens = nc;
-    }
-    if (b->n_docs == b->cap_docs) {
-        tok_doc *nd = realloc(b->docs, (size_t)(2 * b->cap_docs + 16) * sizeof *nd);
-        if (!nd) return -1;
-        b->docs = nd;
-        b->cap_docs = 2 * b->cap_docs + 16;
-    }
-    if (b->names_len + nl > b->names_cap) {
-        char *nn = realloc(b->names, 2 * (b->names_len + nl));
-        if (!nn) return -1;
-        b->names = nn;
-        b->names_cap = 2 * (b->names_len + nl);
-    }
-    return 0;
-}
-
 /* Copies every document of set (a validation set when is_val) to out, in order. */
 static moe_status copy_set(merge *m, const moe_shardset *set, int is_val, tok_out *out,
                            tok_docbuf *b, moe_err *err) {
@@ -112,7 +85,7 @@ static moe_status copy_set(merge *m, const moe_shardset *set, int is_val, tok_ou
                 int32_t *ni = realloc(ids, (size_t)d.length * sizeof *ids);
                 if (ni) ids = ni, ids_cap = d.length;
             }
-            if (d.length > ids_cap || reserve(b, d.length, width, nl) < 0) {
+            if (d.length > ids_cap || tok_docbuf_reserve(b, d.length, width, mask, nl) < 0) {
                 st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
                 break;
             }
