@@ -86,33 +86,45 @@ note "$(date -u '+%Y-%m-%d %H:%M UTC'), $NPROC cores ($(awk -F': ' '/model name/
 note "FASTA: $(mb "$FA") MB, $COPIES lambda genomes ($([ -n "$BGZ" ] && echo "bgzip $(mb "$BGZ") MB, ")gzip $(mb "$GZ") MB); BAM: $([ -n "$BAM" ] && echo "$(mb "$BAM") MB, $((4 * COPIES)) x 10 kb reads" || echo none)"
 note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads)"
 echo
-echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe | bgzip FASTA -> file s | BAM -> file s |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+once() { # wall seconds of one run of "$@"
+  local t0 t1
+  t0=$(now)
+  "$@" > /dev/null 2>> "$WORK/stderr.txt"
+  t1=$(now)
+  awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }'
+}
 f1="" b1=""
 for t in "${threads[@]}"; do
-  fs="-" fx="-" gs="-" bs="-" bx="-" ss="-" sx="-"
+  fs="-" fx="-" bs="-" bx="-" ss="-" sx="-" ff="-" bf="-"
   if [ -n "$BGZ" ]; then
-    fs=$(best "$MOE" -q -@ "$t" "$BGZ" -o "$WORK/fa.$t.mtok")
+    fs=$(best "$MOE" -q -@ "$t" "$BGZ" -o /dev/null)
     [ -n "$f1" ] || f1=$fs
     fx=$(div "$f1" "$fs")
+    ff=$(once "$MOE" -q -@ "$t" "$BGZ" -o "$WORK/fa.$t.mtok")
     same "$WORK/fa.1.mtok" "$WORK/fa.$t.mtok" "bgzip FASTA -@ $t"
   fi
-  gs=$(best "$MOE" -q -@ "$t" "$GZ" -o "$WORK/gz.$t.mtok")
+  gs=$(best "$MOE" -q -@ "$t" "$GZ" -o /dev/null)
+  "$MOE" -q -@ "$t" "$GZ" -o "$WORK/gz.$t.mtok"
   same "$WORK/gz.1.mtok" "$WORK/gz.$t.mtok" "gzip FASTA -@ $t"
   if [ -n "$BAM" ]; then
-    bs=$(best "$MOE" -q -@ "$t" "$BAM" -o "$WORK/bam.$t.mtok")
+    bs=$(best "$MOE" -q -@ "$t" "$BAM" -o /dev/null)
     [ -n "$b1" ] || b1=$bs
     bx=$(div "$b1" "$bs")
+    bf=$(once "$MOE" -q -@ "$t" "$BAM" -o "$WORK/bam.$t.mtok")
     same "$WORK/bam.1.mtok" "$WORK/bam.$t.mtok" "BAM -@ $t"
     if [ "$t" -eq 1 ]; then ss=$(best samtools fasta "$BAM"); else ss=$(best samtools fasta -@ $((t - 1)) "$BAM"); fi
     sx=$(div "$ss" "$bs")
   fi
-  echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx |"
+  echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx | $ff | $bf |"
 done
 
 # ---- --part I/N + merge: N jobs of NPROC/N threads each, at the same time ----
 echo
 echo "## --part and merge ($NPROC threads in all)"
+echo
+note "every part and the merge write real files (fsync included), as does the one run"
 echo
 echo "| input | parts x threads | parts s (all at once) | merge s | total s | one run -@ $NPROC s |"
 echo "|---|---|---|---|---|---|"
