@@ -240,14 +240,16 @@ int64_t moe_seqio_clean(const char *raw, int64_t n, char *out) {
         return o;
     }
     static const uint8_t drop[256] = {[' '] = 1, ['\t'] = 1, ['\n'] = 1};
+    char prev = 0; /* raw[i - 1], kept aside: out may be raw itself */
     for (int64_t i = 0; i < n; i++) {
         char c = raw[i];
         out[o] = c;
         o += 1 - drop[(unsigned char)c];
         /* CR before LF (Windows line ends) goes; a CR elsewhere is a character */
-        if (c == '\n' && i > 0 && raw[i - 1] == '\r') o--;
+        if (c == '\n' && prev == '\r') o--;
+        prev = c;
     }
-    if (n > 0 && raw[n - 1] == '\r') o--;
+    if (prev == '\r') o--;
     return o;
 }
 
@@ -285,12 +287,11 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         if (r->opts.raw) { /* the text itself, read in place: the caller cleans it */
             rec->seq = body;
             rec->len = (int64_t)len;
-        } else {
-            if (ks_resize(&r->seq, len + 1) < 0) return oom(r, err);
-            r->seq.l = (size_t)moe_seqio_clean(body, (int64_t)len, r->seq.s);
-            r->seq.s[r->seq.l] = '\0';
-            rec->seq = r->seq.s;
-            rec->len = (int64_t)r->seq.l;
+        } else { /* cleaned in place: a chromosome needs no second buffer of its size */
+            char *text = r->blk.s + (body - r->blk.s);
+            rec->len = moe_seqio_clean(body, (int64_t)len, text);
+            text[rec->len] = 0; /* on a line break, or on the NUL after the text at its end */
+            rec->seq = text;
         }
         rec->raw = r->opts.raw ? MOE_SEQ_RAW_TEXT : 0;
         return record_done(r, rec, header_line);
