@@ -87,7 +87,7 @@ echo "## moe-tokenize thread scaling"
 echo
 note "$(date -u '+%Y-%m-%d %H:%M UTC'), $NPROC cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $("$MOE" --version | tr '\n' ' ')"
 note "FASTA: $(mb "$FA") MB, $COPIES lambda genomes ($([ -n "$BGZ" ] && echo "bgzip $(mb "$BGZ") MB, ")gzip $(mb "$GZ") MB); BAM: $([ -n "$BAM" ] && echo "$(mb "$BAM") MB, $((4 * COPIES)) x 10 kb reads" || echo none)"
-note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads)"
+note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads); samtools / moe = samtools time / moe time (goal >= 1.5 on BAM)"
 echo
 echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe | bgzip FASTA -> file s | BAM -> file s |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
