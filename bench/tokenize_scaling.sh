@@ -98,25 +98,23 @@ once() { # wall seconds of one run of "$@"
   t1=$(now)
   awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }'
 }
-f1="" b1=""
+declare -A first # one-thread time of each input
+measure() { # name, input, threads: sets T (best time), X (speed-up), F (time to a file)
+  local name=$1 in=$2 t=$3
+  T=$(best "$MOE" -q -@ "$t" "$in")
+  [ -n "${first[$name]:-}" ] || first[$name]=$T
+  X=$(div "${first[$name]}" "$T")
+  F=$(once "$MOE" -q -@ "$t" "$in" -o "$WORK/$name.$t.mtok")
+  same "$WORK/$name.1.mtok" "$WORK/$name.$t.mtok" "$name -@ $t"
+}
 for t in "${threads[@]}"; do
   fs="-" fx="-" bs="-" bx="-" ss="-" sx="-" ff="-" bf="-"
-  if [ -n "$BGZ" ]; then
-    fs=$(best "$MOE" -q -@ "$t" "$BGZ")
-    [ -n "$f1" ] || f1=$fs
-    fx=$(div "$f1" "$fs")
-    ff=$(once "$MOE" -q -@ "$t" "$BGZ" -o "$WORK/fa.$t.mtok")
-    same "$WORK/fa.1.mtok" "$WORK/fa.$t.mtok" "bgzip FASTA -@ $t"
-  fi
-  gs=$(best "$MOE" -q -@ "$t" "$GZ")
-  "$MOE" -q -@ "$t" "$GZ" -o "$WORK/gz.$t.mtok"
-  same "$WORK/gz.1.mtok" "$WORK/gz.$t.mtok" "gzip FASTA -@ $t"
+  if [ -n "$BGZ" ]; then measure fa "$BGZ" "$t"; fs=$T fx=$X ff=$F; fi
+  measure gz "$GZ" "$t"
+  gs=$T
   if [ -n "$BAM" ]; then
-    bs=$(best "$MOE" -q -@ "$t" "$BAM")
-    [ -n "$b1" ] || b1=$bs
-    bx=$(div "$b1" "$bs")
-    bf=$(once "$MOE" -q -@ "$t" "$BAM" -o "$WORK/bam.$t.mtok")
-    same "$WORK/bam.1.mtok" "$WORK/bam.$t.mtok" "BAM -@ $t"
+    measure bam "$BAM" "$t"
+    bs=$T bx=$X bf=$F
     if [ "$t" -eq 1 ]; then ss=$(best samtools fasta "$BAM"); else ss=$(best samtools fasta -@ $((t - 1)) "$BAM"); fi
     sx=$(div "$ss" "$bs")
   fi
