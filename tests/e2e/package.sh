@@ -44,7 +44,7 @@ check_tree() {
     done
     for f in doc/moe-genomics/README.md doc/moe-genomics/docs/cli.md moe-genomics/configs/tiny.yaml \
         moe-genomics/data/lambda_virus.fa.gz moe-genomics/pipelines/quickstart.sh \
-        moe-genomics/pipelines/snakemake/Snakefile moe-genomics/pipelines/nextflow/main.nf; do
+        moe-genomics/pipelines/snakemake/workflow/Snakefile moe-genomics/pipelines/nextflow/main.nf; do
         ls "$root/share/$f"* >/dev/null 2>&1 || fail "$root/share/$f is missing"
     done
     [ -f "$root/share/doc/moe-genomics/LICENSE" ] || fail "no LICENSE in $root/share/doc/moe-genomics"
