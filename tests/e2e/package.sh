@@ -131,13 +131,20 @@ if ! command -v dpkg-buildpackage >/dev/null || ! command -v dh >/dev/null; then
     echo "PASS package (staged install only, $((SECONDS - start)) s)"
     exit 0
 fi
+# `make deps` installs every Build-Depends, so a fresh clone can build the package.
+deps=$(sed -n '/^DEB_PACKAGES :=/,/^$/p' "$src/Makefile" | tr -d '\\' | sed 's/DEB_PACKAGES :=//' | tr -s ' \t\n' ' ')
+for p in $(sed -n '/^Build-Depends:/,/^[A-Z]/p' "$src/debian/control" | sed '$d; s/^Build-Depends://' |
+    tr ',' '\n' | sed 's/(.*//; s/ //g; s/^debhelper-compat$/debhelper/' | grep .); do
+    [[ " $deps " == *" $p "* ]] || fail "debian/control Build-Depends $p is not in the Makefile's DEB_PACKAGES"
+done
 deb_version=$(dpkg-parsechangelog -l "$src/debian/changelog" -S Version)
 [ "$deb_version" = "$version" ] || fail "debian/changelog is $deb_version, CMakeLists.txt $version"
 # A copy of the checkout's files (what git tracks or would track; no build trees).
 mkdir -p pkg/moe-genomics-"$version"
 if git -C "$src" rev-parse --git-dir >/dev/null 2>&1; then
+    # (a file deleted but not yet committed is skipped with tar's warning)
     git -C "$src" ls-files -z --cached --others --exclude-standard |
-        (cd "$src" && xargs -0 cp --parents -t "$OLDPWD/pkg/moe-genomics-$version" 2>/dev/null || true)
+        (cd "$src" && tar --null -T - --ignore-failed-read -cf -) | tar -xf - -C pkg/moe-genomics-"$version"
 else
     (cd "$src" && tar --exclude='./build*' --exclude=./.git -cf - .) | tar -xf - -C pkg/moe-genomics-"$version"
 fi
