@@ -45,8 +45,9 @@ build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Developer builds: warnings are errors (users' and packagers' builds keep MOE_WERROR off).
+# An existing build tree keeps its generator; a new one is Ninja.
 test: deps
-	cmake -S . -B $(BUILD) -G Ninja -DMOE_WERROR=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) $(if $(wildcard $(BUILD)/CMakeCache.txt),,-G Ninja) -DMOE_WERROR=ON $(CMAKE_FLAGS)
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
@@ -55,7 +56,8 @@ demo: deps
 	MOE_BUILD_DIR=$(CURDIR)/$(BUILD) pipelines/quickstart.sh
 
 test-asan: deps
-	cmake -S . -B build-asan -G Ninja -DMOE_WERROR=ON -DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	cmake -S . -B build-asan $(if $(wildcard build-asan/CMakeCache.txt),,-G Ninja) -DMOE_WERROR=ON \
+	  -DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
 	$(MAKE) build BUILD=build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
