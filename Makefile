@@ -2,8 +2,12 @@
 # names the everyday commands:
 #   make deps       install the Debian packages the build, tests and demo need (once)
 #   make            configure + build into build/
-#   make test       deps, build, run every test (ctest), output shown on failure
+#   make test       deps, build (warnings are errors: MOE_WERROR=ON), run every test (ctest),
+#                   output shown on failure; includes the package test (ctest -L package)
 #   make test-asan  the same under AddressSanitizer + UBSan, in build-asan/
+#   make install    build, then install into PREFIX (default /usr/local; DESTDIR is honoured):
+#                   programs, man pages, bash completion, docs, configs, pipelines
+#   make deb        the Debian package (CPU build) with dpkg-buildpackage, in ../
 #   make demo       deps, build, then pipelines/quickstart.sh: lambda genome -> tokens ->
 #                   tiny MoE training -> 1 kb embeddings, all under demo-out/ (a few minutes)
 #   make bench      CPU benchmarks: bench/tokenize.sh and bench/train_cpu.sh (minutes; GPU
@@ -14,12 +18,13 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_FLAGS ?=
 # CTEST_ARGS lets a user narrow a run: make test CTEST_ARGS='-R tokenize'
 CTEST_ARGS ?=
+PREFIX ?= /usr/local
 
 DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
-	bowtie2-examples htslib-test seqkit-examples snakemake
+	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 
-.PHONY: all build deps test test-asan demo bench clean
+.PHONY: all build deps test test-asan demo bench install deb clean
 
 all: build
 
@@ -39,7 +44,10 @@ $(BUILD)/build.ninja:
 build: $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Developer builds: warnings are errors (users' and packagers' builds keep MOE_WERROR off).
+# An existing build tree keeps its generator; a new one is Ninja.
 test: deps
+	cmake -S . -B $(BUILD) $(if $(wildcard $(BUILD)/CMakeCache.txt),,-G Ninja) -DMOE_WERROR=ON $(CMAKE_FLAGS)
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
 
@@ -48,7 +56,9 @@ demo: deps
 	MOE_BUILD_DIR=$(CURDIR)/$(BUILD) pipelines/quickstart.sh
 
 test-asan: deps
-	$(MAKE) build BUILD=build-asan CMAKE_FLAGS="-DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug"
+	cmake -S . -B build-asan $(if $(wildcard build-asan/CMakeCache.txt),,-G Ninja) -DMOE_WERROR=ON \
+	  -DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+	$(MAKE) build BUILD=build-asan
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --output-on-failure -j $(JOBS) -LE gpu $(CTEST_ARGS)
 
@@ -56,6 +66,12 @@ bench: deps
 	$(MAKE) build
 	bench/tokenize.sh $(BUILD)
 	bench/train_cpu.sh $(BUILD)
+
+install: build
+	DESTDIR=$(DESTDIR) cmake --install $(BUILD) --prefix $(PREFIX)
+
+deb: deps
+	dpkg-buildpackage -us -uc -b
 
 clean:
 	rm -rf build build-asan

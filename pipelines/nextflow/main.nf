@@ -1,34 +1,38 @@
 #!/usr/bin/env nextflow
-// main.nf: the moe-genomics Nextflow (DSL2) workflow - sequence files -> token shards -> one
-// trained MoE checkpoint -> per-sample embeddings.
+// main.nf: the moe-genomics Nextflow (DSL2) workflow - a sample sheet of sequence files ->
+// token shards -> one trained MoE checkpoint -> per-sample embeddings.
 //
 //   MOE_TOKENIZE (per sample) -> MOE_TRAIN (all shards together) -> MOE_EMBED (per sample)
 //
-// Run:  nextflow run pipelines/nextflow -profile test      (lambda phage, 20 steps)
-//       nextflow run pipelines/nextflow --input 'genomes/*.fa.gz' --outdir results
+// Run:  nextflow run pipelines/nextflow -profile test      (lambda phage, 20 steps; from the
+//                                                          checkout's top directory)
+//       nextflow run pipelines/nextflow --input samplesheet.csv --outdir results
 // The one thing to know: every module's script is a single moe-* command; the options live in
-// nextflow.config as ext.args, so a run is changed there (or with -c my.config), not here.
+// conf/modules.config as ext.args, so a run is changed there (or with -c my.config), not here.
 nextflow.enable.dsl = 2
 
+include { validateParameters; samplesheetToList } from 'plugin/nf-schema'
 include { MOE_TOKENIZE } from './modules/local/moe_tokenize/main'
 include { MOE_TRAIN    } from './modules/local/moe_train/main'
 include { MOE_EMBED    } from './modules/local/moe_embed/main'
 
 workflow {
-    if (!params.input) {
-        error "--input is required: a glob of FASTA/FASTQ/SAM/BAM/CRAM files, e.g. --input 'data/*.fa.gz'"
-    }
-    ch_versions = Channel.empty()
+    validateParameters()   // against nextflow_schema.json
 
-    // [ meta, file ]: the sample id is the file name without its extensions.
-    ch_seqs = Channel
-        .fromPath(params.input, checkIfExists: true)
-        .map { f -> [ [ id: f.name.replaceFirst('\\.(fa|fasta|fna|fq|fastq|sam|bam|cram)(\\.gz)?$', '') ], f ] }
+    // [ meta, file, index or [] ] per row of the sheet (assets/schema_input.json).
+    ch_seqs = channel
+        .fromList(samplesheetToList(params.input, "${projectDir}/assets/schema_input.json"))
+        .map { meta, path, index -> [ meta, path, index ?: [] ] }
 
-    MOE_TOKENIZE(ch_seqs)
-    ch_versions = ch_versions.mix(MOE_TOKENIZE.out.versions.first())
+    // The CRAM reference, [ meta, fasta, fai ], or empty placeholders.
+    ch_ref = params.fasta
+        ? channel.value([ [ id: file(params.fasta).baseName ], file(params.fasta, checkIfExists: true),
+                          params.fasta_fai ? file(params.fasta_fai, checkIfExists: true) : [] ])
+        : channel.value([ [], [], [] ])
 
-    // All training and validation shards of all samples go to one training run.
+    MOE_TOKENIZE(ch_seqs, ch_ref)
+
+    // The training and validation shards of all samples go to one training run.
     ch_shards = MOE_TOKENIZE.out.shards
         .mix(MOE_TOKENIZE.out.val)
         .map { meta, shard -> shard }
@@ -36,12 +40,13 @@ workflow {
         .map { shards -> [ [ id: params.run_name ], shards ] }
 
     MOE_TRAIN(ch_shards, file(params.model_config, checkIfExists: true))
-    ch_versions = ch_versions.mix(MOE_TRAIN.out.versions)
 
-    MOE_EMBED(ch_seqs, MOE_TRAIN.out.run.first())
-    ch_versions = ch_versions.mix(MOE_EMBED.out.versions.first())
+    MOE_EMBED(ch_seqs, MOE_TRAIN.out.run.first(), ch_ref)
 
-    ch_versions
+    // Tool versions, the nf-core way: every module emits (process, tool, version) on the
+    // `versions` topic.
+    channel.topic('versions')
         .unique()
-        .collectFile(name: 'software_versions.yml', storeDir: "${params.outdir}/pipeline_info")
+        .map { process, tool, version -> "${process.tokenize(':')[-1]}:\n    ${tool}: ${version}\n" }
+        .collectFile(name: 'software_versions.yml', storeDir: "${params.outdir}/pipeline_info", sort: true)
 }

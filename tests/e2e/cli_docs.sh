@@ -5,7 +5,8 @@
 # command lines such as usage synopses) must appear in the program's `## moe-<tool>` section
 # of docs/cli.md, or in its preamble (the options all programs share); (2) every option the section documents (first cell of its table rows, and
 # the program's own commands in its code blocks) must appear in --help. Also: --help exits 0,
-# --version's first line is `moe-<tool> (moe-genomics) X.Y.Z`.
+# --version's first line is `moe-<tool> (moe-genomics) X.Y.Z`, its next two the copyright
+# line of LICENSE and `License: MIT ...`; the README states the same licence.
 # The one thing to know: a command line is split into the commands of a pipe, and only the
 # program's own commands count, so `moe-tokenize x.fa | moe-train --data -` in the
 # moe-tokenize section documents no moe-train option; prose is searched only in direction (1).
@@ -18,6 +19,10 @@ doc=$src/docs/cli.md
 
 status=0
 ntools=0
+copyright=$(grep -m 1 '^Copyright' "$src/LICENSE") || { echo "FAIL: LICENSE has no Copyright line" >&2; exit 1; }
+head -n 1 "$src/LICENSE" | grep -qx 'MIT License' || { echo "FAIL: LICENSE is not the MIT licence" >&2; exit 1; }
+grep -qF "MIT licence ([LICENSE](LICENSE)), $copyright" "$src/README.md" ||
+    { echo "FAIL: README.md does not state 'MIT licence ([LICENSE](LICENSE)), $copyright'" >&2; exit 1; }
 for exe in "$bin"/moe-*; do
     [ -x "$exe" ] && [ -f "$exe" ] || continue
     tool=$(basename "$exe")
@@ -29,6 +34,10 @@ for exe in "$bin"/moe-*; do
     first=$("$exe" --version | head -n 1)
     if ! [[ "$first" =~ ^$tool\ \(moe-genomics\)\ [0-9]+\.[0-9]+\.[0-9]+$ ]]; then
         echo "FAIL: $tool --version first line is '$first'" >&2; status=1
+    fi
+    if [ "$("$exe" --version | sed -n 2p)" != "$copyright" ] ||
+        ! "$exe" --version | sed -n 3p | grep -q '^License: MIT '; then
+        echo "FAIL: $tool --version lines 2-3 are not '$copyright' and 'License: MIT ...'" >&2; status=1
     fi
     python3 - "$tool" "$tool.help" "$doc" <<'EOF' || status=1
 import re, sys

@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# pipeline_nextflow.sh: the Nextflow modules' command lines, run by bash on lambda phage.
+# pipeline_nextflow.sh: the Nextflow modules' command lines, run by bash on lambda phage, and
+# the pipeline's nf-core files checked.
 #
 # Nextflow is not installable here, so this test does what Nextflow would do with each
 # process of pipelines/nextflow/modules/local/moe_{tokenize,train,embed}/main.nf: take the
 # script: (and the stub:) block, strip its indentation, interpolate the Groovy variables
-# ($args from the `test` profile's ext.args in nextflow.config, $task.cpus, $prefix, the
-# inputs), stage the inputs into a task directory under their names and run it with
-# `bash -euo pipefail` (nextflow.config's process.shell). Then it checks the outputs each
-# module declares and that versions.yml reports the tools' version. The one thing to know: an
-# unknown Groovy variable in a script block fails the test, so the modules and this test move
-# together.
+# ($args from conf/test.config's or else conf/modules.config's ext.args, $task.cpus, $prefix,
+# the inputs), stage the inputs into a task directory under their names and run it with
+# `bash -euo pipefail` (conf/base.config's process.shell). Then it checks the outputs each
+# module declares, and runs the module's `eval(...)` versions output in the task directory as
+# Nextflow would (it must print the project's version). A CRAM input with its .crai and its
+# reference + .fai staged beside it, and a region, must work inside the task. Also checked:
+# nextflow_schema.json and assets/schema_input.json are valid JSON Schema (2020-12) and the
+# test sample sheet passes; every module has meta.yml (naming each input), environment.yml,
+# conda/container directives and nf-test files; main.nf includes the three modules.
+# Not executed by any test: Nextflow itself (main.nf's channel logic, nf-schema, the versions
+# topic, retries, resourceLimits), nf-test, conda and containers.
+# The one thing to know: an unknown Groovy variable in a script block fails the test, so the
+# modules and this test move together.
 set -euo pipefail
 src=${MOE_SRC_DIR:?MOE_SRC_DIR is not set}
 # ctest runs tests side by side on few cores: OpenMP threads that spin while waiting slow
@@ -46,21 +54,18 @@ def sub(mo):
 print(re.sub(r"\\\\|\\\$|\$\{([^}]*)\}|\$([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)", sub, body), end="")
 EOF
 
-# ext_args PROCESS : ext.args under withName: 'PROCESS' in the `test` profile of
-# nextflow.config, else in the top-level process scope (as `-profile test` resolves it).
+# ext_args PROCESS : ext.args under withName: 'PROCESS' in conf/test.config (the `test`
+# profile), else in conf/modules.config (as `-profile test` resolves it).
 ext_args() {
-    python3 - "$nf/nextflow.config" "$1" <<'EOF'
+    python3 - "$nf/conf/test.config" "$nf/conf/modules.config" "$1" <<'EOF'
 import re, sys
-text = open(sys.argv[1]).read()
-top, _, profiles = text.partition("\nprofiles {")
-test = re.search(r"^    test \{\n(.*?)^    \}", profiles, re.S | re.M)
-pat = r"withName:\s*'" + sys.argv[2] + r"'\s*\{[^}]*?ext\.args\s*=\s*'([^']*)'"
-for scope in ([test.group(1)] if test else []) + [top]:
-    found = re.findall(pat, scope)
+pat = r"withName:\s*'" + sys.argv[3] + r"'\s*\{[^}]*?ext\.args\s*=\s*'([^']*)'"
+for path in sys.argv[1:3]:
+    found = re.findall(pat, open(path).read())
     if found:
         print(found[-1])
         sys.exit(0)
-sys.exit(f"nextflow.config: no ext.args for {sys.argv[2]}")
+sys.exit(f"conf/: no ext.args for {sys.argv[3]}")
 EOF
 }
 
@@ -74,19 +79,50 @@ run_task() {
     (cd "$dir" && bash -euo pipefail .command.sh >.command.out 2>.command.err) ||
         { cat "$dir/.command.err"; fail "$module $block script failed"; }
 }
-check_versions() { # DIR TOOL
-    grep -q "^    $2: 0\.1\.0$" "$1/versions.yml" || { cat "$1/versions.yml"; fail "$1/versions.yml"; }
+# check_versions DIR MODULE TOOL: the module's eval("...") versions output, run in DIR as
+# Nextflow runs it after the script, must print the project's version.
+check_versions() {
+    local cmd got
+    cmd=$(python3 - "$nf/modules/local/$2/main.nf" "$3" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+m = re.search(r"val\('" + re.escape(sys.argv[2]) + r"'\), eval\(\"(.*?)\"\), emit: versions_\w+, topic: versions", text)
+if not m:
+    sys.exit(f"{sys.argv[1]}: no (process, '{sys.argv[2]}', eval(...)) output on the versions topic")
+print(m.group(1))
+EOF
+    ) || fail "$2: versions output"
+    got=$(cd "$1" && bash -euo pipefail -c "$cmd") || fail "$2: the versions command failed: $cmd"
+    [ "$got" = "$version" ] || fail "$2: versions eval printed '$got', expected '$version'"
 }
+version=$(sed -n 's/^project(moe_genomics VERSION \([0-9.]*\).*/\1/p' "$src/CMakeLists.txt")
 
 [ -n "${MOE_BUILD_DIR:-}" ] && PATH="$MOE_BUILD_DIR:$PATH"
 start=$SECONDS
 
-# MOE_TOKENIZE: tuple val(meta), path(reads); meta.id = lambda
+# MOE_TOKENIZE: tuple val(meta), path(reads), path(index); tuple val(meta2), path(fasta),
+# path(fai). meta.id = lambda, no index, no reference.
 mkdir tok && ln -s "$lambda" tok/lambda_virus.fa.gz
 run_task tok moe_tokenize script args="$(ext_args MOE_TOKENIZE)" task.cpus=1 prefix=lambda \
-    meta.id=lambda reads=lambda_virus.fa.gz task.process=MOE_TOKENIZE
+    meta.id=lambda reads=lambda_virus.fa.gz reference= task.process=MOE_TOKENIZE
 [ -s tok/lambda.mtok ] || fail "MOE_TOKENIZE: no lambda.mtok"
-check_versions tok moe-tokenize
+check_versions tok moe_tokenize moe-tokenize
+
+# MOE_TOKENIZE on a CRAM with its .crai, the reference and its .fai staged beside it, and a
+# region in ext.args: the task must decode the CRAM and use the index.
+HT=/usr/share/htslib-test/test
+if [ -r "$HT/range.cram.crai" ] && [ -r "$HT/ce.fa.fai" ] && command -v samtools >/dev/null; then
+    mkdir cram && for f in range.cram range.cram.crai ce.fa ce.fa.fai; do ln -s "$HT/$f" cram/; done
+    (export REF_PATH=/dev/null/no-ref/%s REF_CACHE=/dev/null/no-ref/%s
+        run_task cram moe_tokenize script args="-r CHROMOSOME_I" task.cpus=1 prefix=range \
+            meta.id=range reads=range.cram reference="--reference ce.fa" task.process=MOE_TOKENIZE)
+    docs=$(moe-tokenize stats --json cram/range.mtok |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["documents"])')
+    want=$(samtools view -c -F 0xF00 -T "$HT/ce.fa" "$HT/range.cram" CHROMOSOME_I)
+    [ "$docs" = "$want" ] || fail "MOE_TOKENIZE on CRAM + region: $docs documents, samtools counts $want"
+else
+    echo "no htslib-test CRAM or samtools: the CRAM staging case is not run"
+fi
 
 # MOE_TRAIN: tuple val(meta), path(shards, stageAs: 'shards/*'); path config
 mkdir -p train/shards && ln -s "$PWD"/tok/*.mtok train/shards/ && ln -s "$src/configs/tiny.yaml" train/
@@ -94,7 +130,7 @@ run_task train moe_train script args="$(ext_args MOE_TRAIN)" task.cpus=2 prefix=
     meta.id=run config=tiny.yaml task.process=MOE_TRAIN
 for f in run/latest run/metrics.jsonl run/loss.svg; do [ -s "train/$f" ] || fail "MOE_TRAIN: no $f"; done
 [ "$(wc -l <train/run/metrics.jsonl)" -eq 20 ] || fail "MOE_TRAIN: test profile should train 20 steps"
-check_versions train moe-train
+check_versions train moe_train moe-train
 
 # MOE_EMBED: tuple val(meta), path(seqs); tuple val(meta2), path(model). The first 10.5 kb
 # of lambda (embedding is the slow step under ASan) -> 11 windows of up to 1 kb.
@@ -102,11 +138,11 @@ mkdir emb && ln -s "$PWD/train/run" emb/run
 gzip -dc "$lambda" | awk 'NR == 1 { print; next } { s = s $0 } END { print substr(s, 1, 10500) }' \
     >emb/lambda_head.fa
 run_task emb moe_embed script args="$(ext_args MOE_EMBED)" task.cpus=2 prefix=lambda \
-    meta.id=lambda seqs=lambda_head.fa model=run task.process=MOE_EMBED
+    meta.id=lambda seqs=lambda_head.fa model=run reference= task.process=MOE_EMBED
 rows=$(head -c 128 emb/lambda.npy | tr -d '\0' | grep -ao "'shape': ([0-9]*" | grep -o '[0-9]*$')
 [ "$rows" = 11 ] || fail "MOE_EMBED: lambda.npy has '$rows' rows, expected 11 (1 kb windows)"
 [ "$(wc -l <emb/lambda.ids.tsv)" = 12 ] || fail "MOE_EMBED: lambda.ids.tsv should have 11 rows + header"
-check_versions emb moe-embed
+check_versions emb moe_embed moe-embed
 
 # The stub: blocks (nextflow -stub-run) must run too and create the declared outputs.
 for m in tokenize:lambda.mtok train:run/latest embed:lambda.ids.tsv; do
@@ -122,5 +158,52 @@ grep -o "include { [A-Z_]* *} from '[^']*'" "$nf/main.nf" | while read -r _ _ na
     [ -f "$nf/$path.nf" ] || fail "main.nf includes $name from missing $path.nf"
     grep -q "^process $name {" "$nf/$path.nf" || fail "$path.nf does not define process $name"
 done
-[ "$(grep -c '^include {' "$nf/main.nf")" = 3 ] || fail "main.nf should include the three modules"
+[ "$(grep -c "^include { MOE_[A-Z_]* *} from './modules/" "$nf/main.nf")" = 3 ] ||
+    fail "main.nf should include the three modules"
+
+# nf-core module files: meta.yml names every input of the process, environment.yml is the
+# conda directive's, a container is named, nf-test cases sit beside the module.
+for mod in moe_tokenize moe_train moe_embed; do
+    dir=$nf/modules/local/$mod
+    for f in meta.yml environment.yml tests/main.nf.test; do [ -s "$dir/$f" ] || fail "$mod: no $f"; done
+    grep -q '^    conda "${moduleDir}/environment.yml"$' "$dir/main.nf" || fail "$mod: no conda directive"
+    grep -q '^    container "' "$dir/main.nf" || fail "$mod: no container directive"
+    grep -q "process \"${mod^^}\"" "$dir/tests/main.nf.test" || fail "$mod: its nf-test does not test ${mod^^}"
+    python3 - "$dir/main.nf" "$dir/meta.yml" "$dir/environment.yml" <<'EOF' || fail "$mod: meta.yml/environment.yml"
+import re, sys, yaml
+main, meta, env = open(sys.argv[1]).read(), yaml.safe_load(open(sys.argv[2])), yaml.safe_load(open(sys.argv[3]))
+block = re.search(r"^    input:\n(.*?)^    output:", main, re.S | re.M).group(1)
+inputs = re.findall(r"(?:val|path)\((\w+)", block)
+named = set()
+for group in meta["input"]:
+    for item in group if isinstance(group, list) else [group]:
+        named.update(item.keys())
+missing = [i for i in inputs if i not in named]
+assert not missing, f"meta.yml does not describe the inputs {missing}"
+assert meta["name"] == sys.argv[1].split("/")[-2], meta["name"]
+assert any("moe-genomics" in d for d in env["dependencies"]), env
+EOF
+done
+
+# The parameter and sample-sheet schemas are valid JSON Schema 2020-12, every parameter of the
+# schema is one of nextflow.config's, and the test sheet's rows pass (nf-schema's own
+# keywords - format/exists/meta/errorMessage/uniqueEntries - are not checked here).
+python3 - "$nf" "$src" <<'EOF' || fail "nextflow_schema.json / assets/schema_input.json"
+import csv, json, os, sys
+from jsonschema import Draft202012Validator
+nf, src = sys.argv[1:]
+params = json.load(open(f"{nf}/nextflow_schema.json"))
+rows_schema = json.load(open(f"{nf}/assets/schema_input.json"))
+for s in (params, rows_schema):
+    Draft202012Validator.check_schema(s)
+config = open(f"{nf}/nextflow.config").read()
+for k in (k for d in params["$defs"].values() for k in d["properties"]):
+    assert f"\n    {k} " in config, f"nextflow_schema.json's {k} is not in nextflow.config's params"
+rows = [{k: v for k, v in r.items() if v} for r in csv.DictReader(open(f"{nf}/assets/samplesheet_test.csv"))]
+Draft202012Validator(rows_schema).validate(rows)
+for r in rows:
+    assert os.path.exists(os.path.join(src, r["path"])), r  # relative to the checkout's top
+bad = [{"sample": "bad name", "path": "x.fa"}]
+assert list(Draft202012Validator(rows_schema).iter_errors(bad)), "a sample name with a space passed"
+EOF
 echo "PASS pipeline_nextflow ($((SECONDS - start)) s)"

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # pipeline_snakemake.sh: runs pipelines/snakemake end to end with --cores 2 on lambda phage
-# (two samples: the genome, and 2 kb pieces of its first 10 kb as separate records so that the
-# validation split has records to take), 20 training steps, then checks every output: shards,
-# checkpoint, metrics with a validation loss, the loss plot, embedding matrices whose row count
-# matches the windows, the logs; and that a second run has nothing to do.
+# (two samples in a TSV sheet: the genome, and 2 kb pieces of its first 10 kb as separate
+# records), 20 training steps, then checks every output: shards (and the declared
+# *.val.mtok), the shard manifest, checkpoint, metrics with a validation loss, the loss plot
+# for the report, benchmarks, embedding matrices whose row count matches the windows, the
+# logs. Then the stale-sample case: a sample removed from the sheet is no longer trained on
+# although its shards stay in tokens/ (moe-train's token count must be the remaining
+# sample's). And a further run has nothing to do; `snakemake --lint` is clean; bad sample
+# sheets and configs are refused before anything runs, naming the line or key.
 # The one thing to know: the full run uses a config written here (small overrides); the
-# checkout's config/config.yaml is only planned (snakemake -n), from a mirror of the tree.
+# checkout's config/ is only planned and linted (snakemake -n, --lint), from a mirror of the tree.
 set -euo pipefail
 src=${MOE_SRC_DIR:?MOE_SRC_DIR is not set}
 # ctest runs tests side by side on few cores: OpenMP threads that spin while waiting slow
@@ -16,22 +20,24 @@ lambda=$src/data/lambda_virus.fa.gz
 [ -r "$lambda" ] || lambda=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
 [ -r "$lambda" ] || { echo "SKIP: no lambda genome (data/ or bowtie2-examples)"; exit 77; }
 fail() { echo "FAIL: $*" >&2; exit 1; }
+[ -n "${MOE_BUILD_DIR:-}" ] && PATH="$MOE_BUILD_DIR:$PATH"
+tokens_of() { moe-tokenize stats --json "$1" | grep -m 1 -o '"tokens": *[0-9]*' | sed 's/.*: *//'; }
 
 rm -rf work && mkdir -p work && cd work
-snakefile=$src/pipelines/snakemake/Snakefile
+wf=$src/pipelines/snakemake/workflow
+snakefile=$wf/Snakefile
 # Second sample: the first 10,000 bases of lambda as five 2 kb records part1..part5.
 gzip -dc "$lambda" | awk 'NR > 1 { s = s $0 } END { for (i = 0; i < 5; i++)
     printf ">part%d\n%s\n", i + 1, substr(s, i * 2000 + 1, 2000) }' >parts.fa
 
-cat >config.yaml <<EOF
-samples:
-  lambda: $lambda
-  parts: parts.fa
+printf 'sample\tpath\nlambda\t%s\nparts\tparts.fa\n' "$lambda" >samples.tsv
+cat >config.yaml <<EOF2
+samples: samples.tsv
 outdir: results
 bin_dir: ${MOE_BUILD_DIR:-}
 tokenize:
   val_fraction: 0.5
-  args: ""
+  args: "--window 1000"
   threads: 1
 train:
   config: $src/configs/tiny.yaml
@@ -46,32 +52,55 @@ train:
 embed:
   args: "--window 1000 --stride 1000 --per-window"
   threads: 2
-EOF
+EOF2
 
-# The shipped config/config.yaml must plan as a user runs it: from pipelines/snakemake/ of a
-# checkout (mirrored here with links, so that nothing is written into the source tree).
-mkdir -p tree/pipelines/snakemake/config tree/data
-cp "$snakefile" tree/pipelines/snakemake/
-cp "$src/pipelines/snakemake/config/config.yaml" tree/pipelines/snakemake/config/
+# The shipped config/ must plan and lint as a user runs it: from pipelines/snakemake/ of a
+# checkout (mirrored here, so that nothing is written into the source tree).
+mkdir -p tree/pipelines/snakemake tree/data
+cp -r "$wf" "$src/pipelines/snakemake/config" tree/pipelines/snakemake/
 ln -s "$lambda" tree/data/lambda_virus.fa.gz
 ln -s "$src/configs" tree/configs
 (cd tree/pipelines/snakemake && snakemake -n --cores 2 >plan.txt 2>&1) ||
     { cat tree/pipelines/snakemake/plan.txt; fail "snakemake -n with the shipped config"; }
-for r in tokenize train embed; do
+for r in tokenize shard_manifest train loss_plot embed; do
     grep -q "rule $r:" tree/pipelines/snakemake/plan.txt || fail "the shipped plan has no $r job"
 done
+(cd tree/pipelines/snakemake && snakemake --lint >lint.txt 2>&1) ||
+    { cat tree/pipelines/snakemake/lint.txt; fail "snakemake --lint is not clean"; }
+
+# Bad inputs are refused before any job runs, naming the sheet's line or the config key.
+refused() { # DESCRIPTION EXPECTED-MESSAGE SNAKEMAKE-ARGS...
+    local what=$1 want=$2
+    shift 2
+    if snakemake -s "$snakefile" --cores 1 -n "$@" >bad.txt 2>&1; then fail "$what was accepted"; fi
+    grep -q -- "$want" bad.txt || { cat bad.txt; fail "$what: no '$want' in the error"; }
+}
+printf 'sample\tpath\nlambda\t%s\nlambda\tparts.fa\n' "$lambda" >dup.tsv
+refused "a sample listed twice" "dup.tsv: line 3: sample 'lambda' is listed twice" \
+    --configfile config.yaml --config samples=dup.tsv
+printf 'sample\tpath\nbad/name\tparts.fa\n' >badname.tsv
+refused "a sample name with /" "badname.tsv: line 2: " --configfile config.yaml --config samples=badname.tsv
+printf 'sample\tpath\nx\tmissing.fa\n' >missing.tsv
+refused "a missing input file" "missing.tsv: line 2: sample 'x': no such file: missing.fa" \
+    --configfile config.yaml --config samples=missing.tsv
+sed 's/^  threads: 1$/  thread: 1/' config.yaml >typo.yaml
+refused "an unknown config key" "thread" --configfile typo.yaml
 
 start=$SECONDS
-snakemake -s "$snakefile" --configfile config.yaml --cores 2 --quiet --printshellcmds ||
-    { for l in results/logs/*.log; do echo "== $l"; tail -n 20 "$l"; done; fail "snakemake run"; }
+run_workflow() {
+    snakemake -s "$snakefile" --configfile config.yaml --cores 2 --quiet --printshellcmds ||
+        { for l in results/logs/*.log; do echo "== $l"; tail -n 20 "$l"; done; fail "snakemake run"; }
+}
+run_workflow
 echo "snakemake run: $((SECONDS - start)) s"
 
-for f in results/tokens/lambda.mtok results/tokens/parts.mtok results/run/latest \
-    results/run/metrics.jsonl results/run/loss.svg results/logs/train.log \
-    results/logs/tokenize.lambda.log results/logs/embed.parts.log; do
+for f in results/tokens/lambda.mtok results/tokens/parts.mtok results/tokens/lambda.val.mtok \
+    results/tokens/parts.val.mtok results/run/latest results/run/metrics.jsonl results/run/loss.svg \
+    results/report/loss.svg results/logs/train.log results/logs/tokenize.lambda.log \
+    results/logs/embed.parts.log results/benchmarks/train.tsv results/benchmarks/tokenize.parts.tsv \
+    results/benchmarks/embed.lambda.tsv; do
     [ -s "$f" ] || fail "missing or empty: $f"
 done
-ls results/tokens/parts.val.mtok >/dev/null 2>&1 || fail "val_fraction 0.5 of 5 records wrote no parts.val.mtok"
 ckpt=$(cat results/run/latest)
 [ -s "results/run/$ckpt/model.safetensors" ] || fail "latest -> $ckpt has no model.safetensors"
 [ "$(wc -l <results/run/metrics.jsonl)" -eq 20 ] || fail "metrics.jsonl: expected 20 steps"
@@ -80,7 +109,21 @@ grep -q '"val_loss"' results/run/metrics.jsonl || fail "no val_loss in metrics.j
 first=$(head -n 1 results/run/metrics.jsonl | grep -o '"loss": *[0-9.]*' | sed 's/.*: *//')
 last=$(tail -n 1 results/run/metrics.jsonl | grep -o '"loss": *[0-9.]*' | sed 's/.*: *//')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a) }' || fail "loss did not fall: $first -> $last"
-grep -q '<svg' results/run/loss.svg || fail "loss.svg is not SVG"
+grep -q '<svg' results/report/loss.svg || fail "report/loss.svg is not SVG"
+cmp -s results/run/loss.svg results/report/loss.svg || fail "report/loss.svg is not the run's plot"
+
+# moe-train trained on exactly the sheet's shards (its log counts the training tokens).
+trained() { grep -o 'data: [0-9]* tokens' results/logs/train.log | grep -o '[0-9]*'; }
+want=$(($(tokens_of results/tokens/lambda.mtok) + $(tokens_of results/tokens/parts.mtok)))
+[ "$(trained)" = "$want" ] || fail "trained on $(trained) tokens, the two samples have $want"
+python3 - results/tokens/train.manifest.json lambda,parts <<'EOF2' || fail "train.manifest.json"
+import json, sys
+m = json.load(open(sys.argv[1]))
+names = sys.argv[2].split(",")
+assert m["format"] == "moe-token-shards", m
+assert [e["path"] for e in m["shards"]] == [n + ".mtok" for n in names], m
+assert [e["path"] for e in m["val_shards"]] == [n + ".val.mtok" for n in names], m
+EOF2
 
 # Rows: lambda has 48,502 bases -> 49 windows of 1 kb; parts: 5 records x 2 windows.
 npy_rows() { head -c 128 "$1" | tr -d '\0' | grep -ao "'shape': ([0-9]*" | grep -o '[0-9]*$'; }
@@ -92,7 +135,22 @@ for s in lambda:49 parts:10; do
         fail "$name.ids.tsv does not have $want rows"
 done
 
-# A second run has nothing to do.
+# The stale-sample case: remove `parts` from the sheet. Its shards stay in results/tokens/,
+# but the retrained model must not see them.
+sed -i '/^parts\t/d' samples.tsv
+run_workflow
+want=$(tokens_of results/tokens/lambda.mtok)
+[ -s results/tokens/parts.mtok ] || fail "the removed sample's shard should still lie in tokens/"
+[ "$(trained)" = "$want" ] ||
+    fail "after removing 'parts' the model trained on $(trained) tokens, lambda alone has $want"
+python3 - results/tokens/train.manifest.json lambda <<'EOF2' || fail "train.manifest.json after removal"
+import json, sys
+m = json.load(open(sys.argv[1]))
+assert [e["path"] for e in m["shards"]] == ["lambda.mtok"], m
+assert [e["path"] for e in m["val_shards"]] == ["lambda.val.mtok"], m
+EOF2
+
+# A further run has nothing to do.
 snakemake -s "$snakefile" --configfile config.yaml --cores 2 -n 2>&1 | grep -q "Nothing to be done" ||
     fail "a second snakemake run would redo work"
 echo "PASS pipeline_snakemake ($((SECONDS - start)) s)"

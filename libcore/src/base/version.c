@@ -1,5 +1,6 @@
 /* version: see moe/version.h. Library versions come from the libraries themselves where they
- * can tell (htslib at run time) and from the build otherwise. */
+ * can tell (htslib at run time) and from the build otherwise; the copyright line is the one
+ * of LICENSE (tests/e2e/cli_docs.sh compares them). */
 #include "moe/version.h"
 
 #include <htslib/hts.h>
@@ -13,6 +14,8 @@ const char *moe_version(void) {
 
 void moe_version_print(FILE *fp, const char *prog) {
     fprintf(fp, "%s (moe-genomics) %s\n", prog, MOE_VERSION);
+    fputs(MOE_COPYRIGHT "\n", fp);
+    fputs("License: MIT <https://opensource.org/licenses/MIT> (the LICENSE file)\n\n", fp);
     fprintf(fp, "htslib %s\n", hts_version());
     fprintf(fp, "zlib %s, libyaml %s, jansson %s\n", zlibVersion(), yaml_get_version_string(),
             JANSSON_VERSION);

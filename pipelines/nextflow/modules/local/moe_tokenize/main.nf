@@ -1,22 +1,28 @@
 // MOE_TOKENIZE: one sequence file (FASTA/FASTQ/SAM/BAM/CRAM) -> token shard(s) for moe-train.
 //
-// nf-core style module: options come from task.ext.args (set in nextflow.config), the output
-// name from task.ext.prefix (default meta.id). The one thing to know: with --val-fraction in
-// ext.args, records whose name hash falls below the fraction go to ${prefix}.val.mtok, which
-// moe-train picks up as validation data when both files sit in its --data directory.
-// Records split whole, so a single-record genome needs non-overlapping windows
-// (--window 1000, as the default config sets) to get a validation part.
+// nf-core style module: options come from task.ext.args (conf/modules.config), the output name
+// from task.ext.prefix (default meta.id). The input's index (.fai/.bai/.csi/.crai, or [] for
+// none) and the CRAM reference with its .fai ([[], [], []] for none) are staged beside it, so
+// `-r`/`--regions-file` in ext.args and CRAM inputs work inside the task. The one thing to
+// know: with --val-fraction in ext.args, records whose name hash falls below the fraction go
+// to ${prefix}.val.mtok, which moe-train picks up as validation data when both files sit in
+// its --data directory. Records split whole, so a single-record genome needs non-overlapping
+// windows (--window 1000, as the default config sets) to get a validation part.
 process MOE_TOKENIZE {
     tag "$meta.id"
     label 'process_low'
 
+    conda "${moduleDir}/environment.yml"
+    container "moe-genomics:0.1.0"
+
     input:
-    tuple val(meta), path(reads)
+    tuple val(meta), path(reads), path(index)
+    tuple val(meta2), path(fasta), path(fai)
 
     output:
     tuple val(meta), path("${prefix}.mtok")    , emit: shards
     tuple val(meta), path("${prefix}.val.mtok"), emit: val, optional: true
-    path "versions.yml"                        , emit: versions
+    tuple val("${task.process}"), val('moe-tokenize'), eval("moe-tokenize --version | head -n 1 | sed 's/^moe-tokenize (moe-genomics) //'"), emit: versions_moe_tokenize, topic: versions
 
     when:
     task.ext.when == null || task.ext.when
@@ -24,27 +30,19 @@ process MOE_TOKENIZE {
     script:
     def args = task.ext.args ?: ''
     prefix = task.ext.prefix ?: "${meta.id}"
+    def reference = fasta ? "--reference ${fasta}" : ''
     """
     moe-tokenize \\
         -@ $task.cpus \\
+        $reference \\
         $args \\
         -o ${prefix}.mtok \\
         $reads
-
-    cat <<-END_VERSIONS > versions.yml
-    "${task.process}":
-        moe-tokenize: \$(moe-tokenize --version | head -n 1 | sed 's/^moe-tokenize (moe-genomics) //')
-    END_VERSIONS
     """
 
     stub:
     prefix = task.ext.prefix ?: "${meta.id}"
     """
     touch ${prefix}.mtok
-
-    cat <<-END_VERSIONS > versions.yml
-    "${task.process}":
-        moe-tokenize: \$(moe-tokenize --version | head -n 1 | sed 's/^moe-tokenize (moe-genomics) //')
-    END_VERSIONS
     """
 }

@@ -2,12 +2,16 @@
 // (ckpt-<step>/ checkpoints, `latest`, metrics.jsonl, loss.svg).
 //
 // nf-core style module. task.ext.args carries moe-train options and key=value config
-// overrides (e.g. 'train.steps=400 device=cuda'). The one thing to know: every shard is
-// staged into one directory, shards/, because `moe-train --data DIR` trains on every *.mtok
-// there and validates on every *.val.mtok - so all shards must come from one tokenizer setup.
+// overrides (e.g. 'train.steps=400 device=cuda'). The one thing to know: the shards given are
+// staged into one directory, shards/, and moe-train trains on every *.mtok there and
+// validates on every *.val.mtok - only the staged ones, so all must come from one tokenizer
+// setup.
 process MOE_TRAIN {
     tag "$meta.id"
     label 'process_high'
+
+    conda "${moduleDir}/environment.yml"
+    container "moe-genomics:0.1.0"
 
     input:
     tuple val(meta), path(shards, stageAs: 'shards/*')
@@ -17,7 +21,7 @@ process MOE_TRAIN {
     tuple val(meta), path("${prefix}")              , emit: run
     tuple val(meta), path("${prefix}/metrics.jsonl"), emit: metrics
     tuple val(meta), path("${prefix}/loss.svg")     , emit: loss_plot
-    path "versions.yml"                             , emit: versions
+    tuple val("${task.process}"), val('moe-train'), eval("moe-train --version | head -n 1 | sed 's/^moe-train (moe-genomics) //'"), emit: versions_moe_train, topic: versions
 
     when:
     task.ext.when == null || task.ext.when
@@ -32,11 +36,6 @@ process MOE_TRAIN {
         -o ${prefix} \\
         -@ $task.cpus \\
         $args
-
-    cat <<-END_VERSIONS > versions.yml
-    "${task.process}":
-        moe-train: \$(moe-train --version | head -n 1 | sed 's/^moe-train (moe-genomics) //')
-    END_VERSIONS
     """
 
     stub:
@@ -45,10 +44,5 @@ process MOE_TRAIN {
     mkdir -p ${prefix}/ckpt-00000000
     touch ${prefix}/metrics.jsonl ${prefix}/loss.svg
     echo ckpt-00000000 > ${prefix}/latest
-
-    cat <<-END_VERSIONS > versions.yml
-    "${task.process}":
-        moe-train: \$(moe-train --version | head -n 1 | sed 's/^moe-train (moe-genomics) //')
-    END_VERSIONS
     """
 }

@@ -1,0 +1,82 @@
+# common.smk: the sample sheet, the tool settings and the helpers the rules share (functions
+# only: the rules live in tokenize.smk, train.smk and embed.smk).
+#
+# The sample sheet (config["samples"], a TSV with the columns `sample` and `path`; `#` lines
+# are comments) is read here and every row validated against schemas/samples.schema.yaml.
+# The one thing to know: errors name the sheet and the line, and the workflow stops before
+# any job runs.
+import csv
+import os
+import re
+import shlex
+
+from snakemake.utils import validate
+
+OUT = config["outdir"]
+TOK = config["tokenize"]
+TRAIN = config["train"]
+EMBED = config["embed"]
+# The *.val.mtok outputs exist exactly when a validation fraction is asked for.
+WITH_VAL = float(TOK["val_fraction"]) > 0
+
+
+def read_sample_sheet(path):
+    """{sample: path} from the TSV sample sheet; ValueError naming the line on bad rows."""
+    if not os.path.isfile(path):
+        raise ValueError(f"config: samples: no such sample sheet: {path} (a TSV with the "
+                         f"columns sample and path; relative to {os.getcwd()})")
+    with open(path, newline="") as fh:
+        lines = [(n, l) for n, l in enumerate(fh, 1) if l.strip() and not l.startswith("#")]
+    reader = csv.DictReader((l for _, l in lines), delimiter="\t")
+    if reader.fieldnames != ["sample", "path"]:
+        raise ValueError(f"{path}: line {lines[0][0] if lines else 1}: the header must be the "
+                         f"two columns 'sample<TAB>path', not {reader.fieldnames}")
+    samples = {}
+    for (n, _), row in zip(lines[1:], reader):
+        if None in row or None in row.values():
+            raise ValueError(f"{path}: line {n}: expected 2 tab-separated columns (sample, path)")
+        try:
+            validate(row, "../schemas/samples.schema.yaml")
+        except Exception as e:
+            raise ValueError(f"{path}: line {n}: {str(e).splitlines()[0]}") from None
+        if row["sample"] in samples:
+            raise ValueError(f"{path}: line {n}: sample {row['sample']!r} is listed twice")
+        if not os.path.exists(row["path"]):
+            raise ValueError(f"{path}: line {n}: sample {row['sample']!r}: no such file: "
+                             f"{row['path']} (relative paths are relative to {os.getcwd()})")
+        samples[row["sample"]] = row["path"]
+    if not samples:
+        raise ValueError(f"{path}: the sample sheet lists no samples")
+    return samples
+
+
+SAMPLES = read_sample_sheet(config["samples"])
+
+
+def shell_prefix():
+    """Strict bash, and bin_dir (e.g. a checkout's build/) in front of $PATH when it exists."""
+    prefix = "set -euo pipefail; "
+    bin_dir = config.get("bin_dir") or ""
+    if bin_dir and os.path.isdir(bin_dir):
+        prefix += f"export PATH={shlex.quote(os.path.abspath(bin_dir))}:\"$PATH\"; "
+    return prefix
+
+
+shell.prefix(shell_prefix())
+
+
+def train_overrides():
+    """key=value words for moe-train, from a string or a mapping in the config."""
+    ov = TRAIN.get("overrides") or ""
+    if isinstance(ov, dict):
+        fmt = lambda v: str(v).lower() if isinstance(v, bool) else str(v)  # YAML true, not True
+        return " ".join(shlex.quote(f"{k}={fmt(v)}") for k, v in ov.items())
+    return ov
+
+
+def tokenize_outputs():
+    """The tokenize rule's outputs: the training shard, and the validation shard when asked."""
+    out = {"shard": f"{OUT}/tokens/{{sample}}.mtok"}
+    if WITH_VAL:
+        out["val"] = f"{OUT}/tokens/{{sample}}.val.mtok"
+    return out
