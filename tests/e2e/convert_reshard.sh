@@ -105,7 +105,7 @@ moe-convert inspect "$CKPT" > inspect1.txt
 grep -q "layout: single file (ep 1)" inspect1.txt || fail "inspect: single file"
 
 # resume at world size 1 from the ep 4 checkpoint continues exactly like from the original
-VOCAB=$(moe-tokenize stats --json run.mtok | sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' | head -1)
+VOCAB=$(moe-tokenize stats --json run.mtok | sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' | awk 'NR == 1')
 resume() { # resume RUN_DIR FROM
     moe-train -q -c "$MOE_SRC_DIR/configs/tiny.yaml" --data run.mtok -o "$1" --resume "$2" \
         train.steps=4 optim.warmup_steps=1 train.seq_len=128 train.global_batch_tokens=512 \

@@ -19,7 +19,7 @@ tiny_train() { # tiny_train RUN_DIR TOKENIZER_ARGS...
     local run=$1; shift
     moe-tokenize -q "$LAMBDA" "$@" --window 128 -o "$run.mtok"
     local vocab
-    vocab=$(moe-tokenize stats --json "$run.mtok" | sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' | head -1)
+    vocab=$(moe-tokenize stats --json "$run.mtok" | sed -n 's/.*"vocab_size": *\([0-9]*\).*/\1/p' | awk 'NR == 1')
     moe-train -q -c "${MOE_SRC_DIR:-.}/configs/tiny.yaml" --data "$run.mtok" -o "$run" \
         train.steps=2 optim.warmup_steps=1 train.seq_len=128 train.global_batch_tokens=512 \
         model.hidden_size=32 model.intermediate_size=48 model.vocab_size="$vocab" \
