@@ -159,7 +159,8 @@ static int fasta_header(moe_seq_reader *r, moe_err *err) {
     size_t searched = 0; /* bytes after blk_pos known to hold no '\n' */
     for (;;) {
         char *line = r->blk.s + r->blk_pos;
-        char *nl = memchr(line + searched, '\n', r->blk.l - r->blk_pos - searched);
+        size_t left = r->blk.l - r->blk_pos - searched; /* 0 also for an unallocated block */
+        char *nl = left ? memchr(line + searched, '\n', left) : NULL;
         if (nl || r->blk_eof) {
             size_t n = nl ? (size_t)(nl - line) : r->blk.l - r->blk_pos;
             if (n == 0 && !nl) return 0;
@@ -185,8 +186,9 @@ static int fasta_body(moe_seq_reader *r, size_t *len, moe_err *err) {
         const char *body = r->blk.s + r->blk_pos, *end = r->blk.s + r->blk.l;
         const char *q = body + searched;
         /* a '>' right at the start follows the header's line break */
-        while ((q = memchr(q, '>', (size_t)(end - q))) && q > body && q[-1] != '\n')
+        while (q < end && (q = memchr(q, '>', (size_t)(end - q))) && q > body && q[-1] != '\n')
             q++;
+        if (q == end) q = NULL; /* nothing left to search (also: an empty, unallocated block) */
         if (q || r->blk_eof) {
             *len = (size_t)((q ? q : end) - body);
             return 0;
