@@ -1,10 +1,14 @@
 /* fileio: output files that appear under their final name only when complete.
  *
- * Every file a tool writes (shards, checkpoints, embeddings) goes through moe_outfile:
- * it is written to "<dir>/.<name>.tmp.<pid>", and moe_outfile_commit() flushes, fsyncs and
- * renames it into place; moe_outfile_abort() (or any failure) removes the temporary file,
- * so an interrupted run never leaves a half-written file under the final name. The path
- * "-" writes to stdout (commit flushes it). Also here: directory helpers and CRC32. */
+ * Every file a tool writes (shards, checkpoints, embeddings, metrics) goes through
+ * moe_outfile. A regular file (or a new path) is written to "<dir>/.<name>.tmp.<pid>", and
+ * moe_outfile_commit() flushes, fsyncs and renames it into place; moe_outfile_abort() (or any
+ * failure) removes the temporary file, so an interrupted run never leaves a half-written file
+ * under the final name. A symlink is followed: the rename replaces its target, never the
+ * link. An existing character or block device, FIFO or socket (/dev/null, /dev/stdout, a
+ * named pipe) is written in place and never replaced, like "-" (stdout): such an output is
+ * streamed (f->tmp is NULL, so it cannot be patched by seeking). Every write, flush and
+ * close is checked: /dev/full fails with ENOSPC. Also here: directory helpers and CRC32. */
 #ifndef MOE_FILEIO_H
 #define MOE_FILEIO_H
 
@@ -20,13 +24,22 @@ extern "C" {
 
 typedef struct moe_outfile {
     FILE *fp;
-    char *path; /* final name ("-" for stdout) */
-    char *tmp;  /* temporary name, NULL for stdout */
+    char *path;  /* the name given ("-" for stdout), used in messages */
+    char *dest;  /* where the rename goes: path, or a symlink's resolved target */
+    char *tmp;   /* temporary name, NULL when written in place (stdout, device, FIFO, append) */
+    int special; /* 1: an existing device, FIFO or socket, written in place (not "-") */
 } moe_outfile;
 
+/* Opens an output as described above. A directory, or a path whose directory is missing or
+ * not writable, is MOE_ERR_INPUT. */
 moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err);
+/* Opens path for appending in place (a log such as metrics.jsonl: earlier lines stay; a
+ * symlink is followed and a device or FIFO written as it is); commit flushes and closes. */
+moe_status moe_outfile_open_append(moe_outfile *f, const char *path, moe_err *err);
 /* fwrite that records a failure in err (MOE_ERR_RUNTIME naming the file). */
 moe_status moe_outfile_write(moe_outfile *f, const void *data, size_t n, moe_err *err);
+/* fflush, checked: what was written so far reaches the file (or fails naming it). */
+moe_status moe_outfile_flush(moe_outfile *f, moe_err *err);
 moe_status moe_outfile_commit(moe_outfile *f, moe_err *err);
 void moe_outfile_abort(moe_outfile *f);
 

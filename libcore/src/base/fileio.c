@@ -18,6 +18,44 @@ static moe_status input_errno(moe_err *err, const char *file, const char *what) 
     return MOE_ERR_INPUT;
 }
 
+/* Where a rename for path must go: path itself, or the target of the symlink(s) it names
+ * (followed while dangling too, so "-o link" creates the link's target). Returns a malloc'ed
+ * string, NULL when out of memory or the chain is too long (errno set). */
+static char *out_resolve(const char *path) {
+    char *cur = strdup(path);
+    for (int hops = 0; cur && hops < 40; hops++) {
+        struct stat st;
+        if (lstat(cur, &st) != 0 || !S_ISLNK(st.st_mode)) return cur;
+        char *real = realpath(cur, NULL);
+        if (real) { /* the whole chain resolves: done */
+            free(cur);
+            return real;
+        }
+        char link[4096];
+        ssize_t n = readlink(cur, link, sizeof link - 1);
+        if (n < 0) break;
+        link[n] = '\0';
+        const char *slash = strrchr(cur, '/');
+        size_t dirlen = link[0] == '/' || !slash ? 0 : (size_t)(slash - cur + 1);
+        char *next = malloc(dirlen + (size_t)n + 1);
+        if (!next) break;
+        memcpy(next, cur, dirlen);
+        memcpy(next + dirlen, link, (size_t)n + 1);
+        free(cur);
+        cur = next;
+    }
+    free(cur);
+    if (errno == 0) errno = ELOOP;
+    return NULL;
+}
+
+static void outfile_free(moe_outfile *f) {
+    free(f->tmp);
+    free(f->dest);
+    free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
 moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
@@ -26,22 +64,62 @@ moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
         f->fp = stdout;
         return MOE_OK;
     }
-    const char *slash = strrchr(path, '/');
-    size_t dirlen = slash ? (size_t)(slash - path + 1) : 0;
-    size_t n = strlen(path) + 64;
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+        moe_err_set(err, MOE_ERR_INPUT, path, "is a directory, expected an output file name");
+        outfile_free(f);
+        return MOE_ERR_INPUT;
+    }
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) { /* device, FIFO, socket: in place */
+        f->special = 1;
+        f->fp = fopen(path, "wb");
+        if (!f->fp) {
+            input_errno(err, path, "cannot open output");
+            outfile_free(f);
+            return MOE_ERR_INPUT;
+        }
+        return MOE_OK;
+    }
+    f->dest = out_resolve(path);
+    if (!f->dest) {
+        input_errno(err, path, "cannot resolve the output's symlink");
+        outfile_free(f);
+        return MOE_ERR_INPUT;
+    }
+    const char *slash = strrchr(f->dest, '/');
+    size_t dirlen = slash ? (size_t)(slash - f->dest + 1) : 0;
+    size_t n = strlen(f->dest) + 64;
     f->tmp = malloc(n);
     if (!f->tmp) {
-        free(f->path);
+        outfile_free(f);
         return moe_err_errno(err, path, "out of memory");
     }
-    snprintf(f->tmp, n, "%.*s.%s.tmp.%ld", (int)dirlen, path, path + dirlen, (long)getpid());
+    snprintf(f->tmp, n, "%.*s.%s.tmp.%ld", (int)dirlen, f->dest, f->dest + dirlen, (long)getpid());
     f->fp = fopen(f->tmp, "wb");
     if (!f->fp) {
         input_errno(err, path, "cannot create output file");
         moe_err_hint(err, "check that the directory exists and is writable");
-        free(f->tmp);
-        free(f->path);
-        memset(f, 0, sizeof *f);
+        outfile_free(f);
+        return MOE_ERR_INPUT;
+    }
+    return MOE_OK;
+}
+
+moe_status moe_outfile_open_append(moe_outfile *f, const char *path, moe_err *err) {
+    memset(f, 0, sizeof *f);
+    f->path = strdup(path);
+    if (!f->path) return moe_err_errno(err, path, "out of memory");
+    if (strcmp(path, "-") == 0) {
+        f->fp = stdout;
+        return MOE_OK;
+    }
+    struct stat st;
+    f->special = stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+    f->fp = fopen(path, "ab");
+    if (!f->fp) {
+        input_errno(err, path, "cannot open for appending");
+        moe_err_hint(err, "check that the directory exists and is writable");
+        outfile_free(f);
         return MOE_ERR_INPUT;
     }
     return MOE_OK;
@@ -52,36 +130,32 @@ moe_status moe_outfile_write(moe_outfile *f, const void *data, size_t n, moe_err
     return MOE_OK;
 }
 
+moe_status moe_outfile_flush(moe_outfile *f, moe_err *err) {
+    return fflush(f->fp) == 0 ? MOE_OK : moe_err_errno(err, f->path, "write failed");
+}
+
 moe_status moe_outfile_commit(moe_outfile *f, moe_err *err) {
     moe_status st = MOE_OK;
-    if (!f->tmp) {
-        if (fflush(f->fp) != 0) st = moe_err_errno(err, "(stdout)", "write failed");
-        free(f->path);
-        memset(f, 0, sizeof *f);
-        return st;
-    }
-    if (fflush(f->fp) != 0 || fsync(fileno(f->fp)) != 0) {
+    if (fflush(f->fp) != 0) st = moe_err_errno(err, f->path, "write failed");
+    /* fsync only what will be renamed: a device or pipe has nothing durable to sync */
+    if (st == MOE_OK && f->tmp && fsync(fileno(f->fp)) != 0)
         st = moe_err_errno(err, f->path, "write failed");
-    }
-    if (fclose(f->fp) != 0 && st == MOE_OK) st = moe_err_errno(err, f->path, "write failed");
+    if (f->fp != stdout && fclose(f->fp) != 0 && st == MOE_OK)
+        st = moe_err_errno(err, f->path, "write failed");
     f->fp = NULL;
-    if (st == MOE_OK && rename(f->tmp, f->path) != 0)
-        st = moe_err_errno(err, f->path, "cannot rename temporary file into place");
-    if (st != MOE_OK) unlink(f->tmp);
-    free(f->tmp);
-    free(f->path);
-    memset(f, 0, sizeof *f);
+    if (f->tmp) {
+        if (st == MOE_OK && rename(f->tmp, f->dest) != 0)
+            st = moe_err_errno(err, f->path, "cannot rename temporary file into place");
+        if (st != MOE_OK) unlink(f->tmp);
+    }
+    outfile_free(f);
     return st;
 }
 
 void moe_outfile_abort(moe_outfile *f) {
-    if (f->tmp) {
-        if (f->fp) fclose(f->fp);
-        unlink(f->tmp);
-    }
-    free(f->tmp);
-    free(f->path);
-    memset(f, 0, sizeof *f);
+    if (f->fp && f->fp != stdout) fclose(f->fp);
+    if (f->tmp) unlink(f->tmp);
+    outfile_free(f);
 }
 
 moe_status moe_write_text_file(const char *path, const char *text, const char *tail, moe_err *err) {
@@ -261,7 +335,8 @@ moe_status moe_crc32_file(const char *path, uint32_t *crc, uint64_t *size, moe_e
                                    (z_off_t)(n - off < CRC_SEGMENT ? n - off : CRC_SEGMENT));
     }
     free(part);
-    if (bad) return moe_err_set(err, MOE_ERR_RUNTIME, path, "read failed (file changed or I/O error)");
+    if (bad)
+        return moe_err_set(err, MOE_ERR_RUNTIME, path, "read failed (file changed or I/O error)");
     *crc = (uint32_t)c;
     *size = n;
     return MOE_OK;

@@ -34,6 +34,10 @@ moe_status moe_embed_out_open(embed_out *w, const moe_embed_opts *o, int64_t C, 
     moe_status st = moe_npy_writer_open(&w->npy, o->output, o->dtype, C, err);
     if (st != MOE_OK) return st;
     w->npy_open = 1;
+    if (w->npy.out.special) { /* -o /dev/null: no "/dev/null.ids.tsv" beside a device */
+        moe_log_info("%s is a device: no .ids.tsv is written", o->output);
+        return MOE_OK;
+    }
     st = moe_outfile_open(&w->ids, w->ids_path, err);
     if (st != MOE_OK) return st;
     w->ids_open = 1;
@@ -65,7 +69,7 @@ static moe_status put_row(embed_out *w, const moe_embed_opts *o, const double *a
 }
 
 static moe_status put_ids(embed_out *w, const char *line, moe_err *err) {
-    if (w->tsv) return MOE_OK;
+    if (!w->ids_open) return MOE_OK;
     return moe_outfile_write(&w->ids, line, strlen(line), err);
 }
 
@@ -111,7 +115,7 @@ moe_status moe_embed_out_commit(embed_out *w, moe_err *err) {
     } else {
         w->npy_open = 0;
         st = moe_npy_writer_commit(&w->npy, err);
-        if (st == MOE_OK) {
+        if (st == MOE_OK && w->ids_open) {
             w->ids_open = 0;
             st = moe_outfile_commit(&w->ids, err);
         }

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "moe/dtype.h"
 
@@ -45,6 +46,13 @@ moe_status moe_npy_writer_open(moe_npy_writer *w, const char *path, moe_npy_dtyp
     }
     w->dtype = dtype;
     w->cols = cols;
+    struct stat sb; /* checked before opening: opening a FIFO waits for its reader */
+    if (stat(path, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode))) {
+        moe_err_set(err, MOE_ERR_INPUT, path,
+                    "a .npy needs a seekable output (its header is rewritten at the end)");
+        moe_err_hint(err, "write to a file, or leave -o out for TSV text on stdout");
+        return MOE_ERR_INPUT;
+    }
     moe_status st = moe_outfile_open(&w->out, path, err);
     if (st != MOE_OK) return st;
     char hdr[MOE_NPY_HEADER_BYTES];

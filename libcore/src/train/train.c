@@ -37,8 +37,7 @@ typedef struct trainer {
     float *weights;            /* [B_micro, T] host, NULL when no lower-case weighting */
     int64_t T, B_micro, accum, end_step;
     double bases_per_token;
-    FILE *metrics_fp, *json_fp;
-    int json_is_stdout;
+    moe_outfile metrics, json; /* appended in place; json.fp NULL without --log-json */
     char metrics_path[MOE_CKPT_PATH_MAX], svg_path[MOE_CKPT_PATH_MAX];
     moe_metrics_history hist;
     moe_trainer_state ts;
@@ -114,22 +113,11 @@ static moe_status open_outputs(trainer *t, const char *log_json, moe_err *err) {
     snprintf(t->svg_path, sizeof t->svg_path, "%s/loss.svg", t->run_dir);
     moe_status st = moe_metrics_jsonl_truncate(t->metrics_path, t->ts.step, &t->hist, err);
     if (st != MOE_OK) return st;
-    t->metrics_fp = fopen(t->metrics_path, "a");
-    if (!t->metrics_fp) {
-        moe_err_errno(err, t->metrics_path, "cannot write in the run directory");
-        err->status = MOE_ERR_INPUT;
+    if (moe_outfile_open_append(&t->metrics, t->metrics_path, err) != MOE_OK) {
         moe_err_hint(err, "choose a writable run directory with -o");
         return MOE_ERR_INPUT;
     }
-    if (log_json && log_json[0]) {
-        t->json_is_stdout = strcmp(log_json, "-") == 0;
-        t->json_fp = t->json_is_stdout ? stdout : fopen(log_json, "a");
-        if (!t->json_fp) {
-            moe_err_errno(err, log_json, "cannot open the --log-json file");
-            err->status = MOE_ERR_INPUT;
-            return MOE_ERR_INPUT;
-        }
-    }
+    if (log_json && log_json[0]) return moe_outfile_open_append(&t->json, log_json, err);
     return MOE_OK;
 }
 
@@ -365,11 +353,16 @@ static char *metrics_line(const trainer *t, int64_t step, const step_metrics *sm
 static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm, moe_err *err) {
     char *line = metrics_line(t, step, sm);
     if (!line) return moe_err_set(err, MOE_ERR_RUNTIME, t->metrics_path, "cannot encode metrics");
-    int bad = fprintf(t->metrics_fp, "%s\n", line) < 0 || fflush(t->metrics_fp) != 0;
-    if (t->json_fp) bad |= fprintf(t->json_fp, "%s\n", line) < 0 || fflush(t->json_fp) != 0;
     free(t->ts.last_metrics);
     t->ts.last_metrics = line;
-    if (bad) return moe_err_errno(err, t->metrics_path, "cannot write metrics");
+    moe_outfile *outs[2] = {&t->metrics, &t->json}; /* each error names its own file */
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i]->fp) continue;
+        if (moe_outfile_write(outs[i], line, strlen(line), err) != MOE_OK ||
+            moe_outfile_write(outs[i], "\n", 1, err) != MOE_OK ||
+            moe_outfile_flush(outs[i], err) != MOE_OK)
+            return err->status;
+    }
     return moe_metrics_history_add(&t->hist, step, sm->loss, sm->val_loss, err);
 }
 
@@ -470,8 +463,8 @@ static void trainer_free(trainer *t) {
     free(t->tokens);
     free(t->targets);
     free(t->weights);
-    if (t->metrics_fp) fclose(t->metrics_fp);
-    if (t->json_fp && !t->json_is_stdout) fclose(t->json_fp);
+    if (t->metrics.fp) moe_outfile_abort(&t->metrics); /* appended: closes, removes nothing */
+    if (t->json.fp) moe_outfile_abort(&t->json);
     moe_metrics_history_free(&t->hist);
     free(t->ts.last_metrics);
 }
