@@ -42,6 +42,8 @@ static const char USAGE[] =
     "  -h, --help            this help\n"
     "  -V, --version         version and library versions\n"
     "\n"
+    "SIGTERM, SIGINT and SIGUSR1 (train.stop_signal) finish the step, write a checkpoint\n"
+    "and exit 0 (continue with --resume auto); a second SIGINT aborts at once.\n"
     "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
     "Data parallelism on the CPU: start parallel.dp processes with an MPI launcher; each\n"
     "runs its share of a step's micro-batches and rank 0 writes the run directory.\n"
@@ -136,6 +138,7 @@ int main(int argc, char **argv) {
     }
     moe_log_init(prog, level);
     opts.quiet = level < MOE_LOG_INFO;
+    opts.stop_on_signals = 1;
     moe_config cfg;
     moe_status st = moe_config_load(&cfg, config, argc - optind, argv + optind, &err);
     if (st == MOE_OK && opts.data_path)

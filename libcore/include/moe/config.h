@@ -31,6 +31,14 @@ typedef enum moe_recompute {
     MOE_RECOMPUTE_FULL
 } moe_recompute;
 
+/* train.stop_signal: the signal that, besides SIGTERM and SIGINT, stops a run cleanly. */
+typedef enum moe_stop_signal {
+    MOE_STOP_SIGNAL_USR1,
+    MOE_STOP_SIGNAL_USR2,
+    MOE_STOP_SIGNAL_HUP,
+    MOE_STOP_SIGNAL_NONE
+} moe_stop_signal;
+
 /* `model:` - Hugging Face MixtralConfig names, so config.json export is a copy. */
 typedef struct moe_model_config {
     int64_t vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
@@ -53,6 +61,7 @@ typedef struct moe_data_config {
 typedef struct moe_train_config {
     int64_t steps, seq_len, global_batch_tokens, micro_batch_tokens, seed, eval_every, eval_tokens;
     moe_recompute recompute;
+    moe_stop_signal stop_signal;
     bool deterministic;
 } moe_train_config;
 

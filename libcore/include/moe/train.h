@@ -36,6 +36,8 @@ typedef struct moe_train_opts {
     int quiet;             /* no progress bar */
     int threads;           /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
     const struct moe_comm *comm; /* the processes of the run (moe/comm.h); NULL: one */
+    int stop_on_signals;         /* 1: SIGTERM, SIGINT, train.stop_signal stop the run cleanly
+                                    (finish the step, checkpoint, return MOE_OK); moe-train */
 } moe_train_opts;
 
 /* Runs (or resumes) training as configured. Input problems (data, config, checkpoint, run

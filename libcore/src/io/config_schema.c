@@ -16,17 +16,19 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3408,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3416,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
 
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const recipe_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const recompute_names[] = {"none", "attn", "moe", "full", NULL};
+static const char *const stop_signal_names[] = {"usr1", "usr2", "hup", "none", NULL};
 
 /* Where a field lives: offset and size inside moe_config. */
 #define FIELD(f) offsetof(moe_config, f), sizeof(((moe_config *)0)->f)
@@ -114,6 +116,10 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Validation tokens per evaluation, a multiple of seq_len; 0 = the whole set."},
     {"train.recompute", MOE_CFG_ENUM, FIELD(train.recompute), "none", 0, 0, 0, recompute_names,
      "Activation recomputation in backward: none, attention, MoE block, or whole layers."},
+    {"train.stop_signal", MOE_CFG_ENUM, FIELD(train.stop_signal), "usr1", 0, 0, 0,
+     stop_signal_names,
+     "Signal that, like SIGTERM and SIGINT, makes moe-train finish the step, write a "
+     "checkpoint and exit 0 (Slurm: `#SBATCH --signal=USR1@120`); none = only those two."},
     {"train.deterministic", MOE_CFG_BOOL, FIELD(train.deterministic), "true", 0, 0, 0, NULL,
      "Bit-reproducible reductions (same inputs, seed and world size -> same bytes)."},
 

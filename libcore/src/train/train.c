@@ -18,6 +18,7 @@
 #include "moe/metrics.h"
 #include "moe/schedule.h"
 #include "moe/shard.h"
+#include "train/train_signal.h"
 
 typedef struct trainer {
     moe_config cfg; /* resolved: data.path is the data actually used */
@@ -416,6 +417,27 @@ static moe_status report(trainer *t, int64_t step, int last, step_metrics *sm,
     return moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
 }
 
+/* After step `step`: when a stop signal reached any rank (all ranks agree through one sum),
+ * writes a checkpoint unless this step already did, logs why and sets *stopped. */
+static moe_status stop_if_signalled(trainer *t, int64_t step, const moe_progress *prog,
+                                    int *stopped, moe_err *err) {
+    int64_t sig[2] = {moe_train_signal_pending(), 0};
+    sig[1] = sig[0] != 0; /* how many ranks were signalled */
+    moe_status st = t->comm ? moe_comm_sum_i64(t->comm, sig, 2, err) : MOE_OK;
+    if (st != MOE_OK || sig[1] == 0) return st;
+    *stopped = 1;
+    int every = (int)t->cfg.checkpoint.every;
+    if (!(every > 0 && step % every == 0)) st = save(t, err);
+    if (st != MOE_OK || t->rank != 0) return st;
+    int mine = moe_train_signal_pending();
+    if (prog->tty) fputs("\r\033[K", stderr);
+    moe_log_info("%s: stopped after step %lld of %lld with a checkpoint in %s; continue with "
+                 "--resume auto",
+                 mine ? strsignal(mine) : "stop signal on another rank", (long long)step,
+                 (long long)t->cfg.train.steps, t->run_dir);
+    return MOE_OK;
+}
+
 static moe_status loop(trainer *t, moe_err *err) {
     const moe_config *c = &t->cfg;
     int64_t start = t->ts.step, L = c->model.num_hidden_layers;
@@ -427,6 +449,7 @@ static moe_status loop(trainer *t, moe_err *err) {
     char title[1100];
     snprintf(title, sizeof title, "moe-train: %.1000s", c->data.path);
     moe_status st = MOE_OK;
+    int stopped = 0;
     for (int64_t step = start + 1; step <= t->end_step && st == MOE_OK; step++) {
         step_metrics sm = {.load = load, .val_loss = NAN};
         st = train_step(t, step, &sm, err);
@@ -439,6 +462,8 @@ static moe_status loop(trainer *t, moe_err *err) {
         char extra[96];
         snprintf(extra, sizeof extra, "loss %.4f lr %.2e", sm.loss, sm.lr);
         moe_progress_update(&prog, step - start, extra);
+        if (st == MOE_OK && !last) st = stop_if_signalled(t, step, &prog, &stopped, err);
+        if (stopped) break;
     }
     if (st == MOE_OK && t->rank == 0) {
         moe_progress_finish(&prog, NULL);
@@ -558,8 +583,14 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         if (t.ts.step >= t.end_step)
             moe_log_info("nothing to do: the run is at step %lld of %lld", (long long)t.ts.step,
                          (long long)t.end_step);
-        else
+        else if (!opts->stop_on_signals)
             st = loop(&t, err);
+        else {
+            moe_train_signals sigs;
+            st = moe_train_signals_install(&sigs, t.cfg.train.stop_signal, err);
+            if (st == MOE_OK) st = loop(&t, err);
+            moe_train_signals_restore(&sigs);
+        }
     }
     trainer_free(&t);
     return st;
