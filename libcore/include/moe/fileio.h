@@ -47,6 +47,17 @@ void moe_outfile_abort(moe_outfile *f);
  * moe_outfile: the whole file appears under its name at once or not at all. */
 moe_status moe_write_text_file(const char *path, const char *text, const char *tail, moe_err *err);
 
+/* An exclusive lock on "<dir>/.lock" (flock, so the kernel drops it when the process ends,
+ * kill -9 included): one run per run directory or shard directory. The file holds
+ * "<prog> <host> <pid>" of the holder and is removed by release (after kill -9 it stays,
+ * unlocked). Held by someone else: MOE_ERR_INPUT naming them. Set fd = -1 before use. */
+typedef struct moe_dirlock {
+    int fd;          /* -1 when not held */
+    char path[4200]; /* <dir>/.lock */
+} moe_dirlock;
+moe_status moe_dirlock_take(moe_dirlock *l, const char *dir, const char *prog, moe_err *err);
+void moe_dirlock_release(moe_dirlock *l);
+
 /* mkdir -p; an existing directory is fine. */
 moe_status moe_mkdirs(const char *path, moe_err *err);
 /* fsync a directory so that a rename inside it is durable. */

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -167,6 +168,58 @@ moe_status moe_write_text_file(const char *path, const char *text, const char *t
     if (st == MOE_OK) return moe_outfile_commit(&f, err);
     moe_outfile_abort(&f);
     return st;
+}
+
+moe_status moe_dirlock_take(moe_dirlock *l, const char *dir, const char *prog, moe_err *err) {
+    char path[4200], who[512] = "", host[256] = "?";
+    l->fd = -1;
+    if (snprintf(path, sizeof path, "%s/.lock", dir) >= (int)sizeof path)
+        return moe_err_set(err, MOE_ERR_INPUT, dir, "path too long");
+    int fd;
+    struct stat a, b;
+    for (;;) { /* a lock on a file that its holder unlinked as we opened it locks nothing */
+        fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) return input_errno(err, path, "cannot create the lock file");
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0 || fstat(fd, &a) != 0 || stat(path, &b) != 0 ||
+            (a.st_dev == b.st_dev && a.st_ino == b.st_ino))
+            break;
+        close(fd);
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        ssize_t n = e == EWOULDBLOCK ? pread(fd, who, sizeof who - 1, 0) : -1;
+        close(fd);
+        if (e != EWOULDBLOCK) {
+            errno = e;
+            return input_errno(err, path, "cannot lock");
+        }
+        who[n > 0 ? n : 0] = '\0';
+        char holder[64] = "another program", hhost[256] = "?";
+        long pid = 0;
+        if (sscanf(who, "%63s %255s %ld", holder, hhost, &pid) != 3) pid = 0;
+        moe_err_set(err, MOE_ERR_INPUT, dir, "in use by %s on host %s, pid %ld (%s is locked)",
+                    holder, hhost, pid, path);
+        moe_err_hint(err, "two runs in one directory overwrite each other's files: wait for it "
+                          "to end, or choose another output directory");
+        return MOE_ERR_INPUT;
+    }
+    gethostname(host, sizeof host - 1);
+    int n = snprintf(who, sizeof who, "%s %s %ld\n", prog, host, (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, who, (size_t)n, 0) != n) {
+        moe_err_errno(err, path, "cannot write the lock file");
+        close(fd);
+        return MOE_ERR_RUNTIME;
+    }
+    l->fd = fd;
+    snprintf(l->path, sizeof l->path, "%s", path);
+    return MOE_OK;
+}
+
+void moe_dirlock_release(moe_dirlock *l) {
+    if (l->fd < 0) return;
+    unlink(l->path); /* while still holding it: see the retry in moe_dirlock_take */
+    close(l->fd);
+    l->fd = -1;
 }
 
 moe_status moe_mkdirs(const char *path, moe_err *err) {

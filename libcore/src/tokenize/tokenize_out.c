@@ -29,7 +29,8 @@ struct tok_out {
     const moe_tokenize_opts *o;
     const moe_tokenizer *tok;
     int dir_mode, width, with_val;
-    int count_bases; /* progress in bases read (else in tokens written) */
+    int count_bases;  /* progress in bases read (else in tokens written) */
+    moe_dirlock lock; /* DIR/.lock in dir_mode, for the run's life */
     char dir[4096];
     char file[4096], val_file[4096];
     stream train, val;
@@ -199,6 +200,7 @@ static moe_status setup_output(ctx *c, moe_err *err) {
     if (c->dir_mode) {
         snprintf(c->dir, sizeof c->dir, "%.*s", (int)(out[n - 1] == '/' && n > 1 ? n - 1 : n), out);
         if (moe_mkdirs(c->dir, err) != MOE_OK) return err->status;
+        if (moe_dirlock_take(&c->lock, c->dir, "moe-tokenize", err) != MOE_OK) return err->status;
         /* shards of an earlier run would mix with ours when the directory is read */
         DIR *d = opendir(c->dir);
         struct dirent *e;
@@ -229,6 +231,7 @@ moe_status tok_out_open(tok_out **out, const moe_tokenize_opts *o, const moe_tok
     ctx *c = calloc(1, sizeof *c);
     *out = c;
     if (!c) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    c->lock.fd = -1;
     c->o = o;
     c->tok = tok;
     c->width = moe_shard_pack_width(tok);
@@ -262,6 +265,7 @@ moe_status tok_out_finish(tok_out *c, moe_status st, moe_tokenize_summary *summa
     stream_cleanup(&c->train, st != MOE_OK);
     stream_cleanup(&c->val, st != MOE_OK);
     if (summary) *summary = c->sum;
+    moe_dirlock_release(&c->lock);
     free(c);
     return st;
 }

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "moe/ckpt.h"
@@ -39,6 +40,7 @@ typedef struct trainer {
     int64_t T, B_micro, accum, end_step;
     double bases_per_token;
     moe_outfile metrics, json; /* appended in place; json.fp NULL without --log-json */
+    moe_dirlock lock;          /* RUN/.lock, held by rank 0 for the run's life */
     char metrics_path[MOE_CKPT_PATH_MAX], svg_path[MOE_CKPT_PATH_MAX];
     moe_metrics_history hist;
     moe_trainer_state ts;
@@ -492,11 +494,13 @@ static void trainer_free(trainer *t) {
     if (t->json.fp) moe_outfile_abort(&t->json);
     moe_metrics_history_free(&t->hist);
     free(t->ts.last_metrics);
+    moe_dirlock_release(&t->lock);
 }
 
 moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_err *err) {
     trainer t;
     memset(&t, 0, sizeof t);
+    t.lock.fd = -1;
     t.cfg = *cfg;
     t.run_dir = opts->run_dir && opts->run_dir[0] ? opts->run_dir : "run";
     if (opts->data_path && opts->data_path[0])
@@ -528,6 +532,9 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         t.ts.data_samples = t.dl.n_samples;
         t.ts.data_stream_tokens = t.dl.stream_tokens;
     }
+    struct stat rd; /* an existing run directory is locked before its checkpoints are read */
+    if (st == MOE_OK && t.rank == 0 && stat(t.run_dir, &rd) == 0 && S_ISDIR(rd.st_mode))
+        st = moe_dirlock_take(&t.lock, t.run_dir, "moe-train", err);
     if (st == MOE_OK && !opts->resume) {
         int64_t *steps;
         int n;
@@ -568,6 +575,8 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     if (st == MOE_OK && t.rank == 0) { /* rank 0 writes the run directory */
         st = moe_mkdirs(t.run_dir, err);
         if (st != MOE_OK) moe_err_hint(err, "choose a writable run directory with -o");
+        if (st == MOE_OK && t.lock.fd < 0) /* a new one: locked when made */
+            st = moe_dirlock_take(&t.lock, t.run_dir, "moe-train", err);
         if (st == MOE_OK)
             st = open_outputs(&t, opts->log_json ? opts->log_json : t.cfg.log.json, err);
     }
