@@ -60,6 +60,7 @@ typedef struct moe_data_config {
  * eval_every 0 = evaluate only at the end. */
 typedef struct moe_train_config {
     int64_t steps, seq_len, global_batch_tokens, micro_batch_tokens, seed, eval_every, eval_tokens;
+    int64_t max_bad_steps;
     moe_recompute recompute;
     moe_stop_signal stop_signal;
     bool deterministic;

@@ -11,6 +11,7 @@
  * or not at all; TSV values are printed with 9 significant digits (exact for f32) after
  * rounding to the output dtype, so TSV and .npy always hold the same numbers. */
 #include <inttypes.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,6 +54,16 @@ static moe_status put_row(embed_out *w, const moe_embed_opts *o, const double *a
     for (int64_t c = 0; c < w->C; c++) {
         float v = (float)acc[c];
         w->row[c] = o->dtype == MOE_NPY_F16 ? moe_f16_to_f32(moe_f32_to_f16(v)) : v;
+        if (!isfinite(w->row[c])) { /* never written: all the rows go, or none */
+            moe_err_set(err, MOE_ERR_RUNTIME, o->ckpt_dir,
+                        "row %lld (%s) has a non-finite value %g in column %lld: no output "
+                        "is written",
+                        (long long)w->rows, name, (double)w->row[c], (long long)c);
+            moe_err_hint(err, isfinite(v) ? "the value overflows float16: use --dtype f32"
+                                          : "the checkpoint's weights hold NaN or Inf (moe-convert "
+                                            "inspect shows max|x|); use an earlier checkpoint");
+            return MOE_ERR_RUNTIME;
+        }
     }
     if (!w->tsv) {
         moe_status st = moe_npy_writer_append(&w->npy, w->row, 1, err);

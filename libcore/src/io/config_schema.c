@@ -16,7 +16,7 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3416,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3424,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
@@ -116,6 +116,9 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Validation tokens per evaluation, a multiple of seq_len; 0 = the whole set."},
     {"train.recompute", MOE_CFG_ENUM, FIELD(train.recompute), "none", 0, 0, 0, recompute_names,
      "Activation recomputation in backward: none, attention, MoE block, or whole layers."},
+    {"train.max_bad_steps", MOE_CFG_INT, FIELD(train.max_bad_steps), "3", MIN_MAX, 0, I64_MAX, NULL,
+     "Steps with a non-finite loss or gradient are skipped (no update) and counted; more than "
+     "this many in a row end the run (exit 1) with the last checkpoint intact; 0 = the first."},
     {"train.stop_signal", MOE_CFG_ENUM, FIELD(train.stop_signal), "usr1", 0, 0, 0,
      stop_signal_names,
      "Signal that, like SIGTERM and SIGINT, makes moe-train finish the step, write a "

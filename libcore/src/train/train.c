@@ -19,6 +19,7 @@
 #include "moe/metrics.h"
 #include "moe/schedule.h"
 #include "moe/shard.h"
+#include "train/train_health.h"
 #include "train/train_signal.h"
 
 typedef struct trainer {
@@ -41,6 +42,7 @@ typedef struct trainer {
     double bases_per_token;
     moe_outfile metrics, json; /* appended in place; json.fp NULL without --log-json */
     moe_dirlock lock;          /* RUN/.lock, held by rank 0 for the run's life */
+    moe_train_health health;   /* non-finite steps and loss spikes (train_health.h) */
     char metrics_path[MOE_CKPT_PATH_MAX], svg_path[MOE_CKPT_PATH_MAX];
     moe_metrics_history hist;
     moe_trainer_state ts;
@@ -212,6 +214,7 @@ static moe_status check_parallel(const trainer *t, int world, moe_err *err) {
 typedef struct step_metrics {
     double loss, ce, aux, z, entropy, grad_norm, lr, seconds, val_loss;
     double *load; /* [layers] max/mean tokens per expert */
+    int bad;      /* non-finite loss or gradient norm: the update was skipped */
 } step_metrics;
 
 static moe_status evaluate(trainer *t, double *val_loss, moe_err *err) {
@@ -280,7 +283,10 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     float scale = 1.0f;
     if (c->optim.grad_clip > 0 && norm > c->optim.grad_clip)
         scale = (float)(c->optim.grad_clip / norm);
-    for (int i = 0; i < t->model.table.n_params; i++) { /* the part of each tensor this rank owns */
+    double ce = w_sum > 0 ? ce_sum / w_sum : NAN;
+    sm->bad = !isfinite(moe_model_loss(mc, ce, aux, z)) ||
+              !isfinite(norm); /* the same on every rank: the sums are global */
+    for (int i = 0; i < t->model.table.n_params && !sm->bad; i++) { /* this rank's part */
         moe_param *p = &t->model.table.params[i];
         int64_t a = p->offset > t->lo ? p->offset : t->lo;
         int64_t b = p->offset + p->numel < t->hi ? p->offset + p->numel : t->hi;
@@ -292,9 +298,9 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
                      (float)wd, step, scale);
     }
     st = t->be->synchronize(t->be, err);
-    if (st == MOE_OK && t->dp > 1) /* every rank gets every rank's updated weights */
+    if (st == MOE_OK && t->dp > 1 && !sm->bad) /* every rank gets every rank's new weights */
         st = moe_comm_allgather_f32(t->comm, t->model.param_mem, t->slice, err);
-    sm->ce = w_sum > 0 ? ce_sum / w_sum : NAN;
+    sm->ce = ce;
     sm->aux = aux;
     sm->z = z;
     sm->loss = moe_model_loss(mc, sm->ce, aux, z);
@@ -311,13 +317,6 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     }
     free(load);
     sm->seconds = moe_time_now() - t0;
-    if (st == MOE_OK && (!isfinite(sm->loss) || !isfinite(norm))) {
-        st = moe_err_set(err, MOE_ERR_RUNTIME, NULL,
-                         "training diverged at step %lld: loss %g, gradient norm %g",
-                         (long long)step, sm->loss, norm);
-        moe_err_hint(err, "lower optim.lr or raise optim.warmup_steps, and resume from the "
-                          "last checkpoint");
-    }
     return st;
 }
 
@@ -458,7 +457,20 @@ static moe_status loop(trainer *t, moe_err *err) {
         if (st != MOE_OK) break;
         t->ts.step = step;
         int last = step == t->end_step;
-        if (t->rank == 0) st = report(t, step, last, &sm, &prog, title, err);
+        if (sm.bad) { /* weights unchanged: a checkpoint below still holds good ones */
+            char ck[MOE_CKPT_PATH_MAX] = "";
+            int found = 0;
+            moe_err sub;
+            moe_err_clear(&sub);
+            if (t->health.bad_in_row >= t->health.max_bad &&
+                (moe_ckpt_latest(t->run_dir, ck, sizeof ck, &found, &sub) != MOE_OK || !found))
+                ck[0] = '\0';
+            st = moe_train_health_bad(&t->health, step, sm.loss, sm.grad_norm, ck, err);
+        } else {
+            t->health.bad_in_row = 0; /* every rank: they must agree on when to stop */
+            if (t->rank == 0) moe_train_health_good(&t->health, step, sm.loss);
+            if (t->rank == 0) st = report(t, step, last, &sm, &prog, title, err);
+        }
         if (st == MOE_OK && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || last))
             st = save(t, err); /* every rank: the AdamW state is gathered */
         char extra[96];
@@ -524,6 +536,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     t.end_step =
         opts->stop_at > 0 && opts->stop_at < t.cfg.train.steps ? opts->stop_at : t.cfg.train.steps;
     t.ts.seed = (uint64_t)t.cfg.train.seed;
+    moe_train_health_init(&t.health, t.cfg.train.max_bad_steps, t.cfg.model.vocab_size);
     t.ts.data_shuffle = t.cfg.data.shuffle;
 
     st = open_backend(&t, opts->threads, err);
