@@ -43,7 +43,7 @@ static int oom(moe_seq_reader *r, moe_err *err) {
     return -1;
 }
 
-/* Splits the header in r->line into name and comment. */
+/* Splits the header in r->line into name and comment; an empty name is an input error. */
 static int parse_header(moe_seq_reader *r, moe_err *err) {
     const char *s = r->line.s + 1, *end = r->line.s + r->line.l;
     const char *p = s;
@@ -54,6 +54,9 @@ static int parse_header(moe_seq_reader *r, moe_err *err) {
     while (p < end && (*p == ' ' || *p == '\t'))
         p++;
     if (kputsn(p, (size_t)(end - p), &r->comment) < 0) return oom(r, err);
+    if (r->name.l == 0) /* a bare '>' would become a record named "" in the outputs */
+        return fail(r, err, r->lineno, "give every record a name ('>chr1', '@read1')",
+                    "empty record name");
     return 0;
 }
 

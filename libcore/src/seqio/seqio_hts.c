@@ -18,6 +18,21 @@ static const char NO_REF_PATH[] = "/dev/null/moe-genomics-no-network-reference/%
 static moe_status no_index(moe_seq_reader *r, const char *what, moe_err *err) {
     moe_err_set(err, MOE_ERR_INPUT, r->path, "--region needs an index (%s) and none was found",
                 what);
+    moe_err_hint(err, "index the sorted file: samtools index %s", r->path);
+    return MOE_ERR_INPUT;
+}
+
+/* A region "name:beg-end" whose end is before its start (htslib reports it as an unknown
+ * name): MOE_ERR_INPUT saying so; anything else is left to htslib's parser. */
+static moe_status check_region_order(const moe_seq_reader *r, const char *reg, moe_err *err) {
+    const char *colon = strrchr(reg, ':');
+    long long beg, end;
+    char tail;
+    if (!colon || sscanf(colon + 1, "%lld-%lld%c", &beg, &end, &tail) != 2 || end >= beg)
+        return MOE_OK;
+    moe_err_set(err, MOE_ERR_INPUT, r->path, "region \"%s\": end %lld is before start %lld", reg,
+                end, beg);
+    moe_err_hint(err, "regions are chr:beg-end with beg <= end (1-based, inclusive)");
     return MOE_ERR_INPUT;
 }
 
@@ -82,6 +97,8 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
                               "x.bam");
             return MOE_ERR_INPUT;
         }
+        for (int i = 0; i < r->n_regions; i++)
+            if (check_region_order(r, r->regions[i], err) != MOE_OK) return MOE_ERR_INPUT;
         r->idx = sam_index_load(r->hts, r->path);
         if (!r->idx) return no_index(r, r->fmt == MOE_SEQ_BAM ? ".bai/.csi" : ".crai", err);
         r->itr = sam_itr_regarray(r->idx, r->hdr, r->regions, (unsigned)r->n_regions);
@@ -218,6 +235,7 @@ moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err) {
     for (int i = 0; i < r->n_regions; i++) {
         int tid;
         hts_pos_t beg, end;
+        if (check_region_order(r, r->regions[i], err) != MOE_OK) return MOE_ERR_INPUT;
         if (!fai_parse_region(r->fai, r->regions[i], &tid, &beg, &end, 0)) {
             moe_err_set(err, MOE_ERR_INPUT, r->path, "region \"%s\" is not in the FASTA index",
                         r->regions[i]);

@@ -262,6 +262,11 @@ moe_status tok_out_finish(tok_out *c, moe_status st, moe_tokenize_summary *summa
     if (st == MOE_OK) moe_progress_finish(&c->prog, NULL);
     if (st == MOE_OK && c->sum.docs == 0)
         moe_log_warn("no documents were written (%lld records read)", (long long)c->sum.records);
+    if (st == MOE_OK && c->with_val && c->sum.docs > 0 && c->sum.val_docs == 0)
+        moe_log_warn("--val-fraction %g sent none of the %lld documents to validation (records "
+                     "are routed whole by the hash of their name); with few records, cut them "
+                     "with --window so that windows are routed one by one",
+                     c->o->val_fraction, (long long)c->sum.docs);
     stream_cleanup(&c->train, st != MOE_OK);
     stream_cleanup(&c->val, st != MOE_OK);
     if (summary) *summary = c->sum;

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# e2e.tokenize_input_checks: input mistakes that used to pass or mislead. A bare '>' header
+# is refused (exit 2, line named); a region whose end is before its start says so (not
+# "missing contig"); a region on an unindexed BAM hints at samtools index; --val-fraction
+# that sends nothing to validation warns.
+set -euo pipefail
+LAMBDA="$MOE_SRC_DIR/data/lambda_virus.fa.gz"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+expect() { # expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN
+  local code=$1 pat=$2; shift 3
+  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
+  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
+  grep -Eq -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
+}
+rm -f ./*.mtok ./*.fai
+printf '>a\nACGT\n>\nACGT\n' > bare.fa
+expect 2 "bare.fa:3: record 2 \(\): empty record name" -- moe-tokenize bare.fa -o x.mtok
+printf '@a\nACGT\n+\nIIII\n@ comment only\nACGT\n+\nIIII\n' > bare.fq
+expect 2 "bare.fq:5: record 2 \(\): empty record name" -- moe-tokenize bare.fq -o x.mtok
+[ ! -e x.mtok ] || fail "a refused input left x.mtok"
+
+printf '>6\nACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGTACGT\n' > six.fa
+expect 2 'region "6:100-50": end 50 is before start 100' -- moe-tokenize -r 6:100-50 six.fa -o x.mtok
+moe-tokenize -q -r 6:10-50 six.fa -o ok.mtok
+t=/usr/share/htslib-test/test
+if [ -f $t/range.bam ]; then
+  cp $t/range.bam noindex.bam
+  expect 2 "noindex.bam: --region needs an index" -- moe-tokenize -r CHROMOSOME_I noindex.bam -o x.mtok
+  grep -q "samtools index noindex.bam" err.txt || fail "no samtools index hint: $(cat err.txt)"
+  expect 2 'region "CHROMOSOME_I:900-100": end 100 is before start 900' -- \
+    moe-tokenize -r CHROMOSOME_I:900-100 $t/range.bam -o x.mtok
+fi
+# one record: routed whole, nothing in validation: a warning, not silence
+expect 0 "--val-fraction 0.05 sent none of the 1 documents to validation" -- \
+  moe-tokenize "$LAMBDA" --val-fraction 0.05 -o one.mtok
+echo "ok: bare headers, reversed regions, unindexed BAM, empty validation split"
