@@ -8,6 +8,9 @@
 #   make install    build, then install into PREFIX (default /usr/local; DESTDIR is honoured):
 #                   programs, man pages, bash completion, docs, configs, pipelines
 #   make deb        the Debian package (CPU build) with dpkg-buildpackage, in ../
+#   make fuzz       libFuzzer harnesses (tests/fuzz/, clang-14 + libfuzzer-14-dev) built in
+#                   build-fuzz/ and run FUZZ_SECONDS (30) each; `make test` runs them for
+#                   FUZZ_TEST_SECONDS (10) each when clang-14 and libFuzzer are installed
 #   make demo       deps, build, then pipelines/quickstart.sh: lambda genome -> tokens ->
 #                   tiny MoE training -> 1 kb embeddings, all under demo-out/ (a few minutes)
 #   make bench      CPU benchmarks: bench/tokenize.sh and bench/train_cpu.sh (minutes; GPU
@@ -19,12 +22,17 @@ CMAKE_FLAGS ?=
 # CTEST_ARGS lets a user narrow a run: make test CTEST_ARGS='-R tokenize'
 CTEST_ARGS ?=
 PREFIX ?= /usr/local
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 30
+FUZZ_TEST_SECONDS ?= 10
+FUZZ_CC ?= clang-14
+FUZZ_LIB := $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a)
 
 DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
 	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 
-.PHONY: all build deps test test-asan demo bench install deb clean
+.PHONY: all build deps test test-asan fuzz demo bench install deb clean
 
 all: build
 
@@ -50,6 +58,15 @@ test: deps
 	cmake -S . -B $(BUILD) $(if $(wildcard $(BUILD)/CMakeCache.txt),,-G Ninja) -DMOE_WERROR=ON $(CMAKE_FLAGS)
 	$(MAKE) build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	@if command -v $(FUZZ_CC) >/dev/null && [ -n "$(FUZZ_LIB)" ] && [ -z "$(CTEST_ARGS)" ]; then \
+	  $(MAKE) fuzz FUZZ_SECONDS=$(FUZZ_TEST_SECONDS); \
+	else echo "make test: no $(FUZZ_CC) + libfuzzer-14-dev: the fuzz targets are not run"; fi
+
+fuzz:
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_C_COMPILER=$(FUZZ_CC) -DMOE_CUDA=OFF \
+	  -DMOE_SANITIZE=ON -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_fastx fuzz_shard fuzz_safetensors fuzz_config
+	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 demo: deps
 	$(MAKE) build

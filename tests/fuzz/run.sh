@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# run.sh BUILD_DIR SECONDS [TARGET...]: runs each libFuzzer harness (fuzz_<target> in
+# BUILD_DIR/tests/fuzz) for SECONDS, starting from the seed corpus tests/fuzz/corpus/<target>/
+# (read only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), one target at a time, and
+# prints one summary line per target: executions, coverage (edges), corpus size, result.
+# Exit 1 when a target crashed, leaked or tripped a sanitizer; its reproducer is left in
+# BUILD_DIR/fuzz-artifacts/ (make it a regression test: add it to the seed corpus).
+set -euo pipefail
+build=${1:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
+secs=${2:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config)
+mkdir -p "$build/fuzz-artifacts"
+status=0
+for t in "${targets[@]}"; do
+  exe=$build/tests/fuzz/fuzz_$t
+  [ -x "$exe" ] || { echo "fuzz $t: $exe is not built"; status=1; continue; }
+  work=$build/fuzz-corpus/$t
+  mkdir -p "$work"
+  log=$build/fuzz-$t.log
+  set +e
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    nice "$exe" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -timeout=20 \
+    -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" \
+    "$work" "$here/corpus/$t" > "$log" 2>&1
+  rc=$?
+  set -e
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+  cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  corp=$(grep -Eo 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  if [ $rc -eq 0 ]; then res="no findings"; else res="FINDING (exit $rc, see $log)"; status=1; fi
+  echo "fuzz $t: ${secs}s, ${execs:-?} executions, coverage ${cov:-?} edges, corpus ${corp:-?}: $res"
+done
+exit $status
