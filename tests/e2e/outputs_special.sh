@@ -6,15 +6,8 @@
 # The machine's /dev/null and /dev/full are never named directly: the tests write through
 # symlinks made here, so a regression replaces a link in this directory, not a device.
 set -euo pipefail
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh" # trains ./run, sets LAMBDA and CKPT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN
-expect() {
-  local code=$1 pat=$2; shift 3
-  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
-  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
-  grep -q -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
-}
 [ -c /dev/full ] && [ -c /dev/null ] || fail "/dev/full or /dev/null is not a character device"
 
 moe-tokenize -q "$LAMBDA" -o - > ref.mtok

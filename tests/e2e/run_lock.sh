@@ -4,23 +4,13 @@
 # lock goes with its process (clean stop or kill -9), so the next run then proceeds. The same
 # for two moe-tokenize runs into one shard directory.
 set -euo pipefail
-src=${MOE_SRC_DIR:?}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-fa=$src/data/lambda_virus.fa.gz
-[ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 host=$(hostname)
-# expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN (grep -E)
-expect() {
-  local code=$1 pat=$2; shift 3
-  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
-  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
-  grep -Eq -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
-}
+fa=$MOE_SRC_DIR/data/lambda_virus.fa.gz # in the repository: no skip
 
 rm -rf run shards in.fifo l.mtok
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 -o l.mtok -
-args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=400 optim.warmup_steps=2
+args=(-q -@ 1 -c "$MOE_SRC_DIR/configs/tiny.yaml" --data l.mtok train.steps=400 optim.warmup_steps=2
       train.seq_len=128 train.global_batch_tokens=1024 model.hidden_size=32
       model.intermediate_size=48 model.vocab_size=40 model.max_position_embeddings=256
       checkpoint.every=1 checkpoint.keep=2 train.eval_every=0 log.every=1)

@@ -5,13 +5,7 @@
 # a missing --reference. Inputs: Debian's htslib-test range.bam/range.cram (on ce.fa) and a
 # CRAM made here from bowtie2-examples' unaligned combined_reads.bam.
 set -euo pipefail
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect() { # expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN
-  local code=$1 pat=$2; shift 3
-  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
-  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
-  grep -Eq -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
-}
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 t=/usr/share/htslib-test/test
 bam=/usr/share/doc/bowtie2/examples/reads/combined_reads.bam.gz
 [ -f $t/range.cram ] && [ -f $bam ] && command -v samtools >/dev/null ||

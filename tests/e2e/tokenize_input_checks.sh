@@ -4,14 +4,8 @@
 # "missing contig"); a region on an unindexed BAM hints at samtools index; --val-fraction
 # that sends nothing to validation warns.
 set -euo pipefail
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 LAMBDA="$MOE_SRC_DIR/data/lambda_virus.fa.gz"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect() { # expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN
-  local code=$1 pat=$2; shift 3
-  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
-  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
-  grep -Eq -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
-}
 rm -f ./*.mtok ./*.fai
 printf '>a\nACGT\n>\nACGT\n' > bare.fa
 expect 2 "bare.fa:3: record 2 \(\): empty record name" -- moe-tokenize bare.fa -o x.mtok

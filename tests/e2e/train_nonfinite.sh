@@ -5,15 +5,9 @@
 # train.max_bad_steps steps and then stops (exit 1) without blaming the learning rate. A
 # learning rate far too high (optim.lr=10, no clipping) gets a loss-spike warning that does.
 set -euo pipefail
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh" # trains ./run, sets LAMBDA, CKPT and PY
 [ -n "$PY" ] || { echo "SKIP: no python3"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-expect() { # expect CODE PATTERN -- command...: exit code and a stderr line matching PATTERN
-  local code=$1 pat=$2; shift 3
-  set +e; "$@" > out.txt 2> err.txt; local rc=$?; set -e
-  [ "$rc" -eq "$code" ] || fail "$*: exit $rc, want $code; stderr: $(cat err.txt)"
-  grep -Eq -- "$pat" err.txt || fail "$*: stderr lacks '$pat': $(cat err.txt)"
-}
 moe-convert -q to-hf "$CKPT" hf
 PYTHONPATH="$INTEROP" "$PY" - hf/model.safetensors <<'PY'
 import struct, sys, st_tool

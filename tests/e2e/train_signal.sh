@@ -5,11 +5,11 @@
 # train.stop_signal=none leaves SIGUSR1's default. Under mpirun, a signal to one rank stops
 # both at the same step (exit 0, one checkpoint).
 set -euo pipefail
+source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 src=${MOE_SRC_DIR:?}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
 fa=$src/data/lambda_virus.fa.gz
 [ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
 
 rm -rf full sig* mpi* l.mtok
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 -o l.mtok -

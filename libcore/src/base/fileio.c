@@ -57,14 +57,23 @@ static void outfile_free(moe_outfile *f) {
     memset(f, 0, sizeof *f);
 }
 
-moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
+/* The start both opens share: f cleared, path copied; "-" is stdout. Returns 1 when that is
+ * all (stdout), 0 to go on, -1 when out of memory (err set). */
+static int outfile_begin(moe_outfile *f, const char *path, moe_err *err) {
     memset(f, 0, sizeof *f);
     f->path = strdup(path);
-    if (!f->path) return moe_err_errno(err, path, "out of memory");
-    if (strcmp(path, "-") == 0) {
-        f->fp = stdout;
-        return MOE_OK;
+    if (!f->path) {
+        moe_err_errno(err, path, "out of memory");
+        return -1;
     }
+    if (strcmp(path, "-") != 0) return 0;
+    f->fp = stdout;
+    return 1;
+}
+
+moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
+    int begun = outfile_begin(f, path, err);
+    if (begun) return begun < 0 ? MOE_ERR_RUNTIME : MOE_OK;
     struct stat st;
     if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
         moe_err_set(err, MOE_ERR_INPUT, path, "is a directory, expected an output file name");
@@ -107,13 +116,8 @@ moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
 }
 
 moe_status moe_outfile_open_append(moe_outfile *f, const char *path, moe_err *err) {
-    memset(f, 0, sizeof *f);
-    f->path = strdup(path);
-    if (!f->path) return moe_err_errno(err, path, "out of memory");
-    if (strcmp(path, "-") == 0) {
-        f->fp = stdout;
-        return MOE_OK;
-    }
+    int begun = outfile_begin(f, path, err);
+    if (begun) return begun < 0 ? MOE_ERR_RUNTIME : MOE_OK;
     struct stat st;
     f->special = stat(path, &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
     f->fp = fopen(path, "ab");
