@@ -90,8 +90,8 @@ static moe_status read_hf_config(const char *hf_dir, moe_config *cfg, moe_err *e
     moe_status st = MOE_OK;
     const char *mt = json_string_value(json_object_get(o, "model_type"));
     int mixtral = mt && strcmp(mt, "mixtral") == 0;
-    json_t *arch = json_object_get(o, "architectures");
-    for (size_t i = 0; !mixtral && json_is_array(arch) && i < json_array_size(arch); i++) {
+    json_t *arch = json_object_get(o, "architectures"); /* asked only without a model_type */
+    for (size_t i = 0; !mt && json_is_array(arch) && i < json_array_size(arch) && !mixtral; i++) {
         const char *a = json_string_value(json_array_get(arch, i));
         mixtral = a && strncmp(a, "Mixtral", 7) == 0;
     }
