@@ -106,6 +106,7 @@ static int parse(cli *c, int argc, char **argv) {
     moe_embed_opts *o = &c->o;
     while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
+        const char *name = "";
         int rc = moe_cli_input_option("moe-embed", &c->in, &o->io, opt, optarg);
         if (rc != MOE_CLI_NOT_MINE) {
             if (rc != MOE_CLI_CONTINUE) return rc;
@@ -177,11 +178,11 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_STRIDE:
         case OPT_BATCH:
         case '@':
-            if (!parse_int(optarg, &v) || v < 0 || v > (1LL << 40))
-                return moe_cli_usage_error("moe-embed", "expected a non-negative number, not '%s'",
-                                           optarg);
-            if ((opt == OPT_WINDOW || opt == OPT_STRIDE || opt == OPT_BATCH || opt == '@') && v < 1)
-                return moe_cli_usage_error("moe-embed", "expected a number >= 1, not '%s'", optarg);
+            for (const struct option *l = LONG; l->name; l++) /* the option, for messages */
+                if (l->val == opt) name = l->name;
+            if (!parse_int(optarg, &v) || v < 1 || v > (1LL << 40))
+                return moe_cli_usage_error("moe-embed", "--%s expects a number >= 1, not '%s'",
+                                           name, optarg);
             if (opt == OPT_WINDOW)
                 o->window = v;
             else if (opt == OPT_STRIDE)

@@ -169,9 +169,13 @@ static int parse(cli *c, int argc, char **argv) {
         case OPT_SHARD_TOKENS:
         case '@':
         case 'w':
-            if ((v = parse_count(optarg)) < 0)
-                return moe_cli_usage_error("moe-tokenize",
-                                           "expected a non-negative number, not '%s'", optarg);
+            if ((v = parse_count(optarg)) < 0) {
+                const char *name = "";
+                for (const struct option *l = LONG; l->name; l++) /* the option, for messages */
+                    if (l->val == opt) name = l->name;
+                return moe_cli_usage_error(
+                    "moe-tokenize", "--%s expects a non-negative number, not '%s'", name, optarg);
+            }
             if (opt == OPT_SEED)
                 c->seed = v;
             else if (opt == OPT_WINDOW)

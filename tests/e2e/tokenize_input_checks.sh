@@ -2,7 +2,7 @@
 # e2e.tokenize_input_checks: input mistakes that used to pass or mislead. A bare '>' header
 # is refused (exit 2, line named); a region whose end is before its start says so (not
 # "missing contig"); a region on an unindexed BAM hints at samtools index; --val-fraction
-# that sends nothing to validation warns.
+# that sends nothing to validation warns; a bad number names its option (moe-embed too).
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
 LAMBDA="$MOE_SRC_DIR/data/lambda_virus.fa.gz"
@@ -27,4 +27,9 @@ fi
 # one record: routed whole, nothing in validation: a warning, not silence
 expect 0 "--val-fraction 0.05 sent none of the 1 documents to validation" -- \
   moe-tokenize "$LAMBDA" --val-fraction 0.05 -o one.mtok
+# a bad number names its option
+expect 2 "moe-embed: error: --window expects a number >= 1, not '0'" -- moe-embed --window 0 -m ck in.fa
+expect 2 "moe-embed: error: --threads expects a number >= 1, not 'x'" -- moe-embed -@ x -m ck in.fa
+expect 2 "moe-tokenize: error: --window expects a non-negative number, not '-3'" -- \
+  moe-tokenize --window -3 six.fa
 echo "ok: bare headers, reversed regions, unindexed BAM, empty validation split"
