@@ -10,9 +10,10 @@
 
 #include "moe/cli.h"
 #include "moe/embed.h"
-#include "moe/ops.h"
 #include "moe/err.h"
+#include "moe/fileio.h"
 #include "moe/log.h"
+#include "moe/ops.h"
 
 static const char USAGE[] =
     "Usage: moe-embed -m CKPT [options] INPUT...\n"
@@ -206,6 +207,7 @@ static int parse(cli *c, int argc, char **argv) {
 static int run(cli *c, int argc, char **argv) {
     moe_err err;
     moe_err_clear(&err);
+    moe_outfile_cleanup_on_signals(NULL); /* a killed run leaves no temporary file */
     moe_embed_opts *o = &c->o;
     if (!o->ckpt_dir)
         return moe_cli_usage_error("moe-embed", "%s", "a checkpoint is required (-m CKPT_DIR)");

@@ -12,6 +12,7 @@
 
 #include "moe/cli.h"
 #include "moe/err.h"
+#include "moe/fileio.h"
 #include "moe/log.h"
 #include "moe/seqio.h"
 #include "moe/tokenize.h"
@@ -245,6 +246,7 @@ static int finish(moe_err *err, int rc) {
 static int run_tokenize(cli *c, int argc, char **argv) {
     moe_err err;
     moe_err_clear(&err);
+    moe_outfile_cleanup_on_signals(NULL); /* a killed run leaves no temporary file */
     moe_tokenizer_opts *t = &c->o.tok;
     moe_tokenizer_opts_defaults(t, (moe_tokenizer_kind)c->kind);
     if (c->k >= 0) t->k = c->k;

@@ -2,7 +2,8 @@
 # e2e.outputs_special: an output that is a FIFO or a device is written in place (streamed),
 # never replaced; a symlink is followed (its target is written, the link stays); a full
 # device is exit 1 with a message. moe-tokenize (shard), moe-embed (.npy + .ids.tsv) and
-# moe-train (--log-json, metrics.jsonl) all go through the one output helper.
+# moe-train (--log-json, metrics.jsonl) all go through the one output helper. A tool killed
+# by SIGTERM removes its temporary files.
 # The machine's /dev/null and /dev/full are never named directly: the tests write through
 # symlinks made here, so a regression replaces a link in this directory, not a device.
 set -euo pipefail
@@ -76,4 +77,14 @@ cmp fromlog.jsonl r1/metrics.jsonl || fail "--log-json FIFO differs from metrics
 ln -s /dev/full log.full
 expect 1 "log.full: write failed: No space left on device" -- train r2 --log-json log.full
 [ -c /dev/full ] && [ -L log.full ] || fail "/dev/full or its link was replaced"
+# a moe-tokenize killed by SIGTERM (waiting on its FIFO input) leaves no temporary file
+mkfifo sig.fa
+moe-tokenize -q sig.fa -o sig.mtok 2> sig.err &
+pid=$!
+for _ in $(seq 200); do ls -A | grep -q '^\.sig\.mtok\.tmp\.' && break; sleep 0.05; done
+ls -A | grep -q '^\.sig\.mtok\.tmp\.' || fail "no temporary file while moe-tokenize runs"
+kill -TERM $pid
+set +e; wait $pid; rc=$?; set -e
+[ $rc -eq 143 ] || fail "SIGTERM: exit $rc, want 143 (ended by the signal)"
+[ -z "$(ls -A | grep '^\.\?sig\.mtok')" ] || fail "SIGTERM left $(ls -A | grep 'sig\.mtok')"
 echo "ok: FIFO, symlink, dangling symlink, device and full device outputs"

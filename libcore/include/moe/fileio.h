@@ -43,6 +43,13 @@ moe_status moe_outfile_flush(moe_outfile *f, moe_err *err);
 moe_status moe_outfile_commit(moe_outfile *f, moe_err *err);
 void moe_outfile_abort(moe_outfile *f);
 
+/* Makes SIGTERM, SIGINT and SIGHUP remove the temporary files of every open moe_outfile
+ * before the process ends by that signal as it would have (exit status 128 + signal), so a
+ * killed tool leaves no ".x.tmp.PID" behind. For the tools that do not stop cleanly on
+ * their own (moe-train's loop has its own handlers). The open temporary names are kept in
+ * a process-wide table for the handler: fileio's one piece of global state. */
+moe_status moe_outfile_cleanup_on_signals(moe_err *err);
+
 /* Writes text, then tail (may be NULL, e.g. "\n" after a JSON dump), to path through a
  * moe_outfile: the whole file appears under its name at once or not at all. */
 moe_status moe_write_text_file(const char *path, const char *text, const char *tail, moe_err *err);

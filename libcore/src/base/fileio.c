@@ -4,6 +4,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
@@ -50,7 +52,57 @@ static char *out_resolve(const char *path) {
     return NULL;
 }
 
+/* ---- temporary names a signal handler removes (moe_outfile_cleanup_on_signals) ----
+ * A slot is filled, then marked used; the handler reads only used slots, with unlink(2),
+ * which is async-signal-safe. The mutex orders threads that open outputs at once. */
+#define TMP_SLOTS 64
+static char tmp_slot_path[TMP_SLOTS][4352];
+static volatile sig_atomic_t tmp_slot_used[TMP_SLOTS];
+static pthread_mutex_t tmp_slot_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void tmp_slots_add(const char *tmp) {
+    if (strlen(tmp) >= sizeof tmp_slot_path[0]) return; /* not removed by a signal: rare */
+    pthread_mutex_lock(&tmp_slot_lock);
+    for (int i = 0; i < TMP_SLOTS; i++) {
+        if (tmp_slot_used[i]) continue;
+        strcpy(tmp_slot_path[i], tmp);
+        tmp_slot_used[i] = 1;
+        break;
+    }
+    pthread_mutex_unlock(&tmp_slot_lock);
+}
+
+static void tmp_slots_remove(const char *tmp) {
+    pthread_mutex_lock(&tmp_slot_lock);
+    for (int i = 0; i < TMP_SLOTS; i++)
+        if (tmp_slot_used[i] && strcmp(tmp_slot_path[i], tmp) == 0) {
+            tmp_slot_used[i] = 0;
+            break;
+        }
+    pthread_mutex_unlock(&tmp_slot_lock);
+}
+
+static void on_fatal_signal(int signo) {
+    for (int i = 0; i < TMP_SLOTS; i++)
+        if (tmp_slot_used[i]) unlink(tmp_slot_path[i]);
+    signal(signo, SIG_DFL);
+    raise(signo);
+}
+
+moe_status moe_outfile_cleanup_on_signals(moe_err *err) {
+    const int sigs[3] = {SIGTERM, SIGINT, SIGHUP};
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++)
+        if (sigaction(sigs[i], &sa, NULL) != 0)
+            return moe_err_errno(err, NULL, "cannot install signal handlers");
+    return MOE_OK;
+}
+
 static void outfile_free(moe_outfile *f) {
+    if (f->tmp) tmp_slots_remove(f->tmp);
     free(f->tmp);
     free(f->dest);
     free(f->path);
@@ -112,6 +164,7 @@ moe_status moe_outfile_open(moe_outfile *f, const char *path, moe_err *err) {
         outfile_free(f);
         return MOE_ERR_INPUT;
     }
+    tmp_slots_add(f->tmp);
     return MOE_OK;
 }
 
