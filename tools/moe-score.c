@@ -1,0 +1,201 @@
+/* moe-score: log-likelihoods of sequences (`seq`) from a trained checkpoint.
+ *
+ * Argument parsing only: the work is moe_score_seq_run
+ * (libcore/src/score/). Exit status: 0 done, 1 runtime failure, 2 usage or input error. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "moe/cli.h"
+#include "moe/err.h"
+#include "moe/log.h"
+#include "moe/ops.h"
+#include "moe/score.h"
+
+static const char USAGE[] =
+    "Usage: moe-score seq -m CKPT [options] INPUT...\n"
+    "\n"
+    "seq: the log-likelihood of every sequence under a checkpoint written by moe-train (or\n"
+    "imported by moe-convert from-hf): a TSV row per sequence (name, length, log-likelihood\n"
+    "in nats, bits per base, perplexity). INPUT: FASTA/FASTQ (plain, gzip, bgzip), SAM, BAM,\n"
+    "CRAM, - for stdin, or token shards that use the checkpoint's tokenizer. Sequences\n"
+    "longer than the model's context are scored in windows; each position is scored once.\n"
+    "See docs/cli.md.\n"
+    "\n"
+    "Model:\n"
+    "  -m, --model CKPT        checkpoint directory, or a run directory (its latest)\n"
+    "      --device D          cpu | auto | cuda [auto: a GPU when one is usable]\n"
+    "      --precision P       fp32 | bf16 [fp32 on cpu, bf16 on cuda]\n"
+    "      --rc-average        average with the reverse complement (byte and nuc tokenizers)\n"
+    "      --batch-tokens N    padded tokens per forward pass [8192]\n"
+    "seq:\n"
+    "  -o, --output FILE       FILE.tsv, or FILE.npy with --per-position [TSV on stdout]\n"
+    "      --per-position      FILE.npy: float32 log-probability of every token, plus\n"
+    "                          FILE.ids.tsv (first row, log-likelihood per sequence)\n"
+    "      --context N         left context (tokens) of every window after the first [half\n"
+    "                          the model's context]\n"
+    "  -r, --region R          chr, chr:beg-end (1-based); repeatable\n"
+    "      --regions-file BED  regions from a BED file\n"
+    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"
+    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"
+    "  -f, --require-flags N   keep only records with all flags N\n"
+    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"
+    "      --as-stored         keep reverse-strand reads as stored\n"
+    "General:\n"
+    "  -@, --threads N         threads [all cores]\n"
+    "  -q, --quiet / -v, --verbose / -h, --help / -V, --version\n"
+    "\n"
+    "Example:\n"
+    "  moe-score seq -m run/ genes.fa > genes.ll.tsv\n";
+
+enum {
+    OPT_RC = 256,
+    OPT_BATCH,
+    OPT_PER_POSITION,
+    OPT_CONTEXT,
+};
+
+#define COMMON_OPTIONS                                                                             \
+    {"model", required_argument, 0, 'm'}, {"device", required_argument, 0, MOE_CLI_OPT_DEVICE},    \
+        {"precision", required_argument, 0, MOE_CLI_OPT_PRECISION},                                \
+        {"rc-average", no_argument, 0, OPT_RC}, {"batch-tokens", required_argument, 0, OPT_BATCH}, \
+        {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, '@'},             \
+        {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},                          \
+        {"help", no_argument, 0, 'h'}, {                                                           \
+        "version", no_argument, 0, 'V'                                                             \
+    }
+
+static const struct option SEQ_LONG[] = {
+    COMMON_OPTIONS,
+    {"per-position", no_argument, 0, OPT_PER_POSITION},
+    {"context", required_argument, 0, OPT_CONTEXT},
+    {"region", required_argument, 0, 'r'},
+    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
+    {"reference", required_argument, 0, 'T'},
+    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
+    {"require-flags", required_argument, 0, 'f'},
+    {"exclude-flags", required_argument, 0, 'F'},
+    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
+    {0, 0, 0, 0},
+};
+
+typedef struct cli {
+    moe_score_seq_opts seq;
+    moe_score_model_opts *m;
+    moe_cli_input in;
+    int threads;
+} cli;
+
+/* A number >= 1 into *v (decimal or 0x hex); else a usage error (2). */
+static int parse_count(const char *s, int64_t *v) {
+    char *end;
+    long long x = strtoll(s, &end, 0);
+    if (!*s || *end || x < 1 || x > (1LL << 40))
+        return moe_cli_usage_error("moe-score", "expected a number >= 1, not '%s'", s);
+    *v = x;
+    return MOE_CLI_CONTINUE;
+}
+
+/* The options of `seq` beyond the model options. */
+static int seq_option(cli *c, int opt, const char *arg) {
+    int rc = moe_cli_input_option("moe-score", &c->in, &c->seq.io, opt, arg);
+    if (rc != MOE_CLI_NOT_MINE) return rc;
+    if (opt == OPT_PER_POSITION) {
+        c->seq.per_position = 1;
+        return MOE_CLI_CONTINUE;
+    }
+    if (opt != OPT_CONTEXT) return MOE_CLI_NOT_MINE;
+    char *end;
+    long long v = strtoll(arg, &end, 0);
+    if (!*arg || *end || v < 0 || v > (1LL << 40))
+        return moe_cli_usage_error("moe-score", "--context expects a number >= 0, not '%s'", arg);
+    c->seq.context = v;
+    return MOE_CLI_CONTINUE;
+}
+
+/* Returns -1 to go on, else the exit code. */
+static int parse(cli *c, int argc, char **argv) {
+    int opt;
+    moe_log_level level = MOE_LOG_INFO;
+    while ((opt = getopt_long(argc, argv, "m:o:r:T:f:F:@:qvhV", SEQ_LONG, NULL)) != -1) {
+        int64_t v = 0;
+        int rc = seq_option(c, opt, optarg);
+        if (rc == MOE_CLI_NOT_MINE)
+            rc = moe_cli_model_option("moe-score", opt, optarg, &c->m->device, &c->m->bf16);
+        if (rc == MOE_CLI_NOT_MINE) {
+            rc = MOE_CLI_CONTINUE;
+            if (opt == 'm')
+                c->m->ckpt_dir = optarg;
+            else if (opt == 'o')
+                c->seq.output = optarg;
+            else if (opt == OPT_RC)
+                c->m->rc_average = 1;
+            else if (opt == OPT_BATCH || opt == '@') {
+                rc = parse_count(optarg, &v);
+                if (opt == OPT_BATCH)
+                    c->m->batch_tokens = v;
+                else
+                    c->threads = (int)v;
+            } else
+                rc = moe_cli_common_option("moe-score", USAGE, opt, &level);
+        }
+        if (rc != MOE_CLI_CONTINUE) return rc;
+    }
+    moe_log_init("moe-score", level);
+    c->m->quiet = level < MOE_LOG_INFO;
+    return -1;
+}
+
+static int fail(const moe_err *err) {
+    moe_err_print(err, "moe-score", stderr);
+    return moe_err_exit_code(err);
+}
+
+static int run(cli *c, int argc, char **argv) {
+    moe_err err;
+    moe_err_clear(&err);
+    if (!c->m->ckpt_dir)
+        return moe_cli_usage_error("moe-score", "%s", "a checkpoint is required (-m CKPT_DIR)");
+#ifdef _OPENMP
+    if (c->threads > 0) omp_set_num_threads(c->threads);
+#endif
+    moe_score_summary sum;
+    if (optind >= argc)
+        return moe_cli_usage_error("moe-score", "%s", "no input files (use - for stdin)");
+    if (moe_cli_input_finish(&c->in, &c->seq.io, &err) != MOE_OK) return fail(&err);
+    c->seq.io.threads = c->threads > 1 ? 1 : 0;
+    c->seq.inputs = (const char *const *)(argv + optind);
+    c->seq.n_inputs = argc - optind;
+    if (moe_score_seq_run(&c->seq, &sum, &err) != MOE_OK) return fail(&err);
+    moe_log_info("%lld sequences (%lld skipped), %lld windows, %lld tokens scored in %.2f s after "
+                 "a %.2f s model load",
+                 (long long)sum.sequences, (long long)sum.skipped, (long long)sum.windows,
+                 (long long)sum.tokens, sum.seconds, sum.load_seconds);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    moe_backend_cpu_tune_blas(argv);
+    cli c;
+    memset(&c, 0, sizeof c);
+    moe_score_seq_opts_defaults(&c.seq);
+    const char *sub = argc > 1 ? argv[1] : "";
+    if (strcmp(sub, "seq") != 0) {
+        moe_log_level level = MOE_LOG_INFO;
+        if (strcmp(sub, "-h") == 0 || strcmp(sub, "--help") == 0)
+            return moe_cli_common_option("moe-score", USAGE, 'h', &level);
+        if (strcmp(sub, "-V") == 0 || strcmp(sub, "--version") == 0)
+            return moe_cli_common_option("moe-score", USAGE, 'V', &level);
+        return moe_cli_usage_error("moe-score", "a command is required: seq%s%s%s",
+                                   *sub ? " (not '" : "", sub, *sub ? "')" : "");
+    }
+    c.m = &c.seq.m;
+    int rc = parse(&c, argc - 1, argv + 1);
+    if (rc < 0) rc = run(&c, argc - 1, argv + 1);
+    moe_cli_input_free(&c.in);
+    return rc;
+}
