@@ -21,7 +21,7 @@ CTEST_ARGS ?=
 PREFIX ?= /usr/local
 
 DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
-	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
+	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix bcftools \
 	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 
 .PHONY: all build deps test test-asan demo bench install deb clean

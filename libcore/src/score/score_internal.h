@@ -37,7 +37,13 @@ typedef struct score_model {
     int64_t cap_order;
     moe_progress prog;
     int64_t scored, windows; /* tokens scored and windows run so far */
+    double load_seconds;     /* opening the checkpoint and loading the model */
+    double t_loaded;         /* moe_time_now() when the model was ready */
 } score_model;
+
+/* Makes *buf ([*cap] elements of elem bytes) hold at least need elements: grows to
+ * max(need, 2 * cap); *buf and *cap unchanged when out of memory (MOE_ERR_RUNTIME). */
+moe_status score_grow(void **buf, int64_t *cap, int64_t need, size_t elem, moe_err *err);
 
 /* Opens the checkpoint, picks the backend (o->device, o->bf16 as moe-embed) and loads the
  * model for windows of up to max_content content tokens (0: the model's context).
@@ -47,6 +53,9 @@ moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int6
 /* Scores wins[0, n) (any order, any lengths up to max_content): fills lp and sum of each.
  * Batched longest first; every number depends only on its own window. */
 moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err *err);
+/* Ends the progress line with `done` (after a successful run) and fills the engine's part
+ * of *sum: windows, tokens, load and scoring seconds. */
+void score_model_finish(score_model *sm, moe_status st, const char *done, moe_score_summary *sum);
 void score_model_close(score_model *sm);
 
 #endif

@@ -37,6 +37,7 @@ static moe_status load(score_model *sm, const moe_score_model_opts *o, moe_err *
 moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int64_t max_content,
                             const char *what, moe_err *err) {
     memset(sm, 0, sizeof *sm);
+    double t0 = moe_time_now();
     sm->batch_tokens = o->batch_tokens > 0 ? o->batch_tokens : 8192;
     sm->max_content = max_content;
     moe_status st = load(sm, o, err);
@@ -48,12 +49,24 @@ moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int6
     sm->lp = malloc((size_t)sm->cap_tokens * sizeof(float));
     if (!sm->tokens || !sm->targets || !sm->lp)
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    sm->load_seconds = moe_time_now() - t0;
+    sm->t_loaded = moe_time_now();
     moe_progress_start(&sm->prog, what, "tokens", 0);
     if (o->quiet) sm->prog.enabled = sm->prog.tty = 0;
     moe_log_info("checkpoint %s: %s tokenizer%s, windows of up to %" PRId64 " tokens, %s backend, "
                  "%s",
                  sm->ck.ckpt.dir, sm->tok->name, sm->nb ? " (BOS first)" : "", sm->max_content,
                  sm->ck.be->name, moe_recipe_name(sm->ck.model.recipe));
+    return MOE_OK;
+}
+
+moe_status score_grow(void **buf, int64_t *cap, int64_t need, size_t elem, moe_err *err) {
+    if (need <= *cap) return MOE_OK;
+    int64_t n = need > 2 * *cap ? need : 2 * *cap;
+    void *p = realloc(*buf, (size_t)n * elem);
+    if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    *buf = p;
+    *cap = n;
     return MOE_OK;
 }
 
@@ -78,12 +91,8 @@ static void fill_row(const score_model *sm, const score_win *w, int32_t *row, in
 }
 
 moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err *err) {
-    if (n > sm->cap_order) {
-        score_win **p = realloc(sm->order, (size_t)n * sizeof *p);
-        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        sm->order = p;
-        sm->cap_order = n;
-    }
+    if (score_grow((void **)&sm->order, &sm->cap_order, n, sizeof *sm->order, err) != MOE_OK)
+        return err->status;
     for (int64_t i = 0; i < n; i++)
         sm->order[i] = &wins[i];
     qsort(sm->order, (size_t)n, sizeof *sm->order, cmp_win);
@@ -115,6 +124,14 @@ moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err 
         moe_progress_update(&sm->prog, sm->scored, NULL);
     }
     return st;
+}
+
+void score_model_finish(score_model *sm, moe_status st, const char *done, moe_score_summary *sum) {
+    if (st == MOE_OK) moe_progress_finish(&sm->prog, done);
+    sum->windows = sm->windows;
+    sum->tokens = sm->scored;
+    sum->load_seconds = sm->load_seconds;
+    sum->seconds = sm->t_loaded > 0 ? moe_time_now() - sm->t_loaded : 0.0;
 }
 
 void score_model_close(score_model *sm) {

@@ -180,18 +180,9 @@ static moe_status flush_chunk(seq_scorer *s, moe_err *err) {
             nw += it->ids[1] ? 2 : 1;
         if (it->n > maxn) maxn = it->n;
     }
-    if (nw > s->cap_wins) {
-        score_win *p = realloc(s->wins, (size_t)nw * sizeof *p);
-        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        s->wins = p;
-        s->cap_wins = nw;
-    }
-    if (maxn > s->cap_row) {
-        float *p = realloc(s->row, (size_t)maxn * sizeof *p);
-        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        s->row = p;
-        s->cap_row = maxn;
-    }
+    if (score_grow((void **)&s->wins, &s->cap_wins, nw, sizeof *s->wins, err) != MOE_OK ||
+        score_grow((void **)&s->row, &s->cap_row, maxn, sizeof *s->row, err) != MOE_OK)
+        return err->status;
     int64_t m = 0;
     for (int64_t i = 0; i < s->n_items; i++) {
         seq_item *it = &s->items[i];
@@ -220,13 +211,9 @@ static moe_status take_seq(void *ctx, const moe_input_seq *in, moe_err *err) {
         s->sum.skipped++;
         return MOE_OK;
     }
-    if (s->n_items == s->cap_items) {
-        int64_t cap = s->cap_items ? 2 * s->cap_items : 256;
-        seq_item *p = realloc(s->items, (size_t)cap * sizeof *p);
-        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        s->items = p;
-        s->cap_items = cap;
-    }
+    if (score_grow((void **)&s->items, &s->cap_items, s->n_items + 1, sizeof *s->items, err) !=
+        MOE_OK)
+        return err->status;
     seq_item *it = &s->items[s->n_items++]; /* owned by the chunk from here */
     memset(it, 0, sizeof *it);
     it->bases = in->bases;
@@ -280,24 +267,16 @@ moe_status moe_score_seq_run(const moe_score_seq_opts *o, moe_score_summary *sum
     seq_scorer s;
     memset(&s, 0, sizeof s);
     s.o = o;
-    double t0 = moe_time_now();
     moe_status st = setup(&s, o, err);
-    double t1 = moe_time_now();
     for (int i = 0; st == MOE_OK && i < o->n_inputs; i++)
         st = moe_input_read(o->inputs[i], &o->io, s.sm.tok, o->m.rc_average, take_seq, &s, err);
     if (st == MOE_OK && s.n_items) st = flush_chunk(&s, err);
     free_chunk(&s);
     if (st == MOE_OK) st = out_commit(&s, err);
     out_abort(&s);
-    if (st == MOE_OK) {
-        char extra[96];
-        snprintf(extra, sizeof extra, "%" PRId64 " sequences", s.sum.sequences);
-        moe_progress_finish(&s.sm.prog, extra);
-    }
-    s.sum.windows = s.sm.windows;
-    s.sum.tokens = s.sm.scored;
-    s.sum.load_seconds = t1 - t0;
-    s.sum.seconds = moe_time_now() - t1;
+    char done[64];
+    snprintf(done, sizeof done, "%" PRId64 " sequences", s.sum.sequences);
+    score_model_finish(&s.sm, st, done, &s.sum);
     if (sum) *sum = s.sum;
     free(s.items);
     free(s.wins);
