@@ -268,10 +268,11 @@ static int run(cli *c, int argc, char **argv) {
     c->var.command = c->command;
     if (moe_score_vcf_run(&c->var, &sum, &err) != MOE_OK) return fail(&err);
     moe_log_info("%lld records, %lld ALT alleles: %lld scored, skipped %lld symbolic, %lld with "
-                 "a window off the contig, %lld REF mismatches; %.2f s after a %.2f s model load",
+                 "a window off the contig, %lld REF mismatches; %lld windows in %.2f s after a "
+                 "%.2f s model load",
                  (long long)sum.records, (long long)sum.alts, (long long)sum.scored,
                  (long long)sum.skip_symbolic, (long long)sum.skip_edge, (long long)sum.skip_ref,
-                 sum.seconds, sum.load_seconds);
+                 (long long)sum.windows, sum.seconds, sum.load_seconds);
     return 0;
 }
 

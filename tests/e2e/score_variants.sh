@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # score_variants: `moe-score variants` on a VCF written here for the lambda genome (SNVs, an
-# MNV, insertions, deletions, a multi-allelic site, a symbolic ALT, a REF mismatch, a
-# variant too close to the contig start): every scored ALT's MOE_LLR equals `moe-score seq`
-# on its REF and ALT windows written out as FASTA by the rule of docs/cli.md (restated
-# here), for the sum, --reduce mean and --rc-average; Debian's bcftools reads the VCF, bgzip
+# MNV, insertions, deletions, a multi-allelic site, the same site split into two records, a
+# symbolic ALT, a REF mismatch, a variant too close to the contig start): every scored
+# ALT's MOE_LLR equals `moe-score seq` on its REF and ALT windows written out as FASTA by the
+# rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average; one REF
+# window per position; Debian's bcftools reads the VCF, bgzip
 # VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind.
@@ -28,6 +29,8 @@ recs = [
     (3000, seq[2999:3005], b(3000)),                                 # deletion
     (3500, seq[3499:3520], b(3500)),                                 # deletion of 20
     (4000, b(4000), ",".join(c for c in "ACGT" if c != b(4000))),    # multi-allelic
+    (4500, b(4500), other(b(4500))),                                 # the same site split
+    (4500, b(4500), "G" if b(4500) != "G" and other(b(4500)) != "G" else "T"),  # in two
     (5000, b(5000), "<DEL>"),                                        # symbolic
     (5500, b(5500), "A,<INS>"),                                      # SNV + symbolic
     (50, b(50), other(b(50))),                                       # window off the start
@@ -83,7 +86,7 @@ print(f"check_llr: {len(scored)} ALTs ({mode}) equal seq on their windows (max d
 PY
 }
 sc good.vcf --tsv > llr.tsv
-[ "$(awk -F'\t' 'NR > 1 && $6 != "."' llr.tsv | wc -l)" = 11 ]  # 14 ALTs - 2 symbolic - 1 edge
+[ "$(awk -F'\t' 'NR > 1 && $6 != "."' llr.tsv | wc -l)" = 13 ]  # 16 ALTs - 2 symbolic - 1 edge
 windows_fa llr.tsv win.fa
 moe-score seq -q -m "$CKPT" win.fa > win.tsv
 check_llr llr.tsv win.tsv sum
@@ -113,12 +116,13 @@ for v, r in zip(vals, t):
 PY
 # skipped ALTs are counted in the summary
 moe-score variants -m "$CKPT" -f ref.fa --window $W good.vcf -o out2.vcf 2>log.txt
-grep -q "14 ALT alleles: 11 scored, skipped 2 symbolic, 1 with a window off the contig, 0 REF" log.txt
+# one REF window per position (the split site's two records share theirs), one per ALT
+grep -q "16 ALT alleles: 13 scored, skipped 2 symbolic, 1 with a window off the contig, 0 REF mismatches; 23 windows" log.txt
 
 # REF mismatch: an error naming the record, nothing left under the output name
 expect2() { local rc=0; "$@" 2>err.txt >/dev/null || rc=$?; [ "$rc" = 2 ] || { echo "FAIL: exit $rc: $*" >&2; cat err.txt >&2; exit 1; }; }
 expect2 sc calls.vcf -o bad.vcf
-grep -q "record 12.*lambda:6000: REF 'G' does not match\|record 12.*lambda:6000: REF '.' does not match" err.txt
+grep -q "record 14: lambda:6000: REF .*does not match the reference" err.txt
 [ ! -e bad.vcf ] && ! ls .bad.vcf* 2>/dev/null
 moe-score variants -m "$CKPT" -f ref.fa --window $W calls.vcf --check-ref warn -o warn.vcf 2>log.txt
 grep -q "1 REF mismatches" log.txt

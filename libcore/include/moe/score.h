@@ -15,8 +15,9 @@
  * scored; MOE_LLR = log P(ALT window) - log P(REF window). The one thing to know: the model
  * is causal, so the log-probabilities of the tokens both windows share at their start are
  * identical and cancel; they are left out of the difference (exact), and the REF window is
- * run once per record for all its ALTs. Windows are batched longest first; results depend
- * only on the input and the options, never on the batching. */
+ * run once per record for all its ALTs (once for adjacent records at the same position).
+ * Windows are batched longest first; the batching depends only on the input and the
+ * options, so the output bytes are the same on every run. */
 #ifndef MOE_SCORE_H
 #define MOE_SCORE_H
 

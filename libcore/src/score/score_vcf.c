@@ -11,7 +11,9 @@
  * the FASTA, their windows tokenized -> one REF window per record and strand (all its ALTs
  * share it), one window per ALT and strand, scored only after the tokens it shares with
  * the REF window (a causal model gives those shared tokens identical log-probabilities:
- * they cancel exactly, so they are left out) -> all windows of the chunk batched by length
+ * they cancel exactly, so they are left out); adjacent records at the same position (split
+ * multi-allelic sites) run their common REF window once -> all windows of the chunk batched
+ * by length
  * (score_model.c) -> LLRs -> records written in input order.
  *
  * The one thing to know: an ALT's LLR sums the ALT window's log-probabilities after the
@@ -55,6 +57,8 @@ typedef struct vsite {
     float *lp[2]; /* [ref n - first] REF log-probabilities per strand */
     vwin *alt;    /* [n_alt * 2] ALT a, strand r at 2a + r */
     float *llr;   /* [n_alt] out (NaN = not scored) */
+    int64_t root; /* the site of the chunk whose REF windows (equal to this one's) are run */
+    int need_ref; /* root: some ALT of its group is scored */
 } vsite;
 
 typedef struct vcf_scorer {
@@ -298,12 +302,13 @@ static void add_win(vcf_scorer *v, vwin *w, int64_t from, float *lp, int64_t *m)
 /* The LLR of ALT a of a scored site, from the chunk's scored windows. */
 static float site_llr(const vcf_scorer *v, const vsite *st, int a) {
     int64_t first = v->sm.first;
+    const vsite *rs = &v->sites[st->root];
     double llr = 0.0;
     for (int r = 0; r < st->strands; r++) {
-        const vwin *rw = &st->ref[r], *aw = &st->alt[2 * a + r];
+        const vwin *rw = &rs->ref[r], *aw = &st->alt[2 * a + r];
         double pre = 0.0, suf = 0.0; /* the REF window before and from the ALT's first */
         for (int64_t j = first; j < rw->n; j++)
-            *(j < aw->from ? &pre : &suf) += st->lp[r][j - first];
+            *(j < aw->from ? &pre : &suf) += rs->lp[r][j - first];
         double alt = v->wins[aw->win].sum;
         if (v->o->reduce == MOE_SCORE_MEAN)
             llr += (pre + alt) / (double)(aw->n - first) - (pre + suf) / (double)(rw->n - first);
@@ -313,6 +318,18 @@ static float site_llr(const vcf_scorer *v, const vsite *st, int a) {
     return (float)(llr / st->strands);
 }
 
+/* 1 when sites a and b have the same tokenized REF windows (both have some). */
+static int same_ref(const vsite *a, const vsite *b) {
+    if (!a->ref[0].ids || !b->ref[0].ids || a->strands != b->strands ||
+        a->rec->rid != b->rec->rid || a->rec->pos != b->rec->pos)
+        return 0;
+    for (int r = 0; r < a->strands; r++)
+        if (a->ref[r].n != b->ref[r].n ||
+            memcmp(a->ref[r].ids, b->ref[r].ids, (size_t)a->ref[r].n * sizeof(int32_t)) != 0)
+            return 0;
+    return 1;
+}
+
 /* Scores the chunk's sites and writes their records, then empties it. */
 static moe_status flush_chunk(vcf_scorer *v, moe_err *err) {
     int64_t nw = 0;
@@ -320,14 +337,19 @@ static moe_status flush_chunk(vcf_scorer *v, moe_err *err) {
         nw += 2 + 2 * v->sites[i].n_alt;
     if (score_grow((void **)&v->wins, &v->cap_wins, nw, sizeof *v->wins, err) != MOE_OK)
         return err->status;
+    /* records with the same REF window (same contig and POS: split multi-allelic sites,
+     * as bcftools norm -m- writes them) run it once, through the first of them */
+    for (int64_t i = 0; i < v->n_sites; i++) {
+        vsite *st = &v->sites[i], *p = i ? &v->sites[v->sites[i - 1].root] : NULL;
+        st->root = p && same_ref(p, st) ? p->root : i;
+        for (int a = 0; a < st->n_alt; a++)
+            v->sites[st->root].need_ref |= st->status[a] == ALT_SCORED;
+    }
     int64_t m = 0, first = v->sm.first;
     moe_status rc = MOE_OK;
     for (int64_t i = 0; rc == MOE_OK && i < v->n_sites; i++) {
         vsite *st = &v->sites[i];
-        int any = 0; /* a REF window is run only for a record with an ALT to score */
-        for (int a = 0; a < st->n_alt; a++)
-            any |= st->status[a] == ALT_SCORED;
-        for (int r = 0; any && r < st->strands && st->ref[r].ids; r++) {
+        for (int r = 0; st->root == i && st->need_ref && r < st->strands; r++) {
             st->lp[r] = malloc((size_t)(st->ref[r].n - first + 1) * sizeof(float));
             if (!st->lp[r])
                 rc = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
