@@ -25,6 +25,7 @@ typedef struct input_reader {
     int64_t bases_cap;
 } input_reader;
 
+/* Room for need bases in r->bases (path names the input in an out-of-memory error). */
 static moe_status grow_bases(input_reader *r, int64_t need, const char *path, moe_err *err) {
     if (need <= r->bases_cap) return MOE_OK;
     char *p = realloc(r->bases, (size_t)need);
@@ -53,6 +54,7 @@ static moe_status encode_rc(input_reader *r, const char *bases, int64_t len, int
     return st;
 }
 
+/* Every record of a sequence file through seqio, tokenized, errors naming the record. */
 static moe_status read_seqfile(input_reader *r, const char *path, const moe_seqio_opts *io,
                                moe_err *err) {
     moe_seq_reader *sr;

@@ -70,6 +70,7 @@ moe_status score_grow(void **buf, int64_t *cap, int64_t need, size_t elem, moe_e
     return MOE_OK;
 }
 
+/* Longest window first; ties in the caller's order (deterministic batches). */
 static int cmp_win(const void *a, const void *b) {
     const score_win *x = *(score_win *const *)a, *y = *(score_win *const *)b;
     if (x->n != y->n) return x->n > y->n ? -1 : 1;

@@ -144,6 +144,7 @@ static moe_status out_seq(seq_scorer *s, const seq_item *it, moe_err *err) {
     return st;
 }
 
+/* Puts every output under its final name (the .npy before its .ids.tsv). */
 static moe_status out_commit(seq_scorer *s, moe_err *err) {
     moe_status st = MOE_OK;
     if (s->tsv_open) s->tsv_open = 0, st = moe_outfile_commit(&s->tsv, err);
@@ -152,6 +153,7 @@ static moe_status out_commit(seq_scorer *s, moe_err *err) {
     return st;
 }
 
+/* Removes what out_commit did not commit; safe to call after it. */
 static void out_abort(seq_scorer *s) {
     if (s->tsv_open) moe_outfile_abort(&s->tsv);
     if (s->npy_open) moe_npy_writer_abort(&s->npy);
@@ -238,6 +240,7 @@ static moe_status take_seq(void *ctx, const moe_input_seq *in, moe_err *err) {
 
 /* ---- run ---- */
 
+/* Model, window grid (--context checked against the window), bases per token, outputs. */
 static moe_status setup(seq_scorer *s, const moe_score_seq_opts *o, moe_err *err) {
     moe_status st = score_model_open(&s->sm, &o->m, 0, "score", err);
     if (st != MOE_OK) return st;

@@ -125,6 +125,7 @@ static moe_status missing_contig(vcf_scorer *v, const char *chrom, int64_t pos, 
     return MOE_ERR_INPUT;
 }
 
+/* <DEL>-style, * (a spanning deletion), . (no ALT) and breakends: nothing to score. */
 static int is_symbolic(const char *a) {
     return a[0] == '<' || strcmp(a, "*") == 0 || strcmp(a, ".") == 0 || strchr(a, '[') ||
            strchr(a, ']');
@@ -390,6 +391,7 @@ static int in_regions(const vcf_scorer *v, const bcf1_t *rec) {
     return 0;
 }
 
+/* Regions checked, FASTA index, VCF header, model, window W, output header. */
 static moe_status setup(vcf_scorer *v, const moe_score_vcf_opts *o, moe_err *err) {
     for (int i = 0; i < o->n_regions; i++) {
         hts_pos_t beg, end;
