@@ -80,20 +80,21 @@ moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, const bcf
 moe_status score_vcf_out_record(vcf_out *w, bcf1_t *rec, const float *llr, int n_alt,
                                 moe_err *err) {
     const char *path = w->file.path;
-    if (w->tsv) {
-        const bcf_hdr_t *h = w->in_hdr;
-        char line[8192];
-        moe_status st = MOE_OK;
-        for (int a = 0; st == MOE_OK && a < n_alt; a++) {
-            char v[32] = ".";
-            if (!isnan(llr[a])) snprintf(v, sizeof v, "%.6g", (double)llr[a]);
-            int k = snprintf(line, sizeof line, "%s\t%" PRId64 "\t%s\t%s\t%s\t%s\n",
-                             bcf_seqname_safe(h, rec), (int64_t)rec->pos + 1, rec->d.id,
-                             rec->d.allele[0], rec->d.allele[a + 1], v);
-            if (k >= (int)sizeof line) k = (int)sizeof line - 1;
-            st = moe_outfile_write(&w->file, line, (size_t)k, err);
+    if (w->tsv) { /* alleles may be long: the line is built in a growing kstring */
+        kstring_t line = {0, 0, NULL};
+        int bad = 0;
+        for (int a = 0; a < n_alt; a++) {
+            line.l = 0;
+            bad |= ksprintf(&line, "%s\t%" PRId64 "\t%s\t%s\t%s\t",
+                            bcf_seqname_safe(w->in_hdr, rec), (int64_t)rec->pos + 1, rec->d.id,
+                            rec->d.allele[0], rec->d.allele[a + 1]) < 0;
+            bad |= (isnan(llr[a]) ? kputs(".\n", &line)
+                                  : ksprintf(&line, "%.6g\n", (double)llr[a])) < 0;
+            if (bad || moe_outfile_write(&w->file, line.s, line.l, err) != MOE_OK) break;
         }
-        return st;
+        free(line.s);
+        if (bad) return moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
+        return err->status;
     }
     int any = 0;
     for (int a = 0; a < n_alt; a++)
