@@ -7,9 +7,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "moe/cli.h"
 #include "moe/err.h"
@@ -41,15 +38,7 @@ static const char USAGE[] =
     "      --per-position      FILE.npy: float32 log-probability of every token, plus\n"
     "                          FILE.ids.tsv (first row, log-likelihood per sequence)\n"
     "      --context N         left context (tokens) of every window after the first [half\n"
-    "                          the model's context]\n"
-    "  -r, --region R          chr, chr:beg-end (1-based); repeatable\n"
-    "      --regions-file BED  regions from a BED file\n"
-    "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"
-    "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"
-    "  -f, --require-flags N   keep only records with all flags N\n"
-    "  -F, --exclude-flags N   drop records with any flag in N [0xF00]\n"
-    "      --as-stored         keep reverse-strand reads as stored\n"
-    "variants:\n"
+    "                          the model's context]\n" MOE_CLI_INPUT_HELP "variants:\n"
     "  -f, --fasta-ref FA      reference FASTA (indexed: .fai, and .gzi when bgzip)\n"
     "  -r, --regions R         only records overlapping chr, chr:beg-end; repeatable\n"
     "  -o, --output FILE       output VCF/BCF [stdout]\n"
@@ -78,32 +67,28 @@ enum {
     OPT_CHECK_REF,
 };
 
-#define COMMON_OPTIONS                                                                             \
-    {"model", required_argument, 0, 'm'}, {"device", required_argument, 0, MOE_CLI_OPT_DEVICE},    \
-        {"precision", required_argument, 0, MOE_CLI_OPT_PRECISION},                                \
-        {"rc-average", no_argument, 0, OPT_RC}, {"batch-tokens", required_argument, 0, OPT_BATCH}, \
-        {"output", required_argument, 0, 'o'}, {"threads", required_argument, 0, '@'},             \
-        {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},                          \
-        {"help", no_argument, 0, 'h'}, {                                                           \
-        "version", no_argument, 0, 'V'                                                             \
-    }
+/* The options both subcommands take, then the shared -@/-q/-v/-h/-V entries. */
+/* clang-format off */
+#define SCORE_MODEL_LONGOPTS                                            \
+    {"model", required_argument, 0, 'm'},                               \
+    {"device", required_argument, 0, MOE_CLI_OPT_DEVICE},               \
+    {"precision", required_argument, 0, MOE_CLI_OPT_PRECISION},         \
+    {"rc-average", no_argument, 0, OPT_RC},                             \
+    {"batch-tokens", required_argument, 0, OPT_BATCH},                  \
+    {"output", required_argument, 0, 'o'},                              \
+    MOE_CLI_COMMON_LONGOPTS
+/* clang-format on */
 
 static const struct option SEQ_LONG[] = {
-    COMMON_OPTIONS,
+    SCORE_MODEL_LONGOPTS,
     {"per-position", no_argument, 0, OPT_PER_POSITION},
     {"context", required_argument, 0, OPT_CONTEXT},
-    {"region", required_argument, 0, 'r'},
-    {"regions-file", required_argument, 0, MOE_CLI_OPT_REGIONS_FILE},
-    {"reference", required_argument, 0, 'T'},
-    {"min-mapq", required_argument, 0, MOE_CLI_OPT_MIN_MAPQ},
-    {"require-flags", required_argument, 0, 'f'},
-    {"exclude-flags", required_argument, 0, 'F'},
-    {"as-stored", no_argument, 0, MOE_CLI_OPT_AS_STORED},
+    MOE_CLI_INPUT_LONGOPTS,
     {0, 0, 0, 0},
 };
 
 static const struct option VCF_LONG[] = {
-    COMMON_OPTIONS,
+    SCORE_MODEL_LONGOPTS,
     {"fasta-ref", required_argument, 0, 'f'},
     {"regions", required_argument, 0, 'r'},
     {"output-type", required_argument, 0, 'O'},
@@ -200,7 +185,8 @@ static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
     const struct option *table = c->vcf ? VCF_LONG : SEQ_LONG;
-    const char *shorts = c->vcf ? "m:o:f:r:O:@:qvhV" : "m:o:r:T:f:F:@:qvhV";
+    const char *shorts = c->vcf ? "m:o:f:r:O:" MOE_CLI_COMMON_SHORTOPTS
+                                : "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
     while ((opt = getopt_long(argc, argv, shorts, table, NULL)) != -1) {
         int64_t v = 0;
         int rc = c->vcf ? vcf_option(c, opt, optarg) : seq_option(c, opt, optarg);
@@ -240,9 +226,7 @@ static int run(cli *c, int argc, char **argv) {
     moe_err_clear(&err);
     if (!c->m->ckpt_dir)
         return moe_cli_usage_error("moe-score", "%s", "a checkpoint is required (-m CKPT_DIR)");
-#ifdef _OPENMP
-    if (c->threads > 0) omp_set_num_threads(c->threads);
-#endif
+    c->m->threads = c->threads;
     moe_score_summary sum;
     if (!c->vcf) {
         if (optind >= argc)

@@ -23,8 +23,8 @@
 
 #include <stdint.h>
 
-#include "moe/err.h"
 #include "moe/config.h"
+#include "moe/err.h"
 #include "moe/seqio.h"
 
 typedef struct moe_score_model_opts { /* what both subcommands share */
@@ -34,6 +34,7 @@ typedef struct moe_score_model_opts { /* what both subcommands share */
     int rc_average;       /* average with the reverse complement (one base per token) */
     int64_t batch_tokens; /* padded tokens per forward pass (0: 8192) */
     int quiet;            /* no progress lines */
+    int threads;          /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
 } moe_score_model_opts;
 
 typedef struct moe_score_seq_opts {

@@ -30,7 +30,7 @@ static moe_status load(score_model *sm, const moe_score_model_opts *o, moe_err *
     int64_t cap = sm->batch_tokens > sm->max_seq ? sm->batch_tokens : sm->max_seq;
     sm->max_batch = (cap + sm->max_seq - 1) / sm->max_seq;
     sm->cap_tokens = sm->max_batch * sm->max_seq;
-    return moe_infer_ckpt_load_model(&sm->ck, o->device, 0, o->bf16, (int)sm->max_batch,
+    return moe_infer_ckpt_load_model(&sm->ck, o->device, o->threads, o->bf16, (int)sm->max_batch,
                                      (int)sm->max_seq, err);
 }
 
