@@ -1,9 +1,10 @@
-/* cli: what the four tools share on the command line, so they behave alike - the
- * -q/-v/-h/-V options, the usage-error format ("prog: error: ..." + "hint: see prog
- * --help", exit 2), the input-selection options of the tools that read sequences
- * (moe-tokenize, moe-embed, moe-score seq) and the model options of the inference tools. A tool's
- * getopt loop offers each option first to moe_cli_input_option() (when it reads sequences), then
- * handles its own, and hands the rest to moe_cli_common_option(). */
+/* cli: what the tools share on the command line, so they behave alike - the -q/-v/-h/-V
+ * options, the usage-error format ("prog: error: ..." + "hint: see prog --help", exit 2),
+ * the input-selection options of the tools that read sequences (moe-tokenize, moe-embed,
+ * moe-score seq) and the model options of the inference tools (moe-embed, moe-score). A
+ * tool's getopt loop offers each option first to moe_cli_input_option() (when it reads
+ * sequences) and moe_cli_model_option() (when it runs a model), then handles its own, and
+ * hands the rest to moe_cli_common_option(). */
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
 
