@@ -17,7 +17,7 @@ ft() { moe-train -q -c "$MOE_SRC_DIR/configs/tiny.yaml" --data run.mtok --init i
     train.seq_len=128 train.global_batch_tokens=512 optim.warmup_steps=1 log.every=1 \
     train.eval_every=0 "$@" >/dev/null; }
 ft -o ft train.steps=5 checkpoint.every=0
-[ -d ft/ckpt-00000005 ] && [ "$(head -c 200 ft/metrics.jsonl | grep -o '"step": *[0-9]*' | head -1 | tr -dc 0-9)" = 1 ]
+[ -d ft/ckpt-00000005 ] && [ "$(sed -n '1s/^{"step": *\([0-9]*\).*/\1/p' ft/metrics.jsonl)" = 1 ]
 grep -q '"init_from": *"imported"' ft/ckpt-00000005/trainer_state.json
 grep -q '"step": *5' ft/ckpt-00000005/trainer_state.json
 # step 1 from a fresh optimizer and from the imported weights
