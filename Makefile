@@ -29,7 +29,7 @@ FUZZ_CC ?= clang-14
 FUZZ_LIB := $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a)
 
 DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
-	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix \
+	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix bcftools \
 	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 
 .PHONY: all build deps test test-asan fuzz demo bench install deb clean

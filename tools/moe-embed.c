@@ -54,8 +54,6 @@ static const char USAGE[] =
 
 enum {
     OPT_LAYER = 256,
-    OPT_DEVICE,
-    OPT_PRECISION,
     OPT_DTYPE,
     OPT_POOL,
     OPT_PER_TOKEN,
@@ -71,8 +69,8 @@ static const char SHORT[] = "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTO
 static const struct option LONG[] = {
     {"model", required_argument, 0, 'm'},
     {"layer", required_argument, 0, OPT_LAYER},
-    {"device", required_argument, 0, OPT_DEVICE},
-    {"precision", required_argument, 0, OPT_PRECISION},
+    {"device", required_argument, 0, MOE_CLI_OPT_DEVICE},
+    {"precision", required_argument, 0, MOE_CLI_OPT_PRECISION},
     {"output", required_argument, 0, 'o'},
     {"dtype", required_argument, 0, OPT_DTYPE},
     {"pool", required_argument, 0, OPT_POOL},
@@ -97,7 +95,7 @@ static int parse_int(const char *s, long long *v) {
 typedef struct cli {
     moe_embed_opts o;
     moe_cli_input in;
-    int threads, precision; /* precision: -1 default, 0 fp32, 1 bf16 */
+    int threads;
 } cli;
 
 /* Returns -1 to go on, else the exit code. */
@@ -109,6 +107,8 @@ static int parse(cli *c, int argc, char **argv) {
         long long v = 0;
         const char *name = "";
         int rc = moe_cli_input_option("moe-embed", &c->in, &o->io, opt, optarg);
+        if (rc == MOE_CLI_NOT_MINE)
+            rc = moe_cli_model_option("moe-embed", opt, optarg, &o->device, &o->bf16);
         if (rc != MOE_CLI_NOT_MINE) {
             if (rc != MOE_CLI_CONTINUE) return rc;
             continue;
@@ -125,26 +125,6 @@ static int parse(cli *c, int argc, char **argv) {
                 return moe_cli_usage_error("moe-embed", "--layer expects an integer, not '%s'",
                                            optarg);
             o->layer = (int)v;
-            break;
-        case OPT_DEVICE:
-            if (strcmp(optarg, "cpu") == 0)
-                o->device = MOE_DEVICE_CPU;
-            else if (strcmp(optarg, "auto") == 0)
-                o->device = MOE_DEVICE_AUTO;
-            else if (strcmp(optarg, "cuda") == 0)
-                o->device = MOE_DEVICE_CUDA;
-            else
-                return moe_cli_usage_error("moe-embed",
-                                           "--device must be cpu, auto or cuda, not '%s'", optarg);
-            break;
-        case OPT_PRECISION:
-            if (strcmp(optarg, "fp32") == 0)
-                c->precision = 0;
-            else if (strcmp(optarg, "bf16") == 0)
-                c->precision = 1;
-            else
-                return moe_cli_usage_error("moe-embed",
-                                           "--precision must be fp32 or bf16, not '%s'", optarg);
             break;
         case OPT_DTYPE:
             if (strcmp(optarg, "f32") == 0)
@@ -220,7 +200,6 @@ static int run(cli *c, int argc, char **argv) {
     o->io.threads = c->threads > 1 ? 1 : 0;
     o->inputs = (const char *const *)(argv + optind);
     o->n_inputs = argc - optind;
-    o->bf16 = c->precision; /* -1: bf16 on a GPU, fp32 on the CPU */
     o->threads = c->threads;
     moe_embed_summary sum;
     if (moe_embed_run(o, &sum, &err) != MOE_OK) {
@@ -244,7 +223,6 @@ int main(int argc, char **argv) {
     cli c;
     memset(&c, 0, sizeof c);
     moe_embed_opts_defaults(&c.o);
-    c.precision = -1;
     int rc = parse(&c, argc, argv);
     if (rc < 0) rc = run(&c, argc, argv);
     moe_cli_input_free(&c.in);

@@ -31,6 +31,9 @@ static const char USAGE[] =
     "      --resume WHAT     auto: continue from DIR/latest if there is one;\n"
     "                        or a checkpoint directory (DIR/ckpt-00000100; a run\n"
     "                        directory means its latest checkpoint)\n"
+    "      --init CKPT       fine-tune: start this run (step 0, fresh AdamW state, this\n"
+    "                        config's data and schedule) from CKPT's weights; model.*\n"
+    "                        comes from CKPT (native, or imported by moe-convert from-hf)\n"
     "      --stop-at N       end after step N with a checkpoint (train.steps still\n"
     "                        sets the length of the run and the LR schedule)\n"
     "      --dry-run         print the resolved config, parameter counts, FLOPs per\n"
@@ -55,7 +58,7 @@ static const char USAGE[] =
     "  mpirun -np 4 moe-train -@ 8 -c configs/L0_sanity.yaml --data shards/ -o run4/ "
     "parallel.dp=4\n";
 
-enum { OPT_DATA = 256, OPT_RESUME, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
+enum { OPT_DATA = 256, OPT_RESUME, OPT_INIT, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
 int main(int argc, char **argv) {
     moe_backend_cpu_tune_blas(argv);
@@ -63,6 +66,7 @@ int main(int argc, char **argv) {
                                              {"data", required_argument, NULL, OPT_DATA},
                                              {"output", required_argument, NULL, 'o'},
                                              {"resume", required_argument, NULL, OPT_RESUME},
+                                             {"init", required_argument, NULL, OPT_INIT},
                                              {"stop-at", required_argument, NULL, OPT_STOP_AT},
                                              {"dry-run", no_argument, NULL, OPT_DRY_RUN},
                                              {"log-json", required_argument, NULL, OPT_LOG_JSON},
@@ -88,6 +92,9 @@ int main(int argc, char **argv) {
             break;
         case OPT_RESUME:
             opts.resume = optarg;
+            break;
+        case OPT_INIT:
+            opts.init = optarg;
             break;
         case OPT_STOP_AT:
             opts.stop_at = strtoll(optarg, &end, 10);
@@ -141,6 +148,8 @@ int main(int argc, char **argv) {
     opts.stop_on_signals = 1;
     moe_config cfg;
     moe_status st = moe_config_load(&cfg, config, argc - optind, argv + optind, &err);
+    if (st == MOE_OK && opts.init)
+        st = moe_train_init_config(&cfg, opts.init, argc - optind, argv + optind, &err);
     if (st == MOE_OK && opts.data_path)
         snprintf(cfg.data.path, sizeof cfg.data.path, "%s", opts.data_path);
     if (st == MOE_OK && dry_run) {

@@ -1,8 +1,8 @@
 /* test_model_grad: the whole model on the CPU backend - finite-difference check of the
  * loss (CE + aux + z) with respect to sampled elements of EVERY parameter tensor (tied and
  * untied lm_head), bit-identical results for 1 and 2 threads, the bf16 recipe, refusal of
- * fp8 recipes, the hidden-state API, init, accumulation semantics, sizes for --dry-run and
- * bad input.
+ * fp8 recipes, the hidden-state API, the per-token log-probabilities (moe_model_logprobs),
+ * init, accumulation semantics, sizes for --dry-run and bad input.
  *
  * FD tolerance: the model computes in fp32, so the loss (~2.4) carries ~1e-6 absolute
  * rounding noise; with h = 3e-3 the quotient's noise is ~3e-4, truncation ~h^2 |f'''| is
@@ -355,6 +355,76 @@ static void test_threads_big(void) {
     free(g[0]), free(g[1]), free(tok), free(tgt);
 }
 
+/* moe_model_logprobs, what moe-score sums: minus the per-token cross-entropy of forward
+ * (their sum is -ce_sum, ignored targets 0, no backward after them), equal to a host
+ * log-softmax (double) of final-norm states times the head, and bit-identical on a
+ * forward-only model (logits allocated on its first call). */
+static void test_logprobs(int tied) {
+    moe_model_config cfg = tiny_config(tied);
+    const int64_t V = cfg.vocab_size, C = cfg.hidden_size;
+    moe_model tr, fo;
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(moe_model_create(&tr, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                           &err) == MOE_OK);
+    CHECK(moe_model_create_forward_only(&fo, &cfg, MOE_RECIPE_FP32, moe_backend_cpu(), B, T,
+                                        &err) == MOE_OK);
+    if (err.status != MOE_OK) return;
+    moe_model_init_weights(&tr, 9);
+    moe_model_init_weights(&fo, 9);
+    int32_t *tok = tokens, tgt[B * T];
+    memcpy(tgt, targets, sizeof tgt);
+    float lp[B * T], lp2[B * T];
+    moe_step_stats st;
+    CHECK(moe_model_forward(&tr, tok, tgt, NULL, B, T, &st, &err) == MOE_OK);
+    CHECK(moe_model_logprobs(&tr, tok, tgt, B, T, lp, &err) == MOE_OK);
+    double sum = 0.0;
+    for (int i = 0; i < B * T; i++) {
+        if (tgt[i] < 0) CHECK(lp[i] == 0.0f);
+        CHECK(lp[i] <= 0.0f);
+        sum += lp[i];
+    }
+    CHECK_NEAR(sum, -st.ce_sum, 1e-9 * fabs(st.ce_sum));
+    CHECK(moe_model_backward(&tr, 1.0f, &err) == MOE_ERR_RUNTIME);
+    moe_err_clear(&err);
+
+    /* independent head: hidden states of the final norm times the head, log-softmax */
+    float *h = malloc((size_t)B * T * C * sizeof(float));
+    float *p = malloc((size_t)tr.table.n_elems * sizeof(float));
+    CHECK(moe_model_hidden(&tr, tok, B, T, (int)cfg.num_hidden_layers, h, &err) == MOE_OK);
+    moe_model_copy_params_to_host(&tr, p);
+    const float *head = p + tr.table.params[tr.table.p_lm_head].offset;
+    double worst = 0.0;
+    for (int n = 0; n < B * T; n++) {
+        if (tgt[n] < 0) continue;
+        double z[64], mx = -INFINITY, se = 0.0;
+        for (int v = 0; v < V; v++) {
+            z[v] = 0.0;
+            for (int c = 0; c < C; c++)
+                z[v] += (double)h[n * C + c] * head[v * C + c];
+            mx = z[v] > mx ? z[v] : mx;
+        }
+        for (int v = 0; v < V; v++)
+            se += exp(z[v] - mx);
+        double ref = z[tgt[n]] - mx - log(se);
+        if (fabs(lp[n] - ref) > worst) worst = fabs(lp[n] - ref);
+    }
+    CHECK_MSG(worst < 1e-5, "tied %d: |logprob - host log-softmax| up to %g", tied, worst);
+
+    /* forward-only: same numbers, head allocated on the first call and kept */
+    CHECK(moe_model_logprobs(&fo, tok, tgt, B, T, lp2, &err) == MOE_OK);
+    CHECK(memcmp(lp, lp2, sizeof lp) == 0);
+    CHECK(moe_model_logprobs(&fo, tok, tgt, 1, T - 4, lp2, &err) == MOE_OK);
+    CHECK(moe_model_logprobs(&fo, tok, tgt, B, T + 1, lp2, &err) == MOE_ERR_INPUT);
+    moe_err_clear(&err);
+    tgt[5] = (int32_t)V;
+    CHECK(moe_model_logprobs(&fo, tok, tgt, B, T, lp2, &err) == MOE_ERR_INPUT);
+    free(h);
+    free(p);
+    moe_model_free(&tr);
+    moe_model_free(&fo);
+}
+
 int main(void) {
     make_batch();
     test_threads_big();
@@ -363,5 +433,7 @@ int main(void) {
     test_threads_precision_accumulation();
     test_hidden_init_sizes_errors();
     test_initial_loss();
+    test_logprobs(0);
+    test_logprobs(1);
     return test_summary("test_model_grad");
 }

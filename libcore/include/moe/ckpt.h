@@ -102,7 +102,9 @@ typedef struct moe_trainer_state {
     uint64_t seed;
     int data_shuffle;
     int64_t data_samples, data_stream_tokens; /* to detect changed data on resume */
-    char *last_metrics; /* JSON object text of the last step's metrics, or NULL */
+    char *last_metrics;                /* JSON object text of the last step's metrics, or NULL */
+    char init_from[MOE_CKPT_PATH_MAX]; /* moe-train --init: the checkpoint the run's first
+                                          weights came from ("" for none) */
 } moe_trainer_state;
 
 /* trainer_state.json text of ts (malloc'ed), NULL when out of memory. */

@@ -1,12 +1,14 @@
-/* cli: what the four tools share on the command line, so they behave alike - the
- * -q/-v/-h/-V options, the usage-error format ("prog: error: ..." + "hint: see prog
- * --help", exit 2), and the input-selection options of the tools that read sequences
- * (moe-tokenize, moe-embed). A tool's getopt loop offers each option first to
- * moe_cli_input_option() (when it reads sequences), then handles its own, and hands the
- * rest to moe_cli_common_option(). */
+/* cli: what the tools share on the command line, so they behave alike - the -q/-v/-h/-V
+ * options, the usage-error format ("prog: error: ..." + "hint: see prog --help", exit 2),
+ * the input-selection options of the tools that read sequences (moe-tokenize, moe-embed,
+ * moe-score seq) and the model options of the inference tools (moe-embed, moe-score). A
+ * tool's getopt loop offers each option first to moe_cli_input_option() (when it reads
+ * sequences) and moe_cli_model_option() (when it runs a model), then handles its own, and
+ * hands the rest to moe_cli_common_option(). */
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
 
+#include "moe/config.h"
 #include "moe/log.h"
 #include "moe/seqio.h"
 
@@ -92,6 +94,18 @@ int moe_cli_input_option(const char *prog, moe_cli_input *in, moe_seqio_opts *io
  * (which stays owned by in). */
 moe_status moe_cli_input_finish(moe_cli_input *in, moe_seqio_opts *io, moe_err *err);
 void moe_cli_input_free(moe_cli_input *in);
+
+/* ---- the model options of the inference tools (moe-embed, moe-score): --device D
+ * (cpu | auto | cuda) and --precision P (fp32 | bf16) ---- */
+enum {
+    MOE_CLI_OPT_DEVICE = 0x1100,
+    MOE_CLI_OPT_PRECISION,
+};
+/* Applies --device / --precision to *device / *bf16 (1 bf16, 0 fp32; leave it -1 for the
+ * default). Returns MOE_CLI_NOT_MINE for any other option, MOE_CLI_CONTINUE when applied,
+ * 2 for a bad value (the message is printed). */
+int moe_cli_model_option(const char *prog, int opt, const char *arg, moe_device_kind *device,
+                         int *bf16);
 
 #ifdef __cplusplus
 }

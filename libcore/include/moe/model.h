@@ -85,8 +85,9 @@ typedef struct moe_model {
 moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
                             moe_recompute recompute, const moe_backend *be, int max_batch,
                             int max_seq, moe_err *err);
-/* The smallest plan, for moe_model_hidden only (embedding): no gradients, no logits, the
- * residual stream in two buffers and one shared set of layer intermediates.
+/* The smallest plan, for moe_model_hidden and moe_model_logprobs (embedding, scoring): no
+ * gradients, no logits until moe_model_logprobs needs them, the residual stream in two
+ * buffers and one shared set of layer intermediates.
  * moe_model_forward and moe_model_backward refuse such a model (MOE_ERR_RUNTIME). */
 moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *cfg,
                                          moe_recipe recipe, const moe_backend *be, int max_batch,
@@ -122,6 +123,15 @@ moe_status moe_model_hidden(moe_model *m, const int32_t *tokens, int B, int T, i
  * tokens [B, T] host; range [B, 2] host; out [B, C] host. */
 moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, int T, int layer,
                                    const int32_t *range, int max, float *out, moe_err *err);
+
+/* Log-probabilities of the targets, forward only (scoring): out[b, t] = log softmax(
+ * logits[b, t])[targets[b, t]] in nats, 0 where the target is -1. The same per-token
+ * cross-entropy op as training (fp32, on the backend), negated. Works on every model; a
+ * forward-only model allocates its [max_batch * max_seq, V] logits on the first call. The
+ * activations then belong to no forward that moe_model_backward could use.
+ * tokens/targets [B, T] host; out [B, T] host. Input errors as moe_model_forward. */
+moe_status moe_model_logprobs(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                              int T, float *out, moe_err *err);
 
 /* ---- sizes for --dry-run (no model needed) ---- */
 /* total: all parameters (lm_head counted once when tied); active: those touched per token

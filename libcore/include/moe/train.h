@@ -28,13 +28,15 @@
 #include "moe/model.h"
 
 typedef struct moe_train_opts {
-    const char *data_path; /* --data; NULL or "": cfg->data.path */
-    const char *run_dir;   /* -o; NULL: "run" */
-    const char *resume;    /* NULL: fresh run; "auto": RUN/latest if any; else a ckpt dir */
-    int64_t stop_at;       /* end this invocation after this step (0: run to train.steps) */
-    const char *log_json;  /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
-    int quiet;             /* no progress bar */
-    int threads;           /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
+    const char *data_path;       /* --data; NULL or "": cfg->data.path */
+    const char *run_dir;         /* -o; NULL: "run" */
+    const char *resume;          /* NULL: fresh run; "auto": RUN/latest if any; else a ckpt dir */
+    const char *init;            /* --init CKPT: a run that starts (step 0, fresh AdamW) from the
+                                    weights of CKPT; with --resume, only when nothing is resumed */
+    int64_t stop_at;             /* end this invocation after this step (0: run to train.steps) */
+    const char *log_json;        /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
+    int quiet;                   /* no progress bar */
+    int threads;                 /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
     const struct moe_comm *comm; /* the processes of the run (moe/comm.h); NULL: one */
     int stop_on_signals;         /* 1: SIGTERM, SIGINT, train.stop_signal stop the run cleanly
                                     (finish the step, checkpoint, return MOE_OK); moe-train */
@@ -62,5 +64,16 @@ moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const mo
 moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
                                      uint64_t vocab_hash, moe_model *model, float *m, float *v,
                                      moe_trainer_state *ts, moe_err *err);
+
+/* --init CKPT, before moe_train_run: cfg->model becomes the checkpoint's model config
+ * (a model.* override among overrides [n_overrides] that differs from it is MOE_ERR_INPUT
+ * naming the key), then cfg is validated again. */
+moe_status moe_train_init_config(moe_config *cfg, const char *init, int n_overrides,
+                                 char *const *overrides, moe_err *err);
+
+/* The fp32 weights of a verified checkpoint into model (no optimizer state, no trainer
+ * state), checked like moe_train_load_checkpoint; the directory used goes to used [n]. */
+moe_status moe_train_load_weights(const char *ckpt_dir, const moe_config *cfg, uint64_t vocab_hash,
+                                  moe_model *model, char *used, size_t n, moe_err *err);
 
 #endif

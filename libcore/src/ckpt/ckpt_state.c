@@ -1,8 +1,8 @@
 /* ckpt_state: trainer_state.json, the part of a checkpoint that is neither tensors nor
- * config (moe/ckpt.h, moe_trainer_state): step, tokens seen, data position, seed and the last
- * step's metrics. Written by moe-train's checkpoints and parsed by moe_ckpt_open, so the
- * format lives in this one file. All randomness is counter-based (Philox keyed by the seed),
- * so the seed is the whole RNG state. */
+ * config (moe/ckpt.h, moe_trainer_state): step, tokens seen, data position, seed, the last
+ * step's metrics and, for a run started by --init, the checkpoint it started from. Written by
+ * moe-train's checkpoints and parsed by moe_ckpt_open, so the format lives in this one file. All
+ * randomness is counter-based (Philox keyed by the seed), so the seed is the whole RNG state. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,6 +30,7 @@ char *moe_ckpt_state_json(const moe_trainer_state *ts) {
     json_object_set_new(o, "rng", rng);
     json_t *met = ts->last_metrics ? json_loads(ts->last_metrics, 0, NULL) : NULL;
     json_object_set_new(o, "last_metrics", met ? met : json_null());
+    if (ts->init_from[0]) json_object_set_new(o, "init_from", json_string(ts->init_from));
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     return text;
@@ -82,6 +83,9 @@ moe_status moe_ckpt_state_parse(const char *text, const char *path, moe_trainer_
         json_t *met = json_object_get(o, "last_metrics");
         ts->last_metrics =
             json_is_object(met) ? json_dumps(met, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        json_t *init = json_object_get(o, "init_from"); /* optional: runs started by --init */
+        if (json_is_string(init))
+            snprintf(ts->init_from, sizeof ts->init_from, "%s", json_string_value(init));
     }
     json_decref(o);
     return st;

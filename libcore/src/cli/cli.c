@@ -111,3 +111,26 @@ void moe_cli_input_free(moe_cli_input *in) {
     free(in->regions);
     memset(in, 0, sizeof *in);
 }
+
+int moe_cli_model_option(const char *prog, int opt, const char *arg, moe_device_kind *device,
+                         int *bf16) {
+    if (opt == MOE_CLI_OPT_DEVICE) {
+        if (strcmp(arg, "cpu") == 0)
+            *device = MOE_DEVICE_CPU;
+        else if (strcmp(arg, "auto") == 0)
+            *device = MOE_DEVICE_AUTO;
+        else if (strcmp(arg, "cuda") == 0)
+            *device = MOE_DEVICE_CUDA;
+        else
+            return moe_cli_usage_error(prog, "--device must be cpu, auto or cuda, not '%s'", arg);
+        return MOE_CLI_CONTINUE;
+    }
+    if (opt != MOE_CLI_OPT_PRECISION) return MOE_CLI_NOT_MINE;
+    if (strcmp(arg, "fp32") == 0)
+        *bf16 = 0;
+    else if (strcmp(arg, "bf16") == 0)
+        *bf16 = 1;
+    else
+        return moe_cli_usage_error(prog, "--precision must be fp32 or bf16, not '%s'", arg);
+    return MOE_CLI_CONTINUE;
+}

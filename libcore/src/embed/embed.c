@@ -6,17 +6,17 @@
  * of every strand becomes a work item -> items sorted by padded length (ties by position
  * in the input: deterministic) -> batches of at most batch_tokens padded tokens ->
  * moe_model_hidden_pooled (pooling on the backend; moe_model_hidden for --per-token) -> each
- * window's pooled vector (or its token rows) is added into its sequence's double accumulator -> sequences are finished and written in input order.
- * The one thing to know: every number a sequence gets depends only on that sequence and
- * the options (padding is right-side, attention causal, routing per token), not on which
- * other sequences share its batch - up to the last bits of BLAS blocking. */
+ * window's pooled vector (or its token rows) is added into its sequence's double accumulator ->
+ * sequences are finished and written in input order. The one thing to know: every number a sequence
+ * gets depends only on that sequence and the options (padding is right-side, attention causal,
+ * routing per token), not on which other sequences share its batch - up to the last bits of BLAS
+ * blocking. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "embed/embed_internal.h"
-#include "moe/shard.h"
+#include "moe/input.h"
 
 void moe_embed_opts_defaults(moe_embed_opts *o) {
     memset(o, 0, sizeof *o);
@@ -52,9 +52,6 @@ typedef struct embedder {
     int32_t *tokens; /* [cap_tokens] one batch */
     int32_t *range;  /* [cap_tokens, 2] pooled positions of each row (B <= cap_tokens) */
     float *hidden;   /* [cap_tokens, C] token rows (--per-token), or [B, C] vectors */
-    moe_token_buf enc, rcenc;
-    char *bases; /* scratch for reverse complements */
-    int64_t bases_cap;
     embed_out out;
     moe_progress prog;
     moe_embed_summary sum;
@@ -139,12 +136,12 @@ static moe_status run_windows(embedder *e, embed_win *wins, int64_t n, moe_err *
             pool_range(e, w, e->range + 2 * b);
         }
         if (e->o->per_token)
-            st = moe_model_hidden(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->hidden,
-                                  err);
+            st =
+                moe_model_hidden(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->hidden, err);
         else
-            st = moe_model_hidden_pooled(&e->ck.model, e->tokens, (int)B, (int)T, e->layer,
-                                         e->range, e->o->pool == MOE_EMBED_POOL_MAX, e->hidden,
-                                         err);
+            st =
+                moe_model_hidden_pooled(&e->ck.model, e->tokens, (int)B, (int)T, e->layer, e->range,
+                                        e->o->pool == MOE_EMBED_POOL_MAX, e->hidden, err);
         for (int64_t b = 0; st == MOE_OK && b < B; b++) {
             if (e->o->per_token)
                 add_token_rows(e, &wins[i + b], e->hidden + b * T * e->C);
@@ -233,29 +230,6 @@ static moe_status flush_chunk(embedder *e, moe_err *err) {
 
 /* ---- input ---- */
 
-/* Tokens of the reverse complement of bases[0, len) into e->rcenc; must be n tokens. */
-static moe_status encode_rc(embedder *e, const char *bases, int64_t len, int64_t n, moe_err *err) {
-    if (len + 1 > e->bases_cap) {
-        char *p = realloc(e->bases, (size_t)len + 1);
-        if (!p) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
-        e->bases = p;
-        e->bases_cap = len + 1;
-    }
-    if (bases != e->bases) memcpy(e->bases, bases, (size_t)len);
-    moe_seqio_revcomp(e->bases, len);
-    e->rcenc.n = 0;
-    moe_status st = moe_tokenizer_encode(e->tok, e->bases, len, &e->rcenc, err);
-    if (st == MOE_OK && e->rcenc.n != n) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "the reverse complement has %" PRId64 " tokens, the sequence %" PRId64,
-                    e->rcenc.n, n);
-        moe_err_hint(err, "--rc-average needs tokens that map one-to-one onto bases; "
-                          "drop --rc-average for this input");
-        st = MOE_ERR_INPUT;
-    }
-    return st;
-}
-
 /* Adds one sequence (content tokens ids [n]; rc [n] or NULL) to the chunk. */
 static moe_status add_seq(embedder *e, const char *name, int64_t bases, const int32_t *ids,
                           int64_t n, const int32_t *rc, moe_err *err) {
@@ -296,130 +270,9 @@ static moe_status add_seq(embedder *e, const char *name, int64_t bases, const in
     return MOE_OK;
 }
 
-static moe_status read_seqfile(embedder *e, const char *path, moe_err *err) {
-    moe_seq_reader *r;
-    moe_status st = moe_seqio_open(&r, path, &e->o->io, err);
-    if (st != MOE_OK) return st;
-    moe_seq_record rec;
-    int rc;
-    while (st == MOE_OK && (rc = moe_seqio_next(r, &rec, err)) == 1) {
-        e->enc.n = 0;
-        st = moe_tokenizer_encode(e->tok, rec.seq, rec.len, &e->enc, err);
-        if (st == MOE_OK && e->o->rc_average) st = encode_rc(e, rec.seq, rec.len, e->enc.n, err);
-        if (st != MOE_OK) {
-            moe_err_prefix(err, "record %" PRId64 " (%s)", rec.record_no, rec.name);
-            if (!err->file[0]) snprintf(err->file, sizeof err->file, "%s", path);
-            if (!err->record) moe_err_at_record(err, rec.record_no);
-            break;
-        }
-        st = add_seq(e, rec.name, rec.len, e->enc.ids, e->enc.n,
-                     e->o->rc_average ? e->rcenc.ids : NULL, err);
-    }
-    if (st == MOE_OK && rc < 0) st = err->status;
-    moe_seqio_close(r);
-    return st;
-}
-
-/* Every document of an open shard, as one sequence each (its BOS/EOS stripped: windows get
- * their own). */
-static moe_status read_shard(embedder *e, const moe_shard *sh, moe_err *err) {
-    const char *path = moe_shard_path(sh);
-    moe_status st = MOE_OK;
-    if (moe_shard_vocab_hash(sh) != e->tok->vocab_hash) {
-        const moe_tokenizer *t = moe_shard_tokenizer(sh);
-        moe_err_set(err, MOE_ERR_INPUT, path,
-                    "the shard was tokenized with another tokenizer (%s, %" PRId64 " tokens, "
-                    "hash %016" PRIx64 ") than the checkpoint's (%s, %" PRId64 " tokens, hash "
-                    "%016" PRIx64 ")",
-                    t->name, t->vocab_size, moe_shard_vocab_hash(sh), e->tok->name,
-                    e->tok->vocab_size, e->tok->vocab_hash);
-        moe_err_hint(err, "give moe-embed the sequences (FASTA/BAM) instead: they are "
-                          "tokenized with the checkpoint's own tokenizer");
-        return MOE_ERR_INPUT;
-    }
-    int32_t *ids = NULL;
-    uint8_t *lower = NULL;
-    int64_t cap = 0;
-    int bpt = moe_tokenizer_max_bases_per_token(e->tok);
-    for (int64_t d = 0; st == MOE_OK && d < moe_shard_n_docs(sh); d++) {
-        moe_shard_doc doc;
-        moe_shard_get_doc(sh, d, &doc);
-        if (doc.length > cap) {
-            cap = doc.length;
-            int32_t *a = realloc(ids, (size_t)cap * sizeof *a);
-            if (a) ids = a;
-            uint8_t *b = realloc(lower, (size_t)cap);
-            if (b) lower = b;
-            if (!a || !b) st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-        }
-        if (st != MOE_OK) break;
-        moe_shard_read_tokens(sh, doc.start, doc.length, ids, lower);
-        int64_t a = 0, b = doc.length; /* strip the document's own BOS/EOS */
-        if (b > a && e->nb && ids[a] == e->tok->bos_id) a++;
-        if (b > a && e->ne && ids[b - 1] == e->tok->eos_id) b--;
-        const int32_t *rc = NULL;
-        if (e->o->rc_average) {
-            int64_t need = (b - a) * bpt + 1;
-            if (need > e->bases_cap) {
-                char *p = realloc(e->bases, (size_t)need);
-                if (!p) {
-                    st = moe_err_set(err, MOE_ERR_RUNTIME, path, "out of memory");
-                    break;
-                }
-                e->bases = p;
-                e->bases_cap = need;
-            }
-            int64_t nb = moe_tokenizer_decode(e->tok, ids + a, lower + a, b - a, e->bases);
-            st = encode_rc(e, e->bases, nb, b - a, err);
-            if (st != MOE_OK) {
-                moe_err_prefix(err, "document %" PRId64 " (%s)", d + 1, doc.name);
-                if (!err->file[0]) snprintf(err->file, sizeof err->file, "%s", path);
-                break;
-            }
-            rc = e->rcenc.ids;
-        }
-        st = add_seq(e, doc.name, doc.src_end - doc.src_start, ids + a, b - a, rc, err);
-    }
-    free(ids);
-    free(lower);
-    return st;
-}
-
-/* A .mtok file, or (is_set) a directory of shards or a manifest.json as moe-train reads. */
-static moe_status read_shards(embedder *e, const char *path, int is_set, moe_err *err) {
-    moe_status st;
-    if (!is_set) {
-        moe_shard *sh;
-        st = moe_shard_open(&sh, path, err);
-        if (st != MOE_OK) return st;
-        st = read_shard(e, sh, err);
-        moe_shard_close(sh);
-        return st;
-    }
-    moe_shardset *set = NULL;
-    st = moe_shardset_open(&set, path, err);
-    for (int64_t i = 0; st == MOE_OK && i < moe_shardset_n_shards(set); i++)
-        st = read_shard(e, moe_shardset_shard(set, i), err);
-    if (set) moe_shardset_close(set);
-    return st;
-}
-
-/* 1: a .mtok file (by its magic), 2: a directory or a manifest.json (a shard set), 0: a
- * sequence file. Only regular files are sniffed: reading a pipe's first bytes would
- * consume them. */
-static int is_shard_file(const char *path) {
-    struct stat sb;
-    size_t len = strlen(path);
-    if (strcmp(path, "-") == 0 || stat(path, &sb) != 0) return 0;
-    if (S_ISDIR(sb.st_mode) || (len >= 13 && strcmp(path + len - 13, "manifest.json") == 0))
-        return 2;
-    if (!S_ISREG(sb.st_mode)) return 0;
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return 0;
-    char magic[8];
-    int yes = fread(magic, 1, 8, fp) == 8 && memcmp(magic, MOE_SHARD_MAGIC, 8) == 0;
-    fclose(fp);
-    return yes;
+/* moe_input_fn: one sequence of the input into the chunk. */
+static moe_status take_seq(void *ctx, const moe_input_seq *in, moe_err *err) {
+    return add_seq(ctx, in->name, in->bases, in->ids, in->n, in->rc, err);
 }
 
 /* ---- setup ---- */
@@ -464,13 +317,7 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
                     o->layer, L, L, L + 1);
         return MOE_ERR_INPUT;
     }
-    if ((o->rc_average) && moe_tokenizer_max_bases_per_token(e->tok) != 1) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "--rc-average needs a tokenizer with one base per token (byte, nuc); this "
-                    "checkpoint uses '%s'",
-                    e->tok->name);
-        return MOE_ERR_INPUT;
-    }
+    if (o->rc_average && moe_input_check_rc(e->tok, err) != MOE_OK) return err->status;
     e->max_seq = e->W + e->nb + e->ne;
     int64_t cap = o->batch_tokens > e->max_seq ? o->batch_tokens : e->max_seq;
     e->max_batch = (cap + e->max_seq - 1) / e->max_seq;
@@ -481,7 +328,8 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
     e->tokens = malloc((size_t)e->cap_tokens * sizeof(int32_t));
     e->range = malloc((size_t)e->cap_tokens * 2 * sizeof(int32_t));
     e->hidden = malloc((size_t)e->cap_tokens * (size_t)e->C * sizeof(float));
-    if (!e->tokens || !e->range || !e->hidden) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    if (!e->tokens || !e->range || !e->hidden)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_log_info("checkpoint %s: %s tokenizer, hidden %" PRId64 ", layer %d of %d (%s), %s "
                  "pooling%s, windows of %" PRId64 " tokens every %" PRId64 ", %s backend",
                  e->ck.ckpt.dir, e->tok->name, e->C, e->layer, L,
@@ -507,13 +355,8 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     e.sum.load_seconds = t1 - t0;
     moe_progress_start(&e.prog, "embed", "tokens", 0);
     if (o->quiet) e.prog.enabled = e.prog.tty = 0;
-    for (int i = 0; st == MOE_OK && i < o->n_inputs; i++) {
-        int kind = is_shard_file(o->inputs[i]);
-        if (kind)
-            st = read_shards(&e, o->inputs[i], kind == 2, err);
-        else
-            st = read_seqfile(&e, o->inputs[i], err);
-    }
+    for (int i = 0; st == MOE_OK && i < o->n_inputs; i++)
+        st = moe_input_read(o->inputs[i], &o->io, e.tok, o->rc_average, take_seq, &e, err);
     if (st == MOE_OK && e.n_seqs) st = flush_chunk(&e, err);
     free_chunk(&e);
     if (st == MOE_OK) {
@@ -536,9 +379,6 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     free(e.tokens);
     free(e.range);
     free(e.hidden);
-    free(e.bases);
-    moe_token_buf_free(&e.enc);
-    moe_token_buf_free(&e.rcenc);
     moe_infer_ckpt_close(&e.ck);
     return st;
 }

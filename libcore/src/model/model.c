@@ -262,12 +262,34 @@ moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *c
     return create_plan(m, cfg, recipe, MOE_PLAN_FORWARD, be, max_batch, max_seq, err);
 }
 
+moe_status moe_model_alloc_head(moe_model *m, moe_err *err) {
+    struct moe_acts *a = m->acts;
+    if (a->logits) return MOE_OK; /* a training plan, or an earlier call */
+    int64_t N = a->max_tokens, V = m->cfg.vocab_size;
+    size_t off = 0, bytes = (size_t)(N * V + 2 * N) * sizeof(float) + (size_t)N * sizeof(int32_t);
+    a->head_mem = m->be->alloc(m->be, bytes + 4 * 64);
+    if (!a->head_mem) {
+        moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                    "out of %s memory for the logits of %lld tokens (%.1f MiB)", m->be->name,
+                    (long long)N, bytes / 1048576.0);
+        moe_err_hint(err, "use a smaller batch (--batch-tokens) or window");
+        return MOE_ERR_RUNTIME;
+    }
+    char *base = a->head_mem;
+    a->logits = carve(&off, base, (size_t)(N * V) * sizeof(float));
+    a->ce_loss = carve(&off, base, (size_t)N * sizeof(float));
+    a->ce_lse = carve(&off, base, (size_t)N * sizeof(float));
+    a->targets = carve(&off, base, (size_t)N * sizeof(int32_t));
+    return MOE_OK;
+}
+
 void moe_model_free(moe_model *m) {
     if (!m) return;
     if (m->be) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->grad_mem);
         if (m->acts) m->be->free(m->be, m->acts->mem);
+        if (m->acts) m->be->free(m->be, m->acts->head_mem);
     }
     if (m->acts) {
         free(m->acts->layer);

@@ -81,7 +81,8 @@ struct moe_acts {
     float *dxp, *dyp;      /* [N*K, C] */
     float *dh1, *dh3, *dg; /* [N*K, F] */
     /* host mirrors of the last forward's inputs and per-token losses */
-    float *h_loss; /* [N] */
+    float *h_loss;  /* [N] */
+    void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */
     int has_targets, has_weights;
     double weight_sum;
 };
@@ -91,6 +92,11 @@ struct moe_acts {
  * cfg->num_hidden_layers entries when base is non-NULL. Returns the bytes needed. */
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, struct moe_acts *a,
                      char *base);
+
+/* Makes sure the head buffers (logits, ce_loss, ce_lse, targets for max_tokens) exist: a
+ * training plan has them; a forward-only plan gets them in a second allocation on the first
+ * call (moe_model_logprobs), so that embedding never pays for [N, V] logits. */
+moe_status moe_model_alloc_head(moe_model *m, moe_err *err);
 
 /* forward up to (not including) layer `upto` (0..L); returns after filling x_in of that
  * layer (or x_final when upto = L). Inputs are validated by the caller. */

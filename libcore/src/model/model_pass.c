@@ -125,6 +125,26 @@ double moe_model_loss(const moe_model_config *c, double ce, double aux, double z
     return ce + c->router_aux_loss_coef * aux + c->router_z_loss_coef * z;
 }
 
+/* After the layers (x_final filled): final norm and lm_head into a->logits [N, V]; with
+ * targets [N] (host), their cross-entropy per token into a->ce_loss and its host mirror
+ * a->h_loss [N] (weights [N] host or NULL). */
+static void head_forward(moe_model *m, const int32_t *targets, const float *weights, int64_t N) {
+    const moe_backend *be = m->be;
+    const moe_model_config *c = &m->cfg;
+    struct moe_acts *a = m->acts;
+    int64_t C = c->hidden_size, V = c->vocab_size;
+    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data, N,
+                        C, (float)c->rms_norm_eps, m->recipe);
+    be->matmul_forward(be, a->logits, a->lnf, m->table.params[m->table.p_lm_head].data, N, C, V,
+                       m->recipe);
+    if (!targets) return;
+    be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
+    if (weights) be->memcpy_h2d(be, a->weights, weights, (size_t)N * sizeof(float));
+    be->cross_entropy_forward(be, a->ce_loss, a->ce_lse, a->logits, a->targets,
+                              weights ? a->weights : NULL, N, V);
+    be->memcpy_d2h(be, a->h_loss, a->ce_loss, (size_t)N * sizeof(float));
+}
+
 moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
                              const float *weights, int B, int T, moe_step_stats *st, moe_err *err) {
     if (m->acts->plan == MOE_PLAN_FORWARD)
@@ -135,24 +155,16 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
-    int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size;
+    int64_t N = (int64_t)B * T;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     moe_model_run_layers(m, B, T, L);
-    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data, N,
-                        C, (float)c->rms_norm_eps, m->recipe);
-    be->matmul_forward(be, a->logits, a->lnf, m->table.params[m->table.p_lm_head].data, N, C, V,
-                       m->recipe);
+    head_forward(m, targets, weights, N);
     double ce_sum = 0.0, wsum = 0.0, ntok = 0.0;
     a->has_targets = targets != NULL;
     a->has_weights = targets && weights;
     if (targets) {
-        be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
-        if (weights) be->memcpy_h2d(be, a->weights, weights, (size_t)N * sizeof(float));
-        be->cross_entropy_forward(be, a->ce_loss, a->ce_lse, a->logits, a->targets,
-                                  weights ? a->weights : NULL, N, V);
-        be->memcpy_d2h(be, a->h_loss, a->ce_loss, (size_t)N * sizeof(float));
         for (int64_t i = 0; i < N; i++) {
             if (targets[i] < 0) continue;
             ntok += 1.0;
@@ -350,5 +362,22 @@ moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, i
     be->memcpy_h2d(be, a->pool_range, range, (size_t)(2 * B) * sizeof(int32_t));
     be->pool_forward(be, a->tmp, src, a->pool_range, B, T, C, max);
     be->memcpy_d2h(be, out, a->tmp, (size_t)B * C * sizeof(float));
+    return be->synchronize(be, err);
+}
+
+moe_status moe_model_logprobs(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                              int T, float *out, moe_err *err) {
+    if (check_inputs(m, tokens, targets, NULL, B, T, err) != MOE_OK) return err->status;
+    if (moe_model_alloc_head(m, err) != MOE_OK) return err->status;
+    const moe_backend *be = m->be;
+    struct moe_acts *a = m->acts;
+    int64_t N = (int64_t)B * T;
+    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    moe_model_run_layers(m, B, T, (int)m->cfg.num_hidden_layers);
+    head_forward(m, targets, NULL, N);
+    for (int64_t i = 0; i < N; i++)
+        out[i] = targets[i] < 0 ? 0.0f : -a->h_loss[i];
+    m->last_B = 0; /* not a forward that backward may differentiate */
+    a->has_targets = 0;
     return be->synchronize(be, err);
 }

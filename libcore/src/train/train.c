@@ -31,6 +31,7 @@ typedef struct trainer {
     moe_dataloader dl, vdl;
     int has_val;
     const moe_backend *be;
+    int resumed; /* --resume found and loaded a checkpoint */
     moe_model model;
     /* ZeRO-1: this rank's AdamW state covers parameter elements [lo, hi) of the flat array,
      * slice[r] = rank r's lo (slice[dp] = n_elems); one process owns everything */
@@ -144,9 +145,9 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
     size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
     float *m = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->m;
     float *v = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->v;
-    moe_status st = m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v,
-                                                       &t->ts, err)
-                           : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+    moe_status st =
+        m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v, &t->ts, err)
+               : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
     if (st == MOE_OK && t->dp > 1) {
         size_t own = (size_t)(t->hi - t->lo) * sizeof(float);
         t->be->memcpy_d2d(t->be, t->m, m + t->lo, own);
@@ -174,7 +175,19 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
     if (st != MOE_OK) return st;
     moe_log_info("resumed from %s at step %lld (%lld tokens seen)", dir, (long long)t->ts.step,
                  (long long)t->ts.tokens_seen);
+    t->resumed = 1;
     return MOE_OK;
+}
+
+/* --init: the weights of a checkpoint (model config and tokenizer checked); the optimizer
+ * stays fresh (zero moments) and the run starts at step 0 with its own data and schedule. */
+static moe_status init_weights(trainer *t, const char *spec, moe_err *err) {
+    uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
+    moe_status st = moe_train_load_weights(spec, &t->cfg, hash, &t->model, t->ts.init_from,
+                                           sizeof t->ts.init_from, err);
+    if (st == MOE_OK)
+        moe_log_info("--init: weights from %s; step 0, fresh AdamW state", t->ts.init_from);
+    return st;
 }
 
 /* parallel.dp ranks, one per process the launcher started, each taking every dp-th
@@ -201,8 +214,10 @@ static moe_status check_parallel(const trainer *t, int world, moe_err *err) {
         return MOE_ERR_INPUT;
     }
     if (t->dp > 1 && strcmp(c->data.path, "-") == 0) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL, "--data - (a stream on stdin) feeds one process, "
-                                              "not parallel.dp=%d ranks", t->dp);
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "--data - (a stream on stdin) feeds one process, "
+                    "not parallel.dp=%d ranks",
+                    t->dp);
         moe_err_hint(err, "tokenize into shard files first (moe-tokenize -o shards/)");
         return MOE_ERR_INPUT;
     }
@@ -294,8 +309,8 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
         double wd = (p->decay || c->optim.decay_norms_and_embeddings) ? c->optim.weight_decay : 0;
         t->be->adamw(t->be, p->data + (a - p->offset), p->grad + (a - p->offset),
                      t->m + (a - t->lo), t->v + (a - t->lo), b - a, (float)lr,
-                     (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps,
-                     (float)wd, step, scale);
+                     (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps, (float)wd,
+                     step, scale);
     }
     st = t->be->synchronize(t->be, err);
     if (st == MOE_OK && t->dp > 1 && !sm->bad) /* every rank gets every rank's new weights */
@@ -561,8 +576,8 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         }
     }
     if (st == MOE_OK)
-        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe,
-                              t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, err);
+        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe, t.cfg.train.recompute,
+                              t.be, (int)t.B_micro, (int)t.T, err);
     if (st == MOE_OK) {
         size_t tok = (size_t)(t.B_micro * t.T);
         t.slice = malloc((size_t)(t.dp + 1) * sizeof *t.slice);
@@ -576,14 +591,15 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         t.tokens = malloc(tok * sizeof *t.tokens);
         t.targets = malloc(tok * sizeof *t.targets);
         if (t.dl.use_weights) t.weights = malloc(tok * sizeof *t.weights);
-        if (!t.slice || !t.m || !t.v || !t.tokens || !t.targets ||
-            (t.dl.use_weights && !t.weights))
+        if (!t.slice || !t.m || !t.v || !t.tokens || !t.targets || (t.dl.use_weights && !t.weights))
             st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
                              (long long)t.model.table.n_elems);
     }
     if (st == MOE_OK) {
         moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);
         if (opts->resume) st = resume(&t, opts->resume, err);
+        /* --init starts a run; a run that --resume found goes on from its own checkpoint */
+        if (st == MOE_OK && opts->init && !t.resumed) st = init_weights(&t, opts->init, err);
     }
     if (st == MOE_OK && t.rank == 0) { /* rank 0 writes the run directory */
         st = moe_mkdirs(t.run_dir, err);

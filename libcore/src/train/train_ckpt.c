@@ -106,9 +106,10 @@ moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const mo
 
 /* ---- loading ---- */
 
-/* The checkpoint's model config must equal the run's: names the first differing key. */
+/* The checkpoint's model config must equal the run's: names the first differing key (with
+ * hint, or the resume hint when NULL). */
 static moe_status check_model_config(const char *path, const moe_model_config *a,
-                                     const moe_model_config *b, moe_err *err) {
+                                     const moe_model_config *b, const char *hint, moe_err *err) {
 #define INT_KEY(k)                                                                                 \
     if (a->k != b->k) {                                                                            \
         moe_err_set(err, MOE_ERR_INPUT, path,                                                      \
@@ -142,8 +143,10 @@ static moe_status check_model_config(const char *path, const moe_model_config *a
 #undef INT_KEY
 #undef DBL_KEY
 mismatch:
-    moe_err_hint(err, "resume with the config the checkpoint was trained with (its "
-                      "config.yaml), or start a new run directory");
+    moe_err_hint(err, "%s",
+                 hint ? hint
+                      : "resume with the config the checkpoint was trained with (its "
+                        "config.yaml), or start a new run directory");
     return MOE_ERR_INPUT;
 }
 
@@ -159,6 +162,27 @@ static moe_status read_params(const moe_ckpt *ck, const moe_model *model, moe_ck
     return MOE_OK;
 }
 
+/* Opens ckpt_dir with flags and checks it against the run: model config, tokenizer. */
+static moe_status open_checked(moe_ckpt *ck, const char *ckpt_dir, unsigned flags,
+                               const moe_config *cfg, uint64_t vocab_hash, moe_err *err) {
+    moe_status st = moe_ckpt_open(ck, ckpt_dir, flags, err);
+    if (st != MOE_OK) return st;
+    char path[MOE_CKPT_PATH_MAX + 24];
+    snprintf(path, sizeof path, "%s/config.yaml", ck->dir);
+    st = check_model_config(path, &ck->cfg.model, &cfg->model, NULL, err);
+    if (st == MOE_OK && vocab_hash && ck->tok->vocab_hash != vocab_hash) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", ck->dir);
+        moe_err_set(err, MOE_ERR_INPUT, path,
+                    "the checkpoint was trained with another tokenizer (%s, vocabulary hash "
+                    "%016" PRIx64 ") than the data's (hash %016" PRIx64 ")",
+                    ck->tok->name, ck->tok->vocab_hash, vocab_hash);
+        moe_err_hint(err, "tokenize the data with the checkpoint's tokenizer.json spec");
+        st = MOE_ERR_INPUT;
+    }
+    if (st != MOE_OK) moe_ckpt_close(ck);
+    return st;
+}
+
 moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
                                      uint64_t vocab_hash, moe_model *model, float *m, float *v,
                                      moe_trainer_state *ts, moe_err *err) {
@@ -166,24 +190,13 @@ moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg
     /* Whatever the layout (single file or expert-parallel shards): the run's config wins,
      * the checkpoint's parallel.ep only says how its tensors are stored. */
     moe_ckpt ck;
-    moe_status st = moe_ckpt_open(&ck, ckpt_dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE, err);
+    moe_status st = open_checked(&ck, ckpt_dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE, cfg,
+                                 vocab_hash, err);
     if (st != MOE_OK) return st;
-    char path[MOE_CKPT_PATH_MAX + 24];
-    snprintf(path, sizeof path, "%s/config.yaml", ck.dir);
-    st = check_model_config(path, &ck.cfg.model, &cfg->model, err);
-    if (st == MOE_OK && vocab_hash && ck.tok->vocab_hash != vocab_hash) {
-        snprintf(path, sizeof path, "%s/tokenizer.json", ck.dir);
-        moe_err_set(err, MOE_ERR_INPUT, path,
-                    "the checkpoint was trained with another tokenizer (%s, vocabulary hash "
-                    "%016" PRIx64 ") than the data's (hash %016" PRIx64 ")",
-                    ck.tok->name, ck.tok->vocab_hash, vocab_hash);
-        moe_err_hint(err, "tokenize the data with the checkpoint's tokenizer.json spec");
-        st = MOE_ERR_INPUT;
-    }
     const moe_backend *be = model->be;
     size_t bytes = (size_t)model->table.n_elems * sizeof(float);
-    float *host = st == MOE_OK ? malloc(bytes ? bytes : 1) : NULL;
-    if (st == MOE_OK && !host) st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
+    float *host = malloc(bytes ? bytes : 1);
+    if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
     if (st == MOE_OK && ck.weights_only)
         moe_log_info("%s holds weights only (an import): AdamW moments start at zero", ckpt_dir);
     if (st == MOE_OK) st = read_params(&ck, model, MOE_CKPT_WEIGHT, host, err);
@@ -196,6 +209,50 @@ moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg
     if (st == MOE_OK) { /* the state's metrics text moves to *ts */
         *ts = ck.state;
         ck.state.last_metrics = NULL;
+    }
+    moe_ckpt_close(&ck);
+    return st;
+}
+
+moe_status moe_train_load_weights(const char *ckpt_dir, const moe_config *cfg, uint64_t vocab_hash,
+                                  moe_model *model, char *used, size_t n, moe_err *err) {
+    moe_ckpt ck;
+    moe_status st = open_checked(&ck, ckpt_dir, MOE_CKPT_SKIP_OPTIMIZER_CRC, cfg, vocab_hash, err);
+    if (st != MOE_OK) return st;
+    float *host = malloc((size_t)(model->table.n_elems ? model->table.n_elems : 1) * sizeof(float));
+    if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
+    if (st == MOE_OK) st = read_params(&ck, model, MOE_CKPT_WEIGHT, host, err);
+    if (st == MOE_OK) moe_model_copy_params_from_host(model, host);
+    if (st == MOE_OK) snprintf(used, n, "%s", ck.dir);
+    free(host);
+    moe_ckpt_close(&ck);
+    return st;
+}
+
+moe_status moe_train_init_config(moe_config *cfg, const char *init, int n_overrides,
+                                 char *const *overrides, moe_err *err) {
+    moe_ckpt ck;
+    moe_status st = moe_ckpt_open(&ck, init, MOE_CKPT_SKIP_OPTIMIZER_CRC, err);
+    if (st != MOE_OK) return st;
+    char path[MOE_CKPT_PATH_MAX + 24], key[256];
+    snprintf(path, sizeof path, "%s/config.yaml", ck.dir);
+    for (int i = 0; st == MOE_OK && i < n_overrides; i++) {
+        const char *eq = strchr(overrides[i], '=');
+        if (strncmp(overrides[i], "model.", 6) != 0 || !eq || eq - overrides[i] >= (int)sizeof key)
+            continue;
+        snprintf(key, sizeof key, "%.*s", (int)(eq - overrides[i]), overrides[i]);
+        moe_config probe = ck.cfg; /* the checkpoint's model with the override applied */
+        st = moe_config_set(&probe, key, eq + 1, err);
+        if (st == MOE_OK)
+            st = check_model_config(path, &ck.cfg.model, &probe.model,
+                                    "--init takes model.* from the checkpoint: drop the "
+                                    "override (or train a new model without --init)",
+                                    err);
+    }
+    if (st == MOE_OK) {
+        cfg->model = ck.cfg.model;
+        st = moe_config_validate(cfg, err);
+        if (st != MOE_OK) moe_err_prefix(err, "with the model of %s", ck.dir);
     }
     moe_ckpt_close(&ck);
     return st;

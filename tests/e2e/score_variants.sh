@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# score_variants: `moe-score variants` on a VCF written here for the lambda genome (SNVs, an
+# MNV, insertions, deletions, a multi-allelic site, the same site split into two records, a
+# symbolic ALT, a REF mismatch, a variant too close to the contig start): every scored
+# ALT's MOE_LLR equals `moe-score seq` on its REF and ALT windows written out as FASTA by the
+# rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average; one REF
+# window per position; Debian's bcftools reads the VCF, bgzip
+# VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); and every bad input of the
+# issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
+# missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind.
+set -euo pipefail
+source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
+if [ -z "$PY" ]; then echo "SKIP: no python3 with numpy (apt install python3-numpy)"; exit 77; fi
+command -v bcftools >/dev/null || { echo "SKIP: bcftools is needed (apt install bcftools)"; exit 77; }
+command -v samtools >/dev/null || { echo "SKIP: samtools is needed (apt install samtools)"; exit 77; }
+zcat "$LAMBDA" | sed '1s/^>.*/>lambda/' > ref.fa
+samtools faidx ref.fa
+W=200
+"$PY" - <<'PY'
+seq = "".join(l.strip() for l in open("ref.fa") if not l.startswith(">"))
+b = lambda p: seq[p - 1]  # 1-based
+other = lambda c: "A" if c != "A" else "C"
+recs = [
+    (500, b(500), other(b(500))),                                    # SNV
+    (700, b(700), other(b(700))),                                    # SNV
+    (1000, seq[999:1002], "".join(other(c) for c in seq[999:1002])),  # MNV
+    (2000, b(2000), b(2000) + "ACGT"),                               # insertion
+    (2500, b(2500), b(2500) + "GATTACA" * 20),                       # insertion > W/2
+    (3000, seq[2999:3005], b(3000)),                                 # deletion
+    (3500, seq[3499:3520], b(3500)),                                 # deletion of 20
+    (4000, b(4000), ",".join(c for c in "ACGT" if c != b(4000))),    # multi-allelic
+    (4500, b(4500), other(b(4500))),                                 # the same site split
+    (4500, b(4500), "G" if b(4500) != "G" and other(b(4500)) != "G" else "T"),  # in two
+    (5000, b(5000), "<DEL>"),                                        # symbolic
+    (5500, b(5500), "A,<INS>"),                                      # SNV + symbolic
+    (50, b(50), other(b(50))),                                       # window off the start
+    (6000, other(b(6000)), "G" if other(b(6000)) != "G" else "T"),   # REF mismatch
+]
+with open("calls.vcf", "w") as f:
+    f.write("##fileformat=VCFv4.2\n##contig=<ID=lambda,length=%d>\n" % len(seq))
+    f.write("#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO\n")
+    for i, (p, r, a) in enumerate(recs):
+        f.write(f"lambda\t{p}\tv{i}\t{r}\t{a}\t.\t.\t.\n")
+PY
+awk -F'\t' '$2 != 6000' calls.vcf > good.vcf
+sc() { moe-score variants -q -m "$CKPT" -f ref.fa --window $W "$@"; }
+
+# the windows, written out by the documented rule, scored by `seq`
+windows_fa() { # windows_fa TSV OUT.fa: REF and ALT window of every scored ALT
+    "$PY" - "$1" "$2" "$W" <<'PY'
+import sys
+tsv, out, W = sys.argv[1], sys.argv[2], int(sys.argv[3])
+seq = "".join(l.strip() for l in open("ref.fa") if not l.startswith(">"))
+h = W // 2
+with open(out, "w") as f:
+    for i, line in enumerate(open(tsv).read().splitlines()[1:]):
+        chrom, pos, vid, ref, alt, llr = line.split("\t")
+        if llr == ".":
+            continue
+        p0 = int(pos) - 1
+        s = p0 - h
+        refw = seq[s:s + W]
+        altw = (seq[s:p0] + alt + seq[p0 + len(ref):p0 + len(ref) + W])[:W]
+        assert len(refw) == W and len(altw) == W
+        f.write(f">r{i}\n{refw}\n>a{i}\n{altw}\n")
+PY
+}
+check_llr() { # check_llr VARIANTS_TSV SEQ_TSV mean|sum
+    "$PY" - "$@" <<'PY'
+import sys
+var, ll, mode = sys.argv[1:]
+rows = [l.split("\t") for l in open(var).read().splitlines()[1:]]
+lls = [l.split("\t") for l in open(ll).read().splitlines()[1:]]
+scored = [r for r in rows if r[5] != "."]
+assert len(lls) == 2 * len(scored), (len(lls), len(scored))
+worst = 0.0
+for k, r in enumerate(scored):
+    ref, alt = lls[2 * k], lls[2 * k + 1]
+    if mode == "mean":  # per scored token: length - 1 tokens without a BOS (nuc)
+        want = float(alt[2]) / (int(alt[1]) - 1) - float(ref[2]) / (int(ref[1]) - 1)
+    else:
+        want = float(alt[2]) - float(ref[2])
+    worst = max(worst, abs(float(r[5]) - want))
+    assert abs(float(r[5]) - want) <= 2e-4, (r, want)
+print(f"check_llr: {len(scored)} ALTs ({mode}) equal seq on their windows (max diff {worst:.2g})")
+PY
+}
+sc good.vcf --tsv > llr.tsv
+[ "$(awk -F'\t' 'NR > 1 && $6 != "."' llr.tsv | wc -l)" = 13 ]  # 16 ALTs - 2 symbolic - 1 edge
+windows_fa llr.tsv win.fa
+moe-score seq -q -m "$CKPT" win.fa > win.tsv
+check_llr llr.tsv win.tsv sum
+sc good.vcf --tsv --reduce mean > mean.tsv
+check_llr mean.tsv win.tsv mean
+sc good.vcf --tsv --rc-average > rc.tsv
+moe-score seq -q -m "$CKPT" --rc-average win.fa > winrc.tsv
+check_llr rc.tsv winrc.tsv sum
+
+# VCF, bgzip VCF and BCF: bcftools reads them; the values are the TSV's
+for t in v z b; do
+    sc good.vcf -O $t -o out.$t 2>log.txt
+    bcftools view -h out.$t > hdr.txt
+    grep -q '^##INFO=<ID=MOE_LLR,Number=A,Type=Float' hdr.txt
+    grep -q '^##moe_score=<model=.*,step=2,tokenizer=nuc,window=200,' hdr.txt
+    bcftools query -f '%CHROM\t%POS\t%INFO/MOE_LLR\n' out.$t > q.$t
+done
+cmp q.v q.z && cmp q.v q.b
+"$PY" - <<'PY'
+q = [l.split("\t") for l in open("q.v").read().splitlines()]
+t = [l.split("\t") for l in open("llr.tsv").read().splitlines()[1:]]
+vals = [v for r in q for v in r[2].split(",")]
+assert len(vals) == len(t), (len(vals), len(t))
+for v, r in zip(vals, t):
+    assert (v == ".") == (r[5] == "."), (v, r)
+    assert v == "." or abs(float(v) - float(r[5])) <= 1e-5 * max(1, abs(float(v))), (v, r)
+PY
+# skipped ALTs are counted in the summary
+moe-score variants -m "$CKPT" -f ref.fa --window $W good.vcf -o out2.vcf 2>log.txt
+# one REF window per position (the split site's two records share theirs), one per ALT
+grep -q "16 ALT alleles: 13 scored, skipped 2 symbolic, 1 with a window off the contig, 0 REF mismatches; 23 windows" log.txt
+
+# REF mismatch: an error naming the record, nothing left under the output name
+expect2() { local rc=0; "$@" 2>err.txt >/dev/null || rc=$?; [ "$rc" = 2 ] || { echo "FAIL: exit $rc: $*" >&2; cat err.txt >&2; exit 1; }; }
+expect2 sc calls.vcf -o bad.vcf
+grep -q "record 14: lambda:6000: REF .*does not match the reference" err.txt
+[ ! -e bad.vcf ] && ! ls .bad.vcf* 2>/dev/null
+moe-score variants -m "$CKPT" -f ref.fa --window $W calls.vcf --check-ref warn -o warn.vcf 2>log.txt
+grep -q "1 REF mismatches" log.txt
+[ "$(bcftools query -f '%POS\t%INFO/MOE_LLR\n' -i 'POS=6000' warn.vcf)" = "$(printf '6000\t.')" ]
+# contig named differently: the chr-prefix hint
+sed 's/^lambda\t/chrlambda\t/; s/ID=lambda,/ID=chrlambda,/' good.vcf > chr.vcf
+expect2 sc chr.vcf
+grep -q "contig 'chrlambda' is not in the reference" err.txt && grep -q "chr prefix" err.txt
+# gzip FASTA without an index
+cp "$LAMBDA" plain.fa.gz
+expect2 moe-score variants -m "$CKPT" -f plain.fa.gz good.vcf
+grep -q "bgzip" err.txt
+# -r keeps only the records in the region
+sc good.vcf --tsv -r lambda:1-1500 > reg.tsv
+[ "$(tail -n +2 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]
+echo "score_variants: ok"
