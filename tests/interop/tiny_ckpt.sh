@@ -2,6 +2,7 @@
 # useful checkpoint (2 layers, hidden 32, 4 experts, nuc tokenizer, 2 steps) on the lambda
 # phage genome into ./run and sets CKPT to its checkpoint directory. Also sets PY to a
 # python3 that has numpy (Debian's python3-numpy), or to "" when there is none.
+# TINY_TRAIN_ARGS: more key=value overrides for moe-train (e.g. a GPU-friendly head count).
 # The one thing to know: this is a sourced fragment, not a test (tests/e2e/*.sh are tests),
 # and it changes into ./work (emptied first).
 set -euo pipefail
@@ -23,7 +24,8 @@ tiny_train() { # tiny_train RUN_DIR TOKENIZER_ARGS...
     moe-train -q -c "${MOE_SRC_DIR:-.}/configs/tiny.yaml" --data "$run.mtok" -o "$run" \
         train.steps=2 optim.warmup_steps=1 train.seq_len=128 train.global_batch_tokens=512 \
         model.hidden_size=32 model.intermediate_size=48 model.vocab_size="$vocab" \
-        model.max_position_embeddings=256 checkpoint.every=0 log.every=1 train.eval_every=0 >/dev/null
+        model.max_position_embeddings=256 checkpoint.every=0 log.every=1 train.eval_every=0 \
+        ${TINY_TRAIN_ARGS:-} >/dev/null
 }
 tiny_train run -t nuc
 CKPT=$(ls -d run/ckpt-* | tail -1)
