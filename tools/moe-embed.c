@@ -31,11 +31,12 @@ static const char USAGE[] =
     "      --device D          cpu | auto | cuda [auto: a GPU when one is usable]\n"
     "      --precision P       fp32 | bf16 [fp32 on cpu, bf16 on cuda]\n"
     "Output:\n"
-    "  -o, --output FILE.npy   float matrix + FILE.ids.tsv [default: TSV text on stdout]\n"
+    "  -o, --output FILE.npy   float matrix + FILE.ids.tsv (@PG line, BED intervals per row)\n"
+    "                          [default: TSV text on stdout]\n"
     "      --dtype T           f32 | f16 [f32]\n"
     "      --pool P            mean | max | last [mean] (last = final position: the EOS\n"
     "                          when the tokenizer adds one)\n"
-    "      --per-token         one row per token ([tokens, hidden]; ids.tsv gives offsets)\n"
+    "      --per-token         one row per token ([tokens, hidden]; + FILE.offsets.tsv)\n"
     "      --per-window        one row per window instead of their mean\n"
     "      --rc-average        average with the reverse complement (strand-invariant;\n"
     "                          byte and nuc tokenizers)\n"
@@ -223,8 +224,11 @@ int main(int argc, char **argv) {
     cli c;
     memset(&c, 0, sizeof c);
     moe_embed_opts_defaults(&c.o);
+    char *cmd = moe_cli_command_line(argc, argv); /* before getopt permutes argv; NULL: no CL */
+    c.o.command = cmd;
     int rc = parse(&c, argc, argv);
     if (rc < 0) rc = run(&c, argc, argv);
+    free(cmd);
     moe_cli_input_free(&c.in);
     return rc;
 }

@@ -12,7 +12,7 @@
 #
 # Usage: embed_bam_region.sh [MODEL] [READS.bam] [REGION] [OUT.npy]
 #   defaults: demo-out/run (from `make demo`), htslib's test range.bam (C. elegans reads),
-#   CHROMOSOME_II, reads.npy (+ reads.ids.tsv: row -> read name, length).
+#   CHROMOSOME_II, reads.npy (+ reads.ids.tsv: row -> read name, interval, length; line 1 the @PG provenance).
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [ -n "${MOE_BUILD_DIR:-}" ] && PATH="$MOE_BUILD_DIR:$PATH"
@@ -25,4 +25,4 @@ minq=${MOE_MIN_MAPQ:-0}
 
 echo "\$ moe-embed -m $model -r $region --min-mapq $minq -o $out $bam" >&2
 moe-embed -m "$model" -r "$region" --min-mapq "$minq" -o "$out" "$bam"
-echo "$out: $(($(wc -l <"${out%.npy}.ids.tsv") - 1)) reads; row names in ${out%.npy}.ids.tsv" >&2
+echo "$out: $(($(wc -l <"${out%.npy}.ids.tsv") - 2)) reads; row names in ${out%.npy}.ids.tsv" >&2

@@ -74,7 +74,34 @@ fi
 # deterministic: same inputs and options -> same bytes, whatever the thread count
 moe-embed -q -m "$CKPT" seqs.fa reads.fq -o d1.npy
 moe-embed -q -@ 1 -m "$CKPT" seqs.fa reads.fq -o d2.npy
-cmp d1.npy d2.npy && cmp d1.ids.tsv d2.ids.tsv
+cmp d1.npy d2.npy && cmp <(tail -n +2 d1.ids.tsv) <(tail -n +2 d2.ids.tsv)
+# ... and the first line records the command, version and checkpoint (samtools @PG style)
+head -1 d2.ids.tsv | grep -q "^#@PG	ID:moe-embed	PN:moe-embed	VN:$(moe-embed --version | awk 'NR == 1 {print $NF}')	CL:moe-embed -q -@ 1 -m $CKPT seqs.fa reads.fq -o d2.npy	DS:checkpoint $CKPT step 2 model-crc32 [0-9a-f]\{8\}$" ||
+    { echo "FAIL: provenance line"; head -1 d2.ids.tsv; exit 1; }
+
+# genomic coordinates (BED: 0-based, half-open): region offsets and windows included, and
+# a reverse-complement document's rows on '-' over the same forward bases
+samtools faidx seqs.fa 2>/dev/null || printf 'short\t10\t7\t10\t11\nmixed\t32\t35\t32\t33\nlong\t86\t73\t86\t87\n' > seqs.fa.fai
+moe-embed -q -m "$CKPT" seqs.fa -r long:11-40 --window 8 --stride 4 --per-window -o reg.npy
+[ "$(awk -F'\t' 'NR > 2 {printf "%s:%s-%s%s,", $4, $5, $6, $7}' reg.ids.tsv)" = \
+  "long:10-18+,long:14-22+,long:18-26+,long:22-30+,long:26-34+,long:30-38+,long:34-40+," ] ||
+    { echo "FAIL: region windows' coordinates"; cat reg.ids.tsv; exit 1; }
+moe-tokenize -q -t nuc --revcomp add seqs.fa -o both.mtok
+moe-embed -q -m "$CKPT" both.mtok --window 16 --stride 8 --per-window -o both.npy
+moe-embed -q -m "$CKPT" both.mtok --per-token -o bt.npy
+"$PY" - <<'PY'
+rows = [l.rstrip("\n").split("\t") for l in open("both.ids.tsv")][2:]
+fwd = {(r[3], r[4], r[5]) for r in rows if r[6] == "+"}
+rev = {(r[3], r[4], r[5]) for r in rows if r[6] == "-"}
+assert len(rows) == 2 * len(fwd) and rev, rows
+# the reverse document's window 0 covers the forward strand's last bases
+long_rev = [r for r in rows if r[2] == "long" and r[6] == "-"]
+assert (long_rev[0][4], long_rev[0][5]) == ("70", "86"), long_rev[0]
+offs = [l.rstrip("\n").split("\t") for l in open("bt.offsets.tsv")][1:]
+ids = [l.rstrip("\n").split("\t") for l in open("bt.ids.tsv")][2:]
+short_rev = [o for o in offs if ids[int(o[1])][2] == "short" and o[6] == "-"]
+assert [(o[4], o[5]) for o in short_rev[:2]] == [("9", "10"), ("8", "9")], short_rev
+PY
 
 # --rc-average is strand invariant: a sequence and its reverse complement get one vector
 printf '>fwd\nACGGTTCAGTCCATTGACNAGTACCA\n>rev\nTGGTACTNGTCAATGGACTGAACCGT\n' > strands.fa

@@ -38,7 +38,7 @@ region=CHROMOSOME_II
 "$src/pipelines/examples/embed_bam_region.sh" piped "$bam" "$region" reads.npy 2>embed.err ||
     { tail -n 20 embed.err; fail "embed_bam_region.sh"; }
 want=$(samtools view -c -F 0xF00 "$bam" "$region")
-got=$(($(wc -l <reads.ids.tsv) - 1))
+got=$(($(wc -l <reads.ids.tsv) - 2))
 [ "$want" -gt 0 ] && [ "$got" = "$want" ] || fail "reads.ids.tsv has $got rows, samtools counts $want"
 rows=$(head -c 128 reads.npy | tr -d '\0' | grep -ao "'shape': ([0-9]*" | grep -o '[0-9]*$')
 [ "$rows" = "$want" ] || fail "reads.npy has $rows rows, expected $want"

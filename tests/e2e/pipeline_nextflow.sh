@@ -141,7 +141,7 @@ run_task emb moe_embed script args="$(ext_args MOE_EMBED)" task.cpus=2 prefix=la
     meta.id=lambda seqs=lambda_head.fa model=run reference= task.process=MOE_EMBED
 rows=$(head -c 128 emb/lambda.npy | tr -d '\0' | grep -ao "'shape': ([0-9]*" | grep -o '[0-9]*$')
 [ "$rows" = 11 ] || fail "MOE_EMBED: lambda.npy has '$rows' rows, expected 11 (1 kb windows)"
-[ "$(wc -l <emb/lambda.ids.tsv)" = 12 ] || fail "MOE_EMBED: lambda.ids.tsv should have 11 rows + header"
+[ "$(wc -l <emb/lambda.ids.tsv)" = 13 ] || fail "MOE_EMBED: lambda.ids.tsv should have the @PG line, a header and 11 rows"
 check_versions emb moe_embed moe-embed
 
 # The stub: blocks (nextflow -stub-run) must run too and create the declared outputs.

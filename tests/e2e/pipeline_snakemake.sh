@@ -131,7 +131,7 @@ for s in lambda:49 parts:10; do
     name=${s%%:*} want=${s##*:}
     got=$(npy_rows "results/embeddings/$name.npy")
     [ "$got" = "$want" ] || fail "$name.npy has $got rows, expected $want"
-    [ "$(($(wc -l <"results/embeddings/$name.ids.tsv") - 1))" = "$want" ] ||
+    [ "$(($(wc -l <"results/embeddings/$name.ids.tsv") - 2))" = "$want" ] ||
         fail "$name.ids.tsv does not have $want rows"
 done
 

@@ -6,7 +6,9 @@ Usage: check_npy.py EMB.npy EMB.TSV MODE [DTYPE]
 
 Checks that numpy.load reads the file (format 1.0, C order), that dtype and shape are what
 the ids table says ([sequences | windows | tokens, hidden]), that the ids table is
-consistent (row numbers, windows, first_row offsets), and that every value equals the TSV
+consistent (its first line the @PG provenance line, row numbers, unique ids, BED intervals
+with start <= end and a strand, windows, first_row offsets, the per-token offsets table one
+line per .npy row, inside its sequence's interval), and that every value equals the TSV
 text output of the same run exactly (the TSV prints 9 significant digits, exact for f32).
 Exit 0 when all hold; a message and exit 1 otherwise.
 """
@@ -40,12 +42,21 @@ def main():
 
     ids_path = npy_path[:-4] + ".ids.tsv" if npy_path.endswith(".npy") else npy_path + ".ids.tsv"
     with open(ids_path) as f:
+        prov = f.readline().rstrip("\n").split("\t")
         header = f.readline().rstrip("\n").split("\t")
         ids = [line.rstrip("\n").split("\t") for line in f]
+    if prov[:2] != ["#@PG", "ID:moe-embed"] or not any(p.startswith("VN:") for p in prov) \
+            or not any(p.startswith("DS:checkpoint ") for p in prov):
+        fail(f"ids table's first line is not the @PG provenance line: {prov}")
     col = {name: i for i, name in enumerate(header)}
-    for need in ("row", "name", "bases", "tokens"):
+    for need in ("row", "id", "name", "chrom", "start", "end", "strand", "bases", "tokens"):
         if need not in col:
             fail(f"ids table lacks column {need}: {header}")
+    if len({r[col["id"]] for r in ids}) != len(ids):
+        fail("ids table has duplicate ids")
+    for r in ids:
+        if not 0 <= int(r[col["start"]]) <= int(r[col["end"]]) or r[col["strand"]] not in "+-":
+            fail(f"ids line {r}: not a BED interval with a strand")
 
     text = [line.rstrip("\n").split("\t") for line in open(tsv_path)]
     lead = 1 if mode == "pooled" else 2
@@ -68,6 +79,18 @@ def main():
             total += n
         if total != arr.shape[0]:
             fail(f"ids table covers {total} token rows, the .npy has {arr.shape[0]}")
+        with open(npy_path[:-4] + ".offsets.tsv") as f:
+            if f.readline().rstrip("\n").split("\t") != \
+                    ["row", "seq", "token", "chrom", "start", "end", "strand"]:
+                fail("offsets table header")
+            offs = [line.rstrip("\n").split("\t") for line in f]
+        if len(offs) != arr.shape[0]:
+            fail(f"offsets table has {len(offs)} lines, the .npy {arr.shape[0]} rows")
+        for i, t in enumerate(offs):
+            r = ids[int(t[1])]
+            if int(t[0]) != i or t[3] != r[col["chrom"]] or t[6] != r[col["strand"]] or \
+                    not int(r[col["start"]]) <= int(t[4]) < int(t[5]) <= int(r[col["end"]]):
+                fail(f"offsets line {i + 2} ({t}) is not a token of {r}")
     else:
         if len(ids) != arr.shape[0]:
             fail(f"ids table has {len(ids)} rows, the .npy {arr.shape[0]}")

@@ -55,6 +55,7 @@ typedef struct moe_embed_opts {
     int bf16;               /* 1 bf16 recipe, 0 fp32, -1 (default) bf16 on a GPU, fp32 on CPU */
     int quiet;              /* no progress lines */
     int threads;            /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
+    const char *command;    /* the command line, for the provenance line (NULL: none) */
 } moe_embed_opts;
 
 void moe_embed_opts_defaults(moe_embed_opts *o);

@@ -15,6 +15,7 @@
 #include "ckpt/ckpt_internal.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
+#include "moe/version.h"
 
 /* One MANIFEST line "<size> <crc32 hex> <name>": the offset of the name, 0 when malformed. */
 static int manifest_line(const char *p, unsigned long long *size, unsigned int *crc) {
@@ -314,4 +315,22 @@ void moe_ckpt_close(moe_ckpt *c) {
     c->tokenizer_json = NULL;
     free(c->state.last_metrics);
     c->state.last_metrics = NULL;
+}
+
+void moe_ckpt_id(const moe_ckpt *c, char *out, size_t n) {
+    char model[64];
+    moe_ckpt_model_file(0, c->ep, model, sizeof model);
+    uint32_t crc = 0;
+    for (int i = 0; i < c->n_files; i++)
+        if (strcmp(c->files[i].name, model) == 0) crc = c->files[i].crc;
+    snprintf(out, n, "%s step %" PRId64 " model-crc32 %08" PRIx32, c->dir, moe_ckpt_step_of(c->dir),
+             crc);
+}
+
+void moe_ckpt_provenance(const moe_ckpt *c, const char *prog, const char *command, char *out,
+                         size_t n) {
+    char id[MOE_CKPT_PATH_MAX + 64];
+    moe_ckpt_id(c, id, sizeof id);
+    snprintf(out, n, "@PG\tID:%s\tPN:%s\tVN:%s%s%s\tDS:checkpoint %s", prog, prog, moe_version(),
+             command ? "\tCL:" : "", command ? command : "", id);
 }

@@ -27,6 +27,31 @@ int moe_cli_common_option(const char *prog, const char *usage, int opt, moe_log_
     }
 }
 
+char *moe_cli_command_line(int argc, char **argv) {
+    size_t cap = 1;
+    for (int i = 0; i < argc; i++)
+        cap += 4 * strlen(argv[i]) + 3; /* every ' may become '\'' */
+    char *out = malloc(cap), *p = out;
+    if (!out) return NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int quote = !*a || strpbrk(a, " \t\n'\"\\$*?;&|<>()") != NULL;
+        if (i) *p++ = ' ';
+        if (quote) *p++ = '\'';
+        for (; *a; a++) {
+            if (*a == '\'' && quote) {
+                memcpy(p, "'\\''", 4);
+                p += 4;
+            } else {
+                *p++ = *a == '\t' || *a == '\n' || *a == '\r' ? ' ' : *a;
+            }
+        }
+        if (quote) *p++ = '\'';
+    }
+    *p = 0;
+    return out;
+}
+
 int moe_cli_usage_error(const char *prog, const char *fmt, ...) {
     va_list ap;
     fprintf(stderr, "%s: error: ", prog);

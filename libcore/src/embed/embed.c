@@ -164,6 +164,7 @@ static void free_chunk(embedder *e) {
         free(s->rc);
         free(s->acc);
         free(s->cover);
+        free(s->span);
     }
     e->n_seqs = e->chunk_tokens = e->chunk_acc = 0;
 }
@@ -230,9 +231,23 @@ static moe_status flush_chunk(embedder *e, moe_err *err) {
 
 /* ---- input ---- */
 
+/* Fills s->span [n, 2] with each token's base range: from src->pos when the reader has the
+ * tokens' first bases, else back to back from base 0 (a token's length is what it decodes
+ * to: 0 for specials). */
+static void fill_spans(const embedder *e, embed_seq *s, const moe_input_seq *src) {
+    char buf[64];
+    int64_t at = 0;
+    for (int64_t i = 0; i < s->n; i++) {
+        if (src->pos) at = src->pos[i];
+        s->span[2 * i] = at;
+        at += moe_tokenizer_decode(e->tok, s->ids + i, NULL, 1, buf);
+        s->span[2 * i + 1] = at;
+    }
+}
+
 /* Adds one sequence (content tokens ids [n]; rc [n] or NULL) to the chunk. */
 static moe_status add_seq(embedder *e, const char *name, int64_t bases, const int32_t *ids,
-                          int64_t n, const int32_t *rc, moe_err *err) {
+                          int64_t n, const int32_t *rc, const moe_input_seq *src, moe_err *err) {
     if (n == 0 && e->nb + e->ne == 0) {
         moe_log_warn("sequence %s has no tokens and the tokenizer adds no BOS/EOS: skipped", name);
         e->sum.skipped++;
@@ -248,6 +263,9 @@ static moe_status add_seq(embedder *e, const char *name, int64_t bases, const in
     embed_seq *s = &e->seqs[e->n_seqs];
     memset(s, 0, sizeof *s);
     s->bases = bases;
+    s->src_start = src->src_start;
+    s->strand = src->strand;
+    s->flip = src->flip;
     s->n = n;
     s->n_win = n_windows(e, n);
     int64_t rows = e->o->per_token ? n : e->o->per_window ? s->n_win : 1;
@@ -256,10 +274,13 @@ static moe_status add_seq(embedder *e, const char *name, int64_t bases, const in
     s->acc = calloc((size_t)(rows ? rows : 1) * (size_t)e->C, sizeof(double));
     if (rc) s->rc = malloc((size_t)(n ? n : 1) * sizeof(int32_t));
     if (e->o->per_token) s->cover = calloc((size_t)(n ? n : 1), sizeof(int32_t));
+    s->span = malloc((size_t)(n ? n : 1) * 2 * sizeof(int64_t));
     e->n_seqs++; /* owned by the chunk from here, freed on every path */
-    if (!s->name || !s->ids || !s->acc || (rc && !s->rc) || (e->o->per_token && !s->cover))
+    if (!s->name || !s->ids || !s->acc || !s->span || (rc && !s->rc) ||
+        (e->o->per_token && !s->cover))
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     memcpy(s->ids, ids, (size_t)n * sizeof(int32_t));
+    fill_spans(e, s, src);
     if (rc) memcpy(s->rc, rc, (size_t)n * sizeof(int32_t));
     e->sum.sequences++;
     e->chunk_tokens += n * (rc ? 2 : 1);
@@ -272,7 +293,7 @@ static moe_status add_seq(embedder *e, const char *name, int64_t bases, const in
 
 /* moe_input_fn: one sequence of the input into the chunk. */
 static moe_status take_seq(void *ctx, const moe_input_seq *in, moe_err *err) {
-    return add_seq(ctx, in->name, in->bases, in->ids, in->n, in->rc, err);
+    return add_seq(ctx, in->name, in->bases, in->ids, in->n, in->rc, in, err);
 }
 
 /* ---- setup ---- */
@@ -342,7 +363,9 @@ static moe_status setup(embedder *e, const moe_embed_opts *o, moe_err *err) {
                                                   : "mean",
                  o->rc_average ? " with reverse-complement averaging" : "", e->W, e->S,
                  e->ck.be->name);
-    return moe_embed_out_open(&e->out, o, e->C, err);
+    char prov[4096];
+    moe_ckpt_provenance(&e->ck.ckpt, "moe-embed", o->command, prov, sizeof prov);
+    return moe_embed_out_open(&e->out, o, e->C, prov, err);
 }
 
 moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_err *err) {

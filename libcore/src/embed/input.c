@@ -72,8 +72,9 @@ static moe_status read_seqfile(input_reader *r, const char *path, const moe_seqi
             if (!err->record) moe_err_at_record(err, rec.record_no);
             break;
         }
-        moe_input_seq s = {rec.name, rec.len, r->enc.ids, r->enc.n,
-                           r->with_rc ? r->rcenc.ids : NULL};
+        moe_input_seq s = {
+            rec.name,      rec.len,    r->enc.ids, r->enc.n,  r->with_rc ? r->rcenc.ids : NULL,
+            rec.src_start, rec.strand, 0,          r->enc.pos};
         st = r->fn(r->ctx, &s, err);
     }
     if (st == MOE_OK && rc < 0) st = err->status;
@@ -131,7 +132,10 @@ static moe_status read_shard(input_reader *r, const moe_shard *sh, moe_err *err)
             }
             rc = r->rcenc.ids;
         }
-        moe_input_seq s = {doc.name, doc.src_end - doc.src_start, ids + a, b - a, rc};
+        /* a '-' document holds the reverse complement of its forward range */
+        moe_input_seq s = {
+            doc.name,   doc.src_end - doc.src_start, ids + a, b - a, rc, doc.src_start,
+            doc.strand, doc.strand == '-',           NULL};
         st = r->fn(r->ctx, &s, err);
     }
     free(ids);
@@ -189,6 +193,7 @@ moe_status moe_input_read(const char *path, const moe_seqio_opts *io, const moe_
     memset(&r, 0, sizeof r);
     r.tok = tok;
     r.with_rc = with_rc;
+    r.enc.want_pos = 1; /* moe_input_seq.pos: where each token's bases lie */
     r.nb = tok->opts.add_bos && tok->bos_id >= 0;
     r.ne = tok->opts.add_eos && tok->eos_id >= 0;
     r.fn = fn;
