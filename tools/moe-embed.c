@@ -224,11 +224,11 @@ int main(int argc, char **argv) {
     cli c;
     memset(&c, 0, sizeof c);
     moe_embed_opts_defaults(&c.o);
-    char *cmd = moe_cli_command_line(argc, argv); /* before getopt permutes argv; NULL: no CL */
+    char cmd[2048];
+    moe_cli_command_line(argc, argv, cmd, sizeof cmd); /* before getopt permutes argv */
     c.o.command = cmd;
     int rc = parse(&c, argc, argv);
     if (rc < 0) rc = run(&c, argc, argv);
-    free(cmd);
     moe_cli_input_free(&c.in);
     return rc;
 }

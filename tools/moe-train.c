@@ -21,7 +21,7 @@ static const char USAGE[] =
     "\n"
     "Trains a Mixtral-style mixture-of-experts language model on token shards written\n"
     "by moe-tokenize. The run directory receives checkpoints (ckpt-<step>/), `latest`,\n"
-    "metrics.jsonl and loss.svg. See docs/training.md.\n"
+    "metrics.jsonl, metrics.tsv, loss.svg and provenance.txt. See docs/training.md.\n"
     "\n"
     "Options:\n"
     "  -c, --config FILE     YAML config (configs/tiny.yaml, ...); required\n"
@@ -75,6 +75,9 @@ int main(int argc, char **argv) {
     const char *config = NULL;
     moe_train_opts opts;
     memset(&opts, 0, sizeof opts);
+    char cmd[2048];
+    moe_cli_command_line(argc, argv, cmd, sizeof cmd); /* before getopt permutes argv */
+    opts.command = cmd;
     int dry_run = 0, threads = 0;
     moe_log_level level = MOE_LOG_INFO;
     int c;

@@ -45,10 +45,24 @@ for f in config.yaml tokenizer.json model.safetensors optimizer-rank0.safetensor
 done
 [ "$(wc -l < run/metrics.jsonl)" -eq 40 ] || fail "metrics.jsonl has $(wc -l < run/metrics.jsonl) lines, expected 40"
 cmp -s run/metrics.jsonl log.jsonl || fail "--log-json differs from metrics.jsonl"
-for key in step loss ppl bits_per_base grad_norm lr tokens_per_s aux_loss z_loss router_entropy expert_load_max_over_mean; do
+for key in step loss ppl bits_per_base grad_norm lr tokens_per_s aux_loss z_loss router_entropy expert_load_max_over_mean time elapsed_s; do
     grep -q "\"$key\":" <(head -1 run/metrics.jsonl) || fail "metrics line lacks \"$key\""
 done
-grep -q '<polyline' run/loss.svg && grep -q 'validation loss' run/loss.svg || fail "loss.svg lacks curves/legend"
+grep -q '<polyline' run/loss.svg && grep -q '>validation<' run/loss.svg || fail "loss.svg lacks curves/legend"
+grep -q 'cross-entropy (bits per base, log scale)' run/loss.svg || fail "loss.svg: y axis is not bits per base"
+# wall time (ISO-8601 UTC) and elapsed seconds, growing
+grep -q '"time":"20[0-9][0-9]-[01][0-9]-[0-3][0-9]T[0-2][0-9]:[0-5][0-9]:[0-6][0-9]\.[0-9]\{3\}Z"' <(tail -1 run/metrics.jsonl) ||
+    fail "metrics line lacks an ISO-8601 UTC time"
+el() { sed -n "${1}s/.*\"elapsed_s\":\([0-9.eE+-]*\).*/\1/p" run/metrics.jsonl; }
+awk -v a="$(el 1)" -v b="$(el 40)" 'BEGIN { exit !(a > 0 && b > a) }' || fail "elapsed_s does not grow"
+# metrics.tsv: the same 40 steps, one column per key, for spreadsheets
+[ "$(wc -l < run/metrics.tsv)" -eq 41 ] || fail "metrics.tsv: expected a header and 40 lines"
+head -1 run/metrics.tsv | tr '\t' '\n' | grep -qx val_bits_per_base || fail "metrics.tsv lacks val_bits_per_base"
+[ "$(awk -F'\t' 'NR == 1 {for (i = 1; i <= NF; i++) if ($i == "step") c = i} NR == 41 {print $c}' run/metrics.tsv)" = 40 ] ||
+    fail "metrics.tsv's last line is not step 40"
+# provenance: one @PG line per invocation with version and command line
+grep -q "^@PG	ID:moe-train	PN:moe-train	VN:$(moe-train --version | awk 'NR == 1 {print $NF}')	CL:moe-train -q -@ 2 -c $src/configs/tiny.yaml --data shards -o run --log-json log.jsonl .*	DS:20.*Z start step 0$" run/provenance.txt ||
+    { cat run/provenance.txt; fail "run/provenance.txt lacks the @PG line"; }
 
 # The untrained model predicts ~uniformly over 256 tokens: its loss (step 1) is near
 # ln 256 = 5.55 nats. Learning the 4-letter alphabet alone brings it to ln 4 = 1.39. Require

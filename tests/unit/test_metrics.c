@@ -41,23 +41,38 @@ int main(void) {
     moe_err_clear(&err);
     moe_metrics_history h;
     moe_metrics_history_init(&h);
-    write_text("m.jsonl", "{\"step\":1,\"loss\":5.5,\"lr\":0.1}\n"
-                          "{\"step\":2,\"loss\":5.0,\"val_loss\":5.2}\n"
-                          "{\"step\":3,\"loss\":4.0}\n"
+    write_text("m.jsonl", "{\"step\":1,\"bits_per_base\":5.5,\"lr\":0.1}\n"
+                          "{\"step\":2,\"bits_per_base\":5.0,\"val_bits_per_base\":5.2}\n"
+                          "{\"step\":3,\"bits_per_base\":4.0}\n"
                           "{\"step\":4,\"lo");
     CHECK(moe_metrics_jsonl_truncate("m.jsonl", 2, &h, &err) == MOE_OK);
     CHECK_INT_EQ(h.n, 2);
     if (h.n == 2) {
-        CHECK(h.pts[0].step == 1 && h.pts[0].loss == 5.5 && isnan(h.pts[0].val_loss));
-        CHECK(h.pts[1].val_loss == 5.2);
+        CHECK(h.pts[0].step == 1 && h.pts[0].bpb == 5.5 && isnan(h.pts[0].val_bpb));
+        CHECK(h.pts[1].val_bpb == 5.2);
     }
     char *text;
     size_t len;
     CHECK(moe_read_file("m.jsonl", &text, &len, &err) == MOE_OK);
     if (text)
-        CHECK(strcmp(text, "{\"step\":1,\"loss\":5.5,\"lr\":0.1}\n"
-                           "{\"step\":2,\"loss\":5.0,\"val_loss\":5.2}\n") == 0);
+        CHECK(strcmp(text, "{\"step\":1,\"bits_per_base\":5.5,\"lr\":0.1}\n"
+                           "{\"step\":2,\"bits_per_base\":5.0,\"val_bits_per_base\":5.2}\n") == 0);
     free(text);
+    /* metrics.tsv: every key in order of first appearance, a missing one left empty */
+    write_text("t.jsonl",
+               "{\"step\":1,\"loss\":5.5,\"load\":[1.5,2],\"time\":\"2026-12-01T10:00:00Z\"}\n"
+               "{\"step\":2,\"loss\":5,\"val_loss\":5.25,\"time\":\"x\"}\n");
+    CHECK(moe_metrics_write_tsv("t.jsonl", "t.tsv", &err) == MOE_OK);
+    CHECK(moe_read_file("t.tsv", &text, &len, &err) == MOE_OK);
+    if (text)
+        CHECK(strcmp(text, "step\tloss\tload\ttime\tval_loss\n"
+                           "1\t5.5\t1.5,2\t2026-12-01T10:00:00Z\t\n"
+                           "2\t5\t\tx\t5.25\n") == 0);
+    free(text);
+    write_text("bad.jsonl", "{\"step\":1}\nnot json\n");
+    CHECK(moe_metrics_write_tsv("bad.jsonl", "bad.tsv", &err) == MOE_ERR_INPUT && err.line == 2);
+    CHECK(access("bad.tsv", F_OK) != 0);
+    moe_err_clear(&err);
     write_text("bad.jsonl", "{\"step\":1}\nnot json\n{\"step\":2}\n");
     moe_err_clear(&err);
     moe_metrics_history h2;
@@ -71,9 +86,10 @@ int main(void) {
 
     /* Adding to the last step merges; new steps append. */
     CHECK(moe_metrics_history_add(&h, 2, NAN, 4.9, &err) == MOE_OK);
-    CHECK(h.n == 2 && h.pts[1].val_loss == 4.9 && h.pts[1].loss == 5.0);
-    for (int i = 3; i <= 50; i++)
-        moe_metrics_history_add(&h, i, 5.0 - 0.05 * i, i % 10 == 0 ? 5.1 - 0.05 * i : NAN, &err);
+    CHECK(h.n == 2 && h.pts[1].val_bpb == 4.9 && h.pts[1].bpb == 5.0);
+    for (int i = 3; i <= 50; i++) /* 5 down to 0.25 bits per base: over a decade */
+        moe_metrics_history_add(&h, i, 5.0 / (1 + 0.4 * i), i % 10 == 0 ? 5.2 / (1 + 0.4 * i) : NAN,
+                                &err);
     CHECK(moe_metrics_write_svg(&h, "loss.svg", "tiny <run>", &err) == MOE_OK);
     CHECK(moe_read_file("loss.svg", &text, &len, &err) == MOE_OK);
     if (text) {
@@ -82,8 +98,11 @@ int main(void) {
         CHECK_INT_EQ(count(text, "<polyline"), 2);
         CHECK_INT_EQ(count(text, "<circle"), 6 + 1); /* 6 evaluations + the legend marker */
         CHECK(strstr(text, "tiny &lt;run&gt;") != NULL);
-        CHECK(strstr(text, ">step<") && strstr(text, "loss (nats per token)"));
-        CHECK(strstr(text, ">train loss<") && strstr(text, ">validation loss<"));
+        CHECK(strstr(text, ">step<") && strstr(text, "cross-entropy (bits per base, log scale)"));
+        CHECK(strstr(text, ">train<") && strstr(text, ">validation<"));
+        /* log scale: 1-2-5 ticks per decade (a linear axis would label 0 1 2 3 4 5) */
+        CHECK(strstr(text, ">0.5<") && strstr(text, ">2<") && strstr(text, ">5<"));
+        CHECK(strstr(text, ">3<") == NULL && strstr(text, ">4<") == NULL);
         CHECK(strstr(text, ">50<") != NULL); /* an x tick label at the last step */
     }
     free(text);

@@ -39,10 +39,11 @@ extern "C" {
  * return: 0 after --help/--version, 2 for anything else. */
 int moe_cli_common_option(const char *prog, const char *usage, int opt, moe_log_level *level);
 
-/* The command line argv[0 .. argc) as one line for provenance records (malloc'ed; NULL when
- * out of memory): arguments joined by spaces, any with white space or quotes in single
- * quotes, tabs and newlines written as spaces so the line fits a TSV field. */
-char *moe_cli_command_line(int argc, char **argv);
+/* The command line argv[0 .. argc) as one line for provenance records into out [n]
+ * (call it before getopt permutes argv): arguments joined by spaces, any with white space or
+ * shell characters in single quotes, tabs and newlines written as spaces so the line fits a
+ * TSV field; a line that does not fit ends in "...". */
+void moe_cli_command_line(int argc, char **argv, char *out, size_t n);
 
 /* Prints "prog: error: <message>" and "hint: see prog --help" to stderr; returns 2. */
 int moe_cli_usage_error(const char *prog, const char *fmt, ...)

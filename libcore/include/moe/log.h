@@ -7,6 +7,7 @@
 #ifndef MOE_LOG_H
 #define MOE_LOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -29,6 +30,9 @@ void moe_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Monotonic wall clock in seconds. */
 double moe_time_now(void);
+/* The wall-clock time now as ISO-8601 UTC with milliseconds ("2026-12-01T10:12:03.250Z")
+ * into buf [n >= 25]. */
+void moe_time_iso8601(char *buf, size_t n);
 
 typedef struct moe_progress {
     const char *label;   /* "tokenize", "train", ... */

@@ -40,6 +40,7 @@ typedef struct moe_train_opts {
     const struct moe_comm *comm; /* the processes of the run (moe/comm.h); NULL: one */
     int stop_on_signals;         /* 1: SIGTERM, SIGINT, train.stop_signal stop the run cleanly
                                     (finish the step, checkpoint, return MOE_OK); moe-train */
+    const char *command;         /* the command line, for RUN/provenance.txt (NULL: none) */
 } moe_train_opts;
 
 /* Runs (or resumes) training as configured. Input problems (data, config, checkpoint, run
@@ -49,6 +50,12 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
 /* --dry-run: the resolved config (YAML) followed by YAML comments with total and active
  * parameters, training FLOPs per token and per step, and a memory estimate. */
 moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err);
+
+/* Appends this invocation's @PG line to RUN/provenance.txt (samtools style, tab-separated:
+ * ID/PN moe-train, VN version, CL command (left out when NULL), DS the UTC start time, the
+ * step it starts from and, when step > 0, the checkpoint it resumed). */
+moe_status moe_train_write_provenance(const char *run_dir, const char *command, int64_t step,
+                                      moe_err *err);
 
 /* Writes RUN/ckpt-<step>/ from a model, its Adam moments m, v ([n_elems] backend memory, in
  * parameter-table order; moe_trainer_state is in moe/ckpt.h), the resolved config, the tokenizer

@@ -64,6 +64,16 @@ double moe_time_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+void moe_time_iso8601(char *buf, size_t n) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char day[24];
+    strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(buf, n, "%s.%03dZ", day, (int)(ts.tv_nsec / 1000000));
+}
+
 /* Rates and counts in engineering units: 1234567 -> "1.23M". */
 static void human(char *buf, size_t n, double v) {
     const char *suffix[] = {"", "k", "M", "G", "T"};

@@ -27,29 +27,28 @@ int moe_cli_common_option(const char *prog, const char *usage, int opt, moe_log_
     }
 }
 
-char *moe_cli_command_line(int argc, char **argv) {
-    size_t cap = 1;
-    for (int i = 0; i < argc; i++)
-        cap += 4 * strlen(argv[i]) + 3; /* every ' may become '\'' */
-    char *out = malloc(cap), *p = out;
-    if (!out) return NULL;
-    for (int i = 0; i < argc; i++) {
+void moe_cli_command_line(int argc, char **argv, char *out, size_t n) {
+    size_t k = 0;
+    for (int i = 0; i < argc && k + 8 < n; i++) {
         const char *a = argv[i];
         int quote = !*a || strpbrk(a, " \t\n'\"\\$*?;&|<>()") != NULL;
-        if (i) *p++ = ' ';
-        if (quote) *p++ = '\'';
-        for (; *a; a++) {
+        if (i) out[k++] = ' ';
+        if (quote) out[k++] = '\'';
+        for (; *a && k + 8 < n; a++) {
             if (*a == '\'' && quote) {
-                memcpy(p, "'\\''", 4);
-                p += 4;
+                memcpy(out + k, "'\\''", 4);
+                k += 4;
             } else {
-                *p++ = *a == '\t' || *a == '\n' || *a == '\r' ? ' ' : *a;
+                out[k++] = *a == '\t' || *a == '\n' || *a == '\r' ? ' ' : *a;
             }
         }
-        if (quote) *p++ = '\'';
+        if (quote) out[k++] = '\'';
     }
-    *p = 0;
-    return out;
+    if (n < 8)
+        k = 0;
+    else if (k + 8 >= n)
+        memcpy(out + (k = n - 4), "...", 3), k += 3;
+    if (n) out[k] = 0;
 }
 
 int moe_cli_usage_error(const char *prog, const char *fmt, ...) {

@@ -44,7 +44,8 @@ typedef struct trainer {
     moe_outfile metrics, json; /* appended in place; json.fp NULL without --log-json */
     moe_dirlock lock;          /* RUN/.lock, held by rank 0 for the run's life */
     moe_train_health health;   /* non-finite steps and loss spikes (train_health.h) */
-    char metrics_path[MOE_CKPT_PATH_MAX], svg_path[MOE_CKPT_PATH_MAX];
+    char metrics_path[MOE_CKPT_PATH_MAX];
+    double t_start; /* moe_time_now() when this invocation began: metrics' elapsed_s */
     moe_metrics_history hist;
     moe_trainer_state ts;
 } trainer;
@@ -116,7 +117,6 @@ static moe_status open_data(trainer *t, moe_err *err) {
 /* Opens metrics.jsonl (append) after dropping lines past the resumed step. */
 static moe_status open_outputs(trainer *t, const char *log_json, moe_err *err) {
     snprintf(t->metrics_path, sizeof t->metrics_path, "%s/metrics.jsonl", t->run_dir);
-    snprintf(t->svg_path, sizeof t->svg_path, "%s/loss.svg", t->run_dir);
     moe_status st = moe_metrics_jsonl_truncate(t->metrics_path, t->ts.step, &t->hist, err);
     if (st != MOE_OK) return st;
     if (moe_outfile_open_append(&t->metrics, t->metrics_path, err) != MOE_OK) {
@@ -356,6 +356,10 @@ static char *metrics_line(const trainer *t, int64_t step, const step_metrics *sm
     double tps = sm->seconds > 0 ? (double)(t->accum * t->B_micro * t->T) / sm->seconds : 0;
     json_object_set_new(o, "tokens_per_s", json_real(tps));
     json_object_set_new(o, "step_time_s", json_real(sm->seconds));
+    char now[32];
+    moe_time_iso8601(now, sizeof now);
+    json_object_set_new(o, "time", json_string(now));
+    json_object_set_new(o, "elapsed_s", json_real(moe_time_now() - t->t_start));
     if (isfinite(sm->val_loss)) {
         json_object_set_new(o, "val_loss", json_real(sm->val_loss));
         json_object_set_new(o, "val_ppl", json_real(exp(sm->val_loss)));
@@ -380,7 +384,8 @@ static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm,
             moe_outfile_flush(outs[i], err) != MOE_OK)
             return err->status;
     }
-    return moe_metrics_history_add(&t->hist, step, sm->loss, sm->val_loss, err);
+    const double bits = 0.69314718055994530942 * t->bases_per_token; /* nats per bit/base */
+    return moe_metrics_history_add(&t->hist, step, sm->ce / bits, sm->val_loss / bits, err);
 }
 
 /* Writes a checkpoint; with dp ranks every rank calls it (the AdamW state is gathered on
@@ -430,7 +435,7 @@ static moe_status report(trainer *t, int64_t step, int last, step_metrics *sm,
     if (!do_eval) return MOE_OK;
     moe_log_info("step %lld: val_loss %.4f (%.3f bits/base)", (long long)step, sm->val_loss,
                  sm->val_loss / 0.69314718055994530942 / t->bases_per_token);
-    return moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
+    return moe_metrics_write_charts(&t->hist, t->run_dir, title, err);
 }
 
 /* After step `step`: when a stop signal reached any rank (all ranks agree through one sum),
@@ -496,7 +501,7 @@ static moe_status loop(trainer *t, moe_err *err) {
     }
     if (st == MOE_OK && t->rank == 0) {
         moe_progress_finish(&prog, NULL);
-        st = moe_metrics_write_svg(&t->hist, t->svg_path, title, err);
+        st = moe_metrics_write_charts(&t->hist, t->run_dir, title, err);
     }
     free(load);
     return st;
@@ -528,6 +533,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     trainer t;
     memset(&t, 0, sizeof t);
     t.lock.fd = -1;
+    t.t_start = moe_time_now();
     t.cfg = *cfg;
     t.run_dir = opts->run_dir && opts->run_dir[0] ? opts->run_dir : "run";
     if (opts->data_path && opts->data_path[0])
@@ -608,6 +614,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
             st = moe_dirlock_take(&t.lock, t.run_dir, "moe-train", err);
         if (st == MOE_OK)
             st = open_outputs(&t, opts->log_json ? opts->log_json : t.cfg.log.json, err);
+        if (st == MOE_OK) st = moe_train_write_provenance(t.run_dir, opts->command, t.ts.step, err);
     }
     if (st == MOE_OK) {
         int64_t total, active;

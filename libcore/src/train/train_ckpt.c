@@ -22,6 +22,7 @@
 #include "moe/safetensors.h"
 #include "moe/tokenizer.h"
 #include "moe/train.h"
+#include "moe/version.h"
 
 /* Writes the tensors of the parameter table with data from host ([n_elems]), each name
  * followed by suffix ("" for weights). */
@@ -256,4 +257,23 @@ moe_status moe_train_init_config(moe_config *cfg, const char *init, int n_overri
     }
     moe_ckpt_close(&ck);
     return st;
+}
+
+moe_status moe_train_write_provenance(const char *run_dir, const char *command, int64_t step,
+                                      moe_err *err) {
+    char path[MOE_CKPT_PATH_MAX + 32], now[32], from[64] = "";
+    snprintf(path, sizeof path, "%s/provenance.txt", run_dir);
+    moe_time_iso8601(now, sizeof now);
+    if (step > 0) {
+        char name[32];
+        moe_ckpt_dir_name(step, name, sizeof name);
+        snprintf(from, sizeof from, " resuming %s", name);
+    }
+    FILE *fp = fopen(path, "a");
+    if (!fp) return moe_err_errno(err, path, "cannot write in the run directory");
+    int bad =
+        fprintf(fp, "@PG\tID:moe-train\tPN:moe-train\tVN:%s%s%s\tDS:%s start step %" PRId64 "%s\n",
+                moe_version(), command ? "\tCL:" : "", command ? command : "", now, step, from) < 0;
+    if (fclose(fp) != 0 || bad) return moe_err_errno(err, path, "cannot write");
+    return MOE_OK;
 }
