@@ -23,9 +23,9 @@ static const char USAGE[] =
     "                                                    MANIFEST\n"
     "\n"
     "CKPT: a checkpoint directory (RUN/ckpt-00000100) or, as input, a run directory (its\n"
-    "latest checkpoint), in either layout. to-hf writes config.json, safetensors weights\n"
-    "(+ index when sharded), tokenizer files for AutoTokenizer, moe_tokenizer.json and\n"
-    "moe_config.yaml; from-hf writes a checkpoint at step 0 (fp32 weights only: Adam moments\n"
+    "latest checkpoint), in either layout. to-hf writes config.json, generation_config.json,\n"
+    "safetensors weights (+ index when sharded), tokenizer files for AutoTokenizer,\n"
+    "moe_tokenizer.json, moe_config.yaml and a README.md model card; from-hf writes a checkpoint at step 0 (fp32 weights only: Adam moments\n"
     "start at zero when training continues from it). See\n"
     "docs/interop.md. reshard writes a new checkpoint whose experts are split over N EP\n"
     "ranks (model.safetensors.index.json, model-ep<R>-of-<N>.safetensors and\n"
@@ -63,6 +63,9 @@ static const struct option LONG[] = {
 int main(int argc, char **argv) {
     moe_convert_opts o;
     moe_convert_opts_defaults(&o);
+    char line[2048];
+    moe_cli_command_line(argc, argv, line, sizeof line); /* before getopt permutes argv */
+    o.command = line;
     moe_log_level level = MOE_LOG_INFO;
     int opt, ep = 0;
     while ((opt = getopt_long(argc, argv, MOE_CLI_COMMON_SHORTOPTS, LONG, NULL)) != -1) {

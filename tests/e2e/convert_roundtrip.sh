@@ -21,6 +21,21 @@ $CHK layout hf_sharded
 moe-convert -q to-hf "$CKPT" hf_bf16 --dtype bf16
 $CHK layout hf_bf16
 grep -q '"torch_dtype": "bfloat16"' hf_bf16/config.json
+grep -q '"dtype": "bfloat16"' hf_bf16/config.json && grep -q '"dtype": "float32"' hf/config.json
+# transformers_version, generation_config.json with the config's special ids, a model card
+grep -q '"transformers_version": "[0-9]*\.[0-9]*\.[0-9]*"' hf/config.json
+"$PY" - <<'PY'
+import json
+c, g = json.load(open("hf/config.json")), json.load(open("hf/generation_config.json"))
+for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+    assert g.get(k) == c[k], (k, g, c)
+assert g["transformers_version"] == c["transformers_version"]
+card = open("hf/README.md").read()
+assert card.startswith("---\nlibrary_name: transformers\n"), card[:80]
+for want in ("| tokenizer | `nuc`, 40 tokens", "| training data | `run.mtok` |", "| steps | 2 (",
+             "(`bits_per_base`) |", "moe-train -q -c ", "moe-convert -q to-hf run/ckpt-00000002 hf\n"):
+    assert want in card, (want, card)
+PY
 
 # native -> HF -> native: same tensor bytes, same config and tokenizer files
 $CHK same "$CKPT" hf

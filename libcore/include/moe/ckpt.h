@@ -188,7 +188,8 @@ const moe_ckpt_tensor *moe_ckpt_find(const moe_ckpt *c, const char *name);
 moe_status moe_ckpt_read_tensor(const moe_ckpt *c, const char *name, moe_ckpt_slot slot, int ndim,
                                 const int64_t *shape, float *out, moe_err *err);
 void moe_ckpt_close(moe_ckpt *c); /* safe on a zeroed or closed struct */
-/* The checkpoint's id into out [n]: "<dir> step <N> model-crc32 <hex>" (the CRC-32 that
+/* The checkpoint's id into out [n]: "<dir> step <N> model-crc32 <hex>" (N from the name
+ * ckpt-<N>, else from trainer_state when opened with it, else 0; the CRC-32 that
  * MANIFEST records for the first model file, so two checkpoints with one id hold the same
  * weights). */
 void moe_ckpt_id(const moe_ckpt *c, char *out, size_t n);

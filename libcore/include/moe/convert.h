@@ -43,6 +43,7 @@ typedef struct moe_convert_opts {
     moe_st_dtype dtype;      /* to-hf: MOE_ST_F32 or MOE_ST_BF16 */
     const char *tokenizer;   /* from-hf: moe tokenizer spec file, or "byte"/"nuc"/"kmer"
                                 defaults, when HF_DIR has no moe_tokenizer.json */
+    const char *command;     /* to-hf: the command line, for README.md (NULL: left out) */
 } moe_convert_opts;
 
 void moe_convert_opts_defaults(moe_convert_opts *o);

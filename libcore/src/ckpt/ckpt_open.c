@@ -323,8 +323,9 @@ void moe_ckpt_id(const moe_ckpt *c, char *out, size_t n) {
     uint32_t crc = 0;
     for (int i = 0; i < c->n_files; i++)
         if (strcmp(c->files[i].name, model) == 0) crc = c->files[i].crc;
-    snprintf(out, n, "%s step %" PRId64 " model-crc32 %08" PRIx32, c->dir, moe_ckpt_step_of(c->dir),
-             crc);
+    int64_t step = moe_ckpt_step_of(c->dir); /* a resharded copy: its trainer state's, if read */
+    if (step < 0) step = c->state.step;
+    snprintf(out, n, "%s step %" PRId64 " model-crc32 %08" PRIx32, c->dir, step, crc);
 }
 
 void moe_ckpt_provenance(const moe_ckpt *c, const char *prog, const char *command, char *out,

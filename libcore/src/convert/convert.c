@@ -1,7 +1,10 @@
 /* convert: moe-convert to-hf - a checkpoint as a Hugging Face Mixtral directory.
  *
  * Output (written into OUT.tmp.<pid>/ and renamed to OUT only when complete):
- *   config.json                      MixtralConfig keys + architectures + torch_dtype
+ *   config.json                      MixtralConfig keys + architectures + dtype/torch_dtype
+ *                                    + transformers_version
+ *   generation_config.json           BOS/EOS/PAD ids, as save_pretrained writes it
+ *   README.md                        a model card: tokenizer, data, steps, loss, commands
  *   model.safetensors                (one shard) or model-0000i-of-0000n.safetensors +
  *   model.safetensors.index.json     {"metadata": {"total_size"}, "weight_map"}
  *   tokenizer.json, tokenizer_config.json, special_tokens_map.json
@@ -22,6 +25,7 @@
 #include "moe/convert.h"
 #include "moe/fileio.h"
 #include "moe/log.h"
+#include "moe/model.h"
 #include "moe/version.h"
 
 void moe_convert_opts_defaults(moe_convert_opts *o) {
@@ -71,6 +75,10 @@ moe_status moe_convert_out_dir(const char *arg, char *out, size_t n, moe_err *er
 
 /* ---- config.json ---- */
 
+/* The transformers release this export is checked against (tests/interop/hf_parity.py on an
+ * H200, docs/interop.md's table): written as transformers_version, as save_pretrained does. */
+#define HF_TRANSFORMERS_VERSION "5.17.0"
+
 static json_t *hf_config_json(const moe_config *cfg, const moe_tokenizer *tok, moe_st_dtype dtype) {
     const moe_model_config *m = &cfg->model;
     json_t *o = json_object();
@@ -105,9 +113,24 @@ static json_t *hf_config_json(const moe_config *cfg, const moe_tokenizer *tok, m
                         tok->eos_id >= 0 ? json_integer(tok->eos_id) : json_null());
     json_object_set_new(o, "pad_token_id",
                         tok->pad_id >= 0 ? json_integer(tok->pad_id) : json_null());
-    json_object_set_new(o, "torch_dtype",
-                        json_string(dtype == MOE_ST_BF16 ? "bfloat16" : "float32"));
+    /* transformers >= 4.56 reads "dtype"; older releases "torch_dtype": both, one value */
+    const char *dt = dtype == MOE_ST_BF16 ? "bfloat16" : "float32";
+    json_object_set_new(o, "dtype", json_string(dt));
+    json_object_set_new(o, "torch_dtype", json_string(dt));
+    json_object_set_new(o, "transformers_version", json_string(HF_TRANSFORMERS_VERSION));
     json_object_set_new(o, "moe_genomics_version", json_string(moe_version()));
+    return o;
+}
+
+/* generation_config.json: the special token ids a generate() call needs (those the
+ * tokenizer has), in save_pretrained's layout. */
+static json_t *hf_generation_json(const moe_tokenizer *tok) {
+    json_t *o = json_object();
+    json_object_set_new(o, "_from_model_config", json_true());
+    if (tok->bos_id >= 0) json_object_set_new(o, "bos_token_id", json_integer(tok->bos_id));
+    if (tok->eos_id >= 0) json_object_set_new(o, "eos_token_id", json_integer(tok->eos_id));
+    if (tok->pad_id >= 0) json_object_set_new(o, "pad_token_id", json_integer(tok->pad_id));
+    json_object_set_new(o, "transformers_version", json_string(HF_TRANSFORMERS_VERSION));
     return o;
 }
 
@@ -117,6 +140,99 @@ static moe_status write_json(json_t *o, const char *path, moe_err *err) {
     moe_status st = moe_write_text_file(path, text, "\n", err);
     free(text);
     return st;
+}
+
+/* ---- README.md: the model card ---- */
+
+/* The CL: field of the last @PG line of the run's provenance.txt (the checkpoint's parent
+ * directory) into out [n]; "" when there is none. */
+static void training_command(const char *ckpt_dir, char *out, size_t n) {
+    char path[4200], *text = NULL;
+    size_t len;
+    out[0] = 0;
+    snprintf(path, sizeof path, "%s/../provenance.txt", ckpt_dir);
+    if (access(path, R_OK) != 0 || moe_read_file(path, &text, &len, NULL) != MOE_OK) return;
+    for (char *p = strstr(text, "\tCL:"); p; p = strstr(p + 1, "\tCL:")) {
+        size_t k = strcspn(p + 4, "\t\n");
+        snprintf(out, n, "%.*s", (int)k, p + 4);
+    }
+    free(text);
+}
+
+/* Appends "| key | value |" rows of the last step's metrics that exist to the card. */
+static void card_metrics(FILE *fp, const char *last_metrics) {
+    static const char *keys[][2] = {{"loss", "training loss (cross-entropy + router terms)"},
+                                    {"ce_loss", "training cross-entropy (nats per token)"},
+                                    {"bits_per_base", "training bits per base"},
+                                    {"val_loss", "validation cross-entropy (nats per token)"},
+                                    {"val_bits_per_base", "validation bits per base"}};
+    json_t *m = last_metrics ? json_loads(last_metrics, 0, NULL) : NULL;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        json_t *v = json_object_get(m, keys[i][0]);
+        if (json_is_number(v))
+            fprintf(fp, "| %s (`%s`) | %.4f |\n", keys[i][1], keys[i][0], json_number_value(v));
+    }
+    json_decref(m);
+}
+
+/* Writes OUT/README.md: front matter for the Hub, what the model is, how it was made
+ * (tokenizer, data, steps, final metrics, the training and export commands) and how to
+ * load it. */
+static moe_status write_model_card(const char *tmp, const moe_ckpt *ck, const char *command,
+                                   int tok_written, moe_st_dtype dtype, moe_err *err) {
+    char path[4400], train_cmd[4096];
+    snprintf(path, sizeof path, "%s/README.md", tmp);
+    training_command(ck->dir, train_cmd, sizeof train_cmd);
+    moe_outfile f;
+    moe_status st = moe_outfile_open(&f, path, err);
+    if (st != MOE_OK) return st;
+    const moe_model_config *mc = &ck->cfg.model;
+    const moe_tokenizer *tok = ck->tok;
+    int64_t total, active;
+    moe_model_count_params(mc, &total, &active);
+    FILE *fp = f.fp;
+    fprintf(fp, "---\nlibrary_name: transformers\npipeline_tag: text-generation\ntags:\n"
+                "- mixtral\n- mixture-of-experts\n- dna\n- genomics\n- moe-genomics\n---\n\n");
+    fprintf(fp, "# DNA language model (Mixtral mixture of experts)\n\n");
+    fprintf(fp,
+            "A `MixtralForCausalLM` trained with moe-genomics %s (`moe-train`) and exported by "
+            "`moe-convert to-hf` as %s.\n\n",
+            moe_version(), dtype == MOE_ST_BF16 ? "bfloat16" : "float32");
+    fprintf(fp, "| | |\n|---|---|\n");
+    fprintf(fp, "| parameters | %" PRId64 " (%" PRId64 " active per token) |\n", total, active);
+    fprintf(fp,
+            "| layers, hidden size, heads | %" PRId64 ", %" PRId64 ", %" PRId64 " (%" PRId64
+            " key/value) |\n",
+            mc->num_hidden_layers, mc->hidden_size, mc->num_attention_heads,
+            mc->num_key_value_heads);
+    fprintf(fp, "| experts | %" PRId64 ", %" PRId64 " per token |\n", mc->num_local_experts,
+            mc->num_experts_per_tok);
+    fprintf(fp, "| context | %" PRId64 " tokens |\n", mc->max_position_embeddings);
+    fprintf(fp, "| tokenizer | `%s`, %" PRId64 " tokens (spec in `moe_tokenizer.json`)%s |\n",
+            tok->name, tok->vocab_size,
+            tok_written ? "; `tokenizer.json` for `AutoTokenizer`" : "; no `AutoTokenizer` files");
+    fprintf(fp, "| training data | `%s` |\n", ck->cfg.data.path[0] ? ck->cfg.data.path : "-");
+    fprintf(fp, "| steps | %" PRId64 " (%" PRId64 " tokens) |\n", ck->state.step,
+            ck->state.tokens_seen);
+    card_metrics(fp, ck->state.last_metrics);
+    fprintf(fp, "| checkpoint | ");
+    char id[4200];
+    moe_ckpt_id(ck, id, sizeof id);
+    fprintf(fp, "`%s` |\n\n", id);
+    if (train_cmd[0]) fprintf(fp, "Trained with:\n\n```\n%s\n```\n\n", train_cmd);
+    if (command) fprintf(fp, "Exported with:\n\n```\n%s\n```\n\n", command);
+    fprintf(fp,
+            "## Use\n\n```python\nfrom transformers import AutoModelForCausalLM%s\n"
+            "model = AutoModelForCausalLM.from_pretrained(\"PATH\")\n",
+            tok_written ? ", AutoTokenizer" : "");
+    if (tok_written) fprintf(fp, "tok = AutoTokenizer.from_pretrained(\"PATH\")\n");
+    fprintf(fp, "```\n\n`moe-convert from-hf PATH CKPT` turns this directory back into a "
+                "moe-genomics checkpoint (exactly, for float32).\n");
+    if (ferror(fp)) {
+        moe_outfile_abort(&f);
+        return moe_err_errno(err, path, "cannot write");
+    }
+    return moe_outfile_commit(&f, err);
 }
 
 /* ---- output directory: OUT.tmp.<pid>, renamed at the end ---- */
@@ -237,7 +353,8 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
     char out_dir[4096];
     if (moe_convert_out_dir(out_arg, out_dir, sizeof out_dir, err) != MOE_OK) return MOE_ERR_INPUT;
     moe_ckpt ck; /* either layout: single file or expert-parallel shards */
-    moe_status st = moe_ckpt_open(&ck, ckpt_dir, MOE_CKPT_SKIP_OPTIMIZER_CRC, err);
+    moe_status st =
+        moe_ckpt_open(&ck, ckpt_dir, MOE_CKPT_SKIP_OPTIMIZER_CRC | MOE_CKPT_TRAINER_STATE, err);
     if (st != MOE_OK) return st;
     char path[4400], tmp[4200];
     int n = ck.table.n_params, n_shards = 0, have_tmp = 0;
@@ -275,6 +392,12 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
         json_decref(cj);
     }
     if (st == MOE_OK) {
+        json_t *gj = hf_generation_json(ck.tok);
+        snprintf(path, sizeof path, "%s/generation_config.json", tmp);
+        st = write_json(gj, path, err);
+        json_decref(gj);
+    }
+    if (st == MOE_OK) {
         snprintf(path, sizeof path, "%s/moe_tokenizer.json", tmp);
         st = moe_write_text_file(path, ck.tokenizer_json, NULL, err);
     }
@@ -296,6 +419,7 @@ moe_status moe_convert_to_hf(const char *ckpt_dir, const char *out_arg, const mo
     if (st == MOE_OK)
         st = moe_convert_write_hf_tokenizer(ck.tokenizer_json, ck.cfg.model.max_position_embeddings,
                                             tmp, &tok_written, err);
+    if (st == MOE_OK) st = write_model_card(tmp, &ck, o->command, tok_written, o->dtype, err);
     if (have_tmp) st = finish_out(tmp, out_dir, st, err);
     if (st == MOE_OK) {
         moe_log_info("wrote %s: %d tensors in %d shard(s), %s, tokenizer %s%s", out_dir, n,
