@@ -79,6 +79,13 @@ cmp d1.npy d2.npy && cmp <(tail -n +2 d1.ids.tsv) <(tail -n +2 d2.ids.tsv)
 head -1 d2.ids.tsv | grep -q "^#@PG	ID:moe-embed	PN:moe-embed	VN:$(moe-embed --version | awk 'NR == 1 {print $NF}')	CL:moe-embed -q -@ 1 -m $CKPT seqs.fa reads.fq -o d2.npy	DS:checkpoint $CKPT step 2 model-crc32 [0-9a-f]\{8\}$" ||
     { echo "FAIL: provenance line"; head -1 d2.ids.tsv; exit 1; }
 
+# progress counts bases of windows, so one long record shows a percentage (and an ETA on
+# the plain lines cluster logs get every 10 s)
+zcat "$LAMBDA" | awk 'NR <= 71' > lam5k.fa   # 70 lines of 70 bases
+moe-embed -m "$CKPT" lam5k.fa --window 128 -o lam.npy 2> lam.err
+grep -q '^\[20[0-9-]*T[0-9:]*Z\] embed: 4.90k/4.90k bases (100%)' lam.err ||
+    { echo "FAIL: no progress by bases"; cat lam.err; exit 1; }
+
 # genomic coordinates (BED: 0-based, half-open): region offsets and windows included, and
 # a reverse-complement document's rows on '-' over the same forward bases
 samtools faidx seqs.fa 2>/dev/null || printf 'short\t10\t7\t10\t11\nmixed\t32\t35\t32\t33\nlong\t86\t73\t86\t87\n' > seqs.fa.fai

@@ -139,6 +139,13 @@ static void test_log(void) {
     const char *second = strstr(out, "tokenize: ");
     CHECK(second && strstr(second + 1, "tokenize: 500/1.00k bases (50%), ") != NULL);
     CHECK(strstr(out, "scan: 1.23M reads") != NULL);
+    /* plain lines start with a UTC date; the update (not the final line) has an ETA */
+    CHECK_MSG(strncmp(out, "[20", 3) == 0 && out[11] == 'T' && out[20] == 'Z' && out[21] == ']',
+              "progress date: %s", out);
+    const char *upd = strstr(out, "tokenize: ");
+    const char *fin = upd ? strstr(upd + 1, "tokenize: ") : NULL;
+    const char *eta = upd ? strstr(upd, ", ETA ") : NULL;
+    CHECK_MSG(eta && fin && eta < fin && strstr(fin, "ETA") == NULL, "progress ETA: %s", out);
     CHECK(strchr(out, '\r') == NULL && strstr(out, "\033[") == NULL); /* no TTY drawing */
     double t0 = moe_time_now(), t1 = moe_time_now();
     CHECK(t1 >= t0 && t0 > 0);

@@ -107,20 +107,35 @@ static void draw(moe_progress *p, double now, const char *extra, int final) {
         char bar[31] = {0};
         double frac = p->total > 0 ? (double)p->done / (double)p->total : 0.0;
         if (frac > 1.0) frac = 1.0;
-        for (int i = 0; i < 30; i++) bar[i] = i < (int)(frac * 30.0) ? '#' : '.';
+        for (int i = 0; i < 30; i++)
+            bar[i] = i < (int)(frac * 30.0) ? '#' : '.';
         double eta = rate > 0 && p->total > 0 ? (double)(p->total - p->done) / rate : 0.0;
         fprintf(stderr, "\r%s [%s] %s/%s %s %s/s ETA %.0fs %s\033[K", p->label, bar, done, tot,
                 p->unit, r, eta, extra ? extra : "");
         return;
     }
     if (p->tty) fputs("\r\033[K", stderr);
+    /* plain lines (cluster logs): a UTC date first, and the time left while it is known */
+    char date[32], eta[48] = "";
+    moe_time_iso8601(date, sizeof date);
+    date[19] = 0; /* to the second */
+    if (!final && p->total > 0 && rate > 0 && p->done <= p->total) {
+        double left = (double)(p->total - p->done) / rate;
+        long s = (long)(left + 0.5);
+        if (s >= 3600)
+            snprintf(eta, sizeof eta, ", ETA %ldh%02ldm", s / 3600, s / 60 % 60);
+        else if (s >= 60)
+            snprintf(eta, sizeof eta, ", ETA %ldm%02lds", s / 60, s % 60);
+        else
+            snprintf(eta, sizeof eta, ", ETA %lds", s);
+    }
     if (p->total > 0)
-        fprintf(stderr, "%s: %s/%s %s (%.0f%%), %s %s/s, %.1fs%s%s\n", p->label, done, tot,
-                p->unit, 100.0 * (double)p->done / (double)p->total, r, p->unit, elapsed,
+        fprintf(stderr, "[%sZ] %s: %s/%s %s (%.0f%%), %s %s/s, %.1fs%s%s%s\n", date, p->label, done,
+                tot, p->unit, 100.0 * (double)p->done / (double)p->total, r, p->unit, elapsed, eta,
                 extra ? ", " : "", extra ? extra : "");
     else
-        fprintf(stderr, "%s: %s %s, %s %s/s, %.1fs%s%s\n", p->label, done, p->unit, r, p->unit,
-                elapsed, extra ? ", " : "", extra ? extra : "");
+        fprintf(stderr, "[%sZ] %s: %s %s, %s %s/s, %.1fs%s%s\n", date, p->label, done, p->unit, r,
+                p->unit, elapsed, extra ? ", " : "", extra ? extra : "");
 }
 
 void moe_progress_update(moe_progress *p, int64_t done, const char *extra) {

@@ -34,8 +34,9 @@ typedef struct embed_win {
     int64_t k;     /* window index within its strand */
     int64_t start; /* content tokens [start, end) in forward coordinates */
     int64_t end;
-    int64_t T; /* tokens fed to the model: BOS? + content + EOS? */
-    int rc;    /* 1: a window of the reverse complement (its range: flush_chunk) */
+    int64_t T;     /* tokens fed to the model: BOS? + content + EOS? */
+    int64_t bases; /* bases its content covers (progress is counted in bases) */
+    int rc;        /* 1: a window of the reverse complement (its range: flush_chunk) */
 } embed_win;
 
 typedef struct embedder {
@@ -53,7 +54,8 @@ typedef struct embedder {
     int32_t *range;  /* [cap_tokens, 2] pooled positions of each row (B <= cap_tokens) */
     float *hidden;   /* [cap_tokens, C] token rows (--per-token), or [B, C] vectors */
     embed_out out;
-    moe_progress prog;
+    moe_progress prog; /* in bases of windows: total = those of the chunks flushed so far */
+    int64_t bases_done;
     moe_embed_summary sum;
 } embedder;
 
@@ -149,9 +151,11 @@ static moe_status run_windows(embedder *e, embed_win *wins, int64_t n, moe_err *
                 add_window_vector(e, &wins[i + b], e->hidden + b * e->C);
             e->sum.tokens += wins[i + b].end - wins[i + b].start;
         }
+        for (int64_t b = 0; b < B; b++)
+            e->bases_done += wins[i + b].bases;
         e->sum.windows += B;
         i += B;
-        moe_progress_update(&e->prog, e->sum.tokens, NULL);
+        moe_progress_update(&e->prog, e->bases_done, NULL);
     }
     return st;
 }
@@ -204,6 +208,10 @@ static moe_status flush_chunk(embedder *e, moe_err *err) {
                     w->end = b;
                 }
                 w->T = (w->end - w->start) + e->nb + e->ne;
+                w->bases = w->end > w->start
+                               ? s->span[2 * (w->end - 1) + 1] - s->span[2 * w->start]
+                               : 0;
+                e->prog.total += w->bases; /* one long record still shows a percentage */
             }
     }
     qsort(e->wins, (size_t)m, sizeof *e->wins, cmp_win);
@@ -376,7 +384,7 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
     moe_status st = setup(&e, o, err);
     double t1 = moe_time_now();
     e.sum.load_seconds = t1 - t0;
-    moe_progress_start(&e.prog, "embed", "tokens", 0);
+    moe_progress_start(&e.prog, "embed", "bases", 0);
     if (o->quiet) e.prog.enabled = e.prog.tty = 0;
     for (int i = 0; st == MOE_OK && i < o->n_inputs; i++)
         st = moe_input_read(o->inputs[i], &o->io, e.tok, o->rc_average, take_seq, &e, err);
