@@ -236,6 +236,15 @@ static void test_regions_and_helpers(void) {
         CHECK(strcmp(regions[1], "{c2}:3-3") == 0);
     }
     moe_seqio_free_regions(regions, n);
+    /* a bgzipped BED (r.bed.gz, as bgzip and tabix write it) reads the same */
+    const char *bed = "c1\t0\t4\nc2\t2\t3\textra\n";
+    BGZF *bz = bgzf_open("r.bed.gz", "w");
+    CHECK(bz && bgzf_write(bz, bed, strlen(bed)) == (ssize_t)strlen(bed) && bgzf_close(bz) == 0);
+    moe_err_clear(&err);
+    CHECK_MSG(moe_seqio_read_bed("r.bed.gz", &regions, &n, &err) == MOE_OK, "bed.gz: %s", err.msg);
+    CHECK_INT_EQ(n, 2);
+    if (n == 2) CHECK(strcmp(regions[1], "{c2}:3-3") == 0);
+    moe_seqio_free_regions(regions, n);
     write_file("bad.bed", "c1\t5\t2\n");
     moe_err_clear(&err);
     CHECK(moe_seqio_read_bed("bad.bed", &regions, &n, &err) == MOE_ERR_INPUT && err.line == 1);

@@ -75,7 +75,7 @@ enum {
 
 #define MOE_CLI_INPUT_HELP                                                                        \
     "  -r, --region R          chr, chr:beg-end (1-based); repeatable; indexed FASTA/BAM/CRAM\n" \
-    "      --regions-file BED  regions from a BED file\n"                                        \
+    "      --regions-file BED  regions from a BED file (plain or bgzip)\n"                       \
     "  -T, --reference FA      reference FASTA for CRAM (never fetched from the network)\n"      \
     "      --min-mapq Q        drop alignments with MAPQ < Q [0]\n"                              \
     "  -f, --require-flags N   keep only records with all flags N\n"                             \

@@ -9,9 +9,12 @@
 #include <ctype.h>
 #include <errno.h>
 #include <htslib/hfile.h>
+#include <htslib/hts.h>
+#include <htslib/kstring.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "moe/log.h"
 #include "seqio/seqio_impl.h"
@@ -266,21 +269,23 @@ void moe_seqio_free_regions(char **regions, int n) {
 moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err *err) {
     *regions = NULL;
     *n = 0;
-    FILE *fp = fopen(path, "r");
+    /* through htslib, so a bgzipped (or gzipped) BED reads as the plain text */
+    htsFile *fp = access(path, R_OK) == 0 ? hts_open(path, "r") : NULL; /* no htslib noise */
     if (!fp) {
         moe_err_set(err, MOE_ERR_INPUT, path, "cannot open BED file: %s", strerror(errno));
         return MOE_ERR_INPUT;
     }
-    char *line = NULL, **list = NULL;
-    size_t cap = 0;
-    int count = 0, alloc = 0;
+    kstring_t ks = {0, 0, NULL};
+    char **list = NULL, *line;
+    int count = 0, alloc = 0, got;
     int64_t lineno = 0;
     moe_status st = MOE_OK;
-    while (st == MOE_OK && getline(&line, &cap, fp) != -1) {
+    while (st == MOE_OK && (got = hts_getline(fp, '\n', &ks)) >= 0) {
         lineno++;
+        line = ks.s;
         char chrom[1024];
         long long beg, end;
-        if (line[0] == '#' || line[0] == '\n' || line[0] == '\r' ||
+        if (line[0] == '#' || line[0] == '\0' || line[0] == '\r' ||
             strncmp(line, "track", 5) == 0 || strncmp(line, "browser", 7) == 0)
             continue;
         if (sscanf(line, "%1023s %lld %lld", chrom, &beg, &end) != 3 || beg < 0 || end <= beg) {
@@ -308,8 +313,13 @@ moe_status moe_seqio_read_bed(const char *path, char ***regions, int *n, moe_err
         /* {chrom} braces keep names containing ':' unambiguous for htslib */
         snprintf(list[count++], need, "{%s}:%lld-%lld", chrom, beg + 1, end);
     }
-    free(line);
-    fclose(fp);
+    if (st == MOE_OK && got < -1) {
+        moe_err_set(err, MOE_ERR_INPUT, path, "cannot read the BED file (damaged compression?)");
+        moe_err_at_line(err, lineno + 1, 0);
+        st = MOE_ERR_INPUT;
+    }
+    free(ks.s);
+    hts_close(fp);
     if (st != MOE_OK) {
         moe_seqio_free_regions(list, count);
         return st;
