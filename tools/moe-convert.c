@@ -68,7 +68,8 @@ int main(int argc, char **argv) {
     o.command = line;
     moe_log_level level = MOE_LOG_INFO;
     int opt, ep = 0;
-    while ((opt = getopt_long(argc, argv, MOE_CLI_COMMON_SHORTOPTS, LONG, NULL)) != -1) {
+    opterr = 0; /* one message of ours (moe_cli_option_error), not getopt's too */
+    while ((opt = getopt_long(argc, argv, ":" MOE_CLI_COMMON_SHORTOPTS, LONG, NULL)) != -1) {
         switch (opt) {
         case OPT_DTYPE:
             if (strcmp(optarg, "f32") == 0)
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
                                            "-@/--threads expects a number >= 1, not '%s'", optarg);
             break;
         default: {
+            if (opt == '?' || opt == ':') return moe_cli_option_error("moe-convert", opt, argv);
             int rc = moe_cli_common_option("moe-convert", USAGE, opt, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;

@@ -65,7 +65,7 @@ enum {
     OPT_BATCH,
 };
 
-static const char SHORT[] = "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+static const char SHORT[] = ":m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
 
 static const struct option LONG[] = {
     {"model", required_argument, 0, 'm'},
@@ -104,6 +104,7 @@ static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
     moe_embed_opts *o = &c->o;
+    opterr = 0; /* one message of ours (moe_cli_option_error), not getopt's too */
     while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         const char *name = "";
@@ -175,6 +176,7 @@ static int parse(cli *c, int argc, char **argv) {
                 c->threads = (int)v;
             break;
         default:
+            if (opt == '?' || opt == ':') return moe_cli_option_error("moe-embed", opt, argv);
             rc = moe_cli_common_option("moe-embed", USAGE, opt, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;

@@ -185,8 +185,9 @@ static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
     const struct option *table = c->vcf ? VCF_LONG : SEQ_LONG;
-    const char *shorts = c->vcf ? "m:o:f:r:O:" MOE_CLI_COMMON_SHORTOPTS
-                                : "m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+    const char *shorts = c->vcf ? ":m:o:f:r:O:" MOE_CLI_COMMON_SHORTOPTS
+                                : ":m:o:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+    opterr = 0; /* one message of ours (moe_cli_option_error), not getopt's too */
     while ((opt = getopt_long(argc, argv, shorts, table, NULL)) != -1) {
         int64_t v = 0;
         int rc = c->vcf ? vcf_option(c, opt, optarg) : seq_option(c, opt, optarg);
@@ -206,7 +207,9 @@ static int parse(cli *c, int argc, char **argv) {
                     c->m->batch_tokens = v;
                 else
                     c->threads = (int)v;
-            } else
+            } else if (opt == '?' || opt == ':')
+                rc = moe_cli_option_error("moe-score", opt, argv);
+            else
                 rc = moe_cli_common_option("moe-score", USAGE, opt, &level);
         }
         if (rc != MOE_CLI_CONTINUE) return rc;

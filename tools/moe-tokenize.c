@@ -71,7 +71,7 @@ enum {
     OPT_PART,
 };
 
-static const char SHORT[] = "o:t:k:w:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
+static const char SHORT[] = ":o:t:k:w:" MOE_CLI_INPUT_SHORTOPTS MOE_CLI_COMMON_SHORTOPTS;
 
 static const struct option LONG[] = {
     {"output", required_argument, 0, 'o'},
@@ -118,6 +118,7 @@ typedef struct cli {
 static int parse(cli *c, int argc, char **argv) {
     int opt;
     moe_log_level level = MOE_LOG_INFO;
+    opterr = 0; /* one message of ours (moe_cli_option_error), not getopt's too */
     while ((opt = getopt_long(argc, argv, SHORT, LONG, NULL)) != -1) {
         long long v = 0;
         int rc = moe_cli_input_option("moe-tokenize", &c->in, &c->o.io, opt, optarg);
@@ -226,6 +227,7 @@ static int parse(cli *c, int argc, char **argv) {
             c->json = 1;
             break;
         default:
+            if (opt == '?' || opt == ':') return moe_cli_option_error("moe-tokenize", opt, argv);
             rc = moe_cli_common_option("moe-tokenize", USAGE, opt, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;

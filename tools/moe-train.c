@@ -81,7 +81,8 @@ int main(int argc, char **argv) {
     int dry_run = 0, threads = 0;
     moe_log_level level = MOE_LOG_INFO;
     int c;
-    while ((c = getopt_long(argc, argv, "c:o:" MOE_CLI_COMMON_SHORTOPTS, longopts, NULL)) != -1) {
+    opterr = 0; /* one message of ours (moe_cli_option_error), not getopt's too */
+    while ((c = getopt_long(argc, argv, ":c:o:" MOE_CLI_COMMON_SHORTOPTS, longopts, NULL)) != -1) {
         char *end;
         switch (c) {
         case 'c':
@@ -118,6 +119,7 @@ int main(int argc, char **argv) {
                                            "-@/--threads expects a number >= 1, got '%s'", optarg);
             break;
         default: {
+            if (c == '?' || c == ':') return moe_cli_option_error("moe-train", c, argv);
             int rc = moe_cli_common_option("moe-train", USAGE, c, &level);
             if (rc != MOE_CLI_CONTINUE) return rc;
             break;

@@ -117,4 +117,19 @@ sys.exit(1 if fail else 0)
 EOF
 done
 [ "$ntools" -gt 0 ] || { echo "FAIL: no moe-* program in $bin" >&2; exit 1; }
+# a bad option: exit 2 and one message of ours naming it (getopt's own line switched off),
+# then the --help hint
+for exe in "$bin"/moe-*; do
+    [ -x "$exe" ] && [ -f "$exe" ] || continue
+    name=$(basename "$exe")
+    sub=(); [ "$name" = moe-score ] && sub=(seq) # its options follow a command
+    for bad in "--bogus=1:unknown option '--bogus' (or an ambiguous abbreviation)" "-Z:unknown option '-Z'"; do
+        set +e; "$exe" "${sub[@]}" "${bad%%:*}" > /dev/null 2> bad.err; rc=$?; set -e
+        want="$name: error: ${bad#*:}
+hint: see $name --help"
+        if [ "$rc" != 2 ] || [ "$(cat bad.err)" != "$want" ]; then
+            echo "FAIL: $name ${bad%%:*}: exit $rc, stderr:" >&2; cat bad.err >&2; status=1
+        fi
+    done
+done
 exit $status

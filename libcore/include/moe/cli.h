@@ -45,6 +45,12 @@ int moe_cli_common_option(const char *prog, const char *usage, int opt, moe_log_
  * TSV field; a line that does not fit ends in "...". */
 void moe_cli_command_line(int argc, char **argv, char *out, size_t n);
 
+/* The one message for getopt's ':' (a missing argument: option strings start with ':') or
+ * '?' (an unknown or ambiguous option), with getopt's own message off (opterr = 0):
+ * "prog: error: unknown option '--bogus'" naming it from argv, optind and optopt, and the
+ * --help hint. Returns 2. */
+int moe_cli_option_error(const char *prog, int opt, char **argv);
+
 /* Prints "prog: error: <message>" and "hint: see prog --help" to stderr; returns 2. */
 int moe_cli_usage_error(const char *prog, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));

@@ -1,6 +1,7 @@
 /* cli: see moe/cli.h. */
 #include "moe/cli.h"
 
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,20 @@ void moe_cli_command_line(int argc, char **argv, char *out, size_t n) {
     else if (k + 8 >= n)
         memcpy(out + (k = n - 4), "...", 3), k += 3;
     if (n) out[k] = 0;
+}
+
+int moe_cli_option_error(const char *prog, int opt, char **argv) {
+    /* a short option is named by optopt (it may sit in a cluster like -qZ); a long one only
+     * by its argument, the one getopt has just passed */
+    const char *arg = optind > 0 ? argv[optind - 1] : "";
+    int is_long = optopt == 0 || strncmp(arg, "--", 2) == 0;
+    if (opt == ':' && is_long)
+        return moe_cli_usage_error(prog, "option '%s' needs an argument", arg);
+    if (opt == ':') return moe_cli_usage_error(prog, "option '-%c' needs an argument", optopt);
+    if (is_long)
+        return moe_cli_usage_error(prog, "unknown option '%.*s' (or an ambiguous abbreviation)",
+                                   (int)strcspn(arg, "="), arg);
+    return moe_cli_usage_error(prog, "unknown option '-%c'", optopt);
 }
 
 int moe_cli_usage_error(const char *prog, const char *fmt, ...) {
