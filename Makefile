@@ -28,7 +28,7 @@ FUZZ_TEST_SECONDS ?= 10
 FUZZ_CC ?= clang-14
 FUZZ_LIB := $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a)
 
-DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev \
+DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev libdeflate-dev \
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix bcftools \
 	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 

@@ -12,6 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef MOE_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 /* An errno error the user can fix (missing input, unwritable directory). */
 static moe_status input_errno(moe_err *err, const char *file, const char *what) {
@@ -379,6 +382,9 @@ moe_status moe_read_stream(FILE *fp, const char *name, char **data, size_t *len,
 }
 
 uint32_t moe_crc32(uint32_t crc, const void *data, size_t n) {
+#ifdef MOE_HAVE_LIBDEFLATE
+    return libdeflate_crc32(crc, data, n); /* the same CRC, ~2x faster (docs/performance.md) */
+#else
     const unsigned char *p = data;
     while (n > 0) { /* zlib takes uInt lengths */
         uInt chunk = n > (1u << 30) ? (1u << 30) : (uInt)n;
@@ -387,6 +393,7 @@ uint32_t moe_crc32(uint32_t crc, const void *data, size_t n) {
         n -= chunk;
     }
     return crc;
+#endif
 }
 
 /* CRC32 of bytes [off, off + len) of fd, read in 1 MiB blocks; -1 when a read fails. */

@@ -7,6 +7,9 @@
 #include <jansson.h>
 #include <yaml.h>
 #include <zlib.h>
+#ifdef MOE_HAVE_LIBDEFLATE
+#include <libdeflate.h>
+#endif
 
 const char *moe_version(void) {
     return MOE_VERSION;
@@ -19,6 +22,9 @@ void moe_version_print(FILE *fp, const char *prog) {
     fprintf(fp, "htslib %s\n", hts_version());
     fprintf(fp, "zlib %s, libyaml %s, jansson %s\n", zlibVersion(), yaml_get_version_string(),
             JANSSON_VERSION);
+#ifdef MOE_HAVE_LIBDEFLATE
+    fprintf(fp, "libdeflate %s (CRC-32)\n", LIBDEFLATE_VERSION_STRING);
+#endif
 #ifdef MOE_HAVE_CBLAS
     fputs("BLAS: OpenBLAS (CBLAS)\n", fp);
 #else
