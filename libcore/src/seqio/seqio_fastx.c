@@ -161,10 +161,11 @@ static int64_t blk_fill(moe_seq_reader *r, moe_err *err) {
 static int fasta_header(moe_seq_reader *r, moe_err *err) {
     size_t searched = 0; /* bytes after blk_pos known to hold no '\n' */
     for (;;) {
-        char *line = r->blk.s + r->blk_pos;
-        size_t left = r->blk.l - r->blk_pos - searched; /* 0 also for an unallocated block */
-        char *nl = left ? memchr(line + searched, '\n', left) : NULL;
+        /* no pointer into the block before it exists: it is allocated by the first fill */
+        size_t left = r->blk.l - r->blk_pos - searched;
+        char *nl = left ? memchr(r->blk.s + r->blk_pos + searched, '\n', left) : NULL;
         if (nl || r->blk_eof) {
+            char *line = r->blk.s + r->blk_pos;
             size_t n = nl ? (size_t)(nl - line) : r->blk.l - r->blk_pos;
             if (n == 0 && !nl) return 0;
             r->line.l = 0;
