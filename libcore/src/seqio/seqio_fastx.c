@@ -260,6 +260,12 @@ int64_t moe_seqio_clean(const char *raw, int64_t n, char *out) {
 }
 
 static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
+    /* the block exists before any pointer into it is formed (a header read while detecting
+     * the format arrives with the block still unallocated) */
+    if (!r->blk.s) {
+        if (ks_resize(&r->blk, FASTA_BLOCK + 1) < 0) return oom(r, err);
+        r->blk.s[r->blk.l] = '\0';
+    }
     for (;;) {
         /* the record's position, for parts: where the reader is when it meets the header */
         int64_t key = r->have_line ? 0 : bgzf_tell(r->bgzf) >> 16;
