@@ -24,7 +24,7 @@ workflow {
         .fromList(samplesheetToList(params.input, "${projectDir}/assets/schema_input.json"))
         .map { meta, path, index -> [ meta, path, index ?: [] ] }
 
-    // The CRAM reference, [ meta, fasta, fai ], or empty placeholders.
+    // The CRAM reference, [ meta, fasta, fai ], or empty lists when there is none (an optional input).
     ch_ref = params.fasta
         ? channel.value([ [ id: file(params.fasta).baseName ], file(params.fasta, checkIfExists: true),
                           params.fasta_fai ? file(params.fasta_fai, checkIfExists: true) : [] ])

@@ -11,8 +11,8 @@
 typedef enum moe_recipe {
     MOE_RECIPE_FP32,      /* fp32 operands: the CPU reference */
     MOE_RECIPE_BF16,      /* bf16 GEMM operands and stored activations, fp32 accumulation */
-    MOE_RECIPE_FP8_BLOCK, /* e4m3 with 128x128 / 1x128 block scales (not implemented yet) */
-    MOE_RECIPE_MXFP8      /* e4m3 with e8m0 scales per 32 values (not implemented yet) */
+    MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales: every backend refuses it */
+    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: every backend refuses it */
 } moe_recipe;
 
 #endif
