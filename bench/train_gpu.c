@@ -78,8 +78,10 @@ static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t 
         return err->status;
     double gn = be->sum_squares(be, m->grad_mem, m->table.n_elems);
     float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
-    be->adamw(be, m->param_mem, m->grad_mem, am, av, m->table.n_elems, 3e-4f, 0.9f, 0.95f, 1e-8f,
-              0.1f, st + 1, scale);
+    moe_optim_config opt;
+    memset(&opt, 0, sizeof opt);
+    opt.beta1 = 0.9, opt.beta2 = 0.95, opt.eps = 1e-8, opt.weight_decay = 0.1;
+    moe_model_adamw(m, 0, m->table.n_elems, am, av, &opt, 3e-4, st + 1, scale);
     *loss = ss.loss;
     return be->synchronize(be, err);
 }

@@ -276,33 +276,103 @@ void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float
     MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
 }
 
-__global__ void k_adamw(float *__restrict__ param, const float *__restrict__ grad,
-                        float *__restrict__ m, float *__restrict__ v, int64_t n, float lr,
-                        float beta1, float beta2, float eps, float wd, float bc1, float bc2,
-                        float grad_scale) {
+/* One AdamW element: updates m, v and returns the new weight (the CPU backend's arithmetic). */
+__device__ __forceinline__ float adamw_elem(float p, float g, float *m, float *v, float lr,
+                                            float beta1, float beta2, float eps, float wd,
+                                            float bc1, float bc2) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return p - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p);
+}
+
+struct adamw_hp {
+    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+};
+
+/* Elements [0, n), one at a time: the unaligned head and tail, or arrays that cannot be
+ * read in vectors. param16 may be NULL. */
+__global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ param16,
+                        const float *__restrict__ grad, float *__restrict__ m,
+                        float *__restrict__ v, int64_t n, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        float p = param[i];
-        param[i] = p - lr * (mhat / (sqrtf(vhat) + eps) + wd * p);
+        float p = adamw_elem(param[i], grad[i] * h.grad_scale, m + i, v + i, h.lr, h.beta1,
+                             h.beta2, h.eps, h.wd, h.bc1, h.bc2);
+        param[i] = p;
+        if (param16) param16[i] = __float2bfloat16_rn(p);
     }
 }
 
-void moe_cuda_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
-                    int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                    int64_t step, float grad_scale) {
+/* Groups of 4 elements [0, 4 * n4): 16-byte loads and stores of param, grad, m, v (streamed:
+ * each byte is touched once per step) and 8-byte stores of the bf16 copy. */
+__global__ void k_adamw_vec4(float4 *__restrict__ param, uint2 *__restrict__ param16,
+                             const float4 *__restrict__ grad, float4 *__restrict__ m,
+                             float4 *__restrict__ v, int64_t n4, adamw_hp h) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 p = __ldcs(param + i), g = __ldcs(grad + i), mi = __ldcs(m + i), vi = __ldcs(v + i);
+        float *pp = &p.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            pp[j] = adamw_elem(pp[j], gg[j] * h.grad_scale, mm + j, vv + j, h.lr, h.beta1,
+                               h.beta2, h.eps, h.wd, h.bc1, h.bc2);
+        __stcs(param + i, p);
+        __stcs(m + i, mi);
+        __stcs(v + i, vi);
+        if (param16) {
+            __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+            uint2 u;
+            u.x = *(const uint32_t *)&lo;
+            u.y = *(const uint32_t *)&hi;
+            __stcs(param16 + i, u);
+        }
+    }
+}
+
+/* Byte address modulo 16 of p + i elements of size es. */
+static unsigned phase16(const void *p, int64_t i, size_t es) {
+    return (unsigned)(((uintptr_t)p + (uintptr_t)i * es) % 16u);
+}
+
+void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+                    float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t step, float grad_scale) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c)) return;
-    float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
-    float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
-    k_adamw<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(
-        param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
+    adamw_hp h;
+    h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.wd = weight_decay;
+    h.bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    h.bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    h.grad_scale = grad_scale;
+    __nv_bfloat16 *p16 = (__nv_bfloat16 *)param16;
+    /* head: the elements before param is 16-byte aligned; the vectors need the other arrays
+     * aligned at the same element (and the bf16 copy at 8 bytes there) */
+    int64_t head = (int64_t)((16u - phase16(param, 0, 4)) % 16u) / 4;
+    if (head > n) head = n;
+    int vec = phase16(param, 0, 4) % 4u == 0 && phase16(grad, head, 4) == 0 &&
+              phase16(m, head, 4) == 0 && phase16(v, head, 4) == 0 &&
+              (!p16 || phase16(p16, head, 2) % 8u == 0);
+    int64_t n4 = vec ? (n - head) / 4 : 0, tail0 = head + 4 * n4;
+    if (!vec) head = 0, tail0 = 0;
+    if (head > 0)
+        k_adamw<<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
+    if (n4 > 0)
+        k_adamw_vec4<<<moe_cuda_grid(c, n4, 256), 256, 0, c->stream>>>(
+            (float4 *)(param + head), p16 ? (uint2 *)(p16 + head) : NULL,
+            (const float4 *)(grad + head), (float4 *)(m + head), (float4 *)(v + head), n4, h);
+    if (n - tail0 > 0)
+        k_adamw<<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
+            param + tail0, p16 ? p16 + tail0 : NULL, grad + tail0, m + tail0, v + tail0,
+            n - tail0, h);
     MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld", (long long)n, (long long)step);
+}
+
+void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n <= 0 || moe_cuda_failed(c)) return;
+    moe_cuda_f32_to_bf16(c, (__nv_bfloat16 *)dst, src, n, "cast_bf16");
 }
 
 #define MOE_SUMSQ_CHUNK 65536 /* elements per partial: fixed, so the sum order is fixed */
@@ -494,6 +564,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->cross_entropy_backward = moe_cuda_cross_entropy_backward;
     be->add = moe_cuda_add;
     be->adamw = moe_cuda_adamw;
+    be->cast_bf16 = moe_cuda_cast_bf16;
     be->sum_squares = moe_cuda_sum_squares;
     be->pool_forward = moe_cuda_pool_forward;
     return be;

@@ -163,16 +163,16 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 /* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
 void moe_gemm_cache_free(moe_cuda_ctx *c);
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
                              int64_t N, int64_t I, int64_t O, moe_recipe prec);
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                              const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                              const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                               moe_recipe prec);
-void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
-                                     const float *w, const int32_t *offsets, int64_t E, int64_t I,
-                                     int64_t O, moe_recipe prec);
+void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
+                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                     moe_recipe prec);
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                      const float *x, const float *w, const int32_t *offsets,
+                                      const float *x, moe_cbuf w, const int32_t *offsets,
                                       int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
 void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
@@ -239,9 +239,10 @@ void moe_cuda_cross_entropy_backward(const moe_backend *be, float *dlogits, cons
                                      const float *lse, const int32_t *targets, const float *weights,
                                      float dloss, int64_t N, int64_t V);
 
-void moe_cuda_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
-                    int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+                    float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                     int64_t step, float grad_scale);
+void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n);
 
 #endif

@@ -2,8 +2,9 @@
  * through cuBLASLt with fp32 accumulation.
  *
  * Every product is phrased like the CPU backend's moe_cpu_gemm: row-major C[M,N] =
- * alpha op(A) op(B) + beta C with fp32 C. Under the bf16 recipe A and B are bf16 copies
- * (made in scratch buffers from the fp32 tensors of the op table) and forward outputs are
+ * alpha op(A) op(B) + beta C with fp32 C. Under the bf16 recipe A and B are bf16: a BF16
+ * weight operand is read as it is, fp32 tensors are converted into scratch buffers first
+ * (activations; weights given as F32), and forward outputs are
  * rounded to bf16 afterwards, exactly what the CPU backend emulates; under fp32 the
  * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32).
  *
@@ -223,6 +224,17 @@ static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n,
     return moe_cuda_bf16_operand(c, slot, x, n, op);
 }
 
+/* The weight operand under prec: a BF16 weight (bf16 recipe only) as it is, an F32 one as
+ * operand() makes it. NULL after a recorded error. */
+static const void *weight_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t n,
+                                  moe_recipe prec, const char *op) {
+    if (w.dt == MOE_DTYPE_F32) return operand(c, slot, (const float *)w.p, n, prec, op);
+    if (w.dt == MOE_DTYPE_BF16 && prec == MOE_RECIPE_BF16) return w.p;
+    moe_cuda_check(c, cudaErrorInvalidValue, op, "a %s weight under recipe %d (bf16 weights need "
+                   "the bf16 recipe)", moe_dtype_name(w.dt), (int)prec);
+    return NULL;
+}
+
 static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
     if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32) return 1;
     moe_cuda_check(c, cudaErrorNotSupported, op, "recipe %d (fp8 recipes are not available in this build)",
@@ -233,21 +245,21 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
 /* ------------------------------------------------------------------------------------------
  * dense Linear: y = x W^T */
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
                              int64_t N, int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const void *xa = operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
-    const void *wa = xa ? operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
+    const void *wa = xa ? weight_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
     if (!wa) return;
     if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y)) return;
     if (prec == MOE_RECIPE_BF16) moe_cuda_round_bf16(c, y, N * O, op);
 }
 
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                              const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                              const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                               moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
@@ -256,7 +268,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     const void *dya = operand(c, MOE_CUDA_SCRATCH_A, dy, N * O, prec, op);
     if (!dya) return;
     if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
-        const void *wa = operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
+        const void *wa = weight_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
         if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, 1.0f, dx)) return;
     }
     if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
@@ -274,7 +286,7 @@ static size_t esize(cudaDataType dt) {
 }
 
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
-                                     const float *w, const int32_t *offsets, int64_t E, int64_t I,
+                                     moe_cbuf w, const int32_t *offsets, int64_t E, int64_t I,
                                      int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_forward";
@@ -284,7 +296,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const floa
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const char *xa = (const char *)operand(c, MOE_CUDA_SCRATCH_A, x, M * I, prec, op);
     const char *wa =
-        xa ? (const char *)operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op) : NULL;
+        xa ? (const char *)weight_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op) : NULL;
     if (!wa) return;
     size_t es = esize(dt);
     for (int64_t e = 0; e < E; e++) {
@@ -298,7 +310,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const floa
 }
 
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                      const float *x, const float *w, const int32_t *offsets,
+                                      const float *x, moe_cbuf w, const int32_t *offsets,
                                       int64_t E, int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
@@ -312,7 +324,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     if (!xa) return;
     const char *wa = NULL;
     if (dx) {
-        wa = (const char *)operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
+        wa = (const char *)weight_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
         if (!wa) return;
     }
     for (int64_t e = 0; e < E; e++) {

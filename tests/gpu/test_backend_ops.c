@@ -224,7 +224,19 @@ typedef struct tcase {
     int64_t s[6];
     moe_recipe prec;
     double tol; /* NMSE bound for float outputs */
+    int w16;    /* matmul, grouped: the GPU reads the weight's bf16 copy (cast_bf16 of it) */
 } tcase;
+
+/* The GPU's weight operand for case tc: the fp32 weight dw_ [n] dev itself, or its bf16 copy
+ * in a new guarded buffer (what the model passes under the bf16 recipe). The CPU always
+ * reads the fp32 weight: unit.ops checks that both give the same bits there. */
+static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t n) {
+    if (!tc->w16) return moe_cbuf_f32(dw_);
+    uint16_t *d16 = dup_dev(g, "w16", NULL, (size_t)n * sizeof(uint16_t));
+    g->gpu->cast_bf16(g->gpu, d16, dw_, n);
+    moe_cbuf b = {d16, MOE_DTYPE_BF16};
+    return b;
+}
 
 typedef void (*runner_fn)(gctx *g, const tcase *tc);
 
@@ -327,27 +339,28 @@ static void run_attention(gctx *g, const tcase *tc) {
 static void run_matmul(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], I = tc->s[1], O = tc->s[2];
     float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *y = xmalloc(F(N * O));
-    g->cpu->matmul_forward(g->cpu, y, x, w, N, I, O, tc->prec);
+    g->cpu->matmul_forward(g->cpu, y, x, moe_cbuf_f32(w), N, I, O, tc->prec);
     float *dx_ = dup_dev(g, "x", x, F(N * I)), *dw_ = dup_dev(g, "w", w, F(O * I));
     float *dy_ = dup_dev(g, "y", NULL, F(N * O));
-    g->gpu->matmul_forward(g->gpu, dy_, dx_, dw_, N, I, O, tc->prec);
+    moe_cbuf gw_ = gpu_weight(g, tc, dw_, O * I);
+    g->gpu->matmul_forward(g->gpu, dy_, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_forward");
     cmp_f32(g, "y", dy_, y, N * O, tc->tol);
     float *gy = frand(N * O, -1, 1), *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, x, w, N, I, O, tc->prec);
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, x, moe_cbuf_f32(w), N, I, O, tc->prec);
     check_changed(g, "dx", gx, gx0, N * I, 0.9);
     check_changed(g, "dw", gw, gw0, O * I, 0.9);
     free(gx0), free(gw0);
-    g->gpu->matmul_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, N, I, O, tc->prec);
+    g->gpu->matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_backward");
     cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
     /* dx NULL (first layer): only dw accumulates again */
-    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, x, w, N, I, O, tc->prec);
-    g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, dw_, N, I, O, tc->prec);
+    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, x, moe_cbuf_f32(w), N, I, O, tc->prec);
+    g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_backward dx=NULL");
     cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
     free(x), free(w), free(y), free(gy), free(gx), free(gw);
@@ -480,18 +493,19 @@ static void run_grouped(gctx *g, const tcase *tc) {
         off[e + 1] = off[e] + (e == 1 ? 0 : (int32_t)(avg / 2 + rng_int(avg + 1)));
     int64_t M = off[E];
     float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *y = xmalloc(F(M * O));
-    g->cpu->grouped_matmul_forward(g->cpu, y, x, w, off, E, I, O, tc->prec);
+    g->cpu->grouped_matmul_forward(g->cpu, y, x, moe_cbuf_f32(w), off, E, I, O, tc->prec);
     float *dx_ = dup_dev(g, "x", x, F(M * I)), *dw_ = dup_dev(g, "w", w, F(E * O * I));
     float *dy_ = dup_dev(g, "y", NULL, F(M * O));
-    g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, dw_, off, E, I, O, tc->prec);
+    moe_cbuf gw_ = gpu_weight(g, tc, dw_, E * O * I);
+    g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_forward");
     cmp_f32(g, "y", dy_, y, M * O, tc->tol);
     float *gy = frand(M * O, -1, 1), *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(M * O)), *dgx = dup_dev(g, "dx", gx, F(M * I));
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, gy, x, w, off, E, I, O, tc->prec);
-    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, off, E, I, O, tc->prec);
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, gy, x, moe_cbuf_f32(w), off, E, I, O, tc->prec);
+    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_backward");
     check_changed(g, "dx", gx, gx0, M * I, 0.9);
     /* expert 1 has no rows: its weight gradient must stay exactly as it was */
@@ -593,21 +607,47 @@ static void run_add(gctx *g, const tcase *tc) {
     free(a), free(b), free(o);
 }
 
+/* AdamW with its bf16 copy, three steps over different ranges so that every path of the
+ * kernel runs: the whole array (16-byte vectors and a scalar tail), [1, n) (a scalar head
+ * first), and the moments shifted by one element against the weights (no vectors at all);
+ * then cast_bf16. The copy must be exactly the rounded new weight. */
 static void run_adamw(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
     float *v = frand(n, 0, 0.01f);
+    uint16_t *p16 = xmalloc((size_t)n * sizeof(uint16_t));
     float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
+    uint16_t *dp16 = dup_dev(g, "param16", NULL, (size_t)n * sizeof(uint16_t));
+    const int64_t at[3] = {0, 1, 0}, shift[3] = {0, 0, 1}, len[3] = {n, n - 1, n - 1};
     for (int64_t step = 1; step <= 3; step++) {
-        g->cpu->adamw(g->cpu, p, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw(g->gpu, dp, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        int64_t a = at[step - 1], sh = shift[step - 1], ln = len[step - 1];
+        g->cpu->adamw(g->cpu, p + a, p16 + a, gr + a, m + a + sh, v + a + sh, ln, 1e-3f, 0.9f,
+                      0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, dm + a + sh, dv + a + sh, ln, 1e-3f,
+                      0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        check_sync_guards(g, "adamw");
+        float *hp = down(g, dp, F(n));
+        uint16_t *h16 = down(g, dp16, (size_t)n * sizeof(uint16_t));
+        int64_t bad = 0;
+        for (int64_t i = a; i < a + ln; i++)
+            bad += h16[i] != moe_f32_to_bf16(hp[i]);
+        CHECK_MSG(bad == 0, "%s step %lld: %lld bf16 copies differ from the rounded weight",
+                  g->label, (long long)step, (long long)bad);
+        free(hp), free(h16);
     }
-    check_sync_guards(g, "adamw");
     cmp_f32(g, "param", dp, p, n, tc->tol);
     cmp_f32(g, "m", dm, m, n, tc->tol);
     cmp_f32(g, "v", dv, v, n, tc->tol);
-    free(p), free(gr), free(m), free(v);
+    /* cast_bf16: bit-exact against the CPU's */
+    uint16_t *c16 = dup_dev(g, "cast", NULL, (size_t)n * sizeof(uint16_t));
+    g->gpu->cast_bf16(g->gpu, c16, dg, n);
+    g->cpu->cast_bf16(g->cpu, p16, gr, n);
+    check_sync_guards(g, "cast_bf16");
+    uint16_t *h16 = down(g, c16, (size_t)n * sizeof(uint16_t));
+    CHECK_MSG(memcmp(h16, p16, (size_t)n * sizeof(uint16_t)) == 0, "%s: cast_bf16 differs",
+              g->label);
+    free(h16), free(p), free(gr), free(m), free(v), free(p16);
 }
 
 static void run_sum_squares(gctx *g, const tcase *tc) {
@@ -653,6 +693,8 @@ static runner_fn runner_for(moe_op op) {
     case MOE_OP_ADD:
         return run_add;
     case MOE_OP_ADAMW:
+        return run_adamw; /* also runs cast_bf16 */
+    case MOE_OP_CAST:
         return run_adamw;
     case MOE_OP_SUM_SQUARES:
         return run_sum_squares;
@@ -670,40 +712,44 @@ static runner_fn runner_for(moe_op op) {
  * bf16 outputs can round the other way at a boundary (measured <= 1.5e-9, attention's
  * bf16 probabilities and score gradients included: <= 8e-9 on an H200, 2026-11-29). */
 static const tcase k_cases[] = {
-    {"embedding N1000 C256 V300", MOE_OP_EMBEDDING, {1000, 256, 300}, FP32, 1e-12},
-    {"embedding N4000 C128 V5 (DNA)", MOE_OP_EMBEDDING, {4000, 128, 5}, FP32, 1e-12},
-    {"embedding N500 C64 V3000", MOE_OP_EMBEDDING, {500, 64, 3000}, FP32, 1e-12},
-    {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10},
-    {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6},
-    {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10},
-    {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10},
-    {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6},
-    {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6},
-    {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 1e-6},
-    {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 1e-6},
-    {"attn fp32 B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64}, FP32, 1e-10},
-    {"attn fp32 B1 T70 H3 KV1 D40", MOE_OP_ATTENTION, {1, 70, 3, 1, 40}, FP32, 1e-10},
-    {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 1e-6},
-    {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 1e-6},
-    {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10},
-    {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6},
-    {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6},
-    {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10},
-    {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10},
-    {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12},
-    {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12},
-    {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10},
-    {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6},
-    {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6},
-    {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10},
-    {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6},
-    {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10},
-    {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10},
-    {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0},
-    {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10},
-    {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12},
-    {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13},
-    {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13},
+    {"embedding N1000 C256 V300", MOE_OP_EMBEDDING, {1000, 256, 300}, FP32, 1e-12, 0},
+    {"embedding N4000 C128 V5 (DNA)", MOE_OP_EMBEDDING, {4000, 128, 5}, FP32, 1e-12, 0},
+    {"embedding N500 C64 V3000", MOE_OP_EMBEDDING, {500, 64, 3000}, FP32, 1e-12, 0},
+    {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10, 0},
+    {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 0},
+    {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10, 0},
+    {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10, 0},
+    {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 0},
+    {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6, 0},
+    {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 1e-6, 0},
+    {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 1e-6, 0},
+    {"attn fp32 B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64}, FP32, 1e-10, 0},
+    {"attn fp32 B1 T70 H3 KV1 D40", MOE_OP_ATTENTION, {1, 70, 3, 1, 40}, FP32, 1e-10, 0},
+    {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 1e-6, 0},
+    {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 1e-6, 0},
+    {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
+    {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
+    {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
+    {"matmul N77 I200 O130 bf16 w16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 1},
+    {"matmul N512 I384 O640 bf16 w16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 1},
+    {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10, 0},
+    {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10, 0},
+    {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12, 0},
+    {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12, 0},
+    {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10, 0},
+    {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 0},
+    {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 0},
+    {"grouped E4 I72 O40 bf16 w16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 1},
+    {"grouped E8 I256 O384 bf16 w16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 1},
+    {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
+    {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
+    {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10, 0},
+    {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10, 0},
+    {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
+    {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
+    {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
+    {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},
+    {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13, 0},
 };
 enum { NCASES = sizeof k_cases / sizeof k_cases[0] };
 
@@ -823,11 +869,14 @@ static void run_perf(gctx *g, const pcase *pc) {
     /* the op under test, as a closure over the buffers below */
     float *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL, *h = NULL, *k = NULL;
     int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
+    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16};
     int64_t M = 0;
     switch (pc->op) {
     case MOE_OP_MATMUL:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[2] * s[1]), c = perf_buf(g, s[0] * s[2]);
         if (pc->dir) d = perf_buf(g, s[0] * s[1]), e = perf_buf(g, s[2] * s[1]);
+        w16.p = perf_buf(g, (s[2] * s[1] + 1) / 2); /* the bf16 copy the model passes */
+        be->cast_bf16(be, (uint16_t *)w16.p, b, s[2] * s[1]);
         flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
         break;
     case MOE_OP_GROUPED_MATMUL:
@@ -837,6 +886,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         M = off[s[0]];
         a = perf_buf(g, M * s[1]), b = perf_buf(g, s[0] * s[2] * s[1]), c = perf_buf(g, M * s[2]);
         if (pc->dir) d = perf_buf(g, M * s[1]), e = perf_buf(g, s[0] * s[2] * s[1]);
+        w16.p = perf_buf(g, (s[0] * s[2] * s[1] + 1) / 2);
+        be->cast_bf16(be, (uint16_t *)w16.p, b, s[0] * s[2] * s[1]);
         flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
         break;
     case MOE_OP_ATTENTION: {
@@ -902,7 +953,8 @@ static void run_perf(gctx *g, const pcase *pc) {
     }
     case MOE_OP_ADAMW:
         a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
-        bytes = 28.0 * (double)s[0];
+        e = perf_buf(g, (s[0] + 1) / 2);
+        bytes = 30.0 * (double)s[0]; /* read p, g, m, v; write p, m, v and the bf16 copy */
         break;
     case MOE_OP_SUM_SQUARES:
         a = perf_buf(g, s[0]);
@@ -922,15 +974,15 @@ static void run_perf(gctx *g, const pcase *pc) {
             switch (pc->op) {
             case MOE_OP_MATMUL:
                 if (pc->dir)
-                    be->matmul_backward(be, d, e, c, a, b, s[0], s[1], s[2], BF16);
+                    be->matmul_backward(be, d, e, c, a, w16, s[0], s[1], s[2], BF16);
                 else
-                    be->matmul_forward(be, c, a, b, s[0], s[1], s[2], BF16);
+                    be->matmul_forward(be, c, a, w16, s[0], s[1], s[2], BF16);
                 break;
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
-                    be->grouped_matmul_backward(be, d, e, c, a, b, off, s[0], s[1], s[2], BF16);
+                    be->grouped_matmul_backward(be, d, e, c, a, w16, off, s[0], s[1], s[2], BF16);
                 else
-                    be->grouped_matmul_forward(be, c, a, b, off, s[0], s[1], s[2], BF16);
+                    be->grouped_matmul_forward(be, c, a, w16, off, s[0], s[1], s[2], BF16);
                 break;
             case MOE_OP_ATTENTION:
                 if (pc->dir)
@@ -961,7 +1013,8 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
                 break;
             case MOE_OP_ADAMW:
-                be->adamw(be, a, b, c, d, s[0], 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, 1.0f);
+                be->adamw(be, a, (uint16_t *)e, b, c, d, s[0], 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10,
+                          1.0f);
                 break;
             case MOE_OP_SUM_SQUARES:
                 (void)be->sum_squares(be, a, s[0]);

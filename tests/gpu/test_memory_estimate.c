@@ -62,8 +62,8 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     *n = m.table.n_elems;
     *grads = malloc(pb);
     if (*grads) moe_model_copy_grads_to_host(&m, *grads);
-    be->adamw(be, m.param_mem, m.grad_mem, am, av, m.table.n_elems, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-              1, 1.0f);
+    moe_optim_config opt = test_optim(0.1);
+    moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
     (void)be->sum_squares(be, m.grad_mem, m.table.n_elems); /* gradient clipping's norm */
     CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
     CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);

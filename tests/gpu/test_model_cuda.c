@@ -237,6 +237,7 @@ int main(void) {
     float *mcm = cpu->alloc(cpu, (size_t)n * 4), *mcv = cpu->alloc(cpu, (size_t)n * 4);
     float *mgm = gpu->alloc(gpu, (size_t)n * 4), *mgv = gpu->alloc(gpu, (size_t)n * 4);
     double lc[STEPS], lg[STEPS];
+    moe_optim_config opt = test_optim(0.1);
     for (int step = 1; step <= STEPS; step++) {
         moe_model_zero_grad(&mc);
         moe_model_zero_grad(&mg);
@@ -246,10 +247,8 @@ int main(void) {
         CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
         double gc = cpu->sum_squares(cpu, mc.grad_mem, n),
                gg = gpu->sum_squares(gpu, mg.grad_mem, n);
-        cpu->adamw(cpu, mc.param_mem, mc.grad_mem, mcm, mcv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                   step, 1.0f);
-        gpu->adamw(gpu, mg.param_mem, mg.grad_mem, mgm, mgv, n, 3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                   step, 1.0f);
+        moe_model_adamw(&mc, 0, n, mcm, mcv, &opt, 3e-3, step, 1.0f);
+        moe_model_adamw(&mg, 0, n, mgm, mgv, &opt, 3e-3, step, 1.0f);
         lc[step - 1] = sc.loss;
         lg[step - 1] = sg.loss;
         printf("step %d  loss cpu %.6f gpu %.6f  |grad| cpu %.6f gpu %.6f\n", step, sc.loss,

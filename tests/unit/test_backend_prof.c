@@ -62,6 +62,7 @@ static int train_steps(const moe_backend *be, double *losses, float **grads, flo
     for (int i = 0; i < B * T; i++)
         tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
     int rc = 0;
+    moe_optim_config opt = test_optim(0.1);
     for (int st = 0; st < STEPS && rc == 0; st++) {
         moe_step_stats ss;
         moe_model_zero_grad(&m);
@@ -75,8 +76,7 @@ static int train_steps(const moe_backend *be, double *losses, float **grads, flo
         double gn = be->sum_squares(be, m.grad_mem, n);
         float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
         if (st + 1 < STEPS) /* keep the last step's gradients for the comparison */
-            be->adamw(be, m.param_mem, m.grad_mem, am, av, n, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                      st + 1, scale);
+            moe_model_adamw(&m, 0, n, am, av, &opt, 1e-2, st + 1, scale);
         if (be->synchronize(be, &err) != MOE_OK) rc = 1;
     }
     *n_out = n;

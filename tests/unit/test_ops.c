@@ -122,7 +122,7 @@ typedef struct {
 } mm_st;
 static double mm_loss(void *p) {
     mm_st *s = p;
-    be->matmul_forward(be, s->y, s->x, s->w, s->N, s->I, s->O, MOE_RECIPE_FP32);
+    be->matmul_forward(be, s->y, s->x, moe_cbuf_f32(s->w), s->N, s->I, s->O, MOE_RECIPE_FP32);
     return gc_dot(s->y, s->r, s->N * s->O);
 }
 static void test_matmul(void) {
@@ -138,7 +138,7 @@ static void test_matmul(void) {
     CHECK_NEAR(s.y[2 * s.O + 4], ref, 1e-5); /* y = x W^T with W [out, in] */
     float *gx = fbuf(s.N * s.I, 0, 0, 0), *gw = fbuf(s.O * s.I, 0, 0, 0);
     gx[0] = 1.0f; /* backward accumulates: the 1 must survive */
-    be->matmul_backward(be, gx, gw, s.r, s.x, s.w, s.N, s.I, s.O, MOE_RECIPE_FP32);
+    be->matmul_backward(be, gx, gw, s.r, s.x, moe_cbuf_f32(s.w), s.N, s.I, s.O, MOE_RECIPE_FP32);
     gx[0] -= 1.0f;
     gc_check("matmul dx", &s, mm_loss, s.x, gx, s.N * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("matmul dw", &s, mm_loss, s.w, gw, s.O * s.I, 100, 1e-2, ATOL, RTOL);
@@ -153,7 +153,7 @@ typedef struct {
 } gm_st;
 static double gm_loss(void *p) {
     gm_st *s = p;
-    be->grouped_matmul_forward(be, s->y, s->x, s->w, s->off, s->E, s->I, s->O, MOE_RECIPE_FP32);
+    be->grouped_matmul_forward(be, s->y, s->x, moe_cbuf_f32(s->w), s->off, s->E, s->I, s->O, MOE_RECIPE_FP32);
     return gc_dot(s->y, s->r, s->off[s->E] * s->O);
 }
 static void test_grouped_matmul(void) {
@@ -170,7 +170,7 @@ static void test_grouped_matmul(void) {
         ref += (double)s.x[5 * s.I + i] * s.w[(2 * s.O + 1) * s.I + i];
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = fbuf(M * s.I, 0, 0, 0), *gw = fbuf(s.E * s.O * s.I, 0, 0, 0);
-    be->grouped_matmul_backward(be, gx, gw, s.r, s.x, s.w, s.off, s.E, s.I, s.O, MOE_RECIPE_FP32);
+    be->grouped_matmul_backward(be, gx, gw, s.r, s.x, moe_cbuf_f32(s.w), s.off, s.E, s.I, s.O, MOE_RECIPE_FP32);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -409,14 +409,17 @@ static void test_add_adamw_sumsq(void) {
     int64_t n = 1000;
     float *p = fbuf(n, 32, -1, 1), *g = fbuf(n, 33, -1, 1), *m = fbuf(n, 0, 0, 0),
           *v = fbuf(n, 0, 0, 0);
+    uint16_t *p16 = malloc((size_t)n * sizeof(uint16_t)), *c16 = malloc((size_t)n * 2);
     double *pr = malloc((size_t)n * sizeof(double)), *mr = calloc((size_t)n, sizeof(double)),
            *vr = calloc((size_t)n, sizeof(double));
     for (int64_t i = 0; i < n; i++)
         pr[i] = p[i];
     const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
     for (int step = 1; step <= 3; step++) {
-        be->adamw(be, p, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, step,
-                  (float)gs);
+        be->adamw(be, p, p16, g, m, v, n, (float)lr, (float)b1, (float)b2, (float)eps, (float)wd,
+                  step, (float)gs);
+        for (int64_t i = 0; i < n; i++) /* the copy is the new weight, rounded */
+            CHECK(p16[i] == moe_f32_to_bf16(p[i]));
         for (int64_t i = 0; i < n; i++) {
             double gi = g[i] * gs;
             mr[i] = b1 * mr[i] + (1 - b1) * gi;
@@ -429,7 +432,10 @@ static void test_add_adamw_sumsq(void) {
     for (int64_t i = 0; i < n; i++)
         maxerr = fmax(maxerr, fabs(pr[i] - p[i]));
     CHECK_NEAR(maxerr, 0.0, 1e-5);
-    free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr);
+    be->cast_bf16(be, c16, g, n);
+    for (int64_t i = 0; i < n; i++)
+        CHECK(c16[i] == moe_f32_to_bf16(g[i]));
+    free(p), free(g), free(m), free(v), free(pr), free(mr), free(vr), free(p16), free(c16);
 
     int64_t ns = 3 * MOE_CPU_CHUNK + 77;
     float *x = fbuf(ns, 34, -2, 2);
@@ -481,11 +487,11 @@ static void test_gemm_ref(void) {
     float *Z1 = fbuf(S * S, 0, 0, 0), *Z2 = fbuf(S * S, 0, 0, 0);
     float *W1 = fbuf(S * S, 0, 0, 0), *W2 = fbuf(S * S, 0, 0, 0);
     moe_backend_cpu_set_threads(1);
-    be->matmul_forward(be, Z1, X, Y, S, S, S, MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W1, X, Y, X, S, S, S, MOE_RECIPE_FP32);
+    be->matmul_forward(be, Z1, X, moe_cbuf_f32(Y), S, S, S, MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W1, X, Y, moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32);
     moe_backend_cpu_set_threads(2);
-    be->matmul_forward(be, Z2, X, Y, S, S, S, MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W2, X, Y, X, S, S, S, MOE_RECIPE_FP32);
+    be->matmul_forward(be, Z2, X, moe_cbuf_f32(Y), S, S, S, MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W2, X, Y, moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32);
     CHECK_MSG(memcmp(Z1, Z2, (size_t)(S * S) * sizeof(float)) == 0,
               "matmul bits depend on threads");
     CHECK_MSG(memcmp(W1, W2, (size_t)(S * S) * sizeof(float)) == 0, "dW bits depend on threads");
@@ -499,13 +505,42 @@ static int all_bf16(const float *x, int64_t n) {
         if (moe_f32_bits(x[i]) & 0xffffu) return 0;
     return 1;
 }
+/* A BF16 weight (the model's copy) gives the same bits as the F32 weight it was rounded from,
+ * in every product that takes one: dense and grouped, forward and both backward products. */
+static void test_bf16_weights(void) {
+    int64_t N = 6, I = 40, O = 12, E = 3;
+    const int32_t off[4] = {0, 2, 2, 6}; /* expert 1 has no rows */
+    float *x = fbuf(N * I, 40, -1, 1), *w = fbuf(E * O * I, 41, -1, 1), *dy = fbuf(N * O, 42, -1, 1);
+    uint16_t *w16 = malloc((size_t)(E * O * I) * sizeof(uint16_t));
+    be->cast_bf16(be, w16, w, E * O * I);
+    const moe_cbuf wk[2] = {moe_cbuf_f32(w), {w16, MOE_DTYPE_BF16}};
+    /* per weight kind: y, dx, dw of the dense product, then the same of the grouped one */
+    const int64_t len[6] = {N * O, N * I, O * I, N * O, N * I, E * O * I};
+    float *r[2][6];
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 6; j++)
+            r[k][j] = fbuf(len[j], 0, 0, 0);
+        be->matmul_forward(be, r[k][0], x, wk[k], N, I, O, MOE_RECIPE_BF16);
+        be->matmul_backward(be, r[k][1], r[k][2], dy, x, wk[k], N, I, O, MOE_RECIPE_BF16);
+        be->grouped_matmul_forward(be, r[k][3], x, wk[k], off, E, I, O, MOE_RECIPE_BF16);
+        be->grouped_matmul_backward(be, r[k][4], r[k][5], dy, x, wk[k], off, E, I, O,
+                                    MOE_RECIPE_BF16);
+    }
+    for (int j = 0; j < 6; j++) {
+        CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
+                  "output %d differs between the F32 weight and its BF16 copy", j);
+        free(r[0][j]), free(r[1][j]);
+    }
+    free(x), free(w), free(dy), free(w16);
+}
+
 static void test_bf16(void) {
     int64_t N = 4, I = 64, O = 8;
     float *x = fbuf(N * I, 38, -1, 1), *w = fbuf(O * I, 39, -1, 1);
     float *y32 = fbuf(N * O, 0, 0, 0), *y16 = fbuf(N * O, 0, 0, 0);
     CHECK(!all_bf16(x, N * I)); /* the inputs carry low mantissa bits */
-    be->matmul_forward(be, y32, x, w, N, I, O, MOE_RECIPE_FP32);
-    be->matmul_forward(be, y16, x, w, N, I, O, MOE_RECIPE_BF16);
+    be->matmul_forward(be, y32, x, moe_cbuf_f32(w), N, I, O, MOE_RECIPE_FP32);
+    be->matmul_forward(be, y16, x, moe_cbuf_f32(w), N, I, O, MOE_RECIPE_BF16);
     CHECK_MSG(all_bf16(y16, N * O), "bf16 matmul output must be bf16-representable");
     double maxd = 0, maxref = 0;
     for (int64_t i = 0; i < N; i++)
@@ -520,6 +555,7 @@ static void test_bf16(void) {
     /* equals rounding the exact product of rounded operands (up to one bf16 ulp of the
      * fp32-accumulated sum landing on the other side of a rounding boundary) */
     CHECK_MSG(maxref < 4e-2, "bf16 matmul vs reference: %g", maxref);
+    test_bf16_weights();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
     be->swiglu_forward(be, o16, a, b, 3, MOE_RECIPE_BF16);
     CHECK(all_bf16(o16, 3));

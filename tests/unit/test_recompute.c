@@ -244,8 +244,8 @@ static void test_estimate_exact(void) {
                 moe_model_zero_grad(&m);
                 CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
                 CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
-                cbe.adamw(&cbe, m.param_mem, m.grad_mem, am, av, m.table.n_elems, 1e-3f, 0.9f,
-                          0.95f, 1e-8f, 0.1f, 1, 1.0f);
+                moe_optim_config opt = test_optim(0.1);
+                moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
                 moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,

@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 
 int test_failures = 0;
 int test_checks = 0;
@@ -36,4 +37,15 @@ const char *test_build_path(const char *rel) {
 int test_summary(const char *name) {
     fprintf(stderr, "%s: %d checks, %d failed\n", name, test_checks, test_failures);
     return test_failures ? 1 : 0;
+}
+
+moe_optim_config test_optim(double wd) {
+    moe_optim_config o;
+    memset(&o, 0, sizeof o);
+    o.beta1 = 0.9;
+    o.beta2 = 0.95;
+    o.eps = 1e-8;
+    o.weight_decay = wd;
+    o.decay_norms_and_embeddings = true;
+    return o;
 }

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "moe/config.h"
+
 extern int test_failures;
 extern int test_checks;
 
@@ -15,6 +17,9 @@ void test_fail(const char *file, int line, const char *fmt, ...)
  * returned string is static storage, overwritten by the next call. */
 const char *test_src_path(const char *rel);
 const char *test_build_path(const char *rel);
+/* The AdamW settings of the tests that step a model through moe_model_adamw: betas 0.9 and
+ * 0.95, eps 1e-8, weight decay wd on every tensor (norms and embeddings included). */
+moe_optim_config test_optim(double wd);
 /* Returns 0 when no check failed, 1 otherwise, after printing a summary line. */
 int test_summary(const char *name);
 

@@ -63,11 +63,19 @@ typedef struct moe_model {
     int64_t head_dim;
     moe_param_table table; /* all experts of every layer ([e0, e1) = [0, E)); data/grad set */
     float *param_mem;      /* [table.n_elems] dev, one allocation */
+    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 copies of the weights for the matrix
+                              products (moe_model_has_copies); else NULL */
+    int param16_stale;     /* param16_mem no longer equals round_bf16(param_mem) */
     float *grad_mem;       /* [table.n_elems] dev, one allocation */
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     int last_B, last_T;     /* shape of the last forward (0 = none) */
 } moe_model;
+
+/* 1 when a model keeps bf16 copies of its weights: under the bf16 recipe, for training (a
+ * forward-only model converts each weight as a product reads it; it has no optimizer step
+ * to refresh copies in). */
+int moe_model_has_copies(moe_recipe recipe, int training);
 
 /* Validates cfg (shapes divisible, k <= E, ...), refuses recipes and sizes the backend does
  * not support before allocating anything (moe_backend_check: fp8-block/mxfp8, or e.g. a head
@@ -101,6 +109,17 @@ int64_t moe_model_n_params(const moe_model *m); /* number of parameter elements 
 void moe_model_copy_params_to_host(const moe_model *m, float *dst);
 void moe_model_copy_params_from_host(moe_model *m, const float *src);
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst);
+/* Says that param_mem was written by other means than this API (an all-gather, a backend op):
+ * the bf16 weight copies are refreshed before the next forward. Every function here that
+ * writes weights (init, copy from host, load, moe_model_adamw) keeps them right by itself. */
+void moe_model_params_written(moe_model *m);
+/* One AdamW step (moe_backend.adamw) on the flat element range [lo, hi) of the parameters,
+ * with moments mom, var [hi - lo] dev (element lo first): weight decay o->weight_decay for
+ * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
+ * copies of the range are rewritten in the same pass. Consecutive tensors with the same
+ * decay are one call (the expert part is one). */
+void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
+                     const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 
 /* tokens/targets [B, T] host (target -1 = ignored), weights [B, T] host or NULL.
  * Fills *st (may be NULL). Errors: B/T above the limits given to create, T above
@@ -148,10 +167,11 @@ int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recip
 
 typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t params;               /* fp32 master weights (one allocation) */
+    int64_t weight_copies;        /* their bf16 copies (bf16 recipe; one allocation) */
     int64_t grads;                /* fp32 gradients (one allocation) */
     int64_t optimizer;            /* AdamW m and v, fp32 (allocated by the trainer) */
     int64_t activations;          /* moe_model_activation_bytes */
-    int64_t total;                /* the four above: everything allocated through be->alloc */
+    int64_t total;                /* the five above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace, bf16
                                      operand copies under the bf16 recipe; upper bound):
                                      moe_backend_scratch_estimate("cuda", ...) */

@@ -53,6 +53,8 @@ typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
     float *data;         /* [shape] dev, fp32 master weight (set by moe_model_create; NULL in a
                             table built alone) */
     float *grad;         /* [shape] dev, its gradient (idem; NULL in a forward-only model) */
+    uint16_t *data16;    /* [shape] dev, bf16 copy of data that the matrix products read under
+                            the bf16 recipe (set by moe_model_create; else NULL) */
 } moe_param;
 
 typedef struct moe_param_layer { /* indices into moe_param_table.params of one layer */

@@ -31,6 +31,11 @@
  *    in a fixed order, so runs are bit-reproducible (exact resume relies on this).
  *  - Routing-weight scaling lives in unpermute (y[n] = sum_k w[n,k] * expert_out[slot]),
  *    not in swiglu.
+ *  - Typed operands (moe_cbuf: pointer + moe_dtype) are where an op reads more than one
+ *    element type. Today: the weight of matmul and grouped matmul, F32 (the master weight)
+ *    or, under the bf16 recipe only, BF16 (the model's bf16 copy of it, written by adamw).
+ *    A BF16 weight holds exactly the values the bf16 recipe rounds the F32 one to, so both
+ *    give the same result; the copy only saves the conversion.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -41,6 +46,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "moe/dtype.h"
 #include "moe/err.h"
 #include "moe/recipe.h"
 
@@ -64,6 +70,7 @@ typedef enum moe_op {
     MOE_OP_ADAMW,
     MOE_OP_SUM_SQUARES,
     MOE_OP_POOL,
+    MOE_OP_CAST,
     MOE_OP_COUNT
 } moe_op;
 
@@ -76,6 +83,22 @@ const char *moe_op_name(moe_op op);
 typedef struct moe_op_dims {
     int64_t B, T, C, H, KV, D, V, E, K, F;
 } moe_op_dims;
+
+/* A read-only operand in backend memory with the type of its elements. */
+typedef struct moe_cbuf {
+    const void *p;
+    moe_dtype dt;
+} moe_cbuf;
+
+static inline moe_cbuf moe_cbuf_f32(const float *p) {
+    moe_cbuf b = {p, MOE_DTYPE_F32};
+    return b;
+}
+/* b advanced by n elements (of its own type). */
+static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
+    b.p = (const char *)b.p + (size_t)n * moe_dtype_size(b.dt);
+    return b;
+}
 
 typedef struct moe_backend moe_backend;
 struct moe_backend {
@@ -163,14 +186,14 @@ struct moe_backend {
     /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
     void (*matmul_forward)(const moe_backend *be, float *y, /* [N, O] dev */
                            const float *x,                  /* [N, I] dev */
-                           const float *w,                  /* [O, I] dev */
+                           moe_cbuf w,                      /* [O, I] dev, F32 or BF16 */
                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
     /* dx += dy W ; dw += dy^T x */
     void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, +=, may be NULL */
                             float *dw,                        /* [O, I] dev, +=, may be NULL */
                             const float *dy,                  /* [N, O] dev */
                             const float *x,                   /* [N, I] dev */
-                            const float *w,                   /* [O, I] dev */
+                            moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
                             int64_t N, int64_t I, int64_t O, moe_recipe prec);
 
     /* ---- router: p = softmax(logits) in fp32, top-K experts by p (ties: lower index
@@ -237,7 +260,7 @@ struct moe_backend {
      * weight gradient is left untouched). M = offsets[E]. ---- */
     void (*grouped_matmul_forward)(const moe_backend *be, float *y, /* [M, O] dev */
                                    const float *x,                  /* [M, I] dev */
-                                   const float *w,                  /* [E, O, I] dev */
+                                   moe_cbuf w,                      /* [E, O, I] dev, F32|BF16 */
                                    const int32_t *offsets,          /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
     void (*grouped_matmul_backward)(const moe_backend *be,
@@ -245,7 +268,7 @@ struct moe_backend {
                                     float *dw,              /* [E, O, I] dev, += */
                                     const float *dy,        /* [M, O] dev */
                                     const float *x,         /* [M, I] dev */
-                                    const float *w,         /* [E, O, I] dev */
+                                    moe_cbuf w,             /* [E, O, I] dev, F32 or BF16 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
@@ -283,13 +306,20 @@ struct moe_backend {
 
     /* ---- AdamW, fp32, decoupled weight decay, bias correction; step counts from 1:
      * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
-     * param -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param) */
+     * param -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param);
+     * param16 (may be NULL) = the new param rounded to bf16, in the same pass ---- */
     void (*adamw)(const moe_backend *be, float *param, /* [n] dev */
+                  uint16_t *param16,                   /* [n] dev bf16, may be NULL */
                   const float *grad,                   /* [n] dev */
                   float *m,                            /* [n] dev */
                   float *v,                            /* [n] dev */
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t step, float grad_scale);
+
+    /* ---- dst = src rounded to bf16 (round to nearest even) ---- */
+    void (*cast_bf16)(const moe_backend *be, uint16_t *dst, /* [n] dev bf16 */
+                      const float *src,                     /* [n] dev */
+                      int64_t n);
 
     /* ---- sum of squares in double over fixed chunks, summed in order (deterministic) --- */
     double (*sum_squares)(const moe_backend *be, const float *x /* [n] dev */, int64_t n);

@@ -10,6 +10,10 @@
 #include "model/model_internal.h"
 #include "moe/rng.h"
 
+int moe_model_has_copies(moe_recipe recipe, int training) {
+    return recipe == MOE_RECIPE_BF16 && training;
+}
+
 /* ---- activation plan ---- */
 
 static void *carve(size_t *off, char *base, size_t bytes) {
@@ -217,11 +221,17 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     if (!a->layer || !a->h_offsets || !a->h_loss) goto oom;
     m->param_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
     if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
-    if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem)) goto oom;
+    int copies = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
+    if (copies) m->param16_mem = be->alloc(be, (size_t)t->n_elems * sizeof(uint16_t));
+    if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) ||
+        (copies && !m->param16_mem))
+        goto oom;
     for (int i = 0; i < t->n_params; i++) {
         t->params[i].data = m->param_mem + t->params[i].offset;
         t->params[i].grad = m->grad_mem ? m->grad_mem + t->params[i].offset : NULL;
+        t->params[i].data16 = m->param16_mem ? m->param16_mem + t->params[i].offset : NULL;
     }
+    m->param16_stale = 1; /* zero weights, zero copies: right, but say so once */
     a->max_tokens = N;
     a->bytes = moe_acts_plan(cfg, N, plan, a, NULL);
     a->mem = be->alloc(be, a->bytes);
@@ -231,12 +241,13 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
 oom:;
     size_t pbytes = (size_t)m->table.n_elems * sizeof(float);
     size_t abytes = moe_acts_plan(cfg, N, plan, NULL, NULL);
+    size_t cbytes = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD) ? pbytes / 2 : 0;
     moe_model_free(m);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
-                "out of %s memory for the model (%.1f MiB parameters + %.1f MiB gradients + "
-                "%.1f MiB activations)",
-                be->name, pbytes / 1048576.0, plan == MOE_PLAN_FORWARD ? 0.0 : pbytes / 1048576.0,
-                abytes / 1048576.0);
+                "out of %s memory for the model (%.1f MiB parameters + %.1f MiB bf16 copies + "
+                "%.1f MiB gradients + %.1f MiB activations)",
+                be->name, pbytes / 1048576.0, cbytes / 1048576.0,
+                plan == MOE_PLAN_FORWARD ? 0.0 : pbytes / 1048576.0, abytes / 1048576.0);
     moe_err_hint(err, plan == MOE_PLAN_FORWARD
                           ? "use a smaller batch or window"
                           : "use a smaller micro batch (train.micro_batch_tokens), "
@@ -287,6 +298,7 @@ void moe_model_free(moe_model *m) {
     if (!m) return;
     if (m->be) {
         m->be->free(m->be, m->param_mem);
+        m->be->free(m->be, m->param16_mem);
         m->be->free(m->be, m->grad_mem);
         if (m->acts) m->be->free(m->be, m->acts->mem);
         if (m->acts) m->be->free(m->be, m->acts->head_mem);
@@ -312,6 +324,45 @@ void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
 
 void moe_model_copy_params_from_host(moe_model *m, const float *src) {
     m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
+    m->param16_stale = 1;
+}
+
+void moe_model_params_written(moe_model *m) {
+    m->param16_stale = 1;
+}
+
+void moe_model_refresh_copies(moe_model *m) {
+    if (!m->param16_mem || !m->param16_stale) return;
+    m->be->cast_bf16(m->be, m->param16_mem, m->param_mem, m->table.n_elems);
+    m->param16_stale = 0;
+}
+
+void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
+                     const moe_optim_config *o, double lr, int64_t step, float grad_scale) {
+    const moe_param_table *t = &m->table;
+    int64_t a = -1, b = -1; /* the run of equal decay being gathered: elements [a, b) */
+    double wd_run = 0.0;
+    for (int i = 0; i <= t->n_params; i++) {
+        double wd = 0.0;
+        int64_t pa = hi, pb = hi;
+        if (i < t->n_params) {
+            const moe_param *p = &t->params[i];
+            pa = p->offset > lo ? p->offset : lo;
+            pb = p->offset + p->numel < hi ? p->offset + p->numel : hi;
+            wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
+            if (pa >= pb) continue;
+        }
+        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
+            m->be->adamw(m->be, m->param_mem + a, m->param16_mem ? m->param16_mem + a : NULL,
+                         m->grad_mem + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
+                         (float)o->beta1, (float)o->beta2, (float)o->eps, (float)wd_run, step,
+                         grad_scale);
+            a = -1;
+        }
+        if (i == t->n_params) break;
+        if (a < 0) a = pa, wd_run = wd;
+        b = pb;
+    }
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
@@ -383,11 +434,12 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     out->params = total * (int64_t)sizeof(float);
     out->grads = out->params;
     out->optimizer = 2 * out->params;
+    out->weight_copies = moe_model_has_copies(recipe, 1) ? total * (int64_t)sizeof(uint16_t) : 0;
     out->activations = moe_model_activation_bytes(cfg, recipe, recompute, batch, seq);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
-    out->total = out->params + out->grads + out->optimizer + out->activations;
+    out->total = out->params + out->weight_copies + out->grads + out->optimizer + out->activations;
 }
 
 /* ---- init ---- */
@@ -420,4 +472,5 @@ void moe_model_init_weights(moe_model *m, uint64_t seed) {
         m->be->memcpy_h2d(m->be, p->data, host, (size_t)p->numel * sizeof(float));
     }
     free(host);
+    m->param16_stale = 1;
 }

@@ -98,7 +98,23 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, 
  * call (moe_model_logprobs), so that embedding never pays for [N, V] logits. */
 moe_status moe_model_alloc_head(moe_model *m, moe_err *err);
 
-/* forward up to (not including) layer `upto` (0..L); returns after filling x_in of that
+/* The operand the matrix products read for parameter i: its bf16 copy when the model has
+ * them (bf16 recipe), else the fp32 master weight. */
+static inline moe_cbuf moe_model_weight(const moe_model *m, int i) {
+    const moe_param *p = &m->table.params[i];
+    if (p->data16) {
+        moe_cbuf b = {p->data16, MOE_DTYPE_BF16};
+        return b;
+    }
+    return moe_cbuf_f32(p->data);
+}
+
+/* Rewrites the bf16 weight copies from the master weights when they are stale (after a
+ * write other than moe_model_adamw); every forward entry point calls it first. */
+void moe_model_refresh_copies(moe_model *m);
+
+/* forward up to (not including) layer `upto` (0..L), after refreshing stale weight copies;
+ * returns after filling x_in of that
  * layer (or x_final when upto = L). Inputs are validated by the caller. */
 void moe_model_run_layers(moe_model *m, int B, int T, int upto);
 /* One block's forward for layer l into that layer's buffers. with_residual: also form the

@@ -29,14 +29,14 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_param_layer *li = &m->table.layer[l];
     be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
                         (float)c->rms_norm_eps, prec);
-    be->matmul_forward(be, la->q, la->ln1, P[li->q].data, N, C, H * D, prec);
-    be->matmul_forward(be, la->k, la->ln1, P[li->k].data, N, C, KV * D, prec);
-    be->matmul_forward(be, la->v, la->ln1, P[li->v].data, N, C, KV * D, prec);
+    be->matmul_forward(be, la->q, la->ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
+    be->matmul_forward(be, la->k, la->ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
+    be->matmul_forward(be, la->v, la->ln1, moe_model_weight(m, li->v), N, C, KV * D, prec);
     be->rope_forward(be, la->q, B, T, H, D, c->rope_theta);
     be->rope_forward(be, la->k, B, T, KV, D, c->rope_theta);
     be->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, H, KV, D, prec);
     if (!with_residual) return;
-    be->matmul_forward(be, a->tmp, la->att, P[li->o].data, N, H * D, C, prec);
+    be->matmul_forward(be, a->tmp, la->att, moe_model_weight(m, li->o), N, H * D, C, prec);
     be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
 }
 
@@ -54,17 +54,17 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     /* the router (gate matmul included) runs in fp32 */
     be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
                         (float)c->rms_norm_eps, prec);
-    be->matmul_forward(be, la->rlogits, la->ln2, P[li->gate].data, N, C, E, MOE_RECIPE_FP32);
+    be->matmul_forward(be, la->rlogits, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
     be->permute_forward(be, la->xp, la->row_src, la->slot_row, la->offsets, la->ln2, la->topk_idx,
                         N, C, E, K);
     int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
     be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    be->grouped_matmul_forward(be, la->h1, la->xp, P[li->w1].data, hoff, E, C, F, prec);
-    be->grouped_matmul_forward(be, la->h3, la->xp, P[li->w3].data, hoff, E, C, F, prec);
+    be->grouped_matmul_forward(be, la->h1, la->xp, moe_model_weight(m, li->w1), hoff, E, C, F, prec);
+    be->grouped_matmul_forward(be, la->h3, la->xp, moe_model_weight(m, li->w3), hoff, E, C, F, prec);
     be->swiglu_forward(be, la->g, la->h1, la->h3, N * K * F, prec);
-    be->grouped_matmul_forward(be, la->yp, la->g, P[li->w2].data, hoff, E, F, C, prec);
+    be->grouped_matmul_forward(be, la->yp, la->g, moe_model_weight(m, li->w2), hoff, E, F, C, prec);
     if (!with_residual) return;
     float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
     be->unpermute_forward(be, a->tmp, la->yp, la->topk_w, la->slot_row, N, C, K);
@@ -77,6 +77,7 @@ void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
     int64_t N = (int64_t)B * T, C = m->cfg.hidden_size;
     int L = (int)m->cfg.num_hidden_layers;
     float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
+    moe_model_refresh_copies(m);
     be->embedding_forward(be, x0, a->tokens, m->table.params[m->table.p_embed].data, N, C);
     for (int l = 0; l < upto && l < L; l++) {
         moe_model_attn_block(m, l, B, T, 1);
@@ -135,7 +136,7 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     int64_t C = c->hidden_size, V = c->vocab_size;
     be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data, N,
                         C, (float)c->rms_norm_eps, m->recipe);
-    be->matmul_forward(be, a->logits, a->lnf, m->table.params[m->table.p_lm_head].data, N, C, V,
+    be->matmul_forward(be, a->logits, a->lnf, moe_model_weight(m, m->table.p_lm_head), N, C, V,
                        m->recipe);
     if (!targets) return;
     be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
@@ -236,7 +237,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                a->has_weights ? a->weights : NULL, dloss, N, V);
     ZERO(a->dln, N * C);
     be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, a->lnf,
-                        P[m->table.p_lm_head].data, N, C, V, prec);
+                        moe_model_weight(m, m->table.p_lm_head), N, C, V, prec);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
                          P[m->table.p_norm].data, a->rstdf, N, C);
@@ -258,15 +259,15 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->unpermute_backward(be, a->dyp, a->dtw, a->dres, la->yp, la->topk_w, la->slot_row, N, C,
                                K);
         ZERO(a->dg, NK * F);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, la->g, P[li->w2].data, hoff,
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, la->g, moe_model_weight(m, li->w2), hoff,
                                     E, F, C, prec);
         ZERO(a->dh1, NK * F);
         ZERO(a->dh3, NK * F);
         be->swiglu_backward(be, a->dh1, a->dh3, a->dg, la->h1, la->h3, NK * F);
         ZERO(a->dxp, NK * C);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, la->xp, P[li->w1].data,
+        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, la->xp, moe_model_weight(m, li->w1),
                                     hoff, E, C, F, prec);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, la->xp, P[li->w3].data,
+        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, la->xp, moe_model_weight(m, li->w3),
                                     hoff, E, C, F, prec);
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
@@ -277,13 +278,13 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob, dz, la->probs, la->rlse, la->topk_idx,
                             la->topk_w, N, E, K);
-        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2, P[li->gate].data, N, C,
+        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C,
                             E, MOE_RECIPE_FP32);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
                              la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
         ZERO(a->datt, N * H * D);
-        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att, P[li->o].data, N, H * D,
+        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att, moe_model_weight(m, li->o), N, H * D,
                             C, prec);
         ZERO(a->dq, N * H * D);
         ZERO(a->dk, N * KV * D);
@@ -293,11 +294,11 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
         ZERO(a->dln, N * C);
-        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, P[li->q].data, N, C, H * D,
+        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, moe_model_weight(m, li->q), N, C, H * D,
                             prec);
-        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, P[li->k].data, N, C, KV * D,
+        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, moe_model_weight(m, li->k), N, C, KV * D,
                             prec);
-        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, P[li->v].data, N, C, KV * D,
+        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, moe_model_weight(m, li->v), N, C, KV * D,
                             prec);
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
                              la->rstd1, N, C);

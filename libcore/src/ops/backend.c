@@ -32,6 +32,7 @@ static const char *const op_names[MOE_OP_COUNT] = {
     [MOE_OP_ADAMW] = "adamw",
     [MOE_OP_SUM_SQUARES] = "sum_squares",
     [MOE_OP_POOL] = "pool",
+    [MOE_OP_CAST] = "cast",
 };
 
 const char *moe_op_name(moe_op op) {

@@ -181,7 +181,7 @@ static void pr_attention_backward(const moe_backend *be, float *dq, float *dk, f
     prof_end_op(p, t0, MOE_OP_ATTENTION, 1);
 }
 
-static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
                               int64_t N, int64_t I, int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -190,7 +190,7 @@ static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, c
 }
 
 static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                               const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                               const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -256,7 +256,7 @@ static void pr_unpermute_backward(const moe_backend *be, float *dyp, float *dtop
 }
 
 static void pr_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
-                                      const float *w, const int32_t *offsets, int64_t E, int64_t I,
+                                      moe_cbuf w, const int32_t *offsets, int64_t E, int64_t I,
                                       int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -265,7 +265,7 @@ static void pr_grouped_matmul_forward(const moe_backend *be, float *y, const flo
 }
 
 static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                       const float *x, const float *w, const int32_t *offsets,
+                                       const float *x, moe_cbuf w, const int32_t *offsets,
                                        int64_t E, int64_t I, int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -322,14 +322,21 @@ static void pr_add(const moe_backend *be, float *out, const float *a, const floa
     prof_end_op(p, t0, MOE_OP_ADD, 0);
 }
 
-static void pr_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
-                     int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                     int64_t step, float grad_scale) {
+static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+                     float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                     float weight_decay, int64_t step, float grad_scale) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->adamw(p->inner, param, grad, m, v, n, lr, beta1, beta2, eps, weight_decay, step,
-                    grad_scale);
+    p->inner->adamw(p->inner, param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
+                    step, grad_scale);
     prof_end_op(p, t0, MOE_OP_ADAMW, 0);
+}
+
+static void pr_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->cast_bf16(p->inner, dst, src, n);
+    prof_end_op(p, t0, MOE_OP_CAST, 0);
 }
 
 static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
@@ -389,6 +396,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->cross_entropy_backward = pr_cross_entropy_backward;
     t->add = pr_add;
     t->adamw = pr_adamw;
+    t->cast_bf16 = pr_cast_bf16;
     t->sum_squares = pr_sum_squares;
     return t;
 }

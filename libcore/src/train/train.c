@@ -301,20 +301,12 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     double ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->bad = !isfinite(moe_model_loss(mc, ce, aux, z)) ||
               !isfinite(norm); /* the same on every rank: the sums are global */
-    for (int i = 0; i < t->model.table.n_params && !sm->bad; i++) { /* this rank's part */
-        moe_param *p = &t->model.table.params[i];
-        int64_t a = p->offset > t->lo ? p->offset : t->lo;
-        int64_t b = p->offset + p->numel < t->hi ? p->offset + p->numel : t->hi;
-        if (a >= b) continue;
-        double wd = (p->decay || c->optim.decay_norms_and_embeddings) ? c->optim.weight_decay : 0;
-        t->be->adamw(t->be, p->data + (a - p->offset), p->grad + (a - p->offset),
-                     t->m + (a - t->lo), t->v + (a - t->lo), b - a, (float)lr,
-                     (float)c->optim.beta1, (float)c->optim.beta2, (float)c->optim.eps, (float)wd,
-                     step, scale);
-    }
+    if (!sm->bad) /* this rank's part */
+        moe_model_adamw(&t->model, t->lo, t->hi, t->m, t->v, &c->optim, lr, step, scale);
     st = t->be->synchronize(t->be, err);
     if (st == MOE_OK && t->dp > 1 && !sm->bad) /* every rank gets every rank's new weights */
         st = moe_comm_allgather_f32(t->comm, t->model.param_mem, t->slice, err);
+    if (t->dp > 1) moe_model_params_written(&t->model); /* other ranks' slices arrived */
     sm->ce = ce;
     sm->aux = aux;
     sm->z = z;
@@ -666,8 +658,13 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
                               tc->seq_len, &mem);
     /* the AdamW state is sharded over the data-parallel ranks (ZeRO-1) */
     int64_t opt = mem.optimizer / cfg->parallel.dp, total_mem = mem.total - mem.optimizer + opt;
-    char w[32], a[32], o[32], sum[32], gs[32], gt[32];
+    char w[32], w16[64] = "", a[32], o[32], sum[32], gs[32], gt[32];
     human_bytes(w, sizeof w, (double)mem.params);
+    if (mem.weight_copies > 0) {
+        char c[32];
+        human_bytes(c, sizeof c, (double)mem.weight_copies);
+        snprintf(w16, sizeof w16, " + bf16 weight copies %s", c);
+    }
     human_bytes(o, sizeof o, (double)opt);
     human_bytes(a, sizeof a, (double)mem.activations);
     human_bytes(sum, sizeof sum, (double)total_mem);
@@ -685,9 +682,9 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             " tokens, shared by %" PRId64 " rank(s); memory below is per rank\n",
             n_micro, micro_seqs, tc->seq_len, cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
-            "# memory estimate: weights %s + gradients %s + AdamW moments %s (1/parallel.dp of "
+            "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (1/parallel.dp of "
             "them) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
             "backend scratch = %s peak\n",
-            w, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
+            w, w16, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }

@@ -104,6 +104,7 @@ static const moe_backend cpu_backend = {
     .cross_entropy_backward = moe_cpu_cross_entropy_backward,
     .add = moe_cpu_add,
     .adamw = moe_cpu_adamw,
+    .cast_bf16 = moe_cpu_cast_bf16,
     .sum_squares = moe_cpu_sum_squares,
     .pool_forward = moe_cpu_pool_forward,
 };

@@ -48,19 +48,23 @@ void moe_cpu_gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
  * moe_cpu_operand_free(copy, x)). NULL on allocation failure. */
 const float *moe_cpu_operand(const float *x, int64_t n, moe_recipe prec);
 void moe_cpu_operand_free(const float *copy, const float *orig);
+/* The fp32 values of a matrix-product operand w of n elements under prec: for F32 as
+ * moe_cpu_operand (w itself, or a rounded copy), for BF16 a malloc'ed widened copy. Free
+ * with moe_cpu_operand_free(result, w.p). */
+const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
 
 /* ops_dense.c */
-void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
-                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
+void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+                            int64_t I, int64_t O, moe_recipe prec);
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                             const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec);
-void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                     const float *x, const float *w, const int32_t *offsets,
+                                     const float *x, moe_cbuf w, const int32_t *offsets,
                                      int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
 /* ops_norm.c */
@@ -123,9 +127,10 @@ void moe_cpu_cross_entropy_backward(const moe_backend *be, float *dlogits, const
                                     float dloss, int64_t N, int64_t V);
 
 /* ops_optim.c */
-void moe_cpu_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
-                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                    int64_t step, float grad_scale);
+void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n);
 
 #endif

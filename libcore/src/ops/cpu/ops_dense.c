@@ -47,6 +47,16 @@ void moe_cpu_operand_free(const float *copy, const float *orig) {
     if (copy != orig) free((void *)copy);
 }
 
+const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec) {
+    if (w.dt != MOE_DTYPE_BF16) return moe_cpu_operand(w.p, n, prec);
+    const uint16_t *h = w.p;
+    float *c = xmalloc((size_t)n * sizeof(float));
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        c[i] = moe_bf16_to_f32(h[i]);
+    return c;
+}
+
 /* out[c, r] = in[r, c] for a [R, C] matrix */
 static float *transpose_copy(const float *in, int64_t R, int64_t C) {
     float *out = xmalloc((size_t)(R * C) * sizeof(float));
@@ -117,26 +127,26 @@ void moe_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
 #endif
 }
 
-void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
-                            int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+                            int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
     const float *xr = moe_cpu_operand(x, N * I, prec);
-    const float *wr = moe_cpu_operand(w, O * I, prec);
+    const float *wr = moe_cpu_operand_typed(w, O * I, prec);
     moe_cpu_gemm(0, 1, N, O, I, 1.0f, xr, wr, 0.0f, y);
     if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, N * O);
     moe_cpu_operand_free(xr, x);
-    moe_cpu_operand_free(wr, w);
+    moe_cpu_operand_free(wr, w.p);
 }
 
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             const float *x, const float *w, int64_t N, int64_t I, int64_t O,
+                             const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec) {
     (void)be;
     const float *dyr = moe_cpu_operand(dy, N * O, prec);
     if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
-        const float *wr = moe_cpu_operand(w, O * I, prec);
+        const float *wr = moe_cpu_operand_typed(w, O * I, prec);
         moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, 1.0f, dx);
-        moe_cpu_operand_free(wr, w);
+        moe_cpu_operand_free(wr, w.p);
     }
     if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
         const float *xr = moe_cpu_operand(x, N * I, prec);
@@ -146,7 +156,7 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
     moe_cpu_operand_free(dyr, dy);
 }
 
-void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, const float *w,
+void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec) {
     (void)be;
@@ -155,16 +165,17 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
-        const float *we = moe_cpu_operand(w + e * O * I, O * I, prec);
+        moe_cbuf w_e = moe_cbuf_at(w, e * O * I);
+        const float *we = moe_cpu_operand_typed(w_e, O * I, prec);
         moe_cpu_gemm(0, 1, n, O, I, 1.0f, xr + r0 * I, we, 0.0f, y + r0 * O);
-        moe_cpu_operand_free(we, w + e * O * I);
+        moe_cpu_operand_free(we, w_e.p);
     }
     if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, M * O);
     moe_cpu_operand_free(xr, x);
 }
 
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                     const float *x, const float *w, const int32_t *offsets,
+                                     const float *x, moe_cbuf w, const int32_t *offsets,
                                      int64_t E, int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
     int64_t M = offsets[E];
@@ -174,9 +185,10 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
         if (dx) {
-            const float *we = moe_cpu_operand(w + e * O * I, O * I, prec);
+            moe_cbuf w_e = moe_cbuf_at(w, e * O * I);
+            const float *we = moe_cpu_operand_typed(w_e, O * I, prec);
             moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, 1.0f, dx + r0 * I);
-            moe_cpu_operand_free(we, w + e * O * I);
+            moe_cpu_operand_free(we, w_e.p);
         }
         moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, 1.0f, dw + e * O * I);
     }

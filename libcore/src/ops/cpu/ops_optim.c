@@ -1,4 +1,5 @@
-/* ops_optim: AdamW and the sum of squares (gradient norm) of the CPU backend.
+/* ops_optim: AdamW, the bf16 cast of weight copies and the sum of squares (gradient norm) of
+ * the CPU backend.
  *
  * AdamW is elementwise (trivially deterministic). sum_squares sums fixed chunks of
  * MOE_CPU_CHUNK elements in double and then the chunk sums in index order, so the global
@@ -8,8 +9,8 @@
 
 #include "ops/cpu/cpu_ops.h"
 
-void moe_cpu_adamw(const moe_backend *be, float *param, const float *grad, float *m, float *v,
-                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
+void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                    int64_t step, float grad_scale) {
     (void)be;
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
@@ -23,7 +24,15 @@ void moe_cpu_adamw(const moe_backend *be, float *param, const float *grad, float
         v[i] = vi;
         float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
         param[i] -= lr * (upd + weight_decay * param[i]);
+        if (param16) param16[i] = moe_f32_to_bf16(param[i]);
     }
+}
+
+void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n) {
+    (void)be;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = moe_f32_to_bf16(src[i]);
 }
 
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n) {
