@@ -57,6 +57,12 @@ int moe_cublas_check(moe_cuda_ctx *c, cublasStatus_t s, const char *op, const ch
     return 0;
 }
 
+int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op) {
+    if (dt == MOE_DTYPE_F32 || dt == MOE_DTYPE_BF16) return 1;
+    return moe_cuda_check(c, cudaErrorInvalidValue, op, "operand of type %s (f32 or bf16 expected)",
+                          moe_dtype_name(dt));
+}
+
 void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op) {
     if (bytes == 0) bytes = 16;
     if (c->scratch_bytes[slot] >= bytes) return c->scratch[slot];
@@ -298,8 +304,8 @@ __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ p
                         float *__restrict__ v, int64_t n, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float p = adamw_elem(param[i], grad[i] * h.grad_scale, m + i, v + i, h.lr, h.beta1,
-                             h.beta2, h.eps, h.wd, h.bc1, h.bc2);
+        float p = adamw_elem(param[i], grad[i] * h.grad_scale, m + i, v + i, h.lr, h.beta1, h.beta2,
+                             h.eps, h.wd, h.bc1, h.bc2);
         param[i] = p;
         if (param16) param16[i] = __float2bfloat16_rn(p);
     }
@@ -316,13 +322,14 @@ __global__ void k_adamw_vec4(float4 *__restrict__ param, uint2 *__restrict__ par
         float *pp = &p.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            pp[j] = adamw_elem(pp[j], gg[j] * h.grad_scale, mm + j, vv + j, h.lr, h.beta1,
-                               h.beta2, h.eps, h.wd, h.bc1, h.bc2);
+            pp[j] = adamw_elem(pp[j], gg[j] * h.grad_scale, mm + j, vv + j, h.lr, h.beta1, h.beta2,
+                               h.eps, h.wd, h.bc1, h.bc2);
         __stcs(param + i, p);
         __stcs(m + i, mi);
         __stcs(v + i, vi);
         if (param16) {
-            __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y), hi = __floats2bfloat162_rn(p.z, p.w);
+            __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y),
+                           hi = __floats2bfloat162_rn(p.z, p.w);
             uint2 u;
             u.x = *(const uint32_t *)&lo;
             u.y = *(const uint32_t *)&hi;
@@ -356,16 +363,15 @@ void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, cons
               (!p16 || phase16(p16, head, 2) % 8u == 0);
     int64_t n4 = vec ? (n - head) / 4 : 0, tail0 = head + 4 * n4;
     if (!vec) head = 0, tail0 = 0;
-    if (head > 0)
-        k_adamw<<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
+    if (head > 0) k_adamw<<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
     if (n4 > 0)
         k_adamw_vec4<<<moe_cuda_grid(c, n4, 256), 256, 0, c->stream>>>(
             (float4 *)(param + head), p16 ? (uint2 *)(p16 + head) : NULL,
             (const float4 *)(grad + head), (float4 *)(m + head), (float4 *)(v + head), n4, h);
     if (n - tail0 > 0)
         k_adamw<<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
-            param + tail0, p16 ? p16 + tail0 : NULL, grad + tail0, m + tail0, v + tail0,
-            n - tail0, h);
+            param + tail0, p16 ? p16 + tail0 : NULL, grad + tail0, m + tail0, v + tail0, n - tail0,
+            h);
     MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld", (long long)n, (long long)step);
 }
 

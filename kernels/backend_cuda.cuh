@@ -141,7 +141,25 @@ __device__ __forceinline__ float moe_block_max(float v, float *sh) {
 __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
+/* Loads and stores of the two element types of typed operands (moe_cbuf / moe_buf), so that
+ * one kernel template serves both: fp32 values, bf16 rounded to nearest even on store. */
+__device__ __forceinline__ float moe_ld(const float *p, int64_t i) {
+    return p[i];
+}
+__device__ __forceinline__ float moe_ld(const __nv_bfloat16 *p, int64_t i) {
+    return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void moe_st(float *p, int64_t i, float v) {
+    p[i] = v;
+}
+__device__ __forceinline__ void moe_st(__nv_bfloat16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
 #endif
+
+/* 1 for the element types typed operands may have (F32, BF16), else 0 after recording an
+ * error naming the op. */
+int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
 
 /* ---- the sizes the kernels take (cu_supports answers with these; launches check them) ---- */
 
@@ -163,17 +181,17 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 /* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
 void moe_gemm_cache_free(moe_cuda_ctx *c);
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
-                             int64_t N, int64_t I, int64_t O, moe_recipe prec);
+void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+                             int64_t I, int64_t O, moe_recipe prec);
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                               const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                               moe_recipe prec);
-void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
+void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                      moe_recipe prec);
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                      const float *x, moe_cbuf w, const int32_t *offsets,
-                                      int64_t E, int64_t I, int64_t O, moe_recipe prec);
+                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                      int64_t I, int64_t O, moe_recipe prec);
 
 void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C);
@@ -188,10 +206,10 @@ void moe_cuda_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T
                            int64_t D, double theta);
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                             int64_t D, double theta);
-void moe_cuda_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
-                             int64_t n, moe_recipe prec);
+void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                             moe_recipe prec);
 void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
-                              const float *a, const float *b, int64_t n);
+                              moe_cbuf a, moe_cbuf b, int64_t n);
 void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
 void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                            int64_t B, int64_t T, int64_t C, int max);
@@ -220,16 +238,15 @@ void moe_cuda_router_backward(const moe_backend *be, float *dlogits, const float
                               const float *dprob, float dz, const float *probs, const float *lse,
                               const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
                               int64_t K);
-void moe_cuda_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
-                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
-                              int64_t C, int64_t E, int64_t K);
+void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
+                              int32_t *slot_row, int32_t *offsets, const float *x,
+                              const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K);
 void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
-void moe_cuda_unpermute_forward(const moe_backend *be, float *y, const float *yp,
-                                const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                                int64_t K);
+void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
+                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                 const float *yp, const float *topk_w, const int32_t *slot_row,
+                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                  int64_t N, int64_t C, int64_t K);
 
 void moe_cuda_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
@@ -240,8 +257,8 @@ void moe_cuda_cross_entropy_backward(const moe_backend *be, float *dlogits, cons
                                      float dloss, int64_t N, int64_t V);
 
 void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                    float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                    int64_t step, float grad_scale);
+                    float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                    float weight_decay, int64_t step, float grad_scale);
 void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n);
 

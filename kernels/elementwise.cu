@@ -235,45 +235,81 @@ void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t
 /* ------------------------------------------------------------------------------------------
  * SwiGLU: out = silu(a) * b */
 
-__global__ void k_swiglu_fwd(float *__restrict__ out, const float *__restrict__ a,
-                             const float *__restrict__ b, int64_t n, int round_bf16) {
+template <typename TI, typename TO>
+__global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
+                             const TI *__restrict__ b, int64_t n, int round_bf16) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = a[i];
+        float ai = moe_ld(a, i);
         float s = 1.0f / (1.0f + expf(-ai));
-        float v = ai * s * b[i];
-        out[i] = round_bf16 ? moe_dev_round_bf16(v) : v;
+        float v = ai * s * moe_ld(b, i);
+        moe_st(out, i, round_bf16 ? moe_dev_round_bf16(v) : v);
     }
 }
 
+template <typename TI>
 __global__ void k_swiglu_bwd(float *__restrict__ da, float *__restrict__ db,
-                             const float *__restrict__ dout, const float *__restrict__ a,
-                             const float *__restrict__ b, int64_t n) {
+                             const float *__restrict__ dout, const TI *__restrict__ a,
+                             const TI *__restrict__ b, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = a[i], g = dout[i];
+        float ai = moe_ld(a, i), g = dout[i];
         float s = 1.0f / (1.0f + expf(-ai));
         float silu = ai * s;
-        da[i] += g * b[i] * (s + silu * (1.0f - s));
+        da[i] += g * moe_ld(b, i) * (s + silu * (1.0f - s));
         db[i] += g * silu;
     }
 }
 
-void moe_cuda_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
-                             int64_t n, moe_recipe prec) {
+/* The inputs share one type (both are expert activations); the output may differ. */
+void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                             moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || n <= 0) return;
-    k_swiglu_fwd<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n,
-                                                                  prec == MOE_RECIPE_BF16);
-    MOE_CUDA_LAUNCHED(c, "swiglu_forward", "n=%lld", (long long)n);
+    const char *op = "swiglu_forward";
+    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, out.dt, op) ||
+        !moe_cuda_typed_ok(c, a.dt, op))
+        return;
+    if (a.dt != b.dt) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "inputs of two types (%s, %s)",
+                       moe_dtype_name(a.dt), moe_dtype_name(b.dt));
+        return;
+    }
+    unsigned grid = moe_cuda_grid(c, n, 256);
+    int rb = prec == MOE_RECIPE_BF16;
+    typedef __nv_bfloat16 bf;
+    if (a.dt == MOE_DTYPE_BF16 && out.dt == MOE_DTYPE_BF16)
+        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((bf *)out.p, (const bf *)a.p, (const bf *)b.p, n,
+                                                  rb);
+    else if (a.dt == MOE_DTYPE_BF16)
+        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((float *)out.p, (const bf *)a.p, (const bf *)b.p,
+                                                  n, rb);
+    else if (out.dt == MOE_DTYPE_BF16)
+        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((bf *)out.p, (const float *)a.p,
+                                                  (const float *)b.p, n, rb);
+    else
+        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((float *)out.p, (const float *)a.p,
+                                                  (const float *)b.p, n, rb);
+    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 
 void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
-                              const float *a, const float *b, int64_t n) {
+                              moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || n <= 0) return;
-    k_swiglu_bwd<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(da, db, dout, a, b, n);
-    MOE_CUDA_LAUNCHED(c, "swiglu_backward", "n=%lld", (long long)n);
+    const char *op = "swiglu_backward";
+    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, a.dt, op)) return;
+    if (a.dt != b.dt) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "inputs of two types (%s, %s)",
+                       moe_dtype_name(a.dt), moe_dtype_name(b.dt));
+        return;
+    }
+    unsigned grid = moe_cuda_grid(c, n, 256);
+    if (a.dt == MOE_DTYPE_BF16)
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>(da, db, dout, (const __nv_bfloat16 *)a.p,
+                                                  (const __nv_bfloat16 *)b.p, n);
+    else
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>(da, db, dout, (const float *)a.p,
+                                                  (const float *)b.p, n);
+    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 
 /* ------------------------------------------------------------------------------------------

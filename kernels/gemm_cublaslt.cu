@@ -23,7 +23,8 @@
 typedef struct moe_gemm_key {
     int ta, tb;
     int64_t M, N, K;
-    int dtype; /* cudaDataType of A and B */
+    int dtype;  /* cudaDataType of A and B */
+    int cdtype; /* cudaDataType of C: CUDA_R_32F, or CUDA_R_16BF (written with beta = 0) */
     int beta_nonzero;
     int align_a, align_b, align_c; /* bytes, power of two, <= 256 */
 } moe_gemm_key;
@@ -67,14 +68,14 @@ static int ptr_align(const void *p) {
 
 static int key_eq(const moe_gemm_key *a, const moe_gemm_key *b) {
     return a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
-           a->dtype == b->dtype && a->beta_nonzero == b->beta_nonzero && a->align_a == b->align_a &&
-           a->align_b == b->align_b && a->align_c == b->align_c;
+           a->dtype == b->dtype && a->cdtype == b->cdtype && a->beta_nonzero == b->beta_nonzero &&
+           a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c;
 }
 
-#define SHAPE_FMT "M=%lld N=%lld K=%lld ta=%d tb=%d %s"
+#define SHAPE_FMT "M=%lld N=%lld K=%lld ta=%d tb=%d %s -> %s"
 #define SHAPE_ARGS(k)                                                                              \
     (long long)(k)->M, (long long)(k)->N, (long long)(k)->K, (k)->ta, (k)->tb,                     \
-        (k)->dtype == CUDA_R_16BF ? "bf16" : "f32"
+        (k)->dtype == CUDA_R_16BF ? "bf16" : "f32", (k)->cdtype == CUDA_R_16BF ? "bf16" : "f32"
 
 /* Builds (or finds) the plan for key; NULL after recording an error. */
 static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const char *op) {
@@ -124,10 +125,11 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const c
             c, cublasLtMatrixLayoutCreate(&p->lb, dt, lb_rows, lb_cols, (int64_t)lb_rows), op,
             SHAPE_FMT, SHAPE_ARGS(key));
     if (ok)
-        ok = moe_cublas_check(c,
-                              cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)key->N,
-                                                         (uint64_t)key->M, key->N),
-                              op, SHAPE_FMT, SHAPE_ARGS(key));
+        ok =
+            moe_cublas_check(c,
+                             cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType)key->cdtype,
+                                                        (uint64_t)key->N, (uint64_t)key->M, key->N),
+                             op, SHAPE_FMT, SHAPE_ARGS(key));
     cublasLtMatmulPreference_t pref = NULL;
     if (ok)
         ok = moe_cublas_check(c, cublasLtMatmulPreferenceCreate(&pref), op, SHAPE_FMT,
@@ -185,15 +187,21 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const c
     return p;
 }
 
-/* Row-major C[M,N] (fp32) = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
- * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F). Returns 0 after a recorded error. */
+static size_t esize(cudaDataType dt) {
+    return dt == CUDA_R_16BF ? 2 : 4;
+}
+
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
+ * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
+ * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest). Returns 0 after a recorded
+ * error. */
 static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
                    float alpha, const void *A, const void *B, cudaDataType dtype, float beta,
-                   float *C) {
+                   void *C, cudaDataType ctype) {
     if (M <= 0 || N <= 0) return 1;
     if (K <= 0) {
         if (beta != 0.0f) return 1; /* beta is 0 or 1 in this backend: C unchanged */
-        return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * sizeof(float), c->stream),
+        return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * esize(ctype), c->stream),
                               op, "M=%lld N=%lld K=0", (long long)M, (long long)N);
     }
     moe_gemm_key key;
@@ -204,6 +212,7 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
     key.N = N;
     key.K = K;
     key.dtype = (int)dtype;
+    key.cdtype = (int)ctype;
     key.beta_nonzero = beta != 0.0f;
     key.align_a = ptr_align(A);
     key.align_b = ptr_align(B);
@@ -224,14 +233,16 @@ static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n,
     return moe_cuda_bf16_operand(c, slot, x, n, op);
 }
 
-/* The weight operand under prec: a BF16 weight (bf16 recipe only) as it is, an F32 one as
- * operand() makes it. NULL after a recorded error. */
-static const void *weight_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t n,
-                                  moe_recipe prec, const char *op) {
+/* A typed operand under prec: BF16 (bf16 recipe only) as it is, F32 as operand() makes it.
+ * NULL after a recorded error. */
+static const void *typed_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t n, moe_recipe prec,
+                                 const char *op) {
     if (w.dt == MOE_DTYPE_F32) return operand(c, slot, (const float *)w.p, n, prec, op);
     if (w.dt == MOE_DTYPE_BF16 && prec == MOE_RECIPE_BF16) return w.p;
-    moe_cuda_check(c, cudaErrorInvalidValue, op, "a %s weight under recipe %d (bf16 weights need "
-                   "the bf16 recipe)", moe_dtype_name(w.dt), (int)prec);
+    moe_cuda_check(c, cudaErrorInvalidValue, op,
+                   "a %s operand under recipe %d (bf16 operands "
+                   "need the bf16 recipe)",
+                   moe_dtype_name(w.dt), (int)prec);
     return NULL;
 }
 
@@ -245,16 +256,16 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
 /* ------------------------------------------------------------------------------------------
  * dense Linear: y = x W^T */
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
-                             int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+                             int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const void *xa = operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
-    const void *wa = xa ? weight_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
+    const void *wa = xa ? typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
     if (!wa) return;
-    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y)) return;
+    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y, CUDA_R_32F)) return;
     if (prec == MOE_RECIPE_BF16) moe_cuda_round_bf16(c, y, N * O, op);
 }
 
@@ -268,50 +279,50 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     const void *dya = operand(c, MOE_CUDA_SCRATCH_A, dy, N * O, prec, op);
     if (!dya) return;
     if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
-        const void *wa = weight_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
-        if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, 1.0f, dx)) return;
+        const void *wa = typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
+        if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, 1.0f, dx, CUDA_R_32F)) return;
     }
     if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
         const void *xa = operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
         if (!xa) return;
-        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, 1.0f, dw);
+        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, 1.0f, dw, CUDA_R_32F);
     }
 }
 
 /* ------------------------------------------------------------------------------------------
  * grouped (per-expert) matmul: one cuBLASLt call per expert with rows, all on one stream */
 
-static size_t esize(cudaDataType dt) {
-    return dt == CUDA_R_16BF ? 2 : 4;
-}
-
-void moe_cuda_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
-                                     moe_cbuf w, const int32_t *offsets, int64_t E, int64_t I,
-                                     int64_t O, moe_recipe prec) {
+void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
+                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                     moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_forward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const char *xa = (const char *)operand(c, MOE_CUDA_SCRATCH_A, x, M * I, prec, op);
+    /* a BF16 output is written by the GEMM itself (no rounding pass) */
+    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const char *xa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, x, M * I, prec, op);
     const char *wa =
-        xa ? (const char *)weight_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op) : NULL;
+        xa ? (const char *)typed_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op) : NULL;
     if (!wa) return;
-    size_t es = esize(dt);
+    size_t es = esize(dt), cs = esize(ct);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
         if (!gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
-                     wa + (size_t)(e * O * I) * es, dt, 0.0f, y + r0 * O))
+                     wa + (size_t)(e * O * I) * es, dt, 0.0f, (char *)y.p + (size_t)(r0 * O) * cs,
+                     ct))
             return;
     }
-    if (prec == MOE_RECIPE_BF16) moe_cuda_round_bf16(c, y, M * O, op);
+    if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
+        moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
 }
 
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                      const float *x, moe_cbuf w, const int32_t *offsets,
-                                      int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                      int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
@@ -320,21 +331,22 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t es = esize(dt);
     const char *dya = (const char *)operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);
-    const char *xa = dya ? (const char *)operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op) : NULL;
+    const char *xa =
+        dya ? (const char *)typed_operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op) : NULL;
     if (!xa) return;
     const char *wa = NULL;
     if (dx) {
-        wa = (const char *)weight_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
+        wa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
         if (!wa) return;
     }
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
         if (dx && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
-                           wa + (size_t)(e * O * I) * es, dt, 1.0f, dx + r0 * I))
+                           wa + (size_t)(e * O * I) * es, dt, 1.0f, dx + r0 * I, CUDA_R_32F))
             return;
         if (!gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                     xa + (size_t)(r0 * I) * es, dt, 1.0f, dw + e * O * I))
+                     xa + (size_t)(r0 * I) * es, dt, 1.0f, dw + e * O * I, CUDA_R_32F))
             return;
     }
 }

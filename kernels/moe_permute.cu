@@ -89,13 +89,13 @@ __global__ void __launch_bounds__(MOE_PERM_CHUNK)
 }
 
 /* xp[r, :] = x[row_src[r] / K, :], one block per row */
-__global__ void k_perm_gather(float *__restrict__ xp, const float *__restrict__ x,
+template <typename TO>
+__global__ void k_perm_gather(TO *__restrict__ xp, const float *__restrict__ x,
                               const int32_t *__restrict__ row_src, int64_t C, int K) {
     int64_t r = blockIdx.x;
     const float *src = x + (int64_t)(row_src[r] / K) * C;
-    float *dst = xp + r * C;
     for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        dst[i] = src[i];
+        moe_st(xp, r * C + i, src[i]);
 }
 
 int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
@@ -135,16 +135,21 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
     return MOE_CUDA_LAUNCHED(c, op, "n=%lld keys=%lld (place)", (long long)n, (long long)nkeys);
 }
 
-void moe_cuda_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
-                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
-                              int64_t C, int64_t E, int64_t K) {
+void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
+                              int32_t *slot_row, int32_t *offsets, const float *x,
+                              const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "permute_forward";
-    if (moe_cuda_failed(c)) return;
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, xp.dt, op)) return;
     int64_t NK = N * K;
     if (!moe_cuda_group_by_key(c, row_src, slot_row, offsets, topk_idx, NK, E, op)) return;
     if (C <= 0 || NK <= 0) return;
-    k_perm_gather<<<(unsigned)NK, C >= 512 ? 256 : 128, 0, c->stream>>>(xp, x, row_src, C, (int)K);
+    unsigned th = C >= 512 ? 256 : 128;
+    if (xp.dt == MOE_DTYPE_BF16)
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((__nv_bfloat16 *)xp.p, x, row_src, C,
+                                                          (int)K);
+    else
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, x, row_src, C, (int)K);
     MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
                       (long long)C);
 }
@@ -171,32 +176,39 @@ void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dx
 }
 
 /* y[n,:] = sum_k w[n,k] yp[slot_row[n*K+k], :], summed from 0 in k order (as the CPU) */
-__global__ void k_unperm_fwd(float *__restrict__ y, const float *__restrict__ yp,
+template <typename TY>
+__global__ void k_unperm_fwd(float *__restrict__ y, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K) {
     int64_t n = blockIdx.x;
     for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
         float acc = 0.0f;
         for (int kk = 0; kk < K; kk++)
-            acc += topk_w[n * K + kk] * yp[(int64_t)slot_row[n * K + kk] * C + i];
+            acc += topk_w[n * K + kk] * moe_ld(yp, (int64_t)slot_row[n * K + kk] * C + i);
         y[n * C + i] = acc;
     }
 }
 
-void moe_cuda_unpermute_forward(const moe_backend *be, float *y, const float *yp,
-                                const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                                int64_t K) {
+void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
+                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_unperm_fwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(y, yp, topk_w, slot_row, C,
-                                                                      (int)K);
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_forward") || N <= 0 || C <= 0)
+        return;
+    unsigned th = C >= 512 ? 256 : 128;
+    if (yp.dt == MOE_DTYPE_BF16)
+        k_unperm_fwd<<<(unsigned)N, th, 0, c->stream>>>(y, (const __nv_bfloat16 *)yp.p, topk_w,
+                                                        slot_row, C, (int)K);
+    else
+        k_unperm_fwd<<<(unsigned)N, th, 0, c->stream>>>(y, (const float *)yp.p, topk_w, slot_row, C,
+                                                        (int)K);
     MOE_CUDA_LAUNCHED(c, "unpermute_forward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }
 
 /* dyp[r,:] += w dy[n,:]; dtopk_w[n,k] += dot(dy[n,:], yp[r,:]), one block per token */
+template <typename TY>
 __global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_w,
-                             const float *__restrict__ dy, const float *__restrict__ yp,
+                             const float *__restrict__ dy, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K) {
     __shared__ float sh[32];
@@ -207,7 +219,7 @@ __global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_
         float w = topk_w[n * K + kk], s = 0.0f;
         for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
             dyp[r * C + i] += w * g[i];
-            s += g[i] * yp[r * C + i];
+            s += g[i] * moe_ld(yp, r * C + i);
         }
         s = moe_block_sum(s, sh);
         if (threadIdx.x == 0) dtopk_w[n * K + kk] += s;
@@ -215,12 +227,19 @@ __global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_
 }
 
 void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                 const float *yp, const float *topk_w, const int32_t *slot_row,
+                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                  int64_t N, int64_t C, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_unperm_bwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dyp, dtopk_w, dy, yp, topk_w,
-                                                                      slot_row, C, (int)K);
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_backward") || N <= 0 ||
+        C <= 0)
+        return;
+    unsigned th = C >= 512 ? 256 : 128;
+    if (yp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
+            dyp, dtopk_w, dy, (const __nv_bfloat16 *)yp.p, topk_w, slot_row, C, (int)K);
+    else
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(dyp, dtopk_w, dy, (const float *)yp.p,
+                                                        topk_w, slot_row, C, (int)K);
     MOE_CUDA_LAUNCHED(c, "unpermute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }

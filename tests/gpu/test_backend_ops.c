@@ -154,9 +154,8 @@ static void free_bufs(gctx *g) {
 
 static double g_worst_nmse; /* over the whole run, for the summary */
 
-static void cmp_f32(gctx *g, const char *what, const float *dev, const float *ref, int64_t n,
-                    double tol) {
-    float *h = down(g, dev, (size_t)n * sizeof(float));
+static void cmp_host(gctx *g, const char *what, const float *h, const float *ref, int64_t n,
+                     double tol) {
     double num = 0.0, den = 0.0;
     int64_t nan = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -177,6 +176,12 @@ static void cmp_f32(gctx *g, const char *what, const float *dev, const float *re
     CHECK_MSG(nmse <= tol, "%s %s: nmse %.3e > %.0e", g->label, what, nmse, tol);
     if (!ok) g->fails++;
     if (nmse > g_worst_nmse && nan == 0) g_worst_nmse = nmse;
+}
+
+static void cmp_f32(gctx *g, const char *what, const float *dev, const float *ref, int64_t n,
+                    double tol) {
+    float *h = down(g, dev, (size_t)n * sizeof(float));
+    cmp_host(g, what, h, ref, n, tol);
     free(h);
 }
 
@@ -224,14 +229,57 @@ typedef struct tcase {
     int64_t s[6];
     moe_recipe prec;
     double tol; /* NMSE bound for float outputs */
-    int w16;    /* matmul, grouped: the GPU reads the weight's bf16 copy (cast_bf16 of it) */
+    int typed;  /* the GPU's typed operands are bf16, as the model passes them under the bf16
+                   recipe: weights as bf16 copies (cast_bf16 of them), expert activations in
+                   bf16 (permute's xp, grouped in and out, swiglu in and out, unpermute's yp);
+                   the CPU gets fp32 inputs holding the same (rounded) values */
 } tcase;
+
+/* x[i] = round_bf16(x[i]): the values a bf16 operand can hold, so both sides see them. */
+static void round_host(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        x[i] = moe_round_bf16(x[i]);
+}
+
+/* A device copy of host [n] as a typed operand: fp32, or (typed cases) bf16 of the values
+ * (the caller rounded them first). host NULL: a poisoned output buffer. */
+static moe_buf dev_typed(gctx *g, const tcase *tc, const char *name, const float *host, int64_t n) {
+    if (!tc->typed) return moe_buf_f32(dup_dev(g, name, host, F(n)));
+    uint16_t *h = NULL;
+    if (host) {
+        h = xmalloc((size_t)n * sizeof(uint16_t));
+        for (int64_t i = 0; i < n; i++)
+            h[i] = moe_f32_to_bf16(host[i]);
+    }
+    moe_buf b = moe_buf_of(dup_dev(g, name, h, (size_t)n * sizeof(uint16_t)), MOE_DTYPE_BF16);
+    free(h);
+    return b;
+}
+
+static void cmp_host(gctx *g, const char *what, const float *h, const float *ref, int64_t n,
+                     double tol);
+
+/* cmp_f32 for a typed device buffer (bf16 widened to fp32 first). */
+static void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, int64_t n,
+                      double tol) {
+    float *h = xmalloc(F(n));
+    if (dev.dt == MOE_DTYPE_BF16) {
+        uint16_t *h16 = down(g, dev.p, (size_t)n * sizeof(uint16_t));
+        for (int64_t i = 0; i < n; i++)
+            h[i] = moe_bf16_to_f32(h16[i]);
+        free(h16);
+    } else {
+        g->gpu->memcpy_d2h(g->gpu, h, dev.p, F(n));
+    }
+    cmp_host(g, what, h, ref, n, tol);
+    free(h);
+}
 
 /* The GPU's weight operand for case tc: the fp32 weight dw_ [n] dev itself, or its bf16 copy
  * in a new guarded buffer (what the model passes under the bf16 recipe). The CPU always
  * reads the fp32 weight: unit.ops checks that both give the same bits there. */
 static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t n) {
-    if (!tc->w16) return moe_cbuf_f32(dw_);
+    if (!tc->typed) return moe_cbuf_f32(dw_);
     uint16_t *d16 = dup_dev(g, "w16", NULL, (size_t)n * sizeof(uint16_t));
     g->gpu->cast_bf16(g->gpu, d16, dw_, n);
     moe_cbuf b = {d16, MOE_DTYPE_BF16};
@@ -446,15 +494,17 @@ static void run_permute(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], C = tc->s[1], E = tc->s[2], K = tc->s[3], M = N * K;
     int32_t *ti = random_topk(N, E, K);
     float *x = frand(N * C, -1, 1), *xp = xmalloc(F(M * C));
+    if (tc->typed) round_host(x, N * C);
     int32_t *rs = xmalloc(I32(M)), *sr = xmalloc(I32(M)), *off = xmalloc(I32(E + 1));
-    g->cpu->permute_forward(g->cpu, xp, rs, sr, off, x, ti, N, C, E, K);
-    float *dx_ = dup_dev(g, "x", x, F(N * C)), *dxp = dup_dev(g, "xp", NULL, F(M * C));
+    g->cpu->permute_forward(g->cpu, moe_buf_f32(xp), rs, sr, off, x, ti, N, C, E, K);
+    float *dx_ = dup_dev(g, "x", x, F(N * C));
+    moe_buf dxp = dev_typed(g, tc, "xp", NULL, M * C);
     int32_t *dti = dup_dev(g, "topk_idx", ti, I32(M)), *drs = dup_dev(g, "row_src", NULL, I32(M));
     int32_t *dsr = dup_dev(g, "slot_row", NULL, I32(M)),
             *doff = dup_dev(g, "offsets", NULL, I32(E + 1));
     g->gpu->permute_forward(g->gpu, dxp, drs, dsr, doff, dx_, dti, N, C, E, K);
     check_sync_guards(g, "permute_forward");
-    cmp_f32(g, "xp", dxp, xp, M * C, tc->tol);
+    cmp_typed(g, "xp", dxp, xp, M * C, tc->tol);
     cmp_i32(g, "row_src", drs, rs, M);
     cmp_i32(g, "slot_row", dsr, sr, M);
     cmp_i32(g, "offsets", doff, off, E + 1);
@@ -467,8 +517,10 @@ static void run_permute(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
     /* unpermute with the same routing */
     float *tw = frand(N * K, 0, 1), *yp = frand(M * C, -1, 1), *y = xmalloc(F(N * C));
-    g->cpu->unpermute_forward(g->cpu, y, yp, tw, sr, N, C, K);
-    float *dtw = dup_dev(g, "topk_w", tw, F(N * K)), *dyp = dup_dev(g, "yp", yp, F(M * C));
+    if (tc->typed) round_host(yp, M * C);
+    g->cpu->unpermute_forward(g->cpu, y, moe_cbuf_f32(yp), tw, sr, N, C, K);
+    float *dtw = dup_dev(g, "topk_w", tw, F(N * K));
+    moe_cbuf dyp = moe_cbuf_from(dev_typed(g, tc, "yp", yp, M * C));
     float *dy = dup_dev(g, "y", NULL, F(N * C));
     g->gpu->unpermute_forward(g->gpu, dy, dyp, dtw, dsrr, N, C, K);
     check_sync_guards(g, "unpermute_forward");
@@ -476,7 +528,7 @@ static void run_permute(gctx *g, const tcase *tc) {
     float *gy = frand(N * C, -1, 1), *gyp = frand(M * C, -1, 1), *gtw = frand(N * K, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(N * C)), *dgyp = dup_dev(g, "dyp", gyp, F(M * C));
     float *dgtw = dup_dev(g, "dtopk_w", gtw, F(N * K));
-    g->cpu->unpermute_backward(g->cpu, gyp, gtw, gy, yp, tw, sr, N, C, K);
+    g->cpu->unpermute_backward(g->cpu, gyp, gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C, K);
     g->gpu->unpermute_backward(g->gpu, dgyp, dgtw, dgy, dyp, dtw, dsrr, N, C, K);
     check_sync_guards(g, "unpermute_backward");
     cmp_f32(g, "unpermute dyp", dgyp, gyp, M * C, tc->tol);
@@ -493,18 +545,22 @@ static void run_grouped(gctx *g, const tcase *tc) {
         off[e + 1] = off[e] + (e == 1 ? 0 : (int32_t)(avg / 2 + rng_int(avg + 1)));
     int64_t M = off[E];
     float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *y = xmalloc(F(M * O));
-    g->cpu->grouped_matmul_forward(g->cpu, y, x, moe_cbuf_f32(w), off, E, I, O, tc->prec);
-    float *dx_ = dup_dev(g, "x", x, F(M * I)), *dw_ = dup_dev(g, "w", w, F(E * O * I));
-    float *dy_ = dup_dev(g, "y", NULL, F(M * O));
+    if (tc->typed) round_host(x, M * I);
+    g->cpu->grouped_matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), off, E,
+                                   I, O, tc->prec);
+    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, M * I));
+    float *dw_ = dup_dev(g, "w", w, F(E * O * I));
+    moe_buf dy_ = dev_typed(g, tc, "y", NULL, M * O);
     moe_cbuf gw_ = gpu_weight(g, tc, dw_, E * O * I);
     g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_forward");
-    cmp_f32(g, "y", dy_, y, M * O, tc->tol);
+    cmp_typed(g, "y", dy_, y, M * O, tc->tol);
     float *gy = frand(M * O, -1, 1), *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(M * O)), *dgx = dup_dev(g, "dx", gx, F(M * I));
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, gy, x, moe_cbuf_f32(w), off, E, I, O, tc->prec);
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), off, E, I,
+                                    O, tc->prec);
     g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_backward");
     check_changed(g, "dx", gx, gx0, M * I, 0.9);
@@ -522,16 +578,18 @@ static void run_grouped(gctx *g, const tcase *tc) {
 static void run_swiglu(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     float *a = frand(n, -4, 4), *b = frand(n, -2, 2), *o = xmalloc(F(n));
-    g->cpu->swiglu_forward(g->cpu, o, a, b, n, tc->prec);
-    float *da_ = dup_dev(g, "a", a, F(n)), *db_ = dup_dev(g, "b", b, F(n));
-    float *do_ = dup_dev(g, "out", NULL, F(n));
+    if (tc->typed) round_host(a, n), round_host(b, n);
+    g->cpu->swiglu_forward(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n, tc->prec);
+    moe_cbuf da_ = moe_cbuf_from(dev_typed(g, tc, "a", a, n));
+    moe_cbuf db_ = moe_cbuf_from(dev_typed(g, tc, "b", b, n));
+    moe_buf do_ = dev_typed(g, tc, "out", NULL, n);
     g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, tc->prec);
     check_sync_guards(g, "swiglu_forward");
-    cmp_f32(g, "out", do_, o, n, tc->tol);
+    cmp_typed(g, "out", do_, o, n, tc->tol);
     float *gy = frand(n, -1, 1), *ga = frand(n, -1, 1), *gb = frand(n, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(n)), *dga = dup_dev(g, "da", ga, F(n));
     float *dgb = dup_dev(g, "db", gb, F(n));
-    g->cpu->swiglu_backward(g->cpu, ga, gb, gy, a, b, n);
+    g->cpu->swiglu_backward(g->cpu, ga, gb, gy, moe_cbuf_f32(a), moe_cbuf_f32(b), n);
     g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n);
     check_sync_guards(g, "swiglu_backward");
     cmp_f32(g, "da", dga, ga, n, tc->tol);
@@ -624,8 +682,8 @@ static void run_adamw(gctx *g, const tcase *tc) {
         int64_t a = at[step - 1], sh = shift[step - 1], ln = len[step - 1];
         g->cpu->adamw(g->cpu, p + a, p16 + a, gr + a, m + a + sh, v + a + sh, ln, 1e-3f, 0.9f,
                       0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, dm + a + sh, dv + a + sh, ln, 1e-3f,
-                      0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, dm + a + sh, dv + a + sh, ln, 1e-3f, 0.9f,
+                      0.95f, 1e-8f, 0.1f, step, 0.5f);
         check_sync_guards(g, "adamw");
         float *hp = down(g, dp, F(n));
         uint16_t *h16 = down(g, dp16, (size_t)n * sizeof(uint16_t));
@@ -730,19 +788,21 @@ static const tcase k_cases[] = {
     {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
     {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
-    {"matmul N77 I200 O130 bf16 w16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 1},
-    {"matmul N512 I384 O640 bf16 w16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 1},
+    {"matmul N77 I200 O130 bf16 typed", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 1},
+    {"matmul N512 I384 O640 bf16 typed", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 1},
     {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10, 0},
     {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10, 0},
     {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12, 0},
+    {"permute N1000 C96 E8 K2 typed", MOE_OP_PERMUTE, {1000, 96, 8, 2}, BF16, 1e-12, 1},
     {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12, 0},
     {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10, 0},
     {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 0},
     {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 0},
-    {"grouped E4 I72 O40 bf16 w16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 1},
-    {"grouped E8 I256 O384 bf16 w16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 1},
+    {"grouped E4 I72 O40 bf16 typed", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 1},
+    {"grouped E8 I256 O384 bf16 typed", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 1},
     {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
     {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
+    {"swiglu n100003 bf16 typed", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 1},
     {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10, 0},
     {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10, 0},
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
@@ -869,7 +929,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     /* the op under test, as a closure over the buffers below */
     float *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL, *h = NULL, *k = NULL;
     int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
-    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16};
+    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16}, a16 = {NULL, MOE_DTYPE_BF16}, b16 = a16;
     int64_t M = 0;
     switch (pc->op) {
     case MOE_OP_MATMUL:
@@ -888,6 +948,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         if (pc->dir) d = perf_buf(g, M * s[1]), e = perf_buf(g, s[0] * s[2] * s[1]);
         w16.p = perf_buf(g, (s[0] * s[2] * s[1] + 1) / 2);
         be->cast_bf16(be, (uint16_t *)w16.p, b, s[0] * s[2] * s[1]);
+        a16.p = perf_buf(g, (M * s[1] + 1) / 2); /* the bf16 expert activations */
+        be->cast_bf16(be, (uint16_t *)a16.p, a, M * s[1]);
         flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
         break;
     case MOE_OP_ATTENTION: {
@@ -909,7 +971,10 @@ static void run_perf(gctx *g, const pcase *pc) {
         break;
     case MOE_OP_SWIGLU:
         a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
-        bytes = 12.0 * (double)s[0];
+        a16.p = perf_buf(g, (s[0] + 1) / 2), b16.p = perf_buf(g, (s[0] + 1) / 2);
+        be->cast_bf16(be, (uint16_t *)a16.p, a, s[0]);
+        be->cast_bf16(be, (uint16_t *)b16.p, b, s[0]);
+        bytes = 6.0 * (double)s[0]; /* bf16 in and out, as the model runs it */
         break;
     case MOE_OP_CROSS_ENTROPY: {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
@@ -938,7 +1003,7 @@ static void run_perf(gctx *g, const pcase *pc) {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0] * s[3] * s[1]);
         ib = (int32_t *)perf_buf(g, s[0] * s[3]), ic = (int32_t *)perf_buf(g, s[0] * s[3]);
         id = (int32_t *)perf_buf(g, s[2] + 1);
-        bytes = 4.0 * (double)s[0] * s[1] * (1 + s[3]);
+        bytes = 4.0 * (double)s[0] * s[1] + 2.0 * (double)s[0] * s[1] * s[3]; /* bf16 out */
         break;
     }
     case MOE_OP_EMBEDDING: {
@@ -980,9 +1045,10 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
-                    be->grouped_matmul_backward(be, d, e, c, a, w16, off, s[0], s[1], s[2], BF16);
+                    be->grouped_matmul_backward(be, d, e, c, a16, w16, off, s[0], s[1], s[2], BF16);
                 else
-                    be->grouped_matmul_forward(be, c, a, w16, off, s[0], s[1], s[2], BF16);
+                    be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
+                                               s[0], s[1], s[2], BF16);
                 break;
             case MOE_OP_ATTENTION:
                 if (pc->dir)
@@ -998,7 +1064,7 @@ static void run_perf(gctx *g, const pcase *pc) {
                     be->rmsnorm_forward(be, c, d, a, b, s[0], s[1], 1e-5f, BF16);
                 break;
             case MOE_OP_SWIGLU:
-                be->swiglu_forward(be, c, a, b, s[0], BF16);
+                be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
                 break;
             case MOE_OP_CROSS_ENTROPY:
                 be->cross_entropy_forward(be, b, c, a, ia, NULL, s[0], s[1]);
@@ -1007,7 +1073,8 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->router_forward(be, b, c, ia, d, ib, e, a, s[0], s[1], s[2]);
                 break;
             case MOE_OP_PERMUTE:
-                be->permute_forward(be, b, ib, ic, id, a, ia, s[0], s[1], s[2], s[3]);
+                be->permute_forward(be, moe_buf_of(b, MOE_DTYPE_BF16), ib, ic, id, a, ia, s[0],
+                                    s[1], s[2], s[3]);
                 break;
             case MOE_OP_EMBEDDING:
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);

@@ -83,12 +83,16 @@ static void ops_forward(fwd_t *s) {
     be->matmul_forward(be, s->logits, x, moe_cbuf_f32(wg), N, C, E, MOE_RECIPE_FP32);
     be->router_forward(be, s->probs, s->lse, s->idx, s->tw, s->counts, s->stats, s->logits, N, E,
                        K);
-    be->permute_forward(be, s->xp, s->src, s->slot, s->off, x, s->idx, N, C, E, K);
-    be->grouped_matmul_forward(be, s->h1, s->xp, moe_cbuf_f32(w1), s->off, E, C, F, MOE_RECIPE_FP32);
-    be->grouped_matmul_forward(be, s->h3, s->xp, moe_cbuf_f32(w3), s->off, E, C, F, MOE_RECIPE_FP32);
-    be->swiglu_forward(be, s->g, s->h1, s->h3, N * K * F, MOE_RECIPE_FP32);
-    be->grouped_matmul_forward(be, s->yp, s->g, moe_cbuf_f32(w2), s->off, E, F, C, MOE_RECIPE_FP32);
-    be->unpermute_forward(be, s->y, s->yp, s->tw, s->slot, N, C, K);
+    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, x, s->idx, N, C, E, K);
+    be->grouped_matmul_forward(be, moe_buf_f32(s->h1), moe_cbuf_f32(s->xp), moe_cbuf_f32(w1),
+                               s->off, E, C, F, MOE_RECIPE_FP32);
+    be->grouped_matmul_forward(be, moe_buf_f32(s->h3), moe_cbuf_f32(s->xp), moe_cbuf_f32(w3),
+                               s->off, E, C, F, MOE_RECIPE_FP32);
+    be->swiglu_forward(be, moe_buf_f32(s->g), moe_cbuf_f32(s->h1), moe_cbuf_f32(s->h3), N * K * F,
+                       MOE_RECIPE_FP32);
+    be->grouped_matmul_forward(be, moe_buf_f32(s->yp), moe_cbuf_f32(s->g), moe_cbuf_f32(w2), s->off,
+                               E, F, C, MOE_RECIPE_FP32);
+    be->unpermute_forward(be, s->y, moe_cbuf_f32(s->yp), s->tw, s->slot, N, C, K);
 }
 
 /* central differences of the double reference over every element of p */
@@ -141,11 +145,14 @@ int main(void) {
     static float dyp[N * K * C], dtw[N * K], dg[N * K * F], dh1[N * K * F], dh3[N * K * F];
     static float dxp[N * K * C], dx[N * C], dlog[N * E], dwg[E * C], dw1[E * F * C], dw2[E * C * F],
         dw3[E * F * C];
-    be->unpermute_backward(be, dyp, dtw, R, s.yp, s.tw, s.slot, N, C, K);
-    be->grouped_matmul_backward(be, dg, dw2, dyp, s.g, moe_cbuf_f32(w2), s.off, E, F, C, MOE_RECIPE_FP32);
-    be->swiglu_backward(be, dh1, dh3, dg, s.h1, s.h3, N * K * F);
-    be->grouped_matmul_backward(be, dxp, dw1, dh1, s.xp, moe_cbuf_f32(w1), s.off, E, C, F, MOE_RECIPE_FP32);
-    be->grouped_matmul_backward(be, dxp, dw3, dh3, s.xp, moe_cbuf_f32(w3), s.off, E, C, F, MOE_RECIPE_FP32);
+    be->unpermute_backward(be, dyp, dtw, R, moe_cbuf_f32(s.yp), s.tw, s.slot, N, C, K);
+    be->grouped_matmul_backward(be, dg, dw2, dyp, moe_cbuf_f32(s.g), moe_cbuf_f32(w2), s.off, E, F,
+                                C, MOE_RECIPE_FP32);
+    be->swiglu_backward(be, dh1, dh3, dg, moe_cbuf_f32(s.h1), moe_cbuf_f32(s.h3), N * K * F);
+    be->grouped_matmul_backward(be, dxp, dw1, dh1, moe_cbuf_f32(s.xp), moe_cbuf_f32(w1), s.off, E,
+                                C, F, MOE_RECIPE_FP32);
+    be->grouped_matmul_backward(be, dxp, dw3, dh3, moe_cbuf_f32(s.xp), moe_cbuf_f32(w3), s.off, E,
+                                C, F, MOE_RECIPE_FP32);
     be->permute_backward(be, dx, dxp, s.slot, N, C, K);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
     be->matmul_backward(be, dx, dwg, dlog, x, moe_cbuf_f32(wg), N, C, E, MOE_RECIPE_FP32);

@@ -153,7 +153,8 @@ typedef struct {
 } gm_st;
 static double gm_loss(void *p) {
     gm_st *s = p;
-    be->grouped_matmul_forward(be, s->y, s->x, moe_cbuf_f32(s->w), s->off, s->E, s->I, s->O, MOE_RECIPE_FP32);
+    be->grouped_matmul_forward(be, moe_buf_f32(s->y), moe_cbuf_f32(s->x), moe_cbuf_f32(s->w),
+                               s->off, s->E, s->I, s->O, MOE_RECIPE_FP32);
     return gc_dot(s->y, s->r, s->off[s->E] * s->O);
 }
 static void test_grouped_matmul(void) {
@@ -170,7 +171,8 @@ static void test_grouped_matmul(void) {
         ref += (double)s.x[5 * s.I + i] * s.w[(2 * s.O + 1) * s.I + i];
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = fbuf(M * s.I, 0, 0, 0), *gw = fbuf(s.E * s.O * s.I, 0, 0, 0);
-    be->grouped_matmul_backward(be, gx, gw, s.r, s.x, moe_cbuf_f32(s.w), s.off, s.E, s.I, s.O, MOE_RECIPE_FP32);
+    be->grouped_matmul_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.off, s.E,
+                                s.I, s.O, MOE_RECIPE_FP32);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -187,7 +189,8 @@ typedef struct {
 } sw_st;
 static double sw_loss(void *p) {
     sw_st *s = p;
-    be->swiglu_forward(be, s->out, s->a, s->b, s->n, MOE_RECIPE_FP32);
+    be->swiglu_forward(be, moe_buf_f32(s->out), moe_cbuf_f32(s->a), moe_cbuf_f32(s->b), s->n,
+                       MOE_RECIPE_FP32);
     return gc_dot(s->out, s->r, s->n);
 }
 static void test_swiglu(void) {
@@ -199,7 +202,7 @@ static void test_swiglu(void) {
     sw_loss(&s);
     CHECK_NEAR(s.out[3], s.a[3] / (1.0 + exp(-s.a[3])) * s.b[3], 1e-6);
     float *ga = fbuf(s.n, 0, 0, 0), *gb = fbuf(s.n, 0, 0, 0);
-    be->swiglu_backward(be, ga, gb, s.r, s.a, s.b, s.n);
+    be->swiglu_backward(be, ga, gb, s.r, moe_cbuf_f32(s.a), moe_cbuf_f32(s.b), s.n);
     gc_check("swiglu da", &s, sw_loss, s.a, ga, s.n, 40, 1e-3, ATOL, RTOL);
     gc_check("swiglu db", &s, sw_loss, s.b, gb, s.n, 40, 1e-3, ATOL, RTOL);
     free(s.a), free(s.b), free(s.out), free(s.r), free(ga), free(gb);
@@ -324,12 +327,13 @@ typedef struct {
 } pm_st;
 static double pm_loss(void *p) {
     pm_st *s = p;
-    be->permute_forward(be, s->xp, s->src, s->slot, s->off, s->x, s->idx, s->N, s->C, s->E, s->K);
+    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, s->x, s->idx, s->N, s->C,
+                        s->E, s->K);
     return gc_dot(s->xp, s->r, s->N * s->K * s->C);
 }
 static double up_loss(void *p) {
     pm_st *s = p;
-    be->unpermute_forward(be, s->y, s->yp, s->tw, s->slot, s->N, s->C, s->K);
+    be->unpermute_forward(be, s->y, moe_cbuf_f32(s->yp), s->tw, s->slot, s->N, s->C, s->K);
     return gc_dot(s->y, s->ry, s->N * s->C);
 }
 static void test_permute(void) {
@@ -366,7 +370,7 @@ static void test_permute(void) {
     CHECK_NEAR(s.y[3 * s.C + 2],
                s.tw[6] * s.yp[s.slot[6] * s.C + 2] + s.tw[7] * s.yp[s.slot[7] * s.C + 2], 1e-6);
     float *gyp = fbuf(NK * s.C, 0, 0, 0), *gtw = fbuf(NK, 0, 0, 0);
-    be->unpermute_backward(be, gyp, gtw, s.ry, s.yp, s.tw, s.slot, s.N, s.C, s.K);
+    be->unpermute_backward(be, gyp, gtw, s.ry, moe_cbuf_f32(s.yp), s.tw, s.slot, s.N, s.C, s.K);
     gc_check("unpermute dyp", &s, up_loss, s.yp, gyp, NK * s.C, 60, 1e-2, ATOL, RTOL);
     gc_check("unpermute dw", &s, up_loss, s.tw, gtw, NK, 10, 1e-2, ATOL, RTOL);
     free(s.x), free(s.xp), free(s.r), free(s.src), free(s.slot), free(s.off), free(gx);
@@ -510,7 +514,8 @@ static int all_bf16(const float *x, int64_t n) {
 static void test_bf16_weights(void) {
     int64_t N = 6, I = 40, O = 12, E = 3;
     const int32_t off[4] = {0, 2, 2, 6}; /* expert 1 has no rows */
-    float *x = fbuf(N * I, 40, -1, 1), *w = fbuf(E * O * I, 41, -1, 1), *dy = fbuf(N * O, 42, -1, 1);
+    float *x = fbuf(N * I, 40, -1, 1), *w = fbuf(E * O * I, 41, -1, 1),
+          *dy = fbuf(N * O, 42, -1, 1);
     uint16_t *w16 = malloc((size_t)(E * O * I) * sizeof(uint16_t));
     be->cast_bf16(be, w16, w, E * O * I);
     const moe_cbuf wk[2] = {moe_cbuf_f32(w), {w16, MOE_DTYPE_BF16}};
@@ -522,8 +527,9 @@ static void test_bf16_weights(void) {
             r[k][j] = fbuf(len[j], 0, 0, 0);
         be->matmul_forward(be, r[k][0], x, wk[k], N, I, O, MOE_RECIPE_BF16);
         be->matmul_backward(be, r[k][1], r[k][2], dy, x, wk[k], N, I, O, MOE_RECIPE_BF16);
-        be->grouped_matmul_forward(be, r[k][3], x, wk[k], off, E, I, O, MOE_RECIPE_BF16);
-        be->grouped_matmul_backward(be, r[k][4], r[k][5], dy, x, wk[k], off, E, I, O,
+        be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
+                                   MOE_RECIPE_BF16);
+        be->grouped_matmul_backward(be, r[k][4], r[k][5], dy, moe_cbuf_f32(x), wk[k], off, E, I, O,
                                     MOE_RECIPE_BF16);
     }
     for (int j = 0; j < 6; j++) {
@@ -532,6 +538,53 @@ static void test_bf16_weights(void) {
         free(r[0][j]), free(r[1][j]);
     }
     free(x), free(w), free(dy), free(w16);
+}
+
+/* The expert path with BF16 activations (what the model stores under the bf16 recipe) gives
+ * the same bits as with F32 ones holding the same values: permute, grouped matmul in and
+ * out, swiglu, unpermute, forward and backward. */
+static void test_bf16_activations(void) {
+    enum { N = 5, K = 2, C = 24, F = 16, E = 3, NK = N * K };
+    const int32_t idx[NK] = {0, 2, 1, 0, 2, 1, 0, 2, 0, 1};
+    float *x = fbuf(N * C, 50, -1, 1), *w1 = fbuf(E * F * C, 51, -1, 1);
+    float *w2 = fbuf(E * C * F, 52, -1, 1), *tw = fbuf(NK, 53, 0, 1), *dy = fbuf(N * C, 54, -1, 1);
+    for (int64_t i = 0; i < N * C; i++) /* the permute input is a rounded norm output */
+        x[i] = moe_round_bf16(x[i]);
+    int32_t src[NK], slot[NK], off[E + 1];
+    /* per run: y, then the gradients dxp (via w1), dtw, dw1, dw2 */
+    const int64_t len[5] = {N * C, NK * C, NK, E * F * C, E * C * F};
+    float *r[2][5];
+    for (int k = 0; k < 2; k++) {
+        moe_dtype dt = k ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        size_t es = moe_dtype_size(dt);
+        void *xp = calloc(NK * C, es), *h = calloc(NK * F, es), *g = calloc(NK * F, es);
+        void *yp = calloc(NK * C, es);
+        for (int j = 0; j < 5; j++)
+            r[k][j] = fbuf(len[j], 0, 0, 0);
+        float *dyp = fbuf(NK * C, 0, 0, 0), *dg = fbuf(NK * F, 0, 0, 0);
+        float *dh = fbuf(NK * F, 0, 0, 0), *dh3 = fbuf(NK * F, 0, 0, 0);
+        be->permute_forward(be, moe_buf_of(xp, dt), src, slot, off, x, idx, N, C, E, K);
+        be->grouped_matmul_forward(be, moe_buf_of(h, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
+                                   off, E, C, F, MOE_RECIPE_BF16);
+        be->swiglu_forward(be, moe_buf_of(g, dt), moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F,
+                           MOE_RECIPE_BF16);
+        be->grouped_matmul_forward(be, moe_buf_of(yp, dt), moe_cbuf_of(g, dt), moe_cbuf_f32(w2),
+                                   off, E, F, C, MOE_RECIPE_BF16);
+        be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
+        be->unpermute_backward(be, dyp, r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot, N, C, K);
+        be->grouped_matmul_backward(be, dg, r[k][4], dyp, moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off,
+                                    E, F, C, MOE_RECIPE_BF16);
+        be->swiglu_backward(be, dh, dh3, dg, moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
+        be->grouped_matmul_backward(be, r[k][1], r[k][3], dh, moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
+                                    off, E, C, F, MOE_RECIPE_BF16);
+        free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
+    }
+    for (int j = 0; j < 5; j++) {
+        CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
+                  "output %d differs between F32 and BF16 expert activations", j);
+        free(r[0][j]), free(r[1][j]);
+    }
+    free(x), free(w1), free(w2), free(tw), free(dy);
 }
 
 static void test_bf16(void) {
@@ -556,8 +609,9 @@ static void test_bf16(void) {
      * fp32-accumulated sum landing on the other side of a rounding boundary) */
     CHECK_MSG(maxref < 4e-2, "bf16 matmul vs reference: %g", maxref);
     test_bf16_weights();
+    test_bf16_activations();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
-    be->swiglu_forward(be, o16, a, b, 3, MOE_RECIPE_BF16);
+    be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);
     CHECK(all_bf16(o16, 3));
     /* supports */
     CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_BF16));

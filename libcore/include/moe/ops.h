@@ -31,11 +31,14 @@
  *    in a fixed order, so runs are bit-reproducible (exact resume relies on this).
  *  - Routing-weight scaling lives in unpermute (y[n] = sum_k w[n,k] * expert_out[slot]),
  *    not in swiglu.
- *  - Typed operands (moe_cbuf: pointer + moe_dtype) are where an op reads more than one
- *    element type. Today: the weight of matmul and grouped matmul, F32 (the master weight)
- *    or, under the bf16 recipe only, BF16 (the model's bf16 copy of it, written by adamw).
- *    A BF16 weight holds exactly the values the bf16 recipe rounds the F32 one to, so both
- *    give the same result; the copy only saves the conversion.
+ *  - Typed operands (moe_cbuf to read, moe_buf to write: pointer + moe_dtype) are where an
+ *    op takes more than one element type, F32 or BF16. Today: the weight of matmul and
+ *    grouped matmul (the fp32 master, or the model's bf16 copy written by adamw) and the
+ *    expert activations (xp, h1, h3, g, yp: permute's output, the grouped matmul's input and
+ *    output, swiglu's inputs and output, unpermute's input). BF16 only under the bf16
+ *    recipe, where it holds exactly the values the recipe rounds the F32 tensor to: both
+ *    give the same result, BF16 saves the conversion and half the memory. Gradients stay
+ *    F32.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -90,14 +93,48 @@ typedef struct moe_cbuf {
     moe_dtype dt;
 } moe_cbuf;
 
-static inline moe_cbuf moe_cbuf_f32(const float *p) {
-    moe_cbuf b = {p, MOE_DTYPE_F32};
+/* A writable operand in backend memory with the type of its elements. */
+typedef struct moe_buf {
+    void *p;
+    moe_dtype dt;
+} moe_buf;
+
+static inline moe_cbuf moe_cbuf_of(const void *p, moe_dtype dt) {
+    moe_cbuf b = {p, dt};
     return b;
+}
+static inline moe_cbuf moe_cbuf_f32(const float *p) {
+    return moe_cbuf_of(p, MOE_DTYPE_F32);
+}
+static inline moe_buf moe_buf_of(void *p, moe_dtype dt) {
+    moe_buf b = {p, dt};
+    return b;
+}
+static inline moe_buf moe_buf_f32(float *p) {
+    return moe_buf_of(p, MOE_DTYPE_F32);
+}
+static inline moe_cbuf moe_cbuf_from(moe_buf b) {
+    return moe_cbuf_of(b.p, b.dt);
 }
 /* b advanced by n elements (of its own type). */
 static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
     b.p = (const char *)b.p + (size_t)n * moe_dtype_size(b.dt);
     return b;
+}
+static inline moe_buf moe_buf_at(moe_buf b, int64_t n) {
+    b.p = (char *)b.p + (size_t)n * moe_dtype_size(b.dt);
+    return b;
+}
+/* Host access for the CPU backend: element i as fp32; a store, rounded when BF16. */
+static inline float moe_cbuf_get(moe_cbuf b, int64_t i) {
+    return b.dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(((const uint16_t *)b.p)[i])
+                                  : ((const float *)b.p)[i];
+}
+static inline void moe_buf_set(moe_buf b, int64_t i, float v) {
+    if (b.dt == MOE_DTYPE_BF16)
+        ((uint16_t *)b.p)[i] = moe_f32_to_bf16(v);
+    else
+        ((float *)b.p)[i] = v;
 }
 
 typedef struct moe_backend moe_backend;
@@ -227,12 +264,12 @@ struct moe_backend {
      * offsets[e]..offsets[e+1] = rows of expert e (offsets[0] = 0, offsets[E] = N*K);
      * xp[r,:] = x[row_src[r] / K, :]. offsets is written to dev memory; the caller copies it
      * to the host for grouped_matmul. ---- */
-    void (*permute_forward)(const moe_backend *be, float *xp, /* [N*K, C] dev */
-                            int32_t *row_src,                 /* [N*K] dev */
-                            int32_t *slot_row,                /* [N*K] dev */
-                            int32_t *offsets,                 /* [E + 1] dev */
-                            const float *x,                   /* [N, C] dev */
-                            const int32_t *topk_idx,          /* [N, K] dev */
+    void (*permute_forward)(const moe_backend *be, moe_buf xp, /* [N*K, C] dev, F32|BF16 */
+                            int32_t *row_src,                  /* [N*K] dev */
+                            int32_t *slot_row,                 /* [N*K] dev */
+                            int32_t *offsets,                  /* [E + 1] dev */
+                            const float *x,                    /* [N, C] dev */
+                            const int32_t *topk_idx,           /* [N, K] dev */
                             int64_t N, int64_t C, int64_t E, int64_t K);
     /* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] */
     void (*permute_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
@@ -243,14 +280,14 @@ struct moe_backend {
     /* ---- unpermute with routing weights: y[n,:] = sum_k topk_w[n,k] * yp[slot_row[n*K+k],:]
      * (summed in k order) ---- */
     void (*unpermute_forward)(const moe_backend *be, float *y, /* [N, C] dev */
-                              const float *yp,                 /* [N*K, C] dev */
+                              moe_cbuf yp,                     /* [N*K, C] dev, F32|BF16 */
                               const float *topk_w,             /* [N, K] dev */
                               const int32_t *slot_row,         /* [N*K] dev */
                               int64_t N, int64_t C, int64_t K);
     void (*unpermute_backward)(const moe_backend *be, float *dyp, /* [N*K, C] dev, += */
                                float *dtopk_w,                    /* [N, K] dev, += */
                                const float *dy,                   /* [N, C] dev */
-                               const float *yp,                   /* [N*K, C] dev */
+                               moe_cbuf yp,                       /* [N*K, C] dev, F32|BF16 */
                                const float *topk_w,               /* [N, K] dev */
                                const int32_t *slot_row,           /* [N*K] dev */
                                int64_t N, int64_t C, int64_t K);
@@ -258,30 +295,30 @@ struct moe_backend {
     /* ---- grouped matmul: rows offsets[e]..offsets[e+1] of x use expert e's weight:
      * y[r] = x[r] W[e]^T. offsets is HOST memory; experts with no rows are skipped (their
      * weight gradient is left untouched). M = offsets[E]. ---- */
-    void (*grouped_matmul_forward)(const moe_backend *be, float *y, /* [M, O] dev */
-                                   const float *x,                  /* [M, I] dev */
-                                   moe_cbuf w,                      /* [E, O, I] dev, F32|BF16 */
-                                   const int32_t *offsets,          /* [E + 1] host */
+    void (*grouped_matmul_forward)(const moe_backend *be, moe_buf y, /* [M, O] dev, F32|BF16 */
+                                   moe_cbuf x,                       /* [M, I] dev, F32|BF16 */
+                                   moe_cbuf w,                       /* [E, O, I] dev, F32|BF16 */
+                                   const int32_t *offsets,           /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
     void (*grouped_matmul_backward)(const moe_backend *be,
                                     float *dx,              /* [M, I] dev, +=, may be NULL */
                                     float *dw,              /* [E, O, I] dev, += */
                                     const float *dy,        /* [M, O] dev */
-                                    const float *x,         /* [M, I] dev */
+                                    moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
                                     moe_cbuf w,             /* [E, O, I] dev, F32 or BF16 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
     /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ---- */
-    void (*swiglu_forward)(const moe_backend *be, float *out, /* [n] dev */
-                           const float *a,                    /* [n] dev (w1 output) */
-                           const float *b,                    /* [n] dev (w3 output) */
+    void (*swiglu_forward)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16 */
+                           moe_cbuf a,                         /* [n] dev (w1 output) */
+                           moe_cbuf b, /* [n] dev (w3 output), of a's type */
                            int64_t n, moe_recipe prec);
     void (*swiglu_backward)(const moe_backend *be, float *da, /* [n] dev, += */
                             float *db,                        /* [n] dev, += */
                             const float *dout,                /* [n] dev */
-                            const float *a,                   /* [n] dev */
-                            const float *b,                   /* [n] dev */
+                            moe_cbuf a,                       /* [n] dev, F32|BF16 */
+                            moe_cbuf b,                       /* [n] dev, F32|BF16 */
                             int64_t n);
 
     /* ---- cross-entropy with a fused softmax: loss[n] = weight[n] * (lse[n] - logit[n,t])

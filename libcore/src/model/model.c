@@ -29,14 +29,19 @@ static void plan_keeps(int plan, int *attn, int *mid, int *moe) {
     *moe = plan == MOE_RECOMPUTE_NONE || plan == MOE_RECOMPUTE_ATTN;
 }
 
-size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct moe_acts *a,
-                     char *base) {
+moe_dtype moe_model_act_dtype(moe_recipe recipe) {
+    return recipe == MOE_RECIPE_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+}
+
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe,
+                     struct moe_acts *a, char *base) {
     int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
     int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
     int64_t D = cfg->hidden_size / cfg->num_attention_heads;
     int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
     int64_t NK = N * K, L = cfg->num_hidden_layers;
     size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
+    size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* expert activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
@@ -62,11 +67,11 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct mo
         sh.row_src = carve(&off, base, (size_t)NK * i4);
         sh.slot_row = carve(&off, base, (size_t)NK * i4);
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        sh.xp = carve(&off, base, (size_t)(NK * C) * f);
-        sh.h1 = carve(&off, base, (size_t)(NK * F) * f);
-        sh.h3 = carve(&off, base, (size_t)(NK * F) * f);
-        sh.g = carve(&off, base, (size_t)(NK * F) * f);
-        sh.yp = carve(&off, base, (size_t)(NK * C) * f);
+        sh.xp = carve(&off, base, (size_t)(NK * C) * ef);
+        sh.h1 = carve(&off, base, (size_t)(NK * F) * ef);
+        sh.h3 = carve(&off, base, (size_t)(NK * F) * ef);
+        sh.g = carve(&off, base, (size_t)(NK * F) * ef);
+        sh.yp = carve(&off, base, (size_t)(NK * C) * ef);
     }
     /* forward-only: the residual stream ping-pongs between two buffers */
     float *xbuf[2] = {NULL, NULL};
@@ -99,11 +104,11 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct mo
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            la->xp = carve(&off, base, (size_t)(NK * C) * f);
-            la->h1 = carve(&off, base, (size_t)(NK * F) * f);
-            la->h3 = carve(&off, base, (size_t)(NK * F) * f);
-            la->g = carve(&off, base, (size_t)(NK * F) * f);
-            la->yp = carve(&off, base, (size_t)(NK * C) * f);
+            la->xp = carve(&off, base, (size_t)(NK * C) * ef);
+            la->h1 = carve(&off, base, (size_t)(NK * F) * ef);
+            la->h3 = carve(&off, base, (size_t)(NK * F) * ef);
+            la->g = carve(&off, base, (size_t)(NK * F) * ef);
+            la->yp = carve(&off, base, (size_t)(NK * C) * ef);
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = carve(&off, base, (size_t)E * i4);
@@ -115,6 +120,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, struct mo
     p->keep_attn = keep_attn;
     p->keep_mid = keep_mid;
     p->keep_moe = keep_moe;
+    p->edt = moe_model_act_dtype(recipe);
     p->x_final = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[L & 1];
     p->lnf = carve(&off, base, (size_t)(N * C) * f);
     p->rstdf = carve(&off, base, (size_t)N * f);
@@ -223,8 +229,7 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
     int copies = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
     if (copies) m->param16_mem = be->alloc(be, (size_t)t->n_elems * sizeof(uint16_t));
-    if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) ||
-        (copies && !m->param16_mem))
+    if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) || (copies && !m->param16_mem))
         goto oom;
     for (int i = 0; i < t->n_params; i++) {
         t->params[i].data = m->param_mem + t->params[i].offset;
@@ -233,14 +238,14 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     }
     m->param16_stale = 1; /* zero weights, zero copies: right, but say so once */
     a->max_tokens = N;
-    a->bytes = moe_acts_plan(cfg, N, plan, a, NULL);
+    a->bytes = moe_acts_plan(cfg, N, plan, recipe, a, NULL);
     a->mem = be->alloc(be, a->bytes);
     if (!a->mem) goto oom;
-    moe_acts_plan(cfg, N, plan, a, a->mem);
+    moe_acts_plan(cfg, N, plan, recipe, a, a->mem);
     return MOE_OK;
 oom:;
     size_t pbytes = (size_t)m->table.n_elems * sizeof(float);
-    size_t abytes = moe_acts_plan(cfg, N, plan, NULL, NULL);
+    size_t abytes = moe_acts_plan(cfg, N, plan, recipe, NULL, NULL);
     size_t cbytes = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD) ? pbytes / 2 : 0;
     moe_model_free(m);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
@@ -406,9 +411,8 @@ double moe_model_flops_per_token(const moe_model_config *c, int64_t seq) {
 
 int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
                                    moe_recompute recompute, int64_t batch, int64_t seq) {
-    (void)recipe; /* the backends keep fp32 buffers for every recipe */
     if (cfg->num_attention_heads <= 0) return 0;
-    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, NULL, NULL);
+    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, NULL, NULL);
 }
 
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d) {

@@ -42,11 +42,12 @@ typedef struct moe_layer_acts { /* dev memory; a group not kept points at the sh
     int32_t *row_src;           /* [N*K] */
     int32_t *slot_row;          /* [N*K] */
     int32_t *offsets;           /* [E + 1] */
-    float *xp;                  /* [N*K, C] permuted expert inputs */
-    float *h1;                  /* [N*K, F] w1 output */
-    float *h3;                  /* [N*K, F] w3 output */
-    float *g;                   /* [N*K, F] silu(h1) * h3 */
-    float *yp;                  /* [N*K, C] expert outputs (unweighted) */
+    /* the expert activations, of element type moe_acts.edt */
+    void *xp; /* [N*K, C] permuted expert inputs */
+    void *h1; /* [N*K, F] w1 output */
+    void *h3; /* [N*K, F] w3 output */
+    void *g;  /* [N*K, F] silu(h1) * h3 */
+    void *yp; /* [N*K, C] expert outputs (unweighted) */
 } moe_layer_acts;
 
 struct moe_acts {
@@ -55,6 +56,7 @@ struct moe_acts {
     int keep_attn;      /* ln1..att_lse kept per layer (else shared and recomputed) */
     int keep_mid;       /* x_mid kept per layer */
     int keep_moe;       /* ln2..yp kept per layer */
+    moe_dtype edt;      /* of xp, h1, h3, g, yp: moe_model_act_dtype(recipe) */
     void *mem;          /* the single backend allocation */
     size_t bytes;
     moe_layer_acts *layer; /* [L] host array of pointers */
@@ -87,11 +89,14 @@ struct moe_acts {
     double weight_sum;
 };
 
-/* Lays the activation buffers for max_tokens tokens and plan (moe_recompute value or
- * MOE_PLAN_FORWARD) out in memory at base (NULL: only measure). a->layer must hold
+/* Lays the activation buffers for max_tokens tokens, plan (moe_recompute value or
+ * MOE_PLAN_FORWARD) and recipe out in memory at base (NULL: only measure). a->layer must hold
  * cfg->num_hidden_layers entries when base is non-NULL. Returns the bytes needed. */
-size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, struct moe_acts *a,
-                     char *base);
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
+                     struct moe_acts *a, char *base);
+/* The element type of the stored expert activations under recipe: BF16 under bf16 (they
+ * hold bf16 values anyway), else F32. The same on every backend. */
+moe_dtype moe_model_act_dtype(moe_recipe recipe);
 
 /* Makes sure the head buffers (logits, ce_loss, ce_lse, targets for max_tokens) exist: a
  * training plan has them; a forward-only plan gets them in a second allocation on the first

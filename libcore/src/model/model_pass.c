@@ -54,20 +54,27 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     /* the router (gate matmul included) runs in fp32 */
     be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
                         (float)c->rms_norm_eps, prec);
-    be->matmul_forward(be, la->rlogits, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
+    be->matmul_forward(be, la->rlogits, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C, E,
+                       MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
-    be->permute_forward(be, la->xp, la->row_src, la->slot_row, la->offsets, la->ln2, la->topk_idx,
-                        N, C, E, K);
+    const moe_dtype edt = a->edt;
+    be->permute_forward(be, moe_buf_of(la->xp, edt), la->row_src, la->slot_row, la->offsets,
+                        la->ln2, la->topk_idx, N, C, E, K);
     int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
     be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    be->grouped_matmul_forward(be, la->h1, la->xp, moe_model_weight(m, li->w1), hoff, E, C, F, prec);
-    be->grouped_matmul_forward(be, la->h3, la->xp, moe_model_weight(m, li->w3), hoff, E, C, F, prec);
-    be->swiglu_forward(be, la->g, la->h1, la->h3, N * K * F, prec);
-    be->grouped_matmul_forward(be, la->yp, la->g, moe_model_weight(m, li->w2), hoff, E, F, C, prec);
+    moe_cbuf xp = moe_cbuf_of(la->xp, edt), h1 = moe_cbuf_of(la->h1, edt);
+    moe_cbuf h3 = moe_cbuf_of(la->h3, edt), g = moe_cbuf_of(la->g, edt);
+    be->grouped_matmul_forward(be, moe_buf_of(la->h1, edt), xp, moe_model_weight(m, li->w1), hoff,
+                               E, C, F, prec);
+    be->grouped_matmul_forward(be, moe_buf_of(la->h3, edt), xp, moe_model_weight(m, li->w3), hoff,
+                               E, C, F, prec);
+    be->swiglu_forward(be, moe_buf_of(la->g, edt), h1, h3, N * K * F, prec);
+    be->grouped_matmul_forward(be, moe_buf_of(la->yp, edt), g, moe_model_weight(m, li->w2), hoff, E,
+                               F, C, prec);
     if (!with_residual) return;
     float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
-    be->unpermute_forward(be, a->tmp, la->yp, la->topk_w, la->slot_row, N, C, K);
+    be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, edt), la->topk_w, la->slot_row, N, C, K);
     be->add(be, x_out, la->x_mid, a->tmp, N * C);
 }
 
@@ -256,19 +263,21 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
         ZERO(a->dyp, NK * C);
         ZERO(a->dtw, NK);
-        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, la->yp, la->topk_w, la->slot_row, N, C,
-                               K);
+        const moe_dtype edt = a->edt;
+        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, moe_cbuf_of(la->yp, edt), la->topk_w,
+                               la->slot_row, N, C, K);
         ZERO(a->dg, NK * F);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, la->g, moe_model_weight(m, li->w2), hoff,
-                                    E, F, C, prec);
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, moe_cbuf_of(la->g, edt),
+                                    moe_model_weight(m, li->w2), hoff, E, F, C, prec);
         ZERO(a->dh1, NK * F);
         ZERO(a->dh3, NK * F);
-        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, la->h1, la->h3, NK * F);
+        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, moe_cbuf_of(la->h1, edt),
+                            moe_cbuf_of(la->h3, edt), NK * F);
         ZERO(a->dxp, NK * C);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, la->xp, moe_model_weight(m, li->w1),
-                                    hoff, E, C, F, prec);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, la->xp, moe_model_weight(m, li->w3),
-                                    hoff, E, C, F, prec);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, moe_cbuf_of(la->xp, edt),
+                                    moe_model_weight(m, li->w1), hoff, E, C, F, prec);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, moe_cbuf_of(la->xp, edt),
+                                    moe_model_weight(m, li->w3), hoff, E, C, F, prec);
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
         for (int64_t e = 0; e < E; e++) /* d aux_l / d p[n,e] = E f_e / N, f_e = count/(N K) */
@@ -278,14 +287,14 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob, dz, la->probs, la->rlse, la->topk_idx,
                             la->topk_w, N, E, K);
-        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C,
-                            E, MOE_RECIPE_FP32);
+        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2,
+                            moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
                              la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
         ZERO(a->datt, N * H * D);
-        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att, moe_model_weight(m, li->o), N, H * D,
-                            C, prec);
+        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att,
+                            moe_model_weight(m, li->o), N, H * D, C, prec);
         ZERO(a->dq, N * H * D);
         ZERO(a->dk, N * KV * D);
         ZERO(a->dv, N * KV * D);
@@ -294,12 +303,12 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
         ZERO(a->dln, N * C);
-        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, moe_model_weight(m, li->q), N, C, H * D,
-                            prec);
-        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, moe_model_weight(m, li->k), N, C, KV * D,
-                            prec);
-        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, moe_model_weight(m, li->v), N, C, KV * D,
-                            prec);
+        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, moe_model_weight(m, li->q),
+                            N, C, H * D, prec);
+        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, moe_model_weight(m, li->k),
+                            N, C, KV * D, prec);
+        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, moe_model_weight(m, li->v),
+                            N, C, KV * D, prec);
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
                              la->rstd1, N, C);
     }

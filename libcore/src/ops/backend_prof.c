@@ -219,7 +219,7 @@ static void pr_router_backward(const moe_backend *be, float *dlogits, const floa
     prof_end_op(p, t0, MOE_OP_ROUTER, 1);
 }
 
-static void pr_permute_forward(const moe_backend *be, float *xp, int32_t *row_src,
+static void pr_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
                                int32_t *slot_row, int32_t *offsets, const float *x,
                                const int32_t *topk_idx, int64_t N, int64_t C, int64_t E,
                                int64_t K) {
@@ -237,9 +237,8 @@ static void pr_permute_backward(const moe_backend *be, float *dx, const float *d
     prof_end_op(p, t0, MOE_OP_PERMUTE, 1);
 }
 
-static void pr_unpermute_forward(const moe_backend *be, float *y, const float *yp,
-                                 const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                                 int64_t K) {
+static void pr_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
+                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->unpermute_forward(p->inner, y, yp, topk_w, slot_row, N, C, K);
@@ -247,7 +246,7 @@ static void pr_unpermute_forward(const moe_backend *be, float *y, const float *y
 }
 
 static void pr_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w,
-                                  const float *dy, const float *yp, const float *topk_w,
+                                  const float *dy, moe_cbuf yp, const float *topk_w,
                                   const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -255,9 +254,9 @@ static void pr_unpermute_backward(const moe_backend *be, float *dyp, float *dtop
     prof_end_op(p, t0, MOE_OP_UNPERMUTE, 1);
 }
 
-static void pr_grouped_matmul_forward(const moe_backend *be, float *y, const float *x,
-                                      moe_cbuf w, const int32_t *offsets, int64_t E, int64_t I,
-                                      int64_t O, moe_recipe prec) {
+static void pr_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
+                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                      moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->grouped_matmul_forward(p->inner, y, x, w, offsets, E, I, O, prec);
@@ -265,16 +264,16 @@ static void pr_grouped_matmul_forward(const moe_backend *be, float *y, const flo
 }
 
 static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                       const float *x, moe_cbuf w, const int32_t *offsets,
-                                       int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                       int64_t I, int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->grouped_matmul_backward(p->inner, dx, dw, dy, x, w, offsets, E, I, O, prec);
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 1);
 }
 
-static void pr_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
-                              int64_t n, moe_recipe prec) {
+static void pr_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                              moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->swiglu_forward(p->inner, out, a, b, n, prec);
@@ -282,7 +281,7 @@ static void pr_swiglu_forward(const moe_backend *be, float *out, const float *a,
 }
 
 static void pr_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
-                               const float *a, const float *b, int64_t n) {
+                               moe_cbuf a, moe_cbuf b, int64_t n) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->swiglu_backward(p->inner, da, db, dout, a, b, n);

@@ -301,7 +301,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     double ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->bad = !isfinite(moe_model_loss(mc, ce, aux, z)) ||
               !isfinite(norm); /* the same on every rank: the sums are global */
-    if (!sm->bad) /* this rank's part */
+    if (!sm->bad)              /* this rank's part */
         moe_model_adamw(&t->model, t->lo, t->hi, t->m, t->v, &c->optim, lr, step, scale);
     st = t->be->synchronize(t->be, err);
     if (st == MOE_OK && t->dp > 1 && !sm->bad) /* every rank gets every rank's new weights */

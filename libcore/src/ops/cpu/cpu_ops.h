@@ -60,12 +60,12 @@ void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, moe
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                              const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec);
-void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
+void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                     const float *x, moe_cbuf w, const int32_t *offsets,
-                                     int64_t E, int64_t I, int64_t O, moe_recipe prec);
+                                     moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                     int64_t I, int64_t O, moe_recipe prec);
 
 /* ops_norm.c */
 void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
@@ -81,10 +81,10 @@ void moe_cpu_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T,
                           int64_t D, double theta);
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                            int64_t D, double theta);
-void moe_cpu_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
-                            int64_t n, moe_recipe prec);
+void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                            moe_recipe prec);
 void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
-                             const float *a, const float *b, int64_t n);
+                             moe_cbuf a, moe_cbuf b, int64_t n);
 void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
 void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                           int64_t B, int64_t T, int64_t C, int max);
@@ -106,16 +106,15 @@ void moe_cpu_router_backward(const moe_backend *be, float *dlogits, const float 
                              const float *dprob, float dz, const float *probs, const float *lse,
                              const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
                              int64_t K);
-void moe_cpu_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
+void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src, int32_t *slot_row,
                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K);
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
-void moe_cpu_unpermute_forward(const moe_backend *be, float *y, const float *yp,
-                               const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                               int64_t K);
+void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 void moe_cpu_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                const float *yp, const float *topk_w, const int32_t *slot_row,
+                                moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                 int64_t N, int64_t C, int64_t K);
 
 /* ops_loss.c */
@@ -128,8 +127,8 @@ void moe_cpu_cross_entropy_backward(const moe_backend *be, float *dlogits, const
 
 /* ops_optim.c */
 void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                   int64_t step, float grad_scale);
+                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, int64_t step, float grad_scale);
 void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n);
 

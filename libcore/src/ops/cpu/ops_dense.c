@@ -156,12 +156,14 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
     moe_cpu_operand_free(dyr, dy);
 }
 
-void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
+void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec) {
     (void)be;
     int64_t M = offsets[E];
-    const float *xr = moe_cpu_operand(x, M * I, prec);
+    const float *xr = moe_cpu_operand_typed(x, M * I, prec);
+    /* a BF16 output is computed in fp32 first and stored rounded (what the F32 path does) */
+    float *y = yb.dt == MOE_DTYPE_F32 ? yb.p : xmalloc((size_t)(M * O) * sizeof(float));
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
@@ -171,16 +173,22 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, float *y, const float
         moe_cpu_operand_free(we, w_e.p);
     }
     if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, M * O);
-    moe_cpu_operand_free(xr, x);
+    if (yb.dt != MOE_DTYPE_F32) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < M * O; i++)
+            moe_buf_set(yb, i, y[i]);
+        free(y);
+    }
+    moe_cpu_operand_free(xr, x.p);
 }
 
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                                     const float *x, moe_cbuf w, const int32_t *offsets,
-                                     int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+                                     moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                     int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
     int64_t M = offsets[E];
     const float *dyr = moe_cpu_operand(dy, M * O, prec);
-    const float *xr = moe_cpu_operand(x, M * I, prec);
+    const float *xr = moe_cpu_operand_typed(x, M * I, prec);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
@@ -193,5 +201,5 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
         moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, 1.0f, dw + e * O * I);
     }
     moe_cpu_operand_free(dyr, dy);
-    moe_cpu_operand_free(xr, x);
+    moe_cpu_operand_free(xr, x.p);
 }

@@ -115,7 +115,7 @@ void moe_cpu_router_backward(const moe_backend *be, float *dlogits, const float 
     }
 }
 
-void moe_cpu_permute_forward(const moe_backend *be, float *xp, int32_t *row_src, int32_t *slot_row,
+void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src, int32_t *slot_row,
                              int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K) {
     (void)be;
@@ -136,8 +136,15 @@ void moe_cpu_permute_forward(const moe_backend *be, float *xp, int32_t *row_src,
     }
     free(next);
 #pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < N * K; r++)
-        memcpy(xp + r * C, x + (int64_t)(row_src[r] / K) * C, (size_t)C * sizeof(float));
+    for (int64_t r = 0; r < N * K; r++) {
+        const float *src = x + (int64_t)(row_src[r] / K) * C;
+        if (xp.dt == MOE_DTYPE_F32) {
+            memcpy((float *)xp.p + r * C, src, (size_t)C * sizeof(float));
+        } else {
+            for (int64_t c = 0; c < C; c++)
+                moe_buf_set(xp, r * C + c, src[c]);
+        }
+    }
 }
 
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
@@ -153,9 +160,8 @@ void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp
         }
 }
 
-void moe_cpu_unpermute_forward(const moe_backend *be, float *y, const float *yp,
-                               const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                               int64_t K) {
+void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
@@ -163,16 +169,16 @@ void moe_cpu_unpermute_forward(const moe_backend *be, float *y, const float *yp,
         for (int64_t c = 0; c < C; c++)
             yn[c] = 0.0f;
         for (int64_t kk = 0; kk < K; kk++) {
-            const float *src = yp + (int64_t)slot_row[n * K + kk] * C;
+            int64_t r = slot_row[n * K + kk];
             float w = topk_w[n * K + kk];
             for (int64_t c = 0; c < C; c++)
-                yn[c] += w * src[c];
+                yn[c] += w * moe_cbuf_get(yp, r * C + c);
         }
     }
 }
 
 void moe_cpu_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                const float *yp, const float *topk_w, const int32_t *slot_row,
+                                moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                 int64_t N, int64_t C, int64_t K) {
     (void)be;
 #pragma omp parallel for schedule(static)
@@ -180,11 +186,10 @@ void moe_cpu_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_
         const float *g = dy + n * C;
         for (int64_t kk = 0; kk < K; kk++) {
             int64_t r = slot_row[n * K + kk];
-            const float *src = yp + r * C;
             float *d = dyp + r * C, w = topk_w[n * K + kk], s = 0.0f;
             for (int64_t c = 0; c < C; c++) {
                 d[c] += w * g[c];
-                s += g[c] * src[c];
+                s += g[c] * moe_cbuf_get(yp, r * C + c);
             }
             dtopk_w[n * K + kk] += s;
         }

@@ -130,25 +130,27 @@ void moe_cpu_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t 
     rope_apply(dx, B, T, NH, D, theta, -1.0f);
 }
 
-void moe_cpu_swiglu_forward(const moe_backend *be, float *out, const float *a, const float *b,
-                            int64_t n, moe_recipe prec) {
+void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                            moe_recipe prec) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + moe_cpu_expf(-a[i]));
-        float v = a[i] * s * b[i];
-        out[i] = prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v;
+        float ai = moe_cbuf_get(a, i);
+        float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
+        float v = ai * s * moe_cbuf_get(b, i);
+        moe_buf_set(out, i, prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v);
     }
 }
 
 void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
-                             const float *a, const float *b, int64_t n) {
+                             moe_cbuf a, moe_cbuf b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float s = 1.0f / (1.0f + moe_cpu_expf(-a[i]));
-        float silu = a[i] * s;
-        da[i] += dout[i] * b[i] * (s + silu * (1.0f - s));
+        float ai = moe_cbuf_get(a, i);
+        float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
+        float silu = ai * s;
+        da[i] += dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s));
         db[i] += dout[i] * silu;
     }
 }

@@ -10,8 +10,8 @@
 #include "ops/cpu/cpu_ops.h"
 
 void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
-                   int64_t step, float grad_scale) {
+                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                   float weight_decay, int64_t step, float grad_scale) {
     (void)be;
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     const float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
