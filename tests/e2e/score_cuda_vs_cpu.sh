@@ -26,6 +26,7 @@ if [ "$dev" = cuda ]; then
     moe-score --version | awk '/^CUDA: not built/ { n = 1 } END { exit n }' ||
         { echo "skip: this build has no CUDA (cmake -DMOE_CUDA=ON)"; exit 77; }
 fi
+# shellcheck disable=SC2034 # read by the sourced tiny_ckpt.sh
 TINY_TRAIN_ARGS="model.num_attention_heads=2"
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
 if [ -z "$PY" ]; then echo "skip: no python3 with numpy"; exit 77; fi
