@@ -25,7 +25,8 @@ static const char USAGE[] =
     "longer than the model's context are scored in windows; each position is scored once.\n"
     "variants: each ALT allele's MOE_LLR = log P(ALT window) - log P(REF window) (nats),\n"
     "added to the VCF/BCF as INFO/MOE_LLR (Number=A). REF.fa needs a .fai (samtools faidx).\n"
-    "See docs/cli.md.\n"
+    "Every TSV starts with a #@PG line (version, command line, checkpoint id), then a header;\n"
+    "the VCF gets a ##moe_score header line. See docs/cli.md.\n"
     "\n"
     "Model (both):\n"
     "  -m, --model CKPT        checkpoint directory, or a run directory (its latest)\n"
@@ -107,7 +108,7 @@ typedef struct cli {
     moe_cli_input in;
     const char **regions; /* variants -r */
     int n_regions, threads;
-    char command[4096];
+    char command[4096]; /* for the provenance lines */
 } cli;
 
 /* A number >= 1 into *v (decimal or 0x hex); else a usage error (2). */
@@ -252,7 +253,6 @@ static int run(cli *c, int argc, char **argv) {
     c->var.vcf = argv[optind];
     c->var.regions = c->regions;
     c->var.n_regions = c->n_regions;
-    c->var.command = c->command;
     if (moe_score_vcf_run(&c->var, &sum, &err) != MOE_OK) return fail(&err);
     moe_log_info("%lld records, %lld ALT alleles: %lld scored, skipped %lld symbolic, %lld with "
                  "a window off the contig, %lld REF mismatches; %lld windows in %.2f s after a "
@@ -275,16 +275,14 @@ int main(int argc, char **argv) {
             return moe_cli_common_option("moe-score", USAGE, 'h', &level);
         if (strcmp(sub, "-V") == 0 || strcmp(sub, "--version") == 0)
             return moe_cli_common_option("moe-score", USAGE, 'V', &level);
+        fprintf(stderr, "%.*s", (int)(strstr(USAGE, "\n\n") + 1 - USAGE), USAGE); /* synopsis */
         return moe_cli_usage_error("moe-score", "a command is required: seq or variants%s%s%s",
                                    *sub ? " (not '" : "", sub, *sub ? "')" : "");
     }
     c.vcf = strcmp(sub, "variants") == 0;
     c.m = c.vcf ? &c.var.m : &c.seq.m;
-    size_t n = 0; /* the command line, for the ##moe_score header (cut when very long) */
-    for (int i = 0; i < argc && n + 1 < sizeof c.command; i++) {
-        int k = snprintf(c.command + n, sizeof c.command - n, "%s%s", i ? " " : "", argv[i]);
-        n = k < 0 ? n : n + (size_t)k < sizeof c.command ? n + (size_t)k : sizeof c.command - 1;
-    }
+    moe_cli_command_line(argc, argv, c.command, sizeof c.command); /* before getopt permutes */
+    c.m->command = c.command;
     int rc = parse(&c, argc - 1, argv + 1);
     if (rc < 0) rc = run(&c, argc - 1, argv + 1);
     moe_cli_input_free(&c.in);

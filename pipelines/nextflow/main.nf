@@ -1,8 +1,11 @@
 #!/usr/bin/env nextflow
 // main.nf: the moe-genomics Nextflow (DSL2) workflow - a sample sheet of sequence files ->
-// token shards -> one trained MoE checkpoint -> per-sample embeddings.
+// token shards -> one trained MoE checkpoint -> per-sample embeddings and log-likelihoods, and
+// the variant-effect scores of a VCF (--vcf, on the reference --fasta/--fasta_fai).
 //
 //   MOE_TOKENIZE (per sample) -> MOE_TRAIN (all shards together) -> MOE_EMBED (per sample)
+//                                                                -> MOE_SCORE (per sample)
+//                                                                -> MOE_SCORE_VARIANTS (--vcf)
 //
 // Run:  nextflow run pipelines/nextflow -profile test      (lambda phage, 20 steps; from the
 //                                                          checkout's top directory)
@@ -15,6 +18,8 @@ include { validateParameters; samplesheetToList } from 'plugin/nf-schema'
 include { MOE_TOKENIZE } from './modules/local/moe_tokenize/main'
 include { MOE_TRAIN    } from './modules/local/moe_train/main'
 include { MOE_EMBED    } from './modules/local/moe_embed/main'
+include { MOE_SCORE    } from './modules/local/moe_score/main'
+include { MOE_SCORE_VARIANTS } from './modules/local/moe_score_variants/main'
 
 workflow {
     validateParameters()   // against nextflow_schema.json
@@ -42,6 +47,17 @@ workflow {
     MOE_TRAIN(ch_shards, file(params.model_config, checkIfExists: true))
 
     MOE_EMBED(ch_seqs, MOE_TRAIN.out.run.first(), ch_ref)
+
+    MOE_SCORE(ch_seqs, MOE_TRAIN.out.run.first(), ch_ref)
+
+    // The variants are scored on the reference: --vcf needs --fasta and its --fasta_fai.
+    if (params.vcf) {
+        if (!params.fasta || !params.fasta_fai) {
+            error "--vcf ${params.vcf} needs the reference the variants are on: --fasta REF.fa --fasta_fai REF.fa.fai (samtools faidx)"
+        }
+        ch_vcf = channel.value([ [ id: file(params.vcf).simpleName ], file(params.vcf, checkIfExists: true) ])
+        MOE_SCORE_VARIANTS(ch_vcf, MOE_TRAIN.out.run.first(), ch_ref)
+    }
 
     // Tool versions, the nf-core way: every module emits (process, tool, version) on the
     // `versions` topic.

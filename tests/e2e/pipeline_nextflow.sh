@@ -3,17 +3,20 @@
 # the pipeline's nf-core files checked.
 #
 # Nextflow is not installable here, so this test does what Nextflow would do with each
-# process of pipelines/nextflow/modules/local/moe_{tokenize,train,embed}/main.nf: take the
+# process of pipelines/nextflow/modules/local/moe_{tokenize,train,embed,score,score_variants}/main.nf: take the
 # script: (and the stub:) block, strip its indentation, interpolate the Groovy variables
 # ($args from conf/test.config's or else conf/modules.config's ext.args, $task.cpus, $prefix,
 # the inputs), stage the inputs into a task directory under their names and run it with
 # `bash -euo pipefail` (conf/base.config's process.shell). Then it checks the outputs each
 # module declares, and runs the module's `eval(...)` versions output in the task directory as
 # Nextflow would (it must print the project's version). A CRAM input with its .crai and its
-# reference + .fai staged beside it, and a region, must work inside the task. Also checked:
+# reference + .fai staged beside it, and a region, must work inside the task; MOE_SCORE and
+# MOE_SCORE_VARIANTS score the embed task's sequence and the test profile's variants
+# (assets/test/) with the trained run. Also checked:
 # nextflow_schema.json and assets/schema_input.json are valid JSON Schema (2020-12) and the
 # test sample sheet passes; every module has meta.yml (naming each input), environment.yml,
-# conda/container directives and nf-test files; main.nf includes the three modules.
+# conda/container directives and nf-test files; main.nf includes the five modules; the test
+# profile's files exist and the committed .fai is samtools faidx's.
 # Not executed by any test: Nextflow itself (main.nf's channel logic, nf-schema, the versions
 # topic, retries, resourceLimits), nf-test, conda and containers.
 # The one thing to know: an unknown Groovy variable in a script block fails the test, so the
@@ -144,8 +147,36 @@ rows=$(head -c 128 emb/lambda.npy | tr -d '\0' | grep -ao "'shape': ([0-9]*" | g
 [ "$(wc -l <emb/lambda.ids.tsv)" = 13 ] || fail "MOE_EMBED: lambda.ids.tsv should have the @PG line, a header and 11 rows"
 check_versions emb moe_embed moe-embed
 
+# MOE_SCORE: the same inputs as MOE_EMBED -> ${prefix}.ll.tsv (#@PG line, header, one row).
+mkdir score && ln -s "$PWD/train/run" score/run && ln -s "$PWD/emb/lambda_head.fa" score/
+run_task score moe_score script args="$(ext_args MOE_SCORE)" task.cpus=2 prefix=lambda \
+    meta.id=lambda seqs=lambda_head.fa model=run reference= task.process=MOE_SCORE
+[ "$(wc -l <score/lambda.ll.tsv)" = 3 ] || fail "MOE_SCORE: lambda.ll.tsv should have the @PG line, a header and 1 row"
+awk -F'\t' 'NR == 1 && $2 != "ID:moe-score" { exit 1 } NR == 3 && $2 != 10500 { exit 1 }' score/lambda.ll.tsv ||
+    fail "MOE_SCORE: lambda.ll.tsv is not moe-score's table of the 10,500-base record"
+check_versions score moe_score moe-score
+
+# MOE_SCORE_VARIANTS: tuple val(meta), path(vcf); the model; tuple val(meta3), path(fasta),
+# path(fai) - the test profile's variants on its 5 kb reference; every record gets MOE_LLR.
+mkdir var && ln -s "$PWD/train/run" var/run
+for f in calls.vcf lambda_5kb.fa lambda_5kb.fa.fai; do ln -s "$nf/assets/test/$f" var/; done
+run_task var moe_score_variants script args="$(ext_args MOE_SCORE_VARIANTS)" task.cpus=2 \
+    prefix=calls.scored meta.id=calls vcf=calls.vcf model=run fasta=lambda_5kb.fa \
+    task.process=MOE_SCORE_VARIANTS
+gzip -dc var/calls.scored.vcf.gz >var/out.vcf || fail "MOE_SCORE_VARIANTS: calls.scored.vcf.gz is not gzip"
+grep -q '^##moe_score=<model="run/ckpt-' var/out.vcf || fail "MOE_SCORE_VARIANTS: no ##moe_score line"
+[ "$(awk -F'\t' '!/^#/ && $8 ~ /MOE_LLR=/' var/out.vcf | wc -l)" = 6 ] ||
+    fail "MOE_SCORE_VARIANTS: not all 6 records have INFO/MOE_LLR"
+check_versions var moe_score_variants moe-score
+if command -v samtools >/dev/null; then # the committed index is the one samtools writes
+    cp "$nf/assets/test/lambda_5kb.fa" var/fresh.fa && samtools faidx var/fresh.fa
+    cmp -s var/fresh.fa.fai "$nf/assets/test/lambda_5kb.fa.fai" ||
+        fail "assets/test/lambda_5kb.fa.fai is not samtools faidx's index of lambda_5kb.fa"
+fi
+
 # The stub: blocks (nextflow -stub-run) must run too and create the declared outputs.
-for m in tokenize:lambda.mtok train:run/latest embed:lambda.ids.tsv; do
+for m in tokenize:lambda.mtok train:run/latest embed:lambda.ids.tsv score:lambda.ll.tsv \
+    score_variants:calls.vcf.gz; do
     mod=moe_${m%%:*} out=${m##*:}
     mkdir "stub_$mod"
     run_task "stub_$mod" "$mod" stub prefix="${out%%[./]*}" meta.id=x task.process="${mod^^}"
@@ -158,12 +189,12 @@ grep -o "include { [A-Z_]* *} from '[^']*'" "$nf/main.nf" | while read -r _ _ na
     [ -f "$nf/$path.nf" ] || fail "main.nf includes $name from missing $path.nf"
     grep -q "^process $name {" "$nf/$path.nf" || fail "$path.nf does not define process $name"
 done
-[ "$(grep -c "^include { MOE_[A-Z_]* *} from './modules/" "$nf/main.nf")" = 3 ] ||
-    fail "main.nf should include the three modules"
+[ "$(grep -c "^include { MOE_[A-Z_]* *} from './modules/" "$nf/main.nf")" = 5 ] ||
+    fail "main.nf should include the five modules"
 
 # nf-core module files: meta.yml names every input of the process, environment.yml is the
 # conda directive's, a container is named, nf-test cases sit beside the module.
-for mod in moe_tokenize moe_train moe_embed; do
+for mod in moe_tokenize moe_train moe_embed moe_score moe_score_variants; do
     dir=$nf/modules/local/$mod
     for f in meta.yml environment.yml tests/main.nf.test; do [ -s "$dir/$f" ] || fail "$mod: no $f"; done
     grep -q '^    conda "${moduleDir}/environment.yml"$' "$dir/main.nf" || fail "$mod: no conda directive"
@@ -189,7 +220,7 @@ done
 # schema is one of nextflow.config's, and the test sheet's rows pass (nf-schema's own
 # keywords - format/exists/meta/errorMessage/uniqueEntries - are not checked here).
 python3 - "$nf" "$src" <<'EOF' || fail "nextflow_schema.json / assets/schema_input.json"
-import csv, json, os, sys
+import csv, json, os, re, sys
 from jsonschema import Draft202012Validator
 nf, src = sys.argv[1:]
 params = json.load(open(f"{nf}/nextflow_schema.json"))
@@ -203,6 +234,10 @@ rows = [{k: v for k, v in r.items() if v} for r in csv.DictReader(open(f"{nf}/as
 Draft202012Validator(rows_schema).validate(rows)
 for r in rows:
     assert os.path.exists(os.path.join(src, r["path"])), r  # relative to the checkout's top
+test_conf = open(f"{nf}/conf/test.config").read()
+for rel in re.findall(r'"\$\{projectDir\}/([^"]+)"', test_conf):  # the test profile's files
+    assert os.path.exists(os.path.join(nf, rel)), f"conf/test.config names a missing {rel}"
+assert "vcf " in test_conf, "the test profile should score variants (params.vcf)"
 bad = [{"sample": "bad name", "path": "x.fa"}]
 assert list(Draft202012Validator(rows_schema).iter_errors(bad)), "a sample name with a space passed"
 EOF

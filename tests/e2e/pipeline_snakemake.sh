@@ -3,8 +3,9 @@
 # (two samples in a TSV sheet: the genome, and 2 kb pieces of its first 10 kb as separate
 # records), 20 training steps, then checks every output: shards (and the declared
 # *.val.mtok), the shard manifest, checkpoint, metrics with a validation loss, the loss plot
-# for the report, benchmarks, embedding matrices whose row count matches the windows, the
-# logs. Then the stale-sample case: a sample removed from the sheet is no longer trained on
+# for the report, benchmarks, embedding matrices whose row count matches the windows,
+# per-sample log-likelihood tables and a scored VCF (moe-score: provenance naming the trained
+# checkpoint, a row per sequence, MOE_LLR for every ALT, read by bcftools), the logs. Then the stale-sample case: a sample removed from the sheet is no longer trained on
 # although its shards stay in tokens/ (moe-train's token count must be the remaining
 # sample's). And a further run has nothing to do; `snakemake --lint` is clean; bad sample
 # sheets and configs are refused before anything runs, naming the line or key.
@@ -16,6 +17,9 @@ src=${MOE_SRC_DIR:?MOE_SRC_DIR is not set}
 # every job down several-fold there, sleeping ones do not.
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 command -v snakemake >/dev/null || { echo "SKIP: snakemake is not installed (make deps)"; exit 77; }
+for t in samtools bcftools; do
+    command -v $t >/dev/null || { echo "SKIP: $t is not installed (make deps)"; exit 77; }
+done
 lambda=$src/data/lambda_virus.fa.gz
 [ -r "$lambda" ] || lambda=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
 [ -r "$lambda" ] || { echo "SKIP: no lambda genome (data/ or bowtie2-examples)"; exit 77; }
@@ -31,6 +35,17 @@ gzip -dc "$lambda" | awk 'NR > 1 { s = s $0 } END { for (i = 0; i < 5; i++)
     printf ">part%d\n%s\n", i + 1, substr(s, i * 2000 + 1, 2000) }' >parts.fa
 
 printf 'sample\tpath\nlambda\t%s\nparts\tparts.fa\n' "$lambda" >samples.tsv
+# The variants to score: SNVs, an MNV and a deletion on lambda (renamed: the VCF's contig).
+gzip -dc "$lambda" | sed '1s/^>.*/>lambda/' >ref.fa
+samtools faidx ref.fa
+awk 'NR > 1 { s = s $0 } END {
+    print "##fileformat=VCFv4.2\n##contig=<ID=lambda,length=" length(s) ">"
+    print "#CHROM\tPOS\tID\tREF\tALT\tQUAL\tFILTER\tINFO"
+    n = split("1000 5000 20000", pos, " ")
+    for (i = 1; i <= n; i++) { r = substr(s, pos[i], 1)
+        printf "lambda\t%d\tsnv%d\t%s\t%s\t.\t.\t.\n", pos[i], i, r, r == "A" ? "C" : "A" }
+    printf "lambda\t30000\tmnv\t%s\t%s\t.\t.\t.\n", substr(s, 30000, 2), substr(s, 30000, 2) == "AC" ? "GT" : "AC"
+    printf "lambda\t40000\tdel\t%s\t%s\t.\t.\t.\n", substr(s, 40000, 4), substr(s, 40000, 1) }' ref.fa >calls.vcf
 cat >config.yaml <<EOF2
 samples: samples.tsv
 outdir: results
@@ -52,6 +67,12 @@ train:
 embed:
   args: "--window 1000 --stride 1000 --per-window"
   threads: 2
+score:
+  vcfs:
+    calls: calls.vcf
+  fasta: ref.fa
+  variants_args: "--window 500"
+  threads: 2
 EOF2
 
 # The shipped config/ must plan and lint as a user runs it: from pipelines/snakemake/ of a
@@ -62,7 +83,7 @@ ln -s "$lambda" tree/data/lambda_virus.fa.gz
 ln -s "$src/configs" tree/configs
 (cd tree/pipelines/snakemake && snakemake -n --cores 2 >plan.txt 2>&1) ||
     { cat tree/pipelines/snakemake/plan.txt; fail "snakemake -n with the shipped config"; }
-for r in tokenize shard_manifest train loss_plot embed; do
+for r in tokenize shard_manifest train loss_plot embed score; do
     grep -q "rule $r:" tree/pipelines/snakemake/plan.txt || fail "the shipped plan has no $r job"
 done
 (cd tree/pipelines/snakemake && snakemake --lint >lint.txt 2>&1) ||
@@ -85,6 +106,11 @@ refused "a missing input file" "missing.tsv: line 2: sample 'x': no such file: m
     --configfile config.yaml --config samples=missing.tsv
 sed 's/^  threads: 1$/  thread: 1/' config.yaml >typo.yaml
 refused "an unknown config key" "thread" --configfile typo.yaml
+grep -v '^  fasta: ref.fa$' config.yaml >nofasta.yaml
+refused "VCFs without a reference" "score.vcfs needs score.fasta" --configfile nofasta.yaml
+cp ref.fa noindex.fa
+sed 's/^  fasta: ref.fa$/  fasta: noindex.fa/' config.yaml >noindex.yaml
+refused "a reference without .fai" "noindex.fa has no index noindex.fa.fai" --configfile noindex.yaml
 
 start=$SECONDS
 run_workflow() {
@@ -98,7 +124,9 @@ for f in results/tokens/lambda.mtok results/tokens/parts.mtok results/tokens/lam
     results/tokens/parts.val.mtok results/run/latest results/run/metrics.jsonl results/run/loss.svg \
     results/report/loss.svg results/logs/train.log results/logs/tokenize.lambda.log \
     results/logs/embed.parts.log results/benchmarks/train.tsv results/benchmarks/tokenize.parts.tsv \
-    results/benchmarks/embed.lambda.tsv; do
+    results/benchmarks/embed.lambda.tsv results/scores/lambda.ll.tsv results/scores/parts.ll.tsv \
+    results/scores/calls.vcf.gz results/logs/score.parts.log results/logs/score_variants.calls.log \
+    results/benchmarks/score.lambda.tsv results/benchmarks/score_variants.calls.tsv; do
     [ -s "$f" ] || fail "missing or empty: $f"
 done
 ckpt=$(cat results/run/latest)
@@ -134,6 +162,24 @@ for s in lambda:49 parts:10; do
     [ "$(($(wc -l <"results/embeddings/$name.ids.tsv") - 2))" = "$want" ] ||
         fail "$name.ids.tsv does not have $want rows"
 done
+
+# Scores: each table starts with moe-score's #@PG line naming the trained checkpoint, then
+# the header and one row per sequence; the scored VCF has a MOE_LLR for every ALT.
+for s in lambda:1 parts:5; do
+    name=${s%%:*} want=${s##*:} t=results/scores/${s%%:*}.ll.tsv
+    awk -F'\t' -v ck="DS:checkpoint results/run/$ckpt step 20 " 'NR == 1 && ($1 != "#@PG" ||
+        $2 != "ID:moe-score" || index($NF, ck) != 1) { exit 1 }' "$t" ||
+        fail "$t: line 1 is not moe-score's #@PG line for results/run/$ckpt: $(awk 'NR == 1' "$t")"
+    [ "$(awk 'NR == 2' "$t")" = "$(printf 'name\tlength\tlog_likelihood\tbits_per_base\tperplexity')" ] ||
+        fail "$t: no header line"
+    [ "$(($(wc -l <"$t") - 2))" = "$want" ] || fail "$t does not have $want rows"
+done
+[ "$(awk -F'\t' 'NR > 2 { print $1 }' results/scores/parts.ll.tsv | tr '\n' ' ')" = "part1 part2 part3 part4 part5 " ] ||
+    fail "parts.ll.tsv: not one row per record in order"
+bcftools view -h results/scores/calls.vcf.gz | grep -q '^##moe_score=<model="results/run/'"$ckpt"'",step=20,' ||
+    fail "calls.vcf.gz: no ##moe_score line for results/run/$ckpt"
+[ "$(bcftools query -f '%ID:%INFO/MOE_LLR\n' results/scores/calls.vcf.gz | awk -F: '$2 != "." { n++ } END { print n }')" = 5 ] ||
+    fail "calls.vcf.gz: not every ALT has a MOE_LLR: $(bcftools query -f '%ID:%INFO/MOE_LLR ' results/scores/calls.vcf.gz)"
 
 # The stale-sample case: remove `parts` from the sheet. Its shards stay in results/tokens/,
 # but the retrained model must not see them.

@@ -5,7 +5,8 @@
 # ALT's MOE_LLR equals `moe-score seq` on its REF and ALT windows written out as FASTA by the
 # rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average; one REF
 # window per position; Debian's bcftools reads the VCF, bgzip
-# VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); and every bad input of the
+# VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); the TSV's #@PG provenance
+# line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind.
 set -euo pipefail
@@ -53,7 +54,7 @@ tsv, out, W = sys.argv[1], sys.argv[2], int(sys.argv[3])
 seq = "".join(l.strip() for l in open("ref.fa") if not l.startswith(">"))
 h = W // 2
 with open(out, "w") as f:
-    for i, line in enumerate(open(tsv).read().splitlines()[1:]):
+    for i, line in enumerate(open(tsv).read().splitlines()[2:]):  # after #@PG and the header
         chrom, pos, vid, ref, alt, llr = line.split("\t")
         if llr == ".":
             continue
@@ -69,8 +70,8 @@ check_llr() { # check_llr VARIANTS_TSV SEQ_TSV mean|sum
     "$PY" - "$@" <<'PY'
 import sys
 var, ll, mode = sys.argv[1:]
-rows = [l.split("\t") for l in open(var).read().splitlines()[1:]]
-lls = [l.split("\t") for l in open(ll).read().splitlines()[1:]]
+rows = [l.split("\t") for l in open(var).read().splitlines()[2:]]
+lls = [l.split("\t") for l in open(ll).read().splitlines()[2:]]
 scored = [r for r in rows if r[5] != "."]
 assert len(lls) == 2 * len(scored), (len(lls), len(scored))
 worst = 0.0
@@ -86,7 +87,7 @@ print(f"check_llr: {len(scored)} ALTs ({mode}) equal seq on their windows (max d
 PY
 }
 sc good.vcf --tsv > llr.tsv
-[ "$(awk -F'\t' 'NR > 1 && $6 != "."' llr.tsv | wc -l)" = 13 ]  # 16 ALTs - 2 symbolic - 1 edge
+[ "$(awk -F'\t' 'NR > 2 && $6 != "."' llr.tsv | wc -l)" = 13 ]  # 16 ALTs - 2 symbolic - 1 edge
 windows_fa llr.tsv win.fa
 moe-score seq -q -m "$CKPT" win.fa > win.tsv
 check_llr llr.tsv win.tsv sum
@@ -99,21 +100,34 @@ check_llr rc.tsv winrc.tsv sum
 # VCF, bgzip VCF and BCF: bcftools reads them; the values are the TSV's
 for t in v z b; do
     sc good.vcf -O $t -o out.$t 2>log.txt
-    bcftools view -h out.$t > hdr.txt
-    grep -q '^##INFO=<ID=MOE_LLR,Number=A,Type=Float' hdr.txt
-    grep -q '^##moe_score=<model=.*,step=2,tokenizer=nuc,window=200,' hdr.txt
+    bcftools view -h out.$t > hdr.$t
+    grep -q '^##INFO=<ID=MOE_LLR,Number=A,Type=Float' hdr.$t
+    grep -q '^##moe_score=<model=.*,step=2,checkpoint=.*,tokenizer=nuc,window=200,' hdr.$t
     bcftools query -f '%CHROM\t%POS\t%INFO/MOE_LLR\n' out.$t > q.$t
 done
 cmp q.v q.z && cmp q.v q.b
 "$PY" - <<'PY'
 q = [l.split("\t") for l in open("q.v").read().splitlines()]
-t = [l.split("\t") for l in open("llr.tsv").read().splitlines()[1:]]
+t = [l.split("\t") for l in open("llr.tsv").read().splitlines()[2:]]
 vals = [v for r in q for v in r[2].split(",")]
 assert len(vals) == len(t), (len(vals), len(t))
 for v, r in zip(vals, t):
     assert (v == ".") == (r[5] == "."), (v, r)
     assert v == "." or abs(float(v) - float(r[5])) <= 1e-5 * max(1, abs(float(v))), (v, r)
 PY
+# provenance: the TSV's line 1 is the #@PG line moe-embed writes for this checkpoint (its
+# id: dir, step, model CRC-32), with moe-score's version and command line; the VCF's
+# ##moe_score line names the same checkpoint id and command
+moe-embed -q -m "$CKPT" win.fa -o emb.npy
+version=$(moe-score --version | sed -n '1s/^moe-score (moe-genomics) //p')
+ds=$(awk -F'\t' 'NR == 1 { print $NF }' emb.ids.tsv)
+cl="moe-score variants -q -m $CKPT -f ref.fa --window $W good.vcf --tsv"
+want=$(printf '#@PG\tID:moe-score\tPN:moe-score\tVN:%s\tCL:%s\t%s' "$version" "$cl" "$ds")
+[ "$(awk 'NR == 1' llr.tsv)" = "$want" ] || { echo "FAIL: llr.tsv line 1 is not '$want'"; exit 1; }
+[ "$(awk 'NR == 2' llr.tsv)" = "$(printf 'chrom\tpos\tid\tref\talt\tllr')" ]
+cl="moe-score variants -q -m $CKPT -f ref.fa --window $W good.vcf -O v -o out.v"
+grep -qF "##moe_score=<model=\"$CKPT\",step=2,checkpoint=\"${ds#DS:checkpoint }\",tokenizer=nuc,window=200,reduce=sum,strands=1,version=$version,command=\"$cl\">" hdr.v ||
+    { echo "FAIL: the ##moe_score line:"; grep '^##moe_score' hdr.v; exit 1; }
 # skipped ALTs are counted in the summary
 moe-score variants -m "$CKPT" -f ref.fa --window $W good.vcf -o out2.vcf 2>log.txt
 # one REF window per position (the split site's two records share theirs), one per ALT
@@ -137,5 +151,5 @@ expect2 moe-score variants -m "$CKPT" -f plain.fa.gz good.vcf
 grep -q "bgzip" err.txt
 # -r keeps only the records in the region
 sc good.vcf --tsv -r lambda:1-1500 > reg.tsv
-[ "$(tail -n +2 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]
+[ "$(tail -n +3 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]
 echo "score_variants: ok"

@@ -72,7 +72,11 @@ def main():
     hf_dir, fasta, tsv, tol, lp_files = a.hf_dir, a.fasta, a.tsv, a.tol, a.lp
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     t = load_dir(hf_dir)
-    rows = [line.rstrip("\n").split("\t") for line in open(tsv)][1:]
+    lines = [line.rstrip("\n").split("\t") for line in open(tsv)]
+    if not lines or lines[0][:2] != ["#@PG", "ID:moe-score"]:
+        print(f"np_score: FAIL: {tsv} does not start with a #@PG provenance line")
+        sys.exit(1)
+    rows = lines[2:]  # the provenance line, the header, then one row per sequence
     recs = read_fasta(fasta)
     if len(rows) != len(recs):
         print(f"np_score: FAIL: {len(rows)} TSV rows for {len(recs)} sequences")

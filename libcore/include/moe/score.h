@@ -35,6 +35,7 @@ typedef struct moe_score_model_opts { /* what both subcommands share */
     int64_t batch_tokens; /* padded tokens per forward pass (0: 8192) */
     int quiet;            /* no progress lines */
     int threads;          /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
+    const char *command;  /* the command line, for the provenance lines (NULL: no CL field) */
 } moe_score_model_opts;
 
 typedef struct moe_score_seq_opts {
@@ -63,8 +64,7 @@ typedef struct moe_score_vcf_opts {
     int tsv;            /* chrom pos id ref alt llr instead of a VCF */
     int64_t window;     /* W bases (0: 8192 or the model's context if smaller) */
     moe_score_reduce reduce;
-    int check_ref_warn;  /* REF mismatch: 0 error, 1 warn, skip and count */
-    const char *command; /* the command line, for the ##moe_score header */
+    int check_ref_warn; /* REF mismatch: 0 error, 1 warn, skip and count */
 } moe_score_vcf_opts;
 
 void moe_score_seq_opts_defaults(moe_score_seq_opts *o);

@@ -58,4 +58,10 @@ moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err 
 void score_model_finish(score_model *sm, moe_status st, const char *done, moe_score_summary *sum);
 void score_model_close(score_model *sm);
 
+#define SCORE_PG_MAX 8448 /* bytes of a provenance line: a command line and a path fit */
+/* moe-score's provenance line into out [n >= 3]: "#" + the samtools-style @PG line of
+ * moe_ckpt_provenance (version, command (NULL: no CL field), checkpoint id) + "\n". It is
+ * the first line of every TSV that moe-score writes. */
+void score_model_pg_line(const score_model *sm, const char *command, char *out, size_t n);
+
 #endif

@@ -135,6 +135,14 @@ void score_model_finish(score_model *sm, moe_status st, const char *done, moe_sc
     sum->seconds = sm->t_loaded > 0 ? moe_time_now() - sm->t_loaded : 0.0;
 }
 
+void score_model_pg_line(const score_model *sm, const char *command, char *out, size_t n) {
+    out[0] = '#';
+    moe_ckpt_provenance(&sm->ck.ckpt, "moe-score", command, out + 1, n - 2);
+    size_t k = strlen(out);
+    out[k] = '\n';
+    out[k + 1] = '\0';
+}
+
 void score_model_close(score_model *sm) {
     free(sm->tokens);
     free(sm->targets);

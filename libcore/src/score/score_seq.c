@@ -7,10 +7,12 @@
  * (score_model.c) straight into the strand's per-token array -> per sequence the sums,
  * bits per base and perplexity -> rows written in input order.
  *
- *   TSV        name length log_likelihood bits_per_base perplexity (header line first)
+ *   TSV        name length log_likelihood bits_per_base perplexity (after a "#@PG" provenance
+ *              line and a header line)
  *   .npy       float32 [tokens]: token i of a sequence at row first_row + i (NaN where no
  *              strand scores it: the first token without a BOS, single-strand)
  *   .ids.tsv   row name length tokens first_row log_likelihood bits_per_base perplexity
+ *              (after the same two lines)
  *
  * The one thing to know: with --rc-average a position's value is the mean over the strands
  * that score it (the reverse strand's token n-1-i is the complement of token i), and a
@@ -76,15 +78,19 @@ static int window_next(const seq_scorer *s, int64_t n, int64_t *end, int64_t g[3
 
 /* ---- output ---- */
 
+/* Opens the TSV (or the .npy and its .ids.tsv) and writes the provenance line and header. */
 static moe_status out_open(seq_scorer *s, moe_err *err) {
     const moe_score_seq_opts *o = s->o;
     const char *out = o->output ? o->output : "-";
+    char pg[SCORE_PG_MAX];
+    score_model_pg_line(&s->sm, o->m.command, pg, sizeof pg);
     if (!o->per_position) {
         moe_status st = moe_outfile_open(&s->tsv, out, err);
         if (st != MOE_OK) return st;
         s->tsv_open = 1;
         const char *hdr = "name\tlength\tlog_likelihood\tbits_per_base\tperplexity\n";
-        return moe_outfile_write(&s->tsv, hdr, strlen(hdr), err);
+        st = moe_outfile_write(&s->tsv, pg, strlen(pg), err);
+        return st == MOE_OK ? moe_outfile_write(&s->tsv, hdr, strlen(hdr), err) : st;
     }
     size_t len = strlen(out);
     if (strcmp(out, "-") == 0 || len < 5 || strcmp(out + len - 4, ".npy") != 0) {
@@ -101,7 +107,8 @@ static moe_status out_open(seq_scorer *s, moe_err *err) {
     s->ids_open = 1;
     const char *hdr =
         "row\tname\tlength\ttokens\tfirst_row\tlog_likelihood\tbits_per_base\tperplexity\n";
-    return moe_outfile_write(&s->ids, hdr, strlen(hdr), err);
+    st = moe_outfile_write(&s->ids, pg, strlen(pg), err);
+    return st == MOE_OK ? moe_outfile_write(&s->ids, hdr, strlen(hdr), err) : st;
 }
 
 /* The finished sequence: strand sums -> its row (and its per-position values). */

@@ -423,9 +423,14 @@ static moe_status setup(vcf_scorer *v, const moe_score_vcf_opts *o, moe_err *err
                     v->W, ctx);
         return MOE_ERR_INPUT;
     }
+    char pg[SCORE_PG_MAX], id[MOE_CKPT_PATH_MAX + 64];
+    score_model_pg_line(&v->sm, o->m.command, pg, sizeof pg);
+    moe_ckpt_id(&v->sm.ck.ckpt, id, sizeof id);
     vcf_meta meta = {v->sm.ck.ckpt.dir,
+                     id,
                      v->sm.tok->name,
-                     o->command,
+                     o->m.command,
+                     pg,
                      moe_ckpt_step_of(v->sm.ck.ckpt.dir),
                      v->W,
                      o->reduce == MOE_SCORE_MEAN,

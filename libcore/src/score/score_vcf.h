@@ -10,8 +10,10 @@
 #include "moe/fileio.h"
 #include "moe/score.h"
 
-typedef struct vcf_meta { /* what the ##moe_score header line records */
-    const char *model, *tokenizer, *command;
+typedef struct vcf_meta {        /* what the ##moe_score header line records */
+    const char *model, *ckpt_id; /* the checkpoint's directory and its moe_ckpt_id */
+    const char *tokenizer, *command;
+    const char *pg; /* the TSV's first line (score_model_pg_line) */
     int64_t step, window;
     int reduce_mean, strands;
 } vcf_meta;

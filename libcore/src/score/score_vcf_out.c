@@ -1,5 +1,6 @@
 /* score_vcf_out: the output of `moe-score variants` - the input VCF/BCF with INFO/MOE_LLR
- * and a ##moe_score header line (VCF, bgzip VCF or BCF through htslib), or a TSV.
+ * and a ##moe_score header line (VCF, bgzip VCF or BCF through htslib), or a TSV (a "#@PG"
+ * provenance line, a header, a row per ALT).
  *
  * The one thing to know: htslib writes into the descriptor of a moe_outfile (a duplicate of
  * it, handed to hdopen), so the output lives under a temporary name until
@@ -34,9 +35,9 @@ static moe_status add_header(vcf_out *w, const bcf_hdr_t *in, const vcf_meta *me
                bcf_hdr_append(w->hdr, line.s) < 0;
     line.l = 0;
     bad |= ksprintf(&line,
-                    "##moe_score=<model=\"%s\",step=%" PRId64 ",tokenizer=%s,window=%" PRId64
-                    ",reduce=%s,strands=%d,version=%s,command=\"",
-                    meta->model, meta->step, meta->tokenizer, meta->window,
+                    "##moe_score=<model=\"%s\",step=%" PRId64 ",checkpoint=\"%s\",tokenizer=%s,"
+                    "window=%" PRId64 ",reduce=%s,strands=%d,version=%s,command=\"",
+                    meta->model, meta->step, meta->ckpt_id, meta->tokenizer, meta->window,
                     meta->reduce_mean ? "mean" : "sum", meta->strands, moe_version()) < 0;
     for (const char *c = meta->command ? meta->command : ""; *c; c++) /* no quotes inside */
         bad |= kputc(*c == '"' ? '\'' : *c, &line) < 0;
@@ -58,7 +59,8 @@ moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, const bcf
     w->file_open = 1;
     if (w->tsv) {
         const char *h = "chrom\tpos\tid\tref\talt\tllr\n";
-        return moe_outfile_write(&w->file, h, strlen(h), err);
+        st = moe_outfile_write(&w->file, meta->pg, strlen(meta->pg), err);
+        return st == MOE_OK ? moe_outfile_write(&w->file, h, strlen(h), err) : st;
     }
     st = add_header(w, in, meta, err);
     if (st != MOE_OK) return st;

@@ -1,5 +1,5 @@
-# common.smk: the sample sheet, the tool settings and the helpers the rules share (functions
-# only: the rules live in tokenize.smk, train.smk and embed.smk).
+# common.smk: the sample sheet, the VCFs to score, the tool settings and the helpers the rules
+# share (functions only: the rules live in tokenize.smk, train.smk, embed.smk and score.smk).
 #
 # The sample sheet (config["samples"], a TSV with the columns `sample` and `path`; `#` lines
 # are comments) is read here and every row validated against schemas/samples.schema.yaml.
@@ -16,6 +16,7 @@ OUT = config["outdir"]
 TOK = config["tokenize"]
 TRAIN = config["train"]
 EMBED = config["embed"]
+SCORE = config["score"]
 # The *.val.mtok outputs exist exactly when a validation fraction is asked for.
 WITH_VAL = float(TOK["val_fraction"]) > 0
 
@@ -51,6 +52,32 @@ def read_sample_sheet(path):
 
 
 SAMPLES = read_sample_sheet(config["samples"])
+
+
+def read_vcfs(score):
+    """{name: path} of score.vcfs, checked with score.fasta and its .fai; ValueError naming
+    the config key."""
+    vcfs = score.get("vcfs") or {}
+    for name, path in vcfs.items():
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError(f"config: score.vcfs: {name!r}: names are letters, digits, '.', "
+                             f"'_' and '-' (it names {OUT}/scores/<name>.vcf.gz)")
+        if not os.path.exists(path):
+            raise ValueError(f"config: score.vcfs: {name}: no such file: {path} (relative "
+                             f"paths are relative to {os.getcwd()})")
+    fasta = score.get("fasta") or ""
+    if vcfs and not fasta:
+        raise ValueError("config: score.vcfs needs score.fasta, the reference FASTA the "
+                         "variants are on (indexed: samtools faidx)")
+    if vcfs and not os.path.exists(fasta):
+        raise ValueError(f"config: score.fasta: no such file: {fasta}")
+    if vcfs and not os.path.exists(f"{fasta}.fai"):
+        raise ValueError(f"config: score.fasta: {fasta} has no index {fasta}.fai (run "
+                         f"samtools faidx {fasta}; a gzip FASTA must be bgzip first)")
+    return dict(vcfs)
+
+
+VCFS = read_vcfs(SCORE)
 
 
 def shell_prefix():
