@@ -133,9 +133,17 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 /* ------------------------------------------------------------------------------------------
  * forward */
 
-template <int D>
+/* Two adjacent output values: fp32 as a float2, bf16 (rounded to nearest) as a bf16x2. */
+__device__ __forceinline__ void fa_st2(float *p, float a, float b) {
+    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void fa_st2(bf16 *p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+
+template <int D, typename TO>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
-    k_fa_fwd(float *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
+    k_fa_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
              const bf16 *__restrict__ k, const bf16 *__restrict__ v, int64_t T, int H, int KV,
              float scale, int round_out) {
     constexpr int LD = D + 8;
@@ -256,7 +264,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    float *og = out + (int64_t)b * T * qstride + (int64_t)h * D;
+    TO *og = out + (int64_t)b * T * qstride + (int64_t)h * D;
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
         int col = nt * 8 + 2 * t;
@@ -268,10 +276,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
             v10 = moe_dev_round_bf16(v10);
             v11 = moe_dev_round_bf16(v11);
         }
-        if (row0 < T)
-            *reinterpret_cast<float2 *>(og + row0 * qstride + col) = make_float2(v00, v01);
-        if (row1 < T)
-            *reinterpret_cast<float2 *>(og + row1 * qstride + col) = make_float2(v10, v11);
+        if (row0 < T) fa_st2(og + row0 * qstride + col, v00, v01);
+        if (row1 < T) fa_st2(og + row1 * qstride + col, v10, v11);
     }
     if (t == 0) {
         float *lg = lse + (int64_t)bh * T;
@@ -284,15 +290,16 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
  * backward: Delta = rowsum(dout * out), then dq, then dk/dv */
 
 /* delta[b, h, t] = sum_d dout * out over one row; one warp per row */
+template <typename TO>
 __global__ void k_fa_delta(float *__restrict__ delta, const float *__restrict__ dout,
-                           const float *__restrict__ out, int64_t B, int64_t T, int H, int D) {
+                           const TO *__restrict__ out, int64_t B, int64_t T, int H, int D) {
     int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5; /* (b*T + t)*H + h */
     int lane = threadIdx.x & 31;
     if (row >= B * T * H) return;
-    const float *a = dout + row * D, *c = out + row * D;
+    const float *a = dout + row * D;
     float s = 0.0f;
     for (int d = lane; d < D; d += 32)
-        s += a[d] * c[d];
+        s += a[d] * moe_ld(out, row * D + d);
     s = moe_warp_sum(s);
     if (lane == 0) {
         int64_t h = row % H, bt = row / H, b = bt / T, tt = bt % T;
@@ -590,17 +597,28 @@ static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op)
         op, "shared memory %zu bytes", bytes);
 }
 
-template <int D>
-static void fa_forward(moe_cuda_ctx *c, float *out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV, int round_out) {
+template <int D, typename TO>
+static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
+                          const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                          int round_out) {
     const char *op = "attention_forward";
     size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
-    if (!fa_smem_attr(c, k_fa_fwd<D>, smem, op)) return;
+    if (!fa_smem_attr(c, k_fa_fwd<D, TO>, smem, op)) return;
     dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_fwd<D><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, (int)H, (int)KV,
-                                                       1.0f / sqrtf((float)D), round_out);
+    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, (int)H, (int)KV,
+                                                           1.0f / sqrtf((float)D), round_out);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
+}
+
+/* out is F32 (rounded to bf16 values when round_out) or BF16 (written rounded). */
+template <int D>
+static void fa_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
+                       const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV, int round_out) {
+    if (out.dt == MOE_DTYPE_BF16)
+        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, B, T, H, KV, round_out);
+    else
+        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, B, T, H, KV, round_out);
 }
 
 template <int D>
@@ -628,22 +646,39 @@ static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const 
                       (long long)H, (long long)KV, D);
 }
 
-void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                                int64_t KV, int64_t D, moe_recipe prec) {
+/* The bf16 operand of a typed q/k/v: a BF16 one as it is, an F32 one converted in `slot`. */
+static const bf16 *fa_operand(moe_cuda_ctx *c, int slot, moe_cbuf x, int64_t n, const char *op) {
+    if (x.dt == MOE_DTYPE_BF16) return (const bf16 *)x.p;
+    if (!moe_cuda_typed_ok(c, x.dt, op)) return NULL;
+    return moe_cuda_bf16_operand(c, slot, (const float *)x.p, n, op);
+}
+
+/* The fp32 kernel takes F32 operands only (BF16 ones exist under the bf16 recipe only). */
+static int fa_all_f32(moe_cuda_ctx *c, const char *op, moe_cbuf a, moe_cbuf b, moe_cbuf d,
+                      moe_cbuf e) {
+    if (a.dt == MOE_DTYPE_F32 && b.dt == MOE_DTYPE_F32 && d.dt == MOE_DTYPE_F32 &&
+        e.dt == MOE_DTYPE_F32)
+        return 1;
+    return moe_cuda_check(c, cudaErrorInvalidValue, op, "bf16 operands under the fp32 recipe");
+}
+
+void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
+                                moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_forward";
-    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0) return;
+    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
+        return;
     if (prec == MOE_RECIPE_FP32) {
-        moe_cuda_attention_fp32_forward(c, out, lse, q, k, v, B, T, H, KV, D);
+        if (!fa_all_f32(c, op, moe_cbuf_from(out), q, k, v)) return;
+        moe_cuda_attention_fp32_forward(c, (float *)out.p, lse, (const float *)q.p,
+                                        (const float *)k.p, (const float *)v.p, B, T, H, KV, D);
         return;
     }
     if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
-    const bf16 *qb = moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
-    const bf16 *kb =
-        qb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
-    const bf16 *vb =
-        kb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
+    const bf16 *qb = fa_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
+    const bf16 *kb = qb ? fa_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
+    const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
     if (!vb) return;
     switch (D) {
     case 16:
@@ -665,14 +700,18 @@ void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, c
 }
 
 void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *q, const float *k, const float *v,
-                                 const float *out, const float *lse, int64_t B, int64_t T,
-                                 int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
+                                 moe_cbuf out, const float *lse, int64_t B, int64_t T, int64_t H,
+                                 int64_t KV, int64_t D, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_backward";
-    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0) return;
+    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
+        return;
     if (prec == MOE_RECIPE_FP32) {
-        moe_cuda_attention_fp32_backward(c, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D);
+        if (!fa_all_f32(c, op, out, q, k, v)) return;
+        moe_cuda_attention_fp32_backward(c, dq, dk, dv, dout, (const float *)q.p,
+                                         (const float *)k.p, (const float *)v.p,
+                                         (const float *)out.p, lse, B, T, H, KV, D);
         return;
     }
     if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
@@ -680,16 +719,19 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
         (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(B * H * T) * sizeof(float), op);
     if (!delta) return;
     int64_t rows = B * T * H;
-    k_fa_delta<<<(unsigned)((rows * 32 + 255) / 256), 256, 0, c->stream>>>(delta, dout, out, B, T,
-                                                                           (int)H, (int)D);
+    unsigned dgrid = (unsigned)((rows * 32 + 255) / 256);
+    if (out.dt == MOE_DTYPE_BF16)
+        k_fa_delta<<<dgrid, 256, 0, c->stream>>>(delta, dout, (const bf16 *)out.p, B, T, (int)H,
+                                                 (int)D);
+    else
+        k_fa_delta<<<dgrid, 256, 0, c->stream>>>(delta, dout, (const float *)out.p, B, T, (int)H,
+                                                 (int)D);
     if (!MOE_CUDA_LAUNCHED(c, op, "delta: B=%lld T=%lld H=%lld D=%lld", (long long)B, (long long)T,
                            (long long)H, (long long)D))
         return;
-    const bf16 *qb = moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
-    const bf16 *kb =
-        qb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
-    const bf16 *vb =
-        kb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
+    const bf16 *qb = fa_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
+    const bf16 *kb = qb ? fa_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
+    const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
     const bf16 *gb =
         vb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_D, dout, B * T * H * D, op) : NULL;
     if (!gb) return;

@@ -133,6 +133,21 @@ int moe_cuda_round_bf16(moe_cuda_ctx *c, float *x, int64_t n, const char *op) {
     return MOE_CUDA_LAUNCHED(c, op, "bf16 rounding of %lld values", (long long)n);
 }
 
+__global__ void k_bf16_to_f32(float *__restrict__ dst, const __nv_bfloat16 *__restrict__ src,
+                              int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+float *moe_cuda_f32_operand(moe_cuda_ctx *c, int slot, const __nv_bfloat16 *src, int64_t n,
+                            const char *op) {
+    float *p = (float *)moe_cuda_scratch(c, slot, (size_t)n * sizeof(float), op);
+    if (!p || n <= 0) return p;
+    k_bf16_to_f32<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(p, src, n);
+    return MOE_CUDA_LAUNCHED(c, op, "bf16 widening of %lld values", (long long)n) ? p : NULL;
+}
+
 __nv_bfloat16 *moe_cuda_bf16_operand(moe_cuda_ctx *c, int slot, const float *src, int64_t n,
                                      const char *op) {
     __nv_bfloat16 *p = (__nv_bfloat16 *)moe_cuda_scratch(c, slot, (size_t)n * 2, op);

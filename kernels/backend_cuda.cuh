@@ -88,6 +88,9 @@ int moe_cuda_f32_to_bf16(moe_cuda_ctx *c, __nv_bfloat16 *dst, const float *src, 
                          const char *op);
 /* x[i] = round_bf16(x[i]) in place. 0 on failure. */
 int moe_cuda_round_bf16(moe_cuda_ctx *c, float *x, int64_t n, const char *op);
+/* Widens bf16 src to fp32 in scratch slot `slot` (exact); NULL after a recorded error. */
+float *moe_cuda_f32_operand(moe_cuda_ctx *c, int slot, const __nv_bfloat16 *src, int64_t n,
+                            const char *op);
 /* Converts src to bf16 in scratch slot `slot`; returns it, or NULL after recording an error. */
 __nv_bfloat16 *moe_cuda_bf16_operand(moe_cuda_ctx *c, int slot, const float *src, int64_t n,
                                      const char *op);
@@ -181,10 +184,10 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 /* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
 void moe_gemm_cache_free(moe_cuda_ctx *c);
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                              int64_t I, int64_t O, moe_recipe prec);
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                              const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                               moe_recipe prec);
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
@@ -197,12 +200,12 @@ void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t
                                 const float *wte, int64_t N, int64_t C);
 void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                  const int32_t *tokens, int64_t N, int64_t C, int64_t V);
-void moe_cuda_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                const float *x, const float *w, const float *rstd, int64_t N,
                                int64_t C);
-void moe_cuda_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
                            int64_t D, double theta);
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                             int64_t D, double theta);
@@ -214,13 +217,13 @@ void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float
 void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                            int64_t B, int64_t T, int64_t C, int max);
 
-void moe_cuda_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
-                                const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                                int64_t KV, int64_t D, moe_recipe prec);
+void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
+                                moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D, moe_recipe prec);
 void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *q, const float *k, const float *v,
-                                 const float *out, const float *lse, int64_t B, int64_t T,
-                                 int64_t H, int64_t KV, int64_t D, moe_recipe prec);
+                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
+                                 moe_cbuf out, const float *lse, int64_t B, int64_t T, int64_t H,
+                                 int64_t KV, int64_t D, moe_recipe prec);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above */
 void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
@@ -239,7 +242,7 @@ void moe_cuda_router_backward(const moe_backend *be, float *dlogits, const float
                               const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
                               int64_t K);
 void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
-                              int32_t *slot_row, int32_t *offsets, const float *x,
+                              int32_t *slot_row, int32_t *offsets, moe_cbuf x,
                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K);
 void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K);

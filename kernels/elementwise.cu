@@ -78,7 +78,8 @@ void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float
 /* ------------------------------------------------------------------------------------------
  * RMSNorm: one block per row */
 
-__global__ void k_rmsnorm_fwd(float *__restrict__ out, float *__restrict__ rstd,
+template <typename TO>
+__global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
                               const float *__restrict__ x, const float *__restrict__ w, int64_t C,
                               float eps, int round_bf16) {
     __shared__ float sh[32];
@@ -90,10 +91,9 @@ __global__ void k_rmsnorm_fwd(float *__restrict__ out, float *__restrict__ rstd,
     ss = moe_block_sum(ss, sh);
     float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0) rstd[n] = r;
-    float *on = out + n * C;
     for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
         float v = xn[i] * r * w[i];
-        on[i] = round_bf16 ? moe_dev_round_bf16(v) : v;
+        moe_st(out, n * C + i, round_bf16 ? moe_dev_round_bf16(v) : v);
     }
 }
 
@@ -143,12 +143,18 @@ static int row_threads(int64_t C) {
     return C >= 1024 ? 512 : C >= 256 ? 256 : 128;
 }
 
-void moe_cuda_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>(out, rstd, x, w, C, eps,
-                                                                 prec == MOE_RECIPE_BF16);
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "rmsnorm_forward") || N <= 0 || C <= 0)
+        return;
+    int rb = prec == MOE_RECIPE_BF16;
+    if (out.dt == MOE_DTYPE_BF16)
+        k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>((__nv_bfloat16 *)out.p, rstd,
+                                                                     x, w, C, eps, rb);
+    else
+        k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>((float *)out.p, rstd, x, w, C,
+                                                                     eps, rb);
     MOE_CUDA_LAUNCHED(c, "rmsnorm_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
@@ -188,24 +194,27 @@ __global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, in
     }
 }
 
-__global__ void k_rope_apply(float *__restrict__ x, const float *__restrict__ cs, int64_t B,
-                             int64_t T, int64_t NH, int64_t half, float dir) {
+template <typename TX>
+__global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs, int64_t B, int64_t T,
+                             int64_t NH, int64_t half, float dir) {
     int64_t total = B * T * NH * half, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
         int64_t i = j % half, row = j / half; /* row = (b*T + t)*NH + h */
         int64_t t = (row / NH) % T;
         float co = cs[2 * (t * half + i)], si = dir * cs[2 * (t * half + i) + 1];
-        float *v = x + row * 2 * half;
-        float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * co - x2 * si;
-        v[i + half] = x2 * co + x1 * si;
+        int64_t v = row * 2 * half;
+        float x1 = moe_ld(x, v + i), x2 = moe_ld(x, v + i + half);
+        moe_st(x, v + i, x1 * co - x2 * si);
+        moe_st(x, v + i + half, x2 * co + x1 * si);
     }
 }
 
-static void rope(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH, int64_t D,
+static void rope(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH, int64_t D,
                  double theta, float dir, const char *op) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || B <= 0 || T <= 0 || NH <= 0 || D <= 0) return;
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, x.dt, op) || B <= 0 || T <= 0 || NH <= 0 ||
+        D <= 0)
+        return;
     if (D % 2) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "D=%lld must be even", (long long)D);
         return;
@@ -216,20 +225,23 @@ static void rope(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t 
     if (!cs) return;
     k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, T, half, D, theta);
     if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
-    k_rope_apply<<<moe_cuda_grid(c, B * T * NH * half, 256), 256, 0, c->stream>>>(x, cs, B, T, NH,
-                                                                                  half, dir);
+    unsigned grid = moe_cuda_grid(c, B * T * NH * half, 256);
+    if (x.dt == MOE_DTYPE_BF16)
+        k_rope_apply<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)x.p, cs, B, T, NH, half, dir);
+    else
+        k_rope_apply<<<grid, 256, 0, c->stream>>>((float *)x.p, cs, B, T, NH, half, dir);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld NH=%lld D=%lld", (long long)B, (long long)T,
                       (long long)NH, (long long)D);
 }
 
-void moe_cuda_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
                            int64_t D, double theta) {
     rope(be, x, B, T, NH, D, theta, 1.0f, "rope_forward");
 }
 
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                             int64_t D, double theta) {
-    rope(be, dx, B, T, NH, D, theta, -1.0f, "rope_backward");
+    rope(be, moe_buf_f32(dx), B, T, NH, D, theta, -1.0f, "rope_backward");
 }
 
 /* ------------------------------------------------------------------------------------------

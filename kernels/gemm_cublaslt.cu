@@ -233,16 +233,16 @@ static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n,
     return moe_cuda_bf16_operand(c, slot, x, n, op);
 }
 
-/* A typed operand under prec: BF16 (bf16 recipe only) as it is, F32 as operand() makes it.
- * NULL after a recorded error. */
+/* A typed operand under prec: BF16 as it is (bf16 recipe) or widened to fp32 (fp32 recipe:
+ * its exact values), F32 as operand() makes it. NULL after a recorded error. */
 static const void *typed_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t n, moe_recipe prec,
                                  const char *op) {
     if (w.dt == MOE_DTYPE_F32) return operand(c, slot, (const float *)w.p, n, prec, op);
     if (w.dt == MOE_DTYPE_BF16 && prec == MOE_RECIPE_BF16) return w.p;
-    moe_cuda_check(c, cudaErrorInvalidValue, op,
-                   "a %s operand under recipe %d (bf16 operands "
-                   "need the bf16 recipe)",
-                   moe_dtype_name(w.dt), (int)prec);
+    if (w.dt == MOE_DTYPE_BF16 && prec == MOE_RECIPE_FP32)
+        return moe_cuda_f32_operand(c, slot, (const __nv_bfloat16 *)w.p, n, op);
+    moe_cuda_check(c, cudaErrorInvalidValue, op, "an operand of type %s (f32 or bf16 expected)",
+                   moe_dtype_name(w.dt));
     return NULL;
 }
 
@@ -256,21 +256,25 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
 /* ------------------------------------------------------------------------------------------
  * dense Linear: y = x W^T */
 
-void moe_cuda_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                              int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op) || N <= 0 ||
+        O <= 0)
+        return;
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const void *xa = operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
+    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; /* written by the GEMM */
+    const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
     const void *wa = xa ? typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
     if (!wa) return;
-    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y, CUDA_R_32F)) return;
-    if (prec == MOE_RECIPE_BF16) moe_cuda_round_bf16(c, y, N * O, op);
+    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y.p, ct)) return;
+    if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
+        moe_cuda_round_bf16(c, (float *)y.p, N * O, op);
 }
 
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                              const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                               moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
@@ -283,7 +287,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
         if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, 1.0f, dx, CUDA_R_32F)) return;
     }
     if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
-        const void *xa = operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
+        const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
         if (!xa) return;
         gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, 1.0f, dw, CUDA_R_32F);
     }

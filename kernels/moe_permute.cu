@@ -89,13 +89,12 @@ __global__ void __launch_bounds__(MOE_PERM_CHUNK)
 }
 
 /* xp[r, :] = x[row_src[r] / K, :], one block per row */
-template <typename TO>
-__global__ void k_perm_gather(TO *__restrict__ xp, const float *__restrict__ x,
+template <typename TX, typename TO>
+__global__ void k_perm_gather(TO *__restrict__ xp, const TX *__restrict__ x,
                               const int32_t *__restrict__ row_src, int64_t C, int K) {
-    int64_t r = blockIdx.x;
-    const float *src = x + (int64_t)(row_src[r] / K) * C;
+    int64_t r = blockIdx.x, src = (int64_t)(row_src[r] / K) * C;
     for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        moe_st(xp, r * C + i, src[i]);
+        moe_st(xp, r * C + i, moe_ld(x, src + i));
 }
 
 int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
@@ -136,7 +135,7 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 }
 
 void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
-                              int32_t *slot_row, int32_t *offsets, const float *x,
+                              int32_t *slot_row, int32_t *offsets, moe_cbuf x,
                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "permute_forward";
@@ -145,11 +144,20 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
     if (!moe_cuda_group_by_key(c, row_src, slot_row, offsets, topk_idx, NK, E, op)) return;
     if (C <= 0 || NK <= 0) return;
     unsigned th = C >= 512 ? 256 : 128;
-    if (xp.dt == MOE_DTYPE_BF16)
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((__nv_bfloat16 *)xp.p, x, row_src, C,
+    typedef __nv_bfloat16 bf;
+    if (!moe_cuda_typed_ok(c, x.dt, op)) return;
+    if (x.dt == MOE_DTYPE_BF16 && xp.dt == MOE_DTYPE_BF16)
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const bf *)x.p, row_src, C,
                                                           (int)K);
+    else if (x.dt == MOE_DTYPE_BF16)
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const bf *)x.p, row_src,
+                                                          C, (int)K);
+    else if (xp.dt == MOE_DTYPE_BF16)
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const float *)x.p, row_src,
+                                                          C, (int)K);
     else
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, x, row_src, C, (int)K);
+        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const float *)x.p,
+                                                          row_src, C, (int)K);
     MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
                       (long long)C);
 }

@@ -105,11 +105,13 @@ static double run_attention(const moe_backend *be, int64_t n, const float *q, co
     be->memcpy_h2d(be, r.dout, dout, nq);
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     double t0 = moe_time_now();
-    be->attention_forward(be, r.out, r.lse, r.q, r.k, r.v, 1, n, H, KV, D, MOE_RECIPE_BF16);
+    be->attention_forward(be, moe_buf_f32(r.out), r.lse, moe_cbuf_f32(r.q), moe_cbuf_f32(r.k),
+                          moe_cbuf_f32(r.v), 1, n, H, KV, D, MOE_RECIPE_BF16);
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     double t1 = moe_time_now();
-    be->attention_backward(be, r.dq, r.dk, r.dv, r.dout, r.q, r.k, r.v, r.out, r.lse, 1, n, H, KV,
-                           D, MOE_RECIPE_BF16);
+    be->attention_backward(be, r.dq, r.dk, r.dv, r.dout, moe_cbuf_f32(r.q), moe_cbuf_f32(r.k),
+                           moe_cbuf_f32(r.v), moe_cbuf_f32(r.out), r.lse, 1, n, H, KV, D,
+                           MOE_RECIPE_BF16);
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     *t_fwd = t1 - t0;
     *t_bwd = moe_time_now() - t1;

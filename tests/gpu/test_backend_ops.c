@@ -314,12 +314,13 @@ static void run_rmsnorm(gctx *g, const tcase *tc) {
     float eps = 1e-5f;
     float *x = frand(N * C, -2, 2), *w = frand(C, 0.5f, 1.5f);
     float *out = xmalloc(F(N * C)), *rstd = xmalloc(F(N));
-    g->cpu->rmsnorm_forward(g->cpu, out, rstd, x, w, N, C, eps, tc->prec);
+    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, x, w, N, C, eps, tc->prec);
     float *dx_ = dup_dev(g, "x", x, F(N * C)), *dw_ = dup_dev(g, "w", w, F(C));
-    float *dout = dup_dev(g, "out", NULL, F(N * C)), *drstd = dup_dev(g, "rstd", NULL, F(N));
+    moe_buf dout = dev_typed(g, tc, "out", NULL, N * C);
+    float *drstd = dup_dev(g, "rstd", NULL, F(N));
     g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, tc->prec);
     check_sync_guards(g, "rmsnorm_forward");
-    cmp_f32(g, "out", dout, out, N * C, tc->tol);
+    cmp_typed(g, "out", dout, out, N * C, tc->tol);
     cmp_f32(g, "rstd", drstd, rstd, N, tc->tol);
     float *gy = frand(N * C, -1, 1), *gx = frand(N * C, -1, 1), *gw = frand(C, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(N * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
@@ -337,11 +338,12 @@ static void run_rope(gctx *g, const tcase *tc) {
     double theta = (double)tc->s[4];
     int64_t n = B * T * NH * D;
     float *x = frand(n, -1, 1);
-    float *dx_ = dup_dev(g, "x", x, F(n));
-    g->cpu->rope_forward(g->cpu, x, B, T, NH, D, theta);
+    if (tc->typed) round_host(x, n);
+    moe_buf dx_ = dev_typed(g, tc, "x", x, n);
+    g->cpu->rope_forward(g->cpu, moe_buf_f32(x), B, T, NH, D, theta);
     g->gpu->rope_forward(g->gpu, dx_, B, T, NH, D, theta);
     check_sync_guards(g, "rope_forward");
-    cmp_f32(g, "x (fwd)", dx_, x, n, tc->tol);
+    cmp_typed(g, "x (fwd)", dx_, x, n, tc->tol);
     float *gx = frand(n, -1, 1);
     float *dgx = dup_dev(g, "dx", gx, F(n));
     g->cpu->rope_backward(g->cpu, gx, B, T, NH, D, theta);
@@ -355,23 +357,29 @@ static void run_attention(gctx *g, const tcase *tc) {
     int64_t B = tc->s[0], T = tc->s[1], H = tc->s[2], KV = tc->s[3], D = tc->s[4];
     int64_t nq = B * T * H * D, nk = B * T * KV * D;
     float *q = frand(nq, -2, 2), *k = frand(nk, -2, 2), *v = frand(nk, -1, 1);
+    if (tc->typed) round_host(q, nq), round_host(k, nk), round_host(v, nk);
     float *out = xmalloc(F(nq)), *lse = xmalloc(F(B * H * T));
-    g->cpu->attention_forward(g->cpu, out, lse, q, k, v, B, T, H, KV, D, tc->prec);
-    float *dq_ = dup_dev(g, "q", q, F(nq)), *dk_ = dup_dev(g, "k", k, F(nk));
-    float *dv_ = dup_dev(g, "v", v, F(nk));
-    float *dout = dup_dev(g, "out", NULL, F(nq)), *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
+    g->cpu->attention_forward(g->cpu, moe_buf_f32(out), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                              moe_cbuf_f32(v), B, T, H, KV, D, tc->prec);
+    moe_cbuf dq_ = moe_cbuf_from(dev_typed(g, tc, "q", q, nq));
+    moe_cbuf dk_ = moe_cbuf_from(dev_typed(g, tc, "k", k, nk));
+    moe_cbuf dv_ = moe_cbuf_from(dev_typed(g, tc, "v", v, nk));
+    moe_buf dout = dev_typed(g, tc, "out", NULL, nq);
+    float *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
     g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, B, T, H, KV, D, tc->prec);
     check_sync_guards(g, "attention_forward");
-    cmp_f32(g, "out", dout, out, nq, tc->tol);
+    cmp_typed(g, "out", dout, out, nq, tc->tol);
     cmp_f32(g, "lse", dlse, lse, B * H * T, tc->tol);
     /* backward from the CPU's forward results, so both sides see the same out and lse */
     float *gy = frand(nq, -1, 1), *gq = frand(nq, -1, 1), *gk = frand(nk, -1, 1);
     float *gv = frand(nk, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(nq)), *dgq = dup_dev(g, "dq", gq, F(nq));
     float *dgk = dup_dev(g, "dk", gk, F(nk)), *dgv = dup_dev(g, "dv", gv, F(nk));
-    float *dor = dup_dev(g, "out_ref", out, F(nq)), *dlr = dup_dev(g, "lse_ref", lse, F(B * H * T));
+    moe_cbuf dor = moe_cbuf_from(dev_typed(g, tc, "out_ref", out, nq));
+    float *dlr = dup_dev(g, "lse_ref", lse, F(B * H * T));
     float *gq0 = fdup(gq, nq), *gk0 = fdup(gk, nk);
-    g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, q, k, v, out, lse, B, T, H, KV, D, tc->prec);
+    g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                               moe_cbuf_f32(v), moe_cbuf_f32(out), lse, B, T, H, KV, D, tc->prec);
     g->gpu->attention_backward(g->gpu, dgq, dgk, dgv, dgy, dq_, dk_, dv_, dor, dlr, B, T, H, KV, D,
                                tc->prec);
     check_sync_guards(g, "attention_backward");
@@ -387,18 +395,22 @@ static void run_attention(gctx *g, const tcase *tc) {
 static void run_matmul(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], I = tc->s[1], O = tc->s[2];
     float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *y = xmalloc(F(N * O));
-    g->cpu->matmul_forward(g->cpu, y, x, moe_cbuf_f32(w), N, I, O, tc->prec);
-    float *dx_ = dup_dev(g, "x", x, F(N * I)), *dw_ = dup_dev(g, "w", w, F(O * I));
-    float *dy_ = dup_dev(g, "y", NULL, F(N * O));
+    if (tc->typed) round_host(x, N * I);
+    g->cpu->matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                           tc->prec);
+    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, N * I));
+    float *dw_ = dup_dev(g, "w", w, F(O * I));
+    moe_buf dy_ = dev_typed(g, tc, "y", NULL, N * O);
     moe_cbuf gw_ = gpu_weight(g, tc, dw_, O * I);
     g->gpu->matmul_forward(g->gpu, dy_, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_forward");
-    cmp_f32(g, "y", dy_, y, N * O, tc->tol);
+    cmp_typed(g, "y", dy_, y, N * O, tc->tol);
     float *gy = frand(N * O, -1, 1), *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, x, moe_cbuf_f32(w), N, I, O, tc->prec);
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                            tc->prec);
     check_changed(g, "dx", gx, gx0, N * I, 0.9);
     check_changed(g, "dw", gw, gw0, O * I, 0.9);
     free(gx0), free(gw0);
@@ -407,7 +419,8 @@ static void run_matmul(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
     /* dx NULL (first layer): only dw accumulates again */
-    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, x, moe_cbuf_f32(w), N, I, O, tc->prec);
+    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                            tc->prec);
     g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_backward dx=NULL");
     cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
@@ -496,8 +509,8 @@ static void run_permute(gctx *g, const tcase *tc) {
     float *x = frand(N * C, -1, 1), *xp = xmalloc(F(M * C));
     if (tc->typed) round_host(x, N * C);
     int32_t *rs = xmalloc(I32(M)), *sr = xmalloc(I32(M)), *off = xmalloc(I32(E + 1));
-    g->cpu->permute_forward(g->cpu, moe_buf_f32(xp), rs, sr, off, x, ti, N, C, E, K);
-    float *dx_ = dup_dev(g, "x", x, F(N * C));
+    g->cpu->permute_forward(g->cpu, moe_buf_f32(xp), rs, sr, off, moe_cbuf_f32(x), ti, N, C, E, K);
+    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, N * C));
     moe_buf dxp = dev_typed(g, tc, "xp", NULL, M * C);
     int32_t *dti = dup_dev(g, "topk_idx", ti, I32(M)), *drs = dup_dev(g, "row_src", NULL, I32(M));
     int32_t *dsr = dup_dev(g, "slot_row", NULL, I32(M)),
@@ -775,10 +788,15 @@ static const tcase k_cases[] = {
     {"embedding N500 C64 V3000", MOE_OP_EMBEDDING, {500, 64, 3000}, FP32, 1e-12, 0},
     {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10, 0},
     {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 0},
+    {"rmsnorm N300 C320 bf16 typed", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 1},
     {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10, 0},
     {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10, 0},
+    /* bf16 storage rounds the rotated values: nmse about 1e-6 against the fp32 rotation */
+    {"rope B1 T300 NH2 D128 typed", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, BF16, 1e-5, 1},
     {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 0},
     {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6, 0},
+    {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 1e-6, 1},
+    {"attn B2 T200 H8 KV2 D64 typed", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 1},
     {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 1e-6, 0},
     {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 1e-6, 0},
     {"attn fp32 B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64}, FP32, 1e-10, 0},
@@ -929,7 +947,8 @@ static void run_perf(gctx *g, const pcase *pc) {
     /* the op under test, as a closure over the buffers below */
     float *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL, *h = NULL, *k = NULL;
     int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
-    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16}, a16 = {NULL, MOE_DTYPE_BF16}, b16 = a16;
+    /* bf16 views and copies: the operands as the model passes them under the bf16 recipe */
+    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16}, a16 = w16, b16 = w16, c16 = w16;
     int64_t M = 0;
     switch (pc->op) {
     case MOE_OP_MATMUL:
@@ -937,6 +956,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         if (pc->dir) d = perf_buf(g, s[0] * s[1]), e = perf_buf(g, s[2] * s[1]);
         w16.p = perf_buf(g, (s[2] * s[1] + 1) / 2); /* the bf16 copy the model passes */
         be->cast_bf16(be, (uint16_t *)w16.p, b, s[2] * s[1]);
+        a16.p = perf_buf(g, (s[0] * s[1] + 1) / 2);
+        be->cast_bf16(be, (uint16_t *)a16.p, a, s[0] * s[1]);
         flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
         break;
     case MOE_OP_GROUPED_MATMUL:
@@ -956,9 +977,15 @@ static void run_perf(gctx *g, const pcase *pc) {
         int64_t nq = s[0] * s[1] * s[2] * s[4], nk = s[0] * s[1] * s[3] * s[4];
         a = perf_buf(g, nq), b = perf_buf(g, nk), c = perf_buf(g, nk), d = perf_buf(g, nq);
         e = perf_buf(g, s[0] * s[2] * s[1]);
+        a16.p = perf_buf(g, (nq + 1) / 2), b16.p = perf_buf(g, (nk + 1) / 2);
+        c16.p = perf_buf(g, (nk + 1) / 2);
+        be->cast_bf16(be, (uint16_t *)a16.p, a, nq);
+        be->cast_bf16(be, (uint16_t *)b16.p, b, nk);
+        be->cast_bf16(be, (uint16_t *)c16.p, c, nk);
         if (pc->dir) {
             f = perf_buf(g, nq), h = perf_buf(g, nk), k = perf_buf(g, nk);
-            be->attention_forward(be, d, e, a, b, c, s[0], s[1], s[2], s[3], s[4], BF16);
+            be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, s[0], s[1],
+                                  s[2], s[3], s[4], BF16);
         }
         flops = 2.0 * (double)s[0] * s[2] * s[1] * s[1] * s[4] * (pc->dir ? 2.5 : 1.0);
         break;
@@ -966,7 +993,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_RMSNORM:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[1]), c = perf_buf(g, s[0] * s[1]);
         d = perf_buf(g, s[0]), e = perf_buf(g, s[0] * s[1]);
-        be->rmsnorm_forward(be, c, d, a, b, s[0], s[1], 1e-5f, BF16);
+        be->rmsnorm_forward(be, moe_buf_f32(c), d, a, b, s[0], s[1], 1e-5f, BF16);
         bytes = (pc->dir ? 4.0 : 2.0) * 4.0 * (double)s[0] * s[1];
         break;
     case MOE_OP_SWIGLU:
@@ -1003,7 +1030,7 @@ static void run_perf(gctx *g, const pcase *pc) {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0] * s[3] * s[1]);
         ib = (int32_t *)perf_buf(g, s[0] * s[3]), ic = (int32_t *)perf_buf(g, s[0] * s[3]);
         id = (int32_t *)perf_buf(g, s[2] + 1);
-        bytes = 4.0 * (double)s[0] * s[1] + 2.0 * (double)s[0] * s[1] * s[3]; /* bf16 out */
+        bytes = 2.0 * (double)s[0] * s[1] * (1 + s[3]); /* bf16 in and out */
         break;
     }
     case MOE_OP_EMBEDDING: {
@@ -1039,9 +1066,10 @@ static void run_perf(gctx *g, const pcase *pc) {
             switch (pc->op) {
             case MOE_OP_MATMUL:
                 if (pc->dir)
-                    be->matmul_backward(be, d, e, c, a, w16, s[0], s[1], s[2], BF16);
+                    be->matmul_backward(be, d, e, c, a16, w16, s[0], s[1], s[2], BF16);
                 else
-                    be->matmul_forward(be, c, a, w16, s[0], s[1], s[2], BF16);
+                    be->matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, s[0], s[1],
+                                       s[2], BF16);
                 break;
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
@@ -1052,16 +1080,18 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_ATTENTION:
                 if (pc->dir)
-                    be->attention_backward(be, f, h, k, d, a, b, c, d, e, s[0], s[1], s[2], s[3],
-                                           s[4], BF16);
+                    be->attention_backward(be, f, h, k, a, a16, b16, c16,
+                                           moe_cbuf_of(d, MOE_DTYPE_BF16), e, s[0], s[1], s[2],
+                                           s[3], s[4], BF16);
                 else
-                    be->attention_forward(be, d, e, a, b, c, s[0], s[1], s[2], s[3], s[4], BF16);
+                    be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, s[0],
+                                          s[1], s[2], s[3], s[4], BF16);
                 break;
             case MOE_OP_RMSNORM:
                 if (pc->dir)
                     be->rmsnorm_backward(be, e, b, c, a, b, d, s[0], s[1]);
                 else
-                    be->rmsnorm_forward(be, c, d, a, b, s[0], s[1], 1e-5f, BF16);
+                    be->rmsnorm_forward(be, moe_buf_f32(c), d, a, b, s[0], s[1], 1e-5f, BF16);
                 break;
             case MOE_OP_SWIGLU:
                 be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
@@ -1073,8 +1103,8 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->router_forward(be, b, c, ia, d, ib, e, a, s[0], s[1], s[2]);
                 break;
             case MOE_OP_PERMUTE:
-                be->permute_forward(be, moe_buf_of(b, MOE_DTYPE_BF16), ib, ic, id, a, ia, s[0],
-                                    s[1], s[2], s[3]);
+                be->permute_forward(be, moe_buf_of(b, MOE_DTYPE_BF16), ib, ic, id,
+                                    moe_cbuf_of(a, MOE_DTYPE_BF16), ia, s[0], s[1], s[2], s[3]);
                 break;
             case MOE_OP_EMBEDDING:
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);

@@ -92,8 +92,10 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
     ref_out r = {calloc((size_t)nq, 8), calloc((size_t)nl, 8), calloc((size_t)nq, 8),
                  calloc((size_t)nk, 8), calloc((size_t)nk, 8)};
     naive(q, k, v, g, B, T, H, KV, D, &r);
-    be->attention_forward(be, o, lse, q, k, v, B, T, H, KV, D, MOE_RECIPE_FP32);
-    be->attention_backward(be, dq, dk, dv, g, q, k, v, o, lse, B, T, H, KV, D, MOE_RECIPE_FP32);
+    be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                          moe_cbuf_f32(v), B, T, H, KV, D, MOE_RECIPE_FP32);
+    be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
+                           moe_cbuf_f32(o), lse, B, T, H, KV, D, MOE_RECIPE_FP32);
     double eo = maxdiff(o, r.o, nq), el = maxdiff(lse, r.lse, nl);
     double eq = maxdiff(dq, r.dq, nq), ek = maxdiff(dk, r.dk, nk), ev = maxdiff(dv, r.dv, nk);
     CHECK_MSG(eo < 1e-5 && el < 1e-5, "B%lld T%lld H%lld KV%lld D%lld: out err %g lse err %g",
@@ -105,7 +107,8 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
         float *o2 = calloc((size_t)nq, 4);
         for (int64_t d = 0; d < KV * D; d++)
             k[(B * T - 1) * KV * D + d] += 1.0f, v[(B * T - 1) * KV * D + d] -= 1.0f;
-        be->attention_forward(be, o2, lse, q, k, v, B, T, H, KV, D, MOE_RECIPE_FP32);
+        be->attention_forward(be, moe_buf_f32(o2), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                              moe_cbuf_f32(v), B, T, H, KV, D, MOE_RECIPE_FP32);
         CHECK(memcmp(o2, o, (size_t)((B * T - 1) * H * D) * 4) == 0);
         free(o2);
     }
@@ -126,8 +129,10 @@ static void test_threads_and_bf16(void) {
         dk[c] = calloc((size_t)nk, 4), dv[c] = calloc((size_t)nk, 4);
         omp_set_num_threads(c == 0 ? 1 : 2);
         moe_recipe pr = c == 2 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
-        be->attention_forward(be, o[c], lse, q, k, v, B, T, H, KV, D, pr);
-        be->attention_backward(be, dq[c], dk[c], dv[c], g, q, k, v, o[c], lse, B, T, H, KV, D, pr);
+        be->attention_forward(be, moe_buf_f32(o[c]), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                              moe_cbuf_f32(v), B, T, H, KV, D, pr);
+        be->attention_backward(be, dq[c], dk[c], dv[c], g, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                               moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, B, T, H, KV, D, pr);
     }
     CHECK(memcmp(o[0], o[1], (size_t)nq * 4) == 0);
     CHECK(memcmp(dq[0], dq[1], (size_t)nq * 4) == 0);

@@ -192,10 +192,9 @@ static void test_threads_precision_accumulation(void) {
         dot += (double)g1[i] * mb.grad_mem[i], n1 += (double)g1[i] * g1[i],
             nb += (double)mb.grad_mem[i] * mb.grad_mem[i];
     CHECK_MSG(dot / sqrt(n1 * nb) > 0.99, "bf16 vs fp32 gradient cosine %g", dot / sqrt(n1 * nb));
-    int rounded = 1;
-    for (int64_t i = 0; i < B * T * cfg.hidden_size; i++)
-        rounded &= (moe_f32_bits(mb.acts->layer[1].ln1[i]) & 0xffffu) == 0;
-    CHECK_MSG(rounded, "bf16 recipe must store rounded norm outputs");
+    /* the bf16 recipe stores its rounded activations (norm outputs, q/k/v, attention and
+     * expert activations) as bf16, fp32 keeps fp32 */
+    CHECK(mb.acts->adt == MOE_DTYPE_BF16 && m1.acts->adt == MOE_DTYPE_F32);
     free(g1);
     moe_model_free(&m1);
     moe_model_free(&m2);

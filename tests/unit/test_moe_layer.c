@@ -80,10 +80,12 @@ typedef struct {
 } fwd_t;
 
 static void ops_forward(fwd_t *s) {
-    be->matmul_forward(be, s->logits, x, moe_cbuf_f32(wg), N, C, E, MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(s->logits), moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
+                       MOE_RECIPE_FP32);
     be->router_forward(be, s->probs, s->lse, s->idx, s->tw, s->counts, s->stats, s->logits, N, E,
                        K);
-    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, x, s->idx, N, C, E, K);
+    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, moe_cbuf_f32(x), s->idx, N,
+                        C, E, K);
     be->grouped_matmul_forward(be, moe_buf_f32(s->h1), moe_cbuf_f32(s->xp), moe_cbuf_f32(w1),
                                s->off, E, C, F, MOE_RECIPE_FP32);
     be->grouped_matmul_forward(be, moe_buf_f32(s->h3), moe_cbuf_f32(s->xp), moe_cbuf_f32(w3),
@@ -155,7 +157,8 @@ int main(void) {
                                 C, F, MOE_RECIPE_FP32);
     be->permute_backward(be, dx, dxp, s.slot, N, C, K);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
-    be->matmul_backward(be, dx, dwg, dlog, x, moe_cbuf_f32(wg), N, C, E, MOE_RECIPE_FP32);
+    be->matmul_backward(be, dx, dwg, dlog, moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
+                        MOE_RECIPE_FP32);
     check_against_reference("dx", x, dx, N * C);
     check_against_reference("dgate", wg, dwg, E * C);
     check_against_reference("dw1", w1, dw1, E * F * C);

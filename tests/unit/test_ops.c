@@ -59,7 +59,8 @@ typedef struct {
 } rms_st;
 static double rms_loss(void *p) {
     rms_st *s = p;
-    be->rmsnorm_forward(be, s->out, s->rstd, s->x, s->w, s->N, s->C, 1e-5f, MOE_RECIPE_FP32);
+    be->rmsnorm_forward(be, moe_buf_f32(s->out), s->rstd, s->x, s->w, s->N, s->C, 1e-5f,
+                        MOE_RECIPE_FP32);
     return gc_dot(s->out, s->r, s->N * s->C);
 }
 static void test_rmsnorm(void) {
@@ -91,7 +92,7 @@ static double rope_loss(void *p) {
     rope_st *s = p;
     int64_t n = s->B * s->T * s->NH * s->D;
     memcpy(s->tmp, s->x, (size_t)n * sizeof(float));
-    be->rope_forward(be, s->tmp, s->B, s->T, s->NH, s->D, 10000.0);
+    be->rope_forward(be, moe_buf_f32(s->tmp), s->B, s->T, s->NH, s->D, 10000.0);
     return gc_dot(s->tmp, s->r, n);
 }
 static void test_rope(void) {
@@ -122,7 +123,8 @@ typedef struct {
 } mm_st;
 static double mm_loss(void *p) {
     mm_st *s = p;
-    be->matmul_forward(be, s->y, s->x, moe_cbuf_f32(s->w), s->N, s->I, s->O, MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(s->y), moe_cbuf_f32(s->x), moe_cbuf_f32(s->w), s->N, s->I,
+                       s->O, MOE_RECIPE_FP32);
     return gc_dot(s->y, s->r, s->N * s->O);
 }
 static void test_matmul(void) {
@@ -138,7 +140,8 @@ static void test_matmul(void) {
     CHECK_NEAR(s.y[2 * s.O + 4], ref, 1e-5); /* y = x W^T with W [out, in] */
     float *gx = fbuf(s.N * s.I, 0, 0, 0), *gw = fbuf(s.O * s.I, 0, 0, 0);
     gx[0] = 1.0f; /* backward accumulates: the 1 must survive */
-    be->matmul_backward(be, gx, gw, s.r, s.x, moe_cbuf_f32(s.w), s.N, s.I, s.O, MOE_RECIPE_FP32);
+    be->matmul_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.N, s.I, s.O,
+                        MOE_RECIPE_FP32);
     gx[0] -= 1.0f;
     gc_check("matmul dx", &s, mm_loss, s.x, gx, s.N * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("matmul dw", &s, mm_loss, s.w, gw, s.O * s.I, 100, 1e-2, ATOL, RTOL);
@@ -327,8 +330,8 @@ typedef struct {
 } pm_st;
 static double pm_loss(void *p) {
     pm_st *s = p;
-    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, s->x, s->idx, s->N, s->C,
-                        s->E, s->K);
+    be->permute_forward(be, moe_buf_f32(s->xp), s->src, s->slot, s->off, moe_cbuf_f32(s->x), s->idx,
+                        s->N, s->C, s->E, s->K);
     return gc_dot(s->xp, s->r, s->N * s->K * s->C);
 }
 static double up_loss(void *p) {
@@ -384,8 +387,8 @@ typedef struct {
 } at_st;
 static double at_loss(void *p) {
     at_st *s = p;
-    be->attention_forward(be, s->o, s->lse, s->q, s->k, s->v, s->B, s->T, s->H, s->KV, s->D,
-                          MOE_RECIPE_FP32);
+    be->attention_forward(be, moe_buf_f32(s->o), s->lse, moe_cbuf_f32(s->q), moe_cbuf_f32(s->k),
+                          moe_cbuf_f32(s->v), s->B, s->T, s->H, s->KV, s->D, MOE_RECIPE_FP32);
     return gc_dot(s->o, s->r, s->B * s->T * s->H * s->D);
 }
 static void test_attention_grad(void) {
@@ -395,7 +398,8 @@ static void test_attention_grad(void) {
     s.o = fbuf(nq, 0, 0, 0), s.lse = fbuf(s.B * s.H * s.T, 0, 0, 0), s.r = fbuf(nq, 31, -1, 1);
     at_loss(&s);
     float *gq = fbuf(nq, 0, 0, 0), *gk = fbuf(nk, 0, 0, 0), *gv = fbuf(nk, 0, 0, 0);
-    be->attention_backward(be, gq, gk, gv, s.r, s.q, s.k, s.v, s.o, s.lse, s.B, s.T, s.H, s.KV, s.D,
+    be->attention_backward(be, gq, gk, gv, s.r, moe_cbuf_f32(s.q), moe_cbuf_f32(s.k),
+                           moe_cbuf_f32(s.v), moe_cbuf_f32(s.o), s.lse, s.B, s.T, s.H, s.KV, s.D,
                            MOE_RECIPE_FP32);
     gc_check("attention dq", &s, at_loss, s.q, gq, nq, 60, 1e-2, ATOL, RTOL);
     gc_check("attention dk", &s, at_loss, s.k, gk, nk, 40, 1e-2, ATOL, RTOL);
@@ -491,11 +495,15 @@ static void test_gemm_ref(void) {
     float *Z1 = fbuf(S * S, 0, 0, 0), *Z2 = fbuf(S * S, 0, 0, 0);
     float *W1 = fbuf(S * S, 0, 0, 0), *W2 = fbuf(S * S, 0, 0, 0);
     moe_backend_cpu_set_threads(1);
-    be->matmul_forward(be, Z1, X, moe_cbuf_f32(Y), S, S, S, MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W1, X, Y, moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(Z1), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
+                       MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W1, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
+                        MOE_RECIPE_FP32);
     moe_backend_cpu_set_threads(2);
-    be->matmul_forward(be, Z2, X, moe_cbuf_f32(Y), S, S, S, MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W2, X, Y, moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(Z2), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
+                       MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W2, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
+                        MOE_RECIPE_FP32);
     CHECK_MSG(memcmp(Z1, Z2, (size_t)(S * S) * sizeof(float)) == 0,
               "matmul bits depend on threads");
     CHECK_MSG(memcmp(W1, W2, (size_t)(S * S) * sizeof(float)) == 0, "dW bits depend on threads");
@@ -525,8 +533,10 @@ static void test_bf16_weights(void) {
     for (int k = 0; k < 2; k++) {
         for (int j = 0; j < 6; j++)
             r[k][j] = fbuf(len[j], 0, 0, 0);
-        be->matmul_forward(be, r[k][0], x, wk[k], N, I, O, MOE_RECIPE_BF16);
-        be->matmul_backward(be, r[k][1], r[k][2], dy, x, wk[k], N, I, O, MOE_RECIPE_BF16);
+        be->matmul_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(x), wk[k], N, I, O,
+                           MOE_RECIPE_BF16);
+        be->matmul_backward(be, r[k][1], r[k][2], dy, moe_cbuf_f32(x), wk[k], N, I, O,
+                            MOE_RECIPE_BF16);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
         be->grouped_matmul_backward(be, r[k][4], r[k][5], dy, moe_cbuf_f32(x), wk[k], off, E, I, O,
@@ -563,7 +573,8 @@ static void test_bf16_activations(void) {
             r[k][j] = fbuf(len[j], 0, 0, 0);
         float *dyp = fbuf(NK * C, 0, 0, 0), *dg = fbuf(NK * F, 0, 0, 0);
         float *dh = fbuf(NK * F, 0, 0, 0), *dh3 = fbuf(NK * F, 0, 0, 0);
-        be->permute_forward(be, moe_buf_of(xp, dt), src, slot, off, x, idx, N, C, E, K);
+        be->permute_forward(be, moe_buf_of(xp, dt), src, slot, off, moe_cbuf_f32(x), idx, N, C, E,
+                            K);
         be->grouped_matmul_forward(be, moe_buf_of(h, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
                                    off, E, C, F, MOE_RECIPE_BF16);
         be->swiglu_forward(be, moe_buf_of(g, dt), moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F,
@@ -592,8 +603,10 @@ static void test_bf16(void) {
     float *x = fbuf(N * I, 38, -1, 1), *w = fbuf(O * I, 39, -1, 1);
     float *y32 = fbuf(N * O, 0, 0, 0), *y16 = fbuf(N * O, 0, 0, 0);
     CHECK(!all_bf16(x, N * I)); /* the inputs carry low mantissa bits */
-    be->matmul_forward(be, y32, x, moe_cbuf_f32(w), N, I, O, MOE_RECIPE_FP32);
-    be->matmul_forward(be, y16, x, moe_cbuf_f32(w), N, I, O, MOE_RECIPE_BF16);
+    be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_BF16);
     CHECK_MSG(all_bf16(y16, N * O), "bf16 matmul output must be bf16-representable");
     double maxd = 0, maxref = 0;
     for (int64_t i = 0; i < N; i++)

@@ -33,12 +33,14 @@
  *    not in swiglu.
  *  - Typed operands (moe_cbuf to read, moe_buf to write: pointer + moe_dtype) are where an
  *    op takes more than one element type, F32 or BF16. Today: the weight of matmul and
- *    grouped matmul (the fp32 master, or the model's bf16 copy written by adamw) and the
- *    expert activations (xp, h1, h3, g, yp: permute's output, the grouped matmul's input and
- *    output, swiglu's inputs and output, unpermute's input). BF16 only under the bf16
- *    recipe, where it holds exactly the values the recipe rounds the F32 tensor to: both
- *    give the same result, BF16 saves the conversion and half the memory. Gradients stay
- *    F32.
+ *    grouped matmul (the fp32 master, or the model's bf16 copy written by adamw), the
+ *    activations the bf16 recipe rounds anyway (rmsnorm's output, matmul's input and output,
+ *    q/k/v through RoPE and attention, attention's output; the expert activations: permute's
+ *    output, the grouped matmul's input and output, swiglu's, unpermute's input). BF16 only
+ *    under the bf16 recipe (one exception: a BF16 matmul input under fp32, the router's,
+ *    read as its exact values), where it holds exactly the values the recipe rounds the F32
+ *    tensor to: both give the same result, BF16 saves the conversion and half the memory.
+ *    Gradients stay F32. RoPE on BF16 rounds its result: the values attention reads.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -176,10 +178,10 @@ struct moe_backend {
                                int64_t N, int64_t C, int64_t V);
 
     /* ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ---- */
-    void (*rmsnorm_forward)(const moe_backend *be, float *out, /* [N, C] dev */
-                            float *rstd,                       /* [N] dev, saved for backward */
-                            const float *x,                    /* [N, C] dev */
-                            const float *w,                    /* [C] dev */
+    void (*rmsnorm_forward)(const moe_backend *be, moe_buf out, /* [N, C] dev, F32|BF16 */
+                            float *rstd,                        /* [N] dev, saved for backward */
+                            const float *x,                     /* [N, C] dev */
+                            const float *w,                     /* [C] dev */
                             int64_t N, int64_t C, float eps, moe_recipe prec);
     void (*rmsnorm_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
                              float *dw,                        /* [C] dev, += */
@@ -193,7 +195,7 @@ struct moe_backend {
      * x1 = x[..., :D/2], x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] with
      * angle = t * theta^(-2i/D) for i < D/2 and t the position in the sequence (0..T-1).
      * IN PLACE in both directions (backward rotates the gradient by -angle). ---- */
-    void (*rope_forward)(const moe_backend *be, float *x, /* [B, T, NH, D] dev, in place */
+    void (*rope_forward)(const moe_backend *be, moe_buf x, /* [B, T, NH, D] dev, in place */
                          int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
     void (*rope_backward)(const moe_backend *be, float *dx, /* [B, T, NH, D] dev, in place */
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
@@ -201,35 +203,35 @@ struct moe_backend {
     /* ---- causal grouped-query attention, softmax(q k^T / sqrt(D)) v, query head h uses
      * kv head h / (H/KV). Blocked with an online softmax: memory linear in T. lse is the
      * natural-log logsumexp of each scaled score row, saved for backward. ---- */
-    void (*attention_forward)(const moe_backend *be, float *out, /* [B, T, H, D] dev */
-                              float *lse,                        /* [B, H, T] dev */
-                              const float *q,                    /* [B, T, H, D] dev */
-                              const float *k,                    /* [B, T, KV, D] dev */
-                              const float *v,                    /* [B, T, KV, D] dev */
+    void (*attention_forward)(const moe_backend *be, moe_buf out, /* [B, T, H, D] dev */
+                              float *lse,                         /* [B, H, T] dev */
+                              moe_cbuf q,                         /* [B, T, H, D] dev */
+                              moe_cbuf k,                         /* [B, T, KV, D] dev */
+                              moe_cbuf v,                         /* [B, T, KV, D] dev */
                               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                               moe_recipe prec);
     void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev, += */
                                float *dk,                        /* [B, T, KV, D] dev, += */
                                float *dv,                        /* [B, T, KV, D] dev, += */
                                const float *dout,                /* [B, T, H, D] dev */
-                               const float *q,                   /* [B, T, H, D] dev */
-                               const float *k,                   /* [B, T, KV, D] dev */
-                               const float *v,                   /* [B, T, KV, D] dev */
-                               const float *out, /* [B, T, H, D] dev, forward output */
+                               moe_cbuf q,                       /* [B, T, H, D] dev */
+                               moe_cbuf k,                       /* [B, T, KV, D] dev */
+                               moe_cbuf v,                       /* [B, T, KV, D] dev */
+                               moe_cbuf out,     /* [B, T, H, D] dev, forward output */
                                const float *lse, /* [B, H, T] dev */
                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                moe_recipe prec);
 
     /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
-    void (*matmul_forward)(const moe_backend *be, float *y, /* [N, O] dev */
-                           const float *x,                  /* [N, I] dev */
-                           moe_cbuf w,                      /* [O, I] dev, F32 or BF16 */
+    void (*matmul_forward)(const moe_backend *be, moe_buf y, /* [N, O] dev, F32|BF16 */
+                           moe_cbuf x,                       /* [N, I] dev, F32|BF16 */
+                           moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
     /* dx += dy W ; dw += dy^T x */
     void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, +=, may be NULL */
                             float *dw,                        /* [O, I] dev, +=, may be NULL */
                             const float *dy,                  /* [N, O] dev */
-                            const float *x,                   /* [N, I] dev */
+                            moe_cbuf x,                       /* [N, I] dev, F32 or BF16 */
                             moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
                             int64_t N, int64_t I, int64_t O, moe_recipe prec);
 
@@ -268,7 +270,7 @@ struct moe_backend {
                             int32_t *row_src,                  /* [N*K] dev */
                             int32_t *slot_row,                 /* [N*K] dev */
                             int32_t *offsets,                  /* [E + 1] dev */
-                            const float *x,                    /* [N, C] dev */
+                            moe_cbuf x,                        /* [N, C] dev, F32|BF16 */
                             const int32_t *topk_idx,           /* [N, K] dev */
                             int64_t N, int64_t C, int64_t E, int64_t K);
     /* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] */

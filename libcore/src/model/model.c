@@ -41,23 +41,23 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
     int64_t NK = N * K, L = cfg->num_hidden_layers;
     size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
-    size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* expert activations */
+    size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
-        sh.ln1 = carve(&off, base, (size_t)(N * C) * f);
+        sh.ln1 = carve(&off, base, (size_t)(N * C) * ef);
         sh.rstd1 = carve(&off, base, (size_t)N * f);
-        sh.q = carve(&off, base, (size_t)(N * HD) * f);
-        sh.k = carve(&off, base, (size_t)(N * KVD) * f);
-        sh.v = carve(&off, base, (size_t)(N * KVD) * f);
-        sh.att = carve(&off, base, (size_t)(N * HD) * f);
+        sh.q = carve(&off, base, (size_t)(N * HD) * ef);
+        sh.k = carve(&off, base, (size_t)(N * KVD) * ef);
+        sh.v = carve(&off, base, (size_t)(N * KVD) * ef);
+        sh.att = carve(&off, base, (size_t)(N * HD) * ef);
         sh.att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
     }
     if (!keep_mid) sh.x_mid = carve(&off, base, (size_t)(N * C) * f);
     if (!keep_moe) {
-        sh.ln2 = carve(&off, base, (size_t)(N * C) * f);
+        sh.ln2 = carve(&off, base, (size_t)(N * C) * ef);
         sh.rstd2 = carve(&off, base, (size_t)N * f);
         sh.rlogits = carve(&off, base, (size_t)(N * E) * f);
         sh.probs = carve(&off, base, (size_t)(N * E) * f);
@@ -84,17 +84,17 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         *la = sh;
         la->x_in = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[l & 1];
         if (keep_attn) {
-            la->ln1 = carve(&off, base, (size_t)(N * C) * f);
+            la->ln1 = carve(&off, base, (size_t)(N * C) * ef);
             la->rstd1 = carve(&off, base, (size_t)N * f);
-            la->q = carve(&off, base, (size_t)(N * HD) * f);
-            la->k = carve(&off, base, (size_t)(N * KVD) * f);
-            la->v = carve(&off, base, (size_t)(N * KVD) * f);
-            la->att = carve(&off, base, (size_t)(N * HD) * f);
+            la->q = carve(&off, base, (size_t)(N * HD) * ef);
+            la->k = carve(&off, base, (size_t)(N * KVD) * ef);
+            la->v = carve(&off, base, (size_t)(N * KVD) * ef);
+            la->att = carve(&off, base, (size_t)(N * HD) * ef);
             la->att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
         }
         if (keep_mid) la->x_mid = carve(&off, base, (size_t)(N * C) * f);
         if (keep_moe) {
-            la->ln2 = carve(&off, base, (size_t)(N * C) * f);
+            la->ln2 = carve(&off, base, (size_t)(N * C) * ef);
             la->rstd2 = carve(&off, base, (size_t)N * f);
             la->rlogits = carve(&off, base, (size_t)(N * E) * f);
             la->probs = carve(&off, base, (size_t)(N * E) * f);
@@ -120,7 +120,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->keep_attn = keep_attn;
     p->keep_mid = keep_mid;
     p->keep_moe = keep_moe;
-    p->edt = moe_model_act_dtype(recipe);
+    p->adt = moe_model_act_dtype(recipe);
     p->x_final = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[L & 1];
     p->lnf = carve(&off, base, (size_t)(N * C) * f);
     p->rstdf = carve(&off, base, (size_t)N * f);

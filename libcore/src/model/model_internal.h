@@ -20,17 +20,19 @@
  * forward-only plan (hidden states for embedding: no backward, no logits, no gradients). */
 enum { MOE_PLAN_FORWARD = 4 };
 
-typedef struct moe_layer_acts { /* dev memory; a group not kept points at the shared set */
+/* dev memory; a group not kept points at the shared set. The void * buffers hold the
+ * activations the bf16 recipe rounds anyway, of element type moe_acts.adt. */
+typedef struct moe_layer_acts {
     float *x_in;                /* [N, C] residual stream entering the layer */
-    float *ln1;                 /* [N, C] */
+    void *ln1;                  /* [N, C] */
     float *rstd1;               /* [N] */
-    float *q;                   /* [N, H*D] after RoPE */
-    float *k;                   /* [N, KV*D] after RoPE */
-    float *v;                   /* [N, KV*D] */
-    float *att;                 /* [N, H*D] attention output (before o_proj) */
+    void *q;                    /* [N, H*D] after RoPE */
+    void *k;                    /* [N, KV*D] after RoPE */
+    void *v;                    /* [N, KV*D] */
+    void *att;                  /* [N, H*D] attention output (before o_proj) */
     float *att_lse;             /* [B, H, T] */
     float *x_mid;               /* [N, C] residual after attention */
-    float *ln2;                 /* [N, C] */
+    void *ln2;                  /* [N, C] */
     float *rstd2;               /* [N] */
     float *rlogits;             /* [N, E] router logits */
     float *probs;               /* [N, E] */
@@ -42,7 +44,7 @@ typedef struct moe_layer_acts { /* dev memory; a group not kept points at the sh
     int32_t *row_src;           /* [N*K] */
     int32_t *slot_row;          /* [N*K] */
     int32_t *offsets;           /* [E + 1] */
-    /* the expert activations, of element type moe_acts.edt */
+    /* the expert activations */
     void *xp; /* [N*K, C] permuted expert inputs */
     void *h1; /* [N*K, F] w1 output */
     void *h3; /* [N*K, F] w3 output */
@@ -56,7 +58,7 @@ struct moe_acts {
     int keep_attn;      /* ln1..att_lse kept per layer (else shared and recomputed) */
     int keep_mid;       /* x_mid kept per layer */
     int keep_moe;       /* ln2..yp kept per layer */
-    moe_dtype edt;      /* of xp, h1, h3, g, yp: moe_model_act_dtype(recipe) */
+    moe_dtype adt;      /* of the void * activations: moe_model_act_dtype(recipe) */
     void *mem;          /* the single backend allocation */
     size_t bytes;
     moe_layer_acts *layer; /* [L] host array of pointers */
@@ -94,8 +96,9 @@ struct moe_acts {
  * cfg->num_hidden_layers entries when base is non-NULL. Returns the bytes needed. */
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
                      struct moe_acts *a, char *base);
-/* The element type of the stored expert activations under recipe: BF16 under bf16 (they
- * hold bf16 values anyway), else F32. The same on every backend. */
+/* The element type of the stored activations that the recipe rounds (norm outputs, q/k/v,
+ * attention output, expert activations) under recipe: BF16 under bf16 (they hold bf16
+ * values anyway), else F32. The same on every backend. */
 moe_dtype moe_model_act_dtype(moe_recipe recipe);
 
 /* Makes sure the head buffers (logits, ce_loss, ce_lse, targets for max_tokens) exist: a

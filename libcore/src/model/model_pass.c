@@ -27,16 +27,21 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     moe_param *P = m->table.params;
     moe_layer_acts *la = &a->layer[l];
     const moe_param_layer *li = &m->table.layer[l];
-    be->rmsnorm_forward(be, la->ln1, la->rstd1, la->x_in, P[li->ln1].data, N, C,
+    const moe_dtype adt = a->adt;
+    moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
+    be->rmsnorm_forward(be, moe_buf_of(la->ln1, adt), la->rstd1, la->x_in, P[li->ln1].data, N, C,
                         (float)c->rms_norm_eps, prec);
-    be->matmul_forward(be, la->q, la->ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
-    be->matmul_forward(be, la->k, la->ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
-    be->matmul_forward(be, la->v, la->ln1, moe_model_weight(m, li->v), N, C, KV * D, prec);
-    be->rope_forward(be, la->q, B, T, H, D, c->rope_theta);
-    be->rope_forward(be, la->k, B, T, KV, D, c->rope_theta);
-    be->attention_forward(be, la->att, la->att_lse, la->q, la->k, la->v, B, T, H, KV, D, prec);
+    moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
+    be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
+    be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
+    be->matmul_forward(be, v, ln1, moe_model_weight(m, li->v), N, C, KV * D, prec);
+    be->rope_forward(be, q, B, T, H, D, c->rope_theta);
+    be->rope_forward(be, k, B, T, KV, D, c->rope_theta);
+    be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q),
+                          moe_cbuf_from(k), moe_cbuf_from(v), B, T, H, KV, D, prec);
     if (!with_residual) return;
-    be->matmul_forward(be, a->tmp, la->att, moe_model_weight(m, li->o), N, H * D, C, prec);
+    be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
+                       moe_model_weight(m, li->o), N, H * D, C, prec);
     be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
 }
 
@@ -52,29 +57,30 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     moe_layer_acts *la = &a->layer[l];
     const moe_param_layer *li = &m->table.layer[l];
     /* the router (gate matmul included) runs in fp32 */
-    be->rmsnorm_forward(be, la->ln2, la->rstd2, la->x_mid, P[li->ln2].data, N, C,
+    const moe_dtype adt = a->adt;
+    moe_cbuf ln2 = moe_cbuf_of(la->ln2, adt);
+    be->rmsnorm_forward(be, moe_buf_of(la->ln2, adt), la->rstd2, la->x_mid, P[li->ln2].data, N, C,
                         (float)c->rms_norm_eps, prec);
-    be->matmul_forward(be, la->rlogits, la->ln2, moe_cbuf_f32(P[li->gate].data), N, C, E,
+    be->matmul_forward(be, moe_buf_f32(la->rlogits), ln2, moe_cbuf_f32(P[li->gate].data), N, C, E,
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
-    const moe_dtype edt = a->edt;
-    be->permute_forward(be, moe_buf_of(la->xp, edt), la->row_src, la->slot_row, la->offsets,
-                        la->ln2, la->topk_idx, N, C, E, K);
+    be->permute_forward(be, moe_buf_of(la->xp, adt), la->row_src, la->slot_row, la->offsets, ln2,
+                        la->topk_idx, N, C, E, K);
     int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
     be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    moe_cbuf xp = moe_cbuf_of(la->xp, edt), h1 = moe_cbuf_of(la->h1, edt);
-    moe_cbuf h3 = moe_cbuf_of(la->h3, edt), g = moe_cbuf_of(la->g, edt);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h1, edt), xp, moe_model_weight(m, li->w1), hoff,
+    moe_cbuf xp = moe_cbuf_of(la->xp, adt), h1 = moe_cbuf_of(la->h1, adt);
+    moe_cbuf h3 = moe_cbuf_of(la->h3, adt), g = moe_cbuf_of(la->g, adt);
+    be->grouped_matmul_forward(be, moe_buf_of(la->h1, adt), xp, moe_model_weight(m, li->w1), hoff,
                                E, C, F, prec);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h3, edt), xp, moe_model_weight(m, li->w3), hoff,
+    be->grouped_matmul_forward(be, moe_buf_of(la->h3, adt), xp, moe_model_weight(m, li->w3), hoff,
                                E, C, F, prec);
-    be->swiglu_forward(be, moe_buf_of(la->g, edt), h1, h3, N * K * F, prec);
-    be->grouped_matmul_forward(be, moe_buf_of(la->yp, edt), g, moe_model_weight(m, li->w2), hoff, E,
+    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, N * K * F, prec);
+    be->grouped_matmul_forward(be, moe_buf_of(la->yp, adt), g, moe_model_weight(m, li->w2), hoff, E,
                                F, C, prec);
     if (!with_residual) return;
     float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
-    be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, edt), la->topk_w, la->slot_row, N, C, K);
+    be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
     be->add(be, x_out, la->x_mid, a->tmp, N * C);
 }
 
@@ -141,10 +147,11 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data, N,
-                        C, (float)c->rms_norm_eps, m->recipe);
-    be->matmul_forward(be, a->logits, a->lnf, moe_model_weight(m, m->table.p_lm_head), N, C, V,
-                       m->recipe);
+    be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
+                        m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
+                        m->recipe);
+    be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_f32(a->lnf),
+                       moe_model_weight(m, m->table.p_lm_head), N, C, V, m->recipe);
     if (!targets) return;
     be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
     if (weights) be->memcpy_h2d(be, a->weights, weights, (size_t)N * sizeof(float));
@@ -243,7 +250,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
                                a->has_weights ? a->weights : NULL, dloss, N, V);
     ZERO(a->dln, N * C);
-    be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, a->lnf,
+    be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, moe_cbuf_f32(a->lnf),
                         moe_model_weight(m, m->table.p_lm_head), N, C, V, prec);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
@@ -256,6 +263,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         moe_layer_acts *la = &a->layer[l];
         const moe_param_layer *li = &m->table.layer[l];
         const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
+        const moe_dtype adt = a->adt;
         /* recompute what the plan did not keep, from the layer's kept inputs: the attention
          * block from x_in (also x_mid when that was not kept), the MoE block from x_mid */
         if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);
@@ -263,20 +271,19 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
         ZERO(a->dyp, NK * C);
         ZERO(a->dtw, NK);
-        const moe_dtype edt = a->edt;
-        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, moe_cbuf_of(la->yp, edt), la->topk_w,
+        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, moe_cbuf_of(la->yp, adt), la->topk_w,
                                la->slot_row, N, C, K);
         ZERO(a->dg, NK * F);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, moe_cbuf_of(la->g, edt),
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, moe_cbuf_of(la->g, adt),
                                     moe_model_weight(m, li->w2), hoff, E, F, C, prec);
         ZERO(a->dh1, NK * F);
         ZERO(a->dh3, NK * F);
-        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, moe_cbuf_of(la->h1, edt),
-                            moe_cbuf_of(la->h3, edt), NK * F);
+        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, moe_cbuf_of(la->h1, adt),
+                            moe_cbuf_of(la->h3, adt), NK * F);
         ZERO(a->dxp, NK * C);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, moe_cbuf_of(la->xp, edt),
+        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, moe_cbuf_of(la->xp, adt),
                                     moe_model_weight(m, li->w1), hoff, E, C, F, prec);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, moe_cbuf_of(la->xp, edt),
+        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, moe_cbuf_of(la->xp, adt),
                                     moe_model_weight(m, li->w3), hoff, E, C, F, prec);
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
@@ -287,28 +294,30 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob, dz, la->probs, la->rlse, la->topk_idx,
                             la->topk_w, N, E, K);
-        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, la->ln2,
+        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, moe_cbuf_of(la->ln2, adt),
                             moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
                              la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
         ZERO(a->datt, N * H * D);
-        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, la->att,
+        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, moe_cbuf_of(la->att, adt),
                             moe_model_weight(m, li->o), N, H * D, C, prec);
         ZERO(a->dq, N * H * D);
         ZERO(a->dk, N * KV * D);
         ZERO(a->dv, N * KV * D);
-        be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, la->q, la->k, la->v, la->att,
-                               la->att_lse, B, T, H, KV, D, prec);
+        be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, moe_cbuf_of(la->q, adt),
+                               moe_cbuf_of(la->k, adt), moe_cbuf_of(la->v, adt),
+                               moe_cbuf_of(la->att, adt), la->att_lse, B, T, H, KV, D, prec);
         be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
         ZERO(a->dln, N * C);
-        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, la->ln1, moe_model_weight(m, li->q),
-                            N, C, H * D, prec);
-        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, la->ln1, moe_model_weight(m, li->k),
-                            N, C, KV * D, prec);
-        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, la->ln1, moe_model_weight(m, li->v),
-                            N, C, KV * D, prec);
+        moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
+        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, ln1, moe_model_weight(m, li->q), N, C,
+                            H * D, prec);
+        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, ln1, moe_model_weight(m, li->k), N, C,
+                            KV * D, prec);
+        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, ln1, moe_model_weight(m, li->v), N, C,
+                            KV * D, prec);
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
                              la->rstd1, N, C);
     }
@@ -337,8 +346,9 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     moe_model_run_layers(m, B, T, layer);
     if (layer == L) {
-        be->rmsnorm_forward(be, a->lnf, a->rstdf, a->x_final, m->table.params[m->table.p_norm].data,
-                            N, C, (float)c->rms_norm_eps, m->recipe);
+        be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
+                            m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
+                            m->recipe);
         *src = a->lnf;
     } else {
         *src = a->layer[layer].x_in;

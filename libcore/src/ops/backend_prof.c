@@ -128,7 +128,7 @@ static void pr_embedding_backward(const moe_backend *be, float *dwte, const floa
     prof_end_op(p, t0, MOE_OP_EMBEDDING, 1);
 }
 
-static void pr_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                                const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -145,7 +145,7 @@ static void pr_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, con
     prof_end_op(p, t0, MOE_OP_RMSNORM, 1);
 }
 
-static void pr_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+static void pr_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
                             int64_t D, double theta) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -161,8 +161,8 @@ static void pr_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_
     prof_end_op(p, t0, MOE_OP_ROPE, 1);
 }
 
-static void pr_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, int64_t B, int64_t T, int64_t H,
+static void pr_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
+                                 moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H,
                                  int64_t KV, int64_t D, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -171,9 +171,9 @@ static void pr_attention_forward(const moe_backend *be, float *out, float *lse, 
 }
 
 static void pr_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
-                                  const float *dout, const float *q, const float *k, const float *v,
-                                  const float *out, const float *lse, int64_t B, int64_t T,
-                                  int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
+                                  moe_cbuf out, const float *lse, int64_t B, int64_t T, int64_t H,
+                                  int64_t KV, int64_t D, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->attention_backward(p->inner, dq, dk, dv, dout, q, k, v, out, lse, B, T, H, KV, D,
@@ -181,8 +181,8 @@ static void pr_attention_backward(const moe_backend *be, float *dq, float *dk, f
     prof_end_op(p, t0, MOE_OP_ATTENTION, 1);
 }
 
-static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w,
-                              int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+static void pr_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
+                              int64_t I, int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->matmul_forward(p->inner, y, x, w, N, I, O, prec);
@@ -190,7 +190,7 @@ static void pr_matmul_forward(const moe_backend *be, float *y, const float *x, m
 }
 
 static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                               const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                               moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -220,7 +220,7 @@ static void pr_router_backward(const moe_backend *be, float *dlogits, const floa
 }
 
 static void pr_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
-                               int32_t *slot_row, int32_t *offsets, const float *x,
+                               int32_t *slot_row, int32_t *offsets, moe_cbuf x,
                                const int32_t *topk_idx, int64_t N, int64_t C, int64_t E,
                                int64_t K) {
     prof_ctx *p = ctx_of(be);

@@ -52,13 +52,17 @@ void moe_cpu_operand_free(const float *copy, const float *orig);
  * moe_cpu_operand (w itself, or a rounded copy), for BF16 a malloc'ed widened copy. Free
  * with moe_cpu_operand_free(result, w.p). */
 const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
+/* An fp32 buffer for a typed output y of n elements: y itself when F32, else a malloc'ed
+ * scratch that moe_cpu_output_store(y, scratch, n) stores (rounded) and frees. */
+float *moe_cpu_output(moe_buf y, int64_t n);
+void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
 
 /* ops_dense.c */
-void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+void moe_cpu_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec);
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                             moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec);
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
@@ -72,12 +76,12 @@ void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t 
                                const float *wte, int64_t N, int64_t C);
 void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V);
-void moe_cpu_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                               const float *x, const float *w, const float *rstd, int64_t N,
                               int64_t C);
-void moe_cpu_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
                           int64_t D, double theta);
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                            int64_t D, double theta);
@@ -90,13 +94,13 @@ void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, con
                           int64_t B, int64_t T, int64_t C, int max);
 
 /* ops_attention.c */
-void moe_cpu_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                               int64_t KV, int64_t D, moe_recipe prec);
+void moe_cpu_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
+                               moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, moe_recipe prec);
 void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k, const float *v,
-                                const float *out, const float *lse, int64_t B, int64_t T, int64_t H,
-                                int64_t KV, int64_t D, moe_recipe prec);
+                                const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v, moe_cbuf out,
+                                const float *lse, int64_t B, int64_t T, int64_t H, int64_t KV,
+                                int64_t D, moe_recipe prec);
 
 /* ops_moe.c */
 void moe_cpu_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,
@@ -107,7 +111,7 @@ void moe_cpu_router_backward(const moe_backend *be, float *dlogits, const float 
                              const int32_t *topk_idx, const float *topk_w, int64_t N, int64_t E,
                              int64_t K);
 void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src, int32_t *slot_row,
-                             int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
+                             int32_t *offsets, moe_cbuf x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K);
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);

@@ -32,13 +32,14 @@ static float rnd(float x, moe_recipe prec) {
     return prec == MOE_RECIPE_BF16 ? moe_round_bf16(x) : x;
 }
 
-void moe_cpu_attention_forward(const moe_backend *be, float *out, float *lse, const float *q,
-                               const float *k, const float *v, int64_t B, int64_t T, int64_t H,
-                               int64_t KV, int64_t D, moe_recipe prec) {
+void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, moe_cbuf q,
+                               moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
+                               int64_t D, moe_recipe prec) {
     (void)be;
-    const float *qr = moe_cpu_operand(q, B * T * H * D, prec);
-    const float *kr = moe_cpu_operand(k, B * T * KV * D, prec);
-    const float *vr = moe_cpu_operand(v, B * T * KV * D, prec);
+    const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
+    const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
+    const float *vr = moe_cpu_operand_typed(v, B * T * KV * D, prec);
+    float *out = moe_cpu_output(outb, B * T * H * D);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t group = H / KV;
 #pragma omp parallel
@@ -85,20 +86,23 @@ void moe_cpu_attention_forward(const moe_backend *be, float *out, float *lse, co
                 }
         free(acc);
     }
-    moe_cpu_operand_free(qr, q);
-    moe_cpu_operand_free(kr, k);
-    moe_cpu_operand_free(vr, v);
+    moe_cpu_output_store(outb, out, B * T * H * D);
+    moe_cpu_operand_free(qr, q.p);
+    moe_cpu_operand_free(kr, k.p);
+    moe_cpu_operand_free(vr, v.p);
 }
 
 void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k, const float *v,
-                                const float *out, const float *lse, int64_t B, int64_t T, int64_t H,
+                                const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
+                                moe_cbuf outb, const float *lse, int64_t B, int64_t T, int64_t H,
                                 int64_t KV, int64_t D, moe_recipe prec) {
     (void)be;
-    const float *qr = moe_cpu_operand(q, B * T * H * D, prec);
-    const float *kr = moe_cpu_operand(k, B * T * KV * D, prec);
-    const float *vr = moe_cpu_operand(v, B * T * KV * D, prec);
+    const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
+    const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
+    const float *vr = moe_cpu_operand_typed(v, B * T * KV * D, prec);
     const float *gr = moe_cpu_operand(dout, B * T * H * D, prec);
+    /* the forward output's values (a BF16 one widened; the row term reads it unrounded) */
+    const float *out = moe_cpu_operand_typed(outb, B * T * H * D, MOE_RECIPE_FP32);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t group = H / KV;
     /* Di = sum_d dout * out: the softmax-backward row term, [B, H, T] */
@@ -148,8 +152,9 @@ void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, flo
                     }
                 }
     free(Dr);
-    moe_cpu_operand_free(qr, q);
-    moe_cpu_operand_free(kr, k);
-    moe_cpu_operand_free(vr, v);
+    moe_cpu_operand_free(qr, q.p);
+    moe_cpu_operand_free(kr, k.p);
+    moe_cpu_operand_free(vr, v.p);
     moe_cpu_operand_free(gr, dout);
+    moe_cpu_operand_free(out, outb.p);
 }

@@ -47,6 +47,18 @@ void moe_cpu_operand_free(const float *copy, const float *orig) {
     if (copy != orig) free((void *)copy);
 }
 
+float *moe_cpu_output(moe_buf y, int64_t n) {
+    return y.dt == MOE_DTYPE_F32 ? y.p : xmalloc((size_t)n * sizeof(float));
+}
+
+void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n) {
+    if (y.dt == MOE_DTYPE_F32) return;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        moe_buf_set(y, i, scratch[i]);
+    free(scratch);
+}
+
 const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec) {
     if (w.dt != MOE_DTYPE_BF16) return moe_cpu_operand(w.p, n, prec);
     const uint16_t *h = w.p;
@@ -127,19 +139,21 @@ void moe_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
 #endif
 }
 
-void moe_cpu_matmul_forward(const moe_backend *be, float *y, const float *x, moe_cbuf w, int64_t N,
+void moe_cpu_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
-    const float *xr = moe_cpu_operand(x, N * I, prec);
+    const float *xr = moe_cpu_operand_typed(x, N * I, prec);
     const float *wr = moe_cpu_operand_typed(w, O * I, prec);
+    float *y = moe_cpu_output(yb, N * O);
     moe_cpu_gemm(0, 1, N, O, I, 1.0f, xr, wr, 0.0f, y);
     if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, N * O);
-    moe_cpu_operand_free(xr, x);
+    moe_cpu_output_store(yb, y, N * O);
+    moe_cpu_operand_free(xr, x.p);
     moe_cpu_operand_free(wr, w.p);
 }
 
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             const float *x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                             moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec) {
     (void)be;
     const float *dyr = moe_cpu_operand(dy, N * O, prec);
@@ -149,9 +163,9 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
         moe_cpu_operand_free(wr, w.p);
     }
     if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
-        const float *xr = moe_cpu_operand(x, N * I, prec);
+        const float *xr = moe_cpu_operand_typed(x, N * I, prec);
         moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, 1.0f, dw);
-        moe_cpu_operand_free(xr, x);
+        moe_cpu_operand_free(xr, x.p);
     }
     moe_cpu_operand_free(dyr, dy);
 }
@@ -163,7 +177,7 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
     int64_t M = offsets[E];
     const float *xr = moe_cpu_operand_typed(x, M * I, prec);
     /* a BF16 output is computed in fp32 first and stored rounded (what the F32 path does) */
-    float *y = yb.dt == MOE_DTYPE_F32 ? yb.p : xmalloc((size_t)(M * O) * sizeof(float));
+    float *y = moe_cpu_output(yb, M * O);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
@@ -173,12 +187,7 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
         moe_cpu_operand_free(we, w_e.p);
     }
     if (prec == MOE_RECIPE_BF16) moe_cpu_round_bf16_inplace(y, M * O);
-    if (yb.dt != MOE_DTYPE_F32) {
-#pragma omp parallel for schedule(static)
-        for (int64_t i = 0; i < M * O; i++)
-            moe_buf_set(yb, i, y[i]);
-        free(y);
-    }
+    moe_cpu_output_store(yb, y, M * O);
     moe_cpu_operand_free(xr, x.p);
 }
 

@@ -116,7 +116,7 @@ void moe_cpu_router_backward(const moe_backend *be, float *dlogits, const float 
 }
 
 void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src, int32_t *slot_row,
-                             int32_t *offsets, const float *x, const int32_t *topk_idx, int64_t N,
+                             int32_t *offsets, moe_cbuf x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K) {
     (void)be;
     int64_t *next = calloc((size_t)E, sizeof(int64_t));
@@ -137,12 +137,14 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
     free(next);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < N * K; r++) {
-        const float *src = x + (int64_t)(row_src[r] / K) * C;
-        if (xp.dt == MOE_DTYPE_F32) {
-            memcpy((float *)xp.p + r * C, src, (size_t)C * sizeof(float));
+        int64_t src = (int64_t)(row_src[r] / K) * C;
+        if (xp.dt == x.dt) {
+            size_t es = moe_dtype_size(x.dt);
+            memcpy((char *)xp.p + (size_t)(r * C) * es, (const char *)x.p + (size_t)src * es,
+                   (size_t)C * es);
         } else {
             for (int64_t c = 0; c < C; c++)
-                moe_buf_set(xp, r * C + c, src[c]);
+                moe_buf_set(xp, r * C + c, moe_cbuf_get(x, src + c));
         }
     }
 }

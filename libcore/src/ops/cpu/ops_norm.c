@@ -40,7 +40,7 @@ void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float 
     }
 }
 
-void moe_cpu_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, const float *x,
+void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     (void)be;
 #pragma omp parallel for schedule(static)
@@ -51,10 +51,9 @@ void moe_cpu_rmsnorm_forward(const moe_backend *be, float *out, float *rstd, con
             ss += xn[c] * xn[c];
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
-        float *on = out + n * C;
         for (int64_t c = 0; c < C; c++) {
             float v = xn[c] * r * w[c];
-            on[c] = prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v;
+            moe_buf_set(out, n * C + c, prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v);
         }
     }
 }
@@ -89,7 +88,7 @@ void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const
 
 /* Rotates every head vector of x by +angle (dir = 1) or -angle (dir = -1). The angle table
  * is computed in double and rounded once, so forward and backward use the same cos/sin. */
-static void rope_apply(float *x, int64_t B, int64_t T, int64_t NH, int64_t D, double theta,
+static void rope_apply(moe_buf x, int64_t B, int64_t T, int64_t NH, int64_t D, double theta,
                        float dir) {
     int64_t half = D / 2;
     float *cs = malloc((size_t)(T * half * 2) * sizeof(float));
@@ -106,19 +105,20 @@ static void rope_apply(float *x, int64_t B, int64_t T, int64_t NH, int64_t D, do
         for (int64_t t = 0; t < T; t++) {
             const float *ct = cs + t * half * 2;
             for (int64_t h = 0; h < NH; h++) {
-                float *v = x + ((b * T + t) * NH + h) * D;
+                int64_t v = ((b * T + t) * NH + h) * D;
                 for (int64_t i = 0; i < half; i++) {
                     float c = ct[2 * i], s = dir * ct[2 * i + 1];
-                    float x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c - x2 * s;
-                    v[i + half] = x2 * c + x1 * s;
+                    moe_cbuf xr = moe_cbuf_from(x);
+                    float x1 = moe_cbuf_get(xr, v + i), x2 = moe_cbuf_get(xr, v + i + half);
+                    moe_buf_set(x, v + i, x1 * c - x2 * s);
+                    moe_buf_set(x, v + i + half, x2 * c + x1 * s);
                 }
             }
         }
     free(cs);
 }
 
-void moe_cpu_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T, int64_t NH,
+void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
                           int64_t D, double theta) {
     (void)be;
     rope_apply(x, B, T, NH, D, theta, 1.0f);
@@ -127,7 +127,7 @@ void moe_cpu_rope_forward(const moe_backend *be, float *x, int64_t B, int64_t T,
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
                            int64_t D, double theta) {
     (void)be;
-    rope_apply(dx, B, T, NH, D, theta, -1.0f);
+    rope_apply(moe_buf_f32(dx), B, T, NH, D, theta, -1.0f);
 }
 
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
