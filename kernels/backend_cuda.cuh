@@ -192,7 +192,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                      moe_recipe prec);
-void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec);
 
@@ -211,7 +211,7 @@ void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t
                             int64_t D, double theta);
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec);
-void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
                               moe_cbuf a, moe_cbuf b, int64_t n);
 void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
 void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
@@ -248,9 +248,9 @@ void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dx
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
-void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
-                                 int64_t N, int64_t C, int64_t K);
+void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
+                                 const float *dy, moe_cbuf yp, const float *topk_w,
+                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 
 void moe_cuda_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
                                     const float *logits, const int32_t *targets,

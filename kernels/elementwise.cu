@@ -259,8 +259,8 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
     }
 }
 
-template <typename TI>
-__global__ void k_swiglu_bwd(float *__restrict__ da, float *__restrict__ db,
+template <typename TI, typename TG>
+__global__ void k_swiglu_bwd(TG *__restrict__ da, TG *__restrict__ db,
                              const float *__restrict__ dout, const TI *__restrict__ a,
                              const TI *__restrict__ b, int64_t n) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -268,8 +268,8 @@ __global__ void k_swiglu_bwd(float *__restrict__ da, float *__restrict__ db,
         float ai = moe_ld(a, i), g = dout[i];
         float s = 1.0f / (1.0f + expf(-ai));
         float silu = ai * s;
-        da[i] += g * moe_ld(b, i) * (s + silu * (1.0f - s));
-        db[i] += g * silu;
+        moe_st(da, i, moe_ld(da, i) + g * moe_ld(b, i) * (s + silu * (1.0f - s)));
+        moe_st(db, i, moe_ld(db, i) + g * silu);
     }
 }
 
@@ -304,23 +304,33 @@ void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe
     MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 
-void moe_cuda_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
                               moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_backward";
-    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, a.dt, op)) return;
-    if (a.dt != b.dt) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "inputs of two types (%s, %s)",
-                       moe_dtype_name(a.dt), moe_dtype_name(b.dt));
+    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, a.dt, op) ||
+        !moe_cuda_typed_ok(c, da.dt, op))
+        return;
+    if (a.dt != b.dt || da.dt != db.dt) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "pairs of two types (%s, %s; %s, %s)",
+                       moe_dtype_name(a.dt), moe_dtype_name(b.dt), moe_dtype_name(da.dt),
+                       moe_dtype_name(db.dt));
         return;
     }
     unsigned grid = moe_cuda_grid(c, n, 256);
-    if (a.dt == MOE_DTYPE_BF16)
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>(da, db, dout, (const __nv_bfloat16 *)a.p,
-                                                  (const __nv_bfloat16 *)b.p, n);
-    else
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>(da, db, dout, (const float *)a.p,
+    typedef __nv_bfloat16 bf;
+    if (a.dt == MOE_DTYPE_BF16 && da.dt == MOE_DTYPE_BF16)
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((bf *)da.p, (bf *)db.p, dout, (const bf *)a.p,
+                                                  (const bf *)b.p, n);
+    else if (a.dt == MOE_DTYPE_BF16)
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((float *)da.p, (float *)db.p, dout,
+                                                  (const bf *)a.p, (const bf *)b.p, n);
+    else if (da.dt == MOE_DTYPE_BF16)
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((bf *)da.p, (bf *)db.p, dout, (const float *)a.p,
                                                   (const float *)b.p, n);
+    else
+        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((float *)da.p, (float *)db.p, dout,
+                                                  (const float *)a.p, (const float *)b.p, n);
     MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 

@@ -324,7 +324,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
         moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
 }
 
-void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
@@ -334,7 +334,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     if (M <= 0) return;
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t es = esize(dt);
-    const char *dya = (const char *)operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);
+    const char *dya = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);
     const char *xa =
         dya ? (const char *)typed_operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op) : NULL;
     if (!xa) return;

@@ -214,8 +214,8 @@ void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, co
 }
 
 /* dyp[r,:] += w dy[n,:]; dtopk_w[n,k] += dot(dy[n,:], yp[r,:]), one block per token */
-template <typename TY>
-__global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_w,
+template <typename TY, typename TG>
+__global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
                              const float *__restrict__ dy, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K) {
@@ -226,7 +226,7 @@ __global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_
         int64_t r = slot_row[n * K + kk];
         float w = topk_w[n * K + kk], s = 0.0f;
         for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-            dyp[r * C + i] += w * g[i];
+            moe_st(dyp, r * C + i, moe_ld(dyp, r * C + i) + w * g[i]);
             s += g[i] * moe_ld(yp, r * C + i);
         }
         s = moe_block_sum(s, sh);
@@ -234,20 +234,28 @@ __global__ void k_unperm_bwd(float *__restrict__ dyp, float *__restrict__ dtopk_
     }
 }
 
-void moe_cuda_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
-                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
-                                 int64_t N, int64_t C, int64_t K) {
+void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
+                                 const float *dy, moe_cbuf yp, const float *topk_w,
+                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_backward") || N <= 0 ||
         C <= 0)
         return;
     unsigned th = C >= 512 ? 256 : 128;
-    if (yp.dt == MOE_DTYPE_BF16)
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
-            dyp, dtopk_w, dy, (const __nv_bfloat16 *)yp.p, topk_w, slot_row, C, (int)K);
-    else
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(dyp, dtopk_w, dy, (const float *)yp.p,
+    typedef __nv_bfloat16 bf;
+    if (!moe_cuda_typed_ok(c, dyp.dt, "unpermute_backward")) return;
+    if (yp.dt == MOE_DTYPE_BF16 && dyp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>((bf *)dyp.p, dtopk_w, dy, (const bf *)yp.p,
                                                         topk_w, slot_row, C, (int)K);
+    else if (yp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
+            (float *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
+    else if (dyp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
+            (bf *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+    else
+        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
+            (float *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
     MOE_CUDA_LAUNCHED(c, "unpermute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }

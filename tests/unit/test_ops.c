@@ -174,8 +174,8 @@ static void test_grouped_matmul(void) {
         ref += (double)s.x[5 * s.I + i] * s.w[(2 * s.O + 1) * s.I + i];
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = fbuf(M * s.I, 0, 0, 0), *gw = fbuf(s.E * s.O * s.I, 0, 0, 0);
-    be->grouped_matmul_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.off, s.E,
-                                s.I, s.O, MOE_RECIPE_FP32);
+    be->grouped_matmul_backward(be, gx, gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x), moe_cbuf_f32(s.w),
+                                s.off, s.E, s.I, s.O, MOE_RECIPE_FP32);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -205,7 +205,8 @@ static void test_swiglu(void) {
     sw_loss(&s);
     CHECK_NEAR(s.out[3], s.a[3] / (1.0 + exp(-s.a[3])) * s.b[3], 1e-6);
     float *ga = fbuf(s.n, 0, 0, 0), *gb = fbuf(s.n, 0, 0, 0);
-    be->swiglu_backward(be, ga, gb, s.r, moe_cbuf_f32(s.a), moe_cbuf_f32(s.b), s.n);
+    be->swiglu_backward(be, moe_buf_f32(ga), moe_buf_f32(gb), s.r, moe_cbuf_f32(s.a),
+                        moe_cbuf_f32(s.b), s.n);
     gc_check("swiglu da", &s, sw_loss, s.a, ga, s.n, 40, 1e-3, ATOL, RTOL);
     gc_check("swiglu db", &s, sw_loss, s.b, gb, s.n, 40, 1e-3, ATOL, RTOL);
     free(s.a), free(s.b), free(s.out), free(s.r), free(ga), free(gb);
@@ -373,7 +374,8 @@ static void test_permute(void) {
     CHECK_NEAR(s.y[3 * s.C + 2],
                s.tw[6] * s.yp[s.slot[6] * s.C + 2] + s.tw[7] * s.yp[s.slot[7] * s.C + 2], 1e-6);
     float *gyp = fbuf(NK * s.C, 0, 0, 0), *gtw = fbuf(NK, 0, 0, 0);
-    be->unpermute_backward(be, gyp, gtw, s.ry, moe_cbuf_f32(s.yp), s.tw, s.slot, s.N, s.C, s.K);
+    be->unpermute_backward(be, moe_buf_f32(gyp), gtw, s.ry, moe_cbuf_f32(s.yp), s.tw, s.slot, s.N,
+                           s.C, s.K);
     gc_check("unpermute dyp", &s, up_loss, s.yp, gyp, NK * s.C, 60, 1e-2, ATOL, RTOL);
     gc_check("unpermute dw", &s, up_loss, s.tw, gtw, NK, 10, 1e-2, ATOL, RTOL);
     free(s.x), free(s.xp), free(s.r), free(s.src), free(s.slot), free(s.off), free(gx);
@@ -539,8 +541,8 @@ static void test_bf16_weights(void) {
                             MOE_RECIPE_BF16);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
-        be->grouped_matmul_backward(be, r[k][4], r[k][5], dy, moe_cbuf_f32(x), wk[k], off, E, I, O,
-                                    MOE_RECIPE_BF16);
+        be->grouped_matmul_backward(be, r[k][4], r[k][5], moe_cbuf_f32(dy), moe_cbuf_f32(x), wk[k],
+                                    off, E, I, O, MOE_RECIPE_BF16);
     }
     for (int j = 0; j < 6; j++) {
         CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
@@ -571,8 +573,9 @@ static void test_bf16_activations(void) {
         void *yp = calloc(NK * C, es);
         for (int j = 0; j < 5; j++)
             r[k][j] = fbuf(len[j], 0, 0, 0);
-        float *dyp = fbuf(NK * C, 0, 0, 0), *dg = fbuf(NK * F, 0, 0, 0);
-        float *dh = fbuf(NK * F, 0, 0, 0), *dh3 = fbuf(NK * F, 0, 0, 0);
+        /* the gradients only a product reads (dyp, dh1, dh3) take the activations' type too */
+        void *dyp = calloc(NK * C, es), *dh = calloc(NK * F, es), *dh3 = calloc(NK * F, es);
+        float *dg = fbuf(NK * F, 0, 0, 0);
         be->permute_forward(be, moe_buf_of(xp, dt), src, slot, off, moe_cbuf_f32(x), idx, N, C, E,
                             K);
         be->grouped_matmul_forward(be, moe_buf_of(h, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
@@ -582,12 +585,14 @@ static void test_bf16_activations(void) {
         be->grouped_matmul_forward(be, moe_buf_of(yp, dt), moe_cbuf_of(g, dt), moe_cbuf_f32(w2),
                                    off, E, F, C, MOE_RECIPE_BF16);
         be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
-        be->unpermute_backward(be, dyp, r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot, N, C, K);
-        be->grouped_matmul_backward(be, dg, r[k][4], dyp, moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off,
-                                    E, F, C, MOE_RECIPE_BF16);
-        be->swiglu_backward(be, dh, dh3, dg, moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
-        be->grouped_matmul_backward(be, r[k][1], r[k][3], dh, moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
-                                    off, E, C, F, MOE_RECIPE_BF16);
+        be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
+                               N, C, K);
+        be->grouped_matmul_backward(be, dg, r[k][4], moe_cbuf_of(dyp, dt), moe_cbuf_of(g, dt),
+                                    moe_cbuf_f32(w2), off, E, F, C, MOE_RECIPE_BF16);
+        be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), dg, moe_cbuf_of(h, dt),
+                            moe_cbuf_of(h, dt), NK * F);
+        be->grouped_matmul_backward(be, r[k][1], r[k][3], moe_cbuf_of(dh, dt), moe_cbuf_of(xp, dt),
+                                    moe_cbuf_f32(w1), off, E, C, F, MOE_RECIPE_BF16);
         free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
     }
     for (int j = 0; j < 5; j++) {

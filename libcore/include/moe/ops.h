@@ -40,7 +40,10 @@
  *    under the bf16 recipe (one exception: a BF16 matmul input under fp32, the router's,
  *    read as its exact values), where it holds exactly the values the recipe rounds the F32
  *    tensor to: both give the same result, BF16 saves the conversion and half the memory.
- *    Gradients stay F32. RoPE on BF16 rounds its result: the values attention reads.
+ *    Gradients stay F32, except the ones whose only reader is a matrix product that rounds
+ *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
+ *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
+ *    sum. RoPE on BF16 rounds its result: the values attention reads.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -286,12 +289,12 @@ struct moe_backend {
                               const float *topk_w,             /* [N, K] dev */
                               const int32_t *slot_row,         /* [N*K] dev */
                               int64_t N, int64_t C, int64_t K);
-    void (*unpermute_backward)(const moe_backend *be, float *dyp, /* [N*K, C] dev, += */
-                               float *dtopk_w,                    /* [N, K] dev, += */
-                               const float *dy,                   /* [N, C] dev */
-                               moe_cbuf yp,                       /* [N*K, C] dev, F32|BF16 */
-                               const float *topk_w,               /* [N, K] dev */
-                               const int32_t *slot_row,           /* [N*K] dev */
+    void (*unpermute_backward)(const moe_backend *be, moe_buf dyp, /* [N*K, C] dev, +=, F32|BF16 */
+                               float *dtopk_w,                     /* [N, K] dev, += */
+                               const float *dy,                    /* [N, C] dev */
+                               moe_cbuf yp,                        /* [N*K, C] dev, F32|BF16 */
+                               const float *topk_w,                /* [N, K] dev */
+                               const int32_t *slot_row,            /* [N*K] dev */
                                int64_t N, int64_t C, int64_t K);
 
     /* ---- grouped matmul: rows offsets[e]..offsets[e+1] of x use expert e's weight:
@@ -305,7 +308,7 @@ struct moe_backend {
     void (*grouped_matmul_backward)(const moe_backend *be,
                                     float *dx,              /* [M, I] dev, +=, may be NULL */
                                     float *dw,              /* [E, O, I] dev, += */
-                                    const float *dy,        /* [M, O] dev */
+                                    moe_cbuf dy,            /* [M, O] dev, F32 or BF16 */
                                     moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
                                     moe_cbuf w,             /* [E, O, I] dev, F32 or BF16 */
                                     const int32_t *offsets, /* [E + 1] host */
@@ -316,11 +319,11 @@ struct moe_backend {
                            moe_cbuf a,                         /* [n] dev (w1 output) */
                            moe_cbuf b, /* [n] dev (w3 output), of a's type */
                            int64_t n, moe_recipe prec);
-    void (*swiglu_backward)(const moe_backend *be, float *da, /* [n] dev, += */
-                            float *db,                        /* [n] dev, += */
-                            const float *dout,                /* [n] dev */
-                            moe_cbuf a,                       /* [n] dev, F32|BF16 */
-                            moe_cbuf b,                       /* [n] dev, F32|BF16 */
+    void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, +=, F32|BF16 */
+                            moe_buf db,                        /* [n] dev, +=, of da's type */
+                            const float *dout,                 /* [n] dev */
+                            moe_cbuf a,                        /* [n] dev, F32|BF16 */
+                            moe_cbuf b,                        /* [n] dev, F32|BF16 */
                             int64_t n);
 
     /* ---- cross-entropy with a fused softmax: loss[n] = weight[n] * (lse[n] - logit[n,t])

@@ -16,9 +16,14 @@ int moe_model_has_copies(moe_recipe recipe, int training) {
 
 /* ---- activation plan ---- */
 
+/* Buffers start 256 bytes apart (relative to base; a CUDA allocation is 256-byte aligned):
+ * cuBLASLt's heuristic picks its algorithm by operand alignment, so every activation gets
+ * the best one whatever the sizes before it. */
+#define MOE_ACT_ALIGN 256
+
 static void *carve(size_t *off, char *base, size_t bytes) {
     size_t at = *off;
-    *off += (bytes + 63) / 64 * 64;
+    *off += (bytes + MOE_ACT_ALIGN - 1) / MOE_ACT_ALIGN * MOE_ACT_ALIGN;
     return base ? base + at : NULL;
 }
 
@@ -143,9 +148,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dtw = carve(&off, base, (size_t)NK * f);
     p->dprob = carve(&off, base, (size_t)E * f);
     p->dxp = carve(&off, base, (size_t)(NK * C) * f);
-    p->dyp = carve(&off, base, (size_t)(NK * C) * f);
-    p->dh1 = carve(&off, base, (size_t)(NK * F) * f);
-    p->dh3 = carve(&off, base, (size_t)(NK * F) * f);
+    p->dyp = carve(&off, base, (size_t)(NK * C) * ef);
+    p->dh1 = carve(&off, base, (size_t)(NK * F) * ef);
+    p->dh3 = carve(&off, base, (size_t)(NK * F) * ef);
     p->dg = carve(&off, base, (size_t)(NK * F) * f);
     return off;
 }
@@ -283,7 +288,7 @@ moe_status moe_model_alloc_head(moe_model *m, moe_err *err) {
     if (a->logits) return MOE_OK; /* a training plan, or an earlier call */
     int64_t N = a->max_tokens, V = m->cfg.vocab_size;
     size_t off = 0, bytes = (size_t)(N * V + 2 * N) * sizeof(float) + (size_t)N * sizeof(int32_t);
-    a->head_mem = m->be->alloc(m->be, bytes + 4 * 64);
+    a->head_mem = m->be->alloc(m->be, bytes + 4 * MOE_ACT_ALIGN);
     if (!a->head_mem) {
         moe_err_set(err, MOE_ERR_RUNTIME, NULL,
                     "out of %s memory for the logits of %lld tokens (%.1f MiB)", m->be->name,

@@ -82,8 +82,10 @@ struct moe_acts {
     float *drl;            /* [N, E] */
     float *dtw;            /* [N, K] */
     float *dprob;          /* [E] */
-    float *dxp, *dyp;      /* [N*K, C] */
-    float *dh1, *dh3, *dg; /* [N*K, F] */
+    float *dxp;            /* [N*K, C] */
+    void *dyp;             /* [N*K, C], of element type adt (read only by the w2 product) */
+    void *dh1, *dh3;       /* [N*K, F], of element type adt (read only by the w1/w3 products) */
+    float *dg;             /* [N*K, F] */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */
     void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */

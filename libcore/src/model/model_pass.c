@@ -269,22 +269,25 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);
         if (!a->keep_moe) moe_model_moe_block(m, l, B, T, 0);
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
-        ZERO(a->dyp, NK * C);
+        be->memset(be, a->dyp, 0, (size_t)(NK * C) * moe_dtype_size(adt));
         ZERO(a->dtw, NK);
-        be->unpermute_backward(be, a->dyp, a->dtw, a->dres, moe_cbuf_of(la->yp, adt), la->topk_w,
-                               la->slot_row, N, C, K);
+        be->unpermute_backward(be, moe_buf_of(a->dyp, adt), a->dtw, a->dres,
+                               moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
         ZERO(a->dg, NK * F);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, a->dyp, moe_cbuf_of(la->g, adt),
-                                    moe_model_weight(m, li->w2), hoff, E, F, C, prec);
-        ZERO(a->dh1, NK * F);
-        ZERO(a->dh3, NK * F);
-        be->swiglu_backward(be, a->dh1, a->dh3, a->dg, moe_cbuf_of(la->h1, adt),
-                            moe_cbuf_of(la->h3, adt), NK * F);
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dyp, adt),
+                                    moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), hoff, E,
+                                    F, C, prec);
+        be->memset(be, a->dh1, 0, (size_t)(NK * F) * moe_dtype_size(adt));
+        be->memset(be, a->dh3, 0, (size_t)(NK * F) * moe_dtype_size(adt));
+        be->swiglu_backward(be, moe_buf_of(a->dh1, adt), moe_buf_of(a->dh3, adt), a->dg,
+                            moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), NK * F);
         ZERO(a->dxp, NK * C);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, a->dh1, moe_cbuf_of(la->xp, adt),
-                                    moe_model_weight(m, li->w1), hoff, E, C, F, prec);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, a->dh3, moe_cbuf_of(la->xp, adt),
-                                    moe_model_weight(m, li->w3), hoff, E, C, F, prec);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, moe_cbuf_of(a->dh1, adt),
+                                    moe_cbuf_of(la->xp, adt), moe_model_weight(m, li->w1), hoff, E,
+                                    C, F, prec);
+        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, moe_cbuf_of(a->dh3, adt),
+                                    moe_cbuf_of(la->xp, adt), moe_model_weight(m, li->w3), hoff, E,
+                                    C, F, prec);
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
         for (int64_t e = 0; e < E; e++) /* d aux_l / d p[n,e] = E f_e / N, f_e = count/(N K) */

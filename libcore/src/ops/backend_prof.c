@@ -245,7 +245,7 @@ static void pr_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, c
     prof_end_op(p, t0, MOE_OP_UNPERMUTE, 0);
 }
 
-static void pr_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w,
+static void pr_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
                                   const float *dy, moe_cbuf yp, const float *topk_w,
                                   const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     prof_ctx *p = ctx_of(be);
@@ -263,7 +263,7 @@ static void pr_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 0);
 }
 
-static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                        moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                        int64_t I, int64_t O, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
@@ -280,7 +280,7 @@ static void pr_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, mo
     prof_end_op(p, t0, MOE_OP_SWIGLU, 0);
 }
 
-static void pr_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+static void pr_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
                                moe_cbuf a, moe_cbuf b, int64_t n) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);

@@ -191,12 +191,12 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
     moe_cpu_operand_free(xr, x.p);
 }
 
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
     int64_t M = offsets[E];
-    const float *dyr = moe_cpu_operand(dy, M * O, prec);
+    const float *dyr = moe_cpu_operand_typed(dy, M * O, prec);
     const float *xr = moe_cpu_operand_typed(x, M * I, prec);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
@@ -209,6 +209,6 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
         }
         moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, 1.0f, dw + e * O * I);
     }
-    moe_cpu_operand_free(dyr, dy);
+    moe_cpu_operand_free(dyr, dy.p);
     moe_cpu_operand_free(xr, x.p);
 }

@@ -179,7 +179,7 @@ void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, con
     }
 }
 
-void moe_cpu_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_w, const float *dy,
+void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w, const float *dy,
                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                 int64_t N, int64_t C, int64_t K) {
     (void)be;
@@ -188,9 +188,10 @@ void moe_cpu_unpermute_backward(const moe_backend *be, float *dyp, float *dtopk_
         const float *g = dy + n * C;
         for (int64_t kk = 0; kk < K; kk++) {
             int64_t r = slot_row[n * K + kk];
-            float *d = dyp + r * C, w = topk_w[n * K + kk], s = 0.0f;
+            moe_cbuf dr = moe_cbuf_from(dyp);
+            float w = topk_w[n * K + kk], s = 0.0f;
             for (int64_t c = 0; c < C; c++) {
-                d[c] += w * g[c];
+                moe_buf_set(dyp, r * C + c, moe_cbuf_get(dr, r * C + c) + w * g[c]);
                 s += g[c] * moe_cbuf_get(yp, r * C + c);
             }
             dtopk_w[n * K + kk] += s;

@@ -142,7 +142,7 @@ void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_
     }
 }
 
-void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const float *dout,
+void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
                              moe_cbuf a, moe_cbuf b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
@@ -150,8 +150,9 @@ void moe_cpu_swiglu_backward(const moe_backend *be, float *da, float *db, const 
         float ai = moe_cbuf_get(a, i);
         float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
         float silu = ai * s;
-        da[i] += dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s));
-        db[i] += dout[i] * silu;
+        float ga = dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s)), gb = dout[i] * silu;
+        moe_buf_set(da, i, moe_cbuf_get(moe_cbuf_from(da), i) + ga);
+        moe_buf_set(db, i, moe_cbuf_get(moe_cbuf_from(db), i) + gb);
     }
 }
 
