@@ -173,7 +173,7 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the five above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace, bf16
-                                     operand copies under the bf16 recipe; upper bound):
+                                     operand conversions under the bf16 recipe; upper bound):
                                      moe_backend_scratch_estimate("cuda", ...) */
 } moe_model_memory;
 /* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what

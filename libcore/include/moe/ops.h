@@ -393,8 +393,10 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
 moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe_recipe prec,
                              moe_err *err);
 /* Working memory (bytes) backend kind `kind` ("cpu", "cuda") allocates on top of the buffers
- * it is asked for, for op calls up to dims under prec: 0 for the CPU; for CUDA the cuBLASLt
- * workspace, bf16 operand copies and reduction scratch (an upper bound). Needs no device
+ * it is asked for, for the op calls of a training model of sizes dims under prec (the typed
+ * operands the model passes: bf16 weight copies and activations under bf16): 0 for the CPU;
+ * for CUDA the cuBLASLt workspace, the operand conversions left and reduction scratch (an
+ * upper bound for those calls; fp32 operands under bf16 convert more). Needs no device
  * and works in every build (moe-train --dry-run prints it); unknown kinds give 0. */
 int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec);
 

@@ -189,24 +189,24 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
 
 /* ---- scratch estimate ---- */
 
-/* The CUDA backend's own working memory (kernels/backend_cuda.cu): the cuBLASLt workspace,
- * and under bf16 the bf16 copies of GEMM operands in grow-only scratch slots (at most
- * MOE_CUDA_SCRATCH_GROW of the largest operand a slot ever holds). Slot A: activation x or
- * dy; B: weights (an expert block for grouped GEMMs), k in attention; C: x in backward, v;
- * D: attention dout. Small: attention lse/delta, expert grouping, cross-entropy partials. */
+/* The CUDA backend's own working memory (kernels/backend_cuda.cu) for a training model: the
+ * cuBLASLt workspace, and under bf16 the conversions the model's typed operands leave, in
+ * grow-only scratch slots (at most MOE_CUDA_SCRATCH_GROW of the largest operand a slot ever
+ * holds). The model passes bf16 weight copies and bf16 activations, so what is converted is:
+ * slot A, an fp32 dy to bf16 (lm_head's [N, V], o_proj's [N, C], q/k/v's) or the router's
+ * bf16 input widened to fp32 [N, C]; slot C, lm_head's fp32 input to bf16 or the router's
+ * input widened again in its backward [N, C] fp32; slot D, attention's fp32 dout [N, H*D].
+ * Small: attention lse/delta, expert grouping, cross-entropy partials. */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
-    int64_t N = d->B * d->T, C = d->C, F = d->F, V = d->V, E = d->E, NK = N * d->K;
-    int64_t HD = d->H * d->D, KVD = d->KV * d->D;
+    int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
     if (prec != MOE_RECIPE_BF16) return ws + small;
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
-    int64_t sa = MAX2(MAX2(NK * F, NK * C), MAX2(N * V, MAX2(N * C, N * HD)));
-    int64_t sb = MAX2(MAX2(E * F * C, V * C), MAX2(HD * C, N * KVD));
-    int64_t sc = MAX2(MAX2(NK * F, NK * C), MAX2(N * C, MAX2(N * HD, N * KVD)));
-    int64_t sd = N * HD;
+    int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
+    int64_t sc = 4 * N * C, sd = 2 * N * HD;
 #undef MAX2
-    return ws + small + MOE_CUDA_SCRATCH_GROW(2 * (sa + sb + sc + sd)); /* 2 bytes per bf16 */
+    return ws + small + MOE_CUDA_SCRATCH_GROW(sa + sc + sd);
 }
 
 int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec) {
