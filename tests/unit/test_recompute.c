@@ -15,6 +15,7 @@
 
 #include "gradcheck.h"
 #include "model/model_internal.h"
+#include "moe/dtype.h"
 #include "moe/model.h"
 #include "testlib.h"
 
@@ -188,9 +189,12 @@ static void test_plans_and_forward_only(void) {
                            &err) == MOE_OK);
     CHECK(moe_model_create_forward_only(&fo, &cfg, MOE_RECIPE_BF16, &cbe, B, T, &err) == MOE_OK);
     if (err.status != MOE_OK) return;
-    /* forward-only: parameters and activations, no gradients */
-    CHECK_INT_EQ(cnt.n_alloc, 2);
-    CHECK((int64_t)cnt.live == fo.table.n_elems * 4 + (int64_t)fo.acts->bytes);
+    /* forward-only bf16: the fp32 tensors that stay fp32 (norms, embedding, router), every
+     * weight in bf16 and the activations; no gradients, no fp32 copy of the matrices */
+    CHECK_INT_EQ(cnt.n_alloc, 3);
+    CHECK(fo.weights16_only && fo.param_elems > 0 && fo.param_elems < fo.table.n_elems / 2);
+    CHECK((int64_t)cnt.live ==
+          fo.param_elems * 4 + fo.table.n_elems * 2 + (int64_t)fo.acts->bytes);
     CHECK((int64_t)fo.acts->bytes < by[MOE_RECOMPUTE_FULL]);
     moe_model_init_weights(&tr, 4);
     moe_model_init_weights(&fo, 4);
@@ -205,6 +209,28 @@ static void test_plans_and_forward_only(void) {
         CHECK(moe_model_hidden(&fo, tok, B, T, layer, h2, &err) == MOE_OK);
         CHECK_MSG(memcmp(h1, h2, nh * sizeof(float)) == 0, "hidden layer %d differs", layer);
     }
+    /* the load path (moe-embed, moe-score): the host weights in, the same hidden states; and
+     * out again, the fp32 tensors exact, the others their bf16 values */
+    moe_model fo2;
+    CHECK(moe_model_create_forward_only(&fo2, &cfg, MOE_RECIPE_BF16, moe_backend_cpu(), B, T,
+                                        &err) == MOE_OK);
+    float *w = malloc((size_t)tr.table.n_elems * sizeof(float));
+    float *w2 = malloc((size_t)tr.table.n_elems * sizeof(float));
+    moe_model_copy_params_to_host(&tr, w);
+    moe_model_copy_params_from_host(&fo2, w);
+    CHECK(moe_model_hidden(&tr, tok, B, T, 3, h1, &err) == MOE_OK);
+    CHECK(moe_model_hidden(&fo2, tok, B, T, 3, h2, &err) == MOE_OK);
+    CHECK_MSG(memcmp(h1, h2, nh * sizeof(float)) == 0, "hidden states after a load differ");
+    moe_model_copy_params_to_host(&fo2, w2);
+    int64_t exact = 0, either = 0;
+    for (int64_t i = 0; i < tr.table.n_elems; i++) {
+        exact += w2[i] == w[i];
+        either += w2[i] == w[i] || w2[i] == moe_round_bf16(w[i]);
+    }
+    CHECK_INT_EQ(either, tr.table.n_elems);
+    CHECK(exact >= fo2.param_elems && exact < tr.table.n_elems);
+    free(w), free(w2);
+    moe_model_free(&fo2);
     CHECK(moe_model_forward(&fo, tok, tok, NULL, B, T, NULL, &err) == MOE_ERR_RUNTIME);
     CHECK(moe_model_backward(&fo, 1.0f, &err) == MOE_ERR_RUNTIME);
     moe_model bad;

@@ -62,9 +62,15 @@ typedef struct moe_model {
     int max_batch, max_seq;
     int64_t head_dim;
     moe_param_table table; /* all experts of every layer ([e0, e1) = [0, E)); data/grad set */
-    float *param_mem;      /* [table.n_elems] dev, one allocation */
-    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 copies of the weights for the matrix
-                              products (moe_model_has_copies); else NULL */
+    float *param_mem;      /* [param_elems] dev, one allocation: every tensor's fp32 master (at
+                              its table offset), or in a weights16_only model only the tensors
+                              that stay fp32, packed in table order */
+    int64_t param_elems;   /* table.n_elems, or what weights16_only keeps in fp32 */
+    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 weights for the matrix products: the
+                              copies of moe_model_has_copies, or a weights16_only model's
+                              weights; else NULL */
+    int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
+                              moe_param.data is NULL), one conversion at load */
     int param16_stale;     /* param16_mem no longer equals round_bf16(param_mem) */
     float *grad_mem;       /* [table.n_elems] dev, one allocation */
     moe_acts *acts;

@@ -14,6 +14,13 @@ int moe_model_has_copies(moe_recipe recipe, int training) {
     return recipe == MOE_RECIPE_BF16 && training;
 }
 
+/* 1 for the tensors a forward-only bf16 model keeps in fp32: those no matrix product reads
+ * as its weight (norms, the embedding table, the router's gate, which runs in fp32). */
+static int keeps_f32(const moe_param_table *t, int i) {
+    const moe_param *p = &t->params[i];
+    return p->ndim == 1 || i == t->p_embed || (p->layer >= 0 && t->layer[p->layer].gate == i);
+}
+
 /* ---- activation plan ---- */
 
 /* Buffers start 256 bytes apart (relative to base; a CUDA allocation is 256-byte aligned):
@@ -230,18 +237,33 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     a->h_offsets = calloc((size_t)(L * (E + 1)), sizeof(int32_t));
     a->h_loss = calloc((size_t)N, sizeof(float));
     if (!a->layer || !a->h_offsets || !a->h_loss) goto oom;
-    m->param_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
+    /* a forward-only bf16 model holds its matrix weights in bf16 only (no optimizer step to
+     * refresh copies from): fp32 just for the tensors that stay fp32, packed */
+    m->weights16_only = plan == MOE_PLAN_FORWARD && recipe == MOE_RECIPE_BF16;
+    int copies = m->weights16_only || moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
+    m->param_elems = t->n_elems;
+    if (m->weights16_only) {
+        m->param_elems = 0;
+        for (int i = 0; i < t->n_params; i++)
+            if (keeps_f32(t, i)) m->param_elems += t->params[i].numel;
+    }
+    m->param_mem = be->alloc(be, (size_t)m->param_elems * sizeof(float));
     if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
-    int copies = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
     if (copies) m->param16_mem = be->alloc(be, (size_t)t->n_elems * sizeof(uint16_t));
     if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) || (copies && !m->param16_mem))
         goto oom;
-    for (int i = 0; i < t->n_params; i++) {
-        t->params[i].data = m->param_mem + t->params[i].offset;
-        t->params[i].grad = m->grad_mem ? m->grad_mem + t->params[i].offset : NULL;
-        t->params[i].data16 = m->param16_mem ? m->param16_mem + t->params[i].offset : NULL;
+    for (int i = 0, at = 0; i < t->n_params; i++) {
+        moe_param *p = &t->params[i];
+        p->data = m->param_mem + p->offset;
+        if (m->weights16_only) {
+            p->data = keeps_f32(t, i) ? m->param_mem + at : NULL;
+            at += keeps_f32(t, i) ? (int)p->numel : 0;
+        }
+        p->grad = m->grad_mem ? m->grad_mem + p->offset : NULL;
+        p->data16 = m->param16_mem ? m->param16_mem + p->offset : NULL;
     }
-    m->param16_stale = 1; /* zero weights, zero copies: right, but say so once */
+    /* zero weights, zero copies: right, but training models say so once */
+    m->param16_stale = !m->weights16_only;
     a->max_tokens = N;
     a->bytes = moe_acts_plan(cfg, N, plan, recipe, a, NULL);
     a->mem = be->alloc(be, a->bytes);
@@ -249,15 +271,17 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     moe_acts_plan(cfg, N, plan, recipe, a, a->mem);
     return MOE_OK;
 oom:;
-    size_t pbytes = (size_t)m->table.n_elems * sizeof(float);
+    size_t pbytes = (size_t)(m->weights16_only ? m->param_elems : m->table.n_elems) * sizeof(float);
     size_t abytes = moe_acts_plan(cfg, N, plan, recipe, NULL, NULL);
-    size_t cbytes = moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD) ? pbytes / 2 : 0;
+    int copies16 = m->weights16_only || moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
+    size_t cbytes = copies16 ? (size_t)m->table.n_elems * sizeof(uint16_t) : 0;
+    size_t gbytes = plan == MOE_PLAN_FORWARD ? 0 : (size_t)m->table.n_elems * sizeof(float);
     moe_model_free(m);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
-                "out of %s memory for the model (%.1f MiB parameters + %.1f MiB bf16 copies + "
+                "out of %s memory for the model (%.1f MiB fp32 weights + %.1f MiB bf16 weights + "
                 "%.1f MiB gradients + %.1f MiB activations)",
-                be->name, pbytes / 1048576.0, cbytes / 1048576.0,
-                plan == MOE_PLAN_FORWARD ? 0.0 : pbytes / 1048576.0, abytes / 1048576.0);
+                be->name, pbytes / 1048576.0, cbytes / 1048576.0, gbytes / 1048576.0,
+                abytes / 1048576.0);
     moe_err_hint(err, plan == MOE_PLAN_FORWARD
                           ? "use a smaller batch or window"
                           : "use a smaller micro batch (train.micro_batch_tokens), "
@@ -328,13 +352,60 @@ int64_t moe_model_n_params(const moe_model *m) {
     return m->table.n_elems;
 }
 
+/* Tensor i's values from host [numel] into the model: the fp32 master, or in a bf16-only
+ * model the fp32 copy it keeps and/or its bf16 copy (rounded on the host: scratch16 holds
+ * numel values). The caller marks copies stale where needed. */
+static void upload_tensor(moe_model *m, int i, const float *host, uint16_t *scratch16) {
+    const moe_param *p = &m->table.params[i];
+    if (p->data) m->be->memcpy_h2d(m->be, p->data, host, (size_t)p->numel * sizeof(float));
+    if (!m->weights16_only) return;
+    for (int64_t j = 0; j < p->numel; j++)
+        scratch16[j] = moe_f32_to_bf16(host[j]);
+    m->be->memcpy_h2d(m->be, p->data16, scratch16, (size_t)p->numel * sizeof(uint16_t));
+}
+
+/* Host scratch for upload_tensor: the largest tensor's numel bf16 values (NULL when the model
+ * needs none); aborts on host OOM like moe_model_init_weights. */
+static uint16_t *upload_scratch(const moe_model *m) {
+    if (!m->weights16_only) return NULL;
+    int64_t maxn = 1;
+    for (int i = 0; i < m->table.n_params; i++)
+        if (m->table.params[i].numel > maxn) maxn = m->table.params[i].numel;
+    uint16_t *s = malloc((size_t)maxn * sizeof(uint16_t));
+    if (!s) abort(); /* one tensor's worth of host memory; the model itself fit */
+    return s;
+}
+
 void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
-    m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->table.n_elems * sizeof(float));
+    if (!m->weights16_only) {
+        m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->table.n_elems * sizeof(float));
+        return;
+    }
+    uint16_t *s = upload_scratch(m); /* bf16-only: the kept fp32 tensors, the rest widened */
+    for (int i = 0; i < m->table.n_params; i++) {
+        const moe_param *p = &m->table.params[i];
+        float *d = dst + p->offset;
+        if (p->data) {
+            m->be->memcpy_d2h(m->be, d, p->data, (size_t)p->numel * sizeof(float));
+            continue;
+        }
+        m->be->memcpy_d2h(m->be, s, p->data16, (size_t)p->numel * sizeof(uint16_t));
+        for (int64_t j = 0; j < p->numel; j++)
+            d[j] = moe_bf16_to_f32(s[j]);
+    }
+    free(s);
 }
 
 void moe_model_copy_params_from_host(moe_model *m, const float *src) {
-    m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
-    m->param16_stale = 1;
+    if (!m->weights16_only) {
+        m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
+        m->param16_stale = 1;
+        return;
+    }
+    uint16_t *s = upload_scratch(m);
+    for (int i = 0; i < m->table.n_params; i++)
+        upload_tensor(m, i, src + m->table.params[i].offset, s);
+    free(s);
 }
 
 void moe_model_params_written(moe_model *m) {
@@ -342,7 +413,7 @@ void moe_model_params_written(moe_model *m) {
 }
 
 void moe_model_refresh_copies(moe_model *m) {
-    if (!m->param16_mem || !m->param16_stale) return;
+    if (!m->param16_mem || !m->param16_stale || m->weights16_only) return;
     m->be->cast_bf16(m->be, m->param16_mem, m->param_mem, m->table.n_elems);
     m->param16_stale = 0;
 }
@@ -469,6 +540,7 @@ void moe_model_init_weights(moe_model *m, uint64_t seed) {
         if (t->params[i].numel > maxn) maxn = t->params[i].numel;
     float *host = malloc((size_t)maxn * sizeof(float));
     if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
+    uint16_t *s16 = upload_scratch(m);
     for (int i = 0; i < t->n_params; i++) {
         const moe_param *p = &t->params[i];
         if (p->ndim == 1) {
@@ -478,8 +550,9 @@ void moe_model_init_weights(moe_model *m, uint64_t seed) {
             moe_rng_fill_normal(host, p->numel, 0.0f, (float)m->cfg.initializer_range, seed,
                                 name_stream(p->name));
         }
-        m->be->memcpy_h2d(m->be, p->data, host, (size_t)p->numel * sizeof(float));
+        upload_tensor(m, i, host, s16);
     }
     free(host);
-    m->param16_stale = 1;
+    free(s16);
+    m->param16_stale = !m->weights16_only;
 }
