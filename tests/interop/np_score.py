@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """np_score: the log-likelihoods `moe-score seq` should give, from the NumPy (float64)
-Mixtral forward of np_mixtral.py on a `moe-convert to-hf` directory.
+Mixtral forward of np_mixtral.py on a `moe-convert to-hf` directory, or (--hf f32|bf16)
+from Hugging Face MixtralForCausalLM loaded from that directory on the GPU.
 
   np_score.py HF_DIR FASTA MOE_TSV [--context N] [--lp LP.npy LP.ids.tsv] [--tol 1e-5]
+              [--hf f32|bf16]
 
 Tokenizes every record of FASTA (one sequence per line after its '>' header) with the
 exported tokenizer.json, scores it with the window rule of docs/cli.md restated here
@@ -38,7 +40,24 @@ def read_fasta(path):
     return recs
 
 
-def score(cfg, t, hf_dir, seq, context):
+def hf_forward(hf_dir, dtype):
+    """A forward(cfg, t, ids) -> (None, logits [len(ids), V] float64) through transformers'
+    MixtralForCausalLM on CUDA in dtype ("f32" or "bf16")."""
+    import torch
+    from transformers import MixtralForCausalLM
+
+    td = torch.float32 if dtype == "f32" else torch.bfloat16
+    model = MixtralForCausalLM.from_pretrained(hf_dir, dtype=td).to("cuda").eval()
+
+    def fwd(cfg, t, ids):
+        with torch.inference_mode():
+            out = model(torch.tensor([ids], device="cuda")).logits[0]
+        return None, out.float().cpu().numpy().astype(np.float64)
+
+    return fwd
+
+
+def score(cfg, t, hf_dir, seq, context, forward=forward):
     ids, off, n = encode(hf_dir, seq)
     bos = ids[:off]
     content = ids[off:off + n]
@@ -68,7 +87,10 @@ def main():
     ap.add_argument("--context", type=int, default=0)
     ap.add_argument("--tol", type=float, default=1e-5)
     ap.add_argument("--lp", nargs=2, metavar=("LP_NPY", "IDS_TSV"))
+    ap.add_argument("--hf", choices=("f32", "bf16"), help="Hugging Face on the GPU instead")
     a = ap.parse_args()
+    fwd = hf_forward(a.hf_dir, a.hf) if a.hf else forward
+    what = f"Hugging Face MixtralForCausalLM ({a.hf}, cuda)" if a.hf else "the NumPy Mixtral reference"
     hf_dir, fasta, tsv, tol, lp_files = a.hf_dir, a.fasta, a.tsv, a.tol, a.lp
     cfg = json.load(open(os.path.join(hf_dir, "config.json")))
     t = load_dir(hf_dir)
@@ -84,7 +106,7 @@ def main():
     ok = True
     lp_all = np.load(lp_files[0]) if lp_files else None
     for (name, seq), row in zip(recs, rows):
-        ref = score(cfg, t, hf_dir, seq, a.context)
+        ref = score(cfg, t, hf_dir, seq, a.context, fwd)
         ll_ref = np.nansum(ref)
         if lp_files:  # ids.tsv: row name length tokens first_row log_likelihood ...
             name_m, first_row, ll = row[1], int(row[4]), float(row[5])
@@ -103,7 +125,7 @@ def main():
               f"nats (relative {rel:.2g}, tol {tol:g})")
         ok &= name_m == name and rel <= tol
     verdict = "ok" if ok else "FAIL"
-    print(f"np_score: {verdict}: {len(recs)} sequences against the NumPy Mixtral reference")
+    print(f"np_score: {verdict}: {len(recs)} sequences against {what}")
     sys.exit(0 if ok else 1)
 
 
