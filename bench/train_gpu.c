@@ -207,7 +207,8 @@ int main(int argc, char **argv) {
                "unprofiled; the split is what these figures are for):\n\n",
                p->name, prof_steps, wall / prof_steps * 1e3, med * 1e3);
         moe_backend_prof_print(&ps, prof_steps, wall, stdout);
-        printf("PROF preset=%s profiled_step_ms=%.2f", p->name, wall / prof_steps * 1e3);
+        printf("PROF preset=%s profiled_step_ms=%.2f syncs_per_step=%.0f", p->name,
+               wall / prof_steps * 1e3, (double)ps.host_syncs / prof_steps);
         for (int k = 0; k < MOE_PROF_KIND_COUNT; k++) {
             double sec = moe_backend_prof_kind_seconds(&ps, (moe_prof_kind)k, NULL);
             printf(" kind%d_ms=%.2f", k, sec / prof_steps * 1e3);

@@ -128,6 +128,15 @@ static void test_model_bit_identical(void) {
     CHECK_INT_EQ(s.op_calls[MOE_OP_ROUTER][0], STEPS * L);
     CHECK_INT_EQ(s.op_calls[MOE_OP_ROUTER][1], STEPS * L);
     CHECK(s.mem_calls > 0);
+    /* waits for the device: per step the forward's token, target and loss copies, one offsets
+     * copy per layer, the router statistics of all layers in two copies and a synchronize;
+     * the backward's one dprob copy and a synchronize; this loop's sum_squares and
+     * synchronize. Around the steps: one upload per tensor at init, two copies at the end. */
+    moe_model_config mc = small_config();
+    moe_param_table pt;
+    CHECK(moe_param_table_build(&pt, &mc, 0, mc.num_local_experts, &err) == MOE_OK);
+    CHECK_INT_EQ(s.host_syncs, pt.n_params + STEPS * (L + 10) + 2);
+    moe_param_table_free(&pt);
     int64_t kc = 0, total = 0;
     double ksum = 0.0, osum = s.mem_seconds;
     for (int op = 0; op < MOE_OP_COUNT; op++)

@@ -41,6 +41,8 @@ typedef struct moe_backend_prof_stats {
     int64_t op_calls[MOE_OP_COUNT][2];
     double mem_seconds; /* memory copies and sets */
     int64_t mem_calls;
+    int64_t host_syncs; /* calls that make the host wait for the device (in an unprofiled
+                           run too): synchronize, memcpy_h2d and _d2h, sum_squares */
 } moe_backend_prof_stats;
 
 /* Wraps `inner` (which must outlive the wrapper). Returns NULL with a runtime error when out

@@ -85,6 +85,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.g = carve(&off, base, (size_t)(NK * F) * ef);
         sh.yp = carve(&off, base, (size_t)(NK * C) * ef);
     }
+    /* router statistics of every layer, read after the whole forward in one copy each */
+    int32_t *counts_all = carve(&off, base, (size_t)(L * E) * i4);
+    float *rstats_all = carve(&off, base, (size_t)(L * (E + 2)) * f);
     /* forward-only: the residual stream ping-pongs between two buffers */
     float *xbuf[2] = {NULL, NULL};
     if (!train) {
@@ -123,8 +126,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->yp = carve(&off, base, (size_t)(NK * C) * ef);
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
-        la->counts = carve(&off, base, (size_t)E * i4);
-        la->rstats = carve(&off, base, (size_t)(E + 2) * f);
+        la->counts = counts_all ? counts_all + l * E : NULL;
+        la->rstats = rstats_all ? rstats_all + l * (E + 2) : NULL;
     }
     struct moe_acts tmp, *p = base ? a : &tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -153,7 +156,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dv = carve(&off, base, (size_t)(N * KVD) * f);
     p->drl = carve(&off, base, (size_t)(N * E) * f);
     p->dtw = carve(&off, base, (size_t)NK * f);
-    p->dprob = carve(&off, base, (size_t)E * f);
+    p->dprob = carve(&off, base, (size_t)(L * E) * f);
     p->dxp = carve(&off, base, (size_t)(NK * C) * f);
     p->dyp = carve(&off, base, (size_t)(NK * C) * ef);
     p->dh1 = carve(&off, base, (size_t)(NK * F) * ef);

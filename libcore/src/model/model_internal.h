@@ -39,8 +39,8 @@ typedef struct moe_layer_acts {
     float *rlse;                /* [N] */
     int32_t *topk_idx;          /* [N, K] */
     float *topk_w;              /* [N, K] */
-    int32_t *counts;            /* [E] */
-    float *rstats;              /* [E + 2] */
+    int32_t *counts;            /* [E], row l of one [L, E] buffer */
+    float *rstats;              /* [E + 2], row l of one [L, E + 2] buffer */
     int32_t *row_src;           /* [N*K] */
     int32_t *slot_row;          /* [N*K] */
     int32_t *offsets;           /* [E + 1] */
@@ -81,7 +81,7 @@ struct moe_acts {
     float *dk, *dv;        /* [N, KV*D] */
     float *drl;            /* [N, E] */
     float *dtw;            /* [N, K] */
-    float *dprob;          /* [E] */
+    float *dprob;          /* [L, E] */
     float *dxp;            /* [N*K, C] */
     void *dyp;             /* [N*K, C], of element type adt (read only by the w2 product) */
     void *dh1, *dh3;       /* [N*K, F], of element type adt (read only by the w1/w3 products) */

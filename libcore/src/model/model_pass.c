@@ -192,16 +192,21 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
     m->last_T = T;
     /* router losses from the per-layer statistics */
     double aux = 0.0, z = 0.0, ent = 0.0;
-    int32_t *cnt = malloc((size_t)E * sizeof(int32_t));
-    float *stats = malloc((size_t)(E + 2) * sizeof(float));
-    if (!cnt || !stats) {
-        free(cnt);
-        free(stats);
+    int32_t *cnt_all = malloc((size_t)(L * E) * sizeof(int32_t));
+    float *stats_all = malloc((size_t)(L * (E + 2)) * sizeof(float));
+    if (!cnt_all || !stats_all) {
+        free(cnt_all);
+        free(stats_all);
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
     }
+    /* the layers' rows are one buffer each (model_internal.h): two copies, not 2 L */
+    if (L > 0) {
+        be->memcpy_d2h(be, cnt_all, a->layer[0].counts, (size_t)(L * E) * sizeof(int32_t));
+        be->memcpy_d2h(be, stats_all, a->layer[0].rstats, (size_t)(L * (E + 2)) * sizeof(float));
+    }
     for (int l = 0; l < L; l++) {
-        be->memcpy_d2h(be, cnt, a->layer[l].counts, (size_t)E * sizeof(int32_t));
-        be->memcpy_d2h(be, stats, a->layer[l].rstats, (size_t)(E + 2) * sizeof(float));
+        const int32_t *cnt = cnt_all + l * E;
+        const float *stats = stats_all + l * (E + 2);
         double al = 0.0;
         for (int64_t e = 0; e < E; e++) {
             m->expert_tokens[l * E + e] = cnt[e];
@@ -211,8 +216,8 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
         z += (double)stats[E] / (double)N;
         ent += (double)stats[E + 1] / (double)N;
     }
-    free(cnt);
-    free(stats);
+    free(cnt_all);
+    free(stats_all);
     aux /= L;
     z /= L;
     ent /= L;
@@ -256,8 +261,13 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
                          P[m->table.p_norm].data, a->rstdf, N, C);
     /* router loss derivatives: aux = mean_l E sum_e f_e P_e, z = mean_l mean_n lse^2 */
-    float *dprob = malloc((size_t)E * sizeof(float));
+    float *dprob = malloc((size_t)(L * E) * sizeof(float));
     if (!dprob) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+    for (int64_t i = 0; i < L * E; i++) /* d aux_l / d p[n,e] = E f_e / N, f_e = count/(N K) */
+        dprob[i] = (float)(grad_scale * c->router_aux_loss_coef / L * (double)E *
+                           ((double)m->expert_tokens[i] / (double)NK) / (double)N);
+    be->memcpy_h2d(be, a->dprob, dprob, (size_t)(L * E) * sizeof(float)); /* all layers' */
+    free(dprob);
     float dz = (float)(grad_scale * c->router_z_loss_coef / ((double)L * (double)N));
     for (int l = L - 1; l >= 0; l--) {
         moe_layer_acts *la = &a->layer[l];
@@ -290,13 +300,9 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                     C, F, prec);
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
-        for (int64_t e = 0; e < E; e++) /* d aux_l / d p[n,e] = E f_e / N, f_e = count/(N K) */
-            dprob[e] = (float)(grad_scale * c->router_aux_loss_coef / L * (double)E *
-                               ((double)m->expert_tokens[l * E + e] / (double)NK) / (double)N);
-        be->memcpy_h2d(be, a->dprob, dprob, (size_t)E * sizeof(float));
         ZERO(a->drl, N * E);
-        be->router_backward(be, a->drl, a->dtw, a->dprob, dz, la->probs, la->rlse, la->topk_idx,
-                            la->topk_w, N, E, K);
+        be->router_backward(be, a->drl, a->dtw, a->dprob + l * E, dz, la->probs, la->rlse,
+                            la->topk_idx, la->topk_w, N, E, K);
         be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, moe_cbuf_of(la->ln2, adt),
                             moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
@@ -324,7 +330,6 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
                              la->rstd1, N, C);
     }
-    free(dprob);
     be->embedding_backward(be, P[m->table.p_embed].grad, a->dres, a->tokens, N, C, V);
     /* the logits buffer now holds gradients: a second backward needs a new forward */
     a->has_targets = 0;

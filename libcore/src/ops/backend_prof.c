@@ -72,6 +72,7 @@ static void pr_free(const moe_backend *be, void *ptr) {
 
 static moe_status pr_synchronize(const moe_backend *be, moe_err *err) {
     prof_ctx *p = ctx_of(be);
+    p->st.host_syncs++;
     moe_status st = p->inner->synchronize(p->inner, err);
     if (p->first_err.status != MOE_OK) {
         if (err && (err->status == MOE_OK || st == MOE_OK)) *err = p->first_err;
@@ -84,6 +85,7 @@ static moe_status pr_synchronize(const moe_backend *be, moe_err *err) {
 
 static void pr_memcpy_h2d(const moe_backend *be, void *dst, const void *src, size_t n) {
     prof_ctx *p = ctx_of(be);
+    p->st.host_syncs++;
     double t0 = prof_begin(p);
     p->inner->memcpy_h2d(p->inner, dst, src, n);
     prof_end_mem(p, t0);
@@ -91,6 +93,7 @@ static void pr_memcpy_h2d(const moe_backend *be, void *dst, const void *src, siz
 
 static void pr_memcpy_d2h(const moe_backend *be, void *dst, const void *src, size_t n) {
     prof_ctx *p = ctx_of(be);
+    p->st.host_syncs++;
     double t0 = prof_begin(p);
     p->inner->memcpy_d2h(p->inner, dst, src, n);
     prof_end_mem(p, t0);
@@ -340,6 +343,7 @@ static void pr_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src,
 
 static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     prof_ctx *p = ctx_of(be);
+    p->st.host_syncs++;
     double t0 = prof_begin(p);
     double r = p->inner->sum_squares(p->inner, x, n);
     prof_end_op(p, t0, MOE_OP_SUM_SQUARES, 0);
@@ -480,6 +484,10 @@ void moe_backend_prof_print(const moe_backend_prof_stats *s, int steps, double w
     fprintf(f, "| host (outside the table) | %.2f | %.1f%% | - |\n",
             (wall_seconds - timed) * per * 1e3, 100.0 * (wall_seconds - timed) / wall);
     fprintf(f, "| profiled step | %.2f | 100%% | - |\n", wall_seconds * per * 1e3);
+    fprintf(f,
+            "\nhost synchronisations per step (synchronize, memcpy h2d/d2h, sum_squares): "
+            "%.0f\n",
+            (double)s->host_syncs * per);
     fprintf(f, "\n| op | direction | ms/step | calls/step |\n|---|---|---|---|\n");
     for (int op = 0; op < MOE_OP_COUNT; op++)
         for (int d = 0; d < 2; d++)
