@@ -8,7 +8,10 @@
  * double precision from bf16-rounded q/k/v; (3) every output is finite; (4) memory stays
  * linear in T: the device peak stays within 2x the fp32 buffers this test allocates (room
  * for the backend's bf16 operand copies; one T x T score matrix of one head alone would be
- * 64 GiB). Prints the forward and backward times. Exits 77 without a GPU. */
+ * 64 GiB). (5) The inference path at 1,048,576 tokens in one window: a forward with bf16
+ * q/k/v in and a bf16 output (what moe-embed and moe-score pass), sampled late rows against
+ * the double reference, every output finite, the device peak within the buffers plus 25%.
+ * Prints the forward and backward times. Exits 77 without a GPU. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,7 +24,7 @@
 #include "moe/log.h"
 #include "testlib.h"
 
-enum { T = 131072, T0 = 2048, H = 8, KV = 2, D = 128 };
+enum { T = 131072, T0 = 2048, H = 8, KV = 2, D = 128, T1M = 1048576 };
 
 /* Uniform in [-1, 1) from a xorshift64 stream: fast enough for 10^8 values. */
 static void fill(float *x, size_t n, uint64_t seed) {
@@ -128,6 +131,77 @@ done:
     return bytes;
 }
 
+/* Uploads host [n] fp32 as bf16 into a new device buffer (NULL on failure). */
+static uint16_t *upload_bf16(const moe_backend *be, const float *x, size_t n) {
+    uint16_t *h = malloc(n * sizeof(uint16_t)), *d = be->alloc(be, n * sizeof(uint16_t));
+    if (h && d) {
+        for (size_t i = 0; i < n; i++)
+            h[i] = moe_f32_to_bf16(x[i]);
+        be->memcpy_h2d(be, d, h, n * sizeof(uint16_t));
+    }
+    free(h);
+    return d;
+}
+
+/* (5): the forward at T1M tokens, typed bf16 in and out; checks sampled rows and the peak. */
+static void check_inference_1m(const moe_backend *be) {
+    moe_err err;
+    moe_err_clear(&err);
+    size_t nq = (size_t)T1M * H * D, nk = (size_t)T1M * KV * D;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4);
+    uint16_t *out = malloc(nq * 2);
+    float *lse = malloc((size_t)T1M * H * 4);
+    CHECK(q && k && v && out && lse);
+    if (!q || !k || !v || !out || !lse) goto host_done;
+    fill(q, nq, 11), fill(k, nk, 12), fill(v, nk, 13);
+    size_t cur0, peak0, cur, peak;
+    be->memory(be, &cur0, &peak0);
+    uint16_t *dq = upload_bf16(be, q, nq), *dk = upload_bf16(be, k, nk);
+    uint16_t *dv = upload_bf16(be, v, nk), *dout = be->alloc(be, nq * 2);
+    float *dlse = be->alloc(be, (size_t)T1M * H * 4);
+    double bytes = (double)(nq * 2 * 2 + nk * 2 * 2 + (size_t)T1M * H * 4);
+    CHECK(dq && dk && dv && dout && dlse);
+    if (dq && dk && dv && dout && dlse) {
+        double t0 = moe_time_now();
+        be->attention_forward(be, moe_buf_of(dout, MOE_DTYPE_BF16), dlse,
+                              moe_cbuf_of(dq, MOE_DTYPE_BF16), moe_cbuf_of(dk, MOE_DTYPE_BF16),
+                              moe_cbuf_of(dv, MOE_DTYPE_BF16), 1, T1M, H, KV, D, MOE_RECIPE_BF16);
+        CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "T=%d forward: %s", T1M, err.msg);
+        double f = moe_time_now() - t0;
+        be->memory(be, &cur, &peak);
+        be->memcpy_d2h(be, out, dout, nq * 2);
+        be->memcpy_d2h(be, lse, dlse, (size_t)T1M * H * 4);
+        int finite = 1;
+        for (size_t i = 0; i < nq && finite; i++)
+            finite = isfinite(moe_bf16_to_f32(out[i]));
+        CHECK(finite && all_finite(lse, (size_t)T1M * H));
+        const int64_t rows[] = {T1M - 1, T1M / 2 + 3, 700001};
+        for (int i = 0; i < 3; i++)
+            for (int h = 0; h < H; h += 5) {
+                double ref[D];
+                reference_row(ref, q, k, v, rows[i], h);
+                float got[D], reff[D];
+                for (int d = 0; d < D; d++) {
+                    got[d] = moe_bf16_to_f32(out[((size_t)rows[i] * H + (size_t)h) * D + d]);
+                    reff[d] = (float)ref[d];
+                }
+                double e = nmse(got, reff, D);
+                printf("T=%d row %lld head %d vs double reference: nmse %.3g\n", T1M,
+                       (long long)rows[i], h, e);
+                CHECK(e <= 1e-3); /* bf16 P and a bf16 output: ~1e-5 expected */
+            }
+        double flop = 2.0 * 2.0 * H * D * (double)T1M * (double)T1M / 2.0;
+        printf("T=%d forward (bf16 in and out) %.1f ms (%.0f TFLOP/s); device peak %.2f GiB "
+               "for %.2f GiB of buffers\n",
+               T1M, 1e3 * f, flop / f / 1e12, (double)(peak - cur0) / 1073741824.0,
+               bytes / 1073741824.0);
+        CHECK((double)(peak - cur0) <= 1.25 * bytes);
+    }
+    be->free(be, dq), be->free(be, dk), be->free(be, dv), be->free(be, dout), be->free(be, dlse);
+host_done:
+    free(q), free(k), free(v), free(out), free(lse);
+}
+
 int main(void) {
     const moe_backend *be = test_cuda_backend("test_attention_long");
     if (!be) return 77;
@@ -190,6 +264,7 @@ int main(void) {
     }
     free(q), free(k), free(v), free(dout), free(out), free(lse), free(dq);
     free(out0), free(lse0), free(dq0);
+    check_inference_1m(be);
     be->destroy(be);
     return test_summary("gpu.attention_long");
 }
