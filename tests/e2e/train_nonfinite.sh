@@ -2,7 +2,8 @@
 # e2e.train_nonfinite: non-finite values never pass silently. A checkpoint with a NaN weight
 # (made through to-hf / from-hf, so its MANIFEST is right): moe-embed refuses to write NaN
 # vectors (exit 1, naming the first bad row, no output file); moe-train resumed from it skips
-# train.max_bad_steps steps and then stops (exit 1) without blaming the learning rate. A
+# train.max_bad_steps steps and then stops (exit 1) without blaming the learning rate, also
+# when stopped and resumed between the skipped steps (the count is in the checkpoint). A
 # learning rate far too high (optim.lr=10, no clipping) gets a loss-spike warning that does.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/expect.sh" # fail, expect
@@ -38,6 +39,13 @@ expect 1 "diverged at step 4: loss nan.*4 non-finite steps in a row, train.max_b
 grep -q "learning rate is an unlikely cause" err.txt || fail "wrong hint: $(cat err.txt)"
 grep -q "lower optim.lr" err.txt && fail "the lr hint for NaN weights: $(cat err.txt)"
 expect 1 "diverged at step 1.*train.max_bad_steps=0" -- train bad0 --resume nan train.max_bad_steps=0
+# stopped after 2 skipped steps and resumed: the count goes on from 2 (trainer_state.json
+# "health"), so the run stops at step 4 like the uninterrupted one, not at step 6
+expect 0 "2 in a row" -- train split --resume nan --stop-at 2
+grep -q '"bad_steps_in_row": 2' split/ckpt-00000002/trainer_state.json ||
+    fail "the checkpoint does not carry the 2 skipped steps: $(cat split/ckpt-00000002/trainer_state.json)"
+expect 1 "diverged at step 4: loss nan.*4 non-finite steps in a row" -- train split --resume auto
+[ "$(grep -c 'the update is skipped' err.txt)" -eq 1 ] || fail "resumed: not 1 more skipped step: $(cat err.txt)"
 
 # far too high a learning rate: the run ends, but not silently
 expect 0 "loss spike: .*lower optim.lr" -- train hot optim.lr=10 optim.grad_clip=0 train.steps=30

@@ -1,6 +1,7 @@
 /* test_train_ckpt: a training checkpoint round-trips bit for bit (weights, both Adam moments,
- * trainer state), and loading refuses what does not fit: another model shape (naming the
- * key), another tokenizer, a damaged file (naming it), a tensor of the wrong dtype. */
+ * trainer state with the loop's health watch; an older state without one loads as zero), and
+ * loading refuses what does not fit: another model shape (naming the key), another tokenizer,
+ * a damaged file (naming it), a tensor of the wrong dtype. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,10 +35,10 @@ int main(void) {
     moe_model a, b;
     memset(&a, 0, sizeof a);
     memset(&b, 0, sizeof b);
-    if (moe_model_create(&a, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
-                         be, 2, 16, &err) != MOE_OK ||
-        moe_model_create(&b, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE,
-                         be, 2, 16, &err) != MOE_OK) {
+    if (moe_model_create(&a, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, be, 2, 16, &err) !=
+            MOE_OK ||
+        moe_model_create(&b, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, be, 2, 16, &err) !=
+            MOE_OK) {
         CHECK_MSG(0, "model: %s", err.msg);
         moe_model_free(&a);
         moe_model_free(&b);
@@ -76,6 +77,10 @@ int main(void) {
     ts.data_samples = 77;
     ts.data_stream_tokens = 1233;
     ts.last_metrics = strdup("{\"step\":5,\"loss\":3.25}");
+    ts.health.bad_in_row = 2; /* two non-finite steps just skipped */
+    ts.health.good = 3;
+    ts.health.loss_mean = 0.1 + 1.0 / 3; /* not a short decimal: must round-trip exactly */
+    ts.health.rising = 1;
     CHECK_MSG(moe_train_save_checkpoint("run", 2, &cfg, moe_tokenizer_spec_json(tok), &a, m, v, &ts,
                                         &err) == MOE_OK,
               "save: %s", err.msg);
@@ -96,6 +101,28 @@ int main(void) {
           back.data_samples == 77 && back.data_stream_tokens == 1233);
     CHECK(back.last_metrics && strstr(back.last_metrics, "\"loss\":3.25"));
     free(back.last_metrics);
+    CHECK_INT_EQ(back.health.bad_in_row, 2);
+    CHECK_INT_EQ(back.health.good, 3);
+    CHECK(back.health.loss_mean == 0.1 + 1.0 / 3);
+    CHECK(back.health.rising == 1 && back.health.spiking == 0);
+
+    /* trainer_state.json of an older moe-train (no "health"): loads with a zero watch; a
+     * malformed "health" is refused by name. */
+    const char *old_state = "{\"format\": \"moe-genomics trainer state\", \"version\": 1, "
+                            "\"step\": 7, \"tokens_seen\": 14, \"data\": {\"epoch\": 0, "
+                            "\"index\": 1, \"shuffle\": true, \"samples_per_epoch\": 9, "
+                            "\"stream_tokens\": 99}, \"rng\": {\"seed\": 5}%s}";
+    char text[1024];
+    snprintf(text, sizeof text, old_state, "");
+    memset(&back, 0xff, sizeof back);
+    CHECK_MSG(moe_ckpt_state_parse(text, "old.json", &back, &err) == MOE_OK, "%s", err.msg);
+    CHECK(back.step == 7 && back.health.bad_in_row == 0 && back.health.good == 0 &&
+          back.health.loss_mean == 0 && !back.health.spiking && !back.health.rising);
+    free(back.last_metrics);
+    snprintf(text, sizeof text, old_state, ", \"health\": {\"bad_steps_in_row\": -1}");
+    moe_err_clear(&err);
+    CHECK(moe_ckpt_state_parse(text, "bad.json", &back, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "health") && strcmp(err.file, "bad.json") == 0, "%s", err.msg);
 
     /* The weights file is a plain safetensors file with HF names and format=pt. */
     moe_st_file f;

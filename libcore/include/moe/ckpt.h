@@ -105,6 +105,15 @@ typedef struct moe_trainer_state {
     char *last_metrics;                /* JSON object text of the last step's metrics, or NULL */
     char init_from[MOE_CKPT_PATH_MAX]; /* moe-train --init: the checkpoint the run's first
                                           weights came from ("" for none) */
+    /* The loop's watch (train/train_health.h) at this step, so that a resumed run skips,
+     * stops and warns as an uninterrupted one; all zero when an older trainer_state.json has
+     * no "health". */
+    struct {
+        int64_t bad_in_row;  /* non-finite steps in a row (train.max_bad_steps counts them) */
+        int64_t good;        /* good steps seen */
+        double loss_mean;    /* running mean of good losses */
+        int spiking, rising; /* inside a warned loss spike; the loss has risen */
+    } health;
 } moe_trainer_state;
 
 /* trainer_state.json text of ts (malloc'ed), NULL when out of memory. */

@@ -1,9 +1,11 @@
 /* ckpt_state: trainer_state.json, the part of a checkpoint that is neither tensors nor
  * config (moe/ckpt.h, moe_trainer_state): step, tokens seen, data position, seed, the last
- * step's metrics and, for a run started by --init, the checkpoint it started from. Written by
+ * step's metrics, the training loop's health watch (non-finite steps in a row, the loss mean)
+ * and, for a run started by --init, the checkpoint it started from. Written by
  * moe-train's checkpoints and parsed by moe_ckpt_open, so the format lives in this one file. All
  * randomness is counter-based (Philox keyed by the seed), so the seed is the whole RNG state. */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -31,6 +33,15 @@ char *moe_ckpt_state_json(const moe_trainer_state *ts) {
     json_t *met = ts->last_metrics ? json_loads(ts->last_metrics, 0, NULL) : NULL;
     json_object_set_new(o, "last_metrics", met ? met : json_null());
     if (ts->init_from[0]) json_object_set_new(o, "init_from", json_string(ts->init_from));
+    json_t *h = json_object();
+    json_object_set_new(h, "bad_steps_in_row", json_integer(ts->health.bad_in_row));
+    json_object_set_new(h, "good_steps", json_integer(ts->health.good));
+    /* JSON has no NaN: a mean that is not finite (it never should be) restarts from zero */
+    json_object_set_new(h, "loss_mean",
+                        json_real(isfinite(ts->health.loss_mean) ? ts->health.loss_mean : 0.0));
+    json_object_set_new(h, "loss_spiking", json_boolean(ts->health.spiking));
+    json_object_set_new(h, "loss_rising", json_boolean(ts->health.rising));
+    json_object_set_new(o, "health", h);
     char *text = json_dumps(o, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(o);
     return text;
@@ -46,6 +57,24 @@ static int get_i64(json_t *o, const char *key, int64_t *out) {
     json_t *v = json_object_get(o, key);
     if (!json_is_integer(v)) return 0;
     *out = json_integer_value(v);
+    return 1;
+}
+
+/* The optional "health" object (absent in files of older moe-trains: all zero); 0 when it is
+ * there but malformed. */
+static int get_health(json_t *o, moe_trainer_state *ts) {
+    json_t *h = json_object_get(o, "health");
+    if (!h) return 1;
+    json_t *mean = json_object_get(h, "loss_mean"), *spiking = json_object_get(h, "loss_spiking"),
+           *rising = json_object_get(h, "loss_rising");
+    if (!json_is_object(h) || !get_i64(h, "bad_steps_in_row", &ts->health.bad_in_row) ||
+        !get_i64(h, "good_steps", &ts->health.good) || ts->health.bad_in_row < 0 ||
+        ts->health.good < 0 || !json_is_number(mean) || !json_is_boolean(spiking) ||
+        !json_is_boolean(rising))
+        return 0;
+    ts->health.loss_mean = json_number_value(mean);
+    ts->health.spiking = json_is_true(spiking);
+    ts->health.rising = json_is_true(rising);
     return 1;
 }
 
@@ -77,6 +106,8 @@ moe_status moe_ckpt_state_parse(const char *text, const char *path, moe_trainer_
              !get_i64(rng, "seed", &seed) || ts->step < 0 || ts->data_epoch < 0 ||
              ts->data_index < 0)
         st = bad_state(err, path, "missing or invalid step, tokens_seen, data or rng fields");
+    else if (!get_health(o, ts))
+        st = bad_state(err, path, "invalid health fields (bad_steps_in_row, good_steps, loss_*)");
     if (st == MOE_OK) {
         ts->seed = (uint64_t)seed;
         ts->data_shuffle = json_is_true(json_object_get(data, "shuffle"));

@@ -173,6 +173,7 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
     t->ts.data_stream_tokens = t->dl.stream_tokens;
     st = moe_dataloader_set_position(&t->dl, t->ts.data_epoch, t->ts.data_index, err);
     if (st != MOE_OK) return st;
+    moe_train_health_restore(&t->health, &t->ts);
     moe_log_info("resumed from %s at step %lld (%lld tokens seen)", dir, (long long)t->ts.step,
                  (long long)t->ts.tokens_seen);
     t->resumed = 1;
@@ -384,6 +385,7 @@ static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm,
  * rank 0, which writes). */
 static moe_status save(trainer *t, moe_err *err) {
     moe_dataloader_position(&t->dl, &t->ts.data_epoch, &t->ts.data_index);
+    moe_train_health_save(&t->health, &t->ts);
     double t0 = moe_time_now();
     size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
     int lead = t->rank == 0, whole = t->dp == 1;

@@ -50,3 +50,19 @@ moe_status moe_train_health_bad(moe_train_health *h, int64_t step, double loss, 
                           "cause: check the weights (moe-convert inspect) and the data");
     return MOE_ERR_RUNTIME;
 }
+
+void moe_train_health_save(const moe_train_health *h, moe_trainer_state *ts) {
+    ts->health.bad_in_row = h->bad_in_row;
+    ts->health.good = h->good;
+    ts->health.loss_mean = h->mean;
+    ts->health.spiking = h->spiking;
+    ts->health.rising = h->rising;
+}
+
+void moe_train_health_restore(moe_train_health *h, const moe_trainer_state *ts) {
+    h->bad_in_row = ts->health.bad_in_row;
+    h->good = ts->health.good;
+    h->mean = ts->health.loss_mean;
+    h->spiking = ts->health.spiking;
+    h->rising = ts->health.rising;
+}

@@ -3,19 +3,22 @@
  *
  * The one thing to know: "lower optim.lr" is only suggested when the loss was rising before
  * (a warned spike, or a loss above ln(vocab_size), worse than a uniform guess); a loss that
- * is non-finite from the first step points at the data or the weights instead. */
+ * is non-finite from the first step points at the data or the weights instead. The watch
+ * goes into every checkpoint (trainer_state.json "health"), so that a resumed run counts on
+ * from where the checkpoint was written. */
 #ifndef MOE_TRAIN_HEALTH_H
 #define MOE_TRAIN_HEALTH_H
 
 #include <stdint.h>
 
+#include "moe/ckpt.h"
 #include "moe/err.h"
 
 typedef struct moe_train_health {
     int64_t max_bad;    /* train.max_bad_steps */
     int64_t bad_in_row; /* non-finite steps since the last good one */
     int64_t bad_total;  /* non-finite steps of this invocation */
-    int64_t good;       /* good steps of this invocation */
+    int64_t good;       /* good steps (of the run, also across --resume) */
     double mean;        /* running mean of good losses (exponential, weight 0.1) */
     double ln_vocab;    /* the loss of a uniform guess */
     int spiking;        /* inside a warned spike (no new warning until it is over) */
@@ -31,5 +34,9 @@ void moe_train_health_good(moe_train_health *h, int64_t step, double loss);
  * checkpoint on disk, "" if none), with the hint that fits (see above). */
 moe_status moe_train_health_bad(moe_train_health *h, int64_t step, double loss, double grad_norm,
                                 const char *last_ckpt, moe_err *err);
+/* Copies the watch into ts->health (before a checkpoint is written) and back (after one is
+ * loaded: max_bad and ln_vocab stay the run's own). */
+void moe_train_health_save(const moe_train_health *h, moe_trainer_state *ts);
+void moe_train_health_restore(moe_train_health *h, const moe_trainer_state *ts);
 
 #endif
