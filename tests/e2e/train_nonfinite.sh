@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # e2e.train_nonfinite: non-finite values never pass silently. A checkpoint with a NaN weight
-# (made through to-hf / from-hf, so its MANIFEST is right): moe-embed refuses to write NaN
+# (made through to-hf / from-hf, so its MANIFEST is right): moe-convert inspect counts the
+# NaN (and the Inf of a file made here) per tensor; moe-embed refuses to write NaN
 # vectors (exit 1, naming the first bad row, no output file); moe-train resumed from it skips
 # train.max_bad_steps steps and then stops (exit 1) without blaming the learning rate, also
 # when stopped and resumed between the skipped steps (the count is in the checkpoint). A
@@ -18,6 +19,24 @@ t["model.norm.weight"] = (dt, shape, struct.pack("<f", float("nan")) + b[4:])
 st_tool.write(sys.argv[1], t, meta)
 PY
 moe-convert -q from-hf hf nan
+# inspect counts NaN and Inf per tensor (RMS and max |x| are of the finite values)
+moe-convert inspect nan > inspect.txt
+grep -Eq "^  model.norm.weight +F32 +\[32\] +[0-9.e+-]+ +[0-9.e+-]+ +1 +0$" inspect.txt ||
+    fail "inspect: no NaN count for model.norm.weight: $(grep norm.weight inspect.txt)"
+grep -q "^non-finite: 1 NaN and 0 Inf values in 1 tensors (the first: model.norm.weight)" \
+    inspect.txt || fail "inspect: no non-finite summary: $(tail -2 inspect.txt)"
+PYTHONPATH="$INTEROP" "$PY" - odd.safetensors <<'PY'
+import struct, sys, st_tool
+inf, nan = float("inf"), float("nan")
+st_tool.write(sys.argv[1], {"x": ("F32", [5], struct.pack("<5f", nan, inf, -inf, -2.0, 1.0)),
+                            "y": ("F32", [2], struct.pack("<2f", 3.0, 4.0))}, {})
+PY
+moe-convert inspect odd.safetensors > odd.txt
+grep -Eq "^  x +F32 +\[5\] +1.58114 +2 +1 +2$" odd.txt || fail "inspect x: $(grep '^  x' odd.txt)"
+grep -Eq "^  y +F32 +\[2\] +3.53553 +4 +0 +0$" odd.txt || fail "inspect y: $(grep '^  y' odd.txt)"
+grep -q "^non-finite: 1 NaN and 2 Inf values in 1 tensors (the first: x)" odd.txt ||
+    fail "inspect: $(tail -1 odd.txt)"
+moe-convert inspect "$CKPT" | grep -q "^non-finite: none$" || fail "inspect: a healthy checkpoint"
 printf '>first\nACGTACGTACGTAAAC\n>second\nGGGCCCAATTACGTTGCA\n' > seqs.fa
 expect 1 "row 0 \(first\) has a non-finite value nan in column 0: no output is written" -- \
   moe-embed -q -m nan seqs.fa -o e.npy

@@ -1,6 +1,7 @@
 /* convert_inspect: moe-convert inspect - what is in a checkpoint (or in a Hugging Face
  * directory, or any directory or file of safetensors): config, tokenizer, every tensor with shape,
- * dtype, RMS and max |x|, parameter counts, and the MANIFEST check.
+ * dtype, RMS and max |x| of the finite values, NaN and Inf counts, parameter counts, and the
+ * MANIFEST check.
  *
  * The one thing to know: the report is printed in full even when the MANIFEST check
  * fails (that is when people want to look), and the failure is then returned, so the
@@ -63,11 +64,21 @@ static moe_status list_files(const char *dir, char ***out, int *n, moe_err *err)
     return MOE_OK;
 }
 
-static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64_t *bytes) {
+/* What the tensor listing adds up: elements, bytes, and the non-finite values (with the
+ * first tensor that holds any). */
+typedef struct inspect_totals {
+    int64_t elems, bytes, nan, inf, bad_tensors;
+    char first_bad[160];
+} inspect_totals;
+
+/* One line per tensor of f: name, dtype, shape, RMS and max |x| of its finite values, and
+ * how many values are NaN and how many +-Inf (a NaN would hide in max |x| and poison RMS). */
+static void print_tensors(const moe_st_file *f, FILE *out, inspect_totals *tot) {
     float *buf = NULL;
     int64_t cap = 0;
     fprintf(out, "\n%s: %d tensors\n", f->path, f->n_tensors);
-    fprintf(out, "  %-64s %-5s %-22s %12s %12s\n", "name", "dtype", "shape", "rms", "max|x|");
+    fprintf(out, "  %-64s %-5s %-22s %12s %12s %8s %8s\n", "name", "dtype", "shape", "rms",
+            "max|x|", "nan", "inf");
     for (int i = 0; i < f->n_tensors; i++) {
         const moe_st_tensor *t = &f->tensors[i];
         char shape[64] = "[";
@@ -78,6 +89,7 @@ static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64
         }
         strcat(shape, "]");
         double ss = 0, mx = 0;
+        int64_t nan = 0, inf = 0;
         int stats = 0;
         if (t->numel > cap) {
             float *p = realloc(buf, (size_t)t->numel * sizeof(float));
@@ -89,19 +101,31 @@ static void print_tensors(const moe_st_file *f, FILE *out, int64_t *elems, int64
         if (t->numel <= cap && moe_st_read_f32(f, t, buf, NULL) == MOE_OK) {
             for (int64_t k = 0; k < t->numel; k++) {
                 double v = buf[k];
-                ss += v * v;
-                if (fabs(v) > mx) mx = fabs(v);
+                if (isnan(v)) {
+                    nan++;
+                } else if (isinf(v)) {
+                    inf++;
+                } else {
+                    ss += v * v;
+                    if (fabs(v) > mx) mx = fabs(v);
+                }
             }
             stats = 1;
         }
+        int64_t finite = t->numel - nan - inf;
         if (stats)
-            fprintf(out, "  %-64s %-5s %-22s %12.6g %12.6g\n", t->name, moe_st_dtype_name(t->dtype),
-                    shape, t->numel ? sqrt(ss / (double)t->numel) : 0.0, mx);
+            fprintf(out, "  %-64s %-5s %-22s %12.6g %12.6g %8" PRId64 " %8" PRId64 "\n", t->name,
+                    moe_st_dtype_name(t->dtype), shape, finite ? sqrt(ss / (double)finite) : 0.0,
+                    mx, nan, inf);
         else
-            fprintf(out, "  %-64s %-5s %-22s %12s %12s\n", t->name, moe_st_dtype_name(t->dtype),
-                    shape, "-", "-");
-        *elems += t->numel;
-        *bytes += (int64_t)(t->end - t->begin);
+            fprintf(out, "  %-64s %-5s %-22s %12s %12s %8s %8s\n", t->name,
+                    moe_st_dtype_name(t->dtype), shape, "-", "-", "-", "-");
+        if ((nan || inf) && tot->bad_tensors++ == 0)
+            snprintf(tot->first_bad, sizeof tot->first_bad, "%s", t->name);
+        tot->nan += nan;
+        tot->inf += inf;
+        tot->elems += t->numel;
+        tot->bytes += (int64_t)(t->end - t->begin);
     }
     free(buf);
 }
@@ -245,20 +269,28 @@ moe_status moe_convert_inspect(const char *dir, const moe_convert_opts *o, FILE 
         moe_err_set(err, MOE_ERR_INPUT, dir, "no checkpoint (MANIFEST) and no *.safetensors here");
         st = MOE_ERR_INPUT;
     }
-    int64_t elems = 0, bytes = 0;
+    inspect_totals tot = {0};
     for (int i = 0; st == MOE_OK && i < n; i++) {
         moe_st_file f;
         st = moe_st_open(&f, files[i], err);
         if (st != MOE_OK) break;
-        print_tensors(&f, out, &elems, &bytes);
+        print_tensors(&f, out, &tot);
         moe_st_close(&f);
     }
     for (int i = 0; i < n; i++)
         free(files[i]);
     free(files);
-    if (st == MOE_OK)
-        fprintf(out, "\ntotal: %" PRId64 " elements in %" PRId64 " bytes of tensor data\n", elems,
-                bytes);
+    if (st == MOE_OK) {
+        fprintf(out, "\ntotal: %" PRId64 " elements in %" PRId64 " bytes of tensor data\n",
+                tot.elems, tot.bytes);
+        if (tot.bad_tensors)
+            fprintf(out,
+                    "non-finite: %" PRId64 " NaN and %" PRId64 " Inf values in %" PRId64
+                    " tensors (the first: %s)\n",
+                    tot.nan, tot.inf, tot.bad_tensors, tot.first_bad);
+        else
+            fprintf(out, "non-finite: none\n");
+    }
     if (st == MOE_OK && manifest != MOE_OK) {
         *err = merr;
         st = manifest;
