@@ -103,6 +103,31 @@ static void check_cut_manifest(const char *manifest) {
     moe_err_clear(&err);
     CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
     CHECK_MSG(strstr(err.msg, "does not list tokenizer.json"), "%s", err.msg);
+    /* zeros over the end of the first line (fuzz_ckpt: the parser wrote through a NULL) and,
+     * in the older format, over the last lines (the parsing stopped there, unnoticed) */
+    size_t len = strlen(manifest);
+    memcpy(copy, manifest, len);
+    memset(strchr(copy, '\n') - 4, 0, 4);
+    FILE *fp = fopen(path, "wb");
+    if (fp) {
+        fwrite(copy, 1, len, fp);
+        fclose(fp);
+    }
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "NUL byte") && err.line == 1, "%s (line %lld)", err.msg,
+              (long long)err.line);
+    snprintf(copy, strlen(manifest) + 1, "%s", body);
+    size_t blen = strlen(body);
+    memset(strstr(copy, " tokenizer.json\n"), 0, 4);
+    fp = fopen(path, "wb");
+    if (fp) {
+        fwrite(copy, 1, blen, fp);
+        fclose(fp);
+    }
+    moe_err_clear(&err);
+    CHECK(verify("run/ckpt-00000040", &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "NUL byte"), "%s", err.msg);
     write_text(path, manifest);
     free(copy);
 }

@@ -67,8 +67,8 @@ static moe_status check_needed(const moe_ckpt *c, const char *path, moe_err *err
 }
 
 /* Parses MANIFEST at path into c->files: the version-2 first line (file count and CRC32 of
- * the lines below), if there is one, then one line per file. A malformed line, a last line
- * without its newline, lines that do not match the first line, or a missing file every
+ * the lines below), if there is one, then one line per file. A NUL byte, a malformed line, a last
+ * line without its newline, lines that do not match the first line, or a missing file every
  * checkpoint needs is MOE_ERR_INPUT naming MANIFEST. */
 static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
     char *text;
@@ -80,7 +80,15 @@ static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
         lines += text[i] == '\n';
     int has_head = 0, head_files = 0;
     uint32_t head_crc = 0, body_crc = 0;
-    if (len && text[len - 1] != '\n') {
+    const char *nul = memchr(text, '\0', len);
+    if (nul) { /* zeros from a crash or a bad disk; the line parsing below would stop there */
+        int64_t at = 1;
+        for (const char *q = text; q < nul; q++)
+            at += *q == '\n';
+        st = moe_ckpt_damaged(err, path, "MANIFEST holds a NUL byte (offset %zu)",
+                              (size_t)(nul - text));
+        moe_err_at_line(err, at, 0);
+    } else if (len && text[len - 1] != '\n') {
         size_t from = len;
         while (from > 0 && text[from - 1] != '\n')
             from--;

@@ -92,6 +92,7 @@ static void fill_row(const score_model *sm, const score_win *w, int32_t *row, in
 }
 
 moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err *err) {
+    if (n == 0) return MOE_OK; /* a chunk whose ALTs were all skipped (qsort wants an array) */
     if (score_grow((void **)&sm->order, &sm->cap_order, n, sizeof *sm->order, err) != MOE_OK)
         return err->status;
     for (int64_t i = 0; i < n; i++)

@@ -406,8 +406,10 @@ static moe_status setup(vcf_scorer *v, const moe_score_vcf_opts *o, moe_err *err
     v->in = hts_open(o->vcf, "r");
     if (!v->in) return moe_err_errno(err, o->vcf, "cannot open the VCF/BCF");
     if (hts_get_format(v->in)->category != variant_data) {
+        char *what = hts_format_description(hts_get_format(v->in)); /* malloc'ed */
         moe_err_set(err, MOE_ERR_INPUT, o->vcf, "not a VCF or BCF file (%s)",
-                    hts_format_description(hts_get_format(v->in)));
+                    what ? what : "unknown format");
+        free(what);
         return MOE_ERR_INPUT;
     }
     v->hdr = bcf_hdr_read(v->in);
