@@ -2,7 +2,8 @@
 # run.sh BUILD_DIR SECONDS [TARGET...]: runs each libFuzzer harness (fuzz_<target> in
 # BUILD_DIR/tests/fuzz) for SECONDS, starting from the seed corpus tests/fuzz/corpus/<target>/
 # (read only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), one target at a time, and
-# prints one summary line per target: executions, coverage (edges), corpus size, result.
+# prints one summary line per target: executions, coverage (edges / features: libFuzzer's
+# cov: and ft:), corpus size, result.
 # Exit 1 when a target crashed, leaked or tripped a sanitizer; its reproducer is left in
 # BUILD_DIR/fuzz-artifacts/ (make it a regression test: add it to the seed corpus).
 set -euo pipefail
@@ -11,7 +12,7 @@ secs=${2:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config)
+[ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config ckpt vcf)
 mkdir -p "$build/fuzz-artifacts"
 status=0
 for t in "${targets[@]}"; do
@@ -27,10 +28,12 @@ for t in "${targets[@]}"; do
     "$work" "$here/corpus/$t" > "$log" 2>&1
   rc=$?
   set -e
-  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
-  cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
-  corp=$(grep -Eo 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2)
+  # (|| true: a target that died before its first status line has none of these)
+  execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1 || true)
+  cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
+  ft=$(grep -Eo 'ft: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
+  corp=$(grep -Eo 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
   if [ $rc -eq 0 ]; then res="no findings"; else res="FINDING (exit $rc, see $log)"; status=1; fi
-  echo "fuzz $t: ${secs}s, ${execs:-?} executions, coverage ${cov:-?} edges, corpus ${corp:-?}: $res"
+  echo "fuzz $t: ${secs}s, ${execs:-?} executions, coverage ${cov:-?} edges / ${ft:-?} features, corpus ${corp:-?}: $res"
 done
 exit $status

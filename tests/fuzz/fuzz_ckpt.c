@@ -1,0 +1,87 @@
+/* fuzz_ckpt: libFuzzer harness for the checkpoint readers of MANIFEST and trainer_state.json
+ * (moe_ckpt_open, ckpt_open.c and ckpt_state.c). The input is two files: a 2-byte
+ * little-endian length N, then N bytes of MANIFEST, then trainer_state.json (the rest). Both
+ * are written into a checkpoint directory that also holds a fixed config.yaml and
+ * tokenizer.json, which is then opened as moe-convert inspect opens it (every part, whatever
+ * fails) and as --resume does (strict, with the trainer state).
+ *
+ * The one thing to know: the fixture directory is made once per process (libFuzzer gives the
+ * callback no context), so its path lives in one file-scope buffer, and it is removed at
+ * exit. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "moe/ckpt.h"
+#include "moe/fileio.h"
+#include "moe/tokenizer.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static const char k_config[] =
+    "model:\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
+    "  num_hidden_layers: 2\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
+    "  num_local_experts: 4\n  num_experts_per_tok: 2\n  max_position_embeddings: 64\n"
+    "train:\n  steps: 10\n  seq_len: 16\n  global_batch_tokens: 32\n";
+
+static char g_root[64]; /* the fixture: g_root/ckpt-00000001 (set once, by the initializer) */
+
+/* Writes len bytes of text to dir/name; aborts on failure (the fixture must exist). */
+static void put_file(const char *dir, const char *name, const void *text, size_t len) {
+    char path[160];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || (len && fwrite(text, 1, len, fp) != len) || fclose(fp) != 0) abort();
+}
+
+static void remove_fixture(void) {
+    moe_err err;
+    moe_err_clear(&err);
+    moe_remove_tree(g_root, &err);
+}
+
+/* Makes the fixture checkpoint directory: config.yaml and the byte tokenizer's spec. */
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    snprintf(g_root, sizeof g_root, "/tmp/moe-fuzz-ckpt.%ld", (long)getpid());
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/ckpt-00000001", g_root);
+    moe_err err;
+    moe_err_clear(&err);
+    moe_tokenizer_opts o;
+    moe_tokenizer_opts_defaults(&o, MOE_TOKENIZER_BYTE);
+    moe_tokenizer *tok = NULL;
+    if (moe_mkdirs(dir, &err) != MOE_OK || moe_tokenizer_create(&tok, &o, &err) != MOE_OK) abort();
+    put_file(dir, "config.yaml", k_config, strlen(k_config));
+    const char *spec = moe_tokenizer_spec_json(tok);
+    put_file(dir, "tokenizer.json", spec, strlen(spec));
+    moe_tokenizer_free(tok);
+    atexit(remove_fixture);
+    return 0;
+}
+
+/* data [size] bytes: u16 LE N, MANIFEST [N], trainer_state.json [rest]. Returns 0. */
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    size_t n = size >= 2 ? (size_t)data[0] | (size_t)data[1] << 8 : 0;
+    const uint8_t *body = size >= 2 ? data + 2 : data;
+    size_t rest = size >= 2 ? size - 2 : size;
+    if (n > rest) n = rest;
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/ckpt-00000001", g_root);
+    put_file(dir, "MANIFEST", body, n);
+    put_file(dir, "trainer_state.json", body + n, rest - n);
+    moe_err err;
+    moe_err_clear(&err);
+    moe_ckpt ck;
+    if (moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE | MOE_CKPT_REPORT,
+                      &err) == MOE_OK)
+        moe_ckpt_close(&ck);
+    moe_err_clear(&err);
+    if (moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE, &err) == MOE_OK)
+        moe_ckpt_close(&ck);
+    return 0;
+}
