@@ -14,18 +14,13 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz_fixture.h"
 #include "moe/ckpt.h"
 #include "moe/fileio.h"
 #include "moe/tokenizer.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char k_config[] =
-    "model:\n  vocab_size: 256\n  hidden_size: 32\n  intermediate_size: 64\n"
-    "  num_hidden_layers: 2\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
-    "  num_local_experts: 4\n  num_experts_per_tok: 2\n  max_position_embeddings: 64\n"
-    "train:\n  steps: 10\n  seq_len: 16\n  global_batch_tokens: 32\n";
 
 static char g_root[64]; /* the fixture: g_root/ckpt-00000001 (set once, by the initializer) */
 
@@ -56,7 +51,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     moe_tokenizer_opts_defaults(&o, MOE_TOKENIZER_BYTE);
     moe_tokenizer *tok = NULL;
     if (moe_mkdirs(dir, &err) != MOE_OK || moe_tokenizer_create(&tok, &o, &err) != MOE_OK) abort();
-    put_file(dir, "config.yaml", k_config, strlen(k_config));
+    put_file(dir, "config.yaml", FUZZ_FIXTURE_CONFIG, strlen(FUZZ_FIXTURE_CONFIG));
     const char *spec = moe_tokenizer_spec_json(tok);
     put_file(dir, "tokenizer.json", spec, strlen(spec));
     moe_tokenizer_free(tok);

@@ -19,6 +19,7 @@
 
 #include <htslib/faidx.h>
 
+#include "fuzz_fixture.h"
 #include "moe/ckpt.h"
 #include "moe/config.h"
 #include "moe/fileio.h"
@@ -30,12 +31,6 @@
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char k_config[] =
-    "model:\n  vocab_size: 256\n  hidden_size: 16\n  intermediate_size: 16\n"
-    "  num_hidden_layers: 1\n  num_attention_heads: 2\n  num_key_value_heads: 1\n"
-    "  num_local_experts: 2\n  num_experts_per_tok: 1\n  max_position_embeddings: 64\n"
-    "train:\n  steps: 1\n  seq_len: 16\n  global_batch_tokens: 16\noptim:\n  warmup_steps: 0\n";
 
 static char g_root[64]; /* the fixture directory (set once, by the initializer) */
 
@@ -71,7 +66,8 @@ static void make_reference(void) {
     if (fclose(fp) != 0 || fai_build(path) != 0) fixture_fail("ref.fa and its .fai", NULL);
 }
 
-/* g_root/run/ckpt-00000001: the model of k_config with random weights, zero Adam moments. */
+/* g_root/run/ckpt-00000001: the model of FUZZ_FIXTURE_CONFIG with random weights, zero Adam
+ * moments. */
 static void make_checkpoint(void) {
     moe_err err;
     moe_err_clear(&err);
@@ -82,7 +78,7 @@ static void make_checkpoint(void) {
     moe_model model;
     memset(&model, 0, sizeof model);
     const moe_backend *be = moe_backend_cpu();
-    if (moe_config_load_string(&cfg, k_config, "fuzz.yaml", &err) != MOE_OK ||
+    if (moe_config_load_string(&cfg, FUZZ_FIXTURE_CONFIG, "fuzz.yaml", &err) != MOE_OK ||
         moe_tokenizer_create(&tok, &o, &err) != MOE_OK ||
         moe_model_create(&model, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, be, 1, 16,
                          &err) != MOE_OK)
