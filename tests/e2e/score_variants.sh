@@ -9,7 +9,7 @@
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind;
-# a VCF with nothing to score passes through.
+# POS 0; a VCF with nothing to score passes through.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
 if [ -z "$PY" ]; then echo "SKIP: no python3 with numpy (apt install python3-numpy)"; exit 77; fi
@@ -155,6 +155,11 @@ grep -q "bgzip" err.txt
 printf 'AL\tFILTER\tINFO\nchr1\t50\t.\tG\tA\n' > notvcf.txt
 expect2 sc notvcf.txt
 grep -q "notvcf.txt: not a VCF or BCF file" err.txt || { cat err.txt >&2; exit 1; }
+# POS 0 (or empty): refused naming the record (fuzz_vcf: the REF check read before the
+# reference it had fetched)
+{ grep '^#' good.vcf; printf 'lambda\t0\t.\tA\tC\t.\t.\t.\n'; } > pos0.vcf
+expect2 sc pos0.vcf
+grep -q "pos0.vcf: record 1: lambda: POS 0 is not a position" err.txt || { cat err.txt >&2; exit 1; }
 # -r keeps only the records in the region
 sc good.vcf --tsv -r lambda:1-1500 > reg.tsv
 [ "$(tail -n +3 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]

@@ -219,6 +219,13 @@ static moe_status add_site(vcf_scorer *v, bcf1_t *rec, moe_err *err) {
     const char *chrom = bcf_seqname_safe(v->hdr, rec), *ref_allele = rec->d.allele[0];
     int64_t pos0 = rec->pos, rlen = (int64_t)strlen(ref_allele), W = v->W, s = pos0 - W / 2;
     if (!faidx_has_seq(v->fai, chrom)) return missing_contig(v, chrom, pos0 + 1, err);
+    if (pos0 < 0) { /* POS 0 or empty (htslib reads both as 0): nothing to compare REF with */
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "%s: POS %" PRId64 " is not a position", chrom,
+                    pos0 + 1);
+        moe_err_at_record(err, v->rec_no);
+        moe_err_hint(err, "VCF positions count from 1; the record is malformed");
+        return MOE_ERR_INPUT;
+    }
     int64_t L = faidx_seq_len(v->fai, chrom); /* int: htslib 1.16 */
     /* the reference from the window start: the REF window, and a deletion's fill after it */
     int64_t lo = s > 0 ? s : 0, hi = s + 2 * W + rlen < L ? s + 2 * W + rlen : L, len = 0;
