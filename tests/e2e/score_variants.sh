@@ -9,7 +9,7 @@
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind;
-# POS 0; a VCF with nothing to score passes through.
+# POS 0, NUL bytes in a record; a VCF with nothing to score passes through.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
 if [ -z "$PY" ]; then echo "SKIP: no python3 with numpy (apt install python3-numpy)"; exit 77; fi
@@ -160,6 +160,11 @@ grep -q "notvcf.txt: not a VCF or BCF file" err.txt || { cat err.txt >&2; exit 1
 { grep '^#' good.vcf; printf 'lambda\t0\t.\tA\tC\t.\t.\t.\n'; } > pos0.vcf
 expect2 sc pos0.vcf
 grep -q "pos0.vcf: record 1: lambda: POS 0 is not a position" err.txt || { cat err.txt >&2; exit 1; }
+# NUL bytes in a record (htslib then gives it no alleles): refused naming the record
+# (fuzz_vcf: a NULL allele array was read)
+{ grep '^#' good.vcf; printf 'lambda\t50\t.\0\0\0\tG\tA\t.\tPASS\t.\n'; } > nul.vcf
+expect2 sc nul.vcf
+grep -q "nul.vcf: record 1: record 1 has no REF allele" err.txt || { cat err.txt >&2; exit 1; }
 # -r keeps only the records in the region
 sc good.vcf --tsv -r lambda:1-1500 > reg.tsv
 [ "$(tail -n +3 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]

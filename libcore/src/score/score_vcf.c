@@ -194,6 +194,14 @@ static moe_status add_site(vcf_scorer *v, bcf1_t *rec, moe_err *err) {
     if (bcf_unpack(rec, BCF_UN_STR) < 0)
         return moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "record %" PRId64 " cannot be parsed",
                            v->rec_no);
+    if (rec->n_allele < 1) { /* htslib leaves a line it could not split without alleles */
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "record %" PRId64 " has no REF allele",
+                    v->rec_no);
+        moe_err_at_record(err, v->rec_no);
+        moe_err_hint(err, "the record is malformed: check its columns (tab-separated, no NUL "
+                          "bytes)");
+        return MOE_ERR_INPUT;
+    }
     if (score_grow((void **)&v->sites, &v->cap_sites, v->n_sites + 1, sizeof *v->sites, err) !=
         MOE_OK)
         return err->status;
