@@ -123,6 +123,7 @@ int main(void) {
     moe_err_clear(&err);
     CHECK(moe_ckpt_state_parse(text, "bad.json", &back, &err) == MOE_ERR_INPUT);
     CHECK_MSG(strstr(err.msg, "health") && strcmp(err.file, "bad.json") == 0, "%s", err.msg);
+    moe_err_clear(&err); /* the checks below read err.status */
 
     /* The weights file is a plain safetensors file with HF names and format=pt. */
     moe_st_file f;
