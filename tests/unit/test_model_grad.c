@@ -1,8 +1,8 @@
 /* test_model_grad: the whole model on the CPU backend - finite-difference check of the
  * loss (CE + aux + z) with respect to sampled elements of EVERY parameter tensor (tied and
  * untied lm_head), bit-identical results for 1 and 2 threads, the bf16 recipe, refusal of
- * fp8 recipes, the hidden-state API, the per-token log-probabilities (moe_model_logprobs),
- * init, accumulation semantics, sizes for --dry-run and bad input.
+ * fp8 recipes (emulated), the hidden-state API, the per-token log-probabilities
+ * (moe_model_logprobs), init, accumulation semantics, sizes for --dry-run and bad input.
  *
  * FD tolerance: the model computes in fp32, so the loss (~2.4) carries ~1e-6 absolute
  * rounding noise; with h = 3e-3 the quotient's noise is ~3e-4, truncation ~h^2 |f'''| is
@@ -280,12 +280,12 @@ static void test_hidden_init_sizes_errors(void) {
     CHECK(moe_model_forward(&m, tokens, targets, NULL, B, T + 1, NULL, &err) == MOE_ERR_INPUT);
     free(p0), free(h), free(h1);
     moe_model_free(&m);
-    /* fp8 recipes are refused clearly; impossible shapes too */
+    /* the fp8 recipes build on the CPU (emulated; a backend without them: unit.backend);
+     * impossible shapes are refused */
     moe_model m8;
     moe_err_clear(&err);
     CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP8_BLOCK, MOE_RECOMPUTE_NONE, moe_backend_cpu(),
-                           B, T, &err) == MOE_ERR_INPUT);
-    CHECK(strstr(err.msg, "fp8-block") && strstr(err.msg, "not available in this build"));
+                           B, T, &err) == MOE_OK);
     moe_model_free(&m8);
     cfg.num_experts_per_tok = 5;
     moe_err_clear(&err);

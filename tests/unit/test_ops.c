@@ -603,6 +603,61 @@ static void test_bf16_activations(void) {
     free(x), free(w1), free(w2), free(tw), free(dy);
 }
 
+/* The fp8 recipes' emulated products (ops_fp8.c) stay close to fp32 (E4M3 with block scales:
+ * nmse about 1e-3), store bf16 forward outputs, leave an expert without rows untouched, and
+ * are not just bf16 (they differ from it). */
+static double nmse(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++)
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), den += (double)ref[i] * ref[i];
+    return num / den;
+}
+
+static void test_fp8_products(void) {
+    int64_t N = 40, I = 160, O = 136, E = 3;
+    const int32_t off[4] = {0, 25, 25, 40}; /* expert 1 has no rows */
+    float *x = fbuf(N * I, 60, -1, 1), *w = fbuf(E * O * I, 61, -1, 1),
+          *dy = fbuf(N * O, 62, -1, 1);
+    const moe_recipe rs[2] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_MXFP8};
+    float *y32 = fbuf(N * O, 0, 0, 0), *dx32 = fbuf(N * I, 0, 0, 0), *dw32 = fbuf(O * I, 0, 0, 0);
+    be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_FP32);
+    be->matmul_backward(be, dx32, dw32, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                        MOE_RECIPE_FP32);
+    float *y16 = fbuf(N * O, 0, 0, 0);
+    be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_BF16);
+    for (int r = 0; r < 2; r++) {
+        float *y = fbuf(N * O, 0, 0, 0), *dx = fbuf(N * I, 0, 0, 0), *dw = fbuf(O * I, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r]);
+        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r]);
+        CHECK_MSG(nmse(y, y32, N * O) < 2e-3 && nmse(dx, dx32, N * I) < 2e-3 &&
+                      nmse(dw, dw32, O * I) < 2e-3,
+                  "%s: nmse y %g dx %g dw %g", moe_recipe_name(rs[r]), nmse(y, y32, N * O),
+                  nmse(dx, dx32, N * I), nmse(dw, dw32, O * I));
+        CHECK(all_bf16(y, N * O) && memcmp(y, y16, (size_t)(N * O) * 4) != 0);
+        float *gy = fbuf(N * O, 0, 0, 0), *gdx = fbuf(N * I, 0, 0, 0),
+              *gdw = fbuf(E * O * I, 0, 0, 0);
+        for (int64_t i = O * I; i < 2 * O * I; i++)
+            gdw[i] = 7.0f; /* expert 1's gradient must stay as it is */
+        be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), moe_cbuf_f32(w), off, E, I,
+                                   O, rs[r]);
+        be->grouped_matmul_backward(be, gdx, gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    moe_cbuf_f32(w), off, E, I, O, rs[r]);
+        int kept = 1;
+        for (int64_t i = O * I; i < 2 * O * I; i++)
+            kept &= gdw[i] == 7.0f;
+        CHECK(kept && all_bf16(gy, N * O));
+        /* expert 0's rows give what the dense product of its weight gives */
+        float *y0 = fbuf(25 * O, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y0), moe_cbuf_f32(x), moe_cbuf_f32(w), 25, I, O, rs[r]);
+        CHECK(memcmp(y0, gy, (size_t)(25 * O) * 4) == 0);
+        free(y), free(dx), free(dw), free(gy), free(gdx), free(gdw), free(y0);
+    }
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
+    free(x), free(w), free(dy), free(y32), free(dx32), free(dw32), free(y16);
+}
+
 static void test_bf16(void) {
     int64_t N = 4, I = 64, O = 8;
     float *x = fbuf(N * I, 38, -1, 1), *w = fbuf(O * I, 39, -1, 1);
@@ -628,13 +683,13 @@ static void test_bf16(void) {
     CHECK_MSG(maxref < 4e-2, "bf16 matmul vs reference: %g", maxref);
     test_bf16_weights();
     test_bf16_activations();
+    test_fp8_products();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
     be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);
     CHECK(all_bf16(o16, 3));
     /* supports */
     CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_BF16));
-    CHECK(!be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
-    CHECK(!be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8));
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8)); /* emulated */
     moe_op_dims odd = {.B = 1, .T = 7, .C = 96, .H = 3, .KV = 1, .D = 32, .V = 5, .E = 3, .K = 2};
     CHECK(be->supports(be, MOE_OP_ATTENTION, &odd, MOE_RECIPE_BF16)); /* any shape (test_backend) */
     CHECK(strcmp(moe_op_name(MOE_OP_GROUPED_MATMUL), "grouped_matmul") == 0);

@@ -11,8 +11,16 @@
 typedef enum moe_recipe {
     MOE_RECIPE_FP32,      /* fp32 operands: the CPU reference */
     MOE_RECIPE_BF16,      /* bf16 GEMM operands and stored activations, fp32 accumulation */
-    MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales: every backend refuses it */
-    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: every backend refuses it */
+    MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales (moe/quant.h): the CPU
+                             emulates it, the CUDA backend refuses it (no fp8 kernels yet) */
+    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: as fp8-block */
 } moe_recipe;
+
+/* The recipe of everything an fp8 recipe does not quantize (the attention products, lm_head,
+ * norms, SwiGLU; which of the products it quantizes is the model's choice, docs/dtypes.md):
+ * bf16 for the fp8 recipes, else the recipe itself. */
+static inline moe_recipe moe_recipe_unquantized(moe_recipe r) {
+    return r == MOE_RECIPE_FP8_BLOCK || r == MOE_RECIPE_MXFP8 ? MOE_RECIPE_BF16 : r;
+}
 
 #endif

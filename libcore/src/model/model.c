@@ -42,7 +42,7 @@ static void plan_keeps(int plan, int *attn, int *mid, int *moe) {
 }
 
 moe_dtype moe_model_act_dtype(moe_recipe recipe) {
-    return recipe == MOE_RECIPE_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    return moe_recipe_unquantized(recipe) == MOE_RECIPE_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
 }
 
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe,

@@ -21,7 +21,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
-    const moe_recipe prec = m->recipe;
+    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
     int64_t N = (int64_t)B * T, C = c->hidden_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
     moe_param *P = m->table.params;
@@ -30,7 +30,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_dtype adt = a->adt;
     moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
     be->rmsnorm_forward(be, moe_buf_of(la->ln1, adt), la->rstd1, la->x_in, P[li->ln1].data, N, C,
-                        (float)c->rms_norm_eps, prec);
+                        (float)c->rms_norm_eps, p16);
     moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
     be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
@@ -38,7 +38,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     be->rope_forward(be, q, B, T, H, D, c->rope_theta);
     be->rope_forward(be, k, B, T, KV, D, c->rope_theta);
     be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q),
-                          moe_cbuf_from(k), moe_cbuf_from(v), B, T, H, KV, D, prec);
+                          moe_cbuf_from(k), moe_cbuf_from(v), B, T, H, KV, D, p16);
     if (!with_residual) return;
     be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
                        moe_model_weight(m, li->o), N, H * D, C, prec);
@@ -49,7 +49,7 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
-    const moe_recipe prec = m->recipe;
+    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
     int64_t N = (int64_t)B * T, C = c->hidden_size, F = c->intermediate_size;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
@@ -60,7 +60,7 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_dtype adt = a->adt;
     moe_cbuf ln2 = moe_cbuf_of(la->ln2, adt);
     be->rmsnorm_forward(be, moe_buf_of(la->ln2, adt), la->rstd2, la->x_mid, P[li->ln2].data, N, C,
-                        (float)c->rms_norm_eps, prec);
+                        (float)c->rms_norm_eps, p16);
     be->matmul_forward(be, moe_buf_f32(la->rlogits), ln2, moe_cbuf_f32(P[li->gate].data), N, C, E,
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
@@ -75,7 +75,7 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                                E, C, F, prec);
     be->grouped_matmul_forward(be, moe_buf_of(la->h3, adt), xp, moe_model_weight(m, li->w3), hoff,
                                E, C, F, prec);
-    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, N * K * F, prec);
+    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, N * K * F, p16);
     be->grouped_matmul_forward(be, moe_buf_of(la->yp, adt), g, moe_model_weight(m, li->w2), hoff, E,
                                F, C, prec);
     if (!with_residual) return;
@@ -149,9 +149,10 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     int64_t C = c->hidden_size, V = c->vocab_size;
     be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
                         m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                        m->recipe);
+                        moe_recipe_unquantized(m->recipe));
     be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_f32(a->lnf),
-                       moe_model_weight(m, m->table.p_lm_head), N, C, V, m->recipe);
+                       moe_model_weight(m, m->table.p_lm_head), N, C, V,
+                       moe_recipe_unquantized(m->recipe));
     if (!targets) return;
     be->memcpy_h2d(be, a->targets, targets, (size_t)N * sizeof(int32_t));
     if (weights) be->memcpy_h2d(be, a->weights, weights, (size_t)N * sizeof(float));
@@ -244,7 +245,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                            "moe_model_backward needs a preceding moe_model_forward with targets");
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
-    const moe_recipe prec = m->recipe;
+    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
     int B = m->last_B, T = m->last_T, L = (int)c->num_hidden_layers;
     int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
@@ -256,7 +257,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                a->has_weights ? a->weights : NULL, dloss, N, V);
     ZERO(a->dln, N * C);
     be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, moe_cbuf_f32(a->lnf),
-                        moe_model_weight(m, m->table.p_lm_head), N, C, V, prec);
+                        moe_model_weight(m, m->table.p_lm_head), N, C, V, p16);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
                          P[m->table.p_norm].data, a->rstdf, N, C);
@@ -316,7 +317,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->dv, N * KV * D);
         be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, moe_cbuf_of(la->q, adt),
                                moe_cbuf_of(la->k, adt), moe_cbuf_of(la->v, adt),
-                               moe_cbuf_of(la->att, adt), la->att_lse, B, T, H, KV, D, prec);
+                               moe_cbuf_of(la->att, adt), la->att_lse, B, T, H, KV, D, p16);
         be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
         ZERO(a->dln, N * C);
@@ -356,7 +357,7 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     if (layer == L) {
         be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
                             m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                            m->recipe);
+                            moe_recipe_unquantized(m->recipe));
         *src = a->lnf;
     } else {
         *src = a->layer[layer].x_in;

@@ -16,14 +16,14 @@
 #include <cblas.h>
 #endif
 
-/* The reference runs every op at every size (the model's config validation bounds them);
- * fp8 recipes are not emulated yet. */
+/* The reference runs every op at every size (the model's config validation bounds them) and
+ * every recipe: the fp8 ones emulated (ops_fp8.c). */
 static int cpu_supports(const moe_backend *be, moe_op op, const moe_op_dims *dims,
                         moe_recipe prec) {
     (void)be;
     (void)dims;
     if ((int)op < 0 || op >= MOE_OP_COUNT) return 0;
-    return prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_BF16;
+    return prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_BF16 || moe_cpu_is_fp8(prec);
 }
 
 static void cpu_destroy(const moe_backend *be) {

@@ -71,6 +71,18 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec);
 
+/* ops_fp8.c: the fp8 recipes' products (moe_cpu_is_fp8), called by the four above */
+int moe_cpu_is_fp8(moe_recipe prec);
+void moe_cpu_fp8_matmul_forward(moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                                moe_recipe prec);
+void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                 int64_t N, int64_t I, int64_t O, moe_recipe prec);
+void moe_cpu_fp8_grouped_forward(moe_buf y, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
+                                 int64_t E, int64_t I, int64_t O, moe_recipe prec);
+void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                  const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                  moe_recipe prec);
+
 /* ops_norm.c */
 void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
                                const float *wte, int64_t N, int64_t C);

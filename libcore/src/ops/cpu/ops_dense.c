@@ -142,6 +142,10 @@ void moe_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
+    if (moe_cpu_is_fp8(prec)) {
+        moe_cpu_fp8_matmul_forward(yb, x, w, N, I, O, prec);
+        return;
+    }
     const float *xr = moe_cpu_operand_typed(x, N * I, prec);
     const float *wr = moe_cpu_operand_typed(w, O * I, prec);
     float *y = moe_cpu_output(yb, N * O);
@@ -156,6 +160,10 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                              moe_recipe prec) {
     (void)be;
+    if (moe_cpu_is_fp8(prec)) {
+        moe_cpu_fp8_matmul_backward(dx, dw, moe_cbuf_f32(dy), x, w, N, I, O, prec);
+        return;
+    }
     const float *dyr = moe_cpu_operand(dy, N * O, prec);
     if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
         const float *wr = moe_cpu_operand_typed(w, O * I, prec);
@@ -174,6 +182,10 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec) {
     (void)be;
+    if (moe_cpu_is_fp8(prec)) {
+        moe_cpu_fp8_grouped_forward(yb, x, w, offsets, E, I, O, prec);
+        return;
+    }
     int64_t M = offsets[E];
     const float *xr = moe_cpu_operand_typed(x, M * I, prec);
     /* a BF16 output is computed in fp32 first and stored rounded (what the F32 path does) */
@@ -195,6 +207,10 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
+    if (moe_cpu_is_fp8(prec)) {
+        moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec);
+        return;
+    }
     int64_t M = offsets[E];
     const float *dyr = moe_cpu_operand_typed(dy, M * O, prec);
     const float *xr = moe_cpu_operand_typed(x, M * I, prec);

@@ -1,0 +1,47 @@
+/* quant: the block-scaled fp8 formats of the fp8 recipes (precision.recipe fp8-block and
+ * mxfp8), as the CPU emulates them: "fake quantization", each value replaced by what its
+ * block's fp8 encoding decodes back to, in fp32.
+ *
+ * fp8-block: E4M3 values, one fp32 scale per block of 128 consecutive elements along a
+ * vector (activations and gradients: 1 x 128 along the reduction dimension) or per 128 x 128
+ * tile of a matrix (weights); scale = amax / 448 (amax over the block's finite values; 1 for
+ * an all-zero block). mxfp8 (OCP MX v1.0): E4M3 values, one E8M0 power-of-two scale per 32
+ * consecutive elements; the `ceil` rule takes the smallest 2^k >= amax / 448 (no element
+ * saturates; NVIDIA's MXFP8 recipe, the default), `ocp-floor` 2^(floor(log2 amax) - 8).
+ * Encoding saturates (|x| above 448 scale gives 448 scale), NaN stays NaN. The one thing to
+ * know: a block never straddles the end of a vector (the last block of a vector may be
+ * short), so an expert's rows are quantized as their own group. */
+#ifndef MOE_QUANT_H
+#define MOE_QUANT_H
+
+#include <stdint.h>
+
+#include "moe/recipe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moe_quant_opts {
+    moe_recipe recipe; /* MOE_RECIPE_FP8_BLOCK or MOE_RECIPE_MXFP8 */
+    int mx_floor;      /* mxfp8: the ocp-floor scale rule instead of ceil */
+} moe_quant_opts;
+
+/* Elements per block along a vector: 128 (fp8-block) or 32 (mxfp8). */
+int64_t moe_quant_block(const moe_quant_opts *o);
+
+/* dst = fake-quantized src for nvec vectors of len elements: element j of vector v is at
+ * [v * vstride + j * estride]; consecutive blocks of moe_quant_block elements along each
+ * vector share a scale. dst may equal src. */
+void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t vstride,
+                            int64_t len, int64_t estride, const moe_quant_opts *o);
+
+/* fp8-block weights: dst = fake-quantized src [R, K] (row-major) with one scale per 128 x 128
+ * tile (edge tiles smaller). The same values whichever dimension a product reduces over. */
+void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

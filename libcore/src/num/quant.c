@@ -1,0 +1,64 @@
+/* quant: fake quantization for the fp8 recipes (moe/quant.h). Each block: its amax over the
+ * finite values, its scale by the recipe's rule, then every element through E4M3 (saturating)
+ * and back, times the scale. Blocks are independent: OpenMP over vectors, bit-identical for
+ * any thread count. */
+#include <math.h>
+
+#include "moe/dtype.h"
+#include "moe/quant.h"
+
+#define FP8_MAX 448.0f /* largest finite E4M3 */
+
+int64_t moe_quant_block(const moe_quant_opts *o) {
+    return o->recipe == MOE_RECIPE_MXFP8 ? 32 : 128;
+}
+
+/* The scale of a block whose finite values have magnitude at most amax. */
+static float block_scale(float amax, const moe_quant_opts *o) {
+    if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
+    if (o->recipe != MOE_RECIPE_MXFP8) return amax / FP8_MAX;
+    if (!o->mx_floor) return moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX));
+    int code = (int)moe_f32_to_e8m0_floor(amax) - 8; /* emax of E4M3 is 8 */
+    return moe_e8m0_to_f32((uint8_t)(code < 0 ? 0 : code));
+}
+
+static float fake(float x, float scale) {
+    return moe_e4m3_to_f32(moe_f32_to_e4m3(x / scale, 1)) * scale;
+}
+
+void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t vstride,
+                            int64_t len, int64_t estride, const moe_quant_opts *o) {
+    int64_t bs = moe_quant_block(o);
+#pragma omp parallel for schedule(static)
+    for (int64_t v = 0; v < nvec; v++) {
+        const float *s = src + v * vstride;
+        float *d = dst + v * vstride;
+        for (int64_t b0 = 0; b0 < len; b0 += bs) {
+            int64_t b1 = b0 + bs < len ? b0 + bs : len;
+            float amax = 0.0f;
+            for (int64_t j = b0; j < b1; j++)
+                if (isfinite(s[j * estride])) amax = fmaxf(amax, fabsf(s[j * estride]));
+            float scale = block_scale(amax, o);
+            for (int64_t j = b0; j < b1; j++)
+                d[j * estride] = fake(s[j * estride], scale);
+        }
+    }
+}
+
+void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K) {
+    const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0};
+    const int64_t t = 128, tr = (R + t - 1) / t, tk = (K + t - 1) / t;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tr * tk; i++) {
+        int64_t r0 = (i / tk) * t, k0 = (i % tk) * t;
+        int64_t r1 = r0 + t < R ? r0 + t : R, k1 = k0 + t < K ? k0 + t : K;
+        float amax = 0.0f;
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = k0; k < k1; k++)
+                if (isfinite(src[r * K + k])) amax = fmaxf(amax, fabsf(src[r * K + k]));
+        float scale = block_scale(amax, &o);
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = k0; k < k1; k++)
+                dst[r * K + k] = fake(src[r * K + k], scale);
+    }
+}

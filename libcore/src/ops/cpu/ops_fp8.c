@@ -1,0 +1,109 @@
+/* ops_fp8: the CPU emulation of the fp8 recipes' matrix products (precision.recipe fp8-block
+ * and mxfp8; the formats are moe/quant.h's). Each operand is fake-quantized along the
+ * dimension its product reduces over, then the fp32 GEMM of ops_dense runs on the dequantized
+ * values, accumulating in fp32; forward outputs are stored rounded to bf16, gradients fp32.
+ *
+ * The one thing a reader must know is which way each operand is quantized:
+ *   forward  y = x W^T    x along its rows (over I); W as a weight (over I)
+ *   dgrad   dx = dy W     dy along its rows (over O); W as a weight (over O)
+ *   wgrad   dW = dy^T x   dy and x along their columns (over the tokens N)
+ * A weight under fp8-block has one scale per 128 x 128 tile (the same values both ways);
+ * under mxfp8 it has row-wise (forward) and column-wise (dgrad) copies, both quantized from
+ * the master. In the grouped products each expert's rows are their own group: the wgrad
+ * blocks along N start at the expert's first row. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "moe/quant.h"
+#include "ops/cpu/cpu_ops.h"
+
+enum { Q_ROWS, Q_COLS, Q_WEIGHT_ROWS, Q_WEIGHT_COLS };
+
+int moe_cpu_is_fp8(moe_recipe prec) {
+    return prec == MOE_RECIPE_FP8_BLOCK || prec == MOE_RECIPE_MXFP8;
+}
+
+/* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
+ * malloc'ed fp32 copy quantized along rows (Q_ROWS, the product reduces over K), columns
+ * (Q_COLS, over R), or as a weight whose product reduces over K (Q_WEIGHT_ROWS) or R
+ * (Q_WEIGHT_COLS). Aborts on host OOM like the rest of the CPU backend's scratch. */
+static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec) {
+    float *c = malloc((size_t)(R * K) * sizeof(float) + 1);
+    if (!c) {
+        fprintf(stderr, "moe: cpu backend: out of memory for an fp8 operand copy\n");
+        abort();
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < R * K; i++)
+        c[i] = moe_cbuf_get(m, i);
+    const moe_quant_opts o = {prec, 0};
+    if (prec == MOE_RECIPE_FP8_BLOCK && (how == Q_WEIGHT_ROWS || how == Q_WEIGHT_COLS))
+        moe_quant_fake_tiles(c, c, R, K);
+    else if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
+        moe_quant_fake_vectors(c, c, R, K, K, 1, &o);
+    else
+        moe_quant_fake_vectors(c, c, K, 1, R, K, &o);
+    return c;
+}
+
+void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                                moe_recipe prec) {
+    float *xq = operand(x, N, I, Q_ROWS, prec), *wq = operand(w, O, I, Q_WEIGHT_ROWS, prec);
+    float *y = moe_cpu_output(yb, N * O);
+    moe_cpu_gemm(0, 1, N, O, I, 1.0f, xq, wq, 0.0f, y);
+    moe_cpu_round_bf16_inplace(y, N * O);
+    moe_cpu_output_store(yb, y, N * O);
+    free(xq), free(wq);
+}
+
+void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                 int64_t N, int64_t I, int64_t O, moe_recipe prec) {
+    if (dx) { /* dx[N,I] += dy[N,O] W[O,I], reducing over O */
+        float *dq = operand(dy, N, O, Q_ROWS, prec), *wq = operand(w, O, I, Q_WEIGHT_COLS, prec);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, 1.0f, dx);
+        free(dq), free(wq);
+    }
+    if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I], reducing over N */
+        float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_COLS, prec);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, 1.0f, dw);
+        free(dq), free(xq);
+    }
+}
+
+void moe_cpu_fp8_grouped_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
+                                 int64_t E, int64_t I, int64_t O, moe_recipe prec) {
+    int64_t M = offsets[E];
+    float *xq = operand(x, M, I, Q_ROWS, prec), *y = moe_cpu_output(yb, M * O);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n <= 0) continue;
+        float *wq = operand(moe_cbuf_at(w, e * O * I), O, I, Q_WEIGHT_ROWS, prec);
+        moe_cpu_gemm(0, 1, n, O, I, 1.0f, xq + r0 * I, wq, 0.0f, y + r0 * O);
+        free(wq);
+    }
+    moe_cpu_round_bf16_inplace(y, M * O);
+    moe_cpu_output_store(yb, y, M * O);
+    free(xq);
+}
+
+void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                  const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                  moe_recipe prec) {
+    int64_t M = offsets[E];
+    float *dq = dx ? operand(dy, M, O, Q_ROWS, prec) : NULL;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n <= 0) continue;
+        if (dx) {
+            float *wq = operand(moe_cbuf_at(w, e * O * I), O, I, Q_WEIGHT_COLS, prec);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, 1.0f, dx + r0 * I);
+            free(wq);
+        }
+        /* the expert's rows are their own group along N */
+        float *dc = operand(moe_cbuf_at(dy, r0 * O), n, O, Q_COLS, prec);
+        float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_COLS, prec);
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, 1.0f, dw + e * O * I);
+        free(dc), free(xc);
+    }
+    free(dq);
+}

@@ -1,0 +1,154 @@
+/* test_quant: the fp8 recipes' fake quantization (moe/quant.h): exact round trip of values
+ * E4M3 holds at scale 1, zero blocks, NaN kept without touching its block's scale, the
+ * error bound of E4M3 (3 mantissa bits: half an ulp is 2^-4 relative) for every value in
+ * the normal range of its block, mxfp8's two scale rules (ceil: powers of two and nothing
+ * saturates; ocp-floor: 2^(floor(log2 amax) - 8)), blocks that do not straddle the end of a
+ * vector, strided (column) vectors, 128 x 128 tiles that keep a small tile small next to a
+ * large one, and the same bits for any thread count. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/dtype.h"
+#include "moe/quant.h"
+#include "testlib.h"
+
+static float urand(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static const moe_quant_opts FP8 = {MOE_RECIPE_FP8_BLOCK, 0}, MX = {MOE_RECIPE_MXFP8, 0},
+                            MXF = {MOE_RECIPE_MXFP8, 1};
+
+static void test_exact_and_special(void) {
+    float x[128], y[128];
+    uint64_t s = 1;
+    for (int i = 0; i < 128; i++) /* E4M3 values, the largest 448: the scale is exactly 1 */
+        x[i] = moe_e4m3_to_f32((uint8_t)((s = s * 6364136223846793005ull + 1) >> 57 & 0x7e));
+    x[7] = 448.0f;
+    moe_quant_fake_vectors(y, x, 1, 128, 128, 1, &FP8);
+    CHECK(memcmp(x, y, sizeof x) == 0);
+    float z[32] = {0}, zq[32];
+    moe_quant_fake_vectors(zq, z, 1, 32, 32, 1, &MX);
+    CHECK(memcmp(z, zq, sizeof z) == 0);
+    float n[32], nq[32];
+    for (int i = 0; i < 32; i++)
+        n[i] = urand(&s);
+    n[3] = NAN;
+    float ref[32];
+    memcpy(ref, n, sizeof n);
+    ref[3] = 0.0f; /* the block without its NaN: the same scale */
+    moe_quant_fake_vectors(nq, n, 1, 32, 32, 1, &MX);
+    moe_quant_fake_vectors(ref, ref, 1, 32, 32, 1, &MX);
+    CHECK(isnan(nq[3]));
+    for (int i = 0; i < 32; i++)
+        if (i != 3) CHECK(nq[i] == ref[i]);
+}
+
+/* max |q - x| / |x| over values at least 2^-6 of their block's amax / 448 scale (E4M3's
+ * normal range), for blocks of b along vectors of len */
+static double worst_rel(const float *x, const float *q, int64_t len, int64_t b) {
+    double worst = 0;
+    for (int64_t b0 = 0; b0 < len; b0 += b) {
+        double amax = 0;
+        for (int64_t j = b0; j < b0 + b && j < len; j++)
+            amax = fmax(amax, fabs(x[j]));
+        for (int64_t j = b0; j < b0 + b && j < len; j++)
+            if (fabs(x[j]) * 448.0 >= amax * 0x1.0p-6) /* E4M3 normals: x / scale >= 2^-6 */
+                worst = fmax(worst, fabs(q[j] - x[j]) / fabs(x[j]));
+    }
+    return worst;
+}
+
+static void test_error_and_rules(void) {
+    enum { LEN = 1000 };
+    float x[LEN], q[LEN];
+    uint64_t s = 7;
+    for (int i = 0; i < LEN; i++)
+        x[i] = urand(&s) * (i % 97 == 0 ? 300.0f : 1.0f); /* outliers */
+    moe_quant_fake_vectors(q, x, 1, LEN, LEN, 1, &FP8);
+    CHECK_MSG(worst_rel(x, q, LEN, 128) <= 0x1.0p-4, "fp8-block error %g",
+              worst_rel(x, q, LEN, 128));
+    moe_quant_fake_vectors(q, x, 1, LEN, LEN, 1, &MX);
+    CHECK_MSG(worst_rel(x, q, LEN, 32) <= 0x1.0p-4, "mxfp8 error %g", worst_rel(x, q, LEN, 32));
+    /* ceil: the scale is a power of two and no value saturates (|q| <= 448 scale >= amax) */
+    for (int b0 = 0; b0 < LEN; b0 += 32) {
+        double amax = 0, qmax = 0;
+        for (int j = b0; j < b0 + 32 && j < LEN; j++)
+            amax = fmax(amax, fabs(x[j])), qmax = fmax(qmax, fabs(q[j]));
+        double scale = exp2(ceil(log2(amax / 448.0)));
+        CHECK(qmax <= 448.0 * scale && qmax >= amax * (1 - 0x1.0p-4));
+    }
+    /* ocp-floor: scale 2^(floor(log2 amax) - 8); the block's largest values saturate at 448
+     * times it when amax / scale > 448 */
+    float one[32];
+    for (int i = 0; i < 32; i++)
+        one[i] = 0.5f;
+    one[0] = 500.0f; /* floor(log2 500) = 8: scale 1, 500 saturates to 448 */
+    moe_quant_fake_vectors(one, one, 1, 32, 32, 1, &MXF);
+    CHECK(one[0] == 448.0f && one[1] == 0.5f);
+}
+
+static void test_blocks_strides_tiles(void) {
+    /* a vector of 130: the last 2 elements are their own block (their own scale) */
+    float v[130], vq[130];
+    for (int i = 0; i < 130; i++)
+        v[i] = i < 128 ? 100.0f : 0.001f;
+    moe_quant_fake_vectors(vq, v, 1, 130, 130, 1, &FP8);
+    CHECK(fabs(vq[129] - 0.001f) <= 0.001 * 0x1.0p-4);
+    /* columns of a [4, 3] matrix (estride 3) equal the rows of its transpose */
+    float m[12], t[12], mq[12], tq[12];
+    uint64_t s = 3;
+    for (int i = 0; i < 12; i++)
+        m[i] = urand(&s);
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 3; c++)
+            t[c * 4 + r] = m[r * 3 + c];
+    moe_quant_fake_vectors(mq, m, 3, 1, 4, 3, &MX);
+    moe_quant_fake_vectors(tq, t, 3, 4, 4, 1, &MX);
+    int same = 1;
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < 3; c++)
+            same &= mq[r * 3 + c] == tq[c * 4 + r];
+    CHECK(same);
+    /* tiles: a [256, 256] matrix with 1e-3 in its first tile and 1e3 elsewhere keeps the small
+     * tile to E4M3 precision; its transpose gives the transposed values */
+    int64_t R = 256, K = 256;
+    float *w = malloc(R * K * 4), *wq = malloc(R * K * 4), *wt = malloc(R * K * 4),
+          *wtq = malloc(R * K * 4);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < K; k++)
+            w[r * K + k] = (r < 128 && k < 128 ? 1e-3f : 1e3f) * (1.0f + urand(&s) * 0.5f);
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < K; k++)
+            wt[k * R + r] = w[r * K + k];
+    moe_quant_fake_tiles(wq, w, R, K);
+    moe_quant_fake_tiles(wtq, wt, K, R);
+    double worst = 0;
+    int tsame = 1;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < K; k++) {
+            worst = fmax(worst, fabs(wq[r * K + k] - w[r * K + k]) / fabs(w[r * K + k]));
+            tsame &= wq[r * K + k] == wtq[k * R + r];
+        }
+    CHECK_MSG(worst <= 0x1.0p-4, "tile error %g", worst);
+    CHECK(tsame);
+    /* thread-count independent */
+    float *a = malloc(R * K * 4), *b = malloc(R * K * 4);
+    omp_set_num_threads(1);
+    moe_quant_fake_vectors(a, w, R, K, K, 1, &FP8);
+    omp_set_num_threads(2);
+    moe_quant_fake_vectors(b, w, R, K, K, 1, &FP8);
+    CHECK(memcmp(a, b, (size_t)(R * K) * 4) == 0);
+    free(w), free(wq), free(wt), free(wtq), free(a), free(b);
+}
+
+int main(void) {
+    test_exact_and_special();
+    test_error_and_rules();
+    test_blocks_strides_tiles();
+    CHECK(moe_quant_block(&FP8) == 128 && moe_quant_block(&MX) == 32);
+    return test_summary("test_quant");
+}
