@@ -12,15 +12,10 @@
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
-fa=$src/data/lambda_virus.fa.gz
-[ -f "$fa" ] || fa=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
-[ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }
+source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 rm -rf shards run-cpu run-gpu run-gpu-resumed
-gzip -dc "$fa" | awk '/^>/ {next} {s = s $0}
-    END {for (i = 1; i <= length(s); i += 1000) printf(">lambda_%d\n%s\n", (i - 1) / 1000 + 1, substr(s, i, 1000))}' \
-    > lambda_1kb.fa
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 
 common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=bf16 train.steps=20

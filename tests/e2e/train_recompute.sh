@@ -6,15 +6,10 @@
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-fa=$src/data/lambda_virus.fa.gz
-[ -f "$fa" ] || fa=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
-[ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }
+source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 rm -rf shards rc-*
-gzip -dc "$fa" | awk '/^>/ {next} {s = s $0}
-    END {for (i = 1; i <= length(s); i += 1000) printf(">lambda_%d\n%s\n", (i - 1) / 1000 + 1, substr(s, i, 1000))}' \
-    > lambda_1kb.fa
 moe-tokenize -q lambda_1kb.fa -o shards/
 train() {
     moe-train -q -@ 2 -c "$src/configs/tiny.yaml" --data shards train.steps=4 train.seq_len=128 \

@@ -126,10 +126,6 @@ static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
     b.p = (const char *)b.p + (size_t)n * moe_dtype_size(b.dt);
     return b;
 }
-static inline moe_buf moe_buf_at(moe_buf b, int64_t n) {
-    b.p = (char *)b.p + (size_t)n * moe_dtype_size(b.dt);
-    return b;
-}
 /* Host access for the CPU backend: element i as fp32; a store, rounded when BF16. */
 static inline float moe_cbuf_get(moe_cbuf b, int64_t i) {
     return b.dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(((const uint16_t *)b.p)[i])

@@ -367,9 +367,10 @@ static void upload_tensor(moe_model *m, int i, const float *host, uint16_t *scra
     m->be->memcpy_h2d(m->be, p->data16, scratch16, (size_t)p->numel * sizeof(uint16_t));
 }
 
-/* Host scratch for upload_tensor: the largest tensor's numel bf16 values (NULL when the model
- * needs none); aborts on host OOM like moe_model_init_weights. */
-static uint16_t *upload_scratch(const moe_model *m) {
+/* Host scratch for the bf16 copies of a weights16_only model, in and out: the largest
+ * tensor's numel bf16 values (NULL for other models); aborts on host OOM like
+ * moe_model_init_weights. */
+static uint16_t *bf16_scratch(const moe_model *m) {
     if (!m->weights16_only) return NULL;
     int64_t maxn = 1;
     for (int i = 0; i < m->table.n_params; i++)
@@ -384,7 +385,7 @@ void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
         m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->table.n_elems * sizeof(float));
         return;
     }
-    uint16_t *s = upload_scratch(m); /* bf16-only: the kept fp32 tensors, the rest widened */
+    uint16_t *s = bf16_scratch(m); /* bf16-only: the kept fp32 tensors, the rest widened */
     for (int i = 0; i < m->table.n_params; i++) {
         const moe_param *p = &m->table.params[i];
         float *d = dst + p->offset;
@@ -405,7 +406,7 @@ void moe_model_copy_params_from_host(moe_model *m, const float *src) {
         m->param16_stale = 1;
         return;
     }
-    uint16_t *s = upload_scratch(m);
+    uint16_t *s = bf16_scratch(m);
     for (int i = 0; i < m->table.n_params; i++)
         upload_tensor(m, i, src + m->table.params[i].offset, s);
     free(s);
@@ -543,7 +544,7 @@ void moe_model_init_weights(moe_model *m, uint64_t seed) {
         if (t->params[i].numel > maxn) maxn = t->params[i].numel;
     float *host = malloc((size_t)maxn * sizeof(float));
     if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
-    uint16_t *s16 = upload_scratch(m);
+    uint16_t *s16 = bf16_scratch(m);
     for (int i = 0; i < t->n_params; i++) {
         const moe_param *p = &t->params[i];
         if (p->ndim == 1) {
