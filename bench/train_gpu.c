@@ -11,7 +11,8 @@
  * the training FLOPs (2 x matmul weights touched + 2 x layers x seq x hidden per token).
  *
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
- * fp32 master weights and state) on random tokens, bf16 recipe, no recomputation. Pass 1,
+ * fp32 master weights and state) on random tokens, no recomputation, under the bf16 recipe
+ * or the one named by the environment variable RECIPE (bf16, fp8-block). Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
  * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
  * moe_model_flops_per_token), MFU against 790 TFLOP/s (the bf16 GEMM rate measured on this
@@ -103,6 +104,15 @@ int main(int argc, char **argv) {
         fprintf(stderr, "\n");
         return 2;
     }
+    moe_recipe recipe = MOE_RECIPE_BF16;
+    const char *rname = getenv("RECIPE");
+    if (rname && strcmp(rname, moe_recipe_name(MOE_RECIPE_BF16)) != 0) {
+        if (strcmp(rname, moe_recipe_name(MOE_RECIPE_FP8_BLOCK)) != 0) {
+            fprintf(stderr, "bench_train_gpu: RECIPE=%s: expected bf16 or fp8-block\n", rname);
+            return 2;
+        }
+        recipe = MOE_RECIPE_FP8_BLOCK;
+    }
     if (moe_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
         return 77;
@@ -138,9 +148,8 @@ int main(int argc, char **argv) {
     moe_model m;
     memset(&m, 0, sizeof m);
     double t0 = now_s();
-    moe_status cst = fwd ? moe_model_create_forward_only(&m, &c, MOE_RECIPE_BF16, be, B, T, &err)
-                         : moe_model_create(&m, &c, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, be, B, T,
-                                            &err);
+    moe_status cst = fwd ? moe_model_create_forward_only(&m, &c, recipe, be, B, T, &err)
+                         : moe_model_create(&m, &c, recipe, MOE_RECOMPUTE_NONE, be, B, T, &err);
     if (cst != MOE_OK) return fail(&err);
     moe_model_init_weights(&m, 1);
     int64_t n = m.table.n_elems;
@@ -176,14 +185,16 @@ int main(int argc, char **argv) {
     size_t cur = 0, peak = 0;
     be->memory(be, &cur, &peak);
     double peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
-    printf("| %s %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
-           "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
-           p->name, fwd ? "forward" : "train", (long long)n, B, T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
-           t_init, loss);
-    printf("RESULT preset=%s mode=%s params=%lld tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+    printf(
+        "| %s %s %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
+        "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
+        p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B, T, med * 1e3,
+        tps, tflops, 100.0 * tflops / 790.0, peak_gib, t_init, loss);
+    printf("RESULT preset=%s mode=%s recipe=%s params=%lld tokens_per_step=%d step_ms=%.2f "
+           "tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f steps=%d loss=%.4f\n",
-           p->name, fwd ? "forward" : "train", (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
-           steps, loss);
+           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B * T,
+           med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, steps, loss);
     fflush(stdout);
 
     if (prof_steps > 0) {

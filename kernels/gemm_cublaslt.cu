@@ -24,6 +24,8 @@ typedef struct moe_gemm_key {
     int ta, tb;
     int64_t M, N, K;
     int dtype;  /* cudaDataType of A and B */
+    int scale_a, scale_b; /* fp8: 1 + the cublasLtMatmulMatrixScale_t of A's and B's block scales;
+                             0 for bf16 / fp32 products */
     int cdtype; /* cudaDataType of C: CUDA_R_32F, or CUDA_R_16BF (written with beta = 0) */
     int beta_nonzero;
     int align_a, align_b, align_c; /* bytes, power of two, <= 256 */
@@ -68,17 +70,39 @@ static int ptr_align(const void *p) {
 
 static int key_eq(const moe_gemm_key *a, const moe_gemm_key *b) {
     return a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
-           a->dtype == b->dtype && a->cdtype == b->cdtype && a->beta_nonzero == b->beta_nonzero &&
+           a->dtype == b->dtype && a->scale_a == b->scale_a && a->scale_b == b->scale_b &&
+           a->cdtype == b->cdtype && a->beta_nonzero == b->beta_nonzero &&
            a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c;
+}
+
+static const char *dtype_name(int dt) {
+    return dt == CUDA_R_16BF ? "bf16" : dt == CUDA_R_8F_E4M3 ? "e4m3 block-scaled" : "f32";
 }
 
 #define SHAPE_FMT "M=%lld N=%lld K=%lld ta=%d tb=%d %s -> %s"
 #define SHAPE_ARGS(k)                                                                              \
     (long long)(k)->M, (long long)(k)->N, (long long)(k)->K, (k)->ta, (k)->tb,                     \
-        (k)->dtype == CUDA_R_16BF ? "bf16" : "f32", (k)->cdtype == CUDA_R_16BF ? "bf16" : "f32"
+        dtype_name((k)->dtype), dtype_name((k)->cdtype)
 
-/* Builds (or finds) the plan for key; NULL after recording an error. */
-static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const char *op) {
+/* The block-scale pointers of an fp8 product on desc (cuBLASLt's A is our B): set per call,
+ * and before the heuristic query, which refuses block scaling without them. 0 after a
+ * recorded error. */
+static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const float *as, const float *bs,
+                      const char *op, const moe_gemm_key *key) {
+    return moe_cublas_check(c,
+                            cublasLtMatmulDescSetAttribute(
+                                desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &bs, sizeof bs),
+                            op, SHAPE_FMT " (scales)", SHAPE_ARGS(key)) &&
+           moe_cublas_check(c,
+                            cublasLtMatmulDescSetAttribute(
+                                desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &as, sizeof as),
+                            op, SHAPE_FMT " (scales)", SHAPE_ARGS(key));
+}
+
+/* Builds (or finds) the plan for key; NULL after recording an error. as/bs: an fp8 key's
+ * scales of A and B (NULL otherwise). */
+static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const float *as,
+                               const float *bs, const char *op) {
     if (!c->gemm_cache) {
         c->gemm_cache = (struct moe_gemm_cache *)calloc(1, sizeof *c->gemm_cache);
         if (!c->gemm_cache) {
@@ -130,6 +154,19 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const c
                              cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType)key->cdtype,
                                                         (uint64_t)key->N, (uint64_t)key->M, key->N),
                              op, SHAPE_FMT, SHAPE_ARGS(key));
+    if (ok && key->scale_a) { /* cuBLASLt's A is our B (see the top of this file) */
+        cublasLtMatmulMatrixScale_t ma = (cublasLtMatmulMatrixScale_t)(key->scale_b - 1);
+        cublasLtMatmulMatrixScale_t mb = (cublasLtMatmulMatrixScale_t)(key->scale_a - 1);
+        ok = moe_cublas_check(c,
+                              cublasLtMatmulDescSetAttribute(
+                                  p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma),
+                              op, SHAPE_FMT, SHAPE_ARGS(key)) &&
+             moe_cublas_check(c,
+                              cublasLtMatmulDescSetAttribute(
+                                  p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb),
+                              op, SHAPE_FMT, SHAPE_ARGS(key)) &&
+             set_scales(c, p->desc, as, bs, op, key);
+    }
     cublasLtMatmulPreference_t pref = NULL;
     if (ok)
         ok = moe_cublas_check(c, cublasLtMatmulPreferenceCreate(&pref), op, SHAPE_FMT,
@@ -170,7 +207,7 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const c
         ok = moe_cublas_check(c,
                               cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc,
                                                              p->lc, pref, 1, &res, &found),
-                              op, SHAPE_FMT, SHAPE_ARGS(key));
+                              op, SHAPE_FMT " (algorithm query)", SHAPE_ARGS(key));
         if (ok && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)) {
             moe_cublas_check(c, CUBLAS_STATUS_NOT_SUPPORTED, op,
                              SHAPE_FMT " (no cuBLASLt algorithm for this shape)", SHAPE_ARGS(key));
@@ -188,7 +225,17 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const c
 }
 
 static size_t esize(cudaDataType dt) {
-    return dt == CUDA_R_16BF ? 2 : 4;
+    return dt == CUDA_R_8F_E4M3 ? 1 : dt == CUDA_R_16BF ? 2 : 4;
+}
+
+/* Runs plan p on row-major A and B (the key's operands) into C. 0 after a recorded error. */
+static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, float alpha,
+                    const void *A, const void *B, float beta, void *C) {
+    return moe_cublas_check(c,
+                            cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C,
+                                           p->lc, C, p->lc, &p->algo, c->workspace,
+                                           c->workspace_bytes, c->stream),
+                            op, SHAPE_FMT, SHAPE_ARGS(&p->key));
 }
 
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
@@ -217,14 +264,40 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
     key.align_a = ptr_align(A);
     key.align_b = ptr_align(B);
     key.align_c = ptr_align(C);
-    moe_gemm_plan *p = plan_get(c, &key, op);
+    moe_gemm_plan *p = plan_get(c, &key, NULL, NULL, op);
     if (!p) return 0;
-    return moe_cublas_check(c,
-                            cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C,
-                                           p->lc, C, p->lc, &p->algo, c->workspace,
-                                           c->workspace_bytes, c->stream),
-                            op, SHAPE_FMT, SHAPE_ARGS(&key));
+    return run_plan(c, op, p, alpha, A, B, beta, C);
 }
+
+/* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
+ * their scales as quant_fp8.cu lays them out: 1 x 128 blocks, or 128 x 128 tiles where
+ * *_tiles is set. C of ctype (fp32, or bf16 with beta = 0), accumulated in fp32. */
+static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K,
+                    const uint8_t *A, const float *as, int a_tiles, const uint8_t *B,
+                    const float *bs, int b_tiles, float beta, void *C, cudaDataType ctype) {
+    if (M <= 0 || N <= 0 || K <= 0) return 1;
+    moe_gemm_key key;
+    memset(&key, 0, sizeof key);
+    key.tb = 1;
+    key.M = M;
+    key.N = N;
+    key.K = K;
+    key.dtype = (int)CUDA_R_8F_E4M3;
+    key.scale_a = 1 + (a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    key.scale_b = 1 + (b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    key.cdtype = (int)ctype;
+    key.beta_nonzero = beta != 0.0f;
+    key.align_a = ptr_align(A);
+    key.align_b = ptr_align(B);
+    key.align_c = ptr_align(C);
+    moe_gemm_plan *p = plan_get(c, &key, as, bs, op);
+    /* the scales are per call: set on the cached descriptor right before the product */
+    if (!p || !set_scales(c, p->desc, as, bs, op, &key)) return 0;
+    return run_plan(c, op, p, 1.0f, A, B, beta, C);
+}
+
 
 /* The matrix-product operand of x under prec: a bf16 scratch copy, or x itself (fp32). */
 static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n, moe_recipe prec,
@@ -247,10 +320,181 @@ static const void *typed_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t 
 }
 
 static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
-    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32) return 1;
-    moe_cuda_check(c, cudaErrorNotSupported, op, "recipe %d (fp8 recipes are not available in this build)",
+    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_FP8_BLOCK)
+        return 1;
+    moe_cuda_check(c, cudaErrorNotSupported, op,
+                   "recipe %d (mxfp8 is emulated by the CPU backend only: sm_90 has no MXFP8 "
+                   "GEMM)",
                    (int)prec);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * fp8-block products (docs/dtypes.md), quantized as the CPU emulation does
+ * (libcore/src/ops/cpu/ops_fp8.c): forward x in 1 x 128 row blocks and W in 128 x 128
+ * tiles; dgrad dy in row blocks and W^T in tiles; wgrad dy^T and x^T in 1 x 128 blocks along
+ * the tokens, each expert's rows their own group, zero-padded to whole blocks. A dense
+ * product is the grouped one with a single group. Weights are quantized from the operand the
+ * product is given (the fp32 master weight) at every call. */
+
+typedef struct fp8_operand {
+    uint8_t *q; /* e4m3 values */
+    float *s;   /* their scales (quant_fp8.cu's layouts) */
+} fp8_operand;
+
+/* Scratch slot `slot` as an operand of nq values and ns scales. 0 after a recorded error. */
+static int fp8_scratch(moe_cuda_ctx *c, int slot, int64_t nq, int64_t ns, fp8_operand *o,
+                       const char *op) {
+    size_t qb = ((size_t)nq + 255) / 256 * 256;
+    char *p = (char *)moe_cuda_scratch(c, slot, qb + (size_t)ns * sizeof(float), op);
+    if (!p) return 0;
+    o->q = (uint8_t *)p;
+    o->s = (float *)(p + qb);
+    return 1;
+}
+
+static int fp8_dims_ok(moe_cuda_ctx *c, int64_t I, int64_t O, const char *op) {
+    if (moe_cuda_fp8_shape_ok(I, O)) return 1;
+    moe_cuda_check(c, cudaErrorInvalidValue, op,
+                   "I=%lld O=%lld (fp8-block products need multiples of 16)", (long long)I,
+                   (long long)O);
+    return 0;
+}
+
+/* Rows of an fp8 product with 1 x 128 row-block scales: cuBLASLt takes such an operand only
+ * with a row count that is a multiple of FP8_ROWS, so a group of n rows runs as its first
+ * n - n % FP8_ROWS rows straight into the output, and its last n % FP8_ROWS rows as one
+ * product of FP8_ROWS rows into scratch slot E, copied (or added) into place. */
+#define FP8_ROWS 16
+
+static int64_t round32(int64_t n) {
+    return (n + 31) / 32 * 32;
+}
+
+/* Where group e's row-block scales start in the scale array of groups of rows
+ * [offsets[e], offsets[e + 1]) reducing over K (KB = ceil(K / 128) blocks a row): 128-byte
+ * aligned, the body's [KB, n - n % 16] first, the tail's [KB, 16] at +round32(body); the array
+ * holds fp8_group_scales(offsets, E, KB) floats. */
+static int64_t fp8_group_scales(const int32_t *offsets, int64_t e, int64_t KB) {
+    return round32((int64_t)offsets[e] * KB) + e * (round32(FP8_ROWS * KB) + 64);
+}
+
+/* Each group's rows of x [M, K] in 1 x 128 row blocks: o->q [M, K] (FP8_ROWS rows of slack
+ * allocated after them: a tail product reads past its group) and the scales of each group's
+ * body and tail as fp8_group_scales lays them out. */
+static int fp8_rows_grouped(moe_cuda_ctx *c, const fp8_operand *o, moe_cbuf x,
+                            const int32_t *offsets, int64_t E, int64_t K, const char *op) {
+    int64_t KB = (K + 127) / 128;
+    for (int64_t e = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0, body = n - n % FP8_ROWS;
+        float *s = o->s + fp8_group_scales(offsets, e, KB);
+        if (body > 0 &&
+            !moe_cuda_fp8_rows(c, o->q + r0 * K, s, moe_cbuf_at(x, r0 * K), body, K, body, op))
+            return 0;
+        if (n > body && !moe_cuda_fp8_rows(c, o->q + (r0 + body) * K, s + round32(body * KB),
+                                           moe_cbuf_at(x, (r0 + body) * K), n - body, K,
+                                           FP8_ROWS, op))
+            return 0;
+    }
+    return 1;
+}
+
+__global__ void k_add_into(float *__restrict__ dst, const float *__restrict__ src, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] += src[i];
+}
+
+/* Group e's product C[n, N] (+)= A_e[n, K] B^T, A_e the group's rows of `a` (fp8_rows_grouped
+ * over offsets), B [N, K] tiled (bq, bs); C of ct, beta 0 (bf16 or fp32) or 1 (fp32). */
+static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand *a,
+                             const int32_t *offsets, int64_t e, int64_t N, int64_t K,
+                             const uint8_t *bq, const float *bs, float beta, void *C,
+                             cudaDataType ct) {
+    int64_t KB = (K + 127) / 128, r0 = offsets[e], n = offsets[e + 1] - r0;
+    int64_t body = n - n % FP8_ROWS, tail = n - body;
+    const float *s = a->s + fp8_group_scales(offsets, e, KB);
+    size_t cs = esize(ct);
+    if (body > 0 && !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, 0, bq, bs, 1, beta, C, ct))
+        return 0;
+    if (tail == 0) return 1;
+    void *t = moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(FP8_ROWS * N) * cs, op);
+    char *dst = (char *)C + (size_t)(body * N) * cs;
+    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB), 0,
+                        bq, bs, 1, 0.0f, t, ct))
+        return 0;
+    if (beta == 0.0f)
+        return moe_cuda_check(c,
+                              cudaMemcpyAsync(dst, t, (size_t)(tail * N) * cs,
+                                              cudaMemcpyDeviceToDevice, c->stream),
+                              op, "fp8 tail of %lld rows", (long long)tail);
+    k_add_into<<<moe_cuda_grid(c, tail * N, 256), 256, 0, c->stream>>>((float *)dst,
+                                                                       (const float *)t, tail * N);
+    return MOE_CUDA_LAUNCHED(c, op, "fp8 tail of %lld rows", (long long)tail);
+}
+
+/* y [M, O] (ct) = x [M, I] W_e^T per group, w [E, O, I]; fp32 outputs rounded to bf16. */
+static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
+                                const int32_t *offsets, int64_t E, int64_t I, int64_t O) {
+    int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_cuda_fp8_tile_scales(O, I);
+    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    size_t cs = esize(ct);
+    fp8_operand xo, wo;
+    if (!fp8_dims_ok(c, I, O, op) ||
+        !fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * I, fp8_group_scales(offsets, E, KB),
+                     &xo, op) ||
+        !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wo, op) ||
+        !fp8_rows_grouped(c, &xo, x, offsets, E, I, op) ||
+        !moe_cuda_fp8_tiles(c, wo.q, wo.s, w, E, O, I, 0, op))
+        return;
+    for (int64_t e = 0; e < E; e++)
+        if (offsets[e + 1] > offsets[e] &&
+            !fp8_group_product(c, op, &xo, offsets, e, O, I, wo.q + e * O * I, wo.s + e * ts, 0.0f,
+                               (char *)y.p + (size_t)(offsets[e] * O) * cs, ct))
+            return;
+    if (ct == CUDA_R_32F) moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
+}
+
+/* dx [M, I] += dy W_e and dw [E, O, I] += dy^T x per group (either may be NULL); dy [M, O]. */
+static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw,
+                                 moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
+                                 int64_t E, int64_t I, int64_t O) {
+    if (!fp8_dims_ok(c, I, O, op)) return;
+    int64_t M = offsets[E];
+    if (dx) {
+        int64_t KB = (O + 127) / 128, ts = moe_cuda_fp8_tile_scales(I, O);
+        fp8_operand dyo, wto;
+        if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * O,
+                         fp8_group_scales(offsets, E, KB), &dyo, op) ||
+            !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wto, op) ||
+            !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, op) ||
+            !moe_cuda_fp8_tiles(c, wto.q, wto.s, w, E, O, I, 1, op))
+            return;
+        for (int64_t e = 0; e < E; e++)
+            if (offsets[e + 1] > offsets[e] &&
+                !fp8_group_product(c, op, &dyo, offsets, e, I, O, wto.q + e * O * I,
+                                   wto.s + e * ts, 1.0f, dx + offsets[e] * I, CUDA_R_32F))
+                return;
+    }
+    if (!dw) return;
+    int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
+    for (int64_t e = 0; e < E; e++)
+        Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
+    fp8_operand dyt, xt;
+    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
+        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op))
+        return;
+    for (int64_t e = 0, p0 = 0; e < E; e++) {
+        int64_t r0 = offsets[e], n = offsets[e + 1] - r0, np = moe_cuda_fp8_pad(n);
+        if (n <= 0) continue;
+        uint8_t *dq = dyt.q + p0 * O, *xq = xt.q + p0 * I;
+        float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
+        if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, op) ||
+            !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, op) ||
+            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, 1.0f, dw + e * O * I, CUDA_R_32F))
+            return;
+        p0 += np;
+    }
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -263,6 +507,11 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op) || N <= 0 ||
         O <= 0)
         return;
+    if (prec == MOE_RECIPE_FP8_BLOCK) {
+        const int32_t rows[2] = {0, (int32_t)N};
+        fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O);
+        return;
+    }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; /* written by the GEMM */
     const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
@@ -279,6 +528,11 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0) return;
+    if (prec == MOE_RECIPE_FP8_BLOCK) {
+        const int32_t rows[2] = {0, (int32_t)N};
+        fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O);
+        return;
+    }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const void *dya = operand(c, MOE_CUDA_SCRATCH_A, dy, N * O, prec, op);
     if (!dya) return;
@@ -304,6 +558,10 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
+    if (prec == MOE_RECIPE_FP8_BLOCK) {
+        fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O);
+        return;
+    }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     /* a BF16 output is written by the GEMM itself (no rounding pass) */
     cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -332,6 +590,10 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0) return;
+    if (prec == MOE_RECIPE_FP8_BLOCK) {
+        fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O);
+        return;
+    }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t es = esize(dt);
     const char *dya = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);

@@ -1,47 +1,51 @@
 #!/usr/bin/env bash
-# e2e.train_cuda_vs_cpu: moe-train on the GPU follows the CPU's loss curve. L0_sanity
-# (head dim 64) under the bf16 recipe, 20 steps of 2048 tokens on the lambda phage genome,
-# once with device=cpu (which emulates the GPU's bf16 rounding) and once with device=cuda,
-# same seed, same data order. Tolerance: steps 1-10 agree within 1% each (seen on an H200:
-# at most 0.37%); after that the loss sits on its plateau, where the two backends' different
-# bf16 summation orders grow into step-to-step noise of a few percent (seen: up to 5.8% at
-# single steps), so steps 11-20 must agree in their mean within 2% (seen: 1.2%). The GPU
-# loss must fall. Then resume on the GPU: stopped at step 10 and resumed, the run must continue the
-# same loss curve (deterministic kernels: the same values). Skipped (77) where no NVIDIA GPU
-# is visible, as in CI.
+# e2e.train_cuda_vs_cpu: moe-train on the GPU follows the CPU's loss curve, under the bf16
+# recipe and under fp8-block (the CPU emulates the GPU's bf16 rounding and its fp8 block
+# quantization). L0_sanity (head dim 64), 20 steps of 2048 tokens on the lambda phage genome,
+# once with device=cpu and once with device=cuda, same seed, same data order. Tolerance:
+# steps 1-10 agree within 1% each (seen on an H200: at most 0.37% for bf16); after that the
+# loss sits on its plateau, where the two backends' different summation orders grow into
+# step-to-step noise of a few percent (seen: up to 5.8% at single steps), so steps 11-20
+# must agree in their mean within 2% (seen: 1.2%). The GPU loss must fall. Then resume on the
+# GPU: stopped at step 10 and resumed, the run must continue the same loss curve
+# (deterministic kernels: the same values). Skipped (77) where no NVIDIA GPU is visible, as
+# in CI.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards run-cpu run-gpu run-gpu-resumed
+rm -rf shards run-*
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
-
-common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=bf16 train.steps=20
-        train.global_batch_tokens=2048 optim.warmup_steps=3 train.eval_every=0
-        checkpoint.every=20 log.every=1)
-moe-train -q "${common[@]}" device=cpu -o run-cpu
-moe-train -q "${common[@]}" device=cuda -o run-gpu
-
 loss() { sed -n 's/.*"loss":\([0-9.eE+-]*\).*/\1/p' "$1/metrics.jsonl"; }
-paste <(loss run-cpu) <(loss run-gpu) > curves.tsv
-[ "$(wc -l < curves.tsv)" -eq 20 ] || fail "expected 20 loss values per run, got $(wc -l < curves.tsv)"
-echo "step cpu gpu"
-awk '{printf "%d %s %s\n", NR, $1, $2}' curves.tsv
-awk 'NR <= 10 {d = $1 - $2; if (d < 0) d = -d; if (d > 0.01 * $1) bad++}
-     NR > 10 {mc += $1; mg += $2; n++}
-     NR == 1 {first = $2} {last = $2}
-     END {if (bad) {print "FAIL: " bad " of steps 1-10 differ by more than 1%"; exit 1}
-          d = (mc - mg) / mc; if (d < 0) d = -d
-          printf "steps 11-20: mean loss cpu %.4f gpu %.4f (%.2f%%)\n", mc / n, mg / n, 100 * d
-          if (d > 0.02) {print "FAIL: steps 11-20 mean losses differ by more than 2%"; exit 1}
-          if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' curves.tsv
-moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed --stop-at 10
-moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed --resume auto
-loss run-gpu-resumed | diff - <(loss run-gpu) > /dev/null \
-  || { paste <(loss run-gpu) <(loss run-gpu-resumed); fail "resumed GPU run left the loss curve"; }
-echo "gpu resume: same 20 losses"
-grep -o '"tokens_per_s":[0-9.eE+-]*' run-gpu/metrics.jsonl | tail -1 | sed 's/^/gpu /'
-grep -o '"tokens_per_s":[0-9.eE+-]*' run-cpu/metrics.jsonl | tail -1 | sed 's/^/cpu /'
+
+for recipe in bf16 fp8-block; do
+    echo "== precision.recipe=$recipe"
+    common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=$recipe train.steps=20
+            train.global_batch_tokens=2048 optim.warmup_steps=3 train.eval_every=0
+            checkpoint.every=20 log.every=1)
+    moe-train -q "${common[@]}" device=cpu -o run-cpu-$recipe
+    moe-train -q "${common[@]}" device=cuda -o run-gpu-$recipe
+    paste <(loss run-cpu-$recipe) <(loss run-gpu-$recipe) > curves-$recipe.tsv
+    [ "$(wc -l < curves-$recipe.tsv)" -eq 20 ] || fail "$recipe: expected 20 loss values per run"
+    echo "step cpu gpu"
+    awk '{printf "%d %s %s\n", NR, $1, $2}' curves-$recipe.tsv
+    awk 'NR <= 10 {d = $1 - $2; if (d < 0) d = -d; if (d > 0.01 * $1) bad++}
+         NR > 10 {mc += $1; mg += $2; n++}
+         NR == 1 {first = $2} {last = $2}
+         END {if (bad) {print "FAIL: " bad " of steps 1-10 differ by more than 1%"; exit 1}
+              d = (mc - mg) / mc; if (d < 0) d = -d
+              printf "steps 11-20: mean loss cpu %.4f gpu %.4f (%.2f%%)\n", mc / n, mg / n, 100 * d
+              if (d > 0.02) {print "FAIL: steps 11-20 mean losses differ by more than 2%"; exit 1}
+              if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' curves-$recipe.tsv
+    moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --stop-at 10
+    moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --resume auto
+    loss run-gpu-resumed-$recipe | diff - <(loss run-gpu-$recipe) > /dev/null \
+      || { paste <(loss run-gpu-$recipe) <(loss run-gpu-resumed-$recipe)
+           fail "$recipe: resumed GPU run left the loss curve"; }
+    echo "$recipe gpu resume: same 20 losses"
+    grep -o '"tokens_per_s":[0-9.eE+-]*' run-gpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/gpu /'
+    grep -o '"tokens_per_s":[0-9.eE+-]*' run-cpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/cpu /'
+done
 echo "ok"

@@ -12,8 +12,9 @@ typedef enum moe_recipe {
     MOE_RECIPE_FP32,      /* fp32 operands: the CPU reference */
     MOE_RECIPE_BF16,      /* bf16 GEMM operands and stored activations, fp32 accumulation */
     MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales (moe/quant.h): the CPU
-                             emulates it, the CUDA backend refuses it (no fp8 kernels yet) */
-    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: as fp8-block */
+                             emulates it, the CUDA backend runs it through cuBLASLt */
+    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: the CPU emulates it; the CUDA
+                             backend refuses it (sm_90 has no MXFP8 GEMM) */
 } moe_recipe;
 
 /* The recipe of everything an fp8 recipe does not quantize (the attention products, lm_head,

@@ -149,7 +149,8 @@ const moe_cfg_key moe_cfg_keys[] = {
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md). The CPU "
-     "runs all four (the fp8 ones emulated, slowly); the CUDA backend fp32 and bf16 only."},
+     "runs all four (the fp8 ones emulated, slowly); the CUDA backend fp32, bf16 and "
+     "fp8-block."},
 
     {"parallel.dp", MOE_CFG_INT, FIELD(parallel.dp), "1", MIN_MAX, 1, 65536, NULL,
      "Data-parallel replicas of each expert group; world = dp x ep ranks, each training "

@@ -196,17 +196,30 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * slot A, an fp32 dy to bf16 (lm_head's [N, V], o_proj's [N, C], q/k/v's) or the router's
  * bf16 input widened to fp32 [N, C]; slot C, lm_head's fp32 input to bf16 or the router's
  * input widened again in its backward [N, C] fp32; slot D, attention's fp32 dout [N, H*D].
- * Small: attention lse/delta, expert grouping, cross-entropy partials. */
+ * Small: attention lse/delta, expert grouping, cross-entropy partials. fp8-block adds its
+ * quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
-    if (prec != MOE_RECIPE_BF16) return ws + small;
+    if (prec != MOE_RECIPE_BF16 && prec != MOE_RECIPE_FP8_BLOCK) return ws + small;
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
-    int64_t sc = 4 * N * C, sd = 2 * N * HD;
+    int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
+    if (prec == MOE_RECIPE_FP8_BLOCK) {
+        /* its products' e4m3 operands (one byte a value, an fp32 scale per 128, 256 bytes of
+         * alignment) in slots A (x or dy rows), B (the weights, e.g. [E, F, C]; or lm_head's
+         * fp32 weight converted to bf16: no copies under fp8), C and D (dy^T and x^T along
+         * the tokens, each expert's rows padded to whole blocks) */
+        int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
+        int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
+        sa = MAX2(sa, rows + rows / 32 + 256);
+        sb = MAX2(2 * V * C, MAX2(E * C * F, C * HD) * 33 / 32 + 4096 * MAX2(E, 1));
+        sc = MAX2(sc, padded + padded / 32 + 256);
+        sd = MAX2(sd, padded + padded / 32 + 256);
+    }
 #undef MAX2
-    return ws + small + MOE_CUDA_SCRATCH_GROW(sa + sc + sd);
+    return ws + small + MOE_CUDA_SCRATCH_GROW(sa + sb + sc + sd);
 }
 
 int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec) {

@@ -1,0 +1,164 @@
+/* quant_fp8: the fp8-block quantizers of the CUDA backend - the operands of cuBLASLt's block-
+ * scaled fp8 products, each the exact bytes of moe/quant.h's CPU emulation.
+ *
+ * A block's scale is amax / 448 over its finite values (1 for an all-zero block) and each
+ * value is e4m3(x / scale), rounded to nearest even and saturating (NaN stays NaN), in IEEE
+ * fp32 arithmetic: the same values as libcore/src/num/quant.c, so a GPU product and the CPU
+ * emulation differ only in the order of their fp32 sums.
+ *
+ * The one thing a reader must know is cuBLASLt's scale layouts (sm_90, checked on an H200
+ * 2026-12-01 against a double-precision reference): for an operand stored row-major [R, K]
+ * (K contiguous, the product reduces over K), 1 x 128 blocks (VEC128_32F) keep their scale
+ * at s[kb * R + r] (and such an operand's R must be a multiple of 16), 128 x 128 tiles (BLK128x128_32F) at s[rb * round_up(ceil(K / 128), 4) +
+ * kb]. */
+#include <cuda_fp8.h>
+
+#include "backend_cuda.cuh"
+
+#define QB 128 /* elements per block, tiles are QB x QB */
+
+__device__ __forceinline__ float fp8_scale(float amax) {
+    return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+}
+
+__device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
+    return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+}
+
+__device__ __forceinline__ float finite_abs(float x) {
+    return isfinite(x) ? fabsf(x) : 0.0f;
+}
+
+/* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
+template <typename T>
+__global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s,
+                           const T *__restrict__ x, int64_t R, int64_t K, int64_t ls) {
+    int64_t KB = (K + QB - 1) / QB;
+    int64_t blk = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (blk >= R * KB) return;
+    int lane = threadIdx.x & 31;
+    int64_t r = blk / KB, kb = blk % KB, j0 = kb * QB + lane * 4;
+    float v[4], amax = 0.0f;
+    for (int t = 0; t < 4; t++) {
+        v[t] = j0 + t < K ? moe_ld(x, r * K + j0 + t) : 0.0f;
+        amax = fmaxf(amax, finite_abs(v[t]));
+    }
+    float scale = fp8_scale(moe_warp_max(amax));
+    for (int t = 0; t < 4; t++)
+        if (j0 + t < K) q[r * K + j0 + t] = fp8_of(v[t], scale);
+    if (lane == 0) s[kb * ls + r] = scale;
+}
+
+/* x [n, K] transposed into q [K, npad] (npad = round_up(n, 128); columns n.. are zero) with
+ * one scale per 1 x 128 block along n: s [(m / 128) * K + k]. Block (32, 8) threads, tile of
+ * 128 rows x 32 columns. */
+template <typename T>
+__global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
+                             const T *__restrict__ x, int64_t n, int64_t K, int64_t npad) {
+    __shared__ float red[8][32];
+    __shared__ __align__(16) uint8_t tile[32][QB + 16];
+    int tx = threadIdx.x, ty = threadIdx.y;
+    int64_t k = (int64_t)blockIdx.x * 32 + tx, m0 = (int64_t)blockIdx.y * QB;
+    float v[QB / 8], amax = 0.0f;
+    for (int i = 0; i < QB / 8; i++) {
+        int64_t m = m0 + ty + 8 * i;
+        v[i] = m < n && k < K ? moe_ld(x, m * K + k) : 0.0f;
+        amax = fmaxf(amax, finite_abs(v[i]));
+    }
+    red[ty][tx] = amax;
+    __syncthreads();
+    amax = 0.0f;
+    for (int i = 0; i < 8; i++)
+        amax = fmaxf(amax, red[i][tx]);
+    float scale = fp8_scale(amax);
+    if (ty == 0 && k < K) s[(m0 / QB) * K + k] = scale;
+    for (int i = 0; i < QB / 8; i++)
+        tile[tx][ty + 8 * i] = fp8_of(v[i], scale); /* padding rows encode 0 */
+    __syncthreads();
+    /* 256 threads write 32 rows of 128 bytes, 16 bytes each */
+    int t = ty * 32 + tx, row = t / 8, part = t % 8;
+    int64_t kr = (int64_t)blockIdx.x * 32 + row;
+    if (kr < K)
+        *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
+}
+
+/* One block of 256 threads per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z = expert) of
+ * w [E, R, K]: q [E, R, K] and s [E, RB * KB4] at rb * KB4 + kb, or transposed q [E, K, R]
+ * and s [E, KB * RB4] at kb * RB4 + rb (the same scale values). */
+template <typename T>
+__global__ void k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s,
+                            const T *__restrict__ w, int64_t R, int64_t K, int transpose) {
+    __shared__ float sh[32];
+    __shared__ uint8_t tile[QB][QB + 4];
+    int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
+    int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
+    const T *we = w + e * R * K;
+    float amax = 0.0f;
+    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
+        int64_t r = rb * QB + i / QB, k = kb * QB + i % QB;
+        if (r < R && k < K) amax = fmaxf(amax, finite_abs(moe_ld(we, r * K + k)));
+    }
+    float scale = fp8_scale(moe_block_max(amax, sh));
+    if (threadIdx.x == 0) {
+        if (transpose)
+            s[e * KB * ((RB + 3) / 4 * 4) + kb * ((RB + 3) / 4 * 4) + rb] = scale;
+        else
+            s[e * RB * ((KB + 3) / 4 * 4) + rb * ((KB + 3) / 4 * 4) + kb] = scale;
+    }
+    uint8_t *qe = q + e * R * K;
+    if (!transpose) {
+        for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
+            int64_t r = rb * QB + i / QB, k = kb * QB + i % QB;
+            if (r < R && k < K) qe[r * K + k] = fp8_of(moe_ld(we, r * K + k), scale);
+        }
+        return;
+    }
+    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
+        int rl = i / QB, kl = i % QB;
+        int64_t r = rb * QB + rl, k = kb * QB + kl;
+        if (r < R && k < K) tile[kl][rl] = fp8_of(moe_ld(we, r * K + k), scale);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) { /* out [K, R]: along r */
+        int kl = i / QB, rl = i % QB;
+        int64_t r = rb * QB + rl, k = kb * QB + kl;
+        if (r < R && k < K) qe[k * R + r] = tile[kl][rl];
+    }
+}
+
+int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
+                      int64_t ls, const char *op) {
+    if (R <= 0 || K <= 0) return 1;
+    int64_t blocks = (R * ((K + QB - 1) / QB) + 7) / 8;
+    if (x.dt == MOE_DTYPE_BF16)
+        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R,
+                                                             K, ls);
+    else
+        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls);
+    return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
+}
+
+int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
+                        const char *op) {
+    if (n <= 0 || K <= 0) return 1;
+    int64_t npad = moe_cuda_fp8_pad(n);
+    dim3 grid((unsigned)((K + 31) / 32), (unsigned)(npad / QB)), block(32, 8);
+    if (x.dt == MOE_DTYPE_BF16)
+        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, n, K, npad);
+    else
+        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const float *)x.p, n, K, npad);
+    return MOE_CUDA_LAUNCHED(c, op, "fp8 columns n=%lld K=%lld", (long long)n, (long long)K);
+}
+
+int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
+                       int64_t K, int transpose, const char *op) {
+    if (E <= 0 || R <= 0 || K <= 0) return 1;
+    dim3 grid((unsigned)((K + QB - 1) / QB), (unsigned)((R + QB - 1) / QB), (unsigned)E);
+    if (w.dt == MOE_DTYPE_BF16)
+        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)w.p, R, K,
+                                                 transpose);
+    else
+        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const float *)w.p, R, K, transpose);
+    return MOE_CUDA_LAUNCHED(c, op, "fp8 tiles E=%lld R=%lld K=%lld", (long long)E, (long long)R,
+                             (long long)K);
+}
