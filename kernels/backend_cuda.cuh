@@ -179,7 +179,8 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
  * s [moe_cuda_fp8_pad(n) / 128 * K]. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
                         const char *op);
-/* Weights w [E, R, K] (f32 or bf16) in 128 x 128 tiles per expert: q [E, R, K] and s [E,
+/* Weights w [E, R, K] (f32 or bf16; R and K multiples of 16) in 128 x 128 tiles per
+ * expert: q [E, R, K] and s [E,
  * ceil(R / 128) * round_up(ceil(K / 128), 4)], or (transpose) each expert's [K, R] with s [E,
  * ceil(K / 128) * round_up(ceil(R / 128), 4)]. */
 int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,

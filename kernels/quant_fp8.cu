@@ -82,21 +82,32 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
         *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
 }
 
-/* One block of 256 threads per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z = expert) of
- * w [E, R, K]: q [E, R, K] and s [E, RB * KB4] at rb * KB4 + kb, or transposed q [E, K, R]
- * and s [E, KB * RB4] at kb * RB4 + rb (the same scale values). */
+/* One block of 256 threads, 32 x 8, per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z =
+ * expert) of w [E, R, K], R and K multiples of 16: q [E, R, K] and s [E, RB * KB4] at
+ * rb * KB4 + kb, or transposed q [E, K, R] and s [E, KB * RB4] at kb * RB4 + rb (the same
+ * scale values). The tile is read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of
+ * rows ty + 8 i in registers; a transposed tile goes out through shared memory. */
 template <typename T>
-__global__ void k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s,
-                            const T *__restrict__ w, int64_t R, int64_t K, int transpose) {
+__global__ void __launch_bounds__(256)
+    k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ w, int64_t R,
+                int64_t K, int transpose) {
     __shared__ float sh[32];
-    __shared__ uint8_t tile[QB][QB + 4];
-    int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
-    int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
+    __shared__ uint8_t tile[QB][QB + 1]; /* [k][r], odd stride: no bank conflicts on store */
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
+    const int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
+    const int64_t k0 = kb * QB + tx * 4, r0 = rb * QB;
     const T *we = w + e * R * K;
-    float amax = 0.0f;
-    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
-        int64_t r = rb * QB + i / QB, k = kb * QB + i % QB;
-        if (r < R && k < K) amax = fmaxf(amax, finite_abs(moe_ld(we, r * K + k)));
+    const bool kin = k0 < K; /* K % 4 == 0: the 4 columns are in or out together */
+    float v[QB / 8][4], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QB / 8; i++) {
+        int64_t r = r0 + ty + 8 * i;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[i][j] = kin && r < R ? moe_ld(we, r * K + k0 + j) : 0.0f;
+            amax = fmaxf(amax, finite_abs(v[i][j]));
+        }
     }
     float scale = fp8_scale(moe_block_max(amax, sh));
     if (threadIdx.x == 0) {
@@ -107,22 +118,36 @@ __global__ void k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s,
     }
     uint8_t *qe = q + e * R * K;
     if (!transpose) {
-        for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
-            int64_t r = rb * QB + i / QB, k = kb * QB + i % QB;
-            if (r < R && k < K) qe[r * K + k] = fp8_of(moe_ld(we, r * K + k), scale);
+#pragma unroll
+        for (int i = 0; i < QB / 8; i++) {
+            int64_t r = r0 + ty + 8 * i;
+            uint32_t packed = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                packed |= (uint32_t)fp8_of(v[i][j], scale) << (8 * j);
+            if (kin && r < R) *(uint32_t *)(qe + r * K + k0) = packed;
         }
         return;
     }
-    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) {
-        int rl = i / QB, kl = i % QB;
-        int64_t r = rb * QB + rl, k = kb * QB + kl;
-        if (r < R && k < K) tile[kl][rl] = fp8_of(moe_ld(we, r * K + k), scale);
-    }
+#pragma unroll
+    for (int i = 0; i < QB / 8; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            tile[tx * 4 + j][ty + 8 * i] = fp8_of(v[i][j], scale);
     __syncthreads();
-    for (int i = threadIdx.x; i < QB * QB; i += blockDim.x) { /* out [K, R]: along r */
-        int kl = i / QB, rl = i % QB;
-        int64_t r = rb * QB + rl, k = kb * QB + kl;
-        if (r < R && k < K) qe[k * R + r] = tile[kl][rl];
+    /* out [K, R]: thread t writes 64 bytes of row t / 2, as 16-byte stores (R % 16 == 0) */
+    const int kl = threadIdx.x / 2, half = threadIdx.x % 2;
+    const int64_t k = kb * QB + kl;
+    if (k >= K) return;
+    for (int u = 0; u < 4; u++) {
+        int rl = half * 64 + u * 16;
+        if (r0 + rl >= R) break;
+        uint32_t wv[4];
+        for (int b = 0; b < 4; b++)
+            wv[b] = (uint32_t)tile[kl][rl + 4 * b] | (uint32_t)tile[kl][rl + 4 * b + 1] << 8 |
+                    (uint32_t)tile[kl][rl + 4 * b + 2] << 16 |
+                    (uint32_t)tile[kl][rl + 4 * b + 3] << 24;
+        *(uint4 *)(qe + k * R + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
     }
 }
 
@@ -153,6 +178,10 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64
 int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
                        int64_t K, int transpose, const char *op) {
     if (E <= 0 || R <= 0 || K <= 0) return 1;
+    if (R % 16 || K % 16)
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "fp8 tiles R=%lld K=%lld (multiples of 16 expected)", (long long)R,
+                              (long long)K);
     dim3 grid((unsigned)((K + QB - 1) / QB), (unsigned)((R + QB - 1) / QB), (unsigned)E);
     if (w.dt == MOE_DTYPE_BF16)
         k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)w.p, R, K,
