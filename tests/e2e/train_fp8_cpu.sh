@@ -3,7 +3,8 @@
 # bf16: configs/tiny.yaml on lambda (1 kb records, 20% held out) for 300 steps under bf16,
 # fp8-block and mxfp8; the final validation loss of each fp8 recipe within 2% of bf16's and
 # every logged loss finite. Also: fp8 runs are deterministic (the same recipe twice gives the
-# same checkpoint bytes over a short run) and --dry-run accepts the recipes.
+# same checkpoint bytes over a short run), precision.skip_layers is applied and logged, and
+# --dry-run accepts the recipes.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/lambda_1kb.sh"
@@ -34,6 +35,10 @@ short=(-c "$src/configs/tiny.yaml" --data shards device=cpu train.steps=12 optim
 moe-train -q "${short[@]}" -o run-a
 moe-train -q "${short[@]}" -o run-b
 cmp run-a/ckpt-00000012/model.safetensors run-b/ckpt-00000012/model.safetensors || fail "mxfp8 is not deterministic"
+# precision.skip_layers: named in the log, trains
+moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0,-1 -o run-skip \
+    2> skip.log
+grep -q "precision: layers 0,1 stay bf16 under mxfp8" skip.log || { cat skip.log; fail "no skip_layers log line"; }
 moe-train -c "$src/configs/tiny.yaml" --dry-run precision.recipe=fp8-block > dry.txt
 grep -q "recipe: fp8-block" dry.txt || fail "--dry-run does not show the fp8-block recipe"
 echo "train_fp8_cpu: ok"

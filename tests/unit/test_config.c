@@ -386,6 +386,21 @@ static void test_overrides(void) {
     EXPECT_OVERRIDE_ERR("train.steps=-1", "override 'train.steps=-1': `train.steps`: -1 is out",
                         "train.steps=200");
     EXPECT_OVERRIDE_ERR("precision.recipe=fp4", "one of: fp32, bf16, fp8-block, mxfp8", NULL);
+    /* precision.skip_layers: indices in [-L, L) of the default 2 layers */
+    EXPECT_OVERRIDE_ERR("precision.skip_layers=0,2", "'2' is not a layer index in [-2, 2)", NULL);
+    EXPECT_OVERRIDE_ERR("precision.skip_layers=first", "'first' is not a layer index", NULL);
+    EXPECT_OVERRIDE_ERR("precision.skip_layers=0,,1", "'' is not a layer index", NULL);
+    {
+        moe_config sc;
+        moe_err e = {0};
+        uint8_t skip[2];
+        moe_config_defaults(&sc);
+        CHECK(moe_config_set(&sc, "precision.skip_layers", "-1", &e) == MOE_OK);
+        CHECK(moe_config_validate(&sc, &e) == MOE_OK);
+        CHECK(moe_config_skip_layers(&sc, skip, &e) == MOE_OK && skip[0] == 0 && skip[1] == 1);
+        CHECK(moe_config_set(&sc, "precision.skip_layers", "0,-1", &e) == MOE_OK);
+        CHECK(moe_config_skip_layers(&sc, skip, &e) == MOE_OK && skip[0] == 1 && skip[1] == 1);
+    }
     EXPECT_OVERRIDE_ERR("model.num_attention_heads=3",
                         "after override 'model.num_attention_heads=3'", NULL);
     /* moe_config_set alone: no cross-field validation, but type and range checks */

@@ -76,6 +76,8 @@ typedef struct moe_optim_config {
 
 typedef struct moe_precision_config {
     moe_recipe recipe;
+    char skip_layers[256]; /* layers whose products stay unquantized under an fp8 recipe:
+                              comma-separated indices, negative from the end ("0,-1") */
 } moe_precision_config;
 
 typedef struct moe_parallel_config {
@@ -140,6 +142,10 @@ moe_status moe_config_write_yaml(const moe_config *c, FILE *fp, moe_err *err);
 void moe_config_write_markdown(FILE *fp);
 
 const char *moe_recipe_name(moe_recipe r);           /* "fp32","bf16","fp8-block","mxfp8" */
+/* precision.skip_layers of c as a mask: skip[l] = 1 for each layer it names (skip [L] host,
+ * L = model.num_hidden_layers; may be NULL to only check). MOE_ERR_INPUT naming the item
+ * that is not an integer in [-L, L). */
+moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *err);
 const char *moe_device_name(moe_device_kind d);      /* "auto","cpu","cuda" */
 const char *moe_lr_schedule_name(moe_lr_schedule s); /* "cosine","linear","constant" */
 const char *moe_recompute_name(moe_recompute r);     /* "none","attn","moe","full" */

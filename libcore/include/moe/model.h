@@ -75,6 +75,8 @@ typedef struct moe_model {
     float *grad_mem;       /* [table.n_elems] dev, one allocation */
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
+    uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under
+                               an fp8 recipe (precision.skip_layers); NULL = none */
     int last_B, last_T;     /* shape of the last forward (0 = none) */
 } moe_model;
 
@@ -106,6 +108,10 @@ moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recip
 moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *cfg,
                                          moe_recipe recipe, const moe_backend *be, int max_batch,
                                          int max_seq, moe_err *err);
+/* Keeps the products of the layers with skip[l] = 1 (skip [layers] host, or NULL for none)
+ * unquantized - run as under bf16 - when the recipe is an fp8 one (precision.skip_layers);
+ * no effect under fp32 and bf16. Out of host memory: MOE_ERR_RUNTIME. */
+moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err *err);
 /* normal(0, initializer_range) for matrices and the embedding, ones for norms; Philox
  * keyed by seed, each tensor its own stream: same result for any thread count. */
 void moe_model_init_weights(moe_model *m, uint64_t seed);

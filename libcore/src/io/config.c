@@ -420,6 +420,28 @@ static moe_status rule_fail(moe_err *err, const char **bad, const char *a, const
     return MOE_ERR_INPUT;
 }
 
+moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *err) {
+    int64_t L = c->model.num_hidden_layers;
+    if (skip) memset(skip, 0, (size_t)L);
+    const char *p = c->precision.skip_layers;
+    while (*p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        size_t n = strcspn(p, ",");
+        if (end == p || (size_t)(end - p) != n || v < -L || v >= L) {
+            moe_err_set(err, MOE_ERR_INPUT, NULL,
+                        "`precision.skip_layers`: '%.*s' is not a layer index in [%lld, %lld)",
+                        (int)n, p, (long long)-L, (long long)L);
+            moe_err_hint(err, "comma-separated layer indices, negative from the end: \"0,-1\" "
+                              "keeps the first and the last layer in bf16");
+            return MOE_ERR_INPUT;
+        }
+        if (skip) skip[v < 0 ? v + L : v] = 1;
+        p += n + (p[n] == ',');
+    }
+    return MOE_OK;
+}
+
 static moe_status validate(const moe_config *c, moe_err *err, const char **bad) {
     char why[512], hint[256];
     bad[0] = bad[1] = NULL;
@@ -434,6 +456,10 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
     }
     const moe_model_config *m = &c->model;
     const moe_train_config *t = &c->train;
+    if (moe_config_skip_layers(c, NULL, err) != MOE_OK) {
+        bad[0] = "precision.skip_layers";
+        return MOE_ERR_INPUT;
+    }
     if (m->hidden_size % m->num_attention_heads)
         return rule_fail(err, bad, "model.hidden_size", "model.num_attention_heads",
                          "choose num_attention_heads among the divisors of hidden_size",

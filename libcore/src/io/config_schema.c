@@ -16,7 +16,7 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3424,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3680,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
@@ -151,6 +151,9 @@ const moe_cfg_key moe_cfg_keys[] = {
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md). The CPU "
      "runs all four (the fp8 ones emulated, slowly); the CUDA backend fp32, bf16 and "
      "fp8-block."},
+    {"precision.skip_layers", MOE_CFG_STRING, FIELD(precision.skip_layers), "\"\"", 0, 0, 0, NULL,
+     "Layers whose products stay bf16 under an fp8 recipe (as BioNeMo keeps the first and "
+     "last): comma-separated indices, negative from the end, e.g. \"0,-1\"; empty = none."},
 
     {"parallel.dp", MOE_CFG_INT, FIELD(parallel.dp), "1", MIN_MAX, 1, 65536, NULL,
      "Data-parallel replicas of each expert group; world = dp x ep ranks, each training "

@@ -348,7 +348,19 @@ void moe_model_free(moe_model *m) {
     }
     moe_param_table_free(&m->table);
     free(m->expert_tokens);
+    free(m->skip_quant);
     memset(m, 0, sizeof *m);
+}
+
+moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err *err) {
+    free(m->skip_quant);
+    m->skip_quant = NULL;
+    if (!skip) return MOE_OK;
+    size_t L = (size_t)m->cfg.num_hidden_layers;
+    m->skip_quant = malloc(L ? L : 1);
+    if (!m->skip_quant) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+    memcpy(m->skip_quant, skip, L);
+    return MOE_OK;
 }
 
 int64_t moe_model_n_params(const moe_model *m) {

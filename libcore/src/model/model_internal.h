@@ -108,6 +108,12 @@ moe_dtype moe_model_act_dtype(moe_recipe recipe);
  * call (moe_model_logprobs), so that embedding never pays for [N, V] logits. */
 moe_status moe_model_alloc_head(moe_model *m, moe_err *err);
 
+/* The recipe of layer l's matrix products: the model's, or its unquantized form for a layer
+ * precision.skip_layers names. */
+static inline moe_recipe moe_model_layer_recipe(const moe_model *m, int l) {
+    return m->skip_quant && m->skip_quant[l] ? moe_recipe_unquantized(m->recipe) : m->recipe;
+}
+
 /* The operand the matrix products read for parameter i: its bf16 copy when the model has
  * them (bf16 recipe), else the fp32 master weight. */
 static inline moe_cbuf moe_model_weight(const moe_model *m, int i) {

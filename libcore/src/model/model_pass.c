@@ -21,7 +21,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
-    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
+    const moe_recipe prec = moe_model_layer_recipe(m, l), p16 = moe_recipe_unquantized(prec);
     int64_t N = (int64_t)B * T, C = c->hidden_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
     moe_param *P = m->table.params;
@@ -49,7 +49,7 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
-    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
+    const moe_recipe prec = moe_model_layer_recipe(m, l), p16 = moe_recipe_unquantized(prec);
     int64_t N = (int64_t)B * T, C = c->hidden_size, F = c->intermediate_size;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
@@ -245,7 +245,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                            "moe_model_backward needs a preceding moe_model_forward with targets");
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
-    const moe_recipe prec = m->recipe, p16 = moe_recipe_unquantized(prec);
+    const moe_recipe p16 = moe_recipe_unquantized(m->recipe);
     int B = m->last_B, T = m->last_T, L = (int)c->num_hidden_layers;
     int64_t N = (int64_t)B * T, C = c->hidden_size, V = c->vocab_size, F = c->intermediate_size;
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
@@ -275,6 +275,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         const moe_param_layer *li = &m->table.layer[l];
         const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
         const moe_dtype adt = a->adt;
+        const moe_recipe prec = moe_model_layer_recipe(m, l);
         /* recompute what the plan did not keep, from the layer's kept inputs: the attention
          * block from x_in (also x_mid when that was not kept), the MoE block from x_mid */
         if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);

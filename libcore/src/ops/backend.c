@@ -208,13 +208,14 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
     if (prec == MOE_RECIPE_FP8_BLOCK) {
         /* its products' e4m3 operands (one byte a value, an fp32 scale per 128, 256 bytes of
-         * alignment) in slots A (x or dy rows), B (the weights, e.g. [E, F, C]; or lm_head's
-         * fp32 weight converted to bf16: no copies under fp8), C and D (dy^T and x^T along
+         * alignment) in slots A (x or dy rows), B (the weights, e.g. [E, F, C], bounded by
+         * their bf16 conversion for the layers precision.skip_layers keeps in bf16, and
+         * lm_head's: no bf16 copies under fp8), C and D (dy^T and x^T along
          * the tokens, each expert's rows padded to whole blocks) */
         int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
         sa = MAX2(sa, rows + rows / 32 + 256);
-        sb = MAX2(2 * V * C, MAX2(E * C * F, C * HD) * 33 / 32 + 4096 * MAX2(E, 1));
+        sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD) + 4096 * MAX2(E, 1));
         sc = MAX2(sc, padded + padded / 32 + 256);
         sd = MAX2(sd, padded + padded / 32 + 256);
     }

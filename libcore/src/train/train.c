@@ -225,6 +225,34 @@ static moe_status check_parallel(const trainer *t, int world, moe_err *err) {
     return MOE_OK;
 }
 
+/* precision.skip_layers on the model, with a log line naming the layers kept in bf16. */
+static moe_status apply_skip_layers(trainer *t, moe_err *err) {
+    const moe_config *c = &t->cfg;
+    if (!c->precision.skip_layers[0]) return MOE_OK;
+    int64_t L = c->model.num_hidden_layers;
+    uint8_t *skip = malloc((size_t)L);
+    if (!skip) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+    moe_status st = moe_config_skip_layers(c, skip, err);
+    if (st == MOE_OK) st = moe_model_set_skip_layers(&t->model, skip, err);
+    int quantized = c->precision.recipe == MOE_RECIPE_FP8_BLOCK ||
+                    c->precision.recipe == MOE_RECIPE_MXFP8;
+    if (st == MOE_OK && t->rank == 0) {
+        char list[256] = "";
+        for (int64_t l = 0, at = 0; l < L && at < (int64_t)sizeof list - 8; l++)
+            if (skip[l])
+                at += snprintf(list + at, sizeof list - (size_t)at, "%s%lld", at ? "," : "",
+                               (long long)l);
+        if (quantized)
+            moe_log_info("precision: layers %s stay bf16 under %s (precision.skip_layers)", list,
+                         moe_recipe_name(c->precision.recipe));
+        else
+            moe_log_info("precision.skip_layers (%s) has no effect under %s", list,
+                         moe_recipe_name(c->precision.recipe));
+    }
+    free(skip);
+    return st;
+}
+
 /* ---- one step ---- */
 
 typedef struct step_metrics {
@@ -578,6 +606,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     if (st == MOE_OK)
         st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe, t.cfg.train.recompute,
                               t.be, (int)t.B_micro, (int)t.T, err);
+    if (st == MOE_OK) st = apply_skip_layers(&t, err);
     if (st == MOE_OK) {
         size_t tok = (size_t)(t.B_micro * t.T);
         t.slice = malloc((size_t)(t.dp + 1) * sizeof *t.slice);
