@@ -38,7 +38,8 @@ cmp run-a/ckpt-00000012/model.safetensors run-b/ckpt-00000012/model.safetensors 
 # precision.skip_layers: named in the log, trains
 moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0,-1 -o run-skip \
     2> skip.log
-grep -q "precision: layers 0,1 stay bf16 under mxfp8" skip.log || { cat skip.log; fail "no skip_layers log line"; }
+grep -q "precision: layers 0,1 stay bf16 under mxfp8" skip.log \
+    || { cat skip.log; fail "no skip_layers log line"; }
 moe-train -c "$src/configs/tiny.yaml" --dry-run precision.recipe=fp8-block > dry.txt
 grep -q "recipe: fp8-block" dry.txt || fail "--dry-run does not show the fp8-block recipe"
 echo "train_fp8_cpu: ok"
