@@ -8,6 +8,8 @@
 #   make install    build, then install into PREFIX (default /usr/local; DESTDIR is honoured):
 #                   programs, man pages, bash completion, docs, configs, pipelines
 #   make deb        the Debian package (CPU build) with dpkg-buildpackage, in ../
+#   make dist       the release tarball moe-genomics-VERSION.tar.gz of the committed tree
+#                   (git archive of HEAD) in DIST_DIR (default .), and its sha256
 #   make fuzz       libFuzzer harnesses (tests/fuzz/, clang-14 + libfuzzer-14-dev) built in
 #                   build-fuzz/ and run FUZZ_SECONDS (30) each; `make test` runs them for
 #                   FUZZ_TEST_SECONDS (10) each when clang-14 and libFuzzer are installed
@@ -27,12 +29,15 @@ FUZZ_SECONDS ?= 30
 FUZZ_TEST_SECONDS ?= 10
 FUZZ_CC ?= clang-14
 FUZZ_LIB := $(wildcard /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a)
+# the one version number: CMakeLists.txt's project(VERSION); e2e.release checks every pin
+VERSION := $(shell grep -m1 -o 'moe_genomics VERSION [0-9.]*' CMakeLists.txt | cut -d' ' -f3)
+DIST_DIR ?= .
 
 DEB_PACKAGES := build-essential cmake pkg-config ninja-build libhts-dev libyaml-dev zlib1g-dev libdeflate-dev \
 	libjansson-dev libopenblas-dev libopenmpi-dev openmpi-bin python3 python3-numpy samtools tabix bcftools \
 	bowtie2-examples htslib-test seqkit-examples snakemake help2man man-db debhelper
 
-.PHONY: all build deps test test-asan fuzz demo bench install deb clean
+.PHONY: all build deps test test-asan fuzz demo bench install deb dist clean
 
 all: build
 
@@ -89,6 +94,11 @@ install: build
 
 deb: deps
 	dpkg-buildpackage -us -uc -b
+
+dist:
+	git archive --format=tar.gz --prefix=moe-genomics-$(VERSION)/ \
+		-o $(DIST_DIR)/moe-genomics-$(VERSION).tar.gz HEAD
+	sha256sum $(DIST_DIR)/moe-genomics-$(VERSION).tar.gz
 
 clean:
 	rm -rf build build-asan
