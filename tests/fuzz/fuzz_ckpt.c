@@ -42,7 +42,7 @@ static void remove_fixture(void) {
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    snprintf(g_root, sizeof g_root, "/tmp/moe-fuzz-ckpt.%ld", (long)getpid());
+    snprintf(g_root, sizeof g_root, "%s/moe-fuzz-ckpt.%ld", fuzz_tmpdir(), (long)getpid());
     char dir[128];
     snprintf(dir, sizeof dir, "%s/ckpt-00000001", g_root);
     moe_err err;

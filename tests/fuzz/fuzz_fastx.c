@@ -6,14 +6,15 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "fuzz_fixture.h"
 #include "moe/seqio.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 /* data [size] bytes: one input file. Always returns 0 (libFuzzer's contract). */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/moe-fuzz-fastx.%ld", (long)getpid());
+    char path[96];
+    snprintf(path, sizeof path, "%s/moe-fuzz-fastx.%ld", fuzz_tmpdir(), (long)getpid());
     FILE *fp = fopen(path, "wb");
     if (!fp) abort();
     if (size && fwrite(data, 1, size, fp) != size) abort();

@@ -104,7 +104,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
     moe_log_init("fuzz_vcf", MOE_LOG_ERROR);
-    snprintf(g_root, sizeof g_root, "/tmp/moe-fuzz-vcf.%ld", (long)getpid());
+    snprintf(g_root, sizeof g_root, "%s/moe-fuzz-vcf.%ld", fuzz_tmpdir(), (long)getpid());
     moe_err err;
     moe_err_clear(&err);
     if (moe_mkdirs(g_root, &err) != MOE_OK) fixture_fail("the directory", &err);

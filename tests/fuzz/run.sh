@@ -5,7 +5,8 @@
 # prints one summary line per target: executions, coverage (edges / features: libFuzzer's
 # cov: and ft:), corpus size, result.
 # Exit 1 when a target crashed, leaked or tripped a sanitizer; its reproducer is left in
-# BUILD_DIR/fuzz-artifacts/ (make it a regression test: add it to the seed corpus).
+# BUILD_DIR/fuzz-artifacts/ (make it a regression test: add it to the seed corpus). The
+# harnesses' scratch files go to a TMPDIR this script removes, even after a crash.
 set -euo pipefail
 build=${1:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
 secs=${2:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
@@ -14,6 +15,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config ckpt vcf)
 mkdir -p "$build/fuzz-artifacts"
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/moe-fuzz.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 status=0
 for t in "${targets[@]}"; do
   exe=$build/tests/fuzz/fuzz_$t

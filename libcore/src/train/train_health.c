@@ -28,7 +28,6 @@ void moe_train_health_good(moe_train_health *h, int64_t step, double loss) {
 moe_status moe_train_health_bad(moe_train_health *h, int64_t step, double loss, double grad_norm,
                                 const char *last_ckpt, moe_err *err) {
     h->bad_in_row++;
-    h->bad_total++;
     if (h->bad_in_row <= h->max_bad) {
         moe_log_warn("step %lld: non-finite loss %g or gradient norm %g: the update is skipped "
                      "(%lld in a row, train.max_bad_steps=%lld)",

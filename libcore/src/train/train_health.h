@@ -17,7 +17,6 @@
 typedef struct moe_train_health {
     int64_t max_bad;    /* train.max_bad_steps */
     int64_t bad_in_row; /* non-finite steps since the last good one */
-    int64_t bad_total;  /* non-finite steps of this invocation */
     int64_t good;       /* good steps (of the run, also across --resume) */
     double mean;        /* running mean of good losses (exponential, weight 0.1) */
     double ln_vocab;    /* the loss of a uniform guess */
