@@ -259,7 +259,7 @@ static moe_status cu_synchronize(const moe_backend *be, moe_err *err) {
 static int cu_supports(const moe_backend *be, moe_op op, const moe_op_dims *d, moe_recipe prec) {
     (void)be;
     if (op < 0 || op >= MOE_OP_COUNT) return 0;
-    if (prec == MOE_RECIPE_FP8_BLOCK) { /* the products it quantizes in fp8, the rest as bf16 */
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) { /* its products in fp8, the rest bf16 */
         if (d && op == MOE_OP_MATMUL) /* the attention projections C -> H*D, KV*D, and back */
             return moe_cuda_fp8_shape_ok(d->C, d->H * d->D) &&
                    moe_cuda_fp8_shape_ok(d->C, d->KV * d->D);

@@ -171,20 +171,21 @@ int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
 static inline int64_t moe_cuda_fp8_pad(int64_t n) {
     return (n + 127) / 128 * 128;
 }
-/* x [R, K] (f32 or bf16) in 1 x 128 blocks along K: q [R, K], the scale of block kb of row r
+/* Every quantizer takes pow2: the scales rounded up to powers of two (fp8-block's pow2 rule).
+ * x [R, K] (f32 or bf16) in 1 x 128 blocks along K: q [R, K], the scale of block kb of row r
  * at s[kb * ls + r] (ls >= R; cuBLASLt reads ls = the product's row count). */
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
-                      int64_t ls, const char *op);
+                      int64_t ls, int pow2, const char *op);
 /* x [n, K] transposed, in 1 x 128 blocks along n: q [K, moe_cuda_fp8_pad(n)] (zero past n),
  * s [moe_cuda_fp8_pad(n) / 128 * K]. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
-                        const char *op);
+                        int pow2, const char *op);
 /* Weights w [E, R, K] (f32 or bf16; R and K multiples of 16) in 128 x 128 tiles per
  * expert: q [E, R, K] and s [E,
  * ceil(R / 128) * round_up(ceil(K / 128), 4)], or (transpose) each expert's [K, R] with s [E,
  * ceil(K / 128) * round_up(ceil(R / 128), 4)]. */
 int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
-                       int64_t K, int transpose, const char *op);
+                       int64_t K, int transpose, int pow2, const char *op);
 /* Scale count of one tiled [R, K] weight (its s for E = 1). */
 static inline int64_t moe_cuda_fp8_tile_scales(int64_t R, int64_t K) {
     return (R + 127) / 128 * (((K + 127) / 128 + 3) / 4 * 4);

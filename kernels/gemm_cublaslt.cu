@@ -320,7 +320,8 @@ static const void *typed_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t 
 }
 
 static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
-    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32 || prec == MOE_RECIPE_FP8_BLOCK)
+    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32 ||
+        moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK)
         return 1;
     moe_cuda_check(c, cudaErrorNotSupported, op,
                    "recipe %d (mxfp8 is emulated by the CPU backend only: sm_90 has no MXFP8 "
@@ -335,7 +336,8 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
  * tiles; dgrad dy in row blocks and W^T in tiles; wgrad dy^T and x^T in 1 x 128 blocks along
  * the tokens, each expert's rows their own group, zero-padded to whole blocks. A dense
  * product is the grouped one with a single group. Weights are quantized from the operand the
- * product is given (the fp32 master weight) at every call. */
+ * product is given (the fp32 master weight) at every call. Under MOE_RECIPE_FP8_BLOCK_POW2
+ * (precision.fp8_scale pow2) every scale is rounded up to a power of two (pow2 below). */
 
 typedef struct fp8_operand {
     uint8_t *q; /* e4m3 values */
@@ -383,17 +385,19 @@ static int64_t fp8_group_scales(const int32_t *offsets, int64_t e, int64_t KB) {
  * allocated after them: a tail product reads past its group) and the scales of each group's
  * body and tail as fp8_group_scales lays them out. */
 static int fp8_rows_grouped(moe_cuda_ctx *c, const fp8_operand *o, moe_cbuf x,
-                            const int32_t *offsets, int64_t E, int64_t K, const char *op) {
+                            const int32_t *offsets, int64_t E, int64_t K, int pow2,
+                            const char *op) {
     int64_t KB = (K + 127) / 128;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0, body = n - n % FP8_ROWS;
         float *s = o->s + fp8_group_scales(offsets, e, KB);
         if (body > 0 &&
-            !moe_cuda_fp8_rows(c, o->q + r0 * K, s, moe_cbuf_at(x, r0 * K), body, K, body, op))
+            !moe_cuda_fp8_rows(c, o->q + r0 * K, s, moe_cbuf_at(x, r0 * K), body, K, body, pow2,
+                               op))
             return 0;
         if (n > body && !moe_cuda_fp8_rows(c, o->q + (r0 + body) * K, s + round32(body * KB),
                                            moe_cbuf_at(x, (r0 + body) * K), n - body, K,
-                                           FP8_ROWS, op))
+                                           FP8_ROWS, pow2, op))
             return 0;
     }
     return 1;
@@ -435,7 +439,8 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
 
 /* y [M, O] (ct) = x [M, I] W_e^T per group, w [E, O, I]; fp32 outputs rounded to bf16. */
 static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
-                                const int32_t *offsets, int64_t E, int64_t I, int64_t O) {
+                                const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                int pow2) {
     int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_cuda_fp8_tile_scales(O, I);
     cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t cs = esize(ct);
@@ -444,8 +449,8 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
         !fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * I, fp8_group_scales(offsets, E, KB),
                      &xo, op) ||
         !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wo, op) ||
-        !fp8_rows_grouped(c, &xo, x, offsets, E, I, op) ||
-        !moe_cuda_fp8_tiles(c, wo.q, wo.s, w, E, O, I, 0, op))
+        !fp8_rows_grouped(c, &xo, x, offsets, E, I, pow2, op) ||
+        !moe_cuda_fp8_tiles(c, wo.q, wo.s, w, E, O, I, 0, pow2, op))
         return;
     for (int64_t e = 0; e < E; e++)
         if (offsets[e + 1] > offsets[e] &&
@@ -458,7 +463,7 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
 /* dx [M, I] += dy W_e and dw [E, O, I] += dy^T x per group (either may be NULL); dy [M, O]. */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
-                                 int64_t E, int64_t I, int64_t O) {
+                                 int64_t E, int64_t I, int64_t O, int pow2) {
     if (!fp8_dims_ok(c, I, O, op)) return;
     int64_t M = offsets[E];
     if (dx) {
@@ -467,8 +472,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * O,
                          fp8_group_scales(offsets, E, KB), &dyo, op) ||
             !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wto, op) ||
-            !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, op) ||
-            !moe_cuda_fp8_tiles(c, wto.q, wto.s, w, E, O, I, 1, op))
+            !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, pow2, op) ||
+            !moe_cuda_fp8_tiles(c, wto.q, wto.s, w, E, O, I, 1, pow2, op))
             return;
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] > offsets[e] &&
@@ -489,8 +494,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         if (n <= 0) continue;
         uint8_t *dq = dyt.q + p0 * O, *xq = xt.q + p0 * I;
         float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
-        if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, op) ||
-            !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, op) ||
+        if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, pow2, op) ||
+            !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, pow2, op) ||
             !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, 1.0f, dw + e * O * I, CUDA_R_32F))
             return;
         p0 += np;
@@ -507,9 +512,9 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op) || N <= 0 ||
         O <= 0)
         return;
-    if (prec == MOE_RECIPE_FP8_BLOCK) {
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O);
+        fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -528,9 +533,10 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0) return;
-    if (prec == MOE_RECIPE_FP8_BLOCK) {
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O);
+        fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O,
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -558,8 +564,8 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
-    if (prec == MOE_RECIPE_FP8_BLOCK) {
-        fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O);
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
+        fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -590,8 +596,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0) return;
-    if (prec == MOE_RECIPE_FP8_BLOCK) {
-        fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O);
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
+        fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O,
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;

@@ -1,7 +1,8 @@
 /* quant_fp8: the fp8-block quantizers of the CUDA backend - the operands of cuBLASLt's block-
  * scaled fp8 products, each the exact bytes of moe/quant.h's CPU emulation.
  *
- * A block's scale is amax / 448 over its finite values (1 for an all-zero block) and each
+ * A block's scale is amax / 448 over its finite values (1 for an all-zero block; with pow2,
+ * the smallest power of two >= amax / 448: MOE_RECIPE_FP8_BLOCK_POW2) and each
  * value is e4m3(x / scale), rounded to nearest even and saturating (NaN stays NaN), in IEEE
  * fp32 arithmetic: the same values as libcore/src/num/quant.c, so a GPU product and the CPU
  * emulation differ only in the order of their fp32 sums.
@@ -17,8 +18,11 @@
 
 #define QB 128 /* elements per block, tiles are QB x QB */
 
-__device__ __forceinline__ float fp8_scale(float amax) {
-    return amax > 0.0f ? __fdiv_rn(amax, 448.0f) : 1.0f;
+/* amax / 448, or (pow2) the smallest power of two >= it (its E8M0 ceil, as the CPU). */
+__device__ __forceinline__ float fp8_scale(float amax, int pow2) {
+    if (!(amax > 0.0f)) return 1.0f;
+    float s = __fdiv_rn(amax, 448.0f);
+    return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
 __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
@@ -32,7 +36,8 @@ __device__ __forceinline__ float finite_abs(float x) {
 /* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
 template <typename T>
 __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s,
-                           const T *__restrict__ x, int64_t R, int64_t K, int64_t ls) {
+                           const T *__restrict__ x, int64_t R, int64_t K, int64_t ls,
+                           int pow2) {
     int64_t KB = (K + QB - 1) / QB;
     int64_t blk = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (blk >= R * KB) return;
@@ -43,7 +48,7 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s,
         v[t] = j0 + t < K ? moe_ld(x, r * K + j0 + t) : 0.0f;
         amax = fmaxf(amax, finite_abs(v[t]));
     }
-    float scale = fp8_scale(moe_warp_max(amax));
+    float scale = fp8_scale(moe_warp_max(amax), pow2);
     for (int t = 0; t < 4; t++)
         if (j0 + t < K) q[r * K + j0 + t] = fp8_of(v[t], scale);
     if (lane == 0) s[kb * ls + r] = scale;
@@ -54,7 +59,8 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s,
  * 128 rows x 32 columns. */
 template <typename T>
 __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
-                             const T *__restrict__ x, int64_t n, int64_t K, int64_t npad) {
+                             const T *__restrict__ x, int64_t n, int64_t K, int64_t npad,
+                             int pow2) {
     __shared__ float red[8][32];
     __shared__ __align__(16) uint8_t tile[32][QB + 16];
     int tx = threadIdx.x, ty = threadIdx.y;
@@ -70,7 +76,7 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
     amax = 0.0f;
     for (int i = 0; i < 8; i++)
         amax = fmaxf(amax, red[i][tx]);
-    float scale = fp8_scale(amax);
+    float scale = fp8_scale(amax, pow2);
     if (ty == 0 && k < K) s[(m0 / QB) * K + k] = scale;
     for (int i = 0; i < QB / 8; i++)
         tile[tx][ty + 8 * i] = fp8_of(v[i], scale); /* padding rows encode 0 */
@@ -90,7 +96,7 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
 template <typename T>
 __global__ void __launch_bounds__(256)
     k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ w, int64_t R,
-                int64_t K, int transpose) {
+                int64_t K, int transpose, int pow2) {
     __shared__ float sh[32];
     __shared__ uint8_t tile[QB][QB + 1]; /* [k][r], odd stride: no bank conflicts on store */
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -109,7 +115,7 @@ __global__ void __launch_bounds__(256)
             amax = fmaxf(amax, finite_abs(v[i][j]));
         }
     }
-    float scale = fp8_scale(moe_block_max(amax, sh));
+    float scale = fp8_scale(moe_block_max(amax, sh), pow2);
     if (threadIdx.x == 0) {
         if (transpose)
             s[e * KB * ((RB + 3) / 4 * 4) + kb * ((RB + 3) / 4 * 4) + rb] = scale;
@@ -152,31 +158,33 @@ __global__ void __launch_bounds__(256)
 }
 
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
-                      int64_t ls, const char *op) {
+                      int64_t ls, int pow2, const char *op) {
     if (R <= 0 || K <= 0) return 1;
     int64_t blocks = (R * ((K + QB - 1) / QB) + 7) / 8;
     if (x.dt == MOE_DTYPE_BF16)
         k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R,
-                                                             K, ls);
+                                                             K, ls, pow2);
     else
-        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls);
+        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls,
+                                                             pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
-                        const char *op) {
+                        int pow2, const char *op) {
     if (n <= 0 || K <= 0) return 1;
     int64_t npad = moe_cuda_fp8_pad(n);
     dim3 grid((unsigned)((K + 31) / 32), (unsigned)(npad / QB)), block(32, 8);
     if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, n, K, npad);
+        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, n, K, npad,
+                                                    pow2);
     else
-        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const float *)x.p, n, K, npad);
+        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const float *)x.p, n, K, npad, pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 columns n=%lld K=%lld", (long long)n, (long long)K);
 }
 
 int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
-                       int64_t K, int transpose, const char *op) {
+                       int64_t K, int transpose, int pow2, const char *op) {
     if (E <= 0 || R <= 0 || K <= 0) return 1;
     if (R % 16 || K % 16)
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
@@ -185,9 +193,10 @@ int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_
     dim3 grid((unsigned)((K + QB - 1) / QB), (unsigned)((R + QB - 1) / QB), (unsigned)E);
     if (w.dt == MOE_DTYPE_BF16)
         k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)w.p, R, K,
-                                                 transpose);
+                                                 transpose, pow2);
     else
-        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const float *)w.p, R, K, transpose);
+        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const float *)w.p, R, K, transpose,
+                                                 pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 tiles E=%lld R=%lld K=%lld", (long long)E, (long long)R,
                              (long long)K);
 }

@@ -35,6 +35,15 @@ short=(-c "$src/configs/tiny.yaml" --data shards device=cpu train.steps=12 optim
 moe-train -q "${short[@]}" -o run-a
 moe-train -q "${short[@]}" -o run-b
 cmp run-a/ckpt-00000012/model.safetensors run-b/ckpt-00000012/model.safetensors || fail "mxfp8 is not deterministic"
+# precision.fp8_scale: the other scale rule of each recipe trains and changes the result
+moe-train -q "${short[@]}" precision.fp8_scale=ocp-floor -o run-floor
+moe-train -q "${short[@]}" precision.recipe=fp8-block -o run-amax
+moe-train -q "${short[@]}" precision.recipe=fp8-block precision.fp8_scale=pow2 -o run-pow2
+for pair in "run-a run-floor" "run-amax run-pow2"; do
+    set -- $pair
+    ! cmp -s "$1/ckpt-00000012/model.safetensors" "$2/ckpt-00000012/model.safetensors" \
+        || fail "$2: precision.fp8_scale changed nothing"
+done
 # precision.skip_layers: named in the log, trains
 moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0,-1 -o run-skip \
     2> skip.log

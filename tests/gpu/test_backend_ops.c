@@ -286,7 +286,7 @@ static void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, 
  * reads the fp32 weight: unit.ops checks that both give the same bits there. */
 static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t n) {
     /* fp8-block products quantize the fp32 master weight itself (no bf16 copies) */
-    if (!tc->typed || tc->prec == MOE_RECIPE_FP8_BLOCK) return moe_cbuf_f32(dw_);
+    if (!tc->typed || moe_recipe_is_fp8(tc->prec)) return moe_cbuf_f32(dw_);
     uint16_t *d16 = dup_dev(g, "w16", NULL, (size_t)n * sizeof(uint16_t));
     g->gpu->cast_bf16(g->gpu, d16, dw_, n);
     moe_cbuf b = {d16, MOE_DTYPE_BF16};
@@ -793,6 +793,7 @@ static runner_fn runner_for(moe_op op) {
 #define FP32 MOE_RECIPE_FP32
 #define BF16 MOE_RECIPE_BF16
 #define FP8B MOE_RECIPE_FP8_BLOCK
+#define FP8P MOE_RECIPE_FP8_BLOCK_POW2
 
 /* Tolerances: fp32 ops differ only in libm ulps and summation order (measured <= 2e-13);
  * bf16 outputs can round the other way at a boundary (measured <= 1.5e-9, attention's
@@ -829,6 +830,7 @@ static const tcase k_cases[] = {
     {"matmul N512 I384 O640 fp8", MOE_OP_MATMUL, {512, 384, 640}, FP8B, 1e-5, 0},
     {"matmul N77 I208 O144 fp8 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8B, 1e-5, 1},
     {"matmul N300 I64 O32 fp8 typed", MOE_OP_MATMUL, {300, 64, 32}, FP8B, 1e-5, 1},
+    {"matmul N77 I208 O144 fp8 pow2 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8P, 1e-5, 1},
     {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10, 0},
     {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10, 0},
     {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12, 0},
@@ -842,6 +844,7 @@ static const tcase k_cases[] = {
     {"grouped E8 I256 O384 fp8 typed", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP8B, 1e-5, 1},
     {"grouped E4 I80 O48 fp8 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8B, 1e-5, 1},
     {"grouped E6 I128 O272 fp8", MOE_OP_GROUPED_MATMUL, {6, 128, 272, 300}, FP8B, 1e-5, 0},
+    {"grouped E4 I80 O48 fp8 pow2 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8P, 1e-5, 1},
     {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
     {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
     {"swiglu n100003 bf16 typed", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 1},
@@ -915,6 +918,8 @@ static void check_supports_shapes(const moe_backend *gpu) {
     /* fp8-block: every op (the unquantized ones as bf16); its products want multiples of 16 */
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_FP8_BLOCK, NULL) == MOE_OK);
     CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8));
+    CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8_FLOOR));
+    CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_FP8_BLOCK_POW2, NULL) == MOE_OK);
     memset(&d, 0, sizeof d);
     d.B = 1, d.T = 64, d.C = 64, d.H = 4, d.KV = 2, d.D = 16, d.E = 4, d.K = 2, d.F = 96, d.V = 5;
     CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_FP8_BLOCK, NULL) == MOE_OK);

@@ -390,6 +390,11 @@ static void test_overrides(void) {
     EXPECT_OVERRIDE_ERR("precision.skip_layers=0,2", "'2' is not a layer index in [-2, 2)", NULL);
     EXPECT_OVERRIDE_ERR("precision.skip_layers=first", "'first' is not a layer index", NULL);
     EXPECT_OVERRIDE_ERR("precision.skip_layers=0,,1", "'' is not a layer index", NULL);
+    /* precision.fp8_scale: each rule belongs to one recipe */
+    EXPECT_OVERRIDE_ERR("precision.fp8_scale=pow2",
+                        "precision.fp8_scale pow2 does not apply to precision.recipe fp32", NULL);
+    EXPECT_OVERRIDE_ERR("precision.fp8_scale=ocp-floor",
+                        "precision.fp8_scale ocp-floor does not apply", NULL);
     {
         moe_config sc;
         moe_err e = {0};
@@ -400,6 +405,17 @@ static void test_overrides(void) {
         CHECK(moe_config_skip_layers(&sc, skip, &e) == MOE_OK && skip[0] == 0 && skip[1] == 1);
         CHECK(moe_config_set(&sc, "precision.skip_layers", "0,-1", &e) == MOE_OK);
         CHECK(moe_config_skip_layers(&sc, skip, &e) == MOE_OK && skip[0] == 1 && skip[1] == 1);
+        /* the recipe the ops run: the format with its scale rule */
+        CHECK(moe_config_set(&sc, "precision.recipe", "fp8-block", &e) == MOE_OK);
+        CHECK(moe_config_recipe(&sc) == MOE_RECIPE_FP8_BLOCK);
+        CHECK(moe_config_set(&sc, "precision.fp8_scale", "pow2", &e) == MOE_OK);
+        CHECK(moe_config_validate(&sc, &e) == MOE_OK);
+        CHECK(moe_config_recipe(&sc) == MOE_RECIPE_FP8_BLOCK_POW2);
+        CHECK(strcmp(moe_recipe_name(moe_config_recipe(&sc)), "fp8-block") == 0);
+        CHECK(moe_config_set(&sc, "precision.recipe", "mxfp8", &e) == MOE_OK);
+        CHECK(moe_config_validate(&sc, &e) == MOE_ERR_INPUT);
+        CHECK(moe_config_set(&sc, "precision.fp8_scale", "ocp-floor", &e) == MOE_OK);
+        CHECK(moe_config_recipe(&sc) == MOE_RECIPE_MXFP8_FLOOR);
     }
     EXPECT_OVERRIDE_ERR("model.num_attention_heads=3",
                         "after override 'model.num_attention_heads=3'", NULL);

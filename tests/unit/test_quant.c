@@ -19,8 +19,8 @@ static float urand(uint64_t *s) {
     return (float)((double)(*s >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-static const moe_quant_opts FP8 = {MOE_RECIPE_FP8_BLOCK, 0}, MX = {MOE_RECIPE_MXFP8, 0},
-                            MXF = {MOE_RECIPE_MXFP8, 1};
+static const moe_quant_opts FP8 = {MOE_RECIPE_FP8_BLOCK, 0, 0}, MX = {MOE_RECIPE_MXFP8, 0, 0},
+                            MXF = {MOE_RECIPE_MXFP8, 1, 0}, P2 = {MOE_RECIPE_FP8_BLOCK, 0, 1};
 
 static void test_exact_and_special(void) {
     float x[128], y[128];
@@ -89,6 +89,26 @@ static void test_error_and_rules(void) {
     one[0] = 500.0f; /* floor(log2 500) = 8: scale 1, 500 saturates to 448 */
     moe_quant_fake_vectors(one, one, 1, 32, 32, 1, &MXF);
     CHECK(one[0] == 448.0f && one[1] == 0.5f);
+    /* fp8-block pow2: blocks of 128 with a power-of-two scale >= amax / 448 (nothing
+     * saturates), a different result from amax / 448, the same error bound */
+    moe_quant_fake_vectors(q, x, 1, LEN, LEN, 1, &P2);
+    CHECK_MSG(worst_rel(x, q, LEN, 128) <= 0x1.0p-4, "pow2 error %g", worst_rel(x, q, LEN, 128));
+    for (int b0 = 0; b0 < LEN; b0 += 128) {
+        double amax = 0, qmax = 0;
+        for (int j = b0; j < b0 + 128 && j < LEN; j++)
+            amax = fmax(amax, fabs(x[j])), qmax = fmax(qmax, fabs(q[j]));
+        CHECK(qmax <= 448.0 * exp2(ceil(log2(amax / 448.0))) && qmax >= amax * (1 - 0x1.0p-4));
+    }
+    float q2[LEN];
+    moe_quant_fake_vectors(q2, x, 1, LEN, LEN, 1, &FP8);
+    CHECK(memcmp(q, q2, sizeof q) != 0);
+    /* the recipes' options */
+    moe_quant_opts o = moe_quant_opts_of(MOE_RECIPE_FP8_BLOCK_POW2);
+    CHECK(o.recipe == MOE_RECIPE_FP8_BLOCK && o.pow2 && !o.mx_floor);
+    o = moe_quant_opts_of(MOE_RECIPE_MXFP8_FLOOR);
+    CHECK(o.recipe == MOE_RECIPE_MXFP8 && o.mx_floor && !o.pow2);
+    o = moe_quant_opts_of(MOE_RECIPE_MXFP8);
+    CHECK(o.recipe == MOE_RECIPE_MXFP8 && !o.mx_floor && !o.pow2);
 }
 
 static void test_blocks_strides_tiles(void) {
@@ -124,8 +144,8 @@ static void test_blocks_strides_tiles(void) {
     for (int64_t r = 0; r < R; r++)
         for (int64_t k = 0; k < K; k++)
             wt[k * R + r] = w[r * K + k];
-    moe_quant_fake_tiles(wq, w, R, K);
-    moe_quant_fake_tiles(wtq, wt, K, R);
+    moe_quant_fake_tiles(wq, w, R, K, 0);
+    moe_quant_fake_tiles(wtq, wt, K, R, 0);
     double worst = 0;
     int tsame = 1;
     for (int64_t r = 0; r < R; r++)

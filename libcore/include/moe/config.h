@@ -74,8 +74,16 @@ typedef struct moe_optim_config {
     bool decay_norms_and_embeddings;
 } moe_optim_config;
 
+/* precision.fp8_scale: how an fp8 recipe rounds its block scales (docs/dtypes.md). */
+typedef enum moe_fp8_scale {
+    MOE_FP8_SCALE_DEFAULT,  /* fp8-block: amax / 448; mxfp8: E8M0 ceil */
+    MOE_FP8_SCALE_POW2,     /* fp8-block: amax / 448 rounded up to a power of two */
+    MOE_FP8_SCALE_OCP_FLOOR /* mxfp8: OCP's 2^(floor(log2 amax) - 8) */
+} moe_fp8_scale;
+
 typedef struct moe_precision_config {
     moe_recipe recipe;
+    moe_fp8_scale fp8_scale;
     char skip_layers[256]; /* layers whose products stay unquantized under an fp8 recipe:
                               comma-separated indices, negative from the end ("0,-1") */
 } moe_precision_config;
@@ -142,6 +150,9 @@ moe_status moe_config_write_yaml(const moe_config *c, FILE *fp, moe_err *err);
 void moe_config_write_markdown(FILE *fp);
 
 const char *moe_recipe_name(moe_recipe r);           /* "fp32","bf16","fp8-block","mxfp8" */
+/* The recipe the model and the ops run: precision.recipe with its precision.fp8_scale rule
+ * (MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8_FLOOR). */
+moe_recipe moe_config_recipe(const moe_config *c);
 /* precision.skip_layers of c as a mask: skip[l] = 1 for each layer it names (skip [L] host,
  * L = model.num_hidden_layers; may be NULL to only check). MOE_ERR_INPUT naming the item
  * that is not an integer in [-L, L). */

@@ -5,7 +5,7 @@
  * fp8-block: E4M3 values, one fp32 scale per block of 128 consecutive elements along a
  * vector (activations and gradients: 1 x 128 along the reduction dimension) or per 128 x 128
  * tile of a matrix (weights); scale = amax / 448 (amax over the block's finite values; 1 for
- * an all-zero block). mxfp8 (OCP MX v1.0): E4M3 values, one E8M0 power-of-two scale per 32
+ * an all-zero block), or with the pow2 rule the smallest power of two >= amax / 448. mxfp8 (OCP MX v1.0): E4M3 values, one E8M0 power-of-two scale per 32
  * consecutive elements; the `ceil` rule takes the smallest 2^k >= amax / 448 (no element
  * saturates; NVIDIA's MXFP8 recipe, the default), `ocp-floor` 2^(floor(log2 amax) - 8).
  * Encoding saturates (|x| above 448 scale gives 448 scale), NaN stays NaN. The one thing to
@@ -23,9 +23,13 @@ extern "C" {
 #endif
 
 typedef struct moe_quant_opts {
-    moe_recipe recipe; /* MOE_RECIPE_FP8_BLOCK or MOE_RECIPE_MXFP8 */
+    moe_recipe recipe; /* MOE_RECIPE_FP8_BLOCK or MOE_RECIPE_MXFP8 (the format) */
     int mx_floor;      /* mxfp8: the ocp-floor scale rule instead of ceil */
+    int pow2;          /* fp8-block: amax / 448 rounded up to a power of two (as E8M0 ceil) */
 } moe_quant_opts;
+
+/* The quantizer options of an fp8 recipe (any of moe_recipe_is_fp8's). */
+moe_quant_opts moe_quant_opts_of(moe_recipe r);
 
 /* Elements per block along a vector: 128 (fp8-block) or 32 (mxfp8). */
 int64_t moe_quant_block(const moe_quant_opts *o);
@@ -37,8 +41,9 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
                             int64_t len, int64_t estride, const moe_quant_opts *o);
 
 /* fp8-block weights: dst = fake-quantized src [R, K] (row-major) with one scale per 128 x 128
- * tile (edge tiles smaller). The same values whichever dimension a product reduces over. */
-void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K);
+ * tile (edge tiles smaller), amax / 448 or (pow2) its power-of-two rounding. The same values
+ * whichever dimension a product reduces over. */
+void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2);
 
 #ifdef __cplusplus
 }

@@ -13,15 +13,31 @@ typedef enum moe_recipe {
     MOE_RECIPE_BF16,      /* bf16 GEMM operands and stored activations, fp32 accumulation */
     MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales (moe/quant.h): the CPU
                              emulates it, the CUDA backend runs it through cuBLASLt */
-    MOE_RECIPE_MXFP8      /* e4m3, e8m0 scale per 32 values: the CPU emulates it; the CUDA
+    MOE_RECIPE_MXFP8,     /* e4m3, e8m0 scale per 32 values: the CPU emulates it; the CUDA
                              backend refuses it (sm_90 has no MXFP8 GEMM) */
+    /* the same two formats under their other scale rule (precision.fp8_scale); what the
+     * model hands to the ops, never a precision.recipe value of its own: */
+    MOE_RECIPE_FP8_BLOCK_POW2, /* fp8-block, each scale rounded up to a power of two */
+    MOE_RECIPE_MXFP8_FLOOR     /* mxfp8 with OCP's floor rule instead of ceil */
 } moe_recipe;
+
+/* 1 for the recipes that quantize products to e4m3 (fp8-block, mxfp8, either scale rule). */
+static inline int moe_recipe_is_fp8(moe_recipe r) {
+    return r >= MOE_RECIPE_FP8_BLOCK;
+}
+
+/* The format of an fp8 recipe without its scale rule: FP8_BLOCK or MXFP8; else r. */
+static inline moe_recipe moe_recipe_format(moe_recipe r) {
+    return r == MOE_RECIPE_FP8_BLOCK_POW2 ? MOE_RECIPE_FP8_BLOCK
+           : r == MOE_RECIPE_MXFP8_FLOOR  ? MOE_RECIPE_MXFP8
+                                          : r;
+}
 
 /* The recipe of everything an fp8 recipe does not quantize (the attention products, lm_head,
  * norms, SwiGLU; which of the products it quantizes is the model's choice, docs/dtypes.md):
  * bf16 for the fp8 recipes, else the recipe itself. */
 static inline moe_recipe moe_recipe_unquantized(moe_recipe r) {
-    return r == MOE_RECIPE_FP8_BLOCK || r == MOE_RECIPE_MXFP8 ? MOE_RECIPE_BF16 : r;
+    return moe_recipe_is_fp8(r) ? MOE_RECIPE_BF16 : r;
 }
 
 #endif

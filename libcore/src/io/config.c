@@ -420,6 +420,15 @@ static moe_status rule_fail(moe_err *err, const char **bad, const char *a, const
     return MOE_ERR_INPUT;
 }
 
+moe_recipe moe_config_recipe(const moe_config *c) {
+    moe_recipe r = c->precision.recipe;
+    if (r == MOE_RECIPE_FP8_BLOCK && c->precision.fp8_scale == MOE_FP8_SCALE_POW2)
+        return MOE_RECIPE_FP8_BLOCK_POW2;
+    if (r == MOE_RECIPE_MXFP8 && c->precision.fp8_scale == MOE_FP8_SCALE_OCP_FLOOR)
+        return MOE_RECIPE_MXFP8_FLOOR;
+    return r;
+}
+
 moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *err) {
     int64_t L = c->model.num_hidden_layers;
     if (skip) memset(skip, 0, (size_t)L);
@@ -460,6 +469,14 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
         bad[0] = "precision.skip_layers";
         return MOE_ERR_INPUT;
     }
+    const moe_precision_config *pc = &c->precision;
+    if ((pc->fp8_scale == MOE_FP8_SCALE_POW2 && pc->recipe != MOE_RECIPE_FP8_BLOCK) ||
+        (pc->fp8_scale == MOE_FP8_SCALE_OCP_FLOOR && pc->recipe != MOE_RECIPE_MXFP8))
+        return rule_fail(err, bad, "precision.fp8_scale", "precision.recipe",
+                         "pow2 is a rule of fp8-block, ocp-floor one of mxfp8",
+                         "precision.fp8_scale %s does not apply to precision.recipe %s",
+                         pc->fp8_scale == MOE_FP8_SCALE_POW2 ? "pow2" : "ocp-floor",
+                         moe_recipe_name(pc->recipe));
     if (m->hidden_size % m->num_attention_heads)
         return rule_fail(err, bad, "model.hidden_size", "model.num_attention_heads",
                          "choose num_attention_heads among the divisors of hidden_size",

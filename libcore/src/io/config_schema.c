@@ -20,12 +20,14 @@ _Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3680,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(moe_fp8_scale) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
 
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const recipe_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", NULL};
+static const char *const fp8_scale_names[] = {"default", "pow2", "ocp-floor", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const recompute_names[] = {"none", "attn", "moe", "full", NULL};
 static const char *const stop_signal_names[] = {"usr1", "usr2", "hup", "none", NULL};
@@ -151,6 +153,11 @@ const moe_cfg_key moe_cfg_keys[] = {
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md). The CPU "
      "runs all four (the fp8 ones emulated, slowly); the CUDA backend fp32, bf16 and "
      "fp8-block."},
+    {"precision.fp8_scale", MOE_CFG_ENUM, FIELD(precision.fp8_scale), "default", 0, 0, 0,
+     fp8_scale_names,
+     "Scale rule of the fp8 recipes: default (fp8-block amax / 448, mxfp8 the E8M0 ceil of "
+     "amax / 448: nothing saturates), pow2 (fp8-block, rounded up to a power of two), "
+     "ocp-floor (mxfp8, OCP MX's 2^(floor(log2 amax) - 8)). docs/dtypes.md."},
     {"precision.skip_layers", MOE_CFG_STRING, FIELD(precision.skip_layers), "\"\"", 0, 0, 0, NULL,
      "Layers whose products stay bf16 under an fp8 recipe (as BioNeMo keeps the first and "
      "last): comma-separated indices, negative from the end, e.g. \"0,-1\"; empty = none."},
@@ -179,7 +186,7 @@ static const char *enum_name(const char *const *names, int n, int v) {
     return v >= 0 && v < n ? names[v] : "?";
 }
 const char *moe_recipe_name(moe_recipe r) {
-    return enum_name(recipe_names, 4, (int)r);
+    return enum_name(recipe_names, 4, (int)moe_recipe_format(r));
 }
 const char *moe_device_name(moe_device_kind d) {
     return enum_name(device_names, 3, (int)d);

@@ -9,6 +9,12 @@
 
 #define FP8_MAX 448.0f /* largest finite E4M3 */
 
+moe_quant_opts moe_quant_opts_of(moe_recipe r) {
+    moe_quant_opts o = {moe_recipe_format(r), r == MOE_RECIPE_MXFP8_FLOOR,
+                        r == MOE_RECIPE_FP8_BLOCK_POW2};
+    return o;
+}
+
 int64_t moe_quant_block(const moe_quant_opts *o) {
     return o->recipe == MOE_RECIPE_MXFP8 ? 32 : 128;
 }
@@ -16,7 +22,8 @@ int64_t moe_quant_block(const moe_quant_opts *o) {
 /* The scale of a block whose finite values have magnitude at most amax. */
 static float block_scale(float amax, const moe_quant_opts *o) {
     if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
-    if (o->recipe != MOE_RECIPE_MXFP8) return amax / FP8_MAX;
+    if (o->recipe != MOE_RECIPE_MXFP8)
+        return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX)) : amax / FP8_MAX;
     if (!o->mx_floor) return moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX));
     int code = (int)moe_f32_to_e8m0_floor(amax) - 8; /* emax of E4M3 is 8 */
     return moe_e8m0_to_f32((uint8_t)(code < 0 ? 0 : code));
@@ -45,8 +52,8 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
     }
 }
 
-void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K) {
-    const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0};
+void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2) {
+    const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
     const int64_t t = 128, tr = (R + t - 1) / t, tk = (K + t - 1) / t;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < tr * tk; i++) {

@@ -82,8 +82,7 @@ moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe
                         "precision.recipe %s needs %s support in the %s backend, which is not "
                         "available in this build yet (op %s)",
                         moe_recipe_name(prec),
-                        prec == MOE_RECIPE_FP8_BLOCK || prec == MOE_RECIPE_MXFP8 ? "fp8 GEMM"
-                                                                                 : "this precision",
+                        moe_recipe_is_fp8(prec) ? "fp8 GEMM" : "this precision",
                         be->name, moe_op_name(op));
             moe_err_hint(err, "use precision.recipe=bf16 (or fp32)");
             return MOE_ERR_INPUT;
@@ -202,11 +201,12 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
-    if (prec != MOE_RECIPE_BF16 && prec != MOE_RECIPE_FP8_BLOCK) return ws + small;
+    int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
+    if (prec != MOE_RECIPE_BF16 && !fp8_block) return ws + small;
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
     int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
-    if (prec == MOE_RECIPE_FP8_BLOCK) {
+    if (fp8_block) {
         /* its products' e4m3 operands (one byte a value, an fp32 scale per 128, 256 bytes of
          * alignment) in slots A (x or dy rows), B (the weights, e.g. [E, F, C], bounded by
          * their bf16 conversion for the layers precision.skip_layers keeps in bf16, and

@@ -64,7 +64,7 @@ static moe_status open_backend(trainer *t, int threads, moe_err *err) {
         return MOE_ERR_INPUT;
     }
     const char *device = t->dp > 1 ? "cpu" : moe_device_name(t->cfg.device);
-    t->be = moe_backend_open(device, t->cfg.precision.recipe, threads, err);
+    t->be = moe_backend_open(device, moe_config_recipe(&t->cfg), threads, err);
     return t->be ? MOE_OK : MOE_ERR_INPUT;
 }
 
@@ -234,8 +234,7 @@ static moe_status apply_skip_layers(trainer *t, moe_err *err) {
     if (!skip) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
     moe_status st = moe_config_skip_layers(c, skip, err);
     if (st == MOE_OK) st = moe_model_set_skip_layers(&t->model, skip, err);
-    int quantized = c->precision.recipe == MOE_RECIPE_FP8_BLOCK ||
-                    c->precision.recipe == MOE_RECIPE_MXFP8;
+    int quantized = moe_recipe_is_fp8(c->precision.recipe);
     if (st == MOE_OK && t->rank == 0) {
         char list[256] = "";
         for (int64_t l = 0, at = 0; l < L && at < (int64_t)sizeof list - 8; l++)
@@ -604,7 +603,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         }
     }
     if (st == MOE_OK)
-        st = moe_model_create(&t.model, &t.cfg.model, t.cfg.precision.recipe, t.cfg.train.recompute,
+        st = moe_model_create(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg), t.cfg.train.recompute,
                               t.be, (int)t.B_micro, (int)t.T, err);
     if (st == MOE_OK) st = apply_skip_layers(&t, err);
     if (st == MOE_OK) {
@@ -685,7 +684,7 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     moe_model_count_params(&cfg->model, &total, &active);
     double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
     moe_model_memory mem;
-    moe_model_memory_estimate(&cfg->model, cfg->precision.recipe, tc->recompute, micro_seqs,
+    moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
                               tc->seq_len, &mem);
     /* the AdamW state is sharded over the data-parallel ranks (ZeRO-1) */
     int64_t opt = mem.optimizer / cfg->parallel.dp, total_mem = mem.total - mem.optimizer + opt;

@@ -20,7 +20,7 @@
 enum { Q_ROWS, Q_COLS, Q_WEIGHT_ROWS, Q_WEIGHT_COLS };
 
 int moe_cpu_is_fp8(moe_recipe prec) {
-    return prec == MOE_RECIPE_FP8_BLOCK || prec == MOE_RECIPE_MXFP8;
+    return moe_recipe_is_fp8(prec);
 }
 
 /* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
@@ -36,9 +36,9 @@ static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R * K; i++)
         c[i] = moe_cbuf_get(m, i);
-    const moe_quant_opts o = {prec, 0};
-    if (prec == MOE_RECIPE_FP8_BLOCK && (how == Q_WEIGHT_ROWS || how == Q_WEIGHT_COLS))
-        moe_quant_fake_tiles(c, c, R, K);
+    const moe_quant_opts o = moe_quant_opts_of(prec);
+    if (o.recipe == MOE_RECIPE_FP8_BLOCK && (how == Q_WEIGHT_ROWS || how == Q_WEIGHT_COLS))
+        moe_quant_fake_tiles(c, c, R, K, o.pow2);
     else if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
         moe_quant_fake_vectors(c, c, R, K, K, 1, &o);
     else
