@@ -48,15 +48,17 @@ static const char USAGE[] =
     "SIGTERM, SIGINT and SIGUSR1 (train.stop_signal) finish the step, write a checkpoint\n"
     "and exit 0 (continue with --resume auto); a second SIGINT aborts at once.\n"
     "key.path=value overrides any config key, e.g. train.steps=400 optim.lr=1e-3.\n"
-    "Data parallelism on the CPU: start parallel.dp processes with an MPI launcher; each\n"
-    "runs its share of a step's micro-batches and rank 0 writes the run directory.\n"
+    "Data and expert parallelism on the CPU: start parallel.dp x parallel.ep processes\n"
+    "with mpirun or srun --mpi=pmix (not torchrun); each runs its share of a step's\n"
+    "micro-batches, holds 1/ep of the experts, and rank 0 writes the run directory; a\n"
+    "rank that dies or hangs ends the job after parallel.timeout_s (default 600).\n"
     "\n"
     "Example:\n"
     "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
     "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
     "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n"
     "  mpirun -np 4 moe-train -@ 8 -c configs/L0_sanity.yaml --data shards/ -o run4/ "
-    "parallel.dp=4\n";
+    "parallel.dp=2 parallel.ep=2\n";
 
 enum { OPT_DATA = 256, OPT_RESUME, OPT_INIT, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 
@@ -143,10 +145,10 @@ int main(int argc, char **argv) {
         return moe_err_exit_code(&err);
     }
     char prog[48] = "moe-train";
+    opts.comm = &comm;
     if (comm.world > 1) {
         if (comm.rank != 0) snprintf(prog, sizeof prog, "moe-train[rank %d]", comm.rank);
         if (comm.rank != 0 && level > MOE_LOG_WARN) level = MOE_LOG_WARN; /* rank 0 reports */
-        opts.comm = &comm;
     }
     moe_log_init(prog, level);
     opts.quiet = level < MOE_LOG_INFO;

@@ -10,19 +10,8 @@
 # refused with exit 2 and a hint.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1}
-command -v mpirun >/dev/null || { echo "skip: no mpirun (apt install openmpi-bin)"; exit 77; }
-moe-train --version | grep -q "^MPI: yes" || { echo "skip: moe-train built without MPI"; exit 77; }
-PY=/usr/bin/python3
-"$PY" -c "import numpy" 2>/dev/null || { echo "skip: no python3-numpy"; exit 77; }
-fa=$src/data/lambda_virus.fa.gz
-[ -f "$fa" ] || { echo "skip: lambda_virus.fa.gz not found"; exit 77; }
-fail() { echo "FAIL: $*" >&2; exit 1; }
-# Open MPI refuses root unless told; two ranks on a 2-core box
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-# Under make test-asan, Open MPI's own allocations (MPI_Init's, in plugins unloaded by
-# MPI_Finalize) would fail the leak check: it stays on for the one-process runs only.
-mpi2() { ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" timeout 300 mpirun -np 2 "$@"; }
+source "$src/tests/interop/mpi_env.sh"
+mpi2() { ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np 2 "$@"; }
 
 rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 --val-fraction 0.1 -o l.mtok -

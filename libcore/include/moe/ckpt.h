@@ -93,6 +93,11 @@ void moe_ckpt_abort(moe_ckpt_writer *w);
  * run directory (moe-convert reshard), who then rename dir into place themselves. */
 moe_status moe_ckpt_write_manifest(const char *dir, moe_err *err);
 
+/* model.safetensors.index.json of the ep-rank layout into dir: every tensor of table t
+ * (which holds every expert; fp32, so total_size is 4 bytes per element) mapped to its rank's
+ * model file, plus metadata moe_ep. */
+moe_status moe_ckpt_write_index(const char *dir, const moe_param_table *t, int ep, moe_err *err);
+
 /* ---- trainer state (trainer_state.json) ---- */
 
 typedef struct moe_trainer_state {

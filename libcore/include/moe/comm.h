@@ -1,48 +1,114 @@
-/* comm: the processes of a multi-process run (DESIGN "dist") - rank and world size from the
- * launcher, and the collectives the trainer needs.
+/* comm: the processes of a multi-process run (DESIGN "dist") - rank, world and local rank
+ * from the launcher, the groups of data and expert parallelism, and the collectives the
+ * trainer and the model's MoE block need.
  *
- * A program started by an MPI launcher (mpirun/mpiexec of Open MPI or MPICH, srun with PMI:
- * recognised by their environment variables) initialises MPI here and gets its rank; any
- * other start is world 1, rank 0, and every collective returns at once, so callers use them
- * unconditionally. Sums are MPI_SUM on host buffers.
+ * Launch: a program started by an MPI launcher (mpirun/mpiexec of Open MPI or MPICH, srun
+ * --mpi=pmix or pmi2: recognised by OMPI_COMM_WORLD_*, PMI_*, PMIX_RANK) initialises MPI
+ * here; MPI's rank and size must agree with what the launcher announced. Any other start is
+ * world 1, rank 0, and every collective is a no-op (all-to-all and gather copy their own
+ * part), so callers use them unconditionally. Torchrun-style variables (RANK, WORLD_SIZE,
+ * LOCAL_RANK, MASTER_ADDR, MASTER_PORT) for more than one process are refused with a hint to
+ * use mpirun or srun: ranks talk over MPI in this version. Local rank: the rank among the
+ * processes of the same node (MPI_COMM_TYPE_SHARED).
  *
- * The one thing to know: a sum's rounding depends on the order of its terms, so a dp-rank
- * run computes the same function as one process accumulating the same micro-batches, equal
- * up to rounding (tested), while two runs with the same world size give the same bytes (a
- * sum over two ranks is one commutative addition per element; larger worlds rely on MPI
- * choosing the same reduction for the same size, which Open MPI does). Device buffers
- * (NCCL) are not handled here yet: data parallelism runs on the CPU backend. */
+ * Groups (moe_comm_split): world = dp x ep, rank = d * ep + e. The ep CONSECUTIVE ranks
+ * [d * ep, (d + 1) * ep) form expert group d (on a node of 8 GPUs with ep <= 8 the
+ * all-to-all stays inside the node); rank e of every expert group holds the same experts,
+ * and those dp ranks {e, ep + e, 2 ep + e, ...} are the dp group of that expert shard.
+ *
+ * Buffers: every operation takes elements of a moe_comm_dtype with int64 counts (chunked
+ * where MPI's int counts demand). This transport (MPI) moves host buffers: the CPU backend's
+ * memory. A NCCL transport for the CUDA backend's device buffers on its stream sits behind
+ * the same calls (moe_comm_impl is opaque); it is not in this version.
+ *
+ * Failures: every operation is started non-blocking and waited for with a deadline of
+ * moe_comm.timeout_s (parallel.timeout_s; 0 = none). A rank that died or hangs makes the
+ * others miss the deadline: the first to notice prints which operation on which group
+ * waited too long and ends the whole job (MPI_Abort). MPI errors return (MPI_ERRORS_RETURN)
+ * as MOE_ERR_RUNTIME with MPI's message; callers end the job with moe_comm_abort.
+ *
+ * Rounding: a sum's rounding depends on the order of its terms, so a dp-rank run computes
+ * the same function as one process accumulating the same micro-batches, equal up to
+ * rounding (tested), while two runs with the same world size give the same bytes (MPI uses
+ * the same reduction order for the same sizes). */
 #ifndef MOE_COMM_H
 #define MOE_COMM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "moe/err.h"
 
+typedef enum moe_comm_group {
+    MOE_COMM_WORLD = 0, /* all dp x ep ranks */
+    MOE_COMM_EP,        /* the ep ranks of this rank's expert group */
+    MOE_COMM_DP,        /* the dp ranks holding the same experts as this one */
+    MOE_COMM_N_GROUPS
+} moe_comm_group;
+
+typedef enum moe_comm_dtype {
+    MOE_COMM_F32 = 0,
+    MOE_COMM_F64,
+    MOE_COMM_I64,
+    MOE_COMM_BYTE, /* raw bytes: all-to-all of rows, gathers; no sums */
+} moe_comm_dtype;
+
 typedef struct moe_comm {
-    int rank, world;
-    int mpi; /* 1: MPI was initialised by moe_comm_init (finalize it) */
+    int rank, world, local_rank;
+    int dp, ep;                   /* the layout (1 x world until moe_comm_split) */
+    int grank[MOE_COMM_N_GROUPS]; /* this rank's place in each group */
+    int gsize[MOE_COMM_N_GROUPS]; /* each group's size */
+    double timeout_s;             /* deadline of every operation; 0 = none */
+    struct moe_comm_impl *impl;   /* the transport's handles; NULL: one process */
 } moe_comm;
 
-/* Rank and world from the launcher (see above); world 1 when none started this process.
- * Started by an MPI launcher in a build without MPI: MOE_ERR_INPUT with a hint. */
+/* Rank, world and local rank from the launcher (see above); world 1 when none started this
+ * process. An MPI launch in a build without MPI, a torchrun-style launch of several
+ * processes, or an environment that contradicts itself or MPI is MOE_ERR_INPUT with a
+ * hint. */
 moe_status moe_comm_init(moe_comm *c, int *argc, char ***argv, moe_err *err);
+/* One process without a launcher: world 1, the groups of size 1, no deadline. */
+void moe_comm_single(moe_comm *c);
+/* Forms the groups for ep ranks per expert group (ep must divide world: MOE_ERR_INPUT) and
+ * sets the deadline of every later operation (seconds, 0 = none). */
+moe_status moe_comm_split(moe_comm *c, int ep, double timeout_s, moe_err *err);
 void moe_comm_finalize(moe_comm *c);
 /* Ends every rank of the run with exit code `code` (after one rank failed: the others would
  * wait for it forever). Returns only when world is 1. */
 void moe_comm_abort(const moe_comm *c, int code);
 
-/* In-place sums over all ranks; buf [n] host, the same n on every rank. */
-moe_status moe_comm_sum_f32(const moe_comm *c, float *buf, int64_t n, moe_err *err);
-moe_status moe_comm_sum_f64(const moe_comm *c, double *buf, int64_t n, moe_err *err);
-moe_status moe_comm_sum_i64(const moe_comm *c, int64_t *buf, int64_t n, moe_err *err);
-/* Slices of a flat array: rank r owns [offsets[r], offsets[r + 1]) (offsets [world + 1]).
- * allgather: every rank's buf [offsets[world]] gets every rank's slice from its owner.
- * gather: root's full [offsets[world]] gets every slice; `mine` is this rank's slice
- * [offsets[rank + 1] - offsets[rank]]; full may be NULL on the other ranks. Host buffers. */
-moe_status moe_comm_allgather_f32(const moe_comm *c, float *buf, const int64_t *offsets,
-                                  moe_err *err);
-moe_status moe_comm_gather_f32(const moe_comm *c, float *full, const float *mine,
-                               const int64_t *offsets, int root, moe_err *err);
+/* Size in bytes of one element of dt. */
+size_t moe_comm_dtype_size(moe_comm_dtype dt);
+
+/* The collectives over group g; every rank of g calls them in the same order with the same
+ * n / offsets. Sums are of F32, F64 or I64 elements. Slices: rank r of g owns elements
+ * [offsets[r], offsets[r + 1]) of a flat buffer (offsets [gsize + 1], non-decreasing; a
+ * slice may be empty). */
+
+/* In-place sum: buf [n] on every rank. */
+moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, moe_err *err);
+/* Sum of buf [offsets[gsize]] over g, of which this rank keeps its slice: afterwards
+ * buf[offsets[r], offsets[r + 1]) holds the sum; the rest of buf is unspecified. */
+moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
+                                   const int64_t *offsets, moe_comm_dtype dt, moe_err *err);
+/* In-place all-gather(v): every rank's buf [offsets[gsize]] gets every rank's slice. */
+moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
+                              const int64_t *offsets, moe_comm_dtype dt, moe_err *err);
+/* Gather(v) to root: root's full [offsets[gsize]] gets every slice; `mine` is this rank's
+ * slice [offsets[r + 1] - offsets[r]]; full may be NULL on the other ranks. */
+moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
+                           const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err);
+/* All-to-all(v): send [sum send_counts] holds, in rank order, send_counts[r] elements for
+ * rank r of g; recv [sum recv_counts] gets, in rank order, recv_counts[s] elements from rank
+ * s (which must equal what s sends here). Counts [gsize] may be 0; send and recv must not
+ * overlap. */
+moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
+                              const int64_t *send_counts, void *recv, const int64_t *recv_counts,
+                              moe_comm_dtype dt, moe_err *err);
+/* buf [n] of root to every rank of g. */
+moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, int root, moe_err *err);
+moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err);
 
 #endif

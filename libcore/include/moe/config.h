@@ -90,6 +90,7 @@ typedef struct moe_precision_config {
 
 typedef struct moe_parallel_config {
     int64_t dp, ep;
+    double timeout_s; /* deadline of one collective (moe/comm.h); 0 = none */
 } moe_parallel_config;
 
 typedef struct moe_checkpoint_config {

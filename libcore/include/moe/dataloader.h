@@ -59,6 +59,10 @@ void moe_dataloader_get(moe_dataloader *dl, int64_t sample, int32_t *tokens, int
 void moe_dataloader_next(moe_dataloader *dl, int64_t B, int32_t *tokens, int32_t *targets,
                          float *weights);
 
+/* Advances the position past the next B samples as moe_dataloader_next would, reading
+ * none (another rank's micro-batch). */
+void moe_dataloader_skip(moe_dataloader *dl, int64_t B);
+
 /* Position for checkpoints. set_position refuses an index outside [0, n_samples]. */
 void moe_dataloader_position(const moe_dataloader *dl, int64_t *epoch, int64_t *index);
 moe_status moe_dataloader_set_position(moe_dataloader *dl, int64_t epoch, int64_t index,

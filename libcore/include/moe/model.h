@@ -55,13 +55,33 @@ double moe_model_loss(const moe_model_config *c, double ce, double aux, double z
 
 typedef struct moe_acts moe_acts; /* activation buffers, private to model.c */
 
+/* Expert parallelism as the model sees it: the seam to the dist layer (moe/comm.h), which
+ * the model does not know. The ep ranks of an expert group each hold E / ep experts (rank r:
+ * [r E / ep, (r + 1) E / ep)); each trains on its own tokens, which the MoE block sends to
+ * their experts' owners and takes back with alltoallv. */
+typedef struct moe_model_ep {
+    int rank, size; /* this rank's place in its expert group, and the group's size (ep) */
+    /* All-to-all(v) over the expert group, called by every rank of it in the same order:
+     * send [sum send_rows, row_bytes] holds, in rank order, send_rows[r] rows for rank r;
+     * recv [sum recv_rows, row_bytes] gets recv_rows[s] rows from rank s. Counts [size];
+     * buffers are the backend's memory (host arrays for the counts' own exchange on the CPU
+     * backend). Returns MOE_OK or an error in *err. */
+    moe_status (*alltoallv)(void *ctx, const void *send, const int64_t *send_rows, void *recv,
+                            const int64_t *recv_rows, size_t row_bytes, moe_err *err);
+    void *ctx;
+} moe_model_ep;
+
 typedef struct moe_model {
     moe_model_config cfg;
     moe_recipe recipe;
     const moe_backend *be;
     int max_batch, max_seq;
     int64_t head_dim;
-    moe_param_table table; /* all experts of every layer ([e0, e1) = [0, E)); data/grad set */
+    moe_param_table table; /* the local experts [e0, e1) of every layer (all of them without
+                              expert parallelism); data/grad set */
+    moe_model_ep ep;       /* size 1: no expert parallelism */
+    moe_status ep_status;  /* the first failed exchange of the pass in progress, in ep_err */
+    moe_err ep_err;
     float *param_mem;      /* [param_elems] dev, one allocation: every tensor's fp32 master (at
                               its table offset), or in a weights16_only model only the tensors
                               that stay fp32, packed in table order */
@@ -101,6 +121,14 @@ int moe_model_has_copies(moe_recipe recipe, int training);
 moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
                             moe_recompute recompute, const moe_backend *be, int max_batch,
                             int max_seq, moe_err *err);
+/* moe_model_create for one rank of an expert group (ep NULL or ep->size 1: every expert):
+ * the table holds the rank's experts, and the expert side of the MoE block (the rows this
+ * rank's experts receive) is sized for the worst case, every token of the group routed
+ * here: ep->size x the local rows. moe_model_forward and moe_model_backward then exchange
+ * rows with the other ranks, which must run the same passes in the same order. */
+moe_status moe_model_create_ep(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                               moe_recompute recompute, const moe_backend *be, int max_batch,
+                               int max_seq, const moe_model_ep *ep, moe_err *err);
 /* The smallest plan, for moe_model_hidden and moe_model_logprobs (embedding, scoring): no
  * gradients, no logits until moe_model_logprobs needs them, the residual stream in two
  * buffers and one shared set of layer intermediates.

@@ -28,19 +28,20 @@
 #include "moe/model.h"
 
 typedef struct moe_train_opts {
-    const char *data_path;       /* --data; NULL or "": cfg->data.path */
-    const char *run_dir;         /* -o; NULL: "run" */
-    const char *resume;          /* NULL: fresh run; "auto": RUN/latest if any; else a ckpt dir */
-    const char *init;            /* --init CKPT: a run that starts (step 0, fresh AdamW) from the
-                                    weights of CKPT; with --resume, only when nothing is resumed */
-    int64_t stop_at;             /* end this invocation after this step (0: run to train.steps) */
-    const char *log_json;        /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
-    int quiet;                   /* no progress bar */
-    int threads;                 /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
-    const struct moe_comm *comm; /* the processes of the run (moe/comm.h); NULL: one */
-    int stop_on_signals;         /* 1: SIGTERM, SIGINT, train.stop_signal stop the run cleanly
-                                    (finish the step, checkpoint, return MOE_OK); moe-train */
-    const char *command;         /* the command line, for RUN/provenance.txt (NULL: none) */
+    const char *data_path; /* --data; NULL or "": cfg->data.path */
+    const char *run_dir;   /* -o; NULL: "run" */
+    const char *resume;    /* NULL: fresh run; "auto": RUN/latest if any; else a ckpt dir */
+    const char *init;      /* --init CKPT: a run that starts (step 0, fresh AdamW) from the
+                              weights of CKPT; with --resume, only when nothing is resumed */
+    int64_t stop_at;       /* end this invocation after this step (0: run to train.steps) */
+    const char *log_json;  /* --log-json FILE ("-" = stdout); NULL: cfg->log.json */
+    int quiet;             /* no progress bar */
+    int threads;           /* -@: CPU threads (moe_backend_open); 0: OpenMP's default */
+    struct moe_comm *comm; /* the processes of the run (moe/comm.h; grouped by
+                              moe_train_run for parallel.ep); NULL: one */
+    int stop_on_signals;   /* 1: SIGTERM, SIGINT, train.stop_signal stop the run cleanly
+                              (finish the step, checkpoint, return MOE_OK); moe-train */
+    const char *command;   /* the command line, for RUN/provenance.txt (NULL: none) */
 } moe_train_opts;
 
 /* Runs (or resumes) training as configured. Input problems (data, config, checkpoint, run
@@ -57,9 +58,20 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err);
 moe_status moe_train_write_provenance(const char *run_dir, const char *command, int64_t step,
                                       moe_err *err);
 
-/* Writes RUN/ckpt-<step>/ from a model, its Adam moments m, v ([n_elems] backend memory, in
- * parameter-table order; moe_trainer_state is in moe/ckpt.h), the resolved config, the tokenizer
- * spec and the state. */
+/* Expert-parallel rank ep_rank's part of a checkpoint (moe/ckpt.h layouts) into dir: its
+ * model file and optimizer file with the tensors of model's table (dense ones on rank 0
+ * only); m, v [n_elems] backend memory, the full Adam moments of those tensors. */
+moe_status moe_train_write_shard(const char *dir, int ep_rank, int ep, const moe_model *model,
+                                 const float *m, const float *v, int64_t step, moe_err *err);
+/* After every rank's shard is in w's temporary directory: config.yaml (cfg, whose
+ * parallel.ep is the layout), tokenizer.json, the index (ep > 1), trainer_state.json, then
+ * moe_ckpt_commit (keep). On failure the temporary directory is removed. */
+moe_status moe_train_finish_checkpoint(moe_ckpt_writer *w, int64_t keep, const moe_config *cfg,
+                                       const char *tokenizer_json, const moe_trainer_state *ts,
+                                       moe_err *err);
+/* Writes RUN/ckpt-<step>/ in the single-file layout from a model holding every expert, its
+ * Adam moments m, v ([n_elems] backend memory, in parameter-table order; moe_trainer_state
+ * is in moe/ckpt.h), the resolved config, the tokenizer spec and the state. */
 moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
                                      const char *tokenizer_json, const moe_model *model,
                                      const float *m, const float *v, const moe_trainer_state *ts,

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "moe/fileio.h"
 
 void moe_ckpt_dir_name(int64_t step, char *buf, size_t n) {
@@ -332,4 +334,27 @@ moe_status moe_ckpt_resolve(const char *path, char *out, size_t n, moe_err *err)
         return MOE_ERR_INPUT;
     }
     return MOE_OK;
+}
+
+moe_status moe_ckpt_write_index(const char *dir, const moe_param_table *t, int ep, moe_err *err) {
+    json_t *o = json_object(), *meta = json_object(), *map = json_object();
+    int64_t total = 0, E = t->e1 - t->e0;
+    for (int i = 0; i < t->n_params; i++) {
+        char file[64];
+        moe_ckpt_model_file(moe_param_rank(&t->params[i], E, ep), ep, file, sizeof file);
+        json_object_set_new(map, t->params[i].name, json_string(file));
+        total += t->params[i].numel * (int64_t)sizeof(float);
+    }
+    json_object_set_new(meta, "total_size", json_integer(total));
+    json_object_set_new(meta, "moe_ep", json_integer(ep));
+    json_object_set_new(o, "metadata", meta);
+    json_object_set_new(o, "weight_map", map);
+    char path[MOE_CKPT_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, MOE_CKPT_INDEX_FILE);
+    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+    json_decref(o);
+    if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
+    moe_status st = moe_write_text_file(path, text, "\n", err);
+    free(text);
+    return st;
 }

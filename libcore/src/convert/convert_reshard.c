@@ -10,7 +10,6 @@
  * their dtype, shape and the input's __metadata__, never converted, so reshard then
  * consolidate gives back every file of the original byte for byte. */
 #include <inttypes.h>
-#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -114,31 +113,6 @@ static moe_status write_rank(const moe_ckpt *in, int r, int ep, int64_t E, const
         if (st == MOE_OK) st = moe_st_writer_write(&w, path, err);
         moe_st_writer_free(&w);
     }
-    return st;
-}
-
-/* model.safetensors.index.json: the Hugging Face sharded-checkpoint index plus moe_ep. */
-static moe_status write_index(const moe_ckpt *in, int ep, int64_t E, const char *tmp,
-                              moe_err *err) {
-    json_t *o = json_object(), *meta = json_object(), *map = json_object();
-    int64_t total = 0;
-    for (int i = 0; i < in->table.n_params; i++) {
-        char file[64];
-        moe_ckpt_model_file(moe_param_rank(in->t[i].p, E, ep), ep, file, sizeof file);
-        json_object_set_new(map, in->t[i].p->name, json_string(file));
-        total += (int64_t)(in->t[i].w->end - in->t[i].w->begin);
-    }
-    json_object_set_new(meta, "total_size", json_integer(total));
-    json_object_set_new(meta, "moe_ep", json_integer(ep));
-    json_object_set_new(o, "metadata", meta);
-    json_object_set_new(o, "weight_map", map);
-    char path[MOE_CKPT_PATH_MAX + 64];
-    snprintf(path, sizeof path, "%s/%s", tmp, MOE_CKPT_INDEX_FILE);
-    char *text = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
-    json_decref(o);
-    if (!text) return moe_err_set(err, MOE_ERR_RUNTIME, path, "cannot encode JSON");
-    moe_status st = moe_write_text_file(path, text, "\n", err);
-    free(text);
     return st;
 }
 
@@ -248,7 +222,7 @@ moe_status moe_convert_reshard(const char *ckpt_path, const char *out_arg, int e
     if (st == MOE_OK) st = copy_other_files(&in, tmp, err);
     for (int r = 0; st == MOE_OK && r < ep; r++)
         st = write_rank(&in, r, ep, E, tmp, err);
-    if (st == MOE_OK && ep > 1) st = write_index(&in, ep, E, tmp, err);
+    if (st == MOE_OK && ep > 1) st = moe_ckpt_write_index(tmp, &in.table, ep, err);
     if (st == MOE_OK) st = publish(tmp, out_dir, err);
     if (st != MOE_OK && made) moe_remove_tree(tmp, NULL);
     if (st == MOE_OK)

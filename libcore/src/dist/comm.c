@@ -1,171 +1,250 @@
-/* comm: rank/world from the launcher and host-buffer sums over MPI (moe/comm.h). Without
- * MPI in the build, a single process works as before and an MPI launch is refused. */
+/* comm: who this process is in the run (moe/comm.h) - the launcher's environment read and
+ * checked against MPI's view, the dp x ep groups, the job's end, and the deadline wait every
+ * collective of comm_ops.c goes through. Without MPI in the build, a single process works as
+ * before and an MPI launch is refused. */
 #include "moe/comm.h"
 
-#include <limits.h>
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#ifdef MOE_HAVE_MPI
-#include <mpi.h>
-#endif
+#include "dist/comm_internal.h"
+#include "moe/log.h"
 
-/* World size the launcher announces in the environment, 0 when none did. */
-static int launcher_world(void) {
-    static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
-                                       "MPI_LOCALNRANKS"};
-    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
-        const char *v = getenv(vars[i]);
-        if (v && atoi(v) > 0) return atoi(v);
+/* ---- the launcher's environment ---- */
+
+/* Integer value of environment variable name into *v: 1 when set and a whole number >= 0,
+ * 0 when unset; set but not such a number is MOE_ERR_INPUT. */
+static int env_int(const char *name, int *v, moe_err *err, moe_status *st) {
+    const char *s = getenv(name);
+    if (!s) return 0;
+    char *end;
+    errno = 0;
+    long x = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno || x < 0 || x > 1 << 24) {
+        *st = moe_err_set(err, MOE_ERR_INPUT, NULL,
+                          "environment variable %s='%s' is not a rank or process count", name, s);
+        moe_err_hint(err, "start the run with mpirun or srun and leave %s to the launcher", name);
+        return 0;
     }
-    return 0;
+    *v = (int)x;
+    return 1;
+}
+
+typedef struct launch_env {
+    int mpi;              /* an MPI launcher's variables are present */
+    int rank, world;      /* what it announced; -1 unknown */
+    const char *rank_var; /* where they came from */
+    int t_rank, t_world;  /* torchrun-style RANK / WORLD_SIZE, -1 unset */
+    int t_set;            /* how many of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT */
+} launch_env;
+
+/* Reads the launchers' variables into *e (MOE_ERR_INPUT for malformed numbers). */
+static moe_status read_env(launch_env *e, moe_err *err) {
+    static const char *const mpi_vars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                              {"PMI_RANK", "PMI_SIZE"},
+                                              {"PMIX_RANK", "SLURM_NTASKS"}};
+    moe_status st = MOE_OK;
+    memset(e, 0, sizeof *e);
+    e->rank = e->world = e->t_rank = e->t_world = -1;
+    for (size_t i = 0; i < sizeof mpi_vars / sizeof mpi_vars[0] && !e->mpi; i++) {
+        int r = -1, w = -1;
+        int has_r = env_int(mpi_vars[i][0], &r, err, &st);
+        int has_w = env_int(mpi_vars[i][1], &w, err, &st);
+        if (st != MOE_OK) return st;
+        if (!has_r && !(has_w && i < 2)) continue; /* SLURM_NTASKS alone is not MPI */
+        e->mpi = 1, e->rank = r, e->world = has_w ? w : -1, e->rank_var = mpi_vars[i][0];
+    }
+    if (!e->mpi && getenv("MPI_LOCALNRANKS")) e->mpi = 1; /* MPICH hydra, rank unknown here */
+    static const char *const torch[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                        "MASTER_PORT"};
+    for (size_t i = 0; i < sizeof torch / sizeof torch[0]; i++)
+        e->t_set += getenv(torch[i]) != NULL;
+    env_int("RANK", &e->t_rank, err, &st);
+    env_int("WORLD_SIZE", &e->t_world, err, &st);
+    return st;
+}
+
+/* A torchrun-style launch: several processes are refused (the ranks talk over MPI), a
+ * half-set or self-contradicting one is an error; a world of 1 is one process. */
+static moe_status check_torchrun(const launch_env *e, moe_err *err) {
+    if (e->t_set == 0) return MOE_OK;
+    if ((e->t_world < 0) != (e->t_rank < 0) || e->t_world == 0 ||
+        (e->t_world > 0 && e->t_rank >= e->t_world)) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "inconsistent torchrun-style environment: RANK=%s WORLD_SIZE=%s",
+                    getenv("RANK") ? getenv("RANK") : "(unset)",
+                    getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)");
+        moe_err_hint(err, "unset them, or launch several ranks with mpirun or srun");
+        return MOE_ERR_INPUT;
+    }
+    if (e->t_world > 1) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "started with torchrun-style variables (RANK=%d WORLD_SIZE=%d): the ranks of "
+                    "this version communicate over MPI, which such a launch does not start",
+                    e->t_rank, e->t_world);
+        moe_err_hint(err,
+                     "launch with mpirun -np %d moe-train ... (one node) or srun --mpi=pmix -n %d "
+                     "moe-train ... (Slurm), and unset RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/"
+                     "MASTER_PORT",
+                     e->t_world, e->t_world);
+        return MOE_ERR_INPUT;
+    }
+    return MOE_OK;
+}
+
+/* ---- init, groups, end ---- */
+
+void moe_comm_single(moe_comm *c) {
+    memset(c, 0, sizeof *c);
+    c->world = c->dp = c->ep = 1;
+    c->timeout_s = 0; /* parallel.timeout_s arrives with moe_comm_split */
+    for (int g = 0; g < MOE_COMM_N_GROUPS; g++)
+        c->gsize[g] = 1;
 }
 
 moe_status moe_comm_init(moe_comm *c, int *argc, char ***argv, moe_err *err) {
-    memset(c, 0, sizeof *c);
-    c->world = 1;
-    int announced = launcher_world();
-    if (announced == 0) return MOE_OK;
+    moe_comm_single(c);
+    launch_env e;
+    moe_status st = read_env(&e, err);
+    if (st == MOE_OK && !e.mpi) st = check_torchrun(&e, err);
+    if (st != MOE_OK || !e.mpi) return st;
 #ifdef MOE_HAVE_MPI
     if (MPI_Init(argc, argv) != MPI_SUCCESS)
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI_Init failed");
-    c->mpi = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &c->world);
+    c->impl = calloc(1, sizeof *c->impl);
+    if (!c->impl) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->group[MOE_COMM_WORLD]);
+    MPI_Comm w = c->impl->group[MOE_COMM_WORLD];
+    MPI_Comm_set_errhandler(w, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(w, &c->rank);
+    MPI_Comm_size(w, &c->world);
+    MPI_Comm node;
+    MPI_Comm_split_type(w, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
+    MPI_Comm_rank(node, &c->local_rank);
+    MPI_Comm_free(&node);
+    for (int g = 0; g < MOE_COMM_N_GROUPS; g++) {
+        c->impl->group[g] = w;
+        c->grank[g] = g == MOE_COMM_EP ? 0 : c->rank;
+        c->gsize[g] = g == MOE_COMM_EP ? 1 : c->world;
+    }
+    c->impl->group[MOE_COMM_EP] = MPI_COMM_SELF;
+    c->dp = c->world;
+    if ((e.rank >= 0 && e.rank != c->rank) || (e.world > 0 && e.world != c->world)) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "the launcher announced rank %d of %d (%s) but MPI says rank %d of %d", e.rank,
+                    e.world, e.rank_var, c->rank, c->world);
+        moe_err_hint(err, "the environment mixes two launchers' variables: start the run with "
+                          "one mpirun or srun");
+        return MOE_ERR_INPUT;
+    }
+    if (e.t_set &&
+        ((e.t_rank >= 0 && e.t_rank != c->rank) || (e.t_world >= 0 && e.t_world != c->world))) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "torchrun-style RANK=%d WORLD_SIZE=%d contradict MPI's rank %d of %d", e.t_rank,
+                    e.t_world, c->rank, c->world);
+        moe_err_hint(err, "unset RANK and WORLD_SIZE under mpirun or srun");
+        return MOE_ERR_INPUT;
+    }
     return MOE_OK;
 #else
     (void)argc;
     (void)argv;
-    if (announced == 1) return MOE_OK;
+    if (e.world == 1) return MOE_OK;
     moe_err_set(err, MOE_ERR_INPUT, NULL,
-                "started by an MPI launcher with %d processes, but this build has no MPI",
-                announced);
+                "started by an MPI launcher (%s), but this build has no MPI",
+                e.rank_var ? e.rank_var : "MPI_LOCALNRANKS");
     moe_err_hint(err, "install libopenmpi-dev and rebuild (make), or run one process");
     return MOE_ERR_INPUT;
 #endif
 }
 
+moe_status moe_comm_split(moe_comm *c, int ep, double timeout_s, moe_err *err) {
+    if (ep < 1 || c->world % ep)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "parallel.ep=%d does not divide the %d ranks of the run", ep, c->world);
+    c->timeout_s = timeout_s;
+    c->ep = ep;
+    c->dp = c->world / ep;
+    c->grank[MOE_COMM_EP] = c->rank % ep, c->gsize[MOE_COMM_EP] = ep;
+    c->grank[MOE_COMM_DP] = c->rank / ep, c->gsize[MOE_COMM_DP] = c->dp;
+#ifdef MOE_HAVE_MPI
+    if (!c->impl) return MOE_OK;
+    MPI_Comm w = c->impl->group[MOE_COMM_WORLD], *gr = c->impl->group;
+    int rc = MPI_Comm_split(w, c->rank / ep, c->rank, &gr[MOE_COMM_EP]);
+    if (rc == MPI_SUCCESS) rc = MPI_Comm_split(w, c->rank % ep, c->rank, &gr[MOE_COMM_DP]);
+    if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, MOE_COMM_WORLD, rc, "MPI_Comm_split", err);
+    MPI_Comm_set_errhandler(gr[MOE_COMM_EP], MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(gr[MOE_COMM_DP], MPI_ERRORS_RETURN);
+#endif
+    return MOE_OK;
+}
+
 void moe_comm_finalize(moe_comm *c) {
 #ifdef MOE_HAVE_MPI
-    if (c->mpi) MPI_Finalize();
+    if (c->impl) {
+        MPI_Comm *gr = c->impl->group, w = gr[MOE_COMM_WORLD];
+        for (int g = MOE_COMM_N_GROUPS - 1; g >= 0; g--)
+            if (gr[g] != MPI_COMM_SELF && (g == MOE_COMM_WORLD || gr[g] != w))
+                MPI_Comm_free(&gr[g]);
+        free(c->impl);
+        c->impl = NULL;
+        MPI_Finalize();
+    }
 #endif
-    c->mpi = 0;
+    moe_comm_single(c);
 }
 
 void moe_comm_abort(const moe_comm *c, int code) {
 #ifdef MOE_HAVE_MPI
-    if (c->mpi && c->world > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    if (c->impl && c->world > 1) MPI_Abort(MPI_COMM_WORLD, code);
 #else
     (void)c;
     (void)code;
 #endif
 }
 
+size_t moe_comm_dtype_size(moe_comm_dtype dt) {
+    return dt == MOE_COMM_F32 ? 4 : dt == MOE_COMM_BYTE ? 1 : 8;
+}
+
+/* ---- waiting with a deadline ---- */
+
 #ifdef MOE_HAVE_MPI
-/* MPI counts are int: sum in chunks of at most INT_MAX / 2 elements. */
-static moe_status sum(const moe_comm *c, void *buf, int64_t n, MPI_Datatype type, size_t size,
-                      moe_err *err) {
-    if (!c->mpi || c->world == 1) return MOE_OK;
-    const int64_t chunk = INT_MAX / 2;
-    for (int64_t at = 0; at < n; at += chunk) {
-        int cnt = (int)(n - at < chunk ? n - at : chunk);
-        if (MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)at * size, cnt, type, MPI_SUM,
-                          MPI_COMM_WORLD) != MPI_SUCCESS)
-            return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI_Allreduce of %lld values failed",
-                               (long long)n);
+static const char *const group_names[MOE_COMM_N_GROUPS] = {"world", "expert (ep)",
+                                                           "data-parallel (dp)"};
+
+moe_status moe_comm_mpi_fail(const moe_comm *c, moe_comm_group g, int rc, const char *what,
+                             moe_err *err) {
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    moe_err_set(err, MOE_ERR_RUNTIME, NULL, "rank %d: %s over the %s group failed: %s", c->rank,
+                what, group_names[g], msg);
+    moe_err_hint(err, "another rank of the run probably died: see its messages");
+    return MOE_ERR_RUNTIME;
+}
+
+moe_status moe_comm_wait(const moe_comm *c, moe_comm_group g, MPI_Request *reqs, int n,
+                         const char *what, moe_err *err) {
+    double t0 = moe_time_now();
+    for (long polls = 0;; polls++) {
+        int done = 0, rc = MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, what, err);
+        if (done) return MOE_OK;
+        /* spin briefly (latency), then sleep between polls: ranks share cores */
+        if (polls > 2000) nanosleep(&(struct timespec){0, 100000}, NULL);
+        if (c->timeout_s > 0 && (polls & 63) == 0 && moe_time_now() - t0 > c->timeout_s) {
+            fprintf(stderr,
+                    "moe: rank %d of %d: error: %s over the %s group did not complete within "
+                    "parallel.timeout_s=%g s: another rank died, hangs or is that far behind; "
+                    "ending the job on every rank\n",
+                    c->rank, c->world, what, group_names[g], c->timeout_s);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+            return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "%s timed out", what);
+        }
     }
-    return MOE_OK;
 }
 #endif
-
-moe_status moe_comm_sum_f32(const moe_comm *c, float *buf, int64_t n, moe_err *err) {
-#ifdef MOE_HAVE_MPI
-    return sum(c, buf, n, MPI_FLOAT, sizeof(float), err);
-#else
-    (void)c, (void)buf, (void)n, (void)err;
-    return MOE_OK;
-#endif
-}
-
-moe_status moe_comm_sum_f64(const moe_comm *c, double *buf, int64_t n, moe_err *err) {
-#ifdef MOE_HAVE_MPI
-    return sum(c, buf, n, MPI_DOUBLE, sizeof(double), err);
-#else
-    (void)c, (void)buf, (void)n, (void)err;
-    return MOE_OK;
-#endif
-}
-
-moe_status moe_comm_sum_i64(const moe_comm *c, int64_t *buf, int64_t n, moe_err *err) {
-#ifdef MOE_HAVE_MPI
-    return sum(c, buf, n, MPI_INT64_T, sizeof(int64_t), err);
-#else
-    (void)c, (void)buf, (void)n, (void)err;
-    return MOE_OK;
-#endif
-}
-
-#ifdef MOE_HAVE_MPI
-/* Point to point in chunks of at most INT_MAX / 2 floats (MPI counts are int). */
-static int send_f32(const float *p, int64_t n, int to) {
-    const int64_t chunk = INT_MAX / 2;
-    for (int64_t at = 0; at < n; at += chunk)
-        if (MPI_Send(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, to, 0,
-                     MPI_COMM_WORLD) != MPI_SUCCESS)
-            return 0;
-    return 1;
-}
-
-static int recv_f32(float *p, int64_t n, int from) {
-    const int64_t chunk = INT_MAX / 2;
-    for (int64_t at = 0; at < n; at += chunk)
-        if (MPI_Recv(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, from, 0,
-                     MPI_COMM_WORLD, MPI_STATUS_IGNORE) != MPI_SUCCESS)
-            return 0;
-    return 1;
-}
-
-static int bcast_f32(float *p, int64_t n, int root) {
-    const int64_t chunk = INT_MAX / 2;
-    for (int64_t at = 0; at < n; at += chunk)
-        if (MPI_Bcast(p + at, (int)(n - at < chunk ? n - at : chunk), MPI_FLOAT, root,
-                      MPI_COMM_WORLD) != MPI_SUCCESS)
-            return 0;
-    return 1;
-}
-#endif
-
-moe_status moe_comm_allgather_f32(const moe_comm *c, float *buf, const int64_t *offsets,
-                                  moe_err *err) {
-#ifdef MOE_HAVE_MPI
-    if (!c->mpi || c->world == 1) return MOE_OK;
-    for (int r = 0; r < c->world; r++)
-        if (!bcast_f32(buf + offsets[r], offsets[r + 1] - offsets[r], r))
-            return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI_Bcast of rank %d's slice failed",
-                               r);
-#else
-    (void)c, (void)buf, (void)offsets, (void)err;
-#endif
-    return MOE_OK;
-}
-
-moe_status moe_comm_gather_f32(const moe_comm *c, float *full, const float *mine,
-                               const int64_t *offsets, int root, moe_err *err) {
-    int64_t own = offsets[c->rank + 1] - offsets[c->rank];
-    if (c->rank == root && full + offsets[c->rank] != mine)
-        memcpy(full + offsets[c->rank], mine, (size_t)own * sizeof(float));
-#ifdef MOE_HAVE_MPI
-    if (!c->mpi || c->world == 1) return MOE_OK;
-    int ok = 1;
-    if (c->rank == root) {
-        for (int r = 0; r < c->world && ok; r++)
-            if (r != root) ok = recv_f32(full + offsets[r], offsets[r + 1] - offsets[r], r);
-    } else {
-        ok = send_f32(mine, own, root);
-    }
-    if (!ok) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "MPI gather of slices failed");
-#else
-    (void)err;
-#endif
-    return MOE_OK;
-}

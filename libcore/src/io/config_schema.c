@@ -16,7 +16,7 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3680,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3688,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
@@ -167,6 +167,9 @@ const moe_cfg_key moe_cfg_keys[] = {
      "on its own samples."},
     {"parallel.ep", MOE_CFG_INT, FIELD(parallel.ep), "1", MIN_MAX, 1, 65536, NULL,
      "Ranks an expert group spreads the experts over; divides model.num_local_experts."},
+    {"parallel.timeout_s", MOE_CFG_FLOAT, FIELD(parallel.timeout_s), "600", MIN_ONLY, 0, 0, NULL,
+     "Seconds a rank waits in one collective before it ends the job on every rank (a rank "
+     "died or hangs); longer than the slowest checkpoint or evaluation. 0 = wait forever."},
 
     {"checkpoint.every", MOE_CFG_INT, FIELD(checkpoint.every), "100", MIN_MAX, 0, I64_MAX, NULL,
      "Write a checkpoint every N steps (and always at the end); 0 = only at the end."},

@@ -45,13 +45,26 @@ moe_dtype moe_model_act_dtype(moe_recipe recipe) {
     return moe_recipe_unquantized(recipe) == MOE_RECIPE_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
 }
 
-size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe,
+/* The expert activations of one layer, or of the shared set (see moe_layer_acts): the
+ * expert side gets cap rows, and its own xe/ye only with expert parallelism. */
+static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t NK, int64_t cap,
+                          int64_t C, int64_t F, size_t ef) {
+    la->xp = carve(off, base, (size_t)(NK * C) * ef);
+    la->h1 = carve(off, base, (size_t)(cap * F) * ef);
+    la->h3 = carve(off, base, (size_t)(cap * F) * ef);
+    la->g = carve(off, base, (size_t)(cap * F) * ef);
+    la->yp = carve(off, base, (size_t)(NK * C) * ef);
+    la->xe = cap > NK ? carve(off, base, (size_t)(cap * C) * ef) : la->xp;
+    la->ye = cap > NK ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
+}
+
+size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe, int ep,
                      struct moe_acts *a, char *base) {
     int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
     int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
     int64_t D = cfg->hidden_size / cfg->num_attention_heads;
     int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
-    int64_t NK = N * K, L = cfg->num_hidden_layers;
+    int64_t NK = N * K, L = cfg->num_hidden_layers, cap = ep > 1 ? ep * NK : NK;
     size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
     size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
@@ -79,11 +92,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.row_src = carve(&off, base, (size_t)NK * i4);
         sh.slot_row = carve(&off, base, (size_t)NK * i4);
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        sh.xp = carve(&off, base, (size_t)(NK * C) * ef);
-        sh.h1 = carve(&off, base, (size_t)(NK * F) * ef);
-        sh.h3 = carve(&off, base, (size_t)(NK * F) * ef);
-        sh.g = carve(&off, base, (size_t)(NK * F) * ef);
-        sh.yp = carve(&off, base, (size_t)(NK * C) * ef);
+        carve_experts(&sh, &off, base, NK, cap, C, F, ef);
     }
     /* router statistics of every layer, read after the whole forward in one copy each */
     int32_t *counts_all = carve(&off, base, (size_t)(L * E) * i4);
@@ -119,11 +128,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            la->xp = carve(&off, base, (size_t)(NK * C) * ef);
-            la->h1 = carve(&off, base, (size_t)(NK * F) * ef);
-            la->h3 = carve(&off, base, (size_t)(NK * F) * ef);
-            la->g = carve(&off, base, (size_t)(NK * F) * ef);
-            la->yp = carve(&off, base, (size_t)(NK * C) * ef);
+            carve_experts(la, &off, base, NK, cap, C, F, ef);
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = counts_all ? counts_all + l * E : NULL;
@@ -159,9 +164,12 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dprob = carve(&off, base, (size_t)(L * E) * f);
     p->dxp = carve(&off, base, (size_t)(NK * C) * f);
     p->dyp = carve(&off, base, (size_t)(NK * C) * ef);
-    p->dh1 = carve(&off, base, (size_t)(NK * F) * ef);
-    p->dh3 = carve(&off, base, (size_t)(NK * F) * ef);
-    p->dg = carve(&off, base, (size_t)(NK * F) * f);
+    p->dh1 = carve(&off, base, (size_t)(cap * F) * ef);
+    p->dh3 = carve(&off, base, (size_t)(cap * F) * ef);
+    p->dg = carve(&off, base, (size_t)(cap * F) * f);
+    p->dxe = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
+    p->dye = cap > NK ? carve(&off, base, (size_t)(cap * C) * ef) : p->dyp;
+    p->xfer = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
     return off;
 }
 
@@ -208,8 +216,11 @@ static moe_status check_config(const moe_model_config *c, int max_batch, int max
 
 static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
                               int plan, const moe_backend *be, int max_batch, int max_seq,
-                              moe_err *err) {
+                              const moe_model_ep *ep, moe_err *err) {
     memset(m, 0, sizeof *m);
+    m->ep.size = 1;
+    if (ep && ep->size > 1) m->ep = *ep;
+    int P = m->ep.size; /* ranks per expert group */
     if (check_config(cfg, max_batch, max_seq, err) != MOE_OK) {
         moe_err_hint(err, "fix the model section of the config");
         return MOE_ERR_INPUT;
@@ -225,8 +236,22 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     m->head_dim = cfg->hidden_size / cfg->num_attention_heads;
     int L = (int)cfg->num_hidden_layers, E = (int)cfg->num_local_experts;
     int64_t N = (int64_t)max_batch * max_seq;
-    /* every expert is local until expert parallelism narrows the range */
-    moe_status tst = moe_param_table_build(&m->table, cfg, 0, E, err);
+    if (E % P || m->ep.rank < 0 || m->ep.rank >= P) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "expert rank %d of %d: the %d experts do not split evenly over the group",
+                    m->ep.rank, P, E);
+        return MOE_ERR_INPUT;
+    }
+    if (N * cfg->num_experts_per_tok * P >= INT32_MAX) { /* the expert side's row offsets */
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "%lld routed rows per micro-batch x %d expert-parallel ranks is too many for "
+                    "one rank's experts",
+                    (long long)(N * cfg->num_experts_per_tok), P);
+        moe_err_hint(err, "use a smaller train.micro_batch_tokens");
+        return MOE_ERR_INPUT;
+    }
+    moe_status tst = moe_param_table_build(&m->table, cfg, (int64_t)E / P * m->ep.rank,
+                                           (int64_t)E / P * (m->ep.rank + 1), err);
     if (tst != MOE_OK) {
         moe_model_free(m);
         return tst;
@@ -240,6 +265,12 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     a->h_offsets = calloc((size_t)(L * (E + 1)), sizeof(int32_t));
     a->h_loss = calloc((size_t)N, sizeof(float));
     if (!a->layer || !a->h_offsets || !a->h_loss) goto oom;
+    a->ep = P;
+    if (P > 1) {
+        a->ep_rows = calloc((size_t)(L * E), sizeof(int64_t));
+        a->ep_off = calloc((size_t)(L * (E / P + 1)), sizeof(int32_t));
+        if (!a->ep_rows || !a->ep_off) goto oom;
+    }
     /* a forward-only bf16 model holds its matrix weights in bf16 only (no optimizer step to
      * refresh copies from): fp32 just for the tensors that stay fp32, packed */
     m->weights16_only = plan == MOE_PLAN_FORWARD && recipe == MOE_RECIPE_BF16;
@@ -268,14 +299,14 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     /* zero weights, zero copies: right, but training models say so once */
     m->param16_stale = !m->weights16_only;
     a->max_tokens = N;
-    a->bytes = moe_acts_plan(cfg, N, plan, recipe, a, NULL);
+    a->bytes = moe_acts_plan(cfg, N, plan, recipe, P, a, NULL);
     a->mem = be->alloc(be, a->bytes);
     if (!a->mem) goto oom;
-    moe_acts_plan(cfg, N, plan, recipe, a, a->mem);
+    moe_acts_plan(cfg, N, plan, recipe, P, a, a->mem);
     return MOE_OK;
 oom:;
     size_t pbytes = (size_t)(m->weights16_only ? m->param_elems : m->table.n_elems) * sizeof(float);
-    size_t abytes = moe_acts_plan(cfg, N, plan, recipe, NULL, NULL);
+    size_t abytes = moe_acts_plan(cfg, N, plan, recipe, P, NULL, NULL);
     int copies16 = m->weights16_only || moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
     size_t cbytes = copies16 ? (size_t)m->table.n_elems * sizeof(uint16_t) : 0;
     size_t gbytes = plan == MOE_PLAN_FORWARD ? 0 : (size_t)m->table.n_elems * sizeof(float);
@@ -295,19 +326,25 @@ oom:;
 moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
                             moe_recompute recompute, const moe_backend *be, int max_batch,
                             int max_seq, moe_err *err) {
+    return moe_model_create_ep(m, cfg, recipe, recompute, be, max_batch, max_seq, NULL, err);
+}
+
+moe_status moe_model_create_ep(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
+                               moe_recompute recompute, const moe_backend *be, int max_batch,
+                               int max_seq, const moe_model_ep *ep, moe_err *err) {
     if ((int)recompute < MOE_RECOMPUTE_NONE || (int)recompute > MOE_RECOMPUTE_FULL) {
         memset(m, 0, sizeof *m);
         return moe_err_set(err, MOE_ERR_INPUT, NULL,
                            "train.recompute %d is not one of none, attn, moe, full",
                            (int)recompute);
     }
-    return create_plan(m, cfg, recipe, (int)recompute, be, max_batch, max_seq, err);
+    return create_plan(m, cfg, recipe, (int)recompute, be, max_batch, max_seq, ep, err);
 }
 
 moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *cfg,
                                          moe_recipe recipe, const moe_backend *be, int max_batch,
                                          int max_seq, moe_err *err) {
-    return create_plan(m, cfg, recipe, MOE_PLAN_FORWARD, be, max_batch, max_seq, err);
+    return create_plan(m, cfg, recipe, MOE_PLAN_FORWARD, be, max_batch, max_seq, NULL, err);
 }
 
 moe_status moe_model_alloc_head(moe_model *m, moe_err *err) {
@@ -343,6 +380,8 @@ void moe_model_free(moe_model *m) {
     if (m->acts) {
         free(m->acts->layer);
         free(m->acts->h_offsets);
+        free(m->acts->ep_rows);
+        free(m->acts->ep_off);
         free(m->acts->h_loss);
         free(m->acts);
     }
@@ -504,7 +543,7 @@ double moe_model_flops_per_token(const moe_model_config *c, int64_t seq) {
 int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
                                    moe_recompute recompute, int64_t batch, int64_t seq) {
     if (cfg->num_attention_heads <= 0) return 0;
-    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, NULL, NULL);
+    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, 1, NULL, NULL);
 }
 
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d) {

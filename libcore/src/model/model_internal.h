@@ -44,11 +44,14 @@ typedef struct moe_layer_acts {
     int32_t *row_src;           /* [N*K] */
     int32_t *slot_row;          /* [N*K] */
     int32_t *offsets;           /* [E + 1] */
-    /* the expert activations */
+    /* the expert activations: this rank's routed rows xp, yp [N*K]; the rows its experts
+     * compute, R of them (R = N*K without expert parallelism), xe .. ye [cap = ep N*K] */
     void *xp; /* [N*K, C] permuted expert inputs */
-    void *h1; /* [N*K, F] w1 output */
-    void *h3; /* [N*K, F] w3 output */
-    void *g;  /* [N*K, F] silu(h1) * h3 */
+    void *xe; /* [cap, C] rows the local experts received, by expert (= xp at ep 1) */
+    void *h1; /* [cap, F] w1 output */
+    void *h3; /* [cap, F] w3 output */
+    void *g;  /* [cap, F] silu(h1) * h3 */
+    void *ye; /* [cap, C] the local experts' outputs, rows as xe (= yp at ep 1) */
     void *yp; /* [N*K, C] expert outputs (unweighted) */
 } moe_layer_acts;
 
@@ -62,7 +65,15 @@ struct moe_acts {
     void *mem;          /* the single backend allocation */
     size_t bytes;
     moe_layer_acts *layer; /* [L] host array of pointers */
-    int32_t *h_offsets;    /* [L, E + 1] host copy for grouped matmul */
+    int32_t *h_offsets;    /* [L, E + 1] host copy of the routed rows' expert offsets */
+    /* expert parallelism (ep > 1; else NULL): ep_rows [L, ep, E / ep] host, the rows this
+     * rank's local expert j got from rank s in layer l; ep_off [L, E / ep + 1] host, the
+     * local experts' offsets into xe (the grouped matmul's); xfer [cap, C] dev, of fp32
+     * size, the rows on their way to or from the all-to-all */
+    int ep;
+    int64_t *ep_rows;
+    int32_t *ep_off;
+    void *xfer;
     float *x_final;        /* [N, C] residual after the last layer */
     float *lnf;            /* [N, C] */
     float *rstdf;          /* [N] */
@@ -83,9 +94,11 @@ struct moe_acts {
     float *dtw;            /* [N, K] */
     float *dprob;          /* [L, E] */
     float *dxp;            /* [N*K, C] */
+    float *dxe;            /* [cap, C] the expert side's dxp (= dxp at ep 1) */
     void *dyp;             /* [N*K, C], of element type adt (read only by the w2 product) */
-    void *dh1, *dh3;       /* [N*K, F], of element type adt (read only by the w1/w3 products) */
-    float *dg;             /* [N*K, F] */
+    void *dye;             /* [cap, C] the expert side's dyp (= dyp at ep 1) */
+    void *dh1, *dh3;       /* [cap, F], of element type adt (read only by the w1/w3 products) */
+    float *dg;             /* [cap, F] */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */
     void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */
@@ -94,10 +107,11 @@ struct moe_acts {
 };
 
 /* Lays the activation buffers for max_tokens tokens, plan (moe_recompute value or
- * MOE_PLAN_FORWARD) and recipe out in memory at base (NULL: only measure). a->layer must hold
- * cfg->num_hidden_layers entries when base is non-NULL. Returns the bytes needed. */
+ * MOE_PLAN_FORWARD), recipe and ep ranks per expert group out in memory at base (NULL: only
+ * measure). a->layer must hold cfg->num_hidden_layers entries when base is non-NULL.
+ * Returns the bytes needed. */
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
-                     struct moe_acts *a, char *base);
+                     int ep, struct moe_acts *a, char *base);
 /* The element type of the stored activations that the recipe rounds (norm outputs, q/k/v,
  * attention output, expert activations) under recipe: BF16 under bf16 (they hold bf16
  * values anyway), else F32. The same on every backend. */
@@ -138,5 +152,22 @@ void moe_model_run_layers(moe_model *m, int B, int T, int upto);
  * x_mid only when it was not kept, and never the MoE block's output. */
 void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual);
 void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual);
+
+/* ---- expert parallelism (model_ep.c; only for a model with ep > 1) ---- */
+
+/* The expert side of layer l after its forward routing: the local experts' row offsets
+ * [*El + 1] (host) into xe, their number *El and the rows *R they compute. Without expert
+ * parallelism: the routed offsets h_offsets of l, E experts, N*K rows. */
+const int32_t *moe_model_expert_rows(const moe_model *m, int l, int64_t *El, int64_t *R);
+/* Sends this rank's routed rows src [N*K, row_bytes] (dev, sorted by global expert, layer
+ * l's h_offsets) to their experts' owners; dst [R, row_bytes] gets the rows of the local
+ * experts, grouped by expert. exchange_counts: first exchange and keep the per-expert counts
+ * of l (the forward); 0 reuses them (the backward). A failed exchange is kept in
+ * m->ep_status and makes the later ones of the pass do nothing. */
+void moe_model_ep_dispatch(moe_model *m, int l, const void *src, void *dst, size_t row_bytes,
+                           int exchange_counts);
+/* The reverse of dispatch: src [R, row_bytes] in the local experts' order back to the ranks
+ * the rows came from, into dst [N*K, row_bytes] in this rank's routed order. */
+void moe_model_ep_combine(moe_model *m, int l, const void *src, void *dst, size_t row_bytes);
 
 #endif

@@ -67,17 +67,23 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                        la->rlogits, N, E, K);
     be->permute_forward(be, moe_buf_of(la->xp, adt), la->row_src, la->slot_row, la->offsets, ln2,
                         la->topk_idx, N, C, E, K);
-    int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
-    be->memcpy_d2h(be, hoff, la->offsets, (size_t)(E + 1) * sizeof(int32_t));
-    moe_cbuf xp = moe_cbuf_of(la->xp, adt), h1 = moe_cbuf_of(la->h1, adt);
+    be->memcpy_d2h(be, a->h_offsets + (int64_t)l * (E + 1), la->offsets,
+                   (size_t)(E + 1) * sizeof(int32_t));
+    /* expert parallelism: the rows to their experts' owners (xp -> xe), back after (ye -> yp) */
+    size_t row_bytes = (size_t)C * moe_dtype_size(adt);
+    if (a->ep > 1) moe_model_ep_dispatch(m, l, la->xp, la->xe, row_bytes, 1);
+    int64_t El, R;
+    const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
+    moe_cbuf xe = moe_cbuf_of(la->xe, adt), h1 = moe_cbuf_of(la->h1, adt);
     moe_cbuf h3 = moe_cbuf_of(la->h3, adt), g = moe_cbuf_of(la->g, adt);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h1, adt), xp, moe_model_weight(m, li->w1), hoff,
-                               E, C, F, prec);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h3, adt), xp, moe_model_weight(m, li->w3), hoff,
-                               E, C, F, prec);
-    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, N * K * F, p16);
-    be->grouped_matmul_forward(be, moe_buf_of(la->yp, adt), g, moe_model_weight(m, li->w2), hoff, E,
-                               F, C, prec);
+    be->grouped_matmul_forward(be, moe_buf_of(la->h1, adt), xe, moe_model_weight(m, li->w1), eoff,
+                               El, C, F, prec);
+    be->grouped_matmul_forward(be, moe_buf_of(la->h3, adt), xe, moe_model_weight(m, li->w3), eoff,
+                               El, C, F, prec);
+    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, R * F, p16);
+    be->grouped_matmul_forward(be, moe_buf_of(la->ye, adt), g, moe_model_weight(m, li->w2), eoff,
+                               El, F, C, prec);
+    if (a->ep > 1) moe_model_ep_combine(m, l, la->ye, la->yp, row_bytes);
     if (!with_residual) return;
     float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
     be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
@@ -175,7 +181,12 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    m->ep_status = MOE_OK;
     moe_model_run_layers(m, B, T, L);
+    if (m->ep_status != MOE_OK) {
+        if (err) *err = m->ep_err;
+        return m->ep_status;
+    }
     head_forward(m, targets, weights, N);
     double ce_sum = 0.0, wsum = 0.0, ntok = 0.0;
     a->has_targets = targets != NULL;
@@ -273,7 +284,6 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     for (int l = L - 1; l >= 0; l--) {
         moe_layer_acts *la = &a->layer[l];
         const moe_param_layer *li = &m->table.layer[l];
-        const int32_t *hoff = a->h_offsets + (int64_t)l * (E + 1);
         const moe_dtype adt = a->adt;
         const moe_recipe prec = moe_model_layer_recipe(m, l);
         /* recompute what the plan did not keep, from the layer's kept inputs: the attention
@@ -285,21 +295,27 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->dtw, NK);
         be->unpermute_backward(be, moe_buf_of(a->dyp, adt), a->dtw, a->dres,
                                moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
-        ZERO(a->dg, NK * F);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dyp, adt),
-                                    moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), hoff, E,
+        /* expert parallelism: dyp goes the way xp went (-> dye), dxe comes back as ye did */
+        if (a->ep > 1)
+            moe_model_ep_dispatch(m, l, a->dyp, a->dye, (size_t)C * moe_dtype_size(adt), 0);
+        int64_t El, R;
+        const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
+        ZERO(a->dg, R * F);
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dye, adt),
+                                    moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), eoff, El,
                                     F, C, prec);
-        be->memset(be, a->dh1, 0, (size_t)(NK * F) * moe_dtype_size(adt));
-        be->memset(be, a->dh3, 0, (size_t)(NK * F) * moe_dtype_size(adt));
+        be->memset(be, a->dh1, 0, (size_t)(R * F) * moe_dtype_size(adt));
+        be->memset(be, a->dh3, 0, (size_t)(R * F) * moe_dtype_size(adt));
         be->swiglu_backward(be, moe_buf_of(a->dh1, adt), moe_buf_of(a->dh3, adt), a->dg,
-                            moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), NK * F);
-        ZERO(a->dxp, NK * C);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w1].grad, moe_cbuf_of(a->dh1, adt),
-                                    moe_cbuf_of(la->xp, adt), moe_model_weight(m, li->w1), hoff, E,
+                            moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), R * F);
+        ZERO(a->dxe, R * C);
+        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(a->dh1, adt),
+                                    moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w1), eoff, El,
                                     C, F, prec);
-        be->grouped_matmul_backward(be, a->dxp, P[li->w3].grad, moe_cbuf_of(a->dh3, adt),
-                                    moe_cbuf_of(la->xp, adt), moe_model_weight(m, li->w3), hoff, E,
+        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_of(a->dh3, adt),
+                                    moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w3), eoff, El,
                                     C, F, prec);
+        if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
         ZERO(a->dln, N * C);
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
         ZERO(a->drl, N * E);
@@ -335,6 +351,10 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     be->embedding_backward(be, P[m->table.p_embed].grad, a->dres, a->tokens, N, C, V);
     /* the logits buffer now holds gradients: a second backward needs a new forward */
     a->has_targets = 0;
+    if (m->ep_status != MOE_OK) {
+        if (err) *err = m->ep_err;
+        return m->ep_status;
+    }
     return be->synchronize(be, err);
 }
 

@@ -172,18 +172,29 @@ void moe_dataloader_get(moe_dataloader *dl, int64_t sample, int32_t *tokens, int
     }
 }
 
+/* The position of the next sample, advancing past it (a new epoch when one is done). */
+static int64_t advance(moe_dataloader *dl) {
+    if (dl->index >= dl->n_samples) {
+        dl->epoch++;
+        dl->index = 0;
+    }
+    return dl->index++;
+}
+
 void moe_dataloader_next(moe_dataloader *dl, int64_t B, int32_t *tokens, int32_t *targets,
                          float *weights) {
     int64_t T = dl->seq_len;
     for (int64_t b = 0; b < B; b++) {
-        if (dl->index >= dl->n_samples) {
-            dl->epoch++;
-            dl->index = 0;
-        }
-        int64_t sample = moe_dataloader_sample_at(dl, dl->epoch, dl->index++);
+        int64_t at = advance(dl); /* may start the next epoch */
+        int64_t sample = moe_dataloader_sample_at(dl, dl->epoch, at);
         moe_dataloader_get(dl, sample, tokens + b * T, targets + b * T,
                            weights ? weights + b * T : NULL);
     }
+}
+
+void moe_dataloader_skip(moe_dataloader *dl, int64_t B) {
+    for (int64_t b = 0; b < B; b++)
+        advance(dl);
 }
 
 void moe_dataloader_position(const moe_dataloader *dl, int64_t *epoch, int64_t *index) {

@@ -25,18 +25,22 @@
 typedef struct trainer {
     moe_config cfg; /* resolved: data.path is the data actually used */
     const char *run_dir;
-    const moe_comm *comm; /* NULL: one process */
-    int rank, dp;         /* this process, and parallel.dp (= the world size) */
+    moe_comm *comm;    /* the run's processes (opts->comm, or `single`), grouped dp x ep */
+    moe_comm single;   /* one process */
+    int rank, world;   /* this process; dp x ep of them */
+    int ep, evaluator; /* parallel.ep; 1 on the ranks that run the evaluation */
     moe_shardset *data, *val;
     moe_dataloader dl, vdl;
     int has_val;
     const moe_backend *be;
     int resumed; /* --resume found and loaded a checkpoint */
     moe_model model;
-    /* ZeRO-1: this rank's AdamW state covers parameter elements [lo, hi) of the flat array,
-     * slice[r] = rank r's lo (slice[dp] = n_elems); one process owns everything */
-    float *m, *v; /* [hi - lo] dev, Adam moments */
-    int64_t lo, hi, *slice;
+    /* ZeRO-1: the dense part [0, dense_elems) of the flat array is sliced over all ranks
+     * (dslice [world + 1], absolute), this rank's experts [dense_elems, n_elems) over the dp
+     * replicas of the shard (xslice [dp + 1], relative to dense_elems); this rank's AdamW
+     * state covers its dense slice [dlo, dhi) and then its expert slice [xlo, xhi) */
+    float *m, *v; /* [(dhi - dlo) + (xhi - xlo)] dev, Adam moments */
+    int64_t dlo, dhi, xlo, xhi, *dslice, *xslice;
     int32_t *tokens, *targets; /* [B_micro, T] host */
     float *weights;            /* [B_micro, T] host, NULL when no lower-case weighting */
     int64_t T, B_micro, accum, end_step;
@@ -53,17 +57,19 @@ typedef struct trainer {
 /* ---- setup ---- */
 
 /* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU
- * (moe_backend_open); data parallelism runs on the CPU, so auto means cpu when dp > 1. */
+ * (moe_backend_open); data and expert parallelism run on the CPU, so auto means cpu when
+ * there are several ranks. */
 static moe_status open_backend(trainer *t, int threads, moe_err *err) {
-    if (t->cfg.device == MOE_DEVICE_CUDA && t->dp > 1) {
+    if (t->cfg.device == MOE_DEVICE_CUDA && t->world > 1) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "parallel.dp=%d with device=cuda: data parallelism runs on the CPU backend "
-                    "in this version (NCCL is not wired in yet)",
-                    t->dp);
-        moe_err_hint(err, "set device=cpu, or train on one GPU with parallel.dp=1");
+                    "parallel.dp=%lld x parallel.ep=%lld with device=cuda: data and expert "
+                    "parallelism run on the CPU backend over MPI in this version (NCCL is not "
+                    "wired in yet)",
+                    (long long)t->cfg.parallel.dp, (long long)t->cfg.parallel.ep);
+        moe_err_hint(err, "set device=cpu, or train on one GPU with parallel.dp=1 parallel.ep=1");
         return MOE_ERR_INPUT;
     }
-    const char *device = t->dp > 1 ? "cpu" : moe_device_name(t->cfg.device);
+    const char *device = t->world > 1 ? "cpu" : moe_device_name(t->cfg.device);
     t->be = moe_backend_open(device, moe_config_recipe(&t->cfg), threads, err);
     return t->be ? MOE_OK : MOE_ERR_INPUT;
 }
@@ -141,19 +147,23 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
         snprintf(dir, sizeof dir, "%.4000s", spec);
     }
     uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
-    /* the moments arrive whole; this rank keeps its slice */
+    /* the moments of this rank's tensors arrive whole (from either layout, at any ep); this
+     * rank keeps its slices */
     size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
-    float *m = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->m;
-    float *v = t->dp > 1 ? t->be->alloc(t->be, bytes) : t->v;
+    int whole = t->world == 1; /* one process owns every element: loaded in place */
+    float *m = whole ? t->m : t->be->alloc(t->be, bytes);
+    float *v = whole ? t->v : t->be->alloc(t->be, bytes);
     moe_status st =
         m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v, &t->ts, err)
                : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
-    if (st == MOE_OK && t->dp > 1) {
-        size_t own = (size_t)(t->hi - t->lo) * sizeof(float);
-        t->be->memcpy_d2d(t->be, t->m, m + t->lo, own);
-        t->be->memcpy_d2d(t->be, t->v, v + t->lo, own);
+    if (st == MOE_OK && !whole) {
+        size_t dn = (size_t)(t->dhi - t->dlo), xn = (size_t)(t->xhi - t->xlo);
+        t->be->memcpy_d2d(t->be, t->m, m + t->dlo, dn * sizeof(float));
+        t->be->memcpy_d2d(t->be, t->v, v + t->dlo, dn * sizeof(float));
+        t->be->memcpy_d2d(t->be, t->m + dn, m + t->xlo, xn * sizeof(float));
+        t->be->memcpy_d2d(t->be, t->v + dn, v + t->xlo, xn * sizeof(float));
     }
-    if (t->dp > 1) {
+    if (!whole) {
         t->be->free(t->be, m);
         t->be->free(t->be, v);
     }
@@ -191,34 +201,28 @@ static moe_status init_weights(trainer *t, const char *spec, moe_err *err) {
     return st;
 }
 
-/* parallel.dp ranks, one per process the launcher started, each taking every dp-th
- * micro-batch of a step (the config guarantees dp divides their number); expert
- * parallelism is not there yet. */
+/* parallel.dp x parallel.ep ranks, one per process the launcher started, each taking every
+ * world-th micro-batch of a step (the config guarantees world divides their number). */
 static moe_status check_parallel(const trainer *t, int world, moe_err *err) {
     const moe_config *c = &t->cfg;
-    if (c->parallel.ep != 1) {
+    int64_t want = c->parallel.dp * c->parallel.ep;
+    if (want != world) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "parallel.ep=%lld: expert parallelism is not implemented in this version",
-                    (long long)c->parallel.ep);
-        moe_err_hint(err, "set parallel.ep=1 (the checkpoint layout for it exists: moe-convert "
-                          "reshard)");
-        return MOE_ERR_INPUT;
-    }
-    if (c->parallel.dp != world) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL, "parallel.dp=%lld but %d process%s started",
-                    (long long)c->parallel.dp, world, world == 1 ? " was" : "es were");
+                    "parallel.dp=%lld x parallel.ep=%lld = %lld ranks but %d process%s started",
+                    (long long)c->parallel.dp, (long long)c->parallel.ep, (long long)want, world,
+                    world == 1 ? " was" : "es were");
         if (world == 1)
             moe_err_hint(err, "start one process per rank: mpirun -np %lld moe-train ...",
-                         (long long)c->parallel.dp);
+                         (long long)want);
+        else if (world % c->parallel.ep == 0)
+            moe_err_hint(err, "set parallel.dp=%lld", (long long)(world / c->parallel.ep));
         else
-            moe_err_hint(err, "set parallel.dp=%d", world);
+            moe_err_hint(err, "set parallel.dp=%d parallel.ep=1", world);
         return MOE_ERR_INPUT;
     }
-    if (t->dp > 1 && strcmp(c->data.path, "-") == 0) {
+    if (world > 1 && strcmp(c->data.path, "-") == 0) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "--data - (a stream on stdin) feeds one process, "
-                    "not parallel.dp=%d ranks",
-                    t->dp);
+                    "--data - (a stream on stdin) feeds one process, not %d ranks", world);
         moe_err_hint(err, "tokenize into shard files first (moe-tokenize -o shards/)");
         return MOE_ERR_INPUT;
     }
@@ -250,6 +254,51 @@ static moe_status apply_skip_layers(trainer *t, moe_err *err) {
     }
     free(skip);
     return st;
+}
+
+/* moe_model_ep's all-to-all: rows of row_bytes over this rank's expert group (ctx: the
+ * moe_comm). */
+static moe_status ep_alltoallv(void *ctx, const void *send, const int64_t *send_rows, void *recv,
+                               const int64_t *recv_rows, size_t row_bytes, moe_err *err) {
+    const moe_comm *c = ctx;
+    int P = c->gsize[MOE_COMM_EP];
+    int64_t *b = malloc((size_t)(2 * P) * sizeof *b);
+    if (!b) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    for (int r = 0; r < P; r++)
+        b[r] = send_rows[r] * (int64_t)row_bytes, b[P + r] = recv_rows[r] * (int64_t)row_bytes;
+    moe_status st = moe_comm_alltoallv(c, MOE_COMM_EP, send, b, recv, b + P, MOE_COMM_BYTE, err);
+    free(b);
+    return st;
+}
+
+/* The ZeRO-1 slices (see trainer), this rank's AdamW state and the host batch buffers. */
+static moe_status alloc_state(trainer *t, moe_err *err) {
+    const moe_comm *c = t->comm;
+    int dp = c->gsize[MOE_COMM_DP], d = c->grank[MOE_COMM_DP];
+    int64_t dense = t->model.table.dense_elems, xel = t->model.table.n_elems - dense;
+    size_t tok = (size_t)(t->B_micro * t->T);
+    t->dslice = malloc((size_t)(t->world + 1) * sizeof *t->dslice);
+    t->xslice = malloc((size_t)(dp + 1) * sizeof *t->xslice);
+    t->tokens = malloc(tok * sizeof *t->tokens);
+    t->targets = malloc(tok * sizeof *t->targets);
+    if (t->dl.use_weights) t->weights = malloc(tok * sizeof *t->weights);
+    if (!t->dslice || !t->xslice || !t->tokens || !t->targets || (t->dl.use_weights && !t->weights))
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    for (int r = 0; r <= t->world; r++)
+        t->dslice[r] = dense * r / t->world;
+    for (int r = 0; r <= dp; r++)
+        t->xslice[r] = xel * r / dp;
+    t->dlo = t->dslice[t->rank], t->dhi = t->dslice[t->rank + 1];
+    t->xlo = dense + t->xslice[d], t->xhi = dense + t->xslice[d + 1];
+    size_t bytes = (size_t)((t->dhi - t->dlo) + (t->xhi - t->xlo)) * sizeof(float);
+    t->m = t->be->alloc(t->be, bytes ? bytes : sizeof(float));
+    t->v = t->be->alloc(t->be, bytes ? bytes : sizeof(float));
+    if (!t->m || !t->v)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
+                           (long long)t->model.table.n_elems);
+    t->be->memset(t->be, t->m, 0, bytes);
+    t->be->memset(t->be, t->v, 0, bytes);
+    return MOE_OK;
 }
 
 /* ---- one step ---- */
@@ -293,8 +342,11 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (!load) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     moe_status st = MOE_OK;
     for (int64_t k = 0; k < t->accum && st == MOE_OK; k++) {
+        if (k % t->world != t->rank) { /* another rank's micro-batch: not read here */
+            moe_dataloader_skip(&t->dl, t->B_micro);
+            continue;
+        }
         moe_dataloader_next(&t->dl, t->B_micro, t->tokens, t->targets, t->weights);
-        if (k % t->dp != t->rank) continue; /* another rank's micro-batch */
         moe_step_stats ss;
         st = moe_model_forward(&t->model, t->tokens, t->targets, t->weights, (int)t->B_micro,
                                (int)t->T, &ss, err);
@@ -309,19 +361,32 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
             load[i] += ss.expert_tokens[i];
     }
     if (st == MOE_OK) st = t->be->synchronize(t->be, err);
-    if (st == MOE_OK && t->dp > 1) { /* the global batch's gradient and statistics */
-        double sums[5] = {ce_sum, w_sum, aux, z, ent};
-        st = moe_comm_sum_f32(t->comm, t->model.grad_mem, t->model.table.n_elems, err);
-        if (st == MOE_OK) st = moe_comm_sum_f64(t->comm, sums, 5, err);
-        if (st == MOE_OK) st = moe_comm_sum_i64(t->comm, load, L * E, err);
-        ce_sum = sums[0], w_sum = sums[1], aux = sums[2], z = sums[3], ent = sums[4];
-    }
+    /* the global batch's gradient, each rank summing its ZeRO-1 slices: the dense part over
+     * every rank, the experts over the dp replicas of this shard */
+    float *grad = t->model.grad_mem;
+    int64_t dense = t->model.table.dense_elems, dn = t->dhi - t->dlo, xn = t->xhi - t->xlo;
+    if (st == MOE_OK)
+        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_WORLD, grad, t->dslice, MOE_COMM_F32, err);
+    if (st == MOE_OK)
+        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_DP, grad + dense, t->xslice, MOE_COMM_F32,
+                                     err);
+    /* the statistics: the slices' squares give the global norm (each element owned once) */
+    double sums[6] = {ce_sum, w_sum, aux, z, ent, 0};
+    if (t->dhi == t->xlo) /* one range (one process): one pass, as before */
+        sums[5] = t->be->sum_squares(t->be, grad + t->dlo, dn + xn);
+    else
+        sums[5] = t->be->sum_squares(t->be, grad + t->dlo, dn) +
+                  t->be->sum_squares(t->be, grad + t->xlo, xn);
+    if (st == MOE_OK) st = moe_comm_allreduce(t->comm, MOE_COMM_WORLD, sums, 6, MOE_COMM_F64, err);
+    if (st == MOE_OK)
+        st = moe_comm_allreduce(t->comm, MOE_COMM_WORLD, load, L * E, MOE_COMM_I64, err);
+    ce_sum = sums[0], w_sum = sums[1], aux = sums[2], z = sums[3], ent = sums[4];
     if (st != MOE_OK) {
         free(load);
         return st;
     }
     t->ts.tokens_seen += t->accum * t->B_micro * t->T;
-    double norm = sqrt(t->be->sum_squares(t->be, t->model.grad_mem, t->model.table.n_elems));
+    double norm = sqrt(sums[5]);
     double lr = moe_schedule_lr(&c->optim, step, c->train.steps);
     float scale = 1.0f;
     if (c->optim.grad_clip > 0 && norm > c->optim.grad_clip)
@@ -329,12 +394,18 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     double ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->bad = !isfinite(moe_model_loss(mc, ce, aux, z)) ||
               !isfinite(norm); /* the same on every rank: the sums are global */
-    if (!sm->bad)              /* this rank's part */
-        moe_model_adamw(&t->model, t->lo, t->hi, t->m, t->v, &c->optim, lr, step, scale);
+    if (!sm->bad) {            /* this rank's slices */
+        moe_model_adamw(&t->model, t->dlo, t->dhi, t->m, t->v, &c->optim, lr, step, scale);
+        moe_model_adamw(&t->model, t->xlo, t->xhi, t->m + dn, t->v + dn, &c->optim, lr, step,
+                        scale);
+    }
     st = t->be->synchronize(t->be, err);
-    if (st == MOE_OK && t->dp > 1 && !sm->bad) /* every rank gets every rank's new weights */
-        st = moe_comm_allgather_f32(t->comm, t->model.param_mem, t->slice, err);
-    if (t->dp > 1) moe_model_params_written(&t->model); /* other ranks' slices arrived */
+    float *param = t->model.param_mem; /* every rank gets the new weights of its tensors */
+    if (st == MOE_OK && !sm->bad)
+        st = moe_comm_allgather(t->comm, MOE_COMM_WORLD, param, t->dslice, MOE_COMM_F32, err);
+    if (st == MOE_OK && !sm->bad)
+        st = moe_comm_allgather(t->comm, MOE_COMM_DP, param + dense, t->xslice, MOE_COMM_F32, err);
+    if (t->world > 1) moe_model_params_written(&t->model); /* other ranks' slices arrived */
     sm->ce = ce;
     sm->aux = aux;
     sm->z = z;
@@ -408,25 +479,47 @@ static moe_status emit_metrics(trainer *t, int64_t step, const step_metrics *sm,
     return moe_metrics_history_add(&t->hist, step, sm->ce / bits, sm->val_loss / bits, err);
 }
 
-/* Writes a checkpoint; with dp ranks every rank calls it (the AdamW state is gathered on
- * rank 0, which writes). */
+/* Writes a checkpoint; every rank calls it. The layout is parallel.ep's (moe/ckpt.h): the
+ * ep ranks of expert group 0 each write their shard, the moments gathered from the slices
+ * (dense ones over every rank to rank 0, each shard's over its dp replicas); rank 0 begins
+ * the checkpoint (its temporary directory goes to the others), writes the rest once all
+ * shards are there, and commits. */
 static moe_status save(trainer *t, moe_err *err) {
     moe_dataloader_position(&t->dl, &t->ts.data_epoch, &t->ts.data_index);
     moe_train_health_save(&t->health, &t->ts);
     double t0 = moe_time_now();
+    const moe_comm *c = t->comm;
+    int64_t dense = t->model.table.dense_elems, dn = t->dhi - t->dlo;
     size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
-    int lead = t->rank == 0, whole = t->dp == 1;
-    float *m = whole ? t->m : lead ? t->be->alloc(t->be, bytes) : NULL;
-    float *v = whole ? t->v : lead ? t->be->alloc(t->be, bytes) : NULL;
+    int writer = c->grank[MOE_COMM_DP] == 0, whole = t->world == 1;
+    float *m = whole ? t->m : writer ? t->be->alloc(t->be, bytes) : NULL;
+    float *v = whole ? t->v : writer ? t->be->alloc(t->be, bytes) : NULL;
     moe_status st = MOE_OK;
-    if (lead && (!m || !v)) st = moe_err_set(err, MOE_ERR_RUNTIME, t->run_dir, "out of memory");
-    if (st == MOE_OK && !whole) st = moe_comm_gather_f32(t->comm, m, t->m, t->slice, 0, err);
-    if (st == MOE_OK && !whole) st = moe_comm_gather_f32(t->comm, v, t->v, t->slice, 0, err);
-    if (st == MOE_OK && lead)
-        st = moe_train_save_checkpoint(t->run_dir, t->cfg.checkpoint.keep, &t->cfg,
-                                       moe_shardset_spec_json(t->data), &t->model, m, v, &t->ts,
-                                       err);
-    if (st == MOE_OK && lead)
+    if (writer && (!m || !v)) st = moe_err_set(err, MOE_ERR_RUNTIME, t->run_dir, "out of memory");
+    for (int i = 0; i < 2 && st == MOE_OK && !whole; i++) {
+        float *full = i ? v : m, *own = i ? t->v : t->m;
+        st = moe_comm_gather(c, MOE_COMM_WORLD, full, own, t->dslice, 0, MOE_COMM_F32, err);
+        if (st == MOE_OK)
+            st = moe_comm_gather(c, MOE_COMM_DP, full ? full + dense : NULL, own + dn, t->xslice, 0,
+                                 MOE_COMM_F32, err);
+    }
+    moe_ckpt_writer w;
+    memset(&w, 0, sizeof w);
+    moe_status begun = MOE_ERR_RUNTIME; /* rank 0: whether w holds a temporary directory */
+    if (st == MOE_OK && t->rank == 0) st = begun = moe_ckpt_begin(&w, t->run_dir, t->ts.step, err);
+    if (st == MOE_OK) /* the temporary directory's name to the other writers */
+        st = moe_comm_broadcast(c, MOE_COMM_WORLD, w.tmp_dir, sizeof w.tmp_dir, MOE_COMM_BYTE, 0,
+                                err);
+    if (st == MOE_OK && writer)
+        st = moe_train_write_shard(w.tmp_dir, c->grank[MOE_COMM_EP], t->ep, &t->model, m, v,
+                                   t->ts.step, err);
+    if (st == MOE_OK) st = moe_comm_barrier(c, MOE_COMM_WORLD, err); /* every shard written */
+    if (st == MOE_OK && t->rank == 0)
+        st = moe_train_finish_checkpoint(&w, t->cfg.checkpoint.keep, &t->cfg,
+                                         moe_shardset_spec_json(t->data), &t->ts, err);
+    else if (st != MOE_OK && begun == MOE_OK)
+        moe_ckpt_abort(&w);
+    if (st == MOE_OK && t->rank == 0)
         moe_log_debug("checkpoint of step %lld written in %.2f s", (long long)t->ts.step,
                       moe_time_now() - t0);
     if (!whole) {
@@ -436,14 +529,18 @@ static moe_status save(trainer *t, moe_err *err) {
     return st;
 }
 
-/* Rank 0's part of a step: evaluation, metrics, the log line, loss.svg. */
-static moe_status report(trainer *t, int64_t step, int last, step_metrics *sm,
+/* Whether step (the run's last when `last`) ends with an evaluation. */
+static int eval_due(const trainer *t, int64_t step, int last) {
+    const moe_config *c = &t->cfg;
+    return t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
+}
+
+/* Rank 0's part of a step: metrics, the log line, loss.svg (after an evaluation when
+ * do_eval: sm->val_loss is set). */
+static moe_status report(trainer *t, int64_t step, int last, int do_eval, step_metrics *sm,
                          const moe_progress *prog, const char *title, moe_err *err) {
     const moe_config *c = &t->cfg;
-    int do_eval =
-        t->has_val && ((c->train.eval_every > 0 && step % c->train.eval_every == 0) || last);
-    moe_status st = do_eval ? evaluate(t, &sm->val_loss, err) : MOE_OK;
-    if (st == MOE_OK) st = emit_metrics(t, step, sm, err);
+    moe_status st = emit_metrics(t, step, sm, err);
     if (st != MOE_OK) return st;
     int log_line = step % c->log.every == 0 || last;
     if (prog->tty && (log_line || do_eval)) fputs("\r\033[K", stderr); /* clear the bar */
@@ -465,7 +562,7 @@ static moe_status stop_if_signalled(trainer *t, int64_t step, const moe_progress
                                     int *stopped, moe_err *err) {
     int64_t sig[2] = {moe_train_signal_pending(), 0};
     sig[1] = sig[0] != 0; /* how many ranks were signalled */
-    moe_status st = t->comm ? moe_comm_sum_i64(t->comm, sig, 2, err) : MOE_OK;
+    moe_status st = moe_comm_allreduce(t->comm, MOE_COMM_WORLD, sig, 2, MOE_COMM_I64, err);
     if (st != MOE_OK || sig[1] == 0) return st;
     *stopped = 1;
     int every = (int)t->cfg.checkpoint.every;
@@ -509,8 +606,11 @@ static moe_status loop(trainer *t, moe_err *err) {
             st = moe_train_health_bad(&t->health, step, sm.loss, sm.grad_norm, ck, err);
         } else {
             t->health.bad_in_row = 0; /* every rank: they must agree on when to stop */
-            if (t->rank == 0) moe_train_health_good(&t->health, step, sm.loss);
-            if (t->rank == 0) st = report(t, step, last, &sm, &prog, title, err);
+            int do_eval = eval_due(t, step, last);
+            if (do_eval && t->evaluator) st = evaluate(t, &sm.val_loss, err);
+            if (st == MOE_OK && t->rank == 0) moe_train_health_good(&t->health, step, sm.loss);
+            if (st == MOE_OK && t->rank == 0)
+                st = report(t, step, last, do_eval, &sm, &prog, title, err);
         }
         if (st == MOE_OK && ((c->checkpoint.every > 0 && step % c->checkpoint.every == 0) || last))
             st = save(t, err); /* every rank: the AdamW state is gathered */
@@ -539,7 +639,8 @@ static void trainer_free(trainer *t) {
     moe_dataloader_free(&t->vdl);
     moe_shardset_close(t->data);
     moe_shardset_close(t->val);
-    free(t->slice);
+    free(t->dslice);
+    free(t->xslice);
     free(t->tokens);
     free(t->targets);
     free(t->weights);
@@ -567,14 +668,19 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                           "manifest, or - for stdin) or set data.path in the config");
         return MOE_ERR_INPUT;
     }
-    t.comm = opts->comm;
-    t.rank = opts->comm ? opts->comm->rank : 0;
-    t.dp = (int)t.cfg.parallel.dp;
-    int world = opts->comm ? opts->comm->world : 1;
+    moe_comm_single(&t.single);
+    t.comm = opts->comm ? opts->comm : &t.single;
+    t.rank = t.comm->rank;
+    t.world = t.comm->world;
+    t.ep = (int)t.cfg.parallel.ep;
     t.T = t.cfg.train.seq_len;
     moe_config_micro_batch(&t.cfg, &t.B_micro, &t.accum);
-    st = check_parallel(&t, world, err);
+    st = check_parallel(&t, t.world, err);
+    if (st == MOE_OK) st = moe_comm_split(t.comm, t.ep, t.cfg.parallel.timeout_s, err);
     if (st != MOE_OK) return st;
+    /* ep > 1: every rank of expert group 0 runs the evaluation (its forward needs the whole
+     * group), on the same samples; rank 0 reports */
+    t.evaluator = t.ep > 1 ? t.comm->grank[MOE_COMM_DP] == 0 : t.rank == 0;
     t.end_step =
         opts->stop_at > 0 && opts->stop_at < t.cfg.train.steps ? opts->stop_at : t.cfg.train.steps;
     t.ts.seed = (uint64_t)t.cfg.train.seed;
@@ -602,27 +708,13 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
             st = MOE_ERR_INPUT;
         }
     }
+    moe_model_ep mep = {
+        .rank = t.comm->grank[MOE_COMM_EP], .size = t.ep, .alltoallv = ep_alltoallv, .ctx = t.comm};
     if (st == MOE_OK)
-        st = moe_model_create(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg), t.cfg.train.recompute,
-                              t.be, (int)t.B_micro, (int)t.T, err);
+        st = moe_model_create_ep(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg),
+                                 t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, &mep, err);
     if (st == MOE_OK) st = apply_skip_layers(&t, err);
-    if (st == MOE_OK) {
-        size_t tok = (size_t)(t.B_micro * t.T);
-        t.slice = malloc((size_t)(t.dp + 1) * sizeof *t.slice);
-        for (int r = 0; t.slice && r <= t.dp; r++)
-            t.slice[r] = t.model.table.n_elems * r / t.dp;
-        t.lo = t.slice ? t.slice[t.rank] : 0;
-        t.hi = t.slice ? t.slice[t.rank + 1] : 0;
-        size_t bytes = (size_t)(t.hi - t.lo) * sizeof(float);
-        t.m = t.be->alloc(t.be, bytes);
-        t.v = t.be->alloc(t.be, bytes);
-        t.tokens = malloc(tok * sizeof *t.tokens);
-        t.targets = malloc(tok * sizeof *t.targets);
-        if (t.dl.use_weights) t.weights = malloc(tok * sizeof *t.weights);
-        if (!t.slice || !t.m || !t.v || !t.tokens || !t.targets || (t.dl.use_weights && !t.weights))
-            st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
-                             (long long)t.model.table.n_elems);
-    }
+    if (st == MOE_OK) st = alloc_state(&t, err);
     if (st == MOE_OK) {
         moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);
         if (opts->resume) st = resume(&t, opts->resume, err);

@@ -6,10 +6,13 @@
  *   optimizer-rank0.safetensors  <param>.exp_avg and <param>.exp_avg_sq (fp32)
  *   trainer_state.json           step, tokens, data position, seed, last metrics
  *
- * Training writes this single-file layout (ep = 1), tensors in the order of the parameter
- * table (the safetensors writer sorts them by name); loading goes through moe_ckpt_open
- * (moe/ckpt.h) and so also takes an expert-parallel checkpoint (moe-convert reshard --ep N): the
- * run's config wins, the checkpoint's parallel.ep only says how its tensors are stored. Loading
+ * Training with parallel.ep = 1 writes this single-file layout, with ep = N the
+ * expert-parallel layout of moe/ckpt.h (each of the N ranks of expert group 0 writes its
+ * model and optimizer shard, moe_train_write_shard; rank 0 the rest, moe_train_finish_
+ * checkpoint); tensors in the order of the parameter table (the safetensors writer sorts them
+ * by name). Loading goes through moe_ckpt_open (moe/ckpt.h) and so takes either layout at any
+ * ep: each rank reads its own experts by name; the run's config wins, the checkpoint's
+ * parallel.ep only says how its tensors are stored. Loading
  * refuses anything that does not fit the current run: a MANIFEST mismatch, another model shape,
  * another tokenizer, a missing or misshapen tensor - each naming the file. */
 #include <inttypes.h>
@@ -25,10 +28,11 @@
 #include "moe/version.h"
 
 /* Writes the tensors of the parameter table with data from host ([n_elems]), each name
- * followed by suffix ("" for weights). */
-static moe_status write_params(const char *path, const moe_model *model, const float *host,
-                               const char *suffix, const char *suffix2, const float *host2,
-                               int64_t step, moe_err *err) {
+ * followed by suffix ("" for weights) - and, with host2, suffix2 from host2; the dense
+ * tensors only when `dense` (expert-parallel rank 0 holds them). */
+static moe_status write_params(const char *path, const moe_model *model, int dense,
+                               const float *host, const char *suffix, const char *suffix2,
+                               const float *host2, int64_t step, moe_err *err) {
     moe_st_writer w;
     moe_st_writer_init(&w);
     moe_status st = moe_st_writer_meta(&w, "format", "pt", err);
@@ -37,6 +41,7 @@ static moe_status write_params(const char *path, const moe_model *model, const f
     if (st == MOE_OK) st = moe_st_writer_meta(&w, "step", buf, err);
     for (int i = 0; st == MOE_OK && i < model->table.n_params; i++) {
         const moe_param *p = &model->table.params[i];
+        if (p->expert < 0 && !dense) continue;
         char name[160];
         snprintf(name, sizeof name, "%s%s", p->name, suffix);
         st = moe_st_writer_add(&w, name, MOE_ST_F32, p->ndim, p->shape, host + p->offset, err);
@@ -50,6 +55,72 @@ static moe_status write_params(const char *path, const moe_model *model, const f
     return st;
 }
 
+moe_status moe_train_write_shard(const char *dir, int ep_rank, int ep, const moe_model *model,
+                                 const float *m, const float *v, int64_t step, moe_err *err) {
+    const moe_backend *be = model->be;
+    size_t bytes = (size_t)model->table.n_elems * sizeof(float);
+    float *host = malloc(bytes ? bytes : 1), *host2 = malloc(bytes ? bytes : 1);
+    char name[64], path[MOE_CKPT_PATH_MAX + 64];
+    moe_status st = MOE_OK;
+    if (!host || !host2) st = moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+    if (st == MOE_OK) {
+        moe_model_copy_params_to_host(model, host);
+        moe_ckpt_model_file(ep_rank, ep, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        st = write_params(path, model, ep_rank == 0, host, "", NULL, NULL, step, err);
+    }
+    if (st == MOE_OK) {
+        be->memcpy_d2h(be, host, m, bytes);
+        be->memcpy_d2h(be, host2, v, bytes);
+        moe_ckpt_optim_file(ep_rank, name, sizeof name);
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        st = write_params(path, model, ep_rank == 0, host, ".exp_avg", ".exp_avg_sq", host2, step,
+                          err);
+    }
+    free(host);
+    free(host2);
+    return st;
+}
+
+moe_status moe_train_finish_checkpoint(moe_ckpt_writer *w, int64_t keep, const moe_config *cfg,
+                                       const char *tokenizer_json, const moe_trainer_state *ts,
+                                       moe_err *err) {
+    char path[MOE_CKPT_PATH_MAX], *text = NULL;
+    moe_status st = MOE_OK;
+    moe_outfile out;
+    st = moe_outfile_open(&out, moe_ckpt_path(w, "config.yaml", path, sizeof path), err);
+    if (st == MOE_OK) {
+        st = moe_config_write_yaml(cfg, out.fp, err);
+        if (st == MOE_OK)
+            st = moe_outfile_commit(&out, err);
+        else
+            moe_outfile_abort(&out);
+    }
+    if (st == MOE_OK)
+        st = moe_write_text_file(moe_ckpt_path(w, "tokenizer.json", path, sizeof path),
+                                 tokenizer_json, NULL, err);
+    if (st == MOE_OK && cfg->parallel.ep > 1) {
+        moe_param_table full; /* the index names every expert of every rank */
+        st = moe_param_table_build(&full, &cfg->model, 0, cfg->model.num_local_experts, err);
+        if (st == MOE_OK) st = moe_ckpt_write_index(w->tmp_dir, &full, (int)cfg->parallel.ep, err);
+        moe_param_table_free(&full);
+    }
+    if (st == MOE_OK) {
+        text = moe_ckpt_state_json(ts);
+        if (!text)
+            st = moe_err_set(err, MOE_ERR_RUNTIME, w->run_dir, "cannot encode trainer state");
+    }
+    if (st == MOE_OK)
+        st = moe_write_text_file(moe_ckpt_path(w, "trainer_state.json", path, sizeof path), text,
+                                 NULL, err);
+    free(text);
+    if (st != MOE_OK) {
+        moe_ckpt_abort(w);
+        return st;
+    }
+    return moe_ckpt_commit(w, keep, err);
+}
+
 moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
                                      const char *tokenizer_json, const moe_model *model,
                                      const float *m, const float *v, const moe_trainer_state *ts,
@@ -57,52 +128,14 @@ moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const mo
     moe_ckpt_writer w;
     moe_status st = moe_ckpt_begin(&w, run_dir, ts->step, err);
     if (st != MOE_OK) return st;
-    const moe_backend *be = model->be;
-    size_t bytes = (size_t)model->table.n_elems * sizeof(float);
-    float *host = malloc(bytes ? bytes : 1), *host2 = malloc(bytes ? bytes : 1);
-    char path[MOE_CKPT_PATH_MAX], *text = NULL;
-    if (!host || !host2) st = moe_err_set(err, MOE_ERR_RUNTIME, run_dir, "out of memory");
-
-    if (st == MOE_OK) {
-        moe_outfile out;
-        st = moe_outfile_open(&out, moe_ckpt_path(&w, "config.yaml", path, sizeof path), err);
-        if (st == MOE_OK) {
-            st = moe_config_write_yaml(cfg, out.fp, err);
-            if (st == MOE_OK)
-                st = moe_outfile_commit(&out, err);
-            else
-                moe_outfile_abort(&out);
-        }
-    }
-    if (st == MOE_OK)
-        st = moe_write_text_file(moe_ckpt_path(&w, "tokenizer.json", path, sizeof path),
-                                 tokenizer_json, NULL, err);
-    if (st == MOE_OK) {
-        moe_model_copy_params_to_host(model, host);
-        st = write_params(moe_ckpt_path(&w, "model.safetensors", path, sizeof path), model, host,
-                          "", NULL, NULL, ts->step, err);
-    }
-    if (st == MOE_OK) {
-        be->memcpy_d2h(be, host, m, bytes);
-        be->memcpy_d2h(be, host2, v, bytes);
-        st = write_params(moe_ckpt_path(&w, "optimizer-rank0.safetensors", path, sizeof path),
-                          model, host, ".exp_avg", ".exp_avg_sq", host2, ts->step, err);
-    }
-    if (st == MOE_OK) {
-        text = moe_ckpt_state_json(ts);
-        if (!text) st = moe_err_set(err, MOE_ERR_RUNTIME, run_dir, "cannot encode trainer state");
-    }
-    if (st == MOE_OK)
-        st = moe_write_text_file(moe_ckpt_path(&w, "trainer_state.json", path, sizeof path), text,
-                                 NULL, err);
-    free(text);
-    free(host);
-    free(host2);
+    moe_config one = *cfg; /* one process holds every expert: the single-file layout */
+    one.parallel.ep = 1;
+    st = moe_train_write_shard(w.tmp_dir, 0, 1, model, m, v, ts->step, err);
     if (st != MOE_OK) {
         moe_ckpt_abort(&w);
         return st;
     }
-    return moe_ckpt_commit(&w, keep, err);
+    return moe_train_finish_checkpoint(&w, keep, &one, tokenizer_json, ts, err);
 }
 
 /* ---- loading ---- */

@@ -1,0 +1,260 @@
+/* comm_ops: the collectives of moe/comm.h over MPI on host buffers. Each is started
+ * non-blocking and waited for with the run's deadline (moe_comm_wait). MPI counts are int:
+ * the sums and broadcasts run in chunks of at most CHUNK elements, the slice operations take
+ * one MPI call when every count and displacement fits and otherwise fall back to per-owner
+ * chunked reductions or broadcasts; all-to-all(v) and gather are grouped point-to-point
+ * sends and receives in chunks (as NCCL's grouped send/recv), so they have no int limit. A
+ * group of one rank needs no MPI: the operations copy their own part or do nothing. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dist/comm_internal.h"
+#include "moe/comm.h"
+
+#define CHUNK ((int64_t)(INT_MAX / 2))
+
+static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
+    return (char *)buf + (size_t)i * moe_comm_dtype_size(dt);
+}
+
+#ifdef MOE_HAVE_MPI
+static MPI_Datatype mpi_type(moe_comm_dtype dt) {
+    return dt == MOE_COMM_F32   ? MPI_FLOAT
+           : dt == MOE_COMM_F64 ? MPI_DOUBLE
+           : dt == MOE_COMM_I64 ? MPI_INT64_T
+                                : MPI_BYTE;
+}
+
+static MPI_Comm group_comm(const moe_comm *c, moe_comm_group g) {
+    return c->impl->group[g];
+}
+
+/* 1 when every slice size and offset of offsets [n + 1] fits an MPI int count. */
+static int fits_int(const int64_t *offsets, int n) {
+    return offsets[n] < CHUNK;
+}
+
+/* Sum of [n] into root's buf (in place), in chunks; root == -1: into every rank's. */
+static moe_status reduce_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                                moe_comm_dtype dt, int root, moe_err *err) {
+    MPI_Comm comm = group_comm(c, g);
+    for (int64_t i = 0; i < n; i += CHUNK) {
+        int cnt = (int)(n - i < CHUNK ? n - i : CHUNK);
+        MPI_Request req;
+        int rc;
+        if (root < 0)
+            rc = MPI_Iallreduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), MPI_SUM, comm,
+                                &req);
+        else if (c->grank[g] == root)
+            rc = MPI_Ireduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), MPI_SUM, root, comm,
+                             &req);
+        else
+            rc = MPI_Ireduce(at(buf, i, dt), NULL, cnt, mpi_type(dt), MPI_SUM, root, comm, &req);
+        if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a sum", err);
+        if (moe_comm_wait(c, g, &req, 1, "a sum", err) != MOE_OK) return err->status;
+    }
+    return MOE_OK;
+}
+
+static moe_status bcast_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                               moe_comm_dtype dt, int root, moe_err *err) {
+    for (int64_t i = 0; i < n; i += CHUNK) {
+        int cnt = (int)(n - i < CHUNK ? n - i : CHUNK);
+        MPI_Request req;
+        int rc = MPI_Ibcast(at(buf, i, dt), cnt, mpi_type(dt), root, group_comm(c, g), &req);
+        if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a broadcast", err);
+        if (moe_comm_wait(c, g, &req, 1, "a broadcast", err) != MOE_OK) return err->status;
+    }
+    return MOE_OK;
+}
+
+/* Grouped point-to-point: to each peer r send[r] [scount[r]], from each peer s recv[s]
+ * [rcount[s]] (NULL pointers and zero counts skip the peer), chunked, then one wait. */
+static moe_status exchange(const moe_comm *c, moe_comm_group g, const void *const *send,
+                           const int64_t *scount, void *const *recv, const int64_t *rcount,
+                           moe_comm_dtype dt, const char *what, moe_err *err) {
+    int n = c->gsize[g], nreq = 0, cap = 0;
+    for (int r = 0; r < n; r++) {
+        if (send[r]) cap += (int)((scount[r] + CHUNK - 1) / CHUNK);
+        if (recv[r]) cap += (int)((rcount[r] + CHUNK - 1) / CHUNK);
+    }
+    MPI_Request *req = malloc((size_t)(cap ? cap : 1) * sizeof *req);
+    if (!req) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    MPI_Comm comm = group_comm(c, g);
+    int rc = MPI_SUCCESS;
+    for (int r = 0; r < n && rc == MPI_SUCCESS; r++) {
+        for (int64_t i = 0; recv[r] && i < rcount[r] && rc == MPI_SUCCESS; i += CHUNK)
+            rc = MPI_Irecv(at(recv[r], i, dt), (int)(rcount[r] - i < CHUNK ? rcount[r] - i : CHUNK),
+                           mpi_type(dt), r, 0, comm, &req[nreq++]);
+        for (int64_t i = 0; send[r] && i < scount[r] && rc == MPI_SUCCESS; i += CHUNK)
+            rc = MPI_Isend(at(send[r], i, dt), (int)(scount[r] - i < CHUNK ? scount[r] - i : CHUNK),
+                           mpi_type(dt), r, 0, comm, &req[nreq++]);
+    }
+    moe_status st = rc == MPI_SUCCESS ? moe_comm_wait(c, g, req, nreq, what, err)
+                                      : moe_comm_mpi_fail(c, g, rc, what, err);
+    free(req);
+    return st;
+}
+
+/* int counts and displacements of offsets [n + 1] (fits_int holds) into cnt, dsp [n]. */
+static void int_slices(const int64_t *offsets, int n, int *cnt, int *dsp) {
+    for (int r = 0; r < n; r++)
+        cnt[r] = (int)(offsets[r + 1] - offsets[r]), dsp[r] = (int)offsets[r];
+}
+#endif
+
+moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (c->impl && c->gsize[g] > 1) return reduce_chunks(c, g, buf, n, dt, -1, err);
+#endif
+    (void)c, (void)g, (void)buf, (void)n, (void)dt, (void)err;
+    return MOE_OK;
+}
+
+#ifdef MOE_HAVE_MPI
+/* The slice operations: sum == 1 reduce-scatter, 0 all-gather(v), over the slices of
+ * offsets [gsize + 1]. One MPI call when the counts fit an int, else one chunked reduction
+ * or broadcast per owner's slice. */
+static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const int64_t *offsets,
+                         moe_comm_dtype dt, int sum, moe_err *err) {
+    int n = c->gsize[g], me = c->grank[g];
+    const char *what = sum ? "a reduce-scatter" : "an all-gather";
+    if (!fits_int(offsets, n)) {
+        for (int r = 0; r < n; r++) {
+            void *slice = at(buf, offsets[r], dt);
+            int64_t len = offsets[r + 1] - offsets[r];
+            if ((sum ? reduce_chunks(c, g, slice, len, dt, r, err)
+                     : bcast_chunks(c, g, slice, len, dt, r, err)) != MOE_OK)
+                return err->status;
+        }
+        return MOE_OK;
+    }
+    int *cnt = malloc((size_t)n * 2 * sizeof *cnt);
+    if (!cnt) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    int_slices(offsets, n, cnt, cnt + n);
+    MPI_Request req;
+    /* in place, a reduce-scatter leaves this rank's sum at the start of buf: moved below */
+    int rc = sum ? MPI_Ireduce_scatter(MPI_IN_PLACE, buf, cnt, mpi_type(dt), MPI_SUM,
+                                       group_comm(c, g), &req)
+                 : MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, cnt + n,
+                                   mpi_type(dt), group_comm(c, g), &req);
+    moe_status st = rc == MPI_SUCCESS ? moe_comm_wait(c, g, &req, 1, what, err)
+                                      : moe_comm_mpi_fail(c, g, rc, what, err);
+    free(cnt);
+    if (st == MOE_OK && sum && offsets[me] > 0)
+        memmove(at(buf, offsets[me], dt), buf,
+                (size_t)(offsets[me + 1] - offsets[me]) * moe_comm_dtype_size(dt));
+    return st;
+}
+#endif
+
+moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
+                                   const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 1, err);
+#endif
+    (void)c, (void)g, (void)buf, (void)offsets, (void)dt, (void)err;
+    return MOE_OK;
+}
+
+moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
+                              const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 0, err);
+#endif
+    (void)c, (void)g, (void)buf, (void)offsets, (void)dt, (void)err;
+    return MOE_OK;
+}
+
+moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
+                           const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
+    int me = c->grank[g], n = c->gsize[g];
+    int64_t own = offsets[me + 1] - offsets[me];
+    if (me == root && own > 0 && at(full, offsets[me], dt) != (const char *)mine)
+        memcpy(at(full, offsets[me], dt), mine, (size_t)own * moe_comm_dtype_size(dt));
+#ifdef MOE_HAVE_MPI
+    if (!c->impl || n == 1) return MOE_OK;
+    const void **send = calloc((size_t)n, sizeof *send);
+    void **recv = calloc((size_t)n, sizeof *recv);
+    int64_t *cnt = malloc((size_t)n * sizeof *cnt);
+    moe_status st = MOE_OK;
+    if (!send || !recv || !cnt) st = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    for (int r = 0; st == MOE_OK && r < n; r++) {
+        cnt[r] = me == root ? offsets[r + 1] - offsets[r] : own;
+        if (me == root && r != root) recv[r] = at(full, offsets[r], dt);
+        if (me != root && r == root) send[r] = mine;
+    }
+    if (st == MOE_OK) st = exchange(c, g, send, cnt, recv, cnt, dt, "a gather", err);
+    free(send);
+    free(recv);
+    free(cnt);
+    return st;
+#else
+    (void)n, (void)err;
+    return MOE_OK;
+#endif
+}
+
+moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
+                              const int64_t *send_counts, void *recv, const int64_t *recv_counts,
+                              moe_comm_dtype dt, moe_err *err) {
+    int n = c->gsize[g], me = c->grank[g];
+    int64_t so = 0, ro = 0; /* this rank's own part is a copy */
+    for (int r = 0; r < me; r++)
+        so += send_counts[r], ro += recv_counts[r];
+    if (send_counts[me] != recv_counts[me])
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "all-to-all: %lld elements to itself but %lld expected",
+                           (long long)send_counts[me], (long long)recv_counts[me]);
+    if (send_counts[me] > 0)
+        memcpy(at(recv, ro, dt), at(send, so, dt),
+               (size_t)send_counts[me] * moe_comm_dtype_size(dt));
+#ifdef MOE_HAVE_MPI
+    if (!c->impl || n == 1) return MOE_OK;
+    const void **sp = calloc((size_t)n, sizeof *sp);
+    void **rp = calloc((size_t)n, sizeof *rp);
+    if (!sp || !rp) {
+        free(sp);
+        free(rp);
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    }
+    so = ro = 0;
+    for (int r = 0; r < n; r++) {
+        if (r != me && send_counts[r] > 0) sp[r] = at(send, so, dt);
+        if (r != me && recv_counts[r] > 0) rp[r] = at(recv, ro, dt);
+        so += send_counts[r], ro += recv_counts[r];
+    }
+    moe_status st = exchange(c, g, (const void *const *)sp, send_counts, rp, recv_counts, dt,
+                             "an all-to-all", err);
+    free(sp);
+    free(rp);
+    return st;
+#else
+    (void)n, (void)err;
+    return MOE_OK;
+#endif
+}
+
+moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, int root, moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (c->impl && c->gsize[g] > 1) return bcast_chunks(c, g, buf, n, dt, root, err);
+#endif
+    (void)c, (void)g, (void)buf, (void)n, (void)dt, (void)root, (void)err;
+    return MOE_OK;
+}
+
+moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
+#ifdef MOE_HAVE_MPI
+    if (!c->impl || c->gsize[g] == 1) return MOE_OK;
+    MPI_Request req;
+    int rc = MPI_Ibarrier(group_comm(c, g), &req);
+    if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a barrier", err);
+    return moe_comm_wait(c, g, &req, 1, "a barrier", err);
+#else
+    (void)c, (void)g, (void)err;
+    return MOE_OK;
+#endif
+}
