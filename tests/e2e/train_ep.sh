@@ -9,7 +9,8 @@
 # and resumed at ep=2 ends with the same bytes; resumed at ep=1 (one process) and at ep=4,
 # directly and after moe-convert reshard --ep 4, its next losses equal the uninterrupted
 # run's. (c) torchrun-style variables for CPU ranks are refused (exit 2, mpirun/srun hint),
-# and so are half a torchrun set and torchrun variables that contradict MPI's ranks.
+# and so are half a torchrun set, torchrun variables that contradict MPI's ranks, and
+# several ranks on the GPU backend (no NCCL in this version).
 # (d) One of 2 ranks killed mid-run ends the run with an error; one stopped (SIGSTOP: a hang)
 # makes the other end the job within parallel.timeout_s with a message naming it.
 set -euo pipefail
@@ -96,6 +97,11 @@ RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 grep -q "mpirun -np 2" bad.err && grep -q "srun --mpi=pmix" bad.err ||
     { cat bad.err; fail "no mpirun/srun hint"; }
 [ ! -e bad ] || fail "a refused launch made its run directory"
+# the GPU backend with several ranks: refused (no NCCL yet)
+rc=0
+mpi 2 moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
+[ "$rc" = 2 ] && grep -q "NCCL is not wired in yet" bad.err ||
+    { cat bad.err; fail "parallel.ep=2 device=cuda: exit $rc"; }
 # inconsistent environments: half a torchrun set; torchrun variables that contradict MPI
 rc=0
 WORLD_SIZE=2 moe-train "${args[@]}" -o bad 2> bad.err || rc=$?

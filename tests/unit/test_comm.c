@@ -4,7 +4,8 @@
  * ranks) every rank checks the real exchanges against values it can compute: uneven
  * reduce-scatter and all-gather slices with an empty one, all-to-all(v) with zero counts
  * between some pairs, gather, broadcast, barrier, and the dp x ep groups (ep = 2 on an even
- * world: rank = d * ep + e). */
+ * world: rank = d * ep + e) - once as they run, once with moe_comm.chunk = 2 so that every
+ * operation takes its chunked path (what counts beyond MPI's int need). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -166,12 +167,15 @@ int main(int argc, char **argv) {
     CHECK(moe_comm_split(&c, c.world + 1, 30, &err) == MOE_ERR_INPUT); /* must divide */
     CHECK(moe_comm_split(&c, ep, 30, &err) == MOE_OK);
     test_groups(&c);
-    test_allreduce(&c);
-    test_slices(&c);
-    test_alltoallv(&c, MOE_COMM_WORLD);
-    test_alltoallv(&c, MOE_COMM_EP);
-    test_alltoallv(&c, MOE_COMM_DP);
-    test_broadcast_barrier(&c);
+    for (int pass = 0; pass < 2; pass++) { /* MPI's int limit, then chunks of 2 elements */
+        c.chunk = pass ? 2 : c.chunk;
+        test_allreduce(&c);
+        test_slices(&c);
+        test_alltoallv(&c, MOE_COMM_WORLD);
+        test_alltoallv(&c, MOE_COMM_EP);
+        test_alltoallv(&c, MOE_COMM_DP);
+        test_broadcast_barrier(&c);
+    }
     char name[32];
     snprintf(name, sizeof name, "comm[rank %d of %d]", c.rank, c.world);
     int rc = test_summary(name);

@@ -59,6 +59,8 @@ typedef struct moe_comm {
     int grank[MOE_COMM_N_GROUPS]; /* this rank's place in each group */
     int gsize[MOE_COMM_N_GROUPS]; /* each group's size */
     double timeout_s;             /* deadline of every operation; 0 = none */
+    int64_t chunk;                /* most elements one MPI call moves: INT_MAX / 2 (tests lower
+                                     it to run the chunked paths) */
     struct moe_comm_impl *impl;   /* the transport's handles; NULL: one process */
 } moe_comm;
 

@@ -5,6 +5,7 @@
 #include "moe/comm.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,7 @@ void moe_comm_single(moe_comm *c) {
     memset(c, 0, sizeof *c);
     c->world = c->dp = c->ep = 1;
     c->timeout_s = 0; /* parallel.timeout_s arrives with moe_comm_split */
+    c->chunk = INT_MAX / 2;
     for (int g = 0; g < MOE_COMM_N_GROUPS; g++)
         c->gsize[g] = 1;
 }

@@ -1,7 +1,7 @@
 /* comm_ops: the collectives of moe/comm.h over MPI on host buffers. Each is started
  * non-blocking and waited for with the run's deadline (moe_comm_wait). MPI counts are int:
- * the sums and broadcasts run in chunks of at most CHUNK elements, the slice operations take
- * one MPI call when every count and displacement fits and otherwise fall back to per-owner
+ * the sums and broadcasts run in chunks of at most moe_comm.chunk elements, the slice operations
+ * take one MPI call when every count and displacement fits and otherwise fall back to per-owner
  * chunked reductions or broadcasts; all-to-all(v) and gather are grouped point-to-point
  * sends and receives in chunks (as NCCL's grouped send/recv), so they have no int limit. A
  * group of one rank needs no MPI: the operations copy their own part or do nothing. */
@@ -11,8 +11,6 @@
 
 #include "dist/comm_internal.h"
 #include "moe/comm.h"
-
-#define CHUNK ((int64_t)(INT_MAX / 2))
 
 static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
     return (char *)buf + (size_t)i * moe_comm_dtype_size(dt);
@@ -30,17 +28,17 @@ static MPI_Comm group_comm(const moe_comm *c, moe_comm_group g) {
     return c->impl->group[g];
 }
 
-/* 1 when every slice size and offset of offsets [n + 1] fits an MPI int count. */
-static int fits_int(const int64_t *offsets, int n) {
-    return offsets[n] < CHUNK;
+/* 1 when every slice size and offset of offsets [n + 1] fits one MPI call's count. */
+static int fits_int(const moe_comm *c, const int64_t *offsets, int n) {
+    return offsets[n] < c->chunk;
 }
 
 /* Sum of [n] into root's buf (in place), in chunks; root == -1: into every rank's. */
 static moe_status reduce_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                                 moe_comm_dtype dt, int root, moe_err *err) {
     MPI_Comm comm = group_comm(c, g);
-    for (int64_t i = 0; i < n; i += CHUNK) {
-        int cnt = (int)(n - i < CHUNK ? n - i : CHUNK);
+    for (int64_t i = 0; i < n; i += c->chunk) {
+        int cnt = (int)(n - i < c->chunk ? n - i : c->chunk);
         MPI_Request req;
         int rc;
         if (root < 0)
@@ -59,8 +57,8 @@ static moe_status reduce_chunks(const moe_comm *c, moe_comm_group g, void *buf, 
 
 static moe_status bcast_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                                moe_comm_dtype dt, int root, moe_err *err) {
-    for (int64_t i = 0; i < n; i += CHUNK) {
-        int cnt = (int)(n - i < CHUNK ? n - i : CHUNK);
+    for (int64_t i = 0; i < n; i += c->chunk) {
+        int cnt = (int)(n - i < c->chunk ? n - i : c->chunk);
         MPI_Request req;
         int rc = MPI_Ibcast(at(buf, i, dt), cnt, mpi_type(dt), root, group_comm(c, g), &req);
         if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a broadcast", err);
@@ -76,20 +74,22 @@ static moe_status exchange(const moe_comm *c, moe_comm_group g, const void *cons
                            moe_comm_dtype dt, const char *what, moe_err *err) {
     int n = c->gsize[g], nreq = 0, cap = 0;
     for (int r = 0; r < n; r++) {
-        if (send[r]) cap += (int)((scount[r] + CHUNK - 1) / CHUNK);
-        if (recv[r]) cap += (int)((rcount[r] + CHUNK - 1) / CHUNK);
+        if (send[r]) cap += (int)((scount[r] + c->chunk - 1) / c->chunk);
+        if (recv[r]) cap += (int)((rcount[r] + c->chunk - 1) / c->chunk);
     }
     MPI_Request *req = malloc((size_t)(cap ? cap : 1) * sizeof *req);
     if (!req) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     MPI_Comm comm = group_comm(c, g);
     int rc = MPI_SUCCESS;
     for (int r = 0; r < n && rc == MPI_SUCCESS; r++) {
-        for (int64_t i = 0; recv[r] && i < rcount[r] && rc == MPI_SUCCESS; i += CHUNK)
-            rc = MPI_Irecv(at(recv[r], i, dt), (int)(rcount[r] - i < CHUNK ? rcount[r] - i : CHUNK),
-                           mpi_type(dt), r, 0, comm, &req[nreq++]);
-        for (int64_t i = 0; send[r] && i < scount[r] && rc == MPI_SUCCESS; i += CHUNK)
-            rc = MPI_Isend(at(send[r], i, dt), (int)(scount[r] - i < CHUNK ? scount[r] - i : CHUNK),
-                           mpi_type(dt), r, 0, comm, &req[nreq++]);
+        for (int64_t i = 0; recv[r] && i < rcount[r] && rc == MPI_SUCCESS; i += c->chunk)
+            rc = MPI_Irecv(at(recv[r], i, dt),
+                           (int)(rcount[r] - i < c->chunk ? rcount[r] - i : c->chunk), mpi_type(dt),
+                           r, 0, comm, &req[nreq++]);
+        for (int64_t i = 0; send[r] && i < scount[r] && rc == MPI_SUCCESS; i += c->chunk)
+            rc = MPI_Isend(at(send[r], i, dt),
+                           (int)(scount[r] - i < c->chunk ? scount[r] - i : c->chunk), mpi_type(dt),
+                           r, 0, comm, &req[nreq++]);
     }
     moe_status st = rc == MPI_SUCCESS ? moe_comm_wait(c, g, req, nreq, what, err)
                                       : moe_comm_mpi_fail(c, g, rc, what, err);
@@ -121,7 +121,7 @@ static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const i
                          moe_comm_dtype dt, int sum, moe_err *err) {
     int n = c->gsize[g], me = c->grank[g];
     const char *what = sum ? "a reduce-scatter" : "an all-gather";
-    if (!fits_int(offsets, n)) {
+    if (!fits_int(c, offsets, n)) {
         for (int r = 0; r < n; r++) {
             void *slice = at(buf, offsets[r], dt);
             int64_t len = offsets[r + 1] - offsets[r];
