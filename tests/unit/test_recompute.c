@@ -7,7 +7,8 @@
  *    forward-only), and a forward-only model gives the same hidden states as a training one.
  * 3. moe_model_memory_estimate is exact: a counting wrapper around the CPU backend's
  *    alloc/free sums what the model (and the AdamW moments a trainer adds) really allocate
- *    through the backend, and forward/backward allocate nothing more.
+ *    through the backend, and forward/backward allocate nothing more; also for one rank of
+ *    an expert-parallel group (its experts, its worst-case expert-side buffers).
  * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
  * recomputed forward runs the same deterministic ops on the same inputs. */
 #include <stdlib.h>
@@ -193,8 +194,7 @@ static void test_plans_and_forward_only(void) {
      * weight in bf16 and the activations; no gradients, no fp32 copy of the matrices */
     CHECK_INT_EQ(cnt.n_alloc, 3);
     CHECK(fo.weights16_only && fo.param_elems > 0 && fo.param_elems < fo.table.n_elems / 2);
-    CHECK((int64_t)cnt.live ==
-          fo.param_elems * 4 + fo.table.n_elems * 2 + (int64_t)fo.acts->bytes);
+    CHECK((int64_t)cnt.live == fo.param_elems * 4 + fo.table.n_elems * 2 + (int64_t)fo.acts->bytes);
     CHECK((int64_t)fo.acts->bytes < by[MOE_RECOMPUTE_FULL]);
     moe_model_init_weights(&tr, 4);
     moe_model_init_weights(&fo, 4);
@@ -273,7 +273,7 @@ static void test_estimate_exact(void) {
                 moe_optim_config opt = test_optim(0.1);
                 moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
-                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, &est);
+                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,
                           "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
                           moe_recompute_name((moe_recompute)rc), moe_recipe_name(recipe), tied,
@@ -288,9 +288,52 @@ static void test_estimate_exact(void) {
             }
 }
 
+/* moe_model_ep's exchange for a model that runs no pass: never called. */
+static moe_status no_exchange(void *ctx, const void *send, const int64_t *send_rows, void *recv,
+                              const int64_t *recv_rows, size_t row_bytes, moe_err *err) {
+    (void)ctx, (void)send, (void)send_rows, (void)recv, (void)recv_rows, (void)row_bytes;
+    CHECK_MSG(0, "an exchange in a model that runs no pass");
+    return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "unexpected exchange");
+}
+
+/* Expert parallelism: rank 1 of an expert group of 5 (one of the 5 experts, the expert side
+ * sized for 5 x the local rows) allocates what the estimate for ep = 5 says. */
+static void test_estimate_ep(void) {
+    moe_model_config cfg = config(0);
+    for (int r = 0; r < 2; r++) {
+        moe_recipe recipe = r ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+        counter cnt;
+        moe_backend cbe = counting_backend(&cnt);
+        moe_model m;
+        moe_err err;
+        moe_err_clear(&err);
+        moe_model_ep ep = {.rank = 1, .size = 5, .alltoallv = no_exchange};
+        if (moe_model_create_ep(&m, &cfg, recipe, MOE_RECOMPUTE_NONE, &cbe, B, T, &ep, &err) !=
+            MOE_OK) {
+            CHECK_MSG(0, "create: %s", err.msg);
+            continue;
+        }
+        size_t pb = (size_t)m.table.n_elems * sizeof(float);
+        float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
+        moe_model_memory est, one;
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, &est);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, &one);
+        CHECK_INT_EQ(est.total, (int64_t)cnt.peak);
+        CHECK_INT_EQ(est.params, (int64_t)pb);
+        CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * 4);
+        CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
+        CHECK(est.params < one.params && est.activations > one.activations);
+        cbe.free(&cbe, am);
+        cbe.free(&cbe, av);
+        moe_model_free(&m);
+        CHECK_INT_EQ((int64_t)cnt.live, 0);
+    }
+}
+
 int main(void) {
     test_bit_identical();
     test_plans_and_forward_only();
     test_estimate_exact();
+    test_estimate_ep();
     return test_summary("test_recompute");
 }

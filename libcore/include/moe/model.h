@@ -207,6 +207,7 @@ int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recip
 
 typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t params;               /* fp32 master weights (one allocation) */
+    int64_t expert_params;        /* the part of params that is the rank's experts */
     int64_t weight_copies;        /* their bf16 copies (bf16 recipe; one allocation) */
     int64_t grads;                /* fp32 gradients (one allocation) */
     int64_t optimizer;            /* AdamW m and v, fp32 (allocated by the trainer) */
@@ -219,10 +220,12 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
 /* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what
  * moe_model_create asks moe_backend_check about and the scratch estimate is computed for. */
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d);
-/* What a training run allocates: total exactly for any backend; add gpu_scratch for the
- * peak device memory of the CUDA backend. */
+/* What a training run allocates on one rank of an expert group of ep ranks (1: every
+ * expert; moe_model_create_ep's tensors and expert-side buffers): total exactly for any
+ * backend, with AdamW moments for every tensor of the rank (a ZeRO-1 trainer holds a share);
+ * add gpu_scratch for the peak device memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
-                               moe_recompute recompute, int64_t batch, int64_t seq,
+                               moe_recompute recompute, int64_t batch, int64_t seq, int ep,
                                moe_model_memory *out);
 
 #ifdef __cplusplus

@@ -561,16 +561,23 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 }
 
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
-                               moe_recompute recompute, int64_t batch, int64_t seq,
+                               moe_recompute recompute, int64_t batch, int64_t seq, int ep,
                                moe_model_memory *out) {
     int64_t total = 0;
     moe_model_count_params(cfg, &total, NULL);
+    if (ep < 1) ep = 1;
+    int64_t experts = cfg->num_hidden_layers * cfg->num_local_experts * 3 * cfg->hidden_size *
+                      cfg->intermediate_size;
+    int64_t mine = total - experts + experts / ep; /* the dense part and E/ep experts */
     memset(out, 0, sizeof *out);
-    out->params = total * (int64_t)sizeof(float);
+    out->params = mine * (int64_t)sizeof(float);
+    out->expert_params = experts / ep * (int64_t)sizeof(float);
     out->grads = out->params;
     out->optimizer = 2 * out->params;
-    out->weight_copies = moe_model_has_copies(recipe, 1) ? total * (int64_t)sizeof(uint16_t) : 0;
-    out->activations = moe_model_activation_bytes(cfg, recipe, recompute, batch, seq);
+    out->weight_copies = moe_model_has_copies(recipe, 1) ? mine * (int64_t)sizeof(uint16_t) : 0;
+    if (cfg->num_attention_heads > 0)
+        out->activations =
+            (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, NULL, NULL);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
