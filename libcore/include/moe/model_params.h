@@ -18,7 +18,8 @@
  * first tensor). Offsets follow the table order; the checkpoint files are keyed by name
  * (safetensors writes them sorted), so the order never shows in a file.
  * Expert indices in names and in moe_param.expert are GLOBAL ([0, num_local_experts)); the
- * local range [e0, e1) is all experts today and is narrowed by expert parallelism. */
+ * local range [e0, e1) is all experts in one process and E/ep of them on an expert-parallel
+ * rank (moe_model_create_ep). */
 #ifndef MOE_MODEL_PARAMS_H
 #define MOE_MODEL_PARAMS_H
 

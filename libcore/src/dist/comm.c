@@ -46,7 +46,7 @@ typedef struct launch_env {
 static moe_status read_env(launch_env *e, moe_err *err) {
     static const char *const mpi_vars[][2] = {{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
                                               {"PMI_RANK", "PMI_SIZE"},
-                                              {"PMIX_RANK", "SLURM_NTASKS"}};
+                                              {"PMIX_RANK", "SLURM_STEP_NUM_TASKS"}};
     moe_status st = MOE_OK;
     memset(e, 0, sizeof *e);
     e->rank = e->world = e->t_rank = e->t_world = -1;
@@ -55,7 +55,7 @@ static moe_status read_env(launch_env *e, moe_err *err) {
         int has_r = env_int(mpi_vars[i][0], &r, err, &st);
         int has_w = env_int(mpi_vars[i][1], &w, err, &st);
         if (st != MOE_OK) return st;
-        if (!has_r && !(has_w && i < 2)) continue; /* SLURM_NTASKS alone is not MPI */
+        if (!has_r && !(has_w && i < 2)) continue; /* a Slurm step alone is not MPI */
         e->mpi = 1, e->rank = r, e->world = has_w ? w : -1, e->rank_var = mpi_vars[i][0];
     }
     if (!e->mpi && getenv("MPI_LOCALNRANKS")) e->mpi = 1; /* MPICH hydra, rank unknown here */
