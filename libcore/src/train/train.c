@@ -3,7 +3,6 @@
  * evaluation, checkpoint. Everything the loop reads between steps lives in `trainer`. */
 #include "moe/train.h"
 
-#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
@@ -753,63 +752,4 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     }
     trainer_free(&t);
     return st;
-}
-
-/* ---- --dry-run ---- */
-
-static void human_bytes(char *buf, size_t n, double b) {
-    const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int i = 0;
-    while (b >= 1024 && i < 4)
-        b /= 1024, i++;
-    snprintf(buf, n, "%.1f %s", b, u[i]);
-}
-
-moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
-    moe_status st = moe_config_validate(cfg, err);
-    if (st != MOE_OK) return st;
-    st = moe_config_write_yaml(cfg, out, err);
-    if (st != MOE_OK) return st;
-    const moe_train_config *tc = &cfg->train;
-    int64_t total, active, micro_seqs, n_micro;
-    moe_config_micro_batch(cfg, &micro_seqs, &n_micro);
-    moe_model_count_params(&cfg->model, &total, &active);
-    double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
-    moe_model_memory mem;
-    moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
-                              tc->seq_len, (int)cfg->parallel.ep, &mem);
-    /* ZeRO-1: the dense part's AdamW state is sharded over all ranks, the experts' over the
-     * dp replicas of the shard */
-    int64_t world = cfg->parallel.dp * cfg->parallel.ep, xopt = 2 * mem.expert_params;
-    int64_t opt = (mem.optimizer - xopt) / world + xopt / cfg->parallel.dp;
-    int64_t total_mem = mem.total - mem.optimizer + opt;
-    char w[32], w16[64] = "", a[32], o[32], sum[32], gs[32], gt[32];
-    human_bytes(w, sizeof w, (double)mem.params);
-    if (mem.weight_copies > 0) {
-        char c[32];
-        human_bytes(c, sizeof c, (double)mem.weight_copies);
-        snprintf(w16, sizeof w16, " + bf16 weight copies %s", c);
-    }
-    human_bytes(o, sizeof o, (double)opt);
-    human_bytes(a, sizeof a, (double)mem.activations);
-    human_bytes(sum, sizeof sum, (double)total_mem);
-    human_bytes(gs, sizeof gs, (double)mem.gpu_scratch);
-    human_bytes(gt, sizeof gt, (double)(total_mem + mem.gpu_scratch));
-    fprintf(out, "\n# --dry-run summary\n");
-    fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
-    fprintf(out,
-            "# training FLOPs: %.4g per token (seq_len %" PRId64 "), %.4g per step of %" PRId64
-            " tokens, %.4g for %" PRId64 " steps\n",
-            fpt, tc->seq_len, fpt * (double)tc->global_batch_tokens, tc->global_batch_tokens,
-            fpt * (double)tc->global_batch_tokens * (double)tc->steps, tc->steps);
-    fprintf(out,
-            "# batch: %" PRId64 " micro-step(s) of %" PRId64 " sequences x %" PRId64
-            " tokens, shared by %" PRId64 " rank(s); memory below is per rank\n",
-            n_micro, micro_seqs, tc->seq_len, cfg->parallel.dp * cfg->parallel.ep);
-    fprintf(out,
-            "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (ZeRO-1 share) "
-            "+ activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
-            "backend scratch = %s peak\n",
-            w, w16, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
-    return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }
