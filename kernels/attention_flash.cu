@@ -18,7 +18,14 @@
  * below read shared-memory tiles of row stride D+8 bf16 with ldmatrix (conflict-free for
  * D = 64, 128). Tiles stream in with cp.async, double-buffered: the next key (or query)
  * block is in flight while the current one is multiplied. The first, simpler version (plain
- * loads, no pipelining) is kept in bench/kernels/attention_flash_v1.cu. */
+ * loads, no pipelining) is kept in bench/kernels/attention_flash_v1.cu.
+ *
+ * Document mask (ds = doc_start [B, T] or NULL, moe/ops.h): query t sees keys ds[t]..t. As
+ * the starts never decrease along a row, a query block's earliest start is its first row's,
+ * so the forward and dq kernels begin at that start's key block (the blocks before it are
+ * skipped, not loaded); the dk/dv kernel ends at the last query of the document holding the
+ * block's last key. Inside the blocks that remain, keys before a row's start are masked like
+ * those after its diagonal. NULL gives exactly the causal kernels' arithmetic. */
 #include <math.h>
 
 #include "backend_cuda.cuh"
@@ -144,8 +151,8 @@ __device__ __forceinline__ void fa_st2(bf16 *p, float a, float b) {
 template <int D, typename TO>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
-             const bf16 *__restrict__ k, const bf16 *__restrict__ v, int64_t T, int H, int KV,
-             float scale, int round_out) {
+             const bf16 *__restrict__ k, const bf16 *__restrict__ v, const int32_t *__restrict__ ds,
+             int64_t T, int H, int KV, float scale, int round_out) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -160,11 +167,14 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
     const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
 
-    /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1 */
+    /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1; the first
+     * is the document start of row q0 (0 without a mask) */
     const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
+    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL;
+    const int kb_first = dsb ? dsb[q0] / FA_BK : 0;
     cp_tile<D, LD>(sQ, qg, FA_BQ, q0, T, qstride);
-    cp_tile<D, LD>(sKb, kg, FA_BK, 0, T, kstride);
-    cp_tile<D, LD>(sVb, vg, FA_BK, 0, T, kstride);
+    cp_tile<D, LD>(sKb, kg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
+    cp_tile<D, LD>(sVb, vg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
     cp_commit();
 
     uint32_t qf[D / 16][4];
@@ -174,20 +184,23 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    /* the first key of each row's document (rows past T: 0, never stored) */
+    const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * LOG2E;
 
-    for (int kb = 0; kb <= kb_last; kb++) {
+    /* it counts the blocks walked: buffer it & 1 holds block kb */
+    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
         const int64_t k0 = (int64_t)kb * FA_BK;
         if (kb < kb_last) { /* prefetch the next key block into the other buffer */
-            int nb = (kb + 1) & 1;
+            int nb = (it + 1) & 1;
             cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, T, kstride);
             cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, T, kstride);
         }
         cp_commit(); /* possibly empty: keeps one group per iteration */
         cp_wait<1>();
         __syncthreads();
-        const bf16 *sK = sKb + (kb & 1) * FA_BK * LD, *sV = sVb + (kb & 1) * FA_BK * LD;
-        if (kb == 0) {
+        const bf16 *sK = sKb + (it & 1) * FA_BK * LD, *sV = sVb + (it & 1) * FA_BK * LD;
+        if (it == 0) {
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++)
                 load_a<LD>(qf[ks], sQ, warp * 16, ks * 16, lane);
@@ -209,10 +222,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
 #pragma unroll
         for (int nt = 0; nt < FA_BK / 8; nt++) {
             int64_t key = k0 + nt * 8 + 2 * t;
-            s[nt][0] = key <= row0 ? s[nt][0] * sl2 : -INFINITY;
-            s[nt][1] = key + 1 <= row0 ? s[nt][1] * sl2 : -INFINITY;
-            s[nt][2] = key <= row1 ? s[nt][2] * sl2 : -INFINITY;
-            s[nt][3] = key + 1 <= row1 ? s[nt][3] * sl2 : -INFINITY;
+            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] * sl2 : -INFINITY;
+            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] * sl2 : -INFINITY;
+            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] * sl2 : -INFINITY;
+            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] * sl2 : -INFINITY;
             mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
             mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
         }
@@ -220,19 +233,22 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* a row whose keys in this block are all masked keeps its max (finite: block 0,
-         * processed first, holds key 0 <= row), so exp2 gives p = 0 and alpha = 1 */
+        /* a row whose keys in this block are all masked keeps its max, so exp2 gives p = 0
+         * and alpha = 1. Without a mask that max is finite (the first block holds key 0 <=
+         * row); a row whose document starts after every key seen so far still has max -inf:
+         * it subtracts 0 instead (p = 0, alpha = 0, no -inf - -inf = NaN) */
         float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+        const float r0 = mn0 == -INFINITY ? 0.0f : mn0, r1 = mn1 == -INFINITY ? 0.0f : mn1;
+        float a0 = exp2f(m0 - r0), a1 = exp2f(m1 - r1);
         m0 = mn0;
         m1 = mn1;
         float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - mn0);
-            s[nt][1] = exp2f(s[nt][1] - mn0);
-            s[nt][2] = exp2f(s[nt][2] - mn1);
-            s[nt][3] = exp2f(s[nt][3] - mn1);
+            s[nt][0] = exp2f(s[nt][0] - r0);
+            s[nt][1] = exp2f(s[nt][1] - r0);
+            s[nt][2] = exp2f(s[nt][2] - r1);
+            s[nt][3] = exp2f(s[nt][3] - r1);
             ls0 += s[nt][0] + s[nt][1];
             ls1 += s[nt][2] + s[nt][3];
         }
@@ -311,8 +327,8 @@ template <int D>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_bwd_dq(float *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                 const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
-                const float *__restrict__ lse, const float *__restrict__ delta, int64_t T, int H,
-                int KV, float scale) {
+                const float *__restrict__ lse, const float *__restrict__ delta,
+                const int32_t *__restrict__ ds, int64_t T, int H, int KV, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -328,12 +344,15 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
     const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
     const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
+    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL; /* the forward's key range */
+    const int kb_first = dsb ? dsb[q0] / FA_BK : 0;
     cp_tile<D, LD>(sQ, q + qoff, FA_BQ, q0, T, qstride);
     cp_tile<D, LD>(sdO, dout + qoff, FA_BQ, q0, T, qstride);
-    cp_tile<D, LD>(sKb, kg, FA_BK, 0, T, kstride);
-    cp_tile<D, LD>(sVb, vg, FA_BK, 0, T, kstride);
+    cp_tile<D, LD>(sKb, kg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
+    cp_tile<D, LD>(sVb, vg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
     cp_commit();
     const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
+    const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float *lg = lse + (int64_t)bh * T, *dg = delta + (int64_t)bh * T;
     const float lse0 = row0 < T ? lg[row0] * LOG2E : 0.0f,
                 lse1 = row1 < T ? lg[row1] * LOG2E : 0.0f;
@@ -344,17 +363,17 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     for (int nt = 0; nt < D / 8; nt++)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
 
-    for (int kb = 0; kb <= kb_last; kb++) {
+    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) { /* buffer it & 1 holds kb */
         const int64_t k0 = (int64_t)kb * FA_BK;
         if (kb < kb_last) {
-            int nb = (kb + 1) & 1;
+            int nb = (it + 1) & 1;
             cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, T, kstride);
             cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, T, kstride);
         }
         cp_commit();
         cp_wait<1>();
         __syncthreads();
-        const bf16 *sK = sKb + (kb & 1) * FA_BK * LD, *sV = sVb + (kb & 1) * FA_BK * LD;
+        const bf16 *sK = sKb + (it & 1) * FA_BK * LD, *sV = sVb + (it & 1) * FA_BK * LD;
         float s[FA_BK / 8][4], dp[FA_BK / 8][4];
 #pragma unroll
         for (int nt = 0; nt < FA_BK / 8; nt++)
@@ -380,10 +399,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
 #pragma unroll
         for (int nt = 0; nt < FA_BK / 8; nt++) {
             int64_t key = k0 + nt * 8 + 2 * t;
-            float p00 = key <= row0 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
-            float p01 = key + 1 <= row0 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
-            float p10 = key <= row1 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
-            float p11 = key + 1 <= row1 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
+            float p00 = key <= row0 && key >= st0 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
+            float p01 = key + 1 <= row0 && key + 1 >= st0 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
+            float p10 = key <= row1 && key >= st1 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
+            float p11 = key + 1 <= row1 && key + 1 >= st1 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
             s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
             s[nt][1] = p01 * (dp[nt][1] - dl0);
             s[nt][2] = p10 * (dp[nt][2] - dl1);
@@ -425,7 +444,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     k_fa_bwd_dkv(float *__restrict__ dk, float *__restrict__ dv, const bf16 *__restrict__ q,
                  const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                  const bf16 *__restrict__ dout, const float *__restrict__ lse,
-                 const float *__restrict__ delta, int64_t T, int H, int KV, float scale) {
+                 const float *__restrict__ delta, const int32_t *__restrict__ ds, int64_t T, int H,
+                 int KV, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(fa_smem);
@@ -434,14 +454,33 @@ __global__ void __launch_bounds__(FA_THREADS)
     bf16 *sdOb = sQb + 2 * FA_BQ_KV * LD;                             /* [2][FA_BQ_KV][LD] */
     float *sLb = reinterpret_cast<float *>(sdOb + 2 * FA_BQ_KV * LD); /* [2][FA_BQ_KV] lse*log2e */
     float *sDb = sLb + 2 * FA_BQ_KV;                                  /* [2][FA_BQ_KV] delta */
+    int32_t *sSb = reinterpret_cast<int32_t *>(sDb + 2 * FA_BQ_KV);   /* [2][FA_BQ_KV] doc start */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int kb = gridDim.x - 1 - blockIdx.x;
     const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
     const int64_t k0 = (int64_t)kb * FA_BKV;
     const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
     const int64_t koff = (int64_t)b * T * kstride + (int64_t)hk * D;
+    /* the queries that see this block's keys: k0 up to T, or with a mask up to the end of the
+     * document holding the block's last key k_last - the first query after k_last whose
+     * document starts after it (starts never decrease: a binary search, the same in every
+     * thread) */
+    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL;
+    int64_t q_end = T;
+    if (dsb) {
+        const int64_t k_last = (k0 + FA_BKV < T ? k0 + FA_BKV : T) - 1;
+        int64_t lo = k_last + 1, hi = T;
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (dsb[mid] > k_last)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        q_end = lo;
+    }
     /* the (query head, query block) tiles this key block sees, in order */
-    const int64_t nqt = (T - k0 + FA_BQ_KV - 1) / FA_BQ_KV;
+    const int64_t nqt = (q_end - k0 + FA_BQ_KV - 1) / FA_BQ_KV;
     const int64_t ntiles = nqt * group;
 
     /* loads tile i (head hh = i / nqt, queries q0..q0+31) into buffer buf */
@@ -455,6 +494,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         for (int j = threadIdx.x; j < FA_BQ_KV; j += blockDim.x) {
             sLb[buf * FA_BQ_KV + j] = q0 + j < T ? lg[q0 + j] * LOG2E : 0.0f;
             sDb[buf * FA_BQ_KV + j] = q0 + j < T ? dg[q0 + j] : 0.0f;
+            sSb[buf * FA_BQ_KV + j] = dsb && q0 + j < T ? dsb[q0 + j] : 0;
         }
     };
     cp_tile<D, LD>(sK, k + koff, FA_BKV, k0, T, kstride);
@@ -479,6 +519,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         const int64_t q0 = k0 + (i % nqt) * FA_BQ_KV;
         const bf16 *sQ = sQb + buf * FA_BQ_KV * LD, *sdO = sdOb + buf * FA_BQ_KV * LD;
         const float *sL = sLb + buf * FA_BQ_KV, *sD = sDb + buf * FA_BQ_KV;
+        const int32_t *sS = sSb + buf * FA_BQ_KV;
         /* S^T [16 keys, 32 queries] = K_w Q^T ; dP^T = V_w dO^T */
         float s[FA_BQ_KV / 8][4], dp[FA_BQ_KV / 8][4];
 #pragma unroll
@@ -508,10 +549,11 @@ __global__ void __launch_bounds__(FA_THREADS)
             int c = nt * 8 + 2 * t;
             int64_t qa = q0 + c, qb2 = qa + 1;
             float la = sL[c], lb = sL[c + 1], da = sD[c], db = sD[c + 1];
-            float p00 = (qa < T && qa >= key0) ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
-            float p01 = (qb2 < T && qb2 >= key0) ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
-            float p10 = (qa < T && qa >= key1) ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
-            float p11 = (qb2 < T && qb2 >= key1) ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
+            int64_t sta = sS[c], stb = sS[c + 1]; /* the queries' document starts */
+            float p00 = (qa < T && qa >= key0 && sta <= key0) ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
+            float p01 = (qb2 < T && qb2 >= key0 && stb <= key0) ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
+            float p10 = (qa < T && qa >= key1 && sta <= key1) ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
+            float p11 = (qb2 < T && qb2 >= key1 && stb <= key1) ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
             pt[nt][0] = p00;
             pt[nt][1] = p01;
             pt[nt][2] = p10;
@@ -597,16 +639,17 @@ static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op)
         op, "shared memory %zu bytes", bytes);
 }
 
+/* out [B, T, H, D], lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D], ds [B, T] or NULL */
 template <int D, typename TO>
 static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
-                          const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                          int round_out) {
+                          const bf16 *v, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                          int64_t KV, int round_out) {
     const char *op = "attention_forward";
     size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
     if (!fa_smem_attr(c, k_fa_fwd<D, TO>, smem, op)) return;
     dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, T, (int)H, (int)KV,
-                                                           1.0f / sqrtf((float)D), round_out);
+    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(
+        out, lse, q, k, v, ds, T, (int)H, (int)KV, 1.0f / sqrtf((float)D), round_out);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
@@ -614,34 +657,37 @@ static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, c
 /* out is F32 (rounded to bf16 values when round_out) or BF16 (written rounded). */
 template <int D>
 static void fa_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, int64_t B, int64_t T, int64_t H, int64_t KV, int round_out) {
+                       const bf16 *v, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                       int64_t KV, int round_out) {
     if (out.dt == MOE_DTYPE_BF16)
-        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, ds, B, T, H, KV, round_out);
     else
-        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, ds, B, T, H, KV, round_out);
 }
 
+/* dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D], lse/delta [B, H, T], ds [B, T] or NULL */
 template <int D>
 static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
                         const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
-                        const float *delta, int64_t B, int64_t T, int64_t H, int64_t KV) {
+                        const float *delta, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                        int64_t KV) {
     const char *op = "attention_backward";
     float scale = 1.0f / sqrtf((float)D);
     size_t smem_dq = (size_t)(2 * FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
-    size_t smem_kv =
-        (size_t)(2 * FA_BKV + 4 * FA_BQ_KV) * (D + 8) * sizeof(bf16) + 4 * FA_BQ_KV * sizeof(float);
+    size_t smem_kv = (size_t)(2 * FA_BKV + 4 * FA_BQ_KV) * (D + 8) * sizeof(bf16) +
+                     4 * FA_BQ_KV * sizeof(float) + 2 * FA_BQ_KV * sizeof(int32_t);
     if (!fa_smem_attr(c, k_fa_bwd_dq<D>, smem_dq, op) ||
         !fa_smem_attr(c, k_fa_bwd_dkv<D>, smem_kv, op))
         return;
     dim3 gq((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, T, (int)H,
-                                                           (int)KV, scale);
+    k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, ds, T,
+                                                           (int)H, (int)KV, scale);
     if (!MOE_CUDA_LAUNCHED(c, op, "dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                            (long long)T, (long long)H, (long long)KV, D))
         return;
     dim3 gk((unsigned)((T + FA_BKV - 1) / FA_BKV), (unsigned)(B * KV));
-    k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta, T,
-                                                            (int)H, (int)KV, scale);
+    k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta, ds,
+                                                            T, (int)H, (int)KV, scale);
     MOE_CUDA_LAUNCHED(c, op, "dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
@@ -663,8 +709,8 @@ static int fa_all_f32(moe_cuda_ctx *c, const char *op, moe_cbuf a, moe_cbuf b, m
 }
 
 void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
-                                moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                int64_t D, moe_recipe prec) {
+                                moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
+                                int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_forward";
     if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
@@ -672,7 +718,8 @@ void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, 
     if (prec == MOE_RECIPE_FP32) {
         if (!fa_all_f32(c, op, moe_cbuf_from(out), q, k, v)) return;
         moe_cuda_attention_fp32_forward(c, (float *)out.p, lse, (const float *)q.p,
-                                        (const float *)k.p, (const float *)v.p, B, T, H, KV, D);
+                                        (const float *)k.p, (const float *)v.p, doc_start, B, T, H,
+                                        KV, D);
         return;
     }
     if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
@@ -682,27 +729,28 @@ void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, 
     if (!vb) return;
     switch (D) {
     case 16:
-        fa_forward<16>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        fa_forward<16>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
         break;
     case 32:
-        fa_forward<32>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        fa_forward<32>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
         break;
     case 64:
-        fa_forward<64>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        fa_forward<64>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
         break;
     case 96:
-        fa_forward<96>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        fa_forward<96>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
         break;
     default:
-        fa_forward<128>(c, out, lse, qb, kb, vb, B, T, H, KV, 1);
+        fa_forward<128>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
         break;
     }
 }
 
 void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
-                                 moe_cbuf out, const float *lse, int64_t B, int64_t T, int64_t H,
-                                 int64_t KV, int64_t D, moe_recipe prec) {
+                                 moe_cbuf out, const float *lse, const int32_t *doc_start,
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                 moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_backward";
     if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
@@ -711,7 +759,7 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
         if (!fa_all_f32(c, op, out, q, k, v)) return;
         moe_cuda_attention_fp32_backward(c, dq, dk, dv, dout, (const float *)q.p,
                                          (const float *)k.p, (const float *)v.p,
-                                         (const float *)out.p, lse, B, T, H, KV, D);
+                                         (const float *)out.p, lse, doc_start, B, T, H, KV, D);
         return;
     }
     if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
@@ -737,19 +785,19 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
     if (!gb) return;
     switch (D) {
     case 16:
-        fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
         break;
     case 32:
-        fa_backward<32>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        fa_backward<32>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
         break;
     case 64:
-        fa_backward<64>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        fa_backward<64>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
         break;
     case 96:
-        fa_backward<96>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        fa_backward<96>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
         break;
     default:
-        fa_backward<128>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, B, T, H, KV);
+        fa_backward<128>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
         break;
     }
 }

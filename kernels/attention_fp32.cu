@@ -6,7 +6,9 @@
  * algorithm (libcore/src/cpu/ops_attention.c) on the GPU, with no rounding anywhere. It is
  * the reference-precision path (fp32 runs, tests), not a fast one: O(T^2 D) FMAs with a warp
  * reduction per score. The one thing a reader must know: every output element has one
- * owning warp and a fixed summation order, so results are deterministic. */
+ * owning warp and a fixed summation order, so results are deterministic. With a document
+ * mask (ds = doc_start [B, T], moe/ops.h) query t sees keys ds[t]..t only: the forward and dq
+ * loops start at ds[t], the dk/dv loop stops at the first query of a later document. */
 #include <math.h>
 
 #include "backend_cuda.cuh"
@@ -34,8 +36,8 @@ __device__ __forceinline__ float af_dot(const float *a, const float *__restrict_
 /* blockIdx.y = b*H + h, warp w of block x handles query row t = x*AF_WARPS + w */
 __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
                          const float *__restrict__ q, const float *__restrict__ k,
-                         const float *__restrict__ v, int64_t T, int H, int KV, int D,
-                         float scale) {
+                         const float *__restrict__ v, const int32_t *__restrict__ ds, int64_t T,
+                         int H, int KV, int D, float scale) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
@@ -49,7 +51,7 @@ __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
         acc[r] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = 0; j <= t; j++) {
+    for (int64_t j = ds ? ds[(int64_t)b * T + t] : 0; j <= t; j++) {
         const float *kj = k + af_row(b, j, g, T, KV, D), *vj = v + af_row(b, j, g, T, KV, D);
         float s = scale * af_dot(qr, kj, D, lane);
         float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
@@ -89,8 +91,8 @@ __global__ void k_af_delta(float *__restrict__ delta, const float *__restrict__ 
 __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
                         const float *__restrict__ q, const float *__restrict__ k,
                         const float *__restrict__ v, const float *__restrict__ lse,
-                        const float *__restrict__ delta, int64_t T, int H, int KV, int D,
-                        float scale) {
+                        const float *__restrict__ delta, const int32_t *__restrict__ ds, int64_t T,
+                        int H, int KV, int D, float scale) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
@@ -105,7 +107,7 @@ __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
         acc[r] = 0.0f;
     }
     float li = lse[(int64_t)bh * T + t], di = delta[(int64_t)bh * T + t];
-    for (int64_t j = 0; j <= t; j++) {
+    for (int64_t j = ds ? ds[(int64_t)b * T + t] : 0; j <= t; j++) {
         const float *kj = k + af_row(b, j, g, T, KV, D), *vj = v + af_row(b, j, g, T, KV, D);
         float p = expf(scale * af_dot(qr, kj, D, lane) - li);
         float ds = p * (af_dot(gr, vj, D, lane) - di);
@@ -122,13 +124,14 @@ __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
     }
 }
 
-/* dk[j] += scale * sum ds_tj q_t, dv[j] += sum p_tj dout_t over the group's heads and t >= j;
- * one warp per key row, blockIdx.y = b*KV + g */
+/* dk[j] += scale * sum ds_tj q_t, dv[j] += sum p_tj dout_t over the group's heads and the
+ * t >= j of j's document; one warp per key row, blockIdx.y = b*KV + g */
 __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
                          const float *__restrict__ dout, const float *__restrict__ q,
                          const float *__restrict__ k, const float *__restrict__ v,
-                         const float *__restrict__ lse, const float *__restrict__ delta, int64_t T,
-                         int H, int KV, int D, float scale) {
+                         const float *__restrict__ lse, const float *__restrict__ delta,
+                         const int32_t *__restrict__ ds, int64_t T, int H, int KV, int D,
+                         float scale) {
     int lane = threadIdx.x & 31;
     int64_t j = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bg = blockIdx.y, b = bg / KV, g = bg % KV, group = H / KV;
@@ -142,8 +145,15 @@ __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
         vr[r] = d < D ? v[o + d] : 0.0f;
         dka[r] = dva[r] = 0.0f;
     }
+    /* the queries that see key j: j..the end of j's document (starts never decrease) */
+    int64_t t_end = T;
+    if (ds) {
+        t_end = j + 1;
+        while (t_end < T && ds[(int64_t)b * T + t_end] <= j)
+            t_end++;
+    }
     for (int h = g * group; h < (g + 1) * group; h++)
-        for (int64_t t = j; t < T; t++) {
+        for (int64_t t = j; t < t_end; t++) {
             int64_t oq = af_row(b, t, h, T, H, D), st = ((int64_t)b * H + h) * T + t;
             const float *qi = q + oq, *gi = dout + oq;
             float p = expf(scale * af_dot(kr, qi, D, lane) - lse[st]);
@@ -185,21 +195,22 @@ static int af_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, in
 }
 
 void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
-                                     const float *k, const float *v, int64_t B, int64_t T,
-                                     int64_t H, int64_t KV, int64_t D) {
+                                     const float *k, const float *v, const int32_t *doc_start,
+                                     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
     const char *op = "attention_forward";
     if (!af_shape_ok(c, op, B, T, H, KV, D)) return;
     dim3 grid((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * H));
-    k_af_fwd<<<grid, 32 * AF_WARPS, 0, c->stream>>>(out, lse, q, k, v, T, (int)H, (int)KV, (int)D,
-                                                    1.0f / sqrtf((float)D));
+    k_af_fwd<<<grid, 32 * AF_WARPS, 0, c->stream>>>(out, lse, q, k, v, doc_start, T, (int)H,
+                                                    (int)KV, (int)D, 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "fp32 B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
                       (long long)H, (long long)KV, (long long)D);
 }
 
 void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv,
                                       const float *dout, const float *q, const float *k,
-                                      const float *v, const float *out, const float *lse, int64_t B,
-                                      int64_t T, int64_t H, int64_t KV, int64_t D) {
+                                      const float *v, const float *out, const float *lse,
+                                      const int32_t *doc_start, int64_t B, int64_t T, int64_t H,
+                                      int64_t KV, int64_t D) {
     const char *op = "attention_backward";
     if (!af_shape_ok(c, op, B, T, H, KV, D)) return;
     float *delta =
@@ -213,14 +224,14 @@ void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, flo
                            (long long)T, (long long)H, (long long)D))
         return;
     dim3 gq((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * H));
-    k_af_dq<<<gq, 32 * AF_WARPS, 0, c->stream>>>(dq, dout, q, k, v, lse, delta, T, (int)H, (int)KV,
-                                                 (int)D, scale);
+    k_af_dq<<<gq, 32 * AF_WARPS, 0, c->stream>>>(dq, dout, q, k, v, lse, delta, doc_start, T,
+                                                 (int)H, (int)KV, (int)D, scale);
     if (!MOE_CUDA_LAUNCHED(c, op, "fp32 dq B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B,
                            (long long)T, (long long)H, (long long)KV, (long long)D))
         return;
     dim3 gk((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * KV));
-    k_af_dkv<<<gk, 32 * AF_WARPS, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, delta, T, (int)H,
-                                                  (int)KV, (int)D, scale);
+    k_af_dkv<<<gk, 32 * AF_WARPS, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, delta, doc_start, T,
+                                                  (int)H, (int)KV, (int)D, scale);
     MOE_CUDA_LAUNCHED(c, op, "fp32 dk/dv B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B,
                       (long long)T, (long long)H, (long long)KV, (long long)D);
 }

@@ -237,10 +237,10 @@ void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, c
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                const float *x, const float *w, const float *rstd, int64_t N,
                                int64_t C);
-void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
-                           int64_t D, double theta);
-void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
-                            int64_t D, double theta);
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
+                           int64_t T, int64_t NH, int64_t D, double theta);
+void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
+                            int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec);
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
@@ -250,21 +250,25 @@ void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, co
                            int64_t B, int64_t T, int64_t C, int max);
 
 void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
-                                moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                                int64_t D, moe_recipe prec);
+                                moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
+                                int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec);
 void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
-                                 moe_cbuf out, const float *lse, int64_t B, int64_t T, int64_t H,
-                                 int64_t KV, int64_t D, moe_recipe prec);
+                                 moe_cbuf out, const float *lse, const int32_t *doc_start,
+                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                 moe_recipe prec);
 
-/* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above */
+/* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
+ * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or
+ * NULL, all device memory */
 void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
-                                     const float *k, const float *v, int64_t B, int64_t T,
-                                     int64_t H, int64_t KV, int64_t D);
+                                     const float *k, const float *v, const int32_t *doc_start,
+                                     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv,
                                       const float *dout, const float *q, const float *k,
-                                      const float *v, const float *out, const float *lse, int64_t B,
-                                      int64_t T, int64_t H, int64_t KV, int64_t D);
+                                      const float *v, const float *out, const float *lse,
+                                      const int32_t *doc_start, int64_t B, int64_t T, int64_t H,
+                                      int64_t KV, int64_t D);
 
 void moe_cuda_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,
                              float *topk_w, int32_t *counts, float *stats, const float *logits,

@@ -180,7 +180,8 @@ void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, cons
 
 /* ------------------------------------------------------------------------------------------
  * RoPE (Hugging Face rotate_half). The cos/sin table is computed in double and rounded once,
- * like the CPU backend, so both backends rotate by the same float cos/sin. */
+ * like the CPU backend, so both backends rotate by the same float cos/sin. A position is
+ * pos[b, t] (inside its document, in [0, T)) or t when pos is NULL: the table serves both. */
 
 __global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, int64_t D,
                              double theta) {
@@ -195,12 +196,13 @@ __global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, in
 }
 
 template <typename TX>
-__global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs, int64_t B, int64_t T,
-                             int64_t NH, int64_t half, float dir) {
+__global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs,
+                             const int32_t *__restrict__ pos, int64_t B, int64_t T, int64_t NH,
+                             int64_t half, float dir) {
     int64_t total = B * T * NH * half, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
         int64_t i = j % half, row = j / half; /* row = (b*T + t)*NH + h */
-        int64_t t = (row / NH) % T;
+        int64_t bt = row / NH, t = pos ? (int64_t)pos[bt] : bt % T;
         float co = cs[2 * (t * half + i)], si = dir * cs[2 * (t * half + i) + 1];
         int64_t v = row * 2 * half;
         float x1 = moe_ld(x, v + i), x2 = moe_ld(x, v + i + half);
@@ -209,8 +211,9 @@ __global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs, i
     }
 }
 
-static void rope(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH, int64_t D,
-                 double theta, float dir, const char *op) {
+/* x [B, T, NH, D] dev (in place), pos [B, T] dev or NULL */
+static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B, int64_t T,
+                 int64_t NH, int64_t D, double theta, float dir, const char *op) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, x.dt, op) || B <= 0 || T <= 0 || NH <= 0 ||
         D <= 0)
@@ -227,21 +230,22 @@ static void rope(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t
     if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
     unsigned grid = moe_cuda_grid(c, B * T * NH * half, 256);
     if (x.dt == MOE_DTYPE_BF16)
-        k_rope_apply<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)x.p, cs, B, T, NH, half, dir);
+        k_rope_apply<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)x.p, cs, pos, B, T, NH, half,
+                                                  dir);
     else
-        k_rope_apply<<<grid, 256, 0, c->stream>>>((float *)x.p, cs, B, T, NH, half, dir);
+        k_rope_apply<<<grid, 256, 0, c->stream>>>((float *)x.p, cs, pos, B, T, NH, half, dir);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld NH=%lld D=%lld", (long long)B, (long long)T,
                       (long long)NH, (long long)D);
 }
 
-void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, int64_t B, int64_t T, int64_t NH,
-                           int64_t D, double theta) {
-    rope(be, x, B, T, NH, D, theta, 1.0f, "rope_forward");
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
+                           int64_t T, int64_t NH, int64_t D, double theta) {
+    rope(be, x, pos, B, T, NH, D, theta, 1.0f, "rope_forward");
 }
 
-void moe_cuda_rope_backward(const moe_backend *be, float *dx, int64_t B, int64_t T, int64_t NH,
-                            int64_t D, double theta) {
-    rope(be, moe_buf_f32(dx), B, T, NH, D, theta, -1.0f, "rope_backward");
+void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
+                            int64_t T, int64_t NH, int64_t D, double theta) {
+    rope(be, moe_buf_f32(dx), pos, B, T, NH, D, theta, -1.0f, "rope_backward");
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -2,14 +2,16 @@
 # e2e.train_cuda_vs_cpu: moe-train on the GPU follows the CPU's loss curve, under the bf16
 # recipe and under fp8-block (the CPU emulates the GPU's bf16 rounding and its fp8 block
 # quantization). L0_sanity (head dim 64), 20 steps of 2048 tokens on the lambda phage genome,
-# once with device=cpu and once with device=cuda, same seed, same data order. Tolerance:
-# steps 1-10 agree within 1% each (seen on an H200: at most 0.37% for bf16); after that the
-# loss sits on its plateau, where the two backends' different summation orders grow into
-# step-to-step noise of a few percent (seen: up to 5.8% at single steps), so steps 11-20
-# must agree in their mean within 2% (seen: 1.2%). The GPU loss must fall. Then resume on the
-# GPU: stopped at step 10 and resumed, the run must continue the same loss curve
-# (deterministic kernels: the same values). Skipped (77) where no NVIDIA GPU is visible, as
-# in CI.
+# once with device=cpu and once with device=cuda, same seed, same data order; under bf16 that
+# pair twice: with train.document_mask=true (the default: the 1 kb records packed into
+# 256-token samples are kept apart) and false (plain causal attention over each sample),
+# whose CPU curves must differ. Tolerance: steps 1-10 agree within 1% each (seen on an H200:
+# at most 0.37% for bf16 with the mask off); after that the loss sits on its plateau, where
+# the two backends' different summation orders grow into step-to-step noise of a few percent
+# (seen: up to 5.8% at single steps), so steps 11-20 must agree in their mean within 2%
+# (seen: 1.2%). The GPU loss must fall. Then resume on the GPU (mask on): stopped at step 10
+# and resumed, the run must continue the same loss curve (deterministic kernels: the same
+# values). Skipped (77) where no NVIDIA GPU is visible, as in CI.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
@@ -19,6 +21,21 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 rm -rf shards run-*
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 loss() { sed -n 's/.*"loss":\([0-9.eE+-]*\).*/\1/p' "$1/metrics.jsonl"; }
+# compare NAME CPU-RUN GPU-RUN: the GPU run's losses follow the CPU run's (tolerances above)
+compare() {
+    paste <(loss "$2") <(loss "$3") > "curves-$1.tsv"
+    [ "$(wc -l < "curves-$1.tsv")" -eq 20 ] || fail "$1: expected 20 loss values per run"
+    echo "step cpu gpu"
+    awk '{printf "%d %s %s\n", NR, $1, $2}' "curves-$1.tsv"
+    awk 'NR <= 10 {d = $1 - $2; if (d < 0) d = -d; if (d > 0.01 * $1) bad++}
+         NR > 10 {mc += $1; mg += $2; n++}
+         NR == 1 {first = $2} {last = $2}
+         END {if (bad) {print "FAIL: " bad " of steps 1-10 differ by more than 1%"; exit 1}
+              d = (mc - mg) / mc; if (d < 0) d = -d
+              printf "steps 11-20: mean loss cpu %.4f gpu %.4f (%.2f%%)\n", mc / n, mg / n, 100 * d
+              if (d > 0.02) {print "FAIL: steps 11-20 mean losses differ by more than 2%"; exit 1}
+              if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' "curves-$1.tsv"
+}
 
 for recipe in bf16 fp8-block; do
     echo "== precision.recipe=$recipe"
@@ -27,18 +44,16 @@ for recipe in bf16 fp8-block; do
             checkpoint.every=20 log.every=1)
     moe-train -q "${common[@]}" device=cpu -o run-cpu-$recipe
     moe-train -q "${common[@]}" device=cuda -o run-gpu-$recipe
-    paste <(loss run-cpu-$recipe) <(loss run-gpu-$recipe) > curves-$recipe.tsv
-    [ "$(wc -l < curves-$recipe.tsv)" -eq 20 ] || fail "$recipe: expected 20 loss values per run"
-    echo "step cpu gpu"
-    awk '{printf "%d %s %s\n", NR, $1, $2}' curves-$recipe.tsv
-    awk 'NR <= 10 {d = $1 - $2; if (d < 0) d = -d; if (d > 0.01 * $1) bad++}
-         NR > 10 {mc += $1; mg += $2; n++}
-         NR == 1 {first = $2} {last = $2}
-         END {if (bad) {print "FAIL: " bad " of steps 1-10 differ by more than 1%"; exit 1}
-              d = (mc - mg) / mc; if (d < 0) d = -d
-              printf "steps 11-20: mean loss cpu %.4f gpu %.4f (%.2f%%)\n", mc / n, mg / n, 100 * d
-              if (d > 0.02) {print "FAIL: steps 11-20 mean losses differ by more than 2%"; exit 1}
-              if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' curves-$recipe.tsv
+    compare $recipe run-cpu-$recipe run-gpu-$recipe
+    if [ $recipe = bf16 ]; then
+        echo "== precision.recipe=$recipe train.document_mask=false"
+        moe-train -q "${common[@]}" train.document_mask=false device=cpu -o run-cpu-$recipe-nomask
+        moe-train -q "${common[@]}" train.document_mask=false device=cuda -o run-gpu-$recipe-nomask
+        compare $recipe-nomask run-cpu-$recipe-nomask run-gpu-$recipe-nomask
+        if loss run-cpu-$recipe | diff -q - <(loss run-cpu-$recipe-nomask) > /dev/null; then
+            fail "$recipe: train.document_mask=true and false gave the same CPU loss curve"
+        fi
+    fi
     moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --stop-at 10
     moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --resume auto
     loss run-gpu-resumed-$recipe | diff - <(loss run-gpu-$recipe) > /dev/null \

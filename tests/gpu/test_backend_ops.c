@@ -295,6 +295,35 @@ static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t n
 
 typedef void (*runner_fn)(gctx *g, const tcase *tc);
 
+/* Document masks of the attention and RoPE cases, chosen by s[5]: 0 none; 1 documents of the
+ * lengths of k_doc_cycle in turn, row b starting at entry b (length-1 documents, boundaries on
+ * the 32- and 64-row tile edges, documents longer than a tile and than several); 2 random
+ * lengths, a third of them 1, the others in [2, 150]. */
+static const int64_t k_doc_cycle[] = {37, 1, 26, 64, 1, 128, 3, 90, 65, 1, 200};
+enum { DOC_CYCLE = sizeof k_doc_cycle / sizeof k_doc_cycle[0] };
+
+static int64_t next_doc_len(int64_t mode, int *at) {
+    if (mode == 2) return rng_int(3) == 0 ? 1 : 2 + rng_int(149);
+    int64_t len = k_doc_cycle[*at];
+    *at = (*at + 1) % DOC_CYCLE;
+    return len;
+}
+
+/* The op's doc_start [B, T] (host, malloc'ed) for mask mode `mode`; NULL for mode 0. */
+static int32_t *doc_starts(int64_t B, int64_t T, int64_t mode) {
+    if (!mode) return NULL;
+    int32_t *ds = xmalloc(I32(B * T));
+    for (int64_t b = 0; b < B; b++) {
+        int at = (int)(b % DOC_CYCLE);
+        int64_t start = 0, len = next_doc_len(mode, &at);
+        for (int64_t t = 0; t < T; t++) {
+            if (t - start == len) start = t, len = next_doc_len(mode, &at);
+            ds[b * T + t] = (int32_t)start;
+        }
+    }
+    return ds;
+}
+
 static void run_embedding(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], C = tc->s[1], V = tc->s[2];
     int32_t *tok = xmalloc(I32(N));
@@ -347,17 +376,21 @@ static void run_rope(gctx *g, const tcase *tc) {
     float *x = frand(n, -1, 1);
     if (tc->typed) round_host(x, n);
     moe_buf dx_ = dev_typed(g, tc, "x", x, n);
-    g->cpu->rope_forward(g->cpu, moe_buf_f32(x), B, T, NH, D, theta);
-    g->gpu->rope_forward(g->gpu, dx_, B, T, NH, D, theta);
+    int32_t *pos = doc_starts(B, T, tc->s[5]), *dpos = NULL; /* positions inside documents */
+    for (int64_t i = 0; pos && i < B * T; i++)
+        pos[i] = (int32_t)(i % T) - pos[i];
+    if (pos) dpos = dup_dev(g, "pos", pos, I32(B * T));
+    g->cpu->rope_forward(g->cpu, moe_buf_f32(x), pos, B, T, NH, D, theta);
+    g->gpu->rope_forward(g->gpu, dx_, dpos, B, T, NH, D, theta);
     check_sync_guards(g, "rope_forward");
     cmp_typed(g, "x (fwd)", dx_, x, n, tc->tol);
     float *gx = frand(n, -1, 1);
     float *dgx = dup_dev(g, "dx", gx, F(n));
-    g->cpu->rope_backward(g->cpu, gx, B, T, NH, D, theta);
-    g->gpu->rope_backward(g->gpu, dgx, B, T, NH, D, theta);
+    g->cpu->rope_backward(g->cpu, gx, pos, B, T, NH, D, theta);
+    g->gpu->rope_backward(g->gpu, dgx, dpos, B, T, NH, D, theta);
     check_sync_guards(g, "rope_backward");
     cmp_f32(g, "dx (bwd)", dgx, gx, n, tc->tol);
-    free(x), free(gx);
+    free(x), free(gx), free(pos);
 }
 
 static void run_attention(gctx *g, const tcase *tc) {
@@ -366,14 +399,16 @@ static void run_attention(gctx *g, const tcase *tc) {
     float *q = frand(nq, -2, 2), *k = frand(nk, -2, 2), *v = frand(nk, -1, 1);
     if (tc->typed) round_host(q, nq), round_host(k, nk), round_host(v, nk);
     float *out = xmalloc(F(nq)), *lse = xmalloc(F(B * H * T));
+    int32_t *ds = doc_starts(B, T, tc->s[5]);
+    const int32_t *dds = ds ? dup_dev(g, "doc_start", ds, I32(B * T)) : NULL;
     g->cpu->attention_forward(g->cpu, moe_buf_f32(out), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), B, T, H, KV, D, tc->prec);
+                              moe_cbuf_f32(v), ds, B, T, H, KV, D, tc->prec);
     moe_cbuf dq_ = moe_cbuf_from(dev_typed(g, tc, "q", q, nq));
     moe_cbuf dk_ = moe_cbuf_from(dev_typed(g, tc, "k", k, nk));
     moe_cbuf dv_ = moe_cbuf_from(dev_typed(g, tc, "v", v, nk));
     moe_buf dout = dev_typed(g, tc, "out", NULL, nq);
     float *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
-    g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, B, T, H, KV, D, tc->prec);
+    g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, dds, B, T, H, KV, D, tc->prec);
     check_sync_guards(g, "attention_forward");
     cmp_typed(g, "out", dout, out, nq, tc->tol);
     cmp_f32(g, "lse", dlse, lse, B * H * T, tc->tol);
@@ -386,9 +421,10 @@ static void run_attention(gctx *g, const tcase *tc) {
     float *dlr = dup_dev(g, "lse_ref", lse, F(B * H * T));
     float *gq0 = fdup(gq, nq), *gk0 = fdup(gk, nk);
     g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                               moe_cbuf_f32(v), moe_cbuf_f32(out), lse, B, T, H, KV, D, tc->prec);
-    g->gpu->attention_backward(g->gpu, dgq, dgk, dgv, dgy, dq_, dk_, dv_, dor, dlr, B, T, H, KV, D,
+                               moe_cbuf_f32(v), moe_cbuf_f32(out), lse, ds, B, T, H, KV, D,
                                tc->prec);
+    g->gpu->attention_backward(g->gpu, dgq, dgk, dgv, dgy, dq_, dk_, dv_, dor, dlr, dds, B, T, H,
+                               KV, D, tc->prec);
     check_sync_guards(g, "attention_backward");
     check_changed(g, "dq", gq, gq0, nq, 0.9);
     check_changed(g, "dk", gk, gk0, nk, 0.9);
@@ -397,6 +433,7 @@ static void run_attention(gctx *g, const tcase *tc) {
     cmp_f32(g, "dk", dgk, gk, nk, tc->tol);
     cmp_f32(g, "dv", dgv, gv, nk, tc->tol);
     free(q), free(k), free(v), free(out), free(lse), free(gy), free(gq), free(gk), free(gv);
+    free(ds);
 }
 
 static void run_matmul(gctx *g, const tcase *tc) {
@@ -809,6 +846,8 @@ static const tcase k_cases[] = {
     {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10, 0},
     /* bf16 storage rounds the rotated values: nmse about 1e-6 against the fp32 rotation */
     {"rope B1 T300 NH2 D128 typed", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, BF16, 1e-5, 1},
+    {"rope docs B2 T333 NH4 D64", MOE_OP_ROPE, {2, 333, 4, 64, 10000, 1}, FP32, 1e-10, 0},
+    {"rope docs B2 T300 NH2 D128 typed", MOE_OP_ROPE, {2, 300, 2, 128, 1000000, 2}, BF16, 1e-5, 1},
     {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 0},
     {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6, 0},
     {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 1e-6, 1},
@@ -819,6 +858,17 @@ static const tcase k_cases[] = {
     {"attn fp32 B1 T70 H3 KV1 D40", MOE_OP_ATTENTION, {1, 70, 3, 1, 40}, FP32, 1e-10, 0},
     {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 1e-6, 0},
     {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 1e-6, 0},
+    /* document masks (s[5], doc_starts): T not a multiple of the tiles, length-1 documents,
+     * boundaries on tile edges, key blocks skipped before long documents */
+    {"attn docs B2 T333 H4 KV2 D64", MOE_OP_ATTENTION, {2, 333, 4, 2, 64, 1}, BF16, 1e-6, 0},
+    {"attn docs B2 T333 H4 KV2 D128 ty", MOE_OP_ATTENTION, {2, 333, 4, 2, 128, 1}, BF16, 1e-6, 1},
+    {"attn docs B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128, 1}, BF16, 1e-6, 0},
+    {"attn docs B3 T200 H8 KV2 D64 rand", MOE_OP_ATTENTION, {3, 200, 8, 2, 64, 2}, BF16, 1e-6, 0},
+    {"attn docs B3 T77 H4 KV2 D16 rand", MOE_OP_ATTENTION, {3, 77, 4, 2, 16, 2}, BF16, 1e-6, 0},
+    {"attn docs B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96, 1}, BF16, 1e-6, 0},
+    {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 1e-6, 0},
+    {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
+    {"attn fp32 docs B2 T90 H3 KV1 D40", MOE_OP_ATTENTION, {2, 90, 3, 1, 40, 2}, FP32, 1e-10, 0},
     {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
     {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
@@ -1029,8 +1079,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         be->cast_bf16(be, (uint16_t *)c16.p, c, nk);
         if (pc->dir) {
             f = perf_buf(g, nq), h = perf_buf(g, nk), k = perf_buf(g, nk);
-            be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, s[0], s[1],
-                                  s[2], s[3], s[4], BF16);
+            be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, NULL, s[0],
+                                  s[1], s[2], s[3], s[4], BF16);
         }
         flops = 2.0 * (double)s[0] * s[2] * s[1] * s[1] * s[4] * (pc->dir ? 2.5 : 1.0);
         break;
@@ -1127,11 +1177,11 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_ATTENTION:
                 if (pc->dir)
                     be->attention_backward(be, f, h, k, a, a16, b16, c16,
-                                           moe_cbuf_of(d, MOE_DTYPE_BF16), e, s[0], s[1], s[2],
-                                           s[3], s[4], BF16);
+                                           moe_cbuf_of(d, MOE_DTYPE_BF16), e, NULL, s[0], s[1],
+                                           s[2], s[3], s[4], BF16);
                 else
-                    be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, s[0],
-                                          s[1], s[2], s[3], s[4], BF16);
+                    be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, NULL,
+                                          s[0], s[1], s[2], s[3], s[4], BF16);
                 break;
             case MOE_OP_RMSNORM:
                 if (pc->dir)

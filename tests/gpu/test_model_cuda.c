@@ -5,7 +5,8 @@
  * the losses (total, CE, aux, z) of one forward, every parameter gradient of one backward
  * (normalised mean squared error per tensor and over all), the final hidden states, and the
  * loss curve of 8 AdamW steps run with each backend's own adamw must agree (and, under the
- * fp32 recipe, one step's loss and gradients to fp32 noise); repeating a
+ * fp32 recipe, one step's loss and gradients to fp32 noise; with a document mask, one step
+ * under both recipes, the mask changing the loss); repeating a
  * step on the GPU must give bit-identical loss and gradients (no float atomics anywhere).
  * Differences come only from summation order and the bf16 rounding-boundary flips it causes, which
  * compound through the layers: measured on an H200 (2026-11-29), the loss agrees to 2e-5 relative,
@@ -62,24 +63,30 @@ static int close_rel(double a, double b, double tol) {
     return fabs(a - b) <= tol * fmax(fabs(b), 1e-6);
 }
 
-/* fp32 recipe on both backends: the same function up to summation order, so the loss and
- * every gradient agree to fp32 rounding noise (measured tolerances in the banner). */
-static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe_model_config *cfg,
-                       const int32_t *tokens, const int32_t *targets) {
+/* One forward + backward of the same weights and batch [B, T] on both backends under recipe
+ * rec, with document separator sep (-1: no mask): the losses agree within loss_tol
+ * (relative) and every parameter gradient within nmse grad_tol. Under fp32 both compute the
+ * same function up to summation order (measured tolerances in the banner). Returns the CPU's
+ * loss. */
+static double check_step(const moe_backend *cpu, const moe_backend *gpu,
+                         const moe_model_config *cfg, moe_recipe rec, int32_t sep,
+                         const int32_t *tokens, const int32_t *targets, double loss_tol,
+                         double grad_tol) {
     moe_err err;
     moe_err_clear(&err);
     moe_model mc, mg;
     memset(&mc, 0, sizeof mc);
     memset(&mg, 0, sizeof mg);
-    CHECK(moe_model_create(&mc, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, cpu, B, T, &err) ==
-          MOE_OK);
-    CHECK(moe_model_create(&mg, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, gpu, B, T, &err) ==
-          MOE_OK);
+    CHECK(moe_model_create(&mc, cfg, rec, MOE_RECOMPUTE_NONE, cpu, B, T, &err) == MOE_OK);
+    CHECK(moe_model_create(&mg, cfg, rec, MOE_RECOMPUTE_NONE, gpu, B, T, &err) == MOE_OK);
+    if (err.status == MOE_OK) moe_model_set_document_separator(&mc, sep, &err);
+    if (err.status == MOE_OK) moe_model_set_document_separator(&mg, sep, &err);
     if (err.status != MOE_OK) {
         moe_err_print(&err, "test_model_cuda", stderr);
+        CHECK(0);
         moe_model_free(&mc);
         moe_model_free(&mg);
-        return;
+        return NAN;
     }
     int64_t n = mc.table.n_elems;
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
@@ -102,14 +109,33 @@ static void check_fp32(const moe_backend *cpu, const moe_backend *gpu, const moe
                         mc.table.params[i].numel);
         if (e > worst) worst = e, wname = mc.table.params[i].name;
     }
-    printf("fp32 recipe: loss cpu %.9f gpu %.9f (rel %.2e); gradients worst nmse %.3e (%s), "
+    const char *rname = moe_recipe_name(rec);
+    printf("%s recipe%s: loss cpu %.9f gpu %.9f (rel %.2e); gradients worst nmse %.3e (%s), "
            "all %.3e\n",
-           sc.loss, sg.loss, fabs(sg.loss - sc.loss) / sc.loss, worst, wname, nmse(b, a, n));
-    CHECK_MSG(close_rel(sg.loss, sc.loss, 1e-5), "fp32 loss %.9g vs %.9g", sg.loss, sc.loss);
-    CHECK_MSG(worst <= 1e-8, "fp32 gradient of %s: nmse %.3e > 1e-8", wname, worst);
+           rname, sep >= 0 ? ", document mask" : "", sc.loss, sg.loss,
+           fabs(sg.loss - sc.loss) / sc.loss, worst, wname, nmse(b, a, n));
+    CHECK_MSG(close_rel(sg.loss, sc.loss, loss_tol), "%s sep %d: loss %.9g vs %.9g", rname, sep,
+              sg.loss, sc.loss);
+    CHECK_MSG(worst <= grad_tol, "%s sep %d: gradient of %s: nmse %.3e > %.0e", rname, sep, wname,
+              worst, grad_tol);
     free(a), free(b);
     moe_model_free(&mc);
     moe_model_free(&mg);
+    return sc.loss;
+}
+
+/* The batch packed with documents: separator sep after the documents [0, 21), [21, 22) (the
+ * separator alone), [22, 64) (the next starts on a 64-row tile edge) of row 0 and [0, 31),
+ * [31, 71) of row 1, no other sep token; targets the next token, -1 after a separator and at
+ * each row's end (what the trainer's loader gives under train.document_mask). */
+static void pack_documents(const int32_t *tokens, int32_t sep, int32_t *out, int32_t *targets) {
+    static const int at[] = {20, 21, 63, T + 30, T + 70};
+    for (int i = 0; i < B * T; i++)
+        out[i] = tokens[i] == sep ? sep + 1 : tokens[i];
+    for (int j = 0; j < (int)(sizeof at / sizeof at[0]); j++)
+        out[at[j]] = sep;
+    for (int i = 0; i < B * T; i++)
+        targets[i] = (i % T == T - 1 || out[i] == sep) ? -1 : out[i + 1];
 }
 
 /* A head dimension the bf16 flash attention has no kernel for is refused by moe_model_create
@@ -171,7 +197,16 @@ int main(void) {
     for (int i = 0; i < B * T; i++)
         targets[i] = (i % T == T - 1) ? -1 : tokens[i + 1];
 
-    check_fp32(cpu, gpu, &cfg, tokens, targets);
+    double plain = check_step(cpu, gpu, &cfg, MOE_RECIPE_FP32, -1, tokens, targets, 1e-5, 1e-8);
+    /* document mask: the fp32 and the flash kernels with doc_start, RoPE with positions */
+    int32_t dtok[B * T], dtgt[B * T];
+    pack_documents(tokens, 1, dtok, dtgt);
+    double masked = check_step(cpu, gpu, &cfg, MOE_RECIPE_FP32, 1, dtok, dtgt, 1e-5, 1e-8);
+    check_step(cpu, gpu, &cfg, MOE_RECIPE_BF16, 1, dtok, dtgt, 1e-3, 1e-3);
+    double unmasked = check_step(cpu, gpu, &cfg, MOE_RECIPE_FP32, -1, dtok, dtgt, 1e-5, 1e-8);
+    printf("packed batch: loss %.6f with the mask, %.6f without (plain batch %.6f)\n", masked,
+           unmasked, plain);
+    CHECK_MSG(!close_rel(masked, unmasked, 1e-4), "the mask left the loss at %.9g", masked);
 
     /* ---- bf16: one forward + backward ---- */
     moe_step_stats sc, sg;

@@ -1,8 +1,10 @@
 /* test_attention: the blocked online-softmax attention of the CPU backend against a naive
  * O(T^2) reference computed in double (forward, lse and all three gradients), for causal
  * grouped-query and multi-head layouts, T = 1, exactly one block, and lengths spanning
- * several blocks with a ragged last block; plus thread-count independence and the bf16
- * recipe staying close to fp32 while differing from it.
+ * several blocks with a ragged last block; the same with document masks (documents of length
+ * 1, boundaries on and off the 64-key block edges, documents longer than a block); a packed
+ * row equal, bit for bit, to its documents run alone; plus thread-count independence and
+ * the bf16 recipe staying close to fp32 while differing from it.
  *
  * Tolerances: the kernel accumulates in fp32 over <= 150 terms of magnitude ~1, so 1e-5
  * absolute on outputs/lse and 1e-4 on gradients (which sum over more terms) is ~100x the
@@ -23,33 +25,47 @@ typedef struct {
     double *o, *lse, *dq, *dk, *dv;
 } ref_out;
 
-static void naive(const float *q, const float *k, const float *v, const float *dout, int64_t B,
-                  int64_t T, int64_t H, int64_t KV, int64_t D, ref_out *r) {
+/* Document starts [B, T] (malloc'ed) of rows cut into documents of the lengths lens[0..n)
+ * taken in turn, row b starting with lens[b % n] (the last document of a row is cut short). */
+static int32_t *make_docs(int64_t B, int64_t T, const int *lens, int n) {
+    int32_t *ds = malloc((size_t)(B * T) * sizeof(int32_t));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0, start = 0, d = b % n; t < T; t++) {
+            if (t - start == lens[d]) start = t, d = (d + 1) % n;
+            ds[b * T + t] = (int32_t)start;
+        }
+    return ds;
+}
+
+/* The reference in double; dstart [B, T] or NULL as the op's doc_start. */
+static void naive(const float *q, const float *k, const float *v, const float *dout,
+                  const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                  ref_out *r) {
     double scale = 1.0 / sqrt((double)D);
     double *p = malloc((size_t)T * sizeof(double)), *dp = malloc((size_t)T * sizeof(double));
     int64_t grp = H / KV;
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < T; i++) {
-                int64_t g = h / grp;
+                int64_t g = h / grp, j0 = dstart ? dstart[b * T + i] : 0;
                 const float *qi = q + ((b * T + i) * H + h) * D;
                 const float *gi = dout + ((b * T + i) * H + h) * D;
                 double mx = -1e300, sum = 0;
-                for (int64_t j = 0; j <= i; j++) {
+                for (int64_t j = j0; j <= i; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < D; d++)
                         s += (double)qi[d] * k[((b * T + j) * KV + g) * D + d];
                     p[j] = s * scale;
                     mx = fmax(mx, p[j]);
                 }
-                for (int64_t j = 0; j <= i; j++)
+                for (int64_t j = j0; j <= i; j++)
                     sum += exp(p[j] - mx);
                 r->lse[(b * H + h) * T + i] = mx + log(sum);
                 double *oi = r->o + ((b * T + i) * H + h) * D;
                 for (int64_t d = 0; d < D; d++)
                     oi[d] = 0;
                 double pdp = 0;
-                for (int64_t j = 0; j <= i; j++) {
+                for (int64_t j = j0; j <= i; j++) {
                     p[j] = exp(p[j] - mx) / sum;
                     const float *vj = v + ((b * T + j) * KV + g) * D;
                     dp[j] = 0;
@@ -59,7 +75,7 @@ static void naive(const float *q, const float *k, const float *v, const float *d
                     }
                     pdp += p[j] * dp[j];
                 }
-                for (int64_t j = 0; j <= i; j++) {
+                for (int64_t j = j0; j <= i; j++) {
                     double ds = p[j] * (dp[j] - pdp);
                     int64_t ok = ((b * T + j) * KV + g) * D;
                     for (int64_t d = 0; d < D; d++) {
@@ -80,7 +96,9 @@ static double maxdiff(const float *a, const double *b, int64_t n) {
     return m;
 }
 
-static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uint64_t seed) {
+/* One case against the reference; ds [B, T] document starts or NULL. */
+static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uint64_t seed,
+                     const int32_t *ds) {
     int64_t nq = B * T * H * D, nk = B * T * KV * D, nl = B * H * T;
     float *q = calloc((size_t)nq, 4), *k = calloc((size_t)nk, 4), *v = calloc((size_t)nk, 4);
     float *g = calloc((size_t)nq, 4), *o = calloc((size_t)nq, 4), *lse = calloc((size_t)nl, 4);
@@ -91,24 +109,26 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
     gc_fill(g, nq, seed + 3, -1, 1);
     ref_out r = {calloc((size_t)nq, 8), calloc((size_t)nl, 8), calloc((size_t)nq, 8),
                  calloc((size_t)nk, 8), calloc((size_t)nk, 8)};
-    naive(q, k, v, g, B, T, H, KV, D, &r);
+    naive(q, k, v, g, ds, B, T, H, KV, D, &r);
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                          moe_cbuf_f32(v), B, T, H, KV, D, MOE_RECIPE_FP32);
+                          moe_cbuf_f32(v), ds, B, T, H, KV, D, MOE_RECIPE_FP32);
     be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
-                           moe_cbuf_f32(o), lse, B, T, H, KV, D, MOE_RECIPE_FP32);
+                           moe_cbuf_f32(o), lse, ds, B, T, H, KV, D, MOE_RECIPE_FP32);
     double eo = maxdiff(o, r.o, nq), el = maxdiff(lse, r.lse, nl);
     double eq = maxdiff(dq, r.dq, nq), ek = maxdiff(dk, r.dk, nk), ev = maxdiff(dv, r.dv, nk);
-    CHECK_MSG(eo < 1e-5 && el < 1e-5, "B%lld T%lld H%lld KV%lld D%lld: out err %g lse err %g",
-              (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D, eo, el);
-    CHECK_MSG(eq < 1e-4 && ek < 1e-4 && ev < 1e-4, "B%lld T%lld H%lld KV%lld: dq %g dk %g dv %g",
-              (long long)B, (long long)T, (long long)H, (long long)KV, eq, ek, ev);
+    CHECK_MSG(eo < 1e-5 && el < 1e-5, "B%lld T%lld H%lld KV%lld D%lld%s: out err %g lse err %g",
+              (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D,
+              ds ? " docs" : "", eo, el);
+    CHECK_MSG(eq < 1e-4 && ek < 1e-4 && ev < 1e-4, "B%lld T%lld H%lld KV%lld%s: dq %g dk %g dv %g",
+              (long long)B, (long long)T, (long long)H, (long long)KV, ds ? " docs" : "", eq, ek,
+              ev);
     /* causality: changing the last key/value changes no earlier output */
     if (T > 1) {
         float *o2 = calloc((size_t)nq, 4);
         for (int64_t d = 0; d < KV * D; d++)
             k[(B * T - 1) * KV * D + d] += 1.0f, v[(B * T - 1) * KV * D + d] -= 1.0f;
         be->attention_forward(be, moe_buf_f32(o2), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), B, T, H, KV, D, MOE_RECIPE_FP32);
+                              moe_cbuf_f32(v), ds, B, T, H, KV, D, MOE_RECIPE_FP32);
         CHECK(memcmp(o2, o, (size_t)((B * T - 1) * H * D) * 4) == 0);
         free(o2);
     }
@@ -130,9 +150,9 @@ static void test_threads_and_bf16(void) {
         omp_set_num_threads(c == 0 ? 1 : 2);
         moe_recipe pr = c == 2 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
         be->attention_forward(be, moe_buf_f32(o[c]), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), B, T, H, KV, D, pr);
+                              moe_cbuf_f32(v), NULL, B, T, H, KV, D, pr);
         be->attention_backward(be, dq[c], dk[c], dv[c], g, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                               moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, B, T, H, KV, D, pr);
+                               moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, NULL, B, T, H, KV, D, pr);
     }
     CHECK(memcmp(o[0], o[1], (size_t)nq * 4) == 0);
     CHECK(memcmp(dq[0], dq[1], (size_t)nq * 4) == 0);
@@ -151,12 +171,62 @@ static void test_threads_and_bf16(void) {
     free(q), free(k), free(v), free(g), free(lse);
 }
 
+/* A packed row under the mask gives, bit for bit, what each of its documents gives alone
+ * (out, lse, dq, dk, dv): a document's keys are walked in the same blocks either way. */
+static void test_packed_equals_alone(void) {
+    const int64_t T = 200, H = 4, KV = 2, D = 16;
+    const int lens[] = {1, 63, 64, 1, 71}; /* starts 0, 1, 64, 128, 129 */
+    int64_t nq = T * H * D, nk = T * KV * D;
+    float *q = calloc((size_t)nq, 4), *k = calloc((size_t)nk, 4), *v = calloc((size_t)nk, 4);
+    float *g = calloc((size_t)nq, 4), *o = calloc((size_t)nq, 4), *lse = calloc((size_t)(H * T), 4);
+    float *dq = calloc((size_t)nq, 4), *dk = calloc((size_t)nk, 4), *dv = calloc((size_t)nk, 4);
+    gc_fill(q, nq, 50, -1.5, 1.5), gc_fill(k, nk, 51, -1.5, 1.5), gc_fill(v, nk, 52, -1, 1);
+    gc_fill(g, nq, 53, -1, 1);
+    int32_t *ds = make_docs(1, T, lens, 5);
+    be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                          moe_cbuf_f32(v), ds, 1, T, H, KV, D, MOE_RECIPE_FP32);
+    be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
+                           moe_cbuf_f32(o), lse, ds, 1, T, H, KV, D, MOE_RECIPE_FP32);
+    for (int64_t s0 = 0, d = 0; s0 < T; s0 += lens[d], d++) {
+        int64_t n = s0 + lens[d] <= T ? lens[d] : T - s0, mq = n * H * D, mk = n * KV * D;
+        float *o1 = calloc((size_t)mq, 4), *l1 = calloc((size_t)(H * n), 4);
+        float *q1 = calloc((size_t)mq, 4), *k1 = calloc((size_t)mk, 4), *v1 = calloc((size_t)mk, 4);
+        moe_cbuf qa = moe_cbuf_f32(q + s0 * H * D), ka = moe_cbuf_f32(k + s0 * KV * D);
+        moe_cbuf va = moe_cbuf_f32(v + s0 * KV * D);
+        be->attention_forward(be, moe_buf_f32(o1), l1, qa, ka, va, NULL, 1, n, H, KV, D,
+                              MOE_RECIPE_FP32);
+        be->attention_backward(be, q1, k1, v1, g + s0 * H * D, qa, ka, va, moe_cbuf_f32(o1), l1,
+                               NULL, 1, n, H, KV, D, MOE_RECIPE_FP32);
+        int same = memcmp(o1, o + s0 * H * D, (size_t)mq * 4) == 0;
+        for (int64_t h = 0; h < H; h++)
+            same &= memcmp(l1 + h * n, lse + h * T + s0, (size_t)n * 4) == 0;
+        same &= memcmp(q1, dq + s0 * H * D, (size_t)mq * 4) == 0;
+        same &= memcmp(k1, dk + s0 * KV * D, (size_t)mk * 4) == 0;
+        same &= memcmp(v1, dv + s0 * KV * D, (size_t)mk * 4) == 0;
+        CHECK_MSG(same, "document at %lld (length %lld): packed and alone differ", (long long)s0,
+                  (long long)n);
+        free(o1), free(l1), free(q1), free(k1), free(v1);
+    }
+    free(q), free(k), free(v), free(g), free(o), free(lse), free(dq), free(dk), free(dv), free(ds);
+}
+
 int main(void) {
     be = moe_backend_cpu();
-    run_case(1, 1, 2, 1, 8, 10);    /* single position */
-    run_case(1, 64, 2, 2, 8, 20);   /* exactly one block, multi-head */
-    run_case(2, 150, 4, 2, 16, 30); /* three blocks, ragged last (22), GQA 2:1 */
-    run_case(1, 70, 6, 1, 8, 40);   /* multi-query (one kv head) */
+    run_case(1, 1, 2, 1, 8, 10, NULL);    /* single position */
+    run_case(1, 64, 2, 2, 8, 20, NULL);   /* exactly one block, multi-head */
+    run_case(2, 150, 4, 2, 16, 30, NULL); /* three blocks, ragged last (22), GQA 2:1 */
+    run_case(1, 70, 6, 1, 8, 40, NULL);   /* multi-query (one kv head) */
+    /* document masks: lengths 1 (also first and last of a row), boundaries on the block
+     * edges 64 and 128, documents spanning blocks; rows starting at different documents */
+    const int lens[] = {1, 63, 64, 1, 9, 90, 2};
+    int32_t *ds = make_docs(3, 230, lens, 7);
+    run_case(3, 230, 4, 2, 16, 60, ds);
+    free(ds);
+    const int one[] = {1}; /* every position its own document: attends to itself only */
+    ds = make_docs(1, 70, one, 1);
+    run_case(1, 70, 2, 1, 8, 70, ds);
+    free(ds);
+    test_packed_equals_alone();
     test_threads_and_bf16();
     return test_summary("test_attention");
 }

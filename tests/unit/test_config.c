@@ -153,6 +153,7 @@ static void test_defaults(void) {
     CHECK_NEAR(a.model.router_z_loss_coef, 0.001, 0);
     CHECK_NEAR(a.model.router_aux_loss_coef, 0.02, 0);
     CHECK_NEAR(a.data.lowercase_weight, 1.0, 0);
+    CHECK(a.train.document_mask); /* packed documents kept apart unless asked otherwise */
     CHECK_INT_EQ(a.device, MOE_DEVICE_AUTO);
     CHECK_INT_EQ(a.precision.recipe, MOE_RECIPE_FP32);
     CHECK(a.data.path[0] == '\0' && a.log.json[0] == '\0');
@@ -236,6 +237,7 @@ static void test_configs_and_round_trip(void) {
     c.optim.schedule = MOE_SCHED_LINEAR;
     c.model.tie_word_embeddings = true;
     c.data.shuffle = false;
+    c.train.document_mask = false;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
     check_round_trip(&c, "awkward");
     /* shortest round-trip float text over a spread of magnitudes */
@@ -277,6 +279,7 @@ static void test_errors(void) {
     EXPECT_ERR("optim:\n  lr: .nan\n", 2, 7, "expected a number", NULL);
     EXPECT_ERR("optim:\n  lr: 1e999\n", 2, 7, "out of the range of a double", NULL);
     EXPECT_ERR("data:\n  shuffle: maybe\n", 2, 12, "expected true or false, got 'maybe'", NULL);
+    EXPECT_ERR("train:\n  document_mask: 2\n", 2, 18, "expected true or false, got '2'", NULL);
     EXPECT_ERR("train:\n  steps: [1, 2]\n", 2, 10, "expected a single value, got a sequence", NULL);
     EXPECT_ERR("train:\n  steps: 99999999999999999999\n", 2, 10, "does not fit in 64 bits", NULL);
     /* out of range, not an allowed value */
@@ -362,7 +365,7 @@ static void test_overrides(void) {
     char *ovs[] = {"train.steps=100", "model.num_hidden_layers=4",       "precision.recipe=BF16",
                    "device=cpu",      "data.path=\"a b/c.mtok\"",        "data.shuffle=no",
                    "optim.lr=1e-3",   "train.global_batch_tokens=8_192", "train.steps=120",
-                   "log.json="};
+                   "log.json=",       "train.document_mask=false"};
     int n = (int)(sizeof ovs / sizeof ovs[0]);
     CHECK_INT_EQ(moe_config_load(&c, test_src_path("configs/tiny.yaml"), n, ovs, &err), MOE_OK);
     CHECK_INT_EQ(c.train.steps, 120); /* the later override wins */
@@ -371,6 +374,7 @@ static void test_overrides(void) {
     CHECK_INT_EQ(c.device, MOE_DEVICE_CPU);
     CHECK(strcmp(c.data.path, "a b/c.mtok") == 0);
     CHECK(!c.data.shuffle);
+    CHECK(!c.train.document_mask);
     CHECK_NEAR(c.optim.lr, 1e-3, 0);
     CHECK_INT_EQ(c.train.global_batch_tokens, 8192);
     CHECK(c.log.json[0] == '\0');

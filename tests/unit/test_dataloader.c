@@ -2,7 +2,9 @@
  * documents, whether the shards carry it or the loader inserts it), each token is a target
  * once per epoch, the shuffled order is a deterministic per-epoch permutation, a saved
  * position resumes the exact sample sequence, PAD targets are ignored and lower-case targets
- * get data.lowercase_weight; too little data and a vocabulary mismatch are clear errors. */
+ * get data.lowercase_weight; under the document mask the targets of EOS positions are
+ * ignored (both EOS origins), and turning it off again restores the plain windows; too little
+ * data and a vocabulary mismatch are clear errors. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,6 +67,25 @@ static void check_windows(moe_dataloader *dl, const int32_t *stream, int64_t len
     }
 }
 
+/* Under the document mask: tokens are the stream's, targets the next token, -1 at EOS
+ * positions and PAD targets (pad -1: none). Returns how many EOS targets were ignored. */
+static int check_doc_targets(moe_dataloader *dl, const int32_t *stream, int64_t T, int32_t eos,
+                             int32_t pad) {
+    int32_t tok[64], tgt[64];
+    int n_eos = 0;
+    for (int64_t s = 0; s < dl->n_samples; s++) {
+        moe_dataloader_get(dl, s, tok, tgt, NULL);
+        int ok = 1;
+        for (int64_t t = 0; t < T; t++) {
+            int32_t x = stream[s * T + t], y = stream[s * T + t + 1];
+            ok &= tok[t] == x && tgt[t] == (x == eos || y == pad ? -1 : y);
+            n_eos += x == eos;
+        }
+        CHECK_MSG(ok, "window %lld: targets under the document mask", (long long)s);
+    }
+    return n_eos;
+}
+
 int main(void) {
     moe_err err;
     moe_err_clear(&err);
@@ -95,6 +116,12 @@ int main(void) {
     moe_dataloader dl;
     CHECK(moe_dataloader_init(&dl, set, T, 0, 1, 1.0, "test data", &err) == MOE_OK);
     CHECK_INT_EQ(dl.sep_id, -1);
+    CHECK_INT_EQ(dl.doc_sep, -1); /* the mask is off until the trainer turns it on */
+    check_windows(&dl, stream, len, T);
+    moe_dataloader_set_document_mask(&dl, 1);
+    CHECK_INT_EQ(dl.doc_sep, t->eos_id);
+    CHECK(check_doc_targets(&dl, stream, T, t->eos_id, -1) >= 5);
+    moe_dataloader_set_document_mask(&dl, 0);
     check_windows(&dl, stream, len, T);
     /* No shuffling: samples in order, then the next epoch starts over. */
     int32_t tok[4 * 7], tgt[4 * 7];
@@ -240,6 +267,8 @@ int main(void) {
         want_pad += stream[k] == t->pad_id;
     CHECK(want_pad >= 1);
     CHECK_INT_EQ(n_pad, want_pad);
+    moe_dataloader_set_document_mask(&dl, 1); /* inserted EOS positions are ignored too */
+    CHECK(check_doc_targets(&dl, stream, 5, t->eos_id, t->pad_id) >= 4);
     moe_dataloader_free(&dl);
     moe_shardset_close(set);
     moe_tokenizer_free(t);

@@ -24,27 +24,6 @@ enum { B = 2, T = 9 };
 static int32_t tokens[B * T], targets[B * T];
 static float weights[B * T];
 
-static moe_model_config tiny_config(int tied) {
-    moe_model_config c;
-    memset(&c, 0, sizeof c);
-    c.vocab_size = 11;
-    c.hidden_size = 16;
-    c.intermediate_size = 12;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.num_local_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.max_position_embeddings = 32;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-5;
-    c.router_aux_loss_coef = 0.5; /* large, so the aux and z gradients matter in the check */
-    c.router_z_loss_coef = 0.1;
-    c.initializer_range = 0.3;
-    c.tie_word_embeddings = tied;
-    return c;
-}
-
 static void make_batch(void) {
     uint64_t s = 77;
     for (int i = 0; i < B * T; i++) {
@@ -86,7 +65,7 @@ static double model_loss(void *p) {
 }
 
 static void grad_check_model(int tied) {
-    moe_model_config cfg = tiny_config(tied);
+    moe_model_config cfg = test_tiny_config(tied);
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
@@ -152,7 +131,7 @@ static double step(moe_model *m, float scale) {
 }
 
 static void test_threads_precision_accumulation(void) {
-    moe_model_config cfg = tiny_config(0);
+    moe_model_config cfg = test_tiny_config(0);
     moe_model m1, m2, mb;
     moe_err err;
     moe_err_clear(&err);
@@ -202,7 +181,7 @@ static void test_threads_precision_accumulation(void) {
 }
 
 static void test_hidden_init_sizes_errors(void) {
-    moe_model_config cfg = tiny_config(0);
+    moe_model_config cfg = test_tiny_config(0);
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
@@ -291,7 +270,7 @@ static void test_hidden_init_sizes_errors(void) {
     moe_err_clear(&err);
     CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
                            &err) == MOE_ERR_INPUT);
-    cfg = tiny_config(0);
+    cfg = test_tiny_config(0);
     moe_err_clear(&err);
     CHECK(moe_model_create(&m8, &cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, 33,
                            &err) == MOE_ERR_INPUT);
@@ -300,7 +279,7 @@ static void test_hidden_init_sizes_errors(void) {
 
 static void test_initial_loss(void) {
     /* with tiny weights the model is near uniform: CE ~ ln V, aux ~ 1 */
-    moe_model_config cfg = tiny_config(1);
+    moe_model_config cfg = test_tiny_config(1);
     cfg.initializer_range = 0.002;
     moe_model m;
     moe_err err;
@@ -320,7 +299,7 @@ static void test_initial_loss(void) {
 /* A size at which GEMMs split into several output tiles and attention into several key
  * blocks: 1 and 2 threads must still give the same bits (exact resume depends on it). */
 static void test_threads_big(void) {
-    moe_model_config cfg = tiny_config(0);
+    moe_model_config cfg = test_tiny_config(0);
     cfg.hidden_size = 160, cfg.intermediate_size = 136, cfg.num_attention_heads = 5;
     cfg.num_key_value_heads = 1, cfg.vocab_size = 200, cfg.max_position_embeddings = 256;
     enum { BB = 2, TT = 150 };
@@ -359,7 +338,7 @@ static void test_threads_big(void) {
  * log-softmax (double) of final-norm states times the head, and bit-identical on a
  * forward-only model (logits allocated on its first call). */
 static void test_logprobs(int tied) {
-    moe_model_config cfg = tiny_config(tied);
+    moe_model_config cfg = test_tiny_config(tied);
     const int64_t V = cfg.vocab_size, C = cfg.hidden_size;
     moe_model tr, fo;
     moe_err err;
@@ -429,7 +408,7 @@ static void test_logprobs(int tied) {
  * the same bf16 weight values, read from a copy or converted at the product); with one
  * layer skipped it differs from both. */
 static void test_skip_layers(void) {
-    moe_model_config cfg = tiny_config(0);
+    moe_model_config cfg = test_tiny_config(0);
     cfg.hidden_size = 128, cfg.intermediate_size = 128; /* whole fp8 blocks */
     const moe_recipe rs[3] = {MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK};
     const uint8_t all[2] = {1, 1}, first[2] = {1, 0};

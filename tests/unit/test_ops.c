@@ -86,13 +86,14 @@ static void test_rmsnorm(void) {
 /* ---------------- rope ---------------- */
 typedef struct {
     float *x, *tmp, *r;
+    const int32_t *pos; /* [B, T] positions or NULL */
     int64_t B, T, NH, D;
 } rope_st;
 static double rope_loss(void *p) {
     rope_st *s = p;
     int64_t n = s->B * s->T * s->NH * s->D;
     memcpy(s->tmp, s->x, (size_t)n * sizeof(float));
-    be->rope_forward(be, moe_buf_f32(s->tmp), s->B, s->T, s->NH, s->D, 10000.0);
+    be->rope_forward(be, moe_buf_f32(s->tmp), s->pos, s->B, s->T, s->NH, s->D, 10000.0);
     return gc_dot(s->tmp, s->r, n);
 }
 static void test_rope(void) {
@@ -111,9 +112,27 @@ static void test_rope(void) {
     CHECK_NEAR(s.tmp[3], s.x[3], 0.0);
     float *g = fbuf(n, 0, 0, 0);
     memcpy(g, s.r, (size_t)n * sizeof(float));
-    be->rope_backward(be, g, s.B, s.T, s.NH, s.D, 10000.0);
+    be->rope_backward(be, g, NULL, s.B, s.T, s.NH, s.D, 10000.0);
     gc_check("rope dx", &s, rope_loss, s.x, g, n, 150, 1e-2, ATOL, RTOL);
-    free(s.x), free(s.tmp), free(s.r), free(g);
+    /* positions restarting inside a row (document mask): row 1 holds documents [0, 2) and
+     * [2, 5), so each document is rotated as if alone (bit for bit: the same table rows) */
+    const int32_t pos[10] = {0, 1, 2, 3, 4, 0, 1, 0, 1, 2};
+    float *alone = fbuf(n, 0, 0, 0);
+    rope_loss(&s); /* positions t */
+    memcpy(alone, s.tmp, (size_t)n * sizeof(float));
+    s.pos = pos;
+    rope_loss(&s);
+    int64_t row = s.NH * s.D;                                            /* elements per position */
+    CHECK(memcmp(s.tmp, alone, (size_t)(7 * row) * sizeof(float)) == 0); /* row 0, [5, 7) */
+    CHECK(memcmp(s.tmp + 7 * row, alone, (size_t)(3 * row) * sizeof(float)) != 0);
+    float *x7 = fbuf(n, 0, 0, 0); /* [7, 10) alone: x moved to the row start */
+    memcpy(x7, s.x + 7 * row, (size_t)(3 * row) * sizeof(float));
+    be->rope_forward(be, moe_buf_f32(x7), NULL, 1, 3, s.NH, s.D, 10000.0);
+    CHECK(memcmp(x7, s.tmp + 7 * row, (size_t)(3 * row) * sizeof(float)) == 0);
+    memcpy(g, s.r, (size_t)n * sizeof(float));
+    be->rope_backward(be, g, pos, s.B, s.T, s.NH, s.D, 10000.0);
+    gc_check("rope dx (positions)", &s, rope_loss, s.x, g, n, 150, 1e-2, ATOL, RTOL);
+    free(s.x), free(s.tmp), free(s.r), free(g), free(alone), free(x7);
 }
 
 /* ---------------- matmul ---------------- */
@@ -385,24 +404,27 @@ static void test_permute(void) {
 /* ---------------- attention (small; the thorough checks are in test_attention) ---------- */
 typedef struct {
     float *q, *k, *v, *o, *lse, *r;
+    const int32_t *ds; /* [B, T] document starts or NULL */
     int64_t B, T, H, KV, D;
 } at_st;
 static double at_loss(void *p) {
     at_st *s = p;
     be->attention_forward(be, moe_buf_f32(s->o), s->lse, moe_cbuf_f32(s->q), moe_cbuf_f32(s->k),
-                          moe_cbuf_f32(s->v), s->B, s->T, s->H, s->KV, s->D, MOE_RECIPE_FP32);
+                          moe_cbuf_f32(s->v), s->ds, s->B, s->T, s->H, s->KV, s->D,
+                          MOE_RECIPE_FP32);
     return gc_dot(s->o, s->r, s->B * s->T * s->H * s->D);
 }
-static void test_attention_grad(void) {
-    at_st s = {.B = 1, .T = 5, .H = 4, .KV = 2, .D = 4};
+/* ds: document starts [1, 5] or NULL (plain causal) */
+static void test_attention_grad(const int32_t *ds) {
+    at_st s = {.B = 1, .T = 5, .H = 4, .KV = 2, .D = 4, .ds = ds};
     int64_t nq = s.B * s.T * s.H * s.D, nk = s.B * s.T * s.KV * s.D;
     s.q = fbuf(nq, 28, -1, 1), s.k = fbuf(nk, 29, -1, 1), s.v = fbuf(nk, 30, -1, 1);
     s.o = fbuf(nq, 0, 0, 0), s.lse = fbuf(s.B * s.H * s.T, 0, 0, 0), s.r = fbuf(nq, 31, -1, 1);
     at_loss(&s);
     float *gq = fbuf(nq, 0, 0, 0), *gk = fbuf(nk, 0, 0, 0), *gv = fbuf(nk, 0, 0, 0);
     be->attention_backward(be, gq, gk, gv, s.r, moe_cbuf_f32(s.q), moe_cbuf_f32(s.k),
-                           moe_cbuf_f32(s.v), moe_cbuf_f32(s.o), s.lse, s.B, s.T, s.H, s.KV, s.D,
-                           MOE_RECIPE_FP32);
+                           moe_cbuf_f32(s.v), moe_cbuf_f32(s.o), s.lse, ds, s.B, s.T, s.H, s.KV,
+                           s.D, MOE_RECIPE_FP32);
     gc_check("attention dq", &s, at_loss, s.q, gq, nq, 60, 1e-2, ATOL, RTOL);
     gc_check("attention dk", &s, at_loss, s.k, gk, nk, 40, 1e-2, ATOL, RTOL);
     gc_check("attention dv", &s, at_loss, s.v, gv, nk, 40, 1e-2, ATOL, RTOL);
@@ -748,7 +770,9 @@ int main(void) {
     test_cross_entropy();
     test_router();
     test_permute();
-    test_attention_grad();
+    test_attention_grad(NULL);
+    const int32_t docs[5] = {0, 0, 2, 3, 3}; /* documents [0, 2), [2, 3), [3, 5) */
+    test_attention_grad(docs);
     test_add_adamw_sumsq();
     test_gemm_ref();
     test_bf16();

@@ -39,6 +39,27 @@ int test_summary(const char *name) {
     return test_failures ? 1 : 0;
 }
 
+moe_model_config test_tiny_config(int tied) {
+    moe_model_config c;
+    memset(&c, 0, sizeof c);
+    c.vocab_size = 11;
+    c.hidden_size = 16;
+    c.intermediate_size = 12;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.num_local_experts = 4;
+    c.num_experts_per_tok = 2;
+    c.max_position_embeddings = 32;
+    c.rope_theta = 10000.0;
+    c.rms_norm_eps = 1e-5;
+    c.router_aux_loss_coef = 0.5; /* large: the aux and z gradients matter in finite differences */
+    c.router_z_loss_coef = 0.1;
+    c.initializer_range = 0.3;
+    c.tie_word_embeddings = tied;
+    return c;
+}
+
 moe_optim_config test_optim(double wd) {
     moe_optim_config o;
     memset(&o, 0, sizeof o);

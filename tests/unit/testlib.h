@@ -20,6 +20,10 @@ const char *test_build_path(const char *rel);
 /* The AdamW settings of the tests that step a model through moe_model_adamw: betas 0.9 and
  * 0.95, eps 1e-8, weight decay wd on every tensor (norms and embeddings included). */
 moe_optim_config test_optim(double wd);
+/* The tiny model of the whole-model CPU tests: vocabulary 11, hidden 16, 2 layers of 4 heads
+ * (2 kv heads) and 4 experts (top 2) of width 12, 32 positions, strong router losses (aux
+ * 0.5, z 0.1), init range 0.3; tied embeddings when tied. */
+moe_model_config test_tiny_config(int tied);
 /* Returns 0 when no check failed, 1 otherwise, after printing a summary line. */
 int test_summary(const char *name);
 

@@ -64,6 +64,7 @@ typedef struct moe_train_config {
     moe_recompute recompute;
     moe_stop_signal stop_signal;
     bool deterministic;
+    bool document_mask; /* attention and RoPE stay inside each packed document */
 } moe_train_config;
 
 typedef struct moe_optim_config {

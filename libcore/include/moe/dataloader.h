@@ -11,7 +11,10 @@
  * restoring those two numbers resumes the sample sequence exactly.
  *
  * Targets that are the tokenizer's PAD are ignored (-1). When the shards carry a lower-case
- * mask, a target from lower-case (soft-masked) bases gets weight lowercase_weight. */
+ * mask, a target from lower-case (soft-masked) bases gets weight lowercase_weight. Under a
+ * document mask (train.document_mask, moe_dataloader_set_document_mask) the target of an EOS
+ * position - the next document's first token, which the masked model cannot see coming -
+ * is ignored too, so a packed row's loss is the sum of its documents' losses alone. */
 #ifndef MOE_DATALOADER_H
 #define MOE_DATALOADER_H
 
@@ -25,6 +28,8 @@ typedef struct moe_dataloader {
     int64_t seq_len;         /* T */
     int32_t sep_id;          /* EOS inserted after each document, -1: none (docs carry it) */
     int32_t pad_id;          /* targets equal to it are ignored; -1: none */
+    int32_t doc_sep;         /* document mask: the EOS ending every document (the target of
+                                its positions is ignored); -1: off (the default) */
     float lowercase_weight;
     int use_weights; /* shards carry a mask and lowercase_weight != 1 */
     int shuffle;
@@ -44,6 +49,11 @@ moe_status moe_dataloader_init(moe_dataloader *dl, const moe_shardset *set, int6
                                int shuffle, uint64_t seed, double lowercase_weight,
                                const char *what, moe_err *err);
 void moe_dataloader_free(moe_dataloader *dl);
+
+/* Turns the document mask on (on = 1) or off: on, doc_sep becomes the tokenizer's EOS, which
+ * ends every document of the stream (the model takes the same id, moe_model_set_document_
+ * separator) and the targets at EOS positions are -1. */
+void moe_dataloader_set_document_mask(moe_dataloader *dl, int on);
 
 /* Index of the window at position `index` of epoch `epoch` (a permutation of
  * [0, n_samples) for each epoch; the identity when not shuffling). */

@@ -97,6 +97,8 @@ typedef struct moe_model {
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under
                                an fp8 recipe (precision.skip_layers); NULL = none */
+    int32_t doc_sep;        /* document mask (train.document_mask): the token id that ends
+                               every document; -1 (the default) = none */
     int last_B, last_T;     /* shape of the last forward (0 = none) */
 } moe_model;
 
@@ -160,6 +162,17 @@ void moe_model_params_written(moe_model *m);
  * decay are one call (the expert part is one). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
+
+/* The document mask inside packed rows (docs/model.md): with sep >= 0 (the tokenizer's
+ * EOS), position t of a row belongs to the document that starts after the last sep token
+ * before t (or at the row start); its queries attend only to keys of that document and its
+ * RoPE position restarts at 0 there (Hugging Face position_ids, flash-attn varlen), so every
+ * pass (forward, backward, hidden states, logprobs) computes for a packed row what each
+ * document computes alone. Targets are the caller's: the trainer ignores the one at a sep
+ * position (it is the next document's first token). sep -1 (the default after create) turns
+ * the mask off. Errors: sep outside [-1, V) (MOE_ERR_INPUT); sep >= 0 on a forward-only
+ * model (MOE_ERR_RUNTIME: embedding and scoring run one sequence per row). */
+moe_status moe_model_set_document_separator(moe_model *m, int32_t sep, moe_err *err);
 
 /* tokens/targets [B, T] host (target -1 = ignored), weights [B, T] host or NULL.
  * Fills *st (may be NULL). Errors: B/T above the limits given to create, T above

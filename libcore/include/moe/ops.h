@@ -192,21 +192,32 @@ struct moe_backend {
 
     /* ---- RoPE, Hugging Face convention (rotate_half over the two halves of D):
      * x1 = x[..., :D/2], x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] with
-     * angle = t * theta^(-2i/D) for i < D/2 and t the position in the sequence (0..T-1).
-     * IN PLACE in both directions (backward rotates the gradient by -angle). ---- */
+     * angle = p * theta^(-2i/D) for i < D/2, p = pos[b, t] (Hugging Face's position_ids:
+     * under a document mask the position inside the token's document), or p = t when pos is
+     * NULL. Every p lies in [0, T). IN PLACE in both directions (backward rotates the
+     * gradient by -angle). ---- */
     void (*rope_forward)(const moe_backend *be, moe_buf x, /* [B, T, NH, D] dev, in place */
+                         const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
                          int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
     void (*rope_backward)(const moe_backend *be, float *dx, /* [B, T, NH, D] dev, in place */
+                          const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 
     /* ---- causal grouped-query attention, softmax(q k^T / sqrt(D)) v, query head h uses
      * kv head h / (H/KV). Blocked with an online softmax: memory linear in T. lse is the
-     * natural-log logsumexp of each scaled score row, saved for backward. ---- */
+     * natural-log logsumexp of each scaled score row, saved for backward.
+     * Document mask (packed samples): doc_start[b, t] is the first position of the document
+     * that holds position t (doc_start[b, 0] = 0; for t > 0 either doc_start[b, t - 1] or
+     * t), and query t attends to the keys j with doc_start[b, t] <= j <= t only, so a packed
+     * row computes what each of its documents computes alone; key blocks wholly before a
+     * query block's documents are skipped, not just masked. NULL: one document per row (plain
+     * causal). Backward takes the doc_start of its forward. ---- */
     void (*attention_forward)(const moe_backend *be, moe_buf out, /* [B, T, H, D] dev */
                               float *lse,                         /* [B, H, T] dev */
                               moe_cbuf q,                         /* [B, T, H, D] dev */
                               moe_cbuf k,                         /* [B, T, KV, D] dev */
                               moe_cbuf v,                         /* [B, T, KV, D] dev */
+                              const int32_t *doc_start,           /* [B, T] dev, or NULL */
                               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                               moe_recipe prec);
     void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev, += */
@@ -216,8 +227,9 @@ struct moe_backend {
                                moe_cbuf q,                       /* [B, T, H, D] dev */
                                moe_cbuf k,                       /* [B, T, KV, D] dev */
                                moe_cbuf v,                       /* [B, T, KV, D] dev */
-                               moe_cbuf out,     /* [B, T, H, D] dev, forward output */
-                               const float *lse, /* [B, H, T] dev */
+                               moe_cbuf out,             /* [B, T, H, D] dev, forward output */
+                               const float *lse,         /* [B, H, T] dev */
+                               const int32_t *doc_start, /* [B, T] dev, or NULL */
                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                moe_recipe prec);
 

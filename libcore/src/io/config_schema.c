@@ -118,6 +118,10 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Validation tokens per evaluation, a multiple of seq_len; 0 = the whole set."},
     {"train.recompute", MOE_CFG_ENUM, FIELD(train.recompute), "none", 0, 0, 0, recompute_names,
      "Activation recomputation in backward: none, attention, MoE block, or whole layers."},
+    {"train.document_mask", MOE_CFG_BOOL, FIELD(train.document_mask), "true", 0, 0, 0, NULL,
+     "Keep the documents packed into one sample apart: a token attends only to its own "
+     "document, RoPE positions restart at each document, and the EOS ending a document "
+     "predicts nothing; false = plain causal attention over the whole sample."},
     {"train.max_bad_steps", MOE_CFG_INT, FIELD(train.max_bad_steps), "3", MIN_MAX, 0, I64_MAX, NULL,
      "Steps with a non-finite loss or gradient are skipped (no update) and counted; more than "
      "this many in a row end the run (exit 1) with the last checkpoint intact; 0 = the first."},

@@ -170,6 +170,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dxe = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
     p->dye = cap > NK ? carve(&off, base, (size_t)(cap * C) * ef) : p->dyp;
     p->xfer = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
+    p->doc_start = carve(&off, base, (size_t)N * i4);
+    p->positions = carve(&off, base, (size_t)N * i4);
     return off;
 }
 
@@ -218,6 +220,7 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
                               int plan, const moe_backend *be, int max_batch, int max_seq,
                               const moe_model_ep *ep, moe_err *err) {
     memset(m, 0, sizeof *m);
+    m->doc_sep = -1;
     m->ep.size = 1;
     if (ep && ep->size > 1) m->ep = *ep;
     int P = m->ep.size; /* ranks per expert group */
@@ -270,6 +273,10 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
         a->ep_rows = calloc((size_t)(L * E), sizeof(int64_t));
         a->ep_off = calloc((size_t)(L * (E / P + 1)), sizeof(int32_t));
         if (!a->ep_rows || !a->ep_off) goto oom;
+    }
+    if (plan != MOE_PLAN_FORWARD) {
+        a->h_doc = calloc((size_t)(2 * N), sizeof(int32_t));
+        if (!a->h_doc) goto oom;
     }
     /* a forward-only bf16 model holds its matrix weights in bf16 only (no optimizer step to
      * refresh copies from): fp32 just for the tensors that stay fp32, packed */
@@ -347,6 +354,18 @@ moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *c
     return create_plan(m, cfg, recipe, MOE_PLAN_FORWARD, be, max_batch, max_seq, NULL, err);
 }
 
+moe_status moe_model_set_document_separator(moe_model *m, int32_t sep, moe_err *err) {
+    if (sep < -1 || sep >= m->cfg.vocab_size)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL,
+                           "document separator id %d is outside [-1, %lld) (-1 = no mask)", sep,
+                           (long long)m->cfg.vocab_size);
+    if (sep >= 0 && m->acts->plan == MOE_PLAN_FORWARD)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "a forward-only model has no document mask (one sequence per row)");
+    m->doc_sep = sep;
+    return MOE_OK;
+}
+
 moe_status moe_model_alloc_head(moe_model *m, moe_err *err) {
     struct moe_acts *a = m->acts;
     if (a->logits) return MOE_OK; /* a training plan, or an earlier call */
@@ -383,6 +402,7 @@ void moe_model_free(moe_model *m) {
         free(m->acts->ep_rows);
         free(m->acts->ep_off);
         free(m->acts->h_loss);
+        free(m->acts->h_doc);
         free(m->acts);
     }
     moe_param_table_free(&m->table);

@@ -99,6 +99,11 @@ struct moe_acts {
     void *dye;             /* [cap, C] the expert side's dyp (= dyp at ep 1) */
     void *dh1, *dh3;       /* [cap, F], of element type adt (read only by the w1/w3 products) */
     float *dg;             /* [cap, F] */
+    /* the document mask (moe_model_set_document_separator), derived from the tokens by each
+     * pass; training plans only */
+    int32_t *doc_start; /* [N] first position of each position's document in its row */
+    int32_t *positions; /* [N] position inside the document (RoPE) */
+    int32_t *h_doc;     /* [2N] host: doc_start, then positions, before the upload */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */
     void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */
@@ -143,10 +148,11 @@ static inline moe_cbuf moe_model_weight(const moe_model *m, int i) {
  * write other than moe_model_adamw); every forward entry point calls it first. */
 void moe_model_refresh_copies(moe_model *m);
 
-/* forward up to (not including) layer `upto` (0..L), after refreshing stale weight copies;
- * returns after filling x_in of that
- * layer (or x_final when upto = L). Inputs are validated by the caller. */
-void moe_model_run_layers(moe_model *m, int B, int T, int upto);
+/* Uploads tokens [B, T] (host; with a document separator also their document starts and
+ * positions, moe_model_set_document_separator) and runs the forward up to (not including)
+ * layer `upto` (0..L), after refreshing stale weight copies; returns after filling x_in of
+ * that layer (or x_final when upto = L). Inputs are validated by the caller. */
+void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int upto);
 /* One block's forward for layer l into that layer's buffers. with_residual: also form the
  * block's residual sum (x_mid, or the next layer's input); the recompute in backward needs
  * x_mid only when it was not kept, and never the MoE block's output. */

@@ -17,6 +17,15 @@
 
 #define ZERO(ptr, count) be->memset(be, (ptr), 0, (size_t)(count) * sizeof(*(ptr)))
 
+/* The document mask's inputs of the ops (NULL without a separator): doc_start [N] and
+ * positions [N] dev, filled by moe_model_run_layers. */
+static const int32_t *doc_start(const moe_model *m) {
+    return m->doc_sep >= 0 ? m->acts->doc_start : NULL;
+}
+static const int32_t *doc_positions(const moe_model *m) {
+    return m->doc_sep >= 0 ? m->acts->positions : NULL;
+}
+
 void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -35,10 +44,10 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
     be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
     be->matmul_forward(be, v, ln1, moe_model_weight(m, li->v), N, C, KV * D, prec);
-    be->rope_forward(be, q, B, T, H, D, c->rope_theta);
-    be->rope_forward(be, k, B, T, KV, D, c->rope_theta);
+    be->rope_forward(be, q, doc_positions(m), B, T, H, D, c->rope_theta);
+    be->rope_forward(be, k, doc_positions(m), B, T, KV, D, c->rope_theta);
     be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q),
-                          moe_cbuf_from(k), moe_cbuf_from(v), B, T, H, KV, D, p16);
+                          moe_cbuf_from(k), moe_cbuf_from(v), doc_start(m), B, T, H, KV, D, p16);
     if (!with_residual) return;
     be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
                        moe_model_weight(m, li->o), N, H * D, C, prec);
@@ -90,11 +99,22 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     be->add(be, x_out, la->x_mid, a->tmp, N * C);
 }
 
-void moe_model_run_layers(moe_model *m, int B, int T, int upto) {
+void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int upto) {
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;
     int64_t N = (int64_t)B * T, C = m->cfg.hidden_size;
     int L = (int)m->cfg.num_hidden_layers;
+    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
+    if (m->doc_sep >= 0) { /* a document starts at the row start and after each separator */
+        int32_t *start = a->h_doc, *pos = a->h_doc + N;
+        for (int64_t i = 0; i < N; i++) {
+            int64_t t = i % T;
+            start[i] = t == 0 || tokens[i - 1] == m->doc_sep ? (int32_t)t : start[i - 1];
+            pos[i] = (int32_t)t - start[i];
+        }
+        be->memcpy_h2d(be, a->doc_start, start, (size_t)N * sizeof(int32_t));
+        be->memcpy_h2d(be, a->positions, pos, (size_t)N * sizeof(int32_t));
+    }
     float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
     moe_model_refresh_copies(m);
     be->embedding_forward(be, x0, a->tokens, m->table.params[m->table.p_embed].data, N, C);
@@ -180,9 +200,8 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
     int64_t N = (int64_t)B * T;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok;
     int L = (int)c->num_hidden_layers;
-    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
     m->ep_status = MOE_OK;
-    moe_model_run_layers(m, B, T, L);
+    moe_model_run_layers(m, tokens, B, T, L);
     if (m->ep_status != MOE_OK) {
         if (err) *err = m->ep_err;
         return m->ep_status;
@@ -334,9 +353,10 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->dv, N * KV * D);
         be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, moe_cbuf_of(la->q, adt),
                                moe_cbuf_of(la->k, adt), moe_cbuf_of(la->v, adt),
-                               moe_cbuf_of(la->att, adt), la->att_lse, B, T, H, KV, D, p16);
-        be->rope_backward(be, a->dq, B, T, H, D, c->rope_theta);
-        be->rope_backward(be, a->dk, B, T, KV, D, c->rope_theta);
+                               moe_cbuf_of(la->att, adt), la->att_lse, doc_start(m), B, T, H, KV, D,
+                               p16);
+        be->rope_backward(be, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
+        be->rope_backward(be, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
         ZERO(a->dln, N * C);
         moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
         be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, ln1, moe_model_weight(m, li->q), N, C,
@@ -373,8 +393,7 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;
     int64_t N = (int64_t)B * T, C = c->hidden_size;
-    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
-    moe_model_run_layers(m, B, T, layer);
+    moe_model_run_layers(m, tokens, B, T, layer);
     if (layer == L) {
         be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
                             m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
@@ -422,8 +441,7 @@ moe_status moe_model_logprobs(moe_model *m, const int32_t *tokens, const int32_t
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;
     int64_t N = (int64_t)B * T;
-    be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
-    moe_model_run_layers(m, B, T, (int)m->cfg.num_hidden_layers);
+    moe_model_run_layers(m, tokens, B, T, (int)m->cfg.num_hidden_layers);
     head_forward(m, targets, NULL, N);
     for (int64_t i = 0; i < N; i++)
         out[i] = targets[i] < 0 ? 0.0f : -a->h_loss[i];

@@ -69,6 +69,7 @@ moe_status moe_dataloader_init(moe_dataloader *dl, const moe_shardset *set, int6
     const moe_tokenizer *tok = moe_shardset_tokenizer(set);
     dl->sep_id = (!tok->opts.add_eos && tok->eos_id >= 0) ? tok->eos_id : -1;
     dl->pad_id = tok->pad_id;
+    dl->doc_sep = -1;
     dl->n_shards = moe_shardset_n_shards(set);
     dl->shard_vstart = malloc((size_t)(dl->n_shards + 1) * sizeof *dl->shard_vstart);
     dl->win = malloc((size_t)(seq_len + 1) * sizeof *dl->win);
@@ -99,6 +100,10 @@ moe_status moe_dataloader_init(moe_dataloader *dl, const moe_shardset *set, int6
     }
     dl->n_samples = (v - 1) / seq_len;
     return MOE_OK;
+}
+
+void moe_dataloader_set_document_mask(moe_dataloader *dl, int on) {
+    dl->doc_sep = on ? moe_shardset_tokenizer(dl->set)->eos_id : -1;
 }
 
 void moe_dataloader_free(moe_dataloader *dl) {
@@ -166,7 +171,9 @@ void moe_dataloader_get(moe_dataloader *dl, int64_t sample, int32_t *tokens, int
     memcpy(tokens, dl->win, (size_t)T * sizeof *tokens);
     for (int64_t t = 0; t < T; t++) {
         int32_t y = dl->win[t + 1];
-        targets[t] = (dl->pad_id >= 0 && y == dl->pad_id) ? -1 : y;
+        int ignored =
+            (dl->pad_id >= 0 && y == dl->pad_id) || (dl->doc_sep >= 0 && dl->win[t] == dl->doc_sep);
+        targets[t] = ignored ? -1 : y;
         if (weights)
             weights[t] = (dl->use_weights && dl->win_lower[t + 1]) ? dl->lowercase_weight : 1.0f;
     }

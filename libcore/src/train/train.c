@@ -83,6 +83,7 @@ static moe_status open_data(trainer *t, moe_err *err) {
         moe_dataloader_init(&t->dl, t->data, t->T, t->cfg.data.shuffle, (uint64_t)t->cfg.train.seed,
                             t->cfg.data.lowercase_weight, "the training data", err);
     if (st != MOE_OK) return st;
+    moe_dataloader_set_document_mask(&t->dl, t->cfg.train.document_mask);
     const moe_tokenizer *tok = moe_shardset_tokenizer(t->data);
     t->bases_per_token = moe_tokenizer_max_bases_per_token(tok);
 
@@ -115,6 +116,7 @@ static moe_status open_data(trainer *t, moe_err *err) {
         moe_log_warn("%s; validation is disabled", sub.msg);
         return MOE_OK;
     }
+    moe_dataloader_set_document_mask(&t->vdl, t->cfg.train.document_mask);
     t->has_val = 1;
     return MOE_OK;
 }
@@ -713,6 +715,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         st = moe_model_create_ep(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg),
                                  t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, &mep, err);
     if (st == MOE_OK) st = apply_skip_layers(&t, err);
+    if (st == MOE_OK) st = moe_model_set_document_separator(&t.model, t.dl.doc_sep, err);
     if (st == MOE_OK) st = alloc_state(&t, err);
     if (st == MOE_OK) {
         moe_model_init_weights(&t.model, (uint64_t)t.cfg.train.seed);

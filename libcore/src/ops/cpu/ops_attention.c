@@ -7,7 +7,9 @@
  * the task owns dq of the query heads in that group and dk/dv of the kv head, so every
  * gradient element is written by one task in a fixed order (deterministic, no atomics). Under bf16,
  * q/k/v/dout and the probabilities/score gradients are rounded to bf16 before each product, as a
- * bf16 flash-attention kernel does. */
+ * bf16 flash-attention kernel does. With a document mask (doc_start, moe/ops.h) a row's keys
+ * start at its document's first position instead of 0: the blocks then start there too, so a
+ * packed document walks its keys in the same blocks as it would alone. */
 #include <math.h>
 #include <stdlib.h>
 
@@ -33,8 +35,8 @@ static float rnd(float x, moe_recipe prec) {
 }
 
 void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, moe_cbuf q,
-                               moe_cbuf k, moe_cbuf v, int64_t B, int64_t T, int64_t H, int64_t KV,
-                               int64_t D, moe_recipe prec) {
+                               moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
+                               int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
     (void)be;
     const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
     const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
@@ -56,7 +58,8 @@ void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, 
                     float m = -INFINITY, l = 0.0f;
                     for (int64_t d = 0; d < D; d++)
                         acc[d] = 0.0f;
-                    for (int64_t j0 = 0; j0 <= t; j0 += ATT_BLOCK) {
+                    const int64_t first = doc_start ? doc_start[b * T + t] : 0;
+                    for (int64_t j0 = first; j0 <= t; j0 += ATT_BLOCK) {
                         int64_t j1 = j0 + ATT_BLOCK <= t + 1 ? j0 + ATT_BLOCK : t + 1;
                         float bm = -INFINITY;
                         for (int64_t j = j0; j < j1; j++) {
@@ -94,8 +97,9 @@ void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, 
 
 void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
-                                moe_cbuf outb, const float *lse, int64_t B, int64_t T, int64_t H,
-                                int64_t KV, int64_t D, moe_recipe prec) {
+                                moe_cbuf outb, const float *lse, const int32_t *doc_start,
+                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                                moe_recipe prec) {
     (void)be;
     const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
     const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
@@ -127,7 +131,8 @@ void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, flo
                     float *dqi = dq + oq;
                     float li = lse[(b * H + h) * T + t], di = Dr[(b * H + h) * T + t];
                     float pb[ATT_BLOCK], ds[ATT_BLOCK];
-                    for (int64_t j0 = 0; j0 <= t; j0 += ATT_BLOCK) {
+                    const int64_t first = doc_start ? doc_start[b * T + t] : 0;
+                    for (int64_t j0 = first; j0 <= t; j0 += ATT_BLOCK) {
                         int64_t nb = j0 + ATT_BLOCK <= t + 1 ? ATT_BLOCK : t + 1 - j0;
                         for (int64_t j = 0; j < nb; j++)
                             pb[j] = scale * dot(qi, kr + ((b * T + j0 + j) * KV + g) * D, D) - li;
