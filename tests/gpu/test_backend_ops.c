@@ -1000,6 +1000,9 @@ static const pcase k_perf[] = {
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 1, {4, 2048, 16, 8, 64}},
+    /* document mask, documents of s[5] tokens: the work (and FLOPs) of 8 separate 1024s */
+    {"attn bf16 B2 H16 KV8 T8192 D128 docs 1024", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128, 1024}},
+    {"attn bf16 B2 H16 KV8 T8192 D128 docs 1024", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128, 1024}},
     {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 0, {16384, 4096}},
     {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 1, {16384, 4096}},
     {"swiglu n=16384*8192", MOE_OP_SWIGLU, 0, {16384LL * 8192}},
@@ -1042,6 +1045,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     /* the op under test, as a closure over the buffers below */
     float *a = NULL, *b = NULL, *c = NULL, *d = NULL, *e = NULL, *f = NULL, *h = NULL, *k = NULL;
     int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
+    const int32_t *ds = NULL; /* attention: doc_start [B, T] dev of documents of s[5] tokens */
     /* bf16 views and copies: the operands as the model passes them under the bf16 recipe */
     moe_cbuf w16 = {NULL, MOE_DTYPE_BF16}, a16 = w16, b16 = w16, c16 = w16;
     int64_t M = 0;
@@ -1077,12 +1081,22 @@ static void run_perf(gctx *g, const pcase *pc) {
         be->cast_bf16(be, (uint16_t *)a16.p, a, nq);
         be->cast_bf16(be, (uint16_t *)b16.p, b, nk);
         be->cast_bf16(be, (uint16_t *)c16.p, c, nk);
+        /* causal FLOPs 2 B H T L D per pass (L = T, or the document length) */
+        double L = (double)s[1];
+        if (s[5]) {
+            int32_t *hds = xmalloc(I32(s[0] * s[1]));
+            for (int64_t i = 0; i < s[0] * s[1]; i++)
+                hds[i] = (int32_t)(i % s[1] / s[5] * s[5]);
+            ds = dup_dev(g, "doc_start", hds, I32(s[0] * s[1]));
+            free(hds);
+            L = (double)s[5];
+        }
         if (pc->dir) {
             f = perf_buf(g, nq), h = perf_buf(g, nk), k = perf_buf(g, nk);
-            be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, NULL, s[0],
+            be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, ds, s[0],
                                   s[1], s[2], s[3], s[4], BF16);
         }
-        flops = 2.0 * (double)s[0] * s[2] * s[1] * s[1] * s[4] * (pc->dir ? 2.5 : 1.0);
+        flops = 2.0 * (double)s[0] * s[2] * s[1] * L * s[4] * (pc->dir ? 2.5 : 1.0);
         break;
     }
     case MOE_OP_RMSNORM:
@@ -1177,10 +1191,10 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_ATTENTION:
                 if (pc->dir)
                     be->attention_backward(be, f, h, k, a, a16, b16, c16,
-                                           moe_cbuf_of(d, MOE_DTYPE_BF16), e, NULL, s[0], s[1],
-                                           s[2], s[3], s[4], BF16);
+                                           moe_cbuf_of(d, MOE_DTYPE_BF16), e, ds, s[0], s[1], s[2],
+                                           s[3], s[4], BF16);
                 else
-                    be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, NULL,
+                    be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, ds,
                                           s[0], s[1], s[2], s[3], s[4], BF16);
                 break;
             case MOE_OP_RMSNORM:
