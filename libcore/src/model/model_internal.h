@@ -104,6 +104,8 @@ struct moe_acts {
     int32_t *doc_start; /* [N] first position of each position's document in its row */
     int32_t *positions; /* [N] position inside the document (RoPE) */
     int32_t *h_doc;     /* [2N] host: doc_start, then positions, before the upload */
+    int doc_masked;     /* the last forward ran with the mask: backward (and its recompute)
+                           uses the same doc_start and positions */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */
     void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */

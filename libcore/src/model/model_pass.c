@@ -17,13 +17,13 @@
 
 #define ZERO(ptr, count) be->memset(be, (ptr), 0, (size_t)(count) * sizeof(*(ptr)))
 
-/* The document mask's inputs of the ops (NULL without a separator): doc_start [N] and
- * positions [N] dev, filled by moe_model_run_layers. */
+/* The document mask's inputs of the ops for the last forward (NULL when it ran without a
+ * separator): doc_start [N] and positions [N] dev, filled by moe_model_run_layers. */
 static const int32_t *doc_start(const moe_model *m) {
-    return m->doc_sep >= 0 ? m->acts->doc_start : NULL;
+    return m->acts->doc_masked ? m->acts->doc_start : NULL;
 }
 static const int32_t *doc_positions(const moe_model *m) {
-    return m->doc_sep >= 0 ? m->acts->positions : NULL;
+    return m->acts->doc_masked ? m->acts->positions : NULL;
 }
 
 void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) {
@@ -105,7 +105,8 @@ void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int
     int64_t N = (int64_t)B * T, C = m->cfg.hidden_size;
     int L = (int)m->cfg.num_hidden_layers;
     be->memcpy_h2d(be, a->tokens, tokens, (size_t)N * sizeof(int32_t));
-    if (m->doc_sep >= 0) { /* a document starts at the row start and after each separator */
+    a->doc_masked = m->doc_sep >= 0;
+    if (a->doc_masked) { /* a document starts at the row start and after each separator */
         int32_t *start = a->h_doc, *pos = a->h_doc + N;
         for (int64_t i = 0; i < N; i++) {
             int64_t t = i % T;
