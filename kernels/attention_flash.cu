@@ -20,7 +20,7 @@
  * block is in flight while the current one is multiplied. The first, simpler version (plain
  * loads, no pipelining) is kept in bench/kernels/attention_flash_v1.cu.
  *
- * Document mask (ds = doc_start [B, T] or NULL, moe/ops.h): query t sees keys ds[t]..t. As
+ * Document mask (dstart = doc_start [B, T] or NULL, moe/ops.h): query t sees keys dstart[t]..t. As
  * the starts never decrease along a row, a query block's earliest start is its first row's,
  * so the forward and dq kernels begin at that start's key block (the blocks before it are
  * skipped, not loaded); the dk/dv kernel ends at the last query of the document holding the
@@ -151,8 +151,9 @@ __device__ __forceinline__ void fa_st2(bf16 *p, float a, float b) {
 template <int D, typename TO>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
-             const bf16 *__restrict__ k, const bf16 *__restrict__ v, const int32_t *__restrict__ ds,
-             int64_t T, int H, int KV, float scale, int round_out) {
+             const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+             const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale,
+             int round_out) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -170,7 +171,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1; the first
      * is the document start of row q0 (0 without a mask) */
     const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
-    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL;
+    const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int kb_first = dsb ? dsb[q0] / FA_BK : 0;
     cp_tile<D, LD>(sQ, qg, FA_BQ, q0, T, qstride);
     cp_tile<D, LD>(sKb, kg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
@@ -328,7 +329,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_bwd_dq(float *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                 const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
                 const float *__restrict__ lse, const float *__restrict__ delta,
-                const int32_t *__restrict__ ds, int64_t T, int H, int KV, float scale) {
+                const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -344,7 +345,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
     const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
     const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
-    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL; /* the forward's key range */
+    const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL; /* the forward's key range */
     const int kb_first = dsb ? dsb[q0] / FA_BK : 0;
     cp_tile<D, LD>(sQ, q + qoff, FA_BQ, q0, T, qstride);
     cp_tile<D, LD>(sdO, dout + qoff, FA_BQ, q0, T, qstride);
@@ -444,8 +445,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     k_fa_bwd_dkv(float *__restrict__ dk, float *__restrict__ dv, const bf16 *__restrict__ q,
                  const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                  const bf16 *__restrict__ dout, const float *__restrict__ lse,
-                 const float *__restrict__ delta, const int32_t *__restrict__ ds, int64_t T, int H,
-                 int KV, float scale) {
+                 const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T,
+                 int H, int KV, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(fa_smem);
@@ -465,7 +466,7 @@ __global__ void __launch_bounds__(FA_THREADS)
      * document holding the block's last key k_last - the first query after k_last whose
      * document starts after it (starts never decrease: a binary search, the same in every
      * thread) */
-    const int32_t *dsb = ds ? ds + (int64_t)b * T : NULL;
+    const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     int64_t q_end = T;
     if (dsb) {
         const int64_t k_last = (k0 + FA_BKV < T ? k0 + FA_BKV : T) - 1;
@@ -639,17 +640,17 @@ static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op)
         op, "shared memory %zu bytes", bytes);
 }
 
-/* out [B, T, H, D], lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D], ds [B, T] or NULL */
+/* out [B, T, H, D], lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D], dstart [B, T] or NULL */
 template <int D, typename TO>
 static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
-                          const bf16 *v, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                          const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
                           int64_t KV, int round_out) {
     const char *op = "attention_forward";
     size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
     if (!fa_smem_attr(c, k_fa_fwd<D, TO>, smem, op)) return;
     dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
     k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(
-        out, lse, q, k, v, ds, T, (int)H, (int)KV, 1.0f / sqrtf((float)D), round_out);
+        out, lse, q, k, v, dstart, T, (int)H, (int)KV, 1.0f / sqrtf((float)D), round_out);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
@@ -657,19 +658,19 @@ static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, c
 /* out is F32 (rounded to bf16 values when round_out) or BF16 (written rounded). */
 template <int D>
 static void fa_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                       const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
                        int64_t KV, int round_out) {
     if (out.dt == MOE_DTYPE_BF16)
-        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, ds, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, H, KV, round_out);
     else
-        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, ds, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, dstart, B, T, H, KV, round_out);
 }
 
-/* dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D], lse/delta [B, H, T], ds [B, T] or NULL */
+/* dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D], lse/delta [B, H, T], dstart [B, T] or NULL */
 template <int D>
 static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
                         const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
-                        const float *delta, const int32_t *ds, int64_t B, int64_t T, int64_t H,
+                        const float *delta, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
                         int64_t KV) {
     const char *op = "attention_backward";
     float scale = 1.0f / sqrtf((float)D);
@@ -680,14 +681,14 @@ static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const 
         !fa_smem_attr(c, k_fa_bwd_dkv<D>, smem_kv, op))
         return;
     dim3 gq((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, ds, T,
+    k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, dstart, T,
                                                            (int)H, (int)KV, scale);
     if (!MOE_CUDA_LAUNCHED(c, op, "dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                            (long long)T, (long long)H, (long long)KV, D))
         return;
     dim3 gk((unsigned)((T + FA_BKV - 1) / FA_BKV), (unsigned)(B * KV));
-    k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta, ds,
-                                                            T, (int)H, (int)KV, scale);
+    k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta,
+                                                            dstart, T, (int)H, (int)KV, scale);
     MOE_CUDA_LAUNCHED(c, op, "dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }

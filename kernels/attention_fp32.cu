@@ -7,8 +7,9 @@
  * the reference-precision path (fp32 runs, tests), not a fast one: O(T^2 D) FMAs with a warp
  * reduction per score. The one thing a reader must know: every output element has one
  * owning warp and a fixed summation order, so results are deterministic. With a document
- * mask (ds = doc_start [B, T], moe/ops.h) query t sees keys ds[t]..t only: the forward and dq
- * loops start at ds[t], the dk/dv loop stops at the first query of a later document. */
+ * mask (dstart = doc_start [B, T], moe/ops.h) query t sees keys dstart[t]..t only: the
+ * forward and dq loops start at dstart[t], the dk/dv loop stops at the first query of a later
+ * document. */
 #include <math.h>
 
 #include "backend_cuda.cuh"
@@ -36,7 +37,7 @@ __device__ __forceinline__ float af_dot(const float *a, const float *__restrict_
 /* blockIdx.y = b*H + h, warp w of block x handles query row t = x*AF_WARPS + w */
 __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
                          const float *__restrict__ q, const float *__restrict__ k,
-                         const float *__restrict__ v, const int32_t *__restrict__ ds, int64_t T,
+                         const float *__restrict__ v, const int32_t *__restrict__ dstart, int64_t T,
                          int H, int KV, int D, float scale) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
@@ -51,7 +52,7 @@ __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
         acc[r] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = ds ? ds[(int64_t)b * T + t] : 0; j <= t; j++) {
+    for (int64_t j = dstart ? dstart[(int64_t)b * T + t] : 0; j <= t; j++) {
         const float *kj = k + af_row(b, j, g, T, KV, D), *vj = v + af_row(b, j, g, T, KV, D);
         float s = scale * af_dot(qr, kj, D, lane);
         float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
@@ -91,8 +92,8 @@ __global__ void k_af_delta(float *__restrict__ delta, const float *__restrict__ 
 __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
                         const float *__restrict__ q, const float *__restrict__ k,
                         const float *__restrict__ v, const float *__restrict__ lse,
-                        const float *__restrict__ delta, const int32_t *__restrict__ ds, int64_t T,
-                        int H, int KV, int D, float scale) {
+                        const float *__restrict__ delta, const int32_t *__restrict__ dstart,
+                        int64_t T, int H, int KV, int D, float scale) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
@@ -107,7 +108,7 @@ __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
         acc[r] = 0.0f;
     }
     float li = lse[(int64_t)bh * T + t], di = delta[(int64_t)bh * T + t];
-    for (int64_t j = ds ? ds[(int64_t)b * T + t] : 0; j <= t; j++) {
+    for (int64_t j = dstart ? dstart[(int64_t)b * T + t] : 0; j <= t; j++) {
         const float *kj = k + af_row(b, j, g, T, KV, D), *vj = v + af_row(b, j, g, T, KV, D);
         float p = expf(scale * af_dot(qr, kj, D, lane) - li);
         float ds = p * (af_dot(gr, vj, D, lane) - di);
@@ -130,7 +131,7 @@ __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
                          const float *__restrict__ dout, const float *__restrict__ q,
                          const float *__restrict__ k, const float *__restrict__ v,
                          const float *__restrict__ lse, const float *__restrict__ delta,
-                         const int32_t *__restrict__ ds, int64_t T, int H, int KV, int D,
+                         const int32_t *__restrict__ dstart, int64_t T, int H, int KV, int D,
                          float scale) {
     int lane = threadIdx.x & 31;
     int64_t j = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
@@ -147,9 +148,9 @@ __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
     }
     /* the queries that see key j: j..the end of j's document (starts never decrease) */
     int64_t t_end = T;
-    if (ds) {
+    if (dstart) {
         t_end = j + 1;
-        while (t_end < T && ds[(int64_t)b * T + t_end] <= j)
+        while (t_end < T && dstart[(int64_t)b * T + t_end] <= j)
             t_end++;
     }
     for (int h = g * group; h < (g + 1) * group; h++)
