@@ -238,19 +238,10 @@ static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, flo
                             op, SHAPE_FMT, SHAPE_ARGS(&p->key));
 }
 
-/* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
- * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
- * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest). Returns 0 after a recorded
- * error. */
-static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                   float alpha, const void *A, const void *B, cudaDataType dtype, float beta,
-                   void *C, cudaDataType ctype) {
-    if (M <= 0 || N <= 0) return 1;
-    if (K <= 0) {
-        if (beta != 0.0f) return 1; /* beta is 0 or 1 in this backend: C unchanged */
-        return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * esize(ctype), c->stream),
-                              op, "M=%lld N=%lld K=0", (long long)M, (long long)N);
-    }
+/* The plan key of a product (no block scales: an fp8 caller sets scale_a/scale_b). */
+static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cudaDataType dtype,
+                             const void *A, const void *B, float beta, const void *C,
+                             cudaDataType ctype) {
     moe_gemm_key key;
     memset(&key, 0, sizeof key);
     key.ta = ta;
@@ -264,6 +255,23 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
     key.align_a = ptr_align(A);
     key.align_b = ptr_align(B);
     key.align_c = ptr_align(C);
+    return key;
+}
+
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
+ * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
+ * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest). Returns 0 after a recorded
+ * error. */
+static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                   float alpha, const void *A, const void *B, cudaDataType dtype, float beta,
+                   void *C, cudaDataType ctype) {
+    if (M <= 0 || N <= 0) return 1;
+    if (K <= 0) {
+        if (beta != 0.0f) return 1; /* beta is 0 or 1 in this backend: C unchanged */
+        return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * esize(ctype), c->stream),
+                              op, "M=%lld N=%lld K=0", (long long)M, (long long)N);
+    }
+    moe_gemm_key key = gemm_key(ta, tb, M, N, K, dtype, A, B, beta, C, ctype);
     moe_gemm_plan *p = plan_get(c, &key, NULL, NULL, op);
     if (!p) return 0;
     return run_plan(c, op, p, alpha, A, B, beta, C);
@@ -276,22 +284,11 @@ static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64
                     const uint8_t *A, const float *as, int a_tiles, const uint8_t *B,
                     const float *bs, int b_tiles, float beta, void *C, cudaDataType ctype) {
     if (M <= 0 || N <= 0 || K <= 0) return 1;
-    moe_gemm_key key;
-    memset(&key, 0, sizeof key);
-    key.tb = 1;
-    key.M = M;
-    key.N = N;
-    key.K = K;
-    key.dtype = (int)CUDA_R_8F_E4M3;
+    moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype);
     key.scale_a = 1 + (a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
     key.scale_b = 1 + (b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
-    key.cdtype = (int)ctype;
-    key.beta_nonzero = beta != 0.0f;
-    key.align_a = ptr_align(A);
-    key.align_b = ptr_align(B);
-    key.align_c = ptr_align(C);
     moe_gemm_plan *p = plan_get(c, &key, as, bs, op);
     /* the scales are per call: set on the cached descriptor right before the product */
     if (!p || !set_scales(c, p->desc, as, bs, op, &key)) return 0;

@@ -62,6 +62,19 @@ static double worst_rel(const float *x, const float *q, int64_t len, int64_t b) 
     return worst;
 }
 
+/* 1 when every block of bs values of q [n] (quantized x) fits under 448 x the power of two
+ * at or above its amax / 448 (nothing saturated) and reaches amax within E4M3 precision. */
+static int pow2_unsaturated(const float *x, const float *q, int n, int bs) {
+    for (int b0 = 0; b0 < n; b0 += bs) {
+        double amax = 0, qmax = 0;
+        for (int j = b0; j < b0 + bs && j < n; j++)
+            amax = fmax(amax, fabs(x[j])), qmax = fmax(qmax, fabs(q[j]));
+        if (!(qmax <= 448.0 * exp2(ceil(log2(amax / 448.0))) && qmax >= amax * (1 - 0x1.0p-4)))
+            return 0;
+    }
+    return 1;
+}
+
 static void test_error_and_rules(void) {
     enum { LEN = 1000 };
     float x[LEN], q[LEN];
@@ -74,13 +87,7 @@ static void test_error_and_rules(void) {
     moe_quant_fake_vectors(q, x, 1, LEN, LEN, 1, &MX);
     CHECK_MSG(worst_rel(x, q, LEN, 32) <= 0x1.0p-4, "mxfp8 error %g", worst_rel(x, q, LEN, 32));
     /* ceil: the scale is a power of two and no value saturates (|q| <= 448 scale >= amax) */
-    for (int b0 = 0; b0 < LEN; b0 += 32) {
-        double amax = 0, qmax = 0;
-        for (int j = b0; j < b0 + 32 && j < LEN; j++)
-            amax = fmax(amax, fabs(x[j])), qmax = fmax(qmax, fabs(q[j]));
-        double scale = exp2(ceil(log2(amax / 448.0)));
-        CHECK(qmax <= 448.0 * scale && qmax >= amax * (1 - 0x1.0p-4));
-    }
+    CHECK(pow2_unsaturated(x, q, LEN, 32));
     /* ocp-floor: scale 2^(floor(log2 amax) - 8); the block's largest values saturate at 448
      * times it when amax / scale > 448 */
     float one[32];
@@ -93,12 +100,7 @@ static void test_error_and_rules(void) {
      * saturates), a different result from amax / 448, the same error bound */
     moe_quant_fake_vectors(q, x, 1, LEN, LEN, 1, &P2);
     CHECK_MSG(worst_rel(x, q, LEN, 128) <= 0x1.0p-4, "pow2 error %g", worst_rel(x, q, LEN, 128));
-    for (int b0 = 0; b0 < LEN; b0 += 128) {
-        double amax = 0, qmax = 0;
-        for (int j = b0; j < b0 + 128 && j < LEN; j++)
-            amax = fmax(amax, fabs(x[j])), qmax = fmax(qmax, fabs(q[j]));
-        CHECK(qmax <= 448.0 * exp2(ceil(log2(amax / 448.0))) && qmax >= amax * (1 - 0x1.0p-4));
-    }
+    CHECK(pow2_unsaturated(x, q, LEN, 128));
     float q2[LEN];
     moe_quant_fake_vectors(q2, x, 1, LEN, LEN, 1, &FP8);
     CHECK(memcmp(q, q2, sizeof q) != 0);
