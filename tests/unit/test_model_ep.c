@@ -66,23 +66,15 @@ static void *rank_main(void *arg) {
     return NULL;
 }
 
+/* testlib's tiny config with more vocabulary and experts' width, one KV head of two. */
 static moe_model_config config(void) {
-    moe_model_config c;
-    memset(&c, 0, sizeof c);
+    moe_model_config c = test_tiny_config(0);
     c.vocab_size = 29;
-    c.hidden_size = 16;
     c.intermediate_size = 24;
-    c.num_hidden_layers = 2;
     c.num_attention_heads = 2;
     c.num_key_value_heads = 1;
-    c.num_local_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.max_position_embeddings = 32;
-    c.rope_theta = 10000.0;
-    c.rms_norm_eps = 1e-5;
     c.router_aux_loss_coef = 0.3;
     c.router_z_loss_coef = 0.05;
-    c.initializer_range = 0.3;
     return c;
 }
 
