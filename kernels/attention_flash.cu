@@ -28,7 +28,7 @@
  * those after its diagonal. NULL gives exactly the causal kernels' arithmetic. */
 #include <math.h>
 
-#include "backend_cuda.cuh"
+#include "flash_common.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -46,26 +46,12 @@ typedef __nv_bfloat16 bf16;
 #define FA_MINB 1 /* __launch_bounds__ minimum blocks per SM of the forward and dq kernels */
 #endif
 #define FA_THREADS 128
-#define LOG2E 1.4426950408889634f
 
 __device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], const uint32_t b[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
-
-__device__ __forceinline__ uint32_t pack_2(bf16 lo, bf16 hi) {
-    return (uint32_t)__bfloat16_as_ushort(lo) | ((uint32_t)__bfloat16_as_ushort(hi) << 16);
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-    return (uint32_t)__cvta_generic_to_shared(p);
 }
 
 __device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
@@ -104,14 +90,6 @@ __device__ __forceinline__ void load_b_n2(uint32_t b[4], const bf16 *s, int k0, 
     ldsm_x4_t(b, s + (k0 + (lane & 7) + (mi & 1) * 8) * LD + n0 + (mi >> 1) * 8);
 }
 
-/* A fragment (k block kk of 16 columns) from C accumulators of 8-column tiles acc[nt][4] */
-__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*acc)[4], int kk) {
-    a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
-    a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
-    a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
-    a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
-}
-
 /* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor into a [rows][LD]
  * tile with cp.async (16 bytes per request); rows >= T are zero-filled (source size 0). The
  * caller commits the group and waits for it before reading. */
@@ -129,31 +107,14 @@ __device__ __forceinline__ void cp_tile(bf16 *s, const bf16 *g, int rows, int64_
     }
 }
 
-__device__ __forceinline__ void cp_commit() {
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N> __device__ __forceinline__ void cp_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* ------------------------------------------------------------------------------------------
  * forward */
-
-/* Two adjacent output values: fp32 as a float2, bf16 (rounded to nearest) as a bf16x2. */
-__device__ __forceinline__ void fa_st2(float *p, float a, float b) {
-    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
-}
-__device__ __forceinline__ void fa_st2(bf16 *p, float a, float b) {
-    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
-}
 
 template <int D, typename TO>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
              const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-             const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale,
-             int round_out) {
+             const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -187,7 +148,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     /* the first key of each row's document (rows past T: 0, never stored) */
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * FA_LOG2E;
 
     /* it counts the blocks walked: buffer it & 1 holds block kb */
     for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
@@ -219,49 +180,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
                 mma16816(s[2 * np], qf[ks], bfr);
                 mma16816(s[2 * np + 1], qf[ks], bfr + 2);
             }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            int64_t key = k0 + nt * 8 + 2 * t;
-            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] * sl2 : -INFINITY;
-            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] * sl2 : -INFINITY;
-            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] * sl2 : -INFINITY;
-            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] * sl2 : -INFINITY;
-            mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
-            mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
-        }
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        /* a row whose keys in this block are all masked keeps its max, so exp2 gives p = 0
-         * and alpha = 1. Without a mask that max is finite (the first block holds key 0 <=
-         * row); a row whose document starts after every key seen so far still has max -inf:
-         * it subtracts 0 instead (p = 0, alpha = 0, no -inf - -inf = NaN) */
-        float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-        const float r0 = mn0 == -INFINITY ? 0.0f : mn0, r1 = mn1 == -INFINITY ? 0.0f : mn1;
-        float a0 = exp2f(m0 - r0), a1 = exp2f(m1 - r1);
-        m0 = mn0;
-        m1 = mn1;
-        float ls0 = 0.0f, ls1 = 0.0f;
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            s[nt][0] = exp2f(s[nt][0] - r0);
-            s[nt][1] = exp2f(s[nt][1] - r0);
-            s[nt][2] = exp2f(s[nt][2] - r1);
-            s[nt][3] = exp2f(s[nt][3] - r1);
-            ls0 += s[nt][0] + s[nt][1];
-            ls1 += s[nt][2] + s[nt][3];
-        }
-        l0 = l0 * a0 + ls0;
-        l1 = l1 * a1 + ls1;
-#pragma unroll
-        for (int nt = 0; nt < D / 8; nt++) {
-            o[nt][0] *= a0;
-            o[nt][1] *= a0;
-            o[nt][2] *= a1;
-            o[nt][3] *= a1;
-        }
+        fa_softmax_block<FA_BK, D>(s, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
+                                   dsb || k0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             uint32_t pa[4];
@@ -276,31 +196,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         }
         __syncthreads(); /* all reads of this buffer are done before it is refilled */
     }
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
-    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-    TO *og = out + (int64_t)b * T * qstride + (int64_t)h * D;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        int col = nt * 8 + 2 * t;
-        float v00 = o[nt][0] * inv0, v01 = o[nt][1] * inv0;
-        float v10 = o[nt][2] * inv1, v11 = o[nt][3] * inv1;
-        if (round_out) {
-            v00 = moe_dev_round_bf16(v00);
-            v01 = moe_dev_round_bf16(v01);
-            v10 = moe_dev_round_bf16(v10);
-            v11 = moe_dev_round_bf16(v11);
-        }
-        if (row0 < T) fa_st2(og + row0 * qstride + col, v00, v01);
-        if (row1 < T) fa_st2(og + row1 * qstride + col, v10, v11);
-    }
-    if (t == 0) {
-        float *lg = lse + (int64_t)bh * T;
-        if (row0 < T) lg[row0] = (m0 + log2f(l0)) / LOG2E;
-        if (row1 < T) lg[row1] = (m1 + log2f(l1)) / LOG2E;
-    }
+    fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
+                     m1, l0, l1, row0, row1, T, qstride, t);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -355,10 +252,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float *lg = lse + (int64_t)bh * T, *dg = delta + (int64_t)bh * T;
-    const float lse0 = row0 < T ? lg[row0] * LOG2E : 0.0f,
-                lse1 = row1 < T ? lg[row1] * LOG2E : 0.0f;
+    const float lse0 = row0 < T ? lg[row0] * FA_LOG2E : 0.0f,
+                lse1 = row1 < T ? lg[row1] * FA_LOG2E : 0.0f;
     const float dl0 = row0 < T ? dg[row0] : 0.0f, dl1 = row1 < T ? dg[row1] : 0.0f;
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * FA_LOG2E;
     float acc[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++)
@@ -493,7 +390,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         cp_tile<D, LD>(sdOb + buf * FA_BQ_KV * LD, dout + qoff, FA_BQ_KV, q0, T, qstride);
         const float *lg = lse + ((int64_t)b * H + h) * T, *dg = delta + ((int64_t)b * H + h) * T;
         for (int j = threadIdx.x; j < FA_BQ_KV; j += blockDim.x) {
-            sLb[buf * FA_BQ_KV + j] = q0 + j < T ? lg[q0 + j] * LOG2E : 0.0f;
+            sLb[buf * FA_BQ_KV + j] = q0 + j < T ? lg[q0 + j] * FA_LOG2E : 0.0f;
             sDb[buf * FA_BQ_KV + j] = q0 + j < T ? dg[q0 + j] : 0.0f;
             sSb[buf * FA_BQ_KV + j] = dsb && q0 + j < T ? dsb[q0 + j] : 0;
         }
@@ -503,7 +400,7 @@ __global__ void __launch_bounds__(FA_THREADS)
     issue(0, 0);
     cp_commit();
     const int64_t key0 = k0 + warp * 16 + g, key1 = key0 + 8; /* this thread's accumulator rows */
-    const float sl2 = scale * LOG2E;
+    const float sl2 = scale * FA_LOG2E;
     float dka[D / 8][4], dva[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++)
@@ -644,26 +541,26 @@ static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op)
 template <int D, typename TO>
 static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
                           const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int round_out) {
+                          int64_t KV) {
     const char *op = "attention_forward";
     size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
     if (!fa_smem_attr(c, k_fa_fwd<D, TO>, smem, op)) return;
     dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(
-        out, lse, q, k, v, dstart, T, (int)H, (int)KV, 1.0f / sqrtf((float)D), round_out);
+    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, dstart, T, (int)H,
+                                                           (int)KV, 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
 
-/* out is F32 (rounded to bf16 values when round_out) or BF16 (written rounded). */
+/* out is F32 (holding bf16 values) or BF16. */
 template <int D>
 static void fa_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
                        const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                       int64_t KV, int round_out) {
+                       int64_t KV) {
     if (out.dt == MOE_DTYPE_BF16)
-        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, H, KV);
     else
-        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, dstart, B, T, H, KV, round_out);
+        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, dstart, B, T, H, KV);
 }
 
 /* dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D], lse/delta [B, H, T], dstart [B, T] or NULL */
@@ -728,21 +625,27 @@ void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, 
     const bf16 *kb = qb ? fa_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
     const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
     if (!vb) return;
+#if MOE_HAVE_SM90A
+    if (moe_cuda_fa3_supported(c, D)) {
+        moe_cuda_fa3_forward(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, D);
+        return;
+    }
+#endif
     switch (D) {
     case 16:
-        fa_forward<16>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
+        fa_forward<16>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
         break;
     case 32:
-        fa_forward<32>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
+        fa_forward<32>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
         break;
     case 64:
-        fa_forward<64>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
+        fa_forward<64>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
         break;
     case 96:
-        fa_forward<96>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
+        fa_forward<96>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
         break;
     default:
-        fa_forward<128>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, 1);
+        fa_forward<128>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
         break;
     }
 }

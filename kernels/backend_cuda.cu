@@ -535,6 +535,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     }
     if (ok) {
         c->num_sms = prop.multiProcessorCount;
+        c->sm = prop.major * 10 + prop.minor;
         c->smem_optin = (int)prop.sharedMemPerBlockOptin;
         ok = moe_cuda_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "init",
                             "stream");

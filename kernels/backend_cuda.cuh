@@ -38,6 +38,7 @@ struct moe_gemm_cache; /* gemm_cublaslt.cu */
 typedef struct moe_cuda_ctx {
     int device;
     int num_sms;
+    int sm;         /* compute capability, major * 10 + minor */
     int smem_optin; /* max dynamic shared memory per block after opt-in, bytes */
     cudaStream_t stream;
     cublasLtHandle_t lt;
@@ -257,6 +258,16 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
                                  moe_cbuf out, const float *lse, const int32_t *doc_start,
                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                  moe_recipe prec);
+
+/* sm90/attention_wgmma.cu, in the build when it targets sm_90 (MOE_HAVE_SM90A): the Hopper
+ * forward of bf16 flash attention, same contract as the portable one (attention_flash.cu).
+ * supported: 1 when it runs head dim D on this device (compute capability 9.0, D 64 or 128).
+ * out [B, T, H, D] F32 or BF16, lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D],
+ * dstart [B, T] or NULL. */
+int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D);
+void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const __nv_bfloat16 *q,
+                          const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *dstart,
+                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or

@@ -1,0 +1,139 @@
+/* flash_common.cuh: what the two bf16 flash-attention forward kernels share - the portable
+ * one (attention_flash.cu, mma.sync) and the Hopper one (sm90/attention_wgmma.cu, wgmma):
+ * bf16 packing, cp.async groups, the online-softmax step over one key block and the store of
+ * the normalised output rows and their log-sum-exp.
+ *
+ * The one thing a reader must know: both kernels hold scores and outputs in the accumulator
+ * layout of m16n8 tiles (mma.sync's C fragment, which is also wgmma's per warp): with
+ * g = lane / 4 and t = lane % 4, tile nt holds rows g and g + 8, columns nt * 8 + 2t and
+ * + 1, as acc[nt][0..1] (row g) and acc[nt][2..3] (row g + 8). A thread owns two query rows. */
+#ifndef MOE_KERNELS_FLASH_COMMON_CUH
+#define MOE_KERNELS_FLASH_COMMON_CUH
+
+#include <math.h>
+
+#include "backend_cuda.cuh"
+
+#define FA_LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* A fragment (k block kk of 16 columns) from C accumulators of 8-column tiles acc[nt][4] */
+__device__ __forceinline__ void c_to_a(uint32_t a[4], const float (*acc)[4], int kk) {
+    a[0] = pack_bf16(acc[2 * kk][0], acc[2 * kk][1]);
+    a[1] = pack_bf16(acc[2 * kk][2], acc[2 * kk][3]);
+    a[2] = pack_bf16(acc[2 * kk + 1][0], acc[2 * kk + 1][1]);
+    a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
+}
+
+__device__ __forceinline__ void cp_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N> __device__ __forceinline__ void cp_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Two adjacent output values: fp32 as a float2, bf16 (rounded to nearest) as a bf16x2. */
+__device__ __forceinline__ void fa_st2(float *p, float a, float b) {
+    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+__device__ __forceinline__ void fa_st2(__nv_bfloat16 *p, float a, float b) {
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+
+/* One key block of the online softmax for this thread's rows row0 and row1 = row0 + 8:
+ * s [NK/8][4] raw scores of keys k0.. (replaced by the probabilities exp2(s * sl2 - max),
+ * not yet rounded), o [NO/8][4] the output accumulators (rescaled to the new max), m/l the
+ * running max (log2 units) and sum. Keys after a row or before its document start st are
+ * masked when `mask` (a block that holds none of them may skip it: the same arithmetic). */
+template <int NK, int NO>
+__device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], float &m0, float &m1,
+                                                 float &l0, float &l1, int64_t k0, int64_t row0,
+                                                 int64_t row1, int64_t st0, int64_t st1, float sl2,
+                                                 int t, bool mask) {
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NK / 8; nt++) {
+        if (mask) {
+            int64_t key = k0 + nt * 8 + 2 * t;
+            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] * sl2 : -INFINITY;
+            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] * sl2 : -INFINITY;
+            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] * sl2 : -INFINITY;
+            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] * sl2 : -INFINITY;
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                s[nt][i] *= sl2;
+        }
+        mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+        mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+    }
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    /* a row whose keys in this block are all masked keeps its max, so exp2 gives p = 0 and
+     * alpha = 1. Without a mask that max is finite (the first block holds key 0 <= row); a
+     * row whose document starts after every key seen so far still has max -inf: it
+     * subtracts 0 instead (p = 0, alpha = 0, no -inf - -inf = NaN) */
+    float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float r0 = mn0 == -INFINITY ? 0.0f : mn0, r1 = mn1 == -INFINITY ? 0.0f : mn1;
+    float a0 = exp2f(m0 - r0), a1 = exp2f(m1 - r1);
+    m0 = mn0;
+    m1 = mn1;
+    float ls0 = 0.0f, ls1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NK / 8; nt++) {
+        s[nt][0] = exp2f(s[nt][0] - r0);
+        s[nt][1] = exp2f(s[nt][1] - r0);
+        s[nt][2] = exp2f(s[nt][2] - r1);
+        s[nt][3] = exp2f(s[nt][3] - r1);
+        ls0 += s[nt][0] + s[nt][1];
+        ls1 += s[nt][2] + s[nt][3];
+    }
+    l0 = l0 * a0 + ls0;
+    l1 = l1 * a1 + ls1;
+#pragma unroll
+    for (int nt = 0; nt < NO / 8; nt++) {
+        o[nt][0] *= a0;
+        o[nt][1] *= a0;
+        o[nt][2] *= a1;
+        o[nt][3] *= a1;
+    }
+}
+
+/* Stores this thread's two normalised output rows (og: the head's column 0 of row 0, rows
+ * qstride apart; rows >= T are not stored) rounded to bf16 values, and their log-sum-exp
+ * (natural log) into lg [T] from the running max m (log2 units) and sum l of each row. */
+template <int D, typename TO>
+__device__ __forceinline__ void fa_store_rows(TO *og, float *lg, const float (*o)[4], float m0,
+                                              float m1, float l0, float l1, int64_t row0,
+                                              int64_t row1, int64_t T, int64_t qstride, int t) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        int col = nt * 8 + 2 * t;
+        float v00 = moe_dev_round_bf16(o[nt][0] * inv0), v01 = moe_dev_round_bf16(o[nt][1] * inv0);
+        float v10 = moe_dev_round_bf16(o[nt][2] * inv1), v11 = moe_dev_round_bf16(o[nt][3] * inv1);
+        if (row0 < T) fa_st2(og + row0 * qstride + col, v00, v01);
+        if (row1 < T) fa_st2(og + row1 * qstride + col, v10, v11);
+    }
+    if (t == 0) {
+        if (row0 < T) lg[row0] = (m0 + log2f(l0)) / FA_LOG2E;
+        if (row1 < T) lg[row1] = (m1 + log2f(l1)) / FA_LOG2E;
+    }
+}
+
+#endif
