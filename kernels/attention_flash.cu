@@ -626,7 +626,7 @@ void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, 
     const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
     if (!vb) return;
 #if MOE_HAVE_SM90A
-    if (moe_cuda_fa3_supported(c, D)) {
+    if (moe_cuda_fa3_supported(c, D, qb, kb, vb)) {
         moe_cuda_fa3_forward(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, D);
         return;
     }

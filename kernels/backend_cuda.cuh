@@ -48,6 +48,7 @@ typedef struct moe_cuda_ctx {
     size_t scratch_bytes[MOE_CUDA_SCRATCH_COUNT];
     double *host_red; /* pinned host word for sum_squares results */
     struct moe_gemm_cache *gemm_cache;
+    void *tmap_encode; /* the driver's cuTensorMapEncodeTiled, looked up on first use */
     /* memory accounting: live allocations of be->alloc (pointer, size), plus scratch and
      * workspace, for moe_backend_cuda_memory */
     void **alloc_ptr;
@@ -261,10 +262,12 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
 
 /* sm90/attention_wgmma.cu, in the build when it targets sm_90 (MOE_HAVE_SM90A): the Hopper
  * forward of bf16 flash attention, same contract as the portable one (attention_flash.cu).
- * supported: 1 when it runs head dim D on this device (compute capability 9.0, D 64 or 128).
+ * supported: 1 when it runs head dim D on this device (compute capability 9.0, D 64 or 128)
+ * with these bf16 q, k, v (16-byte aligned, as its TMA loads need).
  * out [B, T, H, D] F32 or BF16, lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D],
  * dstart [B, T] or NULL. */
-int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D);
+int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D, const void *q, const void *k,
+                           const void *v);
 void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *dstart,
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);

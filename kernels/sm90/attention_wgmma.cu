@@ -4,21 +4,28 @@
  * statistics; head dims 64 and 128, GQA any ratio, document masks. The portable kernel of
  * attention_flash.cu serves every other GPU and head dim, and the whole backward.
  *
- * A block owns 128 query rows of one head: two warpgroups of 64 rows, each computing
- * S = Q K^T for a key block with wgmma (m64 x BK), the online softmax in registers
- * (flash_common.cuh: the same step as the portable kernel), then O += P V with P as the
- * register A operand. All 256 threads stream the K and V blocks in with cp.async, double-
- * buffered; the key blocks before the first row's document start are skipped, those after
- * a warpgroup's last row are not multiplied. Output and lse as the portable forward: bf16
- * values, natural-log lse of the scaled scores. Compiled for sm_90a only (CMakeLists.txt);
- * moe_cuda_fa3_supported says when it runs.
+ * A block owns 128 query rows of one head: two consumer warpgroups of 64 rows and one
+ * producer warp. The producer's lane 0 loads Q once and each key block's K and V with TMA
+ * into NS stages (mbarriers: "full" when the bytes have landed, "empty" when all 256 consumer
+ * threads are done with a stage). Each consumer warpgroup computes S = Q K^T for the block
+ * with wgmma (m64 x BK), the online softmax in registers (flash_common.cuh: the same step as
+ * the portable kernel), then O += P V with P as the register A operand. The two warpgroups
+ * take turns to issue their score products (ping-pong), so one's softmax overlaps the
+ * other's products. Key blocks before the first row's document start are skipped, those
+ * after a warpgroup's last row are not multiplied. Output and lse as the portable forward:
+ * bf16 values, natural-log lse of the scaled scores. Compiled for sm_90a only
+ * (CMakeLists.txt); moe_cuda_fa3_supported says when it runs.
  *
  * The one thing a reader must know: shared-memory tiles [rows][D] are stored as D/64 column
  * blocks of [rows][64] bf16 (128 bytes a row), and the 16-byte chunk c of row r sits at chunk
  * c ^ (r % 8) (the 128-byte swizzle the wgmma descriptors name). The same layout is
  * "K-major" for Q and K (S's reduction dim is D, contiguous) and "N-major" for V (PV's
- * reduction dim is the key, and V's contiguous dim D is PV's N): one loader serves all three,
- * and the descriptor's strides say which. PTX ISA 9.7.15 (wgmma) has the layouts. */
+ * reduction dim is the key, and V's contiguous dim D is PV's N): the TMA boxes of 64 columns
+ * with the 128-byte swizzle write all three that way, and the descriptors' strides say which
+ * operand form is read. PTX ISA 9.7.15 (wgmma) has the layouts. */
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "../flash_common.cuh"
 
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -28,7 +35,17 @@
 typedef __nv_bfloat16 bf16;
 
 #define FA3_BQ 128 /* query rows per block: two warpgroups of 64 */
-#define FA3_THREADS 256
+/* Variants (-D at compile time, bench/kernels/attn_variants.sh checks and times them):
+ * FA3_NS key/value stages in flight; FA3_PINGPONG 1 makes the two warpgroups take turns to
+ * issue their score products (named barriers 1 and 2), so that one's softmax runs while the
+ * other's products use the tensor cores. */
+#ifndef FA3_NS
+#define FA3_NS 2
+#endif
+#ifndef FA3_PINGPONG
+#define FA3_PINGPONG 1
+#endif
+#define FA3_THREADS 288 /* two consumer warpgroups and one producer warp */
 
 /* The wgmma descriptor of a 128-byte-swizzled operand at shared address a, with leading
  * and stride byte offsets lbo and sbo (PTX ISA "matrix descriptor": 14-bit fields in
@@ -144,50 +161,104 @@ __device__ __forceinline__ void fa3_mma_rs(float (&d)[16][4], const uint32_t (&a
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 
-/* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor (D columns) into the
- * swizzled tile at shared address s (layout above); rows >= T are zero-filled. The caller
- * commits the group and waits for it. */
+/* ---- mbarriers and TMA (PTX ISA 9.7.9.24 and 9.7.9.25) ---- */
+
+__device__ __forceinline__ void fa3_bar_init(uint32_t bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* the producer's arrival that also expects `bytes` of TMA writes before the phase ends */
+__device__ __forceinline__ void fa3_bar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void fa3_bar_arrive(uint32_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* waits until the phase of parity `parity` of the barrier has completed */
+__device__ __forceinline__ void fa3_bar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile("{\n.reg .pred p;\nFA3_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra FA3_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+/* named barriers 1 and 2 between the two consumer warpgroups (256 threads: 128 arrive,
+ * 128 wait) */
+__device__ __forceinline__ void fa3_named_sync(int id) {
+    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void fa3_named_arrive(int id) {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+/* one TMA box {64 columns, 1 head, rows, 1 batch} of the tensor map at (col, head, row, b)
+ * into shared address dst, completing on bar */
+__device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *map, int col, int head,
+                                        int row, int b, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(head), "r"(row), "r"(b), "r"(bar)
+                 : "memory");
+}
+/* a [rows][D] tile (D/64 boxes of [rows][64], the layout above) of head `head` from row `row` */
 template <int D>
-__device__ __forceinline__ void fa3_cp_tile(uint32_t s, const bf16 *g, int rows, int64_t row0,
-                                            int64_t T, int64_t stride) {
-    constexpr int chunks = D / 8;
-    for (int i = threadIdx.x; i < rows * chunks; i += blockDim.x) {
-        int r = i / chunks, c = i % chunks;
-        int ok = row0 + r < T;
-        const bf16 *src = ok ? g + (row0 + r) * stride + c * 8 : g;
-        uint32_t dst = s + (c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                     "r"(ok ? 16 : 0));
-    }
+__device__ __forceinline__ void fa3_tma_tile(uint32_t dst, const CUtensorMap *map, int rows,
+                                             int head, int64_t row, int b, uint32_t bar) {
+#pragma unroll
+    for (int a = 0; a < D / 64; a++)
+        fa3_tma(dst + a * rows * 128, map, a * 64, head, (int)row, b, bar);
 }
 
-/* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T], q [B, T, H, D],
- * k/v [B, T, KV, D], dstart [B, T] or NULL; grid (T / 128 blocks, B * H), BK keys a block */
-template <int D, int BK, typename TO>
-__global__ void __launch_bounds__(FA3_THREADS, D == 64 ? 2 : 1)
-    k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
-              const bf16 *__restrict__ k, const bf16 *__restrict__ v,
+/* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
+ * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; grid (T / 128, B * H).
+ * Threads 0-255 are the two consumer warpgroups, warp 8 the producer: its lane 0 issues the
+ * TMA loads of Q and of each key block's K and V into NS stages (full barriers: the bytes
+ * have landed; empty barriers: all 256 consumer threads are done with a stage). */
+template <int D, int BK, int NS, typename TO>
+__global__ void __launch_bounds__(FA3_THREADS, 1)
+    k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap mq,
+              const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
               const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
     extern __shared__ __align__(16) unsigned char fa3_smem[];
-    /* swizzled tiles must start on 1024 bytes: Q [128][D], then K [2][BK][D], V [2][BK][D] */
+    /* swizzled tiles start on 1024 bytes: Q [128][D], K [NS][BK][D], V [NS][BK][D], then the
+     * barriers: q_full, k_full[NS], v_full[NS], empty[NS] */
+    constexpr uint32_t TILE = BK * D * 2;
     const uint32_t sQ = (smem_u32(fa3_smem) + 1023u) & ~1023u;
-    const uint32_t sKb = sQ + FA3_BQ * D * 2, sVb = sKb + 2 * BK * D * 2;
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
+    const uint32_t sKb = sQ + FA3_BQ * D * 2, sVb = sKb + NS * TILE;
+    const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, be = bv + 8 * NS;
     const int qb = gridDim.x - 1 - blockIdx.x; /* longest (diagonal-most) blocks first */
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
     const int64_t q0 = (int64_t)qb * FA3_BQ;
-    const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
-    const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
-    const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
     const int kb_last = (int)(((q0 + FA3_BQ < T ? q0 + FA3_BQ : T) - 1) / BK);
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int kb_first = dsb ? dsb[q0] / BK : 0;
-    fa3_cp_tile<D>(sQ, q + (int64_t)b * T * qstride + (int64_t)h * D, FA3_BQ, q0, T, qstride);
-    fa3_cp_tile<D>(sKb, kg, BK, (int64_t)kb_first * BK, T, kstride);
-    fa3_cp_tile<D>(sVb, vg, BK, (int64_t)kb_first * BK, T, kstride);
-    cp_commit();
+    if (threadIdx.x == 0) {
+        fa3_bar_init(bq, 1);
+        for (int s = 0; s < NS; s++) {
+            fa3_bar_init(bk + 8 * s, 1);
+            fa3_bar_init(bv + 8 * s, 1);
+            fa3_bar_init(be + 8 * s, 2 * 128);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
 
+    if (threadIdx.x >= 256) { /* the producer warp */
+        if (threadIdx.x != 256) return;
+        fa3_bar_expect(bq, FA3_BQ * D * 2);
+        fa3_tma_tile<D>(sQ, &mq, FA3_BQ, h, q0, b, bq);
+        for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
+            const int s = it % NS;
+            if (it >= NS) fa3_bar_wait(be + 8 * s, ((it / NS) - 1) & 1);
+            fa3_bar_expect(bk + 8 * s, TILE);
+            fa3_tma_tile<D>(sKb + s * TILE, &mk, BK, hk, (int64_t)kb * BK, b, bk + 8 * s);
+            fa3_bar_expect(bv + 8 * s, TILE);
+            fa3_tma_tile<D>(sVb + s * TILE, &mv, BK, hk, (int64_t)kb * BK, b, bv + 8 * s);
+        }
+        return;
+    }
+
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
     float o[D / 8][4];
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++)
@@ -197,26 +268,21 @@ __global__ void __launch_bounds__(FA3_THREADS, D == 64 ? 2 : 1)
     const int64_t row0 = wrow + warp * 16 + g, row1 = row0 + 8;
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * FA_LOG2E;
+    fa3_bar_wait(bq, 0);
+    if (FA3_PINGPONG && wg == 1) fa3_named_arrive(1); /* warpgroup 0 goes first */
 
-    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) { /* buffer it & 1 holds kb */
+    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
         const int64_t k0 = (int64_t)kb * BK;
-        if (kb < kb_last) {
-            const uint32_t nb = (uint32_t)((it + 1) & 1) * BK * D * 2;
-            fa3_cp_tile<D>(sKb + nb, kg, BK, k0 + BK, T, kstride);
-            fa3_cp_tile<D>(sVb + nb, vg, BK, k0 + BK, T, kstride);
-        }
-        cp_commit();
-        cp_wait<1>();
-        /* the tile written by cp.async (generic proxy) is read by wgmma (async proxy) */
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();
+        const int s = it % NS;
+        const uint32_t parity = (it / NS) & 1;
+        if (FA3_PINGPONG) fa3_named_sync(1 + wg);
         if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
-            const uint32_t sK = sKb + (uint32_t)(it & 1) * BK * D * 2;
-            const uint32_t sV = sVb + (uint32_t)(it & 1) * BK * D * 2;
-            float s[BK / 8][4];
+            const uint32_t sK = sKb + s * TILE, sV = sVb + s * TILE;
+            float sc[BK / 8][4];
 #pragma unroll
             for (int nt = 0; nt < BK / 8; nt++)
-                s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            fa3_bar_wait(bk + 8 * s, parity);
             fa3_fence();
 #pragma unroll
             for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
@@ -224,16 +290,18 @@ __global__ void __launch_bounds__(FA3_THREADS, D == 64 ? 2 : 1)
                 const uint64_t da =
                     fa3_desc(sQ + (ks >> 2) * FA3_BQ * 128 + wg * 64 * 128 + col, 16, 1024);
                 const uint64_t db = fa3_desc(sK + (ks >> 2) * BK * 128 + col, 16, 1024);
-                fa3_mma_ss(s, da, db, ks > 0);
+                fa3_mma_ss(sc, da, db, ks > 0);
             }
+            if (FA3_PINGPONG && (wg == 0 || kb < kb_last)) fa3_named_arrive(2 - wg);
             fa3_commit_wait();
-            fa3_hold(s);
-            fa_softmax_block<BK, D>(s, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
+            fa3_hold(sc);
+            fa_softmax_block<BK, D>(sc, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
                                     dsb || k0 + BK - 1 > wrow);
             uint32_t p[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
-                c_to_a(p[kk], s, kk);
+                c_to_a(p[kk], sc, kk);
+            fa3_bar_wait(bv + 8 * s, parity);
             fa3_fence();
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
@@ -241,32 +309,69 @@ __global__ void __launch_bounds__(FA3_THREADS, D == 64 ? 2 : 1)
             fa3_commit_wait();
             fa3_hold(o);
             fa3_hold(p);
+        } else if (FA3_PINGPONG) {
+            fa3_named_arrive(2 - wg); /* (only warpgroup 0 skips blocks: never the last) */
         }
-        __syncthreads(); /* all reads of this buffer are done before it is refilled */
+        fa3_bar_arrive(be + 8 * s); /* this thread is done with stage s */
     }
+    const int64_t qstride = (int64_t)H * D;
     fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
                      m1, l0, l1, row0, row1, T, qstride, t);
 }
 
-int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D) {
-    return c->sm == 90 && (D == 64 || D == 128);
+/* The TMA map of a [B, T, NH, D] bf16 tensor for boxes of {64 columns, 1 head, rows, 1}
+ * with the 128-byte swizzle (rows past T read as zeros). 1 on success. */
+static int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,
+                   int64_t D, int rows) {
+    const char *op = "attention_forward";
+    if (!c->tmap_encode) {
+        cudaDriverEntryPointQueryResult res;
+        if (!moe_cuda_check(c,
+                            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled",
+                                                             &c->tmap_encode, 12000,
+                                                             cudaEnableDefault, &res),
+                            op, "cuTensorMapEncodeTiled"))
+            return 0;
+    }
+    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)(D * 2), (cuuint64_t)(NH * D * 2),
+                                   (cuuint64_t)(T * NH * D * 2)};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode)(
+        m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, estr,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r == CUDA_SUCCESS) return 1;
+    return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                          "tensor map B=%lld T=%lld NH=%lld D=%lld: CUresult %d", (long long)B,
+                          (long long)T, (long long)NH, (long long)D, (int)r);
 }
 
-template <int D, int BK, typename TO>
+int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D, const void *q, const void *k,
+                           const void *v) {
+    return c->sm == 90 && (D == 64 || D == 128) &&
+           (((uintptr_t)q | (uintptr_t)k | (uintptr_t)v) & 15) == 0; /* TMA: 16-byte aligned */
+}
+
+template <int D, int BK, int NS, typename TO>
 static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
                        const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
                        int64_t KV) {
     const char *op = "attention_forward";
-    const size_t smem = (size_t)(FA3_BQ + 4 * BK) * D * sizeof(bf16) + 1024;
+    CUtensorMap mq, mk, mv;
+    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ) || !fa3_map(c, &mk, k, B, T, KV, D, BK) ||
+        !fa3_map(c, &mv, v, B, T, KV, D, BK))
+        return;
+    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 3 * NS);
     if (!moe_cuda_check(c,
-                        cudaFuncSetAttribute(k_fa3_fwd<D, BK, TO>,
+                        cudaFuncSetAttribute(k_fa3_fwd<D, BK, NS, TO>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
     dim3 grid((unsigned)((T + FA3_BQ - 1) / FA3_BQ), (unsigned)(B * H));
-    k_fa3_fwd<D, BK, TO><<<grid, FA3_THREADS, smem, c->stream>>>(
-        out, lse, q, k, v, dstart, T, (int)H, (int)KV, 1.0f / sqrtf((float)D));
+    k_fa3_fwd<D, BK, NS, TO><<<grid, FA3_THREADS, smem, c->stream>>>(
+        out, lse, mq, mk, mv, dstart, T, (int)H, (int)KV, 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "wgmma: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
@@ -276,9 +381,9 @@ static void fa3_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, 
                            const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
                            int64_t KV, int64_t D) {
     if (D == 64)
-        fa3_launch<64, 64>(c, out, lse, q, k, v, dstart, B, T, H, KV);
+        fa3_launch<64, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, H, KV);
     else
-        fa3_launch<128, 128>(c, out, lse, q, k, v, dstart, B, T, H, KV);
+        fa3_launch<128, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, H, KV);
 }
 
 void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,

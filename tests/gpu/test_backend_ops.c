@@ -834,7 +834,10 @@ static runner_fn runner_for(moe_op op) {
 
 /* Tolerances: fp32 ops differ only in libm ulps and summation order (measured <= 2e-13);
  * bf16 outputs can round the other way at a boundary (measured <= 1.5e-9, attention's
- * bf16 probabilities and score gradients included: <= 8e-9 on an H200, 2026-11-29). */
+ * bf16 probabilities and score gradients included: <= 8e-9 on an H200, 2026-11-29).
+ * Attention's bf16 cases allow 4e-6: the Hopper forward (kernels/sm90) walks 128-key blocks
+ * where the CPU reference walks 64, so its probabilities round at other running maxima
+ * (measured <= 9.0e-7 for out, 2026-12-01; a wrong kernel gives 1e-3 and more). */
 static const tcase k_cases[] = {
     {"embedding N1000 C256 V300", MOE_OP_EMBEDDING, {1000, 256, 300}, FP32, 1e-12, 0},
     {"embedding N4000 C128 V5 (DNA)", MOE_OP_EMBEDDING, {4000, 128, 5}, FP32, 1e-12, 0},
@@ -848,25 +851,25 @@ static const tcase k_cases[] = {
     {"rope B1 T300 NH2 D128 typed", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, BF16, 1e-5, 1},
     {"rope docs B2 T333 NH4 D64", MOE_OP_ROPE, {2, 333, 4, 64, 10000, 1}, FP32, 1e-10, 0},
     {"rope docs B2 T300 NH2 D128 typed", MOE_OP_ROPE, {2, 300, 2, 128, 1000000, 2}, BF16, 1e-5, 1},
-    {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 0},
-    {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 1e-6, 0},
-    {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 1e-6, 1},
-    {"attn B2 T200 H8 KV2 D64 typed", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 1e-6, 1},
-    {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 1e-6, 0},
-    {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 1e-6, 0},
+    {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 4e-6, 0},
+    {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 4e-6, 0},
+    {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 4e-6, 1},
+    {"attn B2 T200 H8 KV2 D64 typed", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 4e-6, 1},
+    {"attn B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128}, BF16, 4e-6, 0},
+    {"attn B3 T77 H4 KV2 D16", MOE_OP_ATTENTION, {3, 77, 4, 2, 16}, BF16, 4e-6, 0},
     {"attn fp32 B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64}, FP32, 1e-10, 0},
     {"attn fp32 B1 T70 H3 KV1 D40", MOE_OP_ATTENTION, {1, 70, 3, 1, 40}, FP32, 1e-10, 0},
-    {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 1e-6, 0},
-    {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 1e-6, 0},
+    {"attn B1 T130 H2 KV1 D32", MOE_OP_ATTENTION, {1, 130, 2, 1, 32}, BF16, 4e-6, 0},
+    {"attn B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96}, BF16, 4e-6, 0},
     /* document masks (s[5], doc_starts): T not a multiple of the tiles, length-1 documents,
      * boundaries on tile edges, key blocks skipped before long documents */
-    {"attn docs B2 T333 H4 KV2 D64", MOE_OP_ATTENTION, {2, 333, 4, 2, 64, 1}, BF16, 1e-6, 0},
-    {"attn docs B2 T333 H4 KV2 D128 ty", MOE_OP_ATTENTION, {2, 333, 4, 2, 128, 1}, BF16, 1e-6, 1},
-    {"attn docs B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128, 1}, BF16, 1e-6, 0},
-    {"attn docs B3 T200 H8 KV2 D64 rand", MOE_OP_ATTENTION, {3, 200, 8, 2, 64, 2}, BF16, 1e-6, 0},
-    {"attn docs B3 T77 H4 KV2 D16 rand", MOE_OP_ATTENTION, {3, 77, 4, 2, 16, 2}, BF16, 1e-6, 0},
-    {"attn docs B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96, 1}, BF16, 1e-6, 0},
-    {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 1e-6, 0},
+    {"attn docs B2 T333 H4 KV2 D64", MOE_OP_ATTENTION, {2, 333, 4, 2, 64, 1}, BF16, 4e-6, 0},
+    {"attn docs B2 T333 H4 KV2 D128 ty", MOE_OP_ATTENTION, {2, 333, 4, 2, 128, 1}, BF16, 4e-6, 1},
+    {"attn docs B1 T1024 H4 KV1 D128", MOE_OP_ATTENTION, {1, 1024, 4, 1, 128, 1}, BF16, 4e-6, 0},
+    {"attn docs B3 T200 H8 KV2 D64 rand", MOE_OP_ATTENTION, {3, 200, 8, 2, 64, 2}, BF16, 4e-6, 0},
+    {"attn docs B3 T77 H4 KV2 D16 rand", MOE_OP_ATTENTION, {3, 77, 4, 2, 16, 2}, BF16, 4e-6, 0},
+    {"attn docs B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96, 1}, BF16, 4e-6, 0},
+    {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 4e-6, 0},
     {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
     {"attn fp32 docs B2 T90 H3 KV1 D40", MOE_OP_ATTENTION, {2, 90, 3, 1, 40, 2}, FP32, 1e-10, 0},
     {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
