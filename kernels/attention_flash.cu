@@ -294,18 +294,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
                 mma16816(dp[2 * np + 1], da, bv + 2);
             }
         }
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++) {
-            int64_t key = k0 + nt * 8 + 2 * t;
-            float p00 = key <= row0 && key >= st0 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
-            float p01 = key + 1 <= row0 && key + 1 >= st0 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
-            float p10 = key <= row1 && key >= st1 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
-            float p11 = key + 1 <= row1 && key + 1 >= st1 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
-            s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
-            s[nt][1] = p01 * (dp[nt][1] - dl0);
-            s[nt][2] = p10 * (dp[nt][2] - dl1);
-            s[nt][3] = p11 * (dp[nt][3] - dl1);
-        }
+        fa_dscores_rows<FA_BK>(s, dp, k0, row0, row1, st0, st1, lse0, lse1, dl0, dl1, sl2, t,
+                               dsb || k0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             uint32_t sa[4];
@@ -320,21 +310,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         }
         __syncthreads();
     }
-    float *dqg = dq + qoff;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        int col = nt * 8 + 2 * t;
-        if (row0 < T) {
-            float2 *p = reinterpret_cast<float2 *>(dqg + row0 * qstride + col);
-            float2 cur = *p;
-            *p = make_float2(cur.x + scale * acc[nt][0], cur.y + scale * acc[nt][1]);
-        }
-        if (row1 < T) {
-            float2 *p = reinterpret_cast<float2 *>(dqg + row1 * qstride + col);
-            float2 cur = *p;
-            *p = make_float2(cur.x + scale * acc[nt][2], cur.y + scale * acc[nt][3]);
-        }
-    }
+    fa_add_rows<D>(dq + qoff, acc, row0, row1, T, qstride, scale, t);
 }
 
 template <int D>
@@ -442,25 +418,8 @@ __global__ void __launch_bounds__(FA_THREADS)
             }
         }
         float pt[FA_BQ_KV / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BQ_KV / 8; nt++) {
-            int c = nt * 8 + 2 * t;
-            int64_t qa = q0 + c, qb2 = qa + 1;
-            float la = sL[c], lb = sL[c + 1], da = sD[c], db = sD[c + 1];
-            int64_t sta = sS[c], stb = sS[c + 1]; /* the queries' document starts */
-            float p00 = (qa < T && qa >= key0 && sta <= key0) ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
-            float p01 = (qb2 < T && qb2 >= key0 && stb <= key0) ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
-            float p10 = (qa < T && qa >= key1 && sta <= key1) ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
-            float p11 = (qb2 < T && qb2 >= key1 && stb <= key1) ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
-            pt[nt][0] = p00;
-            pt[nt][1] = p01;
-            pt[nt][2] = p10;
-            pt[nt][3] = p11;
-            s[nt][0] = p00 * (dp[nt][0] - da); /* dS^T */
-            s[nt][1] = p01 * (dp[nt][1] - db);
-            s[nt][2] = p10 * (dp[nt][2] - da);
-            s[nt][3] = p11 * (dp[nt][3] - db);
-        }
+        fa_dscores_cols<FA_BQ_KV>(s, dp, pt, q0, key0, key1, sL, sD, sS, T, sl2, t,
+                                  dsb || q0 < k0 + warp * 16 + 15 || q0 + FA_BQ_KV > T);
 #pragma unroll
         for (int kk = 0; kk < FA_BQ_KV / 16; kk++) {
             uint32_t pa[4], sa[4];
@@ -479,25 +438,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         }
         __syncthreads();
     }
-    float *dkg = dk + koff, *dvg = dv + koff;
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++) {
-        int col = nt * 8 + 2 * t;
-        if (key0 < T) {
-            float2 *pk = reinterpret_cast<float2 *>(dkg + key0 * kstride + col);
-            float2 *pv = reinterpret_cast<float2 *>(dvg + key0 * kstride + col);
-            float2 ck = *pk, cv = *pv;
-            *pk = make_float2(ck.x + scale * dka[nt][0], ck.y + scale * dka[nt][1]);
-            *pv = make_float2(cv.x + dva[nt][0], cv.y + dva[nt][1]);
-        }
-        if (key1 < T) {
-            float2 *pk = reinterpret_cast<float2 *>(dkg + key1 * kstride + col);
-            float2 *pv = reinterpret_cast<float2 *>(dvg + key1 * kstride + col);
-            float2 ck = *pk, cv = *pv;
-            *pk = make_float2(ck.x + scale * dka[nt][2], ck.y + scale * dka[nt][3]);
-            *pv = make_float2(cv.x + dva[nt][2], cv.y + dva[nt][3]);
-        }
-    }
+    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t);
+    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -687,6 +629,12 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
     const bf16 *gb =
         vb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_D, dout, B * T * H * D, op) : NULL;
     if (!gb) return;
+#if MOE_HAVE_SM90A
+    if (moe_cuda_fa3_supported(c, D, qb, kb, vb) && ((uintptr_t)gb & 15) == 0) {
+        moe_cuda_fa3_backward(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, D);
+        return;
+    }
+#endif
     switch (D) {
     case 16:
         fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);

@@ -272,6 +272,15 @@ void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const __nv_b
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *dstart,
                           int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
 
+/* sm90/attention_wgmma_bwd.cu: the Hopper backward, same contract and rule as the portable
+ * one: dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D] (gradients fp32, added to),
+ * lse/delta [B, H, T], dstart [B, T] or NULL. */
+void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const __nv_bfloat16 *q,
+                           const __nv_bfloat16 *k, const __nv_bfloat16 *v,
+                           const __nv_bfloat16 *dout, const float *lse, const float *delta,
+                           const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV,
+                           int64_t D);
+
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or
  * NULL, all device memory */

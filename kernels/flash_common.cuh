@@ -1,7 +1,8 @@
 /* flash_common.cuh: what the two bf16 flash-attention forward kernels share - the portable
  * one (attention_flash.cu, mma.sync) and the Hopper one (sm90/attention_wgmma.cu, wgmma):
  * bf16 packing, cp.async groups, the online-softmax step over one key block and the store of
- * the normalised output rows and their log-sum-exp.
+ * the normalised output rows and their log-sum-exp; and the backward kernels' score
+ * gradients (by rows for dq, transposed for dk/dv) and gradient accumulation.
  *
  * The one thing a reader must know: both kernels hold scores and outputs in the accumulator
  * layout of m16n8 tiles (mma.sync's C fragment, which is also wgmma's per warp): with
@@ -133,6 +134,86 @@ __device__ __forceinline__ void fa_store_rows(TO *og, float *lg, const float (*o
     if (t == 0) {
         if (row0 < T) lg[row0] = (m0 + log2f(l0)) / FA_LOG2E;
         if (row1 < T) lg[row1] = (m1 + log2f(l1)) / FA_LOG2E;
+    }
+}
+
+/* The score gradients of one key block for this thread's query rows (the dq kernels): s
+ * [NK/8][4] holds the raw scores of keys k0.. and becomes dS = P * (dP - delta), P =
+ * exp2(s * sl2 - lse2) (lse2: the row's lse in log2 units; masked keys give 0); dp [NK/8][4]
+ * the products dO V^T. Masking as fa_softmax_block. */
+template <int NK>
+__device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)[4], int64_t k0,
+                                                int64_t row0, int64_t row1, int64_t st0,
+                                                int64_t st1, float lse0, float lse1, float dl0,
+                                                float dl1, float sl2, int t, bool mask) {
+#pragma unroll
+    for (int nt = 0; nt < NK / 8; nt++) {
+        const int64_t key = k0 + nt * 8 + 2 * t;
+        const bool k00 = !mask || (key <= row0 && key >= st0);
+        const bool k01 = !mask || (key + 1 <= row0 && key + 1 >= st0);
+        const bool k10 = !mask || (key <= row1 && key >= st1);
+        const bool k11 = !mask || (key + 1 <= row1 && key + 1 >= st1);
+        const float p00 = k00 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
+        const float p01 = k01 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
+        const float p10 = k10 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
+        const float p11 = k11 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
+        s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
+        s[nt][1] = p01 * (dp[nt][1] - dl0);
+        s[nt][2] = p10 * (dp[nt][2] - dl1);
+        s[nt][3] = p11 * (dp[nt][3] - dl1);
+    }
+}
+
+/* The transposed form for this thread's key rows key0, key1 = key0 + 8 (the dk/dv kernels):
+ * s [NQ/8][4] raw scores S^T of queries q0.. becomes dS^T and pt [NQ/8][4] gets P^T; the
+ * queries' lse (log2 units), delta and document start are sL, sD, sS [NQ] (shared memory).
+ * A query sees a key when it is < T, not before the key and its document starts at or before
+ * the key; without `mask` every pair counts. */
+template <int NQ>
+__device__ __forceinline__ void fa_dscores_cols(float (*s)[4], const float (*dp)[4], float (*pt)[4],
+                                                int64_t q0, int64_t key0, int64_t key1,
+                                                const float *sL, const float *sD, const int32_t *sS,
+                                                int64_t T, float sl2, int t, bool mask) {
+#pragma unroll
+    for (int nt = 0; nt < NQ / 8; nt++) {
+        const int c = nt * 8 + 2 * t;
+        const int64_t qa = q0 + c, qb = qa + 1;
+        const float la = sL[c], lb = sL[c + 1], da = sD[c], db = sD[c + 1];
+        const int64_t sta = sS[c], stb = sS[c + 1];
+        const bool k00 = !mask || (qa < T && qa >= key0 && sta <= key0);
+        const bool k01 = !mask || (qb < T && qb >= key0 && stb <= key0);
+        const bool k10 = !mask || (qa < T && qa >= key1 && sta <= key1);
+        const bool k11 = !mask || (qb < T && qb >= key1 && stb <= key1);
+        pt[nt][0] = k00 ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
+        pt[nt][1] = k01 ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
+        pt[nt][2] = k10 ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
+        pt[nt][3] = k11 ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
+        s[nt][0] = pt[nt][0] * (dp[nt][0] - da); /* dS^T */
+        s[nt][1] = pt[nt][1] * (dp[nt][1] - db);
+        s[nt][2] = pt[nt][2] * (dp[nt][2] - da);
+        s[nt][3] = pt[nt][3] * (dp[nt][3] - db);
+    }
+}
+
+/* g[row * stride + col] += scale * acc for this thread's rows row0, row1 = row0 + 8 (< T) of
+ * a [*, stride] fp32 gradient (g: the head's column 0 of row 0), acc [D/8][4]. */
+template <int D>
+__device__ __forceinline__ void fa_add_rows(float *g, const float (*acc)[4], int64_t row0,
+                                            int64_t row1, int64_t T, int64_t stride, float scale,
+                                            int t) {
+#pragma unroll
+    for (int nt = 0; nt < D / 8; nt++) {
+        const int col = nt * 8 + 2 * t;
+        if (row0 < T) {
+            float2 *p = reinterpret_cast<float2 *>(g + row0 * stride + col);
+            const float2 cur = *p;
+            *p = make_float2(cur.x + scale * acc[nt][0], cur.y + scale * acc[nt][1]);
+        }
+        if (row1 < T) {
+            float2 *p = reinterpret_cast<float2 *>(g + row1 * stride + col);
+            const float2 cur = *p;
+            *p = make_float2(cur.x + scale * acc[nt][2], cur.y + scale * acc[nt][3]);
+        }
     }
 }
 

@@ -15,22 +15,8 @@
  * after a warpgroup's last row are not multiplied. Output and lse as the portable forward:
  * bf16 values, natural-log lse of the scaled scores. Compiled for sm_90a only
  * (CMakeLists.txt); moe_cuda_fa3_supported says when it runs.
- *
- * The one thing a reader must know: shared-memory tiles [rows][D] are stored as D/64 column
- * blocks of [rows][64] bf16 (128 bytes a row), and the 16-byte chunk c of row r sits at chunk
- * c ^ (r % 8) (the 128-byte swizzle the wgmma descriptors name). The same layout is
- * "K-major" for Q and K (S's reduction dim is D, contiguous) and "N-major" for V (PV's
- * reduction dim is the key, and V's contiguous dim D is PV's N): the TMA boxes of 64 columns
- * with the 128-byte swizzle write all three that way, and the descriptors' strides say which
- * operand form is read. PTX ISA 9.7.15 (wgmma) has the layouts. */
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include "../flash_common.cuh"
-
-#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#error "attention_wgmma.cu is built for sm_90a only (see kernels/sm90 in CMakeLists.txt)"
-#endif
+ * The shared-memory layout of every tile is the one of wgmma.cuh. */
+#include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
@@ -46,167 +32,6 @@ typedef __nv_bfloat16 bf16;
 #define FA3_PINGPONG 1
 #endif
 #define FA3_THREADS 288 /* two consumer warpgroups and one producer warp */
-
-/* The wgmma descriptor of a 128-byte-swizzled operand at shared address a, with leading
- * and stride byte offsets lbo and sbo (PTX ISA "matrix descriptor": 14-bit fields in
- * 16-byte units; swizzle mode 1 = 128 bytes in bits 62-63). */
-__device__ __forceinline__ uint64_t fa3_desc(uint32_t a, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)((lbo & 0x3FFFF) >> 4) << 16 |
-           (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
-}
-
-__device__ __forceinline__ void fa3_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void fa3_commit_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-}
-/* Keeps the compiler from reading (or reusing) registers of an in-flight wgmma before the
- * wait above: each register passes through an empty asm ordered after it. */
-template <int N> __device__ __forceinline__ void fa3_hold(float (&d)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            asm volatile("" : "+f"(d[j][i])::"memory");
-}
-template <int N> __device__ __forceinline__ void fa3_hold(uint32_t (&a)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            asm volatile("" : "+r"(a[j][i])::"memory");
-}
-
-/* d [64 rows, 64] (+)= A [64, 16] B [16, 64], both from shared memory (K-major) */
-__device__ __forceinline__ void fa3_mma_ss(float (&d)[8][4], uint64_t a, uint64_t b, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
-                 : "l"(a), "l"(b), "r"(acc));
-}
-/* d [64 rows, 64] += A [64, 16] (registers) B [16, 64] (shared memory, N-major) */
-__device__ __forceinline__ void fa3_mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-/* d [64 rows, 128] (+)= A [64, 16] B [16, 128], both from shared memory (K-major) */
-__device__ __forceinline__ void fa3_mma_ss(float (&d)[16][4], uint64_t a, uint64_t b, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
-                 "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
-                 "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "%64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),
-                   "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]),
-                   "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]),
-                   "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-                 : "l"(a), "l"(b), "r"(acc));
-}
-/* d [64 rows, 128] += A [64, 16] (registers) B [16, 128] (shared memory, N-major) */
-__device__ __forceinline__ void fa3_mma_rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
-                 "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
-                 "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
-                 "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
-                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
-                   "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-                   "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
-                   "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
-                   "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]),
-                   "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]),
-                   "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]),
-                   "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]),
-                   "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-                   "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-
-/* ---- mbarriers and TMA (PTX ISA 9.7.9.24 and 9.7.9.25) ---- */
-
-__device__ __forceinline__ void fa3_bar_init(uint32_t bar, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-/* the producer's arrival that also expects `bytes` of TMA writes before the phase ends */
-__device__ __forceinline__ void fa3_bar_expect(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void fa3_bar_arrive(uint32_t bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-/* waits until the phase of parity `parity` of the barrier has completed */
-__device__ __forceinline__ void fa3_bar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile("{\n.reg .pred p;\nFA3_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra FA3_WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-/* named barriers 1 and 2 between the two consumer warpgroups (256 threads: 128 arrive,
- * 128 wait) */
-__device__ __forceinline__ void fa3_named_sync(int id) {
-    asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
-}
-__device__ __forceinline__ void fa3_named_arrive(int id) {
-    asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
-}
-/* one TMA box {64 columns, 1 head, rows, 1 batch} of the tensor map at (col, head, row, b)
- * into shared address dst, completing on bar */
-__device__ __forceinline__ void fa3_tma(uint32_t dst, const CUtensorMap *map, int col, int head,
-                                        int row, int b, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(col), "r"(head), "r"(row), "r"(b), "r"(bar)
-                 : "memory");
-}
-/* a [rows][D] tile (D/64 boxes of [rows][64], the layout above) of head `head` from row `row` */
-template <int D>
-__device__ __forceinline__ void fa3_tma_tile(uint32_t dst, const CUtensorMap *map, int rows,
-                                             int head, int64_t row, int b, uint32_t bar) {
-#pragma unroll
-    for (int a = 0; a < D / 64; a++)
-        fa3_tma(dst + a * rows * 128, map, a * 64, head, (int)row, b, bar);
-}
 
 /* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
  * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; grid (T / 128, B * H).
@@ -319,11 +144,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
                      m1, l0, l1, row0, row1, T, qstride, t);
 }
 
-/* The TMA map of a [B, T, NH, D] bf16 tensor for boxes of {64 columns, 1 head, rows, 1}
- * with the 128-byte swizzle (rows past T read as zeros). 1 on success. */
-static int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,
-                   int64_t D, int rows) {
-    const char *op = "attention_forward";
+int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,
+            int64_t D, int rows, const char *op) {
     if (!c->tmap_encode) {
         cudaDriverEntryPointQueryResult res;
         if (!moe_cuda_check(c,
@@ -359,8 +181,8 @@ static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, cons
                        int64_t KV) {
     const char *op = "attention_forward";
     CUtensorMap mq, mk, mv;
-    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ) || !fa3_map(c, &mk, k, B, T, KV, D, BK) ||
-        !fa3_map(c, &mv, v, B, T, KV, D, BK))
+    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, T, KV, D, BK, op) ||
+        !fa3_map(c, &mv, v, B, T, KV, D, BK, op))
         return;
     const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 3 * NS);
     if (!moe_cuda_check(c,
