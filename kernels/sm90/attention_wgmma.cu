@@ -23,8 +23,8 @@ typedef __nv_bfloat16 bf16;
 #define FA3_BQ 128 /* query rows per block: two warpgroups of 64 */
 /* Variants (-D at compile time, bench/kernels/attn_variants.sh checks and times them):
  * FA3_NS key/value stages in flight; FA3_PINGPONG 1 makes the two warpgroups take turns to
- * issue their score products (named barriers 1 and 2), so that one's softmax runs while the
- * other's products use the tensor cores. */
+ * issue their score products (wgmma.cuh), so that one's softmax runs while the other's
+ * products use the tensor cores. */
 #ifndef FA3_NS
 #define FA3_NS 2
 #endif
@@ -94,13 +94,13 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * FA_LOG2E;
     fa3_bar_wait(bq, 0);
-    if (FA3_PINGPONG && wg == 1) fa3_named_arrive(1); /* warpgroup 0 goes first */
+    if (FA3_PINGPONG) fa3_turn_begin(wg);
 
     for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
         const int64_t k0 = (int64_t)kb * BK;
         const int s = it % NS;
         const uint32_t parity = (it / NS) & 1;
-        if (FA3_PINGPONG) fa3_named_sync(1 + wg);
+        if (FA3_PINGPONG) fa3_turn_wait(wg);
         if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
             const uint32_t sK = sKb + s * TILE, sV = sVb + s * TILE;
             float sc[BK / 8][4];
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
                 const uint64_t db = fa3_desc(sK + (ks >> 2) * BK * 128 + col, 16, 1024);
                 fa3_mma_ss(sc, da, db, ks > 0);
             }
-            if (FA3_PINGPONG && (wg == 0 || kb < kb_last)) fa3_named_arrive(2 - wg);
+            if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
             fa3_commit_wait();
             fa3_hold(sc);
             fa_softmax_block<BK, D>(sc, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
             fa3_hold(o);
             fa3_hold(p);
         } else if (FA3_PINGPONG) {
-            fa3_named_arrive(2 - wg); /* (only warpgroup 0 skips blocks: never the last) */
+            fa3_turn_pass(wg, kb == kb_last);
         }
         fa3_bar_arrive(be + 8 * s); /* this thread is done with stage s */
     }

@@ -23,6 +23,11 @@ typedef __nv_bfloat16 bf16;
 #define FB_ROWS 128    /* queries (dq) or keys (dk/dv) a block owns */
 #define FB_STEP 64     /* keys (dq) or queries (dk/dv) a step */
 #define FB_NS 2        /* stages */
+/* FB_PINGPONG 1: the consumer warpgroups take turns (wgmma.cuh); a -D variant
+ * (bench/kernels/attn_variants.sh) */
+#ifndef FB_PINGPONG
+#define FB_PINGPONG 0
+#endif
 
 /* Shared memory of both kernels: the two resident tiles [FB_ROWS][D], FB_NS stages of two
  * [FB_STEP][D] tiles, FB_NS stages of the side arrays (lse, delta, start [FB_STEP]), then the
@@ -101,11 +106,13 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
     }
 }
 
-/* Starts the two score-side products of a warpgroup (rows wrow.. of the resident tiles):
- * x = RA_rows SA^T and y = RB_rows SB^T over D, both [64, FB_STEP]. */
+/* The two score-side products of a warpgroup (its 64 rows of the resident tiles):
+ * x = RA_rows SA^T and y = RB_rows SB^T over D, both [64, FB_STEP]; with `turns` the turn
+ * passes on once they are issued (`last`: the loop's last step). */
 template <int D>
 __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)[FB_STEP / 8][4],
-                                          const fb_smem<D> &m, int wg, uint32_t tile) {
+                                          const fb_smem<D> &m, int wg, uint32_t tile, bool turns,
+                                          bool last) {
 #pragma unroll
     for (int nt = 0; nt < FB_STEP / 8; nt++)
 #pragma unroll
@@ -119,6 +126,7 @@ __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)
         fa3_mma_ss(x, fa3_desc(m.ra + a, 16, 1024), fa3_desc(m.sa + tile + bo, 16, 1024), ks > 0);
         fa3_mma_ss(y, fa3_desc(m.rb + a, 16, 1024), fa3_desc(m.sb + tile + bo, 16, 1024), ks > 0);
     }
+    if (turns) fa3_turn_pass(wg, last);
     fa3_commit_wait();
     fa3_hold(x);
     fa3_hold(y);
@@ -167,14 +175,16 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     for (int nt = 0; nt < D / 8; nt++)
         acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
     fa3_bar_wait(m.br, 0);
+    if (FB_PINGPONG) fa3_turn_begin(wg);
     for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
         const int64_t k0 = (int64_t)kb * FB_STEP;
         const int s = it % FB_NS;
+        if (FB_PINGPONG) fa3_turn_wait(wg);
         if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
             const uint32_t tile = s * fb_smem<D>::TILE;
             fa3_bar_wait(m.bf + 8 * s, (uint32_t)((it / FB_NS) & 1));
             float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4];
-            fb_scores<D>(sc, dp, m, wg, tile); /* S = Q K^T, dP = dO V^T */
+            fb_scores<D>(sc, dp, m, wg, tile, FB_PINGPONG, kb == kb_last); /* S, dP = dO V^T */
             fa_dscores_rows<FB_STEP>(sc, dp, k0, row0, row1, st0, st1, lse0, lse1, dl0, dl1, sl2, t,
                                      dsb || k0 + FB_STEP - 1 > wrow);
             uint32_t a[FB_STEP / 16][4];
@@ -188,6 +198,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             fa3_commit_wait();
             fa3_hold(acc);
             fa3_hold(a);
+        } else if (FB_PINGPONG) {
+            fa3_turn_pass(wg, kb == kb_last);
         }
         fa3_bar_arrive(m.be + 8 * s);
     }
@@ -270,14 +282,16 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         for (int i = 0; i < 4; i++)
             dka[nt][i] = dva[nt][i] = 0.0f;
     fa3_bar_wait(m.br, 0);
+    if (FB_PINGPONG) fa3_turn_begin(wg);
     for (int64_t i = 0; i < ntiles; i++) {
         const int s = (int)(i % FB_NS);
         const int64_t q0 = k0 + (i % nqt) * FB_STEP;
+        if (FB_PINGPONG) fa3_turn_wait(wg);
         if (q0 + FB_STEP - 1 >= krow) { /* a query block before all of this warpgroup's keys */
             const uint32_t tile = s * fb_smem<D>::TILE;
             fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
             float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
-            fb_scores<D>(sc, dp, m, wg, tile); /* S^T = K Q^T, dP^T = V dO^T */
+            fb_scores<D>(sc, dp, m, wg, tile, FB_PINGPONG, i == ntiles - 1); /* S^T, dP^T */
             const unsigned char *side = fb_raw + (m.side + s * fb_smem<D>::SIDE - smem_u32(fb_raw));
             const float *sL = reinterpret_cast<const float *>(side);
             fa_dscores_cols<FB_STEP>(sc, dp, pt, q0, key0, key1, sL, sL + FB_STEP,
@@ -301,6 +315,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             fa3_hold(dka);
             fa3_hold(pa);
             fa3_hold(sa);
+        } else if (FB_PINGPONG) {
+            fa3_turn_pass(wg, i == ntiles - 1);
         }
         fa3_bar_arrive(m.be + 8 * s);
     }
