@@ -66,7 +66,7 @@ template <int D> __device__ __forceinline__ fb_smem<D> fb_begin() {
     if (threadIdx.x == 0) {
         fa3_bar_init(m.br, 1);
         for (int s = 0; s < FB_NS; s++) {
-            fa3_bar_init(m.bf + 8 * s, 1);
+            fa3_bar_init(m.bf + 8 * s, 32); /* every producer lane: its side-array stores */
             fa3_bar_init(m.be + 8 * s, 2 * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -96,12 +96,13 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
         int64_t row;
         coord(i, head, row);
         side(head, row, m.side + s * fb_smem<D>::SIDE);
-        __syncwarp(); /* the lanes' side-array stores before lane 0's arrival */
-        if (lane == 0) {
+        if (lane == 0) { /* the lanes' arrivals release their side-array stores */
             const uint32_t tile = s * fb_smem<D>::TILE;
             fa3_bar_expect(m.bf + 8 * s, 2 * fb_smem<D>::TILE);
             fa3_tma_tile<D>(m.sa + tile, sa, FB_STEP, head, row, b, m.bf + 8 * s);
             fa3_tma_tile<D>(m.sb + tile, sb, FB_STEP, head, row, b, m.bf + 8 * s);
+        } else {
+            fa3_bar_arrive(m.bf + 8 * s);
         }
     }
 }
