@@ -134,8 +134,10 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
             fa3_commit_wait();
             fa3_hold(o);
             fa3_hold(p);
-        } else if (FA3_PINGPONG) {
-            fa3_turn_pass(wg, kb == kb_last);
+        } else { /* wait for the stage to fill before releasing it (attention_wgmma_bwd.cu) */
+            fa3_bar_wait(bk + 8 * s, parity);
+            fa3_bar_wait(bv + 8 * s, parity);
+            if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
         }
         fa3_bar_arrive(be + 8 * s); /* this thread is done with stage s */
     }

@@ -107,6 +107,15 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
     }
 }
 
+/* A warpgroup that skips a step still waits for its stage to fill before it releases it:
+ * otherwise it could run more than FB_NS steps ahead (dk/dv: one query block per head, all
+ * before its keys) and its releases would complete the other warpgroup's phase of the stage
+ * while that one still reads it. */
+template <int D>
+__device__ __forceinline__ void fb_skip(const fb_smem<D> &m, int s, uint32_t parity) {
+    fa3_bar_wait(m.bf + 8 * s, parity);
+}
+
 /* The two score-side products of a warpgroup (its 64 rows of the resident tiles):
  * x = RA_rows SA^T and y = RB_rows SB^T over D, both [64, FB_STEP]; with `turns` the turn
  * passes on once they are issued (`last`: the loop's last step). */
@@ -199,8 +208,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             fa3_commit_wait();
             fa3_hold(acc);
             fa3_hold(a);
-        } else if (FB_PINGPONG) {
-            fa3_turn_pass(wg, kb == kb_last);
+        } else {
+            fb_skip(m, s, (uint32_t)((it / FB_NS) & 1));
+            if (FB_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
         }
         fa3_bar_arrive(m.be + 8 * s);
     }
@@ -316,8 +326,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             fa3_hold(dka);
             fa3_hold(pa);
             fa3_hold(sa);
-        } else if (FB_PINGPONG) {
-            fa3_turn_pass(wg, i == ntiles - 1);
+        } else {
+            fb_skip(m, s, (uint32_t)((i / FB_NS) & 1));
+            if (FB_PINGPONG) fa3_turn_pass(wg, i == ntiles - 1);
         }
         fa3_bar_arrive(m.be + 8 * s);
     }
