@@ -330,7 +330,22 @@ static void test_estimate_ep(void) {
     }
 }
 
+/* The expert side's worst case: every token of the group's ep ranks sends at most
+ * min(K, E/ep) rows to one rank (top-K experts are distinct). */
+static void test_expert_rows_max(void) {
+    moe_model_config cfg = config(0); /* E 5, K 2 */
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 1), 14);
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 5), 35); /* one expert a rank: 1 row a token */
+    cfg.num_local_experts = 8;
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 8), 56);
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 4), 56); /* two experts a rank: both */
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 2), 28);
+    cfg.num_experts_per_tok = 1;
+    CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 8), 56);
+}
+
 int main(void) {
+    test_expert_rows_max();
     test_bit_identical();
     test_plans_and_forward_only();
     test_estimate_exact();

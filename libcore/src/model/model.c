@@ -45,17 +45,22 @@ moe_dtype moe_model_act_dtype(moe_recipe recipe) {
     return moe_recipe_unquantized(recipe) == MOE_RECIPE_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
 }
 
+int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep) {
+    int64_t K = cfg->num_experts_per_tok, El = cfg->num_local_experts / (ep > 1 ? ep : 1);
+    return ep > 1 ? ep * N * (K < El ? K : El) : N * K;
+}
+
 /* The expert activations of one layer, or of the shared set (see moe_layer_acts): the
- * expert side gets cap rows, and its own xe/ye only with expert parallelism. */
+ * expert side gets cap rows, and its own xe/ye only with expert parallelism (own). */
 static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t NK, int64_t cap,
-                          int64_t C, int64_t F, size_t ef) {
+                          int own, int64_t C, int64_t F, size_t ef) {
     la->xp = carve(off, base, (size_t)(NK * C) * ef);
     la->h1 = carve(off, base, (size_t)(cap * F) * ef);
     la->h3 = carve(off, base, (size_t)(cap * F) * ef);
     la->g = carve(off, base, (size_t)(cap * F) * ef);
     la->yp = carve(off, base, (size_t)(NK * C) * ef);
-    la->xe = cap > NK ? carve(off, base, (size_t)(cap * C) * ef) : la->xp;
-    la->ye = cap > NK ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
+    la->xe = own ? carve(off, base, (size_t)(cap * C) * ef) : la->xp;
+    la->ye = own ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
 }
 
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe, int ep,
@@ -64,7 +69,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
     int64_t D = cfg->hidden_size / cfg->num_attention_heads;
     int64_t HD = cfg->num_attention_heads * D, KVD = cfg->num_key_value_heads * D;
-    int64_t NK = N * K, L = cfg->num_hidden_layers, cap = ep > 1 ? ep * NK : NK;
+    int64_t NK = N * K, L = cfg->num_hidden_layers, cap = moe_model_expert_rows_max(cfg, N, ep);
+    const int own = ep > 1; /* expert parallelism: the expert side has buffers of its own */
     size_t off = 0, f = sizeof(float), i4 = sizeof(int32_t);
     size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
@@ -92,7 +98,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.row_src = carve(&off, base, (size_t)NK * i4);
         sh.slot_row = carve(&off, base, (size_t)NK * i4);
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        carve_experts(&sh, &off, base, NK, cap, C, F, ef);
+        carve_experts(&sh, &off, base, NK, cap, own, C, F, ef);
     }
     /* router statistics of every layer, read after the whole forward in one copy each */
     int32_t *counts_all = carve(&off, base, (size_t)(L * E) * i4);
@@ -128,7 +134,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            carve_experts(la, &off, base, NK, cap, C, F, ef);
+            carve_experts(la, &off, base, NK, cap, own, C, F, ef);
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = counts_all ? counts_all + l * E : NULL;
@@ -167,9 +173,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dh1 = carve(&off, base, (size_t)(cap * F) * ef);
     p->dh3 = carve(&off, base, (size_t)(cap * F) * ef);
     p->dg = carve(&off, base, (size_t)(cap * F) * f);
-    p->dxe = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
-    p->dye = cap > NK ? carve(&off, base, (size_t)(cap * C) * ef) : p->dyp;
-    p->xfer = cap > NK ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
+    p->dxe = own ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
+    p->dye = own ? carve(&off, base, (size_t)(cap * C) * ef) : p->dyp;
+    p->xfer = own ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
     p->doc_start = carve(&off, base, (size_t)N * i4);
     p->positions = carve(&off, base, (size_t)N * i4);
     return off;
