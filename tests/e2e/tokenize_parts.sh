@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # e2e tokenize_parts: `--part I/N` for N = 1, 3, 7, merged with `moe-tokenize merge`, is
 # byte for byte the single-process output - file output with a validation split, directory
-# output with rollover, and -@ 2 - on FASTA (plain, gzip, bgzip), FASTQ, BAM and CRAM
+# output with rollover, and -@ 2 / 4 - on FASTA (plain, gzip, bgzip), FASTQ, BAM and CRAM
 # (split by reference sequence; unplaced reads in the last part). Also the refusals (stdin,
 # two inputs, SAM, an unsorted CRAM, bad I/N, regions).
 set -euo pipefail
@@ -59,6 +59,7 @@ for n in 1 3 7; do
 done
 split_merge "gzip FASTA, kmer" 3 big.fa.gz -t kmer
 split_merge "BAM, -@ 2" 3 pcs3.bam -@ 2 --revcomp random
+split_merge "bgzip FASTA, -@ 4" 3 big.fa.bgz -@ 4 # the reader's kept text, other parts skipped
 split_merge "CRAM, 7 sequences in 7 parts" 7 range.cram -T ce.fa
 # every part of a real split holds something (the split is not all in one part)
 moe-tokenize -q --part 2/3 big.fa.bgz -o p2.mtok

@@ -51,6 +51,7 @@ check "BAM" pcs4.bam
 check "BAM as stored" --as-stored --val-fraction 0.1 pcs4.bam
 check "CRAM" --reference ce.fa range.cram
 check "several inputs" hairpin.fa pcs.bam range.cram big.fa.bgz --reference ce.fa
+check "several FASTA inputs" hairpin.fa big.fa.bgz hairpin.fa big.fa
 
 # directory output rolling over every 1M tokens: same files, same manifest
 rm -rf d1 d8
@@ -69,6 +70,16 @@ for t in 1 8; do
 done
 grep -q "record 85 (bad)" bad1.err || fail "bad record message: $(cat bad1.err)"
 cmp bad1.err bad8.err || fail "bad record: -@ 8 says $(cat bad8.err)"
+# a reader error (a header without a name) after many records: the same message and line
+{ cat big.fa; printf '>\nACGT\n'; } > noname.fa
+for t in 1 8; do
+  set +e
+  moe-tokenize -q -@ $t noname.fa -o noname$t.mtok 2> noname$t.err; rc=$?
+  set -e
+  [ "$rc" -eq 2 ] || fail "nameless header, -@ $t: exit $rc"
+done
+grep -q "empty record name" noname1.err || fail "nameless header: $(cat noname1.err)"
+cmp noname1.err noname8.err || fail "nameless header: -@ 8 says $(cat noname8.err)"
 # a plain gzip input over 100 MB gets one hint to bgzip it (once, however many there are);
 # the same text in BGZF, or a small gzip, gets none. Stored deflate blocks of blank lines
 # (one empty record) keep this fast.

@@ -290,6 +290,59 @@ static int check_raw_same(const char *path) {
     return n;
 }
 
+/* Reads path with opts.raw + keep_text, taking the text after every `every` records (and at
+ * the end, giving the previous text back as the spare): each record decoded at its offset in
+ * the text must be what a plain read gives. Returns the number of records. */
+static int check_keep_text(const char *path, int every) {
+    moe_seqio_opts o, keep;
+    moe_seqio_opts_defaults(&o);
+    keep = o;
+    keep.raw = keep.keep_text = 1;
+    moe_err err;
+    moe_err_clear(&err);
+    moe_seq_reader *a = NULL, *b = NULL;
+    CHECK(moe_seqio_open(&a, path, &o, &err) == MOE_OK);
+    CHECK(moe_seqio_open(&b, path, &keep, &err) == MOE_OK);
+    enum { MAX_PENDING = 4 };
+    char *want[MAX_PENDING] = {0}, *text = NULL, *buf = NULL;
+    int64_t off[MAX_PENDING], len[MAX_PENDING];
+    size_t cap = 0;
+    int n = 0, pending = 0, done = 0;
+    while (a && b && !done) {
+        moe_seq_record x, y;
+        int ra = moe_seqio_next(a, &x, &err), rb = moe_seqio_next(b, &y, &err);
+        CHECK_INT_EQ(ra, rb);
+        done = ra != 1 || rb != 1;
+        if (!done) {
+            off[pending] = moe_seqio_text_offset(b, &y);
+            CHECK_MSG(off[pending] >= 0, "%s: record %d has no text offset", path, n + 1);
+            len[pending] = y.len;
+            want[pending++] = strdup(x.seq);
+            n++;
+        }
+        if (pending < every && !done) continue;
+        char *got = NULL;
+        size_t got_cap = 0;
+        CHECK_INT_EQ(moe_seqio_take_text(b, text, cap, &got, &got_cap, &err), 1);
+        for (int i = 0; i < pending; i++) {
+            moe_seq_record r = {.seq = got + off[i], .len = len[i], .raw = MOE_SEQ_RAW_TEXT};
+            buf = realloc(buf, (size_t)len[i] + 1);
+            int64_t l = moe_seqio_decode(&r, buf);
+            CHECK_MSG(got && l == (int64_t)strlen(want[i]) && memcmp(buf, want[i], (size_t)l) == 0,
+                      "%s: kept record %d of %d differs", path, n - pending + i + 1, n);
+            free(want[i]);
+        }
+        pending = 0;
+        text = got;
+        cap = got_cap;
+    }
+    free(text);
+    free(buf);
+    moe_seqio_close(a);
+    moe_seqio_close(b);
+    return n;
+}
+
 static void test_raw(void) {
     /* CRLF, blanks and tabs, a CR inside a line, a '>' inside a line, blank lines, an empty
        record, a CR at the very end without a line break */
@@ -306,6 +359,34 @@ static void test_raw(void) {
     fclose(fp);
     CHECK_INT_EQ(check_raw_same("raw3.fa"), 2);
     CHECK_INT_EQ(check_raw_same("t.sam"), 3); /* BAM codes, a reverse read among them */
+    /* kept text: many records per fill, records spanning fills, the text taken mid-record */
+    fp = fopen("keep.fa", "wb");
+    for (int r = 0; r < 300; r++) {
+        fprintf(fp, ">r%d\n", r);
+        for (int i = 0; i < (r % 7) * 9000 + 5; i++)
+            fputc(i % 70 == 69 ? '\n' : "ACGT"[(i + r) % 4], fp);
+        fputs(r % 5 ? "\n" : "\n\n", fp);
+    }
+    fclose(fp);
+    for (int every = 1; every <= 4; every++)
+        CHECK_INT_EQ(check_keep_text("keep.fa", every), 300);
+    CHECK_INT_EQ(check_keep_text("raw.fa", 2), 3);
+    CHECK_INT_EQ(check_keep_text("raw3.fa", 1), 2);
+    /* a reader that keeps no text says so and leaves the spare alone */
+    moe_seqio_opts o;
+    moe_seqio_opts_defaults(&o);
+    o.raw = o.keep_text = 1;
+    moe_err err;
+    moe_seq_reader *r = NULL;
+    CHECK(moe_seqio_open(&r, "t.sam", &o, &err) == MOE_OK);
+    moe_seq_record rec;
+    CHECK_INT_EQ(moe_seqio_next(r, &rec, &err), 1);
+    CHECK(moe_seqio_text_offset(r, &rec) == -1);
+    char spare[8], *text = spare;
+    size_t cap = 1;
+    CHECK_INT_EQ(moe_seqio_take_text(r, spare, sizeof spare, &text, &cap, &err), 0);
+    CHECK(text == NULL && cap == 0);
+    moe_seqio_close(r);
 }
 
 int main(void) {

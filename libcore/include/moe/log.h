@@ -30,6 +30,8 @@ void moe_log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Monotonic wall clock in seconds. */
 double moe_time_now(void);
+/* CPU seconds the calling thread has used. */
+double moe_time_thread_cpu(void);
 /* The wall-clock time now as ISO-8601 UTC with milliseconds ("2026-12-01T10:12:03.250Z")
  * into buf [n >= 25]. */
 void moe_time_iso8601(char *buf, size_t n);

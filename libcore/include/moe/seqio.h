@@ -36,8 +36,10 @@ typedef struct moe_seqio_opts {
     int as_stored;          /* keep reverse-strand reads as stored (no reverse complement) */
     int part, n_parts;      /* read only part `part` (0-based) of n_parts: see moe_seqio_open */
     int skip_qual;          /* SAM/BAM/CRAM: leave record.qual NULL (saves converting them) */
-    int raw; /* FASTA and BAM/CRAM records may come undecoded (record.raw): the caller
-                decodes them with moe_seqio_decode, e.g. on other threads */
+    int raw;       /* FASTA and BAM/CRAM records may come undecoded (record.raw): the caller
+                      decodes them with moe_seqio_decode, e.g. on other threads */
+    int keep_text; /* with raw, FASTA: the text of the records returned stays in the reader
+                      until moe_seqio_take_text hands it over (no copy of it is needed) */
     const char *const *regions; /* "chr", "chr:beg-end" (1-based inclusive); NULL = all */
     int n_regions;
 } moe_seqio_opts;
@@ -114,6 +116,17 @@ int64_t moe_seqio_seq_bytes(const moe_seq_record *rec);
 /* The bases of rec into out [rec->len + 1], NUL-terminated; returns their number. A record
  * that is not raw is copied. */
 int64_t moe_seqio_decode(const moe_seq_record *rec, char *out);
+
+/* opts.keep_text (raw FASTA): the offset of rec->seq (a record just returned) in the text
+ * that the next moe_seqio_take_text hands over; -1 for a reader that keeps no text. */
+int64_t moe_seqio_text_offset(const moe_seq_reader *r, const moe_seq_record *rec);
+/* opts.keep_text: hands the text of every record returned since the open or the last call
+ * to the caller and goes on reading in spare [spare_cap] (NULL: a new buffer when needed).
+ * 1: *text (malloc'ed, *cap bytes, NULL when nothing was read) is the caller's, to free or
+ * give back later as spare, and spare is the reader's; 0: r keeps no text, spare stays the
+ * caller's; -1: out of memory (err set), spare stays the caller's. */
+int moe_seqio_take_text(moe_seq_reader *r, char *spare, size_t spare_cap, char **text, size_t *cap,
+                        moe_err *err);
 
 /* Reverse complement of seq[0, n) in place (IUPAC codes complemented, case kept, other
  * bytes unchanged). */

@@ -64,6 +64,12 @@ double moe_time_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double moe_time_thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 void moe_time_iso8601(char *buf, size_t n) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);

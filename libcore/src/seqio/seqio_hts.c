@@ -179,7 +179,8 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
             continue;
         }
         r->name.l = r->seq.l = r->qual.l = 0;
-        if (kputs(bam_get_qname(b), &r->name) < 0 || ks_resize(&r->seq, (size_t)n + 1) < 0 ||
+        if (kputs(bam_get_qname(b), &r->name) < 0 ||
+            (!r->opts.raw && ks_resize(&r->seq, (size_t)n + 1) < 0) ||
             ks_resize(&r->qual, (size_t)n + 1) < 0 || kputs("", &r->comment) < 0) {
             moe_err_set(err, MOE_ERR_RUNTIME, r->path, "out of memory");
             return -1;
@@ -188,11 +189,10 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         r->comment.s[0] = '\0';
         const uint8_t *s = bam_get_seq(b), *q = bam_get_qual(b);
         int reverse = (b->core.flag & BAM_FREVERSE) && !r->opts.as_stored;
-        if (r->opts.raw) /* the caller decodes the 4-bit codes, and reverse-complements */
-            memcpy(r->seq.s, s, (size_t)(n + 1) / 2);
-        else
+        if (!r->opts.raw) { /* raw: the caller decodes the 4-bit codes where htslib read them */
             moe_seqio_unpack_nt16(s, n, reverse, r->seq.s);
-        r->seq.s[r->opts.raw ? (n + 1) / 2 : n] = '\0';
+            r->seq.s[n] = '\0';
+        }
         int has_qual = q[0] != 0xff && !r->opts.skip_qual;
         if (has_qual)
             for (int64_t i = 0; i < n; i++)
@@ -201,7 +201,7 @@ int moe_seqio_sam_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         char strand = reverse ? '-' : '+';
         rec->name = r->name.s;
         rec->comment = r->comment.s;
-        rec->seq = r->seq.s;
+        rec->seq = r->opts.raw ? (const char *)s : r->seq.s;
         rec->len = n;
         rec->qual = has_qual ? r->qual.s : NULL;
         rec->src_start = 0;

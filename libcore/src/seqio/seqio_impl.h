@@ -29,6 +29,7 @@ struct moe_seq_reader {
     kstring_t blk; /* FASTA: decompressed text, unread from blk_pos */
     size_t blk_pos;
     int blk_eof;
+    int blk_handed; /* keep_text: records were returned since the last moe_seqio_take_text */
     /* SAM/BAM/CRAM */
     htsFile *hts;
     sam_hdr_t *hdr;

@@ -418,13 +418,19 @@ moe_status moe_tokenize_run(const moe_tokenize_opts *o, moe_tokenize_summary *su
                      o->inputs[i], (long long)(size / 1000000), o->inputs[i]);
         break;
     }
+    double t0 = moe_time_now();
     moe_tokenizer *tok = NULL;
     tok_out *out = NULL;
     moe_status st = moe_tokenizer_create(&tok, &o->tok, err);
     if (st == MOE_OK) st = tok_out_open(&out, o, tok, o->val_fraction > 0, "bases", err);
+    double t1 = moe_time_now();
     if (st == MOE_OK)
         st = o->threads > 1 ? tok_pool_run(o, tok, out, err) : run_serial(o, tok, out, err);
+    double t2 = moe_time_now();
     if (out) st = tok_out_finish(out, st, summary, err);
     moe_tokenizer_free(tok);
+    moe_log_debug("times: %.3f s setting up, %.3f s reading, encoding and writing, %.3f s "
+                  "committing the output (fsync)",
+                  t1 - t0, t2 - t1, moe_time_now() - t2);
     return st;
 }

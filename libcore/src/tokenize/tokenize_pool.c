@@ -31,17 +31,22 @@ typedef struct pool {
     slot *slots;
     int n_slots;
     int stop;
+    /* where the time went (seconds, summed over the encoders; -v prints them) */
+    double enc_cpu, enc_wait_in, enc_wait_slot, write_wait, write_busy;
 } pool;
 
-/* Encodes batch b (number seq) into its slot. */
-static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq) {
+/* Encodes batch b (number seq) into its slot; adds the time spent waiting for the slot to
+ * *wait. */
+static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq, double *wait) {
     slot *s = &p->slots[seq % p->n_slots];
+    double t0 = moe_time_now();
     pthread_mutex_lock(&p->mu);
     while (s->seq != -1 && !p->stop)
         pthread_cond_wait(&p->cv, &p->mu);
     int stop = p->stop;
     if (!stop) s->seq = seq;
     pthread_mutex_unlock(&p->mu);
+    *wait += moe_time_now() - t0;
     if (stop) return;
     tok_docbuf *out = &s->buf;
     tok_docbuf_reset(out);
@@ -71,11 +76,21 @@ static void *encoder_main(void *arg) {
     tok_enc_init(&e, p->o, p->tok);
     moe_prefetch_batch *b;
     int64_t seq;
+    double wait_in = 0, wait_slot = 0, t0 = moe_time_now();
     while (moe_prefetch_take(p->pf, &b, &seq)) {
-        encode_batch(p, &e, b, seq);
+        wait_in += moe_time_now() - t0;
+        encode_batch(p, &e, b, seq, &wait_slot);
         moe_prefetch_release(p->pf, b);
+        t0 = moe_time_now();
     }
+    wait_in += moe_time_now() - t0;
     tok_enc_free(&e);
+    double cpu = moe_time_thread_cpu();
+    pthread_mutex_lock(&p->mu);
+    p->enc_cpu += cpu;
+    p->enc_wait_in += wait_in;
+    p->enc_wait_slot += wait_slot;
+    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -83,11 +98,15 @@ static void *encoder_main(void *arg) {
 static moe_status write_in_order(pool *p, tok_out *out, moe_err *err) {
     for (int64_t seq = 0;; seq++) {
         slot *s = &p->slots[seq % p->n_slots];
+        double t0 = moe_time_now();
         pthread_mutex_lock(&p->mu);
         while (!(s->seq == seq && s->ready))
             pthread_cond_wait(&p->cv, &p->mu);
         pthread_mutex_unlock(&p->mu);
+        double t1 = moe_time_now();
         moe_status st = tok_out_write(out, &s->buf, err);
+        p->write_wait += t1 - t0;
+        p->write_busy += moe_time_now() - t1;
         int end = s->end;
         pthread_mutex_lock(&p->mu);
         s->seq = -1;
@@ -107,8 +126,21 @@ static void split_threads(int n, int *decompress, int *encoders) {
     *encoders = n - 1 - *decompress > 1 ? n - 1 - *decompress : 1;
 }
 
+/* -v: one line saying where the time of the run that started at t0 went (times from t0). */
+static void log_times(const pool *p, int threads, int n_enc, double t0, double t_written,
+                      const moe_prefetch_stats *rs) {
+    moe_log_debug("-@ %d times: first batch read at %.3f s, all read at %.3f s, written at %.3f "
+                  "s, threads ended at %.3f s; reader %.3f s CPU, %.3f s waiting for a free "
+                  "batch, %lld batches; %d encoders %.3f s CPU, %.3f s waiting for batches, %.3f "
+                  "s for output slots; writer %.3f s writing, %.3f s waiting",
+                  threads, rs->t_first - t0, rs->t_done - t0, t_written - t0, moe_time_now() - t0,
+                  rs->cpu, rs->wait_free, (long long)rs->batches, n_enc, p->enc_cpu, p->enc_wait_in,
+                  p->enc_wait_slot, p->write_busy, p->write_wait);
+}
+
 moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, tok_out *out,
                         moe_err *err) {
+    double t0 = moe_time_now();
     pool p;
     memset(&p, 0, sizeof p);
     p.o = o;
@@ -118,7 +150,8 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
     p.n_slots = n_enc + 2;
     moe_seqio_opts io = o->io;
     io.threads = n_dec;
-    io.raw = 1; /* the encoders decode FASTA text and BAM codes, not the reader */
+    io.raw = 1;       /* the encoders decode FASTA text and BAM codes, not the reader */
+    io.keep_text = 1; /* and find FASTA records in the text as it was read: no copy */
     moe_log_debug("-@ %d: %d decompression, %d encoder threads, a reader and a writer", o->threads,
                   n_dec, n_enc);
     if (!(p.slots = calloc((size_t)p.n_slots, sizeof *p.slots)))
@@ -138,6 +171,7 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
             started++;
     }
     if (st == MOE_OK) st = write_in_order(&p, out, err);
+    double t_written = moe_time_now();
     if (p.pf) moe_prefetch_stop(p.pf);
     pthread_mutex_lock(&p.mu);
     p.stop = 1;
@@ -145,7 +179,9 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
     pthread_mutex_unlock(&p.mu);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
-    moe_prefetch_finish(p.pf);
+    moe_prefetch_stats rs = {0};
+    moe_prefetch_finish(p.pf, &rs);
+    log_times(&p, o->threads, started, t0, t_written, &rs);
     for (int i = 0; i < p.n_slots; i++)
         tok_docbuf_free(&p.slots[i].buf);
     free(p.slots);

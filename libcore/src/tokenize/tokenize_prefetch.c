@@ -1,6 +1,7 @@
 /* tokenize_prefetch: the reader thread of moe-tokenize -@ N (N >= 2) - it decompresses (with
  * htslib's threads) and parses the inputs (seqio) into batches of records, which encoder
- * threads take in input order while the reader fills the next ones.
+ * threads take in input order while the reader fills the next ones. FASTA records are not
+ * copied: the batch takes over the text buffer they were read into (moe_seqio_take_text).
  *
  * The one thing to know: batches are numbered in input order, and each record carries its
  * ordinal over all inputs, so the encoders can work on several at once and the output can
@@ -12,19 +13,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define BATCH_BYTES (4u << 20)
+#include "moe/log.h"
+
+/* A batch ends after this many bases (FASTA: bytes of text) or records. The last batch is
+ * encoded by one thread while the others have nothing left, and the first one must be read
+ * before any encoder starts: small batches keep both short (1 MB: about 2 ms of one
+ * encoder's work), and give 16 threads enough of them to share (a 200 MB input: 200). */
+#define BATCH_BASES ((size_t)1 << 20)
 #define BATCH_RECORDS 8192
 
 typedef struct rec_meta {
-    size_t name_off, seq_off;
+    size_t name_off, seq_off; /* seq_off: into text when in_text, else into buf */
     int64_t len, src_start, src_end, record_no, line, ordinal;
     char strand;
-    int input, raw;
+    int input, raw, in_text;
 } rec_meta;
 
 struct moe_prefetch_batch {
-    char *buf;
+    char *buf; /* names, and the bases of records not in text */
     size_t used, cap;
+    char *text; /* the FASTA text its records lie in, handed over by the reader (keep_text) */
+    size_t text_cap;
+    size_t bases; /* of its records (FASTA: bytes of text) */
     rec_meta *recs;
     int n, cap_recs;
     int end;           /* no batch follows */
@@ -48,14 +58,18 @@ struct moe_prefetch {
     const char *const *inputs;
     int n_inputs;
     moe_seqio_opts io;
+    moe_prefetch_stats stats; /* the reader thread's, read after it ended */
 };
 
-/* Appends rec; `before` = records of the inputs before its own (see record.ordinal). */
-static int batch_add(batch *b, const moe_seq_record *rec, int input, int64_t before) {
+/* Appends rec; `before` = records of the inputs before its own (see record.ordinal);
+ * text_off >= 0: its bases stay in the reader's text at that offset (not copied). */
+static int batch_add(batch *b, const moe_seq_record *rec, int input, int64_t before,
+                     int64_t text_off) {
     size_t bytes = (size_t)moe_seqio_seq_bytes(rec);
-    size_t nl = strlen(rec->name) + 1, need = b->used + nl + bytes + 1;
+    size_t nl = strlen(rec->name) + 1, copied = text_off >= 0 ? 0 : bytes + 1;
+    size_t need = b->used + nl + copied;
     if (need > b->cap) {
-        size_t nc = b->cap ? b->cap : BATCH_BYTES;
+        size_t nc = b->cap ? b->cap : BATCH_BASES;
         while (nc < need)
             nc *= 2;
         char *nb = realloc(b->buf, nc);
@@ -74,10 +88,16 @@ static int batch_add(batch *b, const moe_seq_record *rec, int input, int64_t bef
     m->name_off = b->used;
     memcpy(b->buf + b->used, rec->name, nl);
     b->used += nl;
-    m->seq_off = b->used;
-    memcpy(b->buf + b->used, rec->seq, bytes); /* a raw record's bytes end without a NUL */
-    b->buf[b->used + bytes] = '\0';
-    b->used += bytes + 1;
+    m->in_text = text_off >= 0;
+    if (m->in_text) {
+        m->seq_off = (size_t)text_off;
+    } else {
+        m->seq_off = b->used;
+        memcpy(b->buf + b->used, rec->seq, bytes); /* a raw record's bytes end without a NUL */
+        b->buf[b->used + bytes] = '\0';
+        b->used += bytes + 1;
+    }
+    b->bases += (size_t)rec->len;
     m->len = rec->len;
     m->src_start = rec->src_start;
     m->src_end = rec->src_end;
@@ -97,10 +117,28 @@ typedef struct reader_pos {
     int64_t before; /* records of the inputs before `input` */
 } reader_pos;
 
-/* Fills b; returns 1 when more batches will follow. */
+/* Gives b the text of its records that the open reader kept (the text b held before goes
+ * back to the reader). 0, or -1 with b's error set. */
+static int take_text(reader_pos *rp, batch *b) {
+    char *text;
+    size_t cap;
+    int ret = moe_seqio_take_text(rp->r, b->text, b->text_cap, &text, &cap, &b->err);
+    if (ret < 0) {
+        b->status = b->err.status;
+        return -1;
+    }
+    if (ret > 0) { /* b's old text is the reader's now */
+        b->text = text;
+        b->text_cap = cap;
+    }
+    return 0;
+}
+
+/* Fills b; returns 1 when more batches will follow. A batch holds the kept text of one
+ * input at most: it ends with that input. */
 static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
     b->n = 0;
-    b->used = 0;
+    b->used = b->bases = 0;
     b->end = 0;
     b->status = MOE_OK;
     b->filtered = b->empty = 0;
@@ -112,14 +150,22 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
         }
         moe_seq_record rec;
         int ret;
+        int in_text = 0; /* b holds records in this input's kept text */
         while ((ret = moe_seqio_next(rp->r, &rec, &b->err)) == 1) {
-            if (batch_add(b, &rec, rp->input, rp->before) < 0) {
+            int64_t off = moe_seqio_text_offset(rp->r, &rec);
+            in_text |= off >= 0;
+            if (batch_add(b, &rec, rp->input, rp->before, off) < 0) {
                 b->status = moe_err_set(&b->err, MOE_ERR_RUNTIME, p->inputs[rp->input],
                                         "out of memory (reader batch)");
-                return 0;
+                ret = -1;
+                break;
             }
-            if (b->used >= BATCH_BYTES || b->n >= BATCH_RECORDS) return 1;
+            if (b->bases >= BATCH_BASES || b->n >= BATCH_RECORDS)
+                return take_text(rp, b) < 0 ? 0 : 1;
         }
+        /* the records before an error are still processed: their text comes along */
+        if (take_text(rp, b) < 0) return 0;
+        if (ret < 0 && b->status != MOE_OK) return 0; /* out of memory above */
         rp->before += moe_seqio_n_kept(rp->r);
         b->filtered += moe_seqio_n_filtered(rp->r);
         b->empty += moe_seqio_n_empty(rp->r);
@@ -130,20 +176,24 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
             return 0;
         }
         rp->input++;
+        if (in_text) return rp->input < p->n_inputs;
     }
     return 0;
 }
 
 static void *reader_main(void *arg) {
     moe_prefetch *p = arg;
+    moe_prefetch_stats *st = &p->stats;
     reader_pos rp = {0, NULL, 0};
     for (int more = 1; more;) {
         batch *b = &p->slots[p->filled % p->n_slots];
+        double t0 = moe_time_now();
         pthread_mutex_lock(&p->mu);
         while (b->full && !p->stop)
             pthread_cond_wait(&p->cv, &p->mu);
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
+        st->wait_free += moe_time_now() - t0;
         if (stop) break;
         more = fill(p, &rp, b);
         b->end = !more;
@@ -152,8 +202,11 @@ static void *reader_main(void *arg) {
         p->filled++;
         pthread_cond_broadcast(&p->cv);
         pthread_mutex_unlock(&p->mu);
+        if (st->batches++ == 0) st->t_first = moe_time_now();
     }
+    st->t_done = moe_time_now();
     if (rp.r) moe_seqio_close(rp.r);
+    st->cpu = moe_time_thread_cpu();
     return NULL;
 }
 
@@ -172,7 +225,7 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv, NULL);
     if (pthread_create(&p->thread, NULL, reader_main, p) != 0) {
-        moe_prefetch_finish(p);
+        moe_prefetch_finish(p, NULL);
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "cannot start the reader thread");
     }
     p->started = 1;
@@ -206,7 +259,7 @@ void moe_prefetch_batch_record(const moe_prefetch_batch *b, int i, moe_seq_recor
     memset(rec, 0, sizeof *rec);
     rec->name = b->buf + m->name_off;
     rec->comment = "";
-    rec->seq = b->buf + m->seq_off;
+    rec->seq = (m->in_text ? b->text : b->buf) + m->seq_off;
     rec->len = m->len;
     rec->src_start = m->src_start;
     rec->src_end = m->src_end;
@@ -243,7 +296,7 @@ void moe_prefetch_stop(moe_prefetch *p) {
     pthread_mutex_unlock(&p->mu);
 }
 
-void moe_prefetch_finish(moe_prefetch *p) {
+void moe_prefetch_finish(moe_prefetch *p, moe_prefetch_stats *stats) {
     if (!p) return;
     if (p->started) {
         moe_prefetch_stop(p);
@@ -251,8 +304,10 @@ void moe_prefetch_finish(moe_prefetch *p) {
            publishes its batch, then sees stop */
         pthread_join(p->thread, NULL);
     }
+    if (stats) *stats = p->stats;
     for (int i = 0; i < p->n_slots; i++) {
         free(p->slots[i].buf);
+        free(p->slots[i].text);
         free(p->slots[i].recs);
     }
     free(p->slots);

@@ -29,7 +29,16 @@ int moe_prefetch_batch_end(const moe_prefetch_batch *b, int64_t *filtered, int64
 void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b);
 /* Wakes every waiting caller and makes moe_prefetch_take return 0. */
 void moe_prefetch_stop(moe_prefetch *p);
-/* Stops the thread (if still running) and frees everything. */
-void moe_prefetch_finish(moe_prefetch *p);
+/* Where the reader thread's time went (moe_time_now clock; seconds). */
+typedef struct moe_prefetch_stats {
+    double t_first, t_done; /* the first batch filled, the last one (or stopped) */
+    double cpu;             /* CPU time of the reader thread (with htslib's copy out) */
+    double wait_free;       /* waiting for a batch to be released */
+    int64_t batches;
+} moe_prefetch_stats;
+
+/* Stops the thread (if still running), copies its figures to stats (may be NULL) and frees
+ * everything. */
+void moe_prefetch_finish(moe_prefetch *p, moe_prefetch_stats *stats);
 
 #endif
