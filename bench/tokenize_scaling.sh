@@ -4,24 +4,29 @@
 # the --part/merge path; checks that every output is byte-identical to the one-thread output
 # and prints markdown tables for docs/performance.md.
 #
-# Usage: bench/tokenize_scaling.sh [BUILD_DIR] [WORK_DIR]     (about 2-4 minutes on 16 cores)
+# Usage: bench/tokenize_scaling.sh [BUILD_DIR] [WORK_DIR]     (about 5 minutes on 16 cores)
 #        COPIES=100 bench/tokenize_scaling.sh ...             (a small trial: 100 genomes)
 # Needs only a bare Debian and the repo build: awk, gzip, coreutils; bgzip and samtools are
 # used when present (without bgzip the FASTA rows are skipped, without samtools the BAM and
 # samtools rows) and the output says so. Inputs are made from data/lambda_virus.fa.gz:
-# COPIES (4,000) renamed copies of the lambda genome (197 MB of FASTA) and 4 x COPIES
-# unaligned 10 kb reads cut from them (every other one flagged reverse-strand).
+# COPIES (20,000) renamed copies of the lambda genome (985 MB of FASTA) and 4 x COPIES
+# unaligned 10 kb reads cut from them (every other one flagged reverse-strand; 210 MB BAM).
+# Why that large: -@ 16 tokenizes 200 MB in about 0.1 s, where the process start, the first
+# batch and the last one are a fifth of the time; a corpus is terabytes.
 # The one thing to know: each timed command runs 3 times and the fastest counts;
 # moe-tokenize writes its shard to stdout, redirected to /dev/null as samtools' FASTA is,
 # so the table compares the work, not the disk (never `-o /dev/null`: a file output is
 # written to a temporary name and renamed over its target). One more run per thread count
 # writes a real shard file (the "-> file" columns, once, fsync included), checked with cmp.
+# Plain gzip cannot be decoded in parallel, so its column has the first and last thread
+# counts only; "bgzip -d" is the machine's own scaling on the same file (decompression only)
+# for reference. Last, `moe-tokenize -v` at nproc threads says where the time went.
 set -euo pipefail
 BUILD=${1:-build}
 WORK=${2:-${TMPDIR:-/tmp}/moe-bench-tokscale}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 MOE="$BUILD/moe-tokenize"
-COPIES=${COPIES:-4000}
+COPIES=${COPIES:-20000}
 [ -x "$MOE" ] || { echo "no $MOE: build first (make)" >&2; exit 2; }
 mkdir -p "$WORK"
 NPROC=$(nproc)
@@ -33,8 +38,8 @@ note() { echo "# $*"; }
 FA="$WORK/lambda$COPIES.fa"
 if [ ! -s "$FA" ]; then
   gzip -dc "$SRC/data/lambda_virus.fa.gz" | awk -v copies="$COPIES" 'NR == 1 { next } { s = s $0 }
-    END { for (i = 0; i < copies; i++) { print ">lambda_" i " copy " i
-                                       for (j = 1; j <= length(s); j += 70) print substr(s, j, 70) } }' > "$FA"
+    END { for (j = 1; j <= length(s); j += 70) body = body substr(s, j, 70) "\n"
+          for (i = 0; i < copies; i++) printf ">lambda_%d copy %d\n%s", i, i, body }' > "$FA"
 fi
 GZ="$FA.gz"
 [ -s "$GZ" ] || gzip -1 -c "$FA" > "$GZ"
@@ -52,9 +57,10 @@ if have samtools; then
     gzip -dc "$SRC/data/lambda_virus.fa.gz" | awk -v copies="$COPIES" 'NR == 1 { next } { s = s $0 }
       END { print "@HD\tVN:1.6\tSO:unknown"; q = ""
             for (k = 0; k < 10000; k++) q = q substr("5?I+", k % 4 + 1, 1)
+            for (j = 1; j + 9999 <= length(s); j += 10000) r[++nr] = substr(s, j, 10000) "\t" q
             n = 0
-            for (i = 0; i < copies; i++) for (j = 1; j + 9999 <= length(s); j += 10000) {
-              n++; print "read" n "\t" (n % 2 ? 4 : 20) "\t*\t0\t0\t*\t*\t0\t0\t" substr(s, j, 10000) "\t" q } }' |
+            for (i = 0; i < copies; i++) for (j = 1; j <= nr; j++) {
+              n++; printf "read%d\t%d\t*\t0\t0\t*\t*\t0\t0\t%s\n", n, (n % 2 ? 4 : 20), r[j] } }' |
       samtools view -@ "$NPROC" -b -o "$BAM" -
   fi
 else
@@ -86,11 +92,14 @@ same() { # reference, candidate, label: byte identity
 echo "## moe-tokenize thread scaling"
 echo
 note "$(date -u '+%Y-%m-%d %H:%M UTC'), $NPROC cores ($(awk -F': ' '/model name/ { print $2; exit }' /proc/cpuinfo)), $("$MOE" --version | tr '\n' ' ')"
+if have lscpu; then # 16 CPUs may be 8 cores with two hardware threads each: they share a core
+  note "lscpu: $(lscpu | awk -F':[ \t]+' '/^(Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|CPU max MHz)/ { printf "%s%s %s", sep, $1, $2; sep = ", " }')"
+fi
 note "FASTA: $(mb "$FA") MB, $COPIES lambda genomes ($([ -n "$BGZ" ] && echo "bgzip $(mb "$BGZ") MB, ")gzip $(mb "$GZ") MB); BAM: $([ -n "$BAM" ] && echo "$(mb "$BAM") MB, $((4 * COPIES)) x 10 kb reads" || echo none)"
-note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads); samtools / moe = samtools time / moe time (goal >= 1.5 on BAM)"
+note "seconds, best of 3; speed-up = one-thread time / this time; samtools -@ N-1 (its -@ counts extra threads); samtools / moe = samtools time / moe time (goal >= 1.5 on BAM); bgzip -d -@ N: decompression alone, the machine's own scaling"
 echo
-echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe | bgzip FASTA -> file s | BAM -> file s |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| threads | bgzip FASTA s | speed-up | gzip FASTA s | BAM s | speed-up | samtools fasta BAM s | samtools / moe | bgzip FASTA -> file s | BAM -> file s | bgzip -d s | speed-up |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 once() { # wall seconds of one run of "$@"
   local t0 t1
   t0=$(now)
@@ -99,6 +108,7 @@ once() { # wall seconds of one run of "$@"
   awk -v a="$t0" -v z="$t1" 'BEGIN { printf "%.2f", z - a }'
 }
 declare -A first # one-thread time of each input
+last=${threads[-1]}
 measure() { # name, input, threads: sets T (best time), X (speed-up), F (time to a file)
   local name=$1 in=$2 t=$3
   T=$(best "$MOE" -q -@ "$t" "$in")
@@ -106,19 +116,34 @@ measure() { # name, input, threads: sets T (best time), X (speed-up), F (time to
   X=$(div "${first[$name]}" "$T")
   F=$(once "$MOE" -q -@ "$t" "$in" -o "$WORK/$name.$t.mtok")
   same "$WORK/$name.1.mtok" "$WORK/$name.$t.mtok" "$name -@ $t"
+  [ "$t" -eq 1 ] || rm -f "$WORK/$name.$t.mtok" # 1 GB each: keep only the reference
 }
 for t in "${threads[@]}"; do
-  fs="-" fx="-" bs="-" bx="-" ss="-" sx="-" ff="-" bf="-"
-  if [ -n "$BGZ" ]; then measure fa "$BGZ" "$t"; fs=$T fx=$X ff=$F; fi
-  measure gz "$GZ" "$t"
-  gs=$T
+  fs="-" fx="-" gs="-" bs="-" bx="-" ss="-" sx="-" ff="-" bf="-" ds="-" dx="-"
+  if [ -n "$BGZ" ]; then
+    measure fa "$BGZ" "$t"
+    fs=$T fx=$X ff=$F
+    ds=$(best bgzip -d -c -@ "$t" "$BGZ")
+    [ -n "${first[bgzip]:-}" ] || first[bgzip]=$ds
+    dx=$(div "${first[bgzip]}" "$ds")
+  fi
+  if [ "$t" -eq 1 ] || [ "$t" -eq "$last" ]; then measure gz "$GZ" "$t"; gs=$T; fi
   if [ -n "$BAM" ]; then
     measure bam "$BAM" "$t"
     bs=$T bx=$X bf=$F
     if [ "$t" -eq 1 ]; then ss=$(best samtools fasta "$BAM"); else ss=$(best samtools fasta -@ $((t - 1)) "$BAM"); fi
     sx=$(div "$ss" "$bs")
   fi
-  echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx | $ff | $bf |"
+  echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx | $ff | $bf | $ds | $dx |"
+done
+
+# ---- where the time went at nproc threads (moe-tokenize -v, see docs/performance.md) ----
+echo
+echo "## moe-tokenize -v -@ $last"
+echo
+for in in $BGZ $BAM; do
+  echo "$(basename "$in"):"
+  "$MOE" -v -@ "$last" "$in" 2>&1 > /dev/null | grep -E 'debug: (-@ [0-9]+: |-@ [0-9]+ times|times)' | sed 's/^.*debug: /    /'
 done
 
 # ---- --part I/N + merge: N jobs of NPROC/N threads each, at the same time ----
@@ -147,7 +172,6 @@ split_row() { # label, input, reference output of one run
   awk -v a="$t0" -v b="$t1" -v c="$t2" -v l="$1" -v n="$n" -v p="$per" -v one="$4" \
     'BEGIN { printf "| %s | %d x %d | %.2f | %.2f | %.2f | %s |\n", l, n, p, b - a, c - b, c - a, one }'
 }
-last=${threads[-1]}
 if [ -n "$BGZ" ]; then split_row "bgzip FASTA" "$BGZ" "$WORK/fa.1.mtok" "$(best "$MOE" -q -@ "$last" "$BGZ" -o "$WORK/x.mtok")"; fi
 if [ -n "$BAM" ]; then split_row "BAM" "$BAM" "$WORK/bam.1.mtok" "$(best "$MOE" -q -@ "$last" "$BAM" -o "$WORK/x.mtok")"; fi
 echo
