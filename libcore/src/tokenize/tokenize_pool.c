@@ -27,7 +27,7 @@ typedef struct pool {
     const moe_tokenizer *tok;
     moe_prefetch *pf;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    pthread_cond_t ready_cv, freed_cv; /* the writer waits on ready, encoders on freed slots */
     slot *slots;
     int n_slots;
     int stop;
@@ -42,7 +42,7 @@ static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq
     double t0 = moe_time_now();
     pthread_mutex_lock(&p->mu);
     while (s->seq != -1 && !p->stop)
-        pthread_cond_wait(&p->cv, &p->mu);
+        pthread_cond_wait(&p->freed_cv, &p->mu);
     int stop = p->stop;
     if (!stop) s->seq = seq;
     pthread_mutex_unlock(&p->mu);
@@ -66,7 +66,7 @@ static void encode_batch(pool *p, tok_enc *e, moe_prefetch_batch *b, int64_t seq
     pthread_mutex_lock(&p->mu);
     s->ready = 1;
     s->end = end != 0 || out->status != MOE_OK;
-    pthread_cond_broadcast(&p->cv);
+    pthread_cond_signal(&p->ready_cv);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -101,7 +101,7 @@ static moe_status write_in_order(pool *p, tok_out *out, moe_err *err) {
         double t0 = moe_time_now();
         pthread_mutex_lock(&p->mu);
         while (!(s->seq == seq && s->ready))
-            pthread_cond_wait(&p->cv, &p->mu);
+            pthread_cond_wait(&p->ready_cv, &p->mu);
         pthread_mutex_unlock(&p->mu);
         double t1 = moe_time_now();
         moe_status st = tok_out_write(out, &s->buf, err);
@@ -111,7 +111,7 @@ static moe_status write_in_order(pool *p, tok_out *out, moe_err *err) {
         pthread_mutex_lock(&p->mu);
         s->seq = -1;
         s->ready = 0;
-        pthread_cond_broadcast(&p->cv);
+        pthread_cond_broadcast(&p->freed_cv); /* encoders wait for different slots */
         pthread_mutex_unlock(&p->mu);
         if (st != MOE_OK || end) return st;
     }
@@ -126,16 +126,20 @@ static void split_threads(int n, int *decompress, int *encoders) {
     *encoders = n - 1 - *decompress > 1 ? n - 1 - *decompress : 1;
 }
 
-/* -v: one line saying where the time of the run that started at t0 went (times from t0). */
+/* -v: one line saying where the time of the run that started at t0 went (times from t0).
+ * The reader's time that is neither CPU nor waiting for a free batch is spent waiting for
+ * htslib's threads to decompress (or for the disk). */
 static void log_times(const pool *p, int threads, int n_enc, double t0, double t_written,
                       const moe_prefetch_stats *rs) {
+    double reader = rs->t_done - rs->t_start, other = reader - rs->cpu - rs->wait_free;
     moe_log_debug("-@ %d times: first batch read at %.3f s, all read at %.3f s, written at %.3f "
                   "s, threads ended at %.3f s; reader %.3f s CPU, %.3f s waiting for a free "
-                  "batch, %lld batches; %d encoders %.3f s CPU, %.3f s waiting for batches, %.3f "
-                  "s for output slots; writer %.3f s writing, %.3f s waiting",
+                  "batch, %.3f s for input, %lld batches; %d encoders %.3f s CPU, %.3f s "
+                  "waiting for batches, %.3f s for output slots; writer %.3f s writing, %.3f s "
+                  "waiting",
                   threads, rs->t_first - t0, rs->t_done - t0, t_written - t0, moe_time_now() - t0,
-                  rs->cpu, rs->wait_free, (long long)rs->batches, n_enc, p->enc_cpu, p->enc_wait_in,
-                  p->enc_wait_slot, p->write_busy, p->write_wait);
+                  rs->cpu, rs->wait_free, other > 0 ? other : 0, (long long)rs->batches, n_enc,
+                  p->enc_cpu, p->enc_wait_in, p->enc_wait_slot, p->write_busy, p->write_wait);
 }
 
 moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, tok_out *out,
@@ -159,7 +163,8 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
     for (int i = 0; i < p.n_slots; i++)
         p.slots[i].seq = -1;
     pthread_mutex_init(&p.mu, NULL);
-    pthread_cond_init(&p.cv, NULL);
+    pthread_cond_init(&p.ready_cv, NULL);
+    pthread_cond_init(&p.freed_cv, NULL);
     pthread_t *th = calloc((size_t)n_enc, sizeof *th);
     int started = 0;
     moe_status st = th ? moe_prefetch_start(&p.pf, o->inputs, o->n_inputs, &io, n_enc + 2, err)
@@ -175,7 +180,7 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
     if (p.pf) moe_prefetch_stop(p.pf);
     pthread_mutex_lock(&p.mu);
     p.stop = 1;
-    pthread_cond_broadcast(&p.cv);
+    pthread_cond_broadcast(&p.freed_cv);
     pthread_mutex_unlock(&p.mu);
     for (int i = 0; i < started; i++)
         pthread_join(th[i], NULL);
@@ -187,6 +192,7 @@ moe_status tok_pool_run(const moe_tokenize_opts *o, const moe_tokenizer *tok, to
     free(p.slots);
     free(th);
     pthread_mutex_destroy(&p.mu);
-    pthread_cond_destroy(&p.cv);
+    pthread_cond_destroy(&p.ready_cv);
+    pthread_cond_destroy(&p.freed_cv);
     return st;
 }

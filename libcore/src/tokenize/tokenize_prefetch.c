@@ -48,7 +48,9 @@ typedef struct moe_prefetch_batch batch;
 struct moe_prefetch {
     pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
+    /* one waiter woken per event (a herd of encoders woken for every batch costs the reader
+       a system call per thread at 16 threads): the reader waits on freed, takers on filled */
+    pthread_cond_t filled_cv, freed_cv;
     batch *slots; /* batch number i lives in slot i % n_slots */
     int n_slots;
     int64_t filled, taken; /* batches filled and taken */
@@ -184,13 +186,14 @@ static int fill(moe_prefetch *p, reader_pos *rp, batch *b) {
 static void *reader_main(void *arg) {
     moe_prefetch *p = arg;
     moe_prefetch_stats *st = &p->stats;
+    st->t_start = moe_time_now();
     reader_pos rp = {0, NULL, 0};
     for (int more = 1; more;) {
         batch *b = &p->slots[p->filled % p->n_slots];
         double t0 = moe_time_now();
         pthread_mutex_lock(&p->mu);
         while (b->full && !p->stop)
-            pthread_cond_wait(&p->cv, &p->mu);
+            pthread_cond_wait(&p->freed_cv, &p->mu);
         int stop = p->stop;
         pthread_mutex_unlock(&p->mu);
         st->wait_free += moe_time_now() - t0;
@@ -200,7 +203,7 @@ static void *reader_main(void *arg) {
         pthread_mutex_lock(&p->mu);
         b->full = 1;
         p->filled++;
-        pthread_cond_broadcast(&p->cv);
+        pthread_cond_signal(&p->filled_cv);
         pthread_mutex_unlock(&p->mu);
         if (st->batches++ == 0) st->t_first = moe_time_now();
     }
@@ -223,7 +226,8 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     p->n_inputs = n_inputs;
     p->io = *io;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv, NULL);
+    pthread_cond_init(&p->filled_cv, NULL);
+    pthread_cond_init(&p->freed_cv, NULL);
     if (pthread_create(&p->thread, NULL, reader_main, p) != 0) {
         moe_prefetch_finish(p, NULL);
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "cannot start the reader thread");
@@ -238,12 +242,13 @@ int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq) {
     batch *b;
     while (b = &p->slots[p->taken % p->n_slots],
            !p->stop && !p->last_taken && !(b->full && p->filled > p->taken))
-        pthread_cond_wait(&p->cv, &p->mu);
+        pthread_cond_wait(&p->filled_cv, &p->mu);
     int got = !p->stop && !p->last_taken;
     if (got) {
         *out = b;
         *seq = p->taken++;
         p->last_taken = b->end;
+        if (b->end) pthread_cond_broadcast(&p->filled_cv); /* the other takers are done */
     }
     pthread_mutex_unlock(&p->mu);
     return got;
@@ -285,14 +290,15 @@ int moe_prefetch_batch_end(const moe_prefetch_batch *b, int64_t *filtered, int64
 void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b) {
     pthread_mutex_lock(&p->mu);
     b->full = 0;
-    pthread_cond_broadcast(&p->cv);
+    pthread_cond_signal(&p->freed_cv);
     pthread_mutex_unlock(&p->mu);
 }
 
 void moe_prefetch_stop(moe_prefetch *p) {
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
-    pthread_cond_broadcast(&p->cv);
+    pthread_cond_broadcast(&p->filled_cv);
+    pthread_cond_broadcast(&p->freed_cv);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -312,6 +318,7 @@ void moe_prefetch_finish(moe_prefetch *p, moe_prefetch_stats *stats) {
     }
     free(p->slots);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv);
+    pthread_cond_destroy(&p->filled_cv);
+    pthread_cond_destroy(&p->freed_cv);
     free(p);
 }

@@ -31,9 +31,9 @@ void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b);
 void moe_prefetch_stop(moe_prefetch *p);
 /* Where the reader thread's time went (moe_time_now clock; seconds). */
 typedef struct moe_prefetch_stats {
-    double t_first, t_done; /* the first batch filled, the last one (or stopped) */
-    double cpu;             /* CPU time of the reader thread (with htslib's copy out) */
-    double wait_free;       /* waiting for a batch to be released */
+    double t_start, t_first, t_done; /* the thread started, filled its first batch, ended */
+    double cpu;                      /* CPU time of the reader thread (with htslib's copy out) */
+    double wait_free;                /* waiting for a batch to be released */
     int64_t batches;
 } moe_prefetch_stats;
 
