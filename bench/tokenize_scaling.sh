@@ -20,7 +20,8 @@
 # writes a real shard file (the "-> file" columns, once, fsync included), checked with cmp.
 # Plain gzip cannot be decoded in parallel, so its column has the first and last thread
 # counts only; "bgzip -d" is the machine's own scaling on the same file (decompression only)
-# for reference. Last, `moe-tokenize -v` at nproc threads says where the time went.
+# for reference. Then 500 small files (each input's fixed cost), and last `moe-tokenize -v`
+# at nproc threads says where the time went.
 set -euo pipefail
 BUILD=${1:-build}
 WORK=${2:-${TMPDIR:-/tmp}/moe-bench-tokscale}
@@ -136,6 +137,18 @@ for t in "${threads[@]}"; do
   fi
   echo "| $t | $fs | $fx | $gs | $bs | $bx | $ss | $sx | $ff | $bf | $ds | $dx |"
 done
+
+# ---- many small inputs: what each input costs to open and close (htslib's threads) ----
+if [ -n "$BGZ" ]; then
+  MANY="$WORK/many"
+  if [ ! -s "$MANY/f500.fa.bgz" ]; then
+    mkdir -p "$MANY"
+    head -c 20000 "$FA" > "$MANY/one.fa"
+    for i in $(seq 500); do sed "s/^>lambda_/>f${i}_/" "$MANY/one.fa" | bgzip -c > "$MANY/f$i.fa.bgz"; done
+  fi
+  echo
+  echo "500 bgzip FASTA files of 20 kB: -@ 1 $(best "$MOE" -q -@ 1 "$MANY"/f*.fa.bgz) s, -@ $last $(best "$MOE" -q -@ "$last" "$MANY"/f*.fa.bgz) s"
+fi
 
 # ---- where the time went at nproc threads (moe-tokenize -v, see docs/performance.md) ----
 echo

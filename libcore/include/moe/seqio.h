@@ -27,9 +27,14 @@ typedef enum moe_seq_format {
 /* Default read filter: secondary | QC-fail | duplicate | supplementary. */
 #define MOE_SEQIO_DEFAULT_EXCLUDE 0xF00u
 
+struct hts_tpool;
+
 typedef struct moe_seqio_opts {
     const char *reference;  /* FASTA for CRAM decoding (NULL: none) */
-    int threads;            /* htslib decompression threads beyond the main one (0 = none) */
+    int threads;            /* htslib decompression threads beyond the main one (0 = none;
+                               files under 256 kB are read without them) */
+    struct hts_tpool *pool; /* with threads: a pool of that many, shared by every reader opened
+                               with it (outliving them); NULL: each reader starts its own */
     int min_mapq;           /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
     uint32_t require_flags; /* keep only records with all these flags */
     uint32_t exclude_flags; /* drop records with any of these (default 0xF00) */

@@ -155,6 +155,17 @@ static moe_status part_setup(moe_seq_reader *r, const moe_seqio_opts *o, moe_err
     return MOE_OK;
 }
 
+/* Compressed files smaller than this are decompressed without htslib's threads: starting
+ * them for a file and waiting for its first block costs more than decoding a few blocks. */
+#define MOE_SEQIO_THREADS_MIN_BYTES ((off_t)256 << 10)
+
+/* 1 when path is a regular file smaller than MOE_SEQIO_THREADS_MIN_BYTES. */
+static int small_file(const char *path) {
+    struct stat st;
+    return strcmp(path, "-") != 0 && stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+           st.st_size < MOE_SEQIO_THREADS_MIN_BYTES;
+}
+
 moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqio_opts *o,
                           moe_err *err) {
     *out = NULL;
@@ -165,6 +176,7 @@ moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqi
     }
     r->opts = *o;
     r->opts.regions = NULL;
+    if (r->opts.threads > 0 && small_file(path)) r->opts.threads = 0;
     if (o->n_regions > 0) {
         r->regions = calloc((size_t)o->n_regions, sizeof *r->regions);
         if (!r->regions) goto oom;
@@ -208,8 +220,12 @@ moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqi
             moe_err_hint(err, "re-create or re-download the file");
             st = MOE_ERR_INPUT;
         }
-        if (st == MOE_OK && fmt.compression == bgzf && o->threads > 0)
-            bgzf_mt(r->bgzf, o->threads, 64);
+        if (st == MOE_OK && fmt.compression == bgzf && r->opts.threads > 0) {
+            if (r->opts.pool)
+                bgzf_thread_pool(r->bgzf, r->opts.pool, 2 * r->opts.threads);
+            else
+                bgzf_mt(r->bgzf, r->opts.threads, 64);
+        }
         if (st == MOE_OK) st = sniff_fastx(r, err);
         if (st == MOE_OK && r->n_regions > 0) {
             bgzf_close(r->bgzf);

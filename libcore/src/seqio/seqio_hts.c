@@ -61,7 +61,11 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
                           "faidx` run on it if its directory is read-only");
         return MOE_ERR_INPUT;
     }
-    if (r->opts.threads > 0) hts_set_threads(r->hts, r->opts.threads);
+    htsThreadPool shared = {r->opts.pool, 2 * r->opts.threads};
+    if (r->opts.threads > 0 && r->opts.pool)
+        hts_set_thread_pool(r->hts, &shared);
+    else if (r->opts.threads > 0)
+        hts_set_threads(r->hts, r->opts.threads);
     /* BAM's BGZF empty block, CRAM's EOF container: htslib only warns when they are absent,
        and a CRAM cut at a container boundary decodes cleanly up to the cut */
     if (r->fmt != MOE_SEQ_SAM && strcmp(r->path, "-") != 0 && hts_check_EOF(r->hts) == 0) {

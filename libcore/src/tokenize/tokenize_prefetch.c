@@ -9,6 +9,7 @@
  * is reported after the records before it were processed, exactly as without the thread. */
 #include "tokenize/tokenize_prefetch.h"
 
+#include <htslib/thread_pool.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,7 +60,7 @@ struct moe_prefetch {
     int started;
     const char *const *inputs;
     int n_inputs;
-    moe_seqio_opts io;
+    moe_seqio_opts io;        /* io.pool: htslib's threads, started once for all inputs */
     moe_prefetch_stats stats; /* the reader thread's, read after it ended */
 };
 
@@ -225,6 +226,13 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     p->inputs = inputs;
     p->n_inputs = n_inputs;
     p->io = *io;
+    /* one pool for every input: each would otherwise start and join its own threads (a
+       millisecond a file at -@ 16, most of the time for many small files) */
+    if (io->threads > 0 && !(p->io.pool = hts_tpool_init(io->threads))) {
+        free(p->slots);
+        free(p);
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "cannot start the decompression threads");
+    }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->filled_cv, NULL);
     pthread_cond_init(&p->freed_cv, NULL);
@@ -317,6 +325,7 @@ void moe_prefetch_finish(moe_prefetch *p, moe_prefetch_stats *stats) {
         free(p->slots[i].recs);
     }
     free(p->slots);
+    if (p->io.pool) hts_tpool_destroy(p->io.pool); /* after the reader closed its inputs */
     pthread_mutex_destroy(&p->mu);
     pthread_cond_destroy(&p->filled_cv);
     pthread_cond_destroy(&p->freed_cv);
