@@ -70,7 +70,8 @@ test: deps
 fuzz:
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_C_COMPILER=$(FUZZ_CC) -DMOE_CUDA=OFF \
 	  -DMOE_SANITIZE=ON -DMOE_FUZZ=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_fastx fuzz_shard fuzz_safetensors fuzz_config fuzz_ckpt fuzz_vcf
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target fuzz_fastx fuzz_shard fuzz_safetensors \
+	  fuzz_config fuzz_ckpt fuzz_ckpt_dir fuzz_vcf fuzz_vcf_score
 	tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 demo: deps

@@ -1,62 +1,39 @@
-/* fuzz_ckpt: libFuzzer harness for the checkpoint readers of MANIFEST and trainer_state.json
- * (moe_ckpt_open, ckpt_open.c and ckpt_state.c). The input is two files: a 2-byte
- * little-endian length N, then N bytes of MANIFEST, then trainer_state.json (the rest). Both
- * are written into a checkpoint directory that also holds a fixed config.yaml and
- * tokenizer.json, which is then opened as moe-convert inspect opens it (every part, whatever
- * fails) and as --resume does (strict, with the trainer state).
- *
- * The one thing to know: the fixture directory is made once per process (libFuzzer gives the
- * callback no context), so its path lives in one file-scope buffer, and it is removed at
- * exit. */
+/* fuzz_ckpt: libFuzzer harness for the checkpoint's two text parsers, from memory:
+ * moe_ckpt_manifest_parse (MANIFEST: the version-2 first line, the file lines, the files
+ * every checkpoint lists) and moe_ckpt_state_parse (trainer_state.json). The input is a
+ * 2-byte little-endian length N, N bytes of MANIFEST, then trainer_state.json (the rest): the
+ * format of fuzz_ckpt_dir, which opens the same inputs as a checkpoint directory. A state
+ * that parses is written back (moe_ckpt_state_json) and parsed again: it must parse, to the
+ * same values (a difference aborts: a finding). */
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "fuzz_fixture.h"
 #include "moe/ckpt.h"
-#include "moe/fileio.h"
-#include "moe/tokenizer.h"
 
-int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_root[64]; /* the fixture: g_root/ckpt-00000001 (set once, by the initializer) */
-
-/* Writes len bytes of text to dir/name; aborts on failure (the fixture must exist). */
-static void put_file(const char *dir, const char *name, const void *text, size_t len) {
-    char path[160];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *fp = fopen(path, "wb");
-    if (!fp || (len && fwrite(text, 1, len, fp) != len) || fclose(fp) != 0) abort();
+/* bytes [n] as a malloc'ed C string (the parsers take NUL-terminated text); aborts when out
+ * of memory. */
+static char *text_of(const uint8_t *bytes, size_t n) {
+    char *t = malloc(n + 1);
+    if (!t) abort();
+    memcpy(t, bytes, n);
+    t[n] = '\0';
+    return t;
 }
 
-static void remove_fixture(void) {
-    moe_err err;
-    moe_err_clear(&err);
-    moe_remove_tree(g_root, &err);
-}
-
-/* Makes the fixture checkpoint directory: config.yaml and the byte tokenizer's spec. */
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    snprintf(g_root, sizeof g_root, "%s/moe-fuzz-ckpt.%ld", fuzz_tmpdir(), (long)getpid());
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/ckpt-00000001", g_root);
-    moe_err err;
-    moe_err_clear(&err);
-    moe_tokenizer_opts o;
-    moe_tokenizer_opts_defaults(&o, MOE_TOKENIZER_BYTE);
-    moe_tokenizer *tok = NULL;
-    if (moe_mkdirs(dir, &err) != MOE_OK || moe_tokenizer_create(&tok, &o, &err) != MOE_OK) abort();
-    put_file(dir, "config.yaml", FUZZ_FIXTURE_CONFIG, strlen(FUZZ_FIXTURE_CONFIG));
-    const char *spec = moe_tokenizer_spec_json(tok);
-    put_file(dir, "tokenizer.json", spec, strlen(spec));
-    moe_tokenizer_free(tok);
-    atexit(remove_fixture);
-    return 0;
+/* Whether two parsed states hold the same values (last_metrics compared as text). */
+static int same_state(const moe_trainer_state *a, const moe_trainer_state *b) {
+    return a->step == b->step && a->tokens_seen == b->tokens_seen &&
+           a->data_epoch == b->data_epoch && a->data_index == b->data_index &&
+           a->data_samples == b->data_samples && a->data_stream_tokens == b->data_stream_tokens &&
+           a->data_shuffle == b->data_shuffle && a->seed == b->seed &&
+           strcmp(a->init_from, b->init_from) == 0 && !a->last_metrics == !b->last_metrics &&
+           (!a->last_metrics || strcmp(a->last_metrics, b->last_metrics) == 0) &&
+           a->health.bad_in_row == b->health.bad_in_row && a->health.good == b->health.good &&
+           a->health.loss_mean == b->health.loss_mean && a->health.spiking == b->health.spiking &&
+           a->health.rising == b->health.rising;
 }
 
 /* data [size] bytes: u16 LE N, MANIFEST [N], trainer_state.json [rest]. Returns 0. */
@@ -65,18 +42,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *body = size >= 2 ? data + 2 : data;
     size_t rest = size >= 2 ? size - 2 : size;
     if (n > rest) n = rest;
-    char dir[128];
-    snprintf(dir, sizeof dir, "%s/ckpt-00000001", g_root);
-    put_file(dir, "MANIFEST", body, n);
-    put_file(dir, "trainer_state.json", body + n, rest - n);
     moe_err err;
     moe_err_clear(&err);
+    char *man = text_of(body, n);
     moe_ckpt ck;
-    if (moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE | MOE_CKPT_REPORT,
-                      &err) == MOE_OK)
-        moe_ckpt_close(&ck);
+    memset(&ck, 0, sizeof ck);
+    (void)moe_ckpt_manifest_parse(&ck, man, n, "fuzz/MANIFEST", &err);
+    moe_ckpt_close(&ck);
+    free(man);
+    char *state = text_of(body + n, rest - n);
+    moe_trainer_state ts, again;
     moe_err_clear(&err);
-    if (moe_ckpt_open(&ck, dir, MOE_CKPT_OPTIMIZER | MOE_CKPT_TRAINER_STATE, &err) == MOE_OK)
-        moe_ckpt_close(&ck);
+    if (moe_ckpt_state_parse(state, "fuzz/trainer_state.json", &ts, &err) == MOE_OK) {
+        char *json = moe_ckpt_state_json(&ts);
+        if (!json) abort();
+        if (moe_ckpt_state_parse(json, "fuzz/rewritten.json", &again, &err) != MOE_OK ||
+            !same_state(&ts, &again))
+            abort(); /* what moe-train writes must read back as it was */
+        free(again.last_metrics);
+        free(json);
+        free(ts.last_metrics);
+    }
+    free(state);
     return 0;
 }

@@ -1,149 +1,101 @@
-/* fuzz_vcf: libFuzzer harness for the VCF path of moe-score (moe_score_vcf_run,
- * score_vcf.c): the input is written to a temporary VCF (htslib sniffs plain, bgzip or BCF)
- * and scored end to end against a fixed reference (contigs chr1 of 300 bases and c2 of 40,
- * with a .fai) with a fixed tiny checkpoint (random weights, byte tokenizer) and 24-base
- * windows (the output VCF goes to /dev/null). Every record goes through the checks against the
- * reference (contig, REF match, window edges, symbolic ALTs), the window building and the
- * tokenizer; an odd-sized input runs with --check-ref warn (mismatches skipped), an even one
- * with the default (a mismatch is an error). Errors are expected; crashes and leaks are
- * findings.
+/* fuzz_vcf: libFuzzer harness for the record checks and window building of moe-score
+ * variants (score_vcf_site.c), without a model: the input, a VCF/BCF (htslib sniffs plain,
+ * bgzip or BCF) given as a "data:" URL (read from memory), is opened with its header
+ * (score_vcf_sites_input) and every record read into sites (score_vcf_sites_next) against a
+ * fixed reference (contigs chr1 of 300 bases and c2 of 40, with a .fai, written and opened
+ * once) with the byte tokenizer, a context of 64 positions and 24-base windows: contig, POS
+ * and REF checks, allele classification (symbolic, off a contig edge, REF mismatch), the
+ * windows of both strands and their tokens. Bit 0 of the input's size picks --check-ref warn
+ * (mismatches skipped) over the default (a mismatch is an error), bit 1 --rc-average (both
+ * strands). Every scored ALT's windows are checked (tokens within the context, the shared
+ * prefix within them); errors are expected, crashes, leaks and a broken window are findings.
+ * fuzz_vcf_score runs the same inputs through moe_score_vcf_run with a model, much slower.
  *
- * The one thing to know: the fixture (reference, checkpoint) is made once per process
- * (libFuzzer gives the callback no context), so its directory lives in one file-scope
- * buffer, and it is removed at exit. */
+ * The one thing to know: the fixture (reference, tokenizer, geometry, the open sites) is
+ * made once per process (libFuzzer gives the callback no context), so it lives in
+ * file-scope variables, freed and removed at exit. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include <htslib/faidx.h>
-
 #include "fuzz_fixture.h"
-#include "moe/ckpt.h"
-#include "moe/config.h"
 #include "moe/fileio.h"
-#include "moe/log.h"
-#include "moe/model.h"
-#include "moe/score.h"
+#include "moe/input.h"
 #include "moe/tokenizer.h"
-#include "moe/train.h"
+#include "score/score_vcf.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char g_root[64]; /* the fixture directory (set once, by the initializer) */
-
-/* The fixture could not be made: says why (what, and err's message) and aborts. */
-static void fixture_fail(const char *what, const moe_err *err) {
-    fprintf(stderr, "fuzz_vcf: cannot make the fixture in %s: %s: %s\n", g_root, what,
-            err && err->msg[0] ? err->msg : "failed");
-    abort();
-}
+static char g_root[64];        /* the reference's directory (set once, by the initializer) */
+static char g_fasta[96];       /* g_root/ref.fa */
+static moe_tokenizer *g_tok;   /* the byte tokenizer */
+static score_model g_sm;       /* its geometry only: no checkpoint, no model */
+static moe_score_vcf_opts g_o; /* the options; .vcf and the flags set per input */
+static vcf_sites g_s;          /* the reference open, an input at a time */
 
 static void remove_fixture(void) {
     moe_err err;
     moe_err_clear(&err);
     moe_remove_tree(g_root, &err);
+    score_vcf_sites_close(&g_s);
+    moe_tokenizer_free(g_tok);
 }
 
-/* g_root/ref.fa (+ .fai): chr1, 300 pseudo-random bases in lines of 60, and c2, 40 bases. */
-static void make_reference(void) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/ref.fa", g_root);
-    FILE *fp = fopen(path, "w");
-    if (!fp) fixture_fail(path, NULL);
-    uint32_t x = 12345;
-    const int len[2] = {300, 40};
-    for (int c = 0; c < 2; c++) {
-        fprintf(fp, ">%s\n", c ? "c2" : "chr1");
-        for (int i = 0; i < len[c]; i++) {
-            x = x * 1664525u + 1013904223u;
-            fputc("ACGT"[x >> 30], fp);
-            if (i % 60 == 59 || i == len[c] - 1) fputc('\n', fp);
-        }
-    }
-    if (fclose(fp) != 0 || fai_build(path) != 0) fixture_fail("ref.fa and its .fai", NULL);
-}
-
-/* g_root/run/ckpt-00000001: the model of FUZZ_FIXTURE_CONFIG with random weights, zero Adam
- * moments. */
-static void make_checkpoint(void) {
-    moe_err err;
-    moe_err_clear(&err);
-    moe_config cfg;
-    moe_tokenizer_opts o;
-    moe_tokenizer_opts_defaults(&o, MOE_TOKENIZER_BYTE);
-    moe_tokenizer *tok = NULL;
-    moe_model model;
-    memset(&model, 0, sizeof model);
-    const moe_backend *be = moe_backend_cpu();
-    if (moe_config_load_string(&cfg, FUZZ_FIXTURE_CONFIG, "fuzz.yaml", &err) != MOE_OK ||
-        moe_tokenizer_create(&tok, &o, &err) != MOE_OK ||
-        moe_model_create(&model, &cfg.model, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, be, 1, 16,
-                         &err) != MOE_OK)
-        fixture_fail("the model", &err);
-    moe_model_init_weights(&model, 7);
-    float *zero = calloc((size_t)model.table.n_elems, sizeof *zero);
-    moe_trainer_state ts;
-    memset(&ts, 0, sizeof ts);
-    ts.step = 1;
-    ts.seed = 1;
-    char run[96];
-    snprintf(run, sizeof run, "%s/run", g_root);
-    if (!zero || moe_train_save_checkpoint(run, 1, &cfg, moe_tokenizer_spec_json(tok), &model, zero,
-                                           zero, &ts, &err) != MOE_OK)
-        fixture_fail("the checkpoint", &err);
-    free(zero);
-    moe_model_free(&model);
-    moe_tokenizer_free(tok);
-}
-
-/* Makes the fixture; messages below errors are silenced (a warning per input is noise). */
+/* Makes the fixture (quiet: fuzz_quiet). */
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    moe_log_init("fuzz_vcf", MOE_LOG_ERROR);
-    snprintf(g_root, sizeof g_root, "%s/moe-fuzz-vcf.%ld", fuzz_tmpdir(), (long)getpid());
+    fuzz_vcf_fixture("fuzz_vcf", g_root, sizeof g_root, g_fasta, sizeof g_fasta);
+    atexit(remove_fixture);
     moe_err err;
     moe_err_clear(&err);
-    if (moe_mkdirs(g_root, &err) != MOE_OK) fixture_fail("the directory", &err);
-    atexit(remove_fixture);
-    make_reference();
-    make_checkpoint();
-    /* the output goes through a link to /dev/null: written in place, no fsync per input (a
-     * link, as the e2e tests do, so that a regression of the output helper replaces the link,
-     * never the device) */
-    char out[96];
-    snprintf(out, sizeof out, "%s/out.vcf", g_root);
-    if (symlink("/dev/null", out) != 0) fixture_fail(out, NULL);
+    moe_tokenizer_opts o;
+    moe_tokenizer_opts_defaults(&o, MOE_TOKENIZER_BYTE);
+    if (moe_tokenizer_create(&g_tok, &o, &err) != MOE_OK ||
+        moe_input_check_rc(g_tok, &err) != MOE_OK)
+        fuzz_fixture_fail(g_root, "the byte tokenizer", &err);
+    score_model_geometry(&g_sm, g_tok, 64, 0);
+    moe_score_vcf_opts_defaults(&g_o);
+    g_o.fasta = g_fasta;
+    g_o.window = 24;
+    if (score_vcf_sites_open(&g_s, &g_o, &err) != MOE_OK ||
+        score_vcf_sites_model(&g_s, &g_sm, &err) != MOE_OK)
+        fuzz_fixture_fail(g_root, "the reference", &err);
     return 0;
+}
+
+/* Aborts unless every scored ALT of site st has windows within the context whose shared
+ * prefix lies inside them (what score_vcf.c's LLR sums rely on). */
+static void check_site(const vcf_sites *s, const vsite *st) {
+    for (int a = 0; a < st->n_alt; a++) {
+        if (st->status[a] != ALT_SCORED) continue;
+        for (int r = 0; r < st->strands; r++) {
+            const vwin *rw = &st->ref[r], *aw = &st->alt[2 * a + r];
+            if (!rw->ids || !aw->ids || rw->n > s->sm->max_content || aw->n > s->sm->max_content ||
+                aw->from < s->sm->first || aw->from > aw->n)
+                abort();
+        }
+    }
 }
 
 /* data [size] bytes: one VCF/BCF file. Returns 0. */
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    char vcf[96], fasta[96], run[96], out[96];
-    snprintf(vcf, sizeof vcf, "%s/in.vcf", g_root);
-    snprintf(fasta, sizeof fasta, "%s/ref.fa", g_root);
-    snprintf(run, sizeof run, "%s/run", g_root);
-    snprintf(out, sizeof out, "%s/out.vcf", g_root);
-    FILE *fp = fopen(vcf, "wb");
-    if (!fp || (size && fwrite(data, 1, size, fp) != size) || fclose(fp) != 0) abort();
-    moe_score_vcf_opts o;
-    moe_score_vcf_opts_defaults(&o);
-    o.m.ckpt_dir = run;
-    o.m.device = MOE_DEVICE_CPU;
-    o.m.threads = 1;
-    o.m.quiet = 1;
-    o.m.batch_tokens = 128; /* the buffers of 8192 tokens cost more than a whole input */
-    o.fasta = fasta;
-    o.vcf = vcf;
-    o.output = out;
-    o.window = 24;
-    o.check_ref_warn = (int)(size & 1);
+    char *url = fuzz_data_url(data, size);
+    g_o.vcf = url;
+    g_o.check_ref_warn = (int)(size & 1);
+    g_o.m.rc_average = (int)(size >> 1 & 1);
     moe_err err;
     moe_err_clear(&err);
-    moe_score_summary sum;
-    (void)moe_score_vcf_run(&o, &sum, &err);
+    if (score_vcf_sites_input(&g_s, &err) == MOE_OK) {
+        while (score_vcf_sites_next(&g_s, &err) == 1) {
+            check_site(&g_s, &g_s.sites[g_s.n_sites - 1]);
+            if (g_s.n_sites >= 8) score_vcf_sites_clear(&g_s); /* a chunk, as the scorer's */
+        }
+    }
+    score_vcf_sites_end(&g_s);
+    free(url);
     return 0;
 }

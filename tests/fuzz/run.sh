@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # run.sh BUILD_DIR SECONDS [TARGET...]: runs each libFuzzer harness (fuzz_<target> in
-# BUILD_DIR/tests/fuzz) for SECONDS, starting from the seed corpus tests/fuzz/corpus/<target>/
-# (read only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), one target at a time, and
+# BUILD_DIR/tests/fuzz) for SECONDS, starting from the seed corpus tests/fuzz/corpus/<family>/
+# (the target's name up to its first '_': ckpt_dir reads ckpt's seeds, vcf_score vcf's; read
+# only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), one target at a time, and
 # prints one summary line per target: executions, coverage (edges / features: libFuzzer's
 # cov: and ft:), corpus size, result.
+# FUZZ_RUNS=N in the environment also ends each target after N executions (whichever comes
+# first: a campaign to a number of executions gives SECONDS as its upper bound).
 # Exit 1 when a target crashed, leaked or tripped a sanitizer; its reproducer is left in
 # BUILD_DIR/fuzz-artifacts/ (make it a regression test: add it to the seed corpus). The
 # harnesses' scratch files go to a TMPDIR this script removes, even after a crash.
@@ -13,7 +16,7 @@ secs=${2:?usage: run.sh BUILD_DIR SECONDS [TARGET...]}
 shift 2
 here=$(cd "$(dirname "$0")" && pwd)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config ckpt vcf)
+[ ${#targets[@]} -gt 0 ] || targets=(fastx shard safetensors config ckpt ckpt_dir vcf vcf_score)
 mkdir -p "$build/fuzz-artifacts"
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/moe-fuzz.XXXXXX")
 export TMPDIR
@@ -27,9 +30,9 @@ for t in "${targets[@]}"; do
   log=$build/fuzz-$t.log
   set +e
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-    nice "$exe" -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -timeout=20 \
+    nice "$exe" -max_total_time="$secs" ${FUZZ_RUNS:+-runs="$FUZZ_RUNS"} -rss_limit_mb=2048 -max_len=65536 -timeout=20 \
     -print_final_stats=1 -artifact_prefix="$build/fuzz-artifacts/$t-" \
-    "$work" "$here/corpus/$t" > "$log" 2>&1
+    "$work" "$here/corpus/${t%%_*}" > "$log" 2>&1
   rc=$?
   set -e
   # (|| true: a target that died before its first status line has none of these)

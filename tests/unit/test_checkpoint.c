@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt/ckpt_internal.h"
 #include "moe/ckpt.h"
 #include "moe/fileio.h"
 #include "testlib.h"
@@ -132,10 +133,49 @@ static void check_cut_manifest(const char *manifest) {
     free(copy);
 }
 
+/* moe_ckpt_manifest_parse: text [strlen] parsed from memory into ck's entries; returns its
+ * status and leaves the message in *err. */
+static moe_status parse_manifest(const char *text, moe_ckpt *ck, moe_err *err) {
+    char *copy = strdup(text);
+    memset(ck, 0, sizeof *ck);
+    moe_err_clear(err);
+    moe_status st = moe_ckpt_manifest_parse(ck, copy, strlen(copy), "mem/MANIFEST", err);
+    free(copy);
+    return st;
+}
+
+/* The MANIFEST parser from memory (what moe_ckpt_open reads from RUN/ckpt-N/MANIFEST): a
+ * version-2 text, an old one, and refusals naming the MANIFEST. */
+static void test_manifest_parse(void) {
+    const char *body = "12 0000abcd config.yaml\n34 12345678 model.safetensors\n"
+                       "5 00000001 tokenizer.json\n6 00000002 trainer_state.json\n";
+    char text[512], head[160];
+    moe_ckpt_manifest_header(head, sizeof head, 4, moe_crc32(0, body, strlen(body)));
+    snprintf(text, sizeof text, "%s\n%s", head, body);
+    moe_ckpt ck;
+    moe_err err;
+    CHECK(parse_manifest(text, &ck, &err) == MOE_OK);
+    CHECK_INT_EQ(ck.n_files, 4);
+    CHECK(moe_ckpt_lists(&ck, "model.safetensors") && ck.files[1].size == 34 &&
+          ck.files[1].crc == 0x12345678u);
+    moe_ckpt_close(&ck);
+    CHECK(parse_manifest(body, &ck, &err) == MOE_OK && ck.n_files == 4); /* no first line */
+    moe_ckpt_close(&ck);
+    text[strlen(text) - 2] = 'X'; /* a name changed below the first line */
+    CHECK(parse_manifest(text, &ck, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "does not match its first line") && strstr(err.file, "mem/MANIFEST"),
+              "%s: %s", err.file, err.msg);
+    moe_ckpt_close(&ck);
+    CHECK(parse_manifest("12 0000abcd config.yaml\n", &ck, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "does not list tokenizer.json"), "%s", err.msg);
+    moe_ckpt_close(&ck);
+}
+
 int main(void) {
     moe_err err;
     moe_err_clear(&err);
     moe_remove_tree("run", &err);
+    test_manifest_parse();
 
     char name[64];
     moe_ckpt_dir_name(42, name, sizeof name);

@@ -82,6 +82,34 @@ static void test_fasta_variants(void) {
         CHECK_INT_EQ(moe_seqio_format(r), MOE_SEQ_FASTA);
         moe_seqio_close(r);
     }
+
+    /* 3,000 records of 1..997 bases in lines of 60 (1.6 MB): headers and line breaks fall
+     * across the growing fills (64 KB, then 128 KB, ... up to 1 MB) */
+    fp = fopen("many.fa", "wb");
+    for (int k = 0; k < 3000; k++) {
+        fprintf(fp, ">r%d some comment\n", k);
+        for (int i = 0; i < 1 + k * 331 % 997; i++)
+            fputs(i % 60 == 59 ? "C\n" : "A", fp);
+        fputc('\n', fp);
+    }
+    fclose(fp);
+    r = NULL;
+    CHECK(moe_seqio_open(&r, "many.fa", &o, &err) == MOE_OK);
+    int64_t line = 1;
+    for (int k = 0; r && k < 3000; k++) {
+        int n = 1 + k * 331 % 997;
+        char name[16];
+        snprintf(name, sizeof name, "r%d", k);
+        CHECK(moe_seqio_next(r, &rec, &err) == 1);
+        CHECK(strcmp(rec.name, name) == 0 && rec.line == line);
+        CHECK_INT_EQ(rec.len, n);
+        CHECK(rec.seq[n - 1] == (n % 60 == 0 ? 'C' : 'A'));
+        line += 1 + (n + 59) / 60 + (n % 60 != 0 ? 0 : 1);
+    }
+    if (r) {
+        CHECK(moe_seqio_next(r, &rec, &err) == 0);
+        moe_seqio_close(r);
+    }
 }
 
 static void expect_error(const char *name, const char *text, int64_t line, const char *what) {

@@ -191,6 +191,15 @@ typedef struct moe_ckpt {
 /* Opens path (a checkpoint directory, or a run directory meaning its latest checkpoint)
  * with flags (MOE_CKPT_*). On failure *c is left closed. */
 moe_status moe_ckpt_open(moe_ckpt *c, const char *path, unsigned flags, moe_err *err);
+/* Parses MANIFEST text [len] (NUL-terminated at len; its line ends are overwritten) into
+ * c->files, as moe_ckpt_open reads RUN/ckpt-N/MANIFEST (path names it in errors): the
+ * version-2 first line (file count and CRC32 of the lines below) if there is one, then one
+ * "<size> <crc32 hex> <name>" line per file. A NUL byte, a malformed line, a last line
+ * without its newline, lines that do not match the first line, or no line for a file every
+ * checkpoint has is MOE_ERR_INPUT naming MANIFEST. The files are not looked at; c->files is
+ * freed by moe_ckpt_close (c zeroed before, also after a failure). */
+moe_status moe_ckpt_manifest_parse(moe_ckpt *c, char *text, size_t len, const char *path,
+                                   moe_err *err);
 /* Whether MANIFEST lists file `name`. */
 int moe_ckpt_lists(const moe_ckpt *c, const char *name);
 /* The parameter called name, NULL when the model has none (or the tensors were not

@@ -66,15 +66,9 @@ static moe_status check_needed(const moe_ckpt *c, const char *path, moe_err *err
     return MOE_OK;
 }
 
-/* Parses MANIFEST at path into c->files: the version-2 first line (file count and CRC32 of
- * the lines below), if there is one, then one line per file. A NUL byte, a malformed line, a last
- * line without its newline, lines that do not match the first line, or a missing file every
- * checkpoint needs is MOE_ERR_INPUT naming MANIFEST. */
-static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
-    char *text;
-    size_t len;
-    moe_status st = moe_read_file(path, &text, &len, err);
-    if (st != MOE_OK) return st;
+moe_status moe_ckpt_manifest_parse(moe_ckpt *c, char *text, size_t len, const char *path,
+                                   moe_err *err) {
+    moe_status st = MOE_OK;
     int64_t lines = 0;
     for (size_t i = 0; i < len; i++)
         lines += text[i] == '\n';
@@ -144,7 +138,6 @@ static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
         }
         c->n_files++;
     }
-    free(text);
     if (st == MOE_OK && has_head && (head_files != c->n_files || head_crc != body_crc)) {
         st = moe_ckpt_damaged(err, path,
                               "MANIFEST does not match its first line (%d files, CRC32 %08" PRIx32
@@ -158,6 +151,17 @@ static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
         moe_err_hint(err, "the checkpoint is corrupted; use an older checkpoint");
     }
     if (st == MOE_OK) st = check_needed(c, path, err);
+    return st;
+}
+
+/* MANIFEST at path into c->files (moe_ckpt_manifest_parse). */
+static moe_status read_manifest(moe_ckpt *c, const char *path, moe_err *err) {
+    char *text;
+    size_t len;
+    moe_status st = moe_read_file(path, &text, &len, err);
+    if (st != MOE_OK) return st;
+    st = moe_ckpt_manifest_parse(c, text, len, path, err);
+    free(text);
     return st;
 }
 

@@ -31,17 +31,22 @@ typedef struct cfg_loader {
 
 /* ---- suggestions for unknown keys ------------------------------------------------------ */
 
-/* Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), case-folded. */
-static int edit_distance(const char *a, const char *b) {
+/* Optimal-string-alignment distance (Levenshtein plus adjacent transpositions), case-folded,
+ * when it is below limit; otherwise some value >= limit (the lengths alone can tell: the
+ * distance is at least their difference, so the callers' search for the closest key skips
+ * most of them without the table). */
+static int edit_distance(const char *a, const char *b, int limit) {
     enum { MAXL = 64 };
     size_t na = strlen(a), nb = strlen(b);
     if (na >= MAXL || nb >= MAXL) return 1000;
-    int d[MAXL][MAXL];
+    if ((na > nb ? na - nb : nb - na) >= (size_t)limit) return limit;
+    int d[MAXL][MAXL], above_min = 0; /* the smallest value of the row before */
     for (size_t i = 0; i <= na; i++)
         d[i][0] = (int)i;
     for (size_t j = 0; j <= nb; j++)
         d[0][j] = (int)j;
     for (size_t i = 1; i <= na; i++) {
+        int row_min = d[i][0];
         for (size_t j = 1; j <= nb; j++) {
             int ca = a[i - 1] | 0x20, cb = b[j - 1] | 0x20; /* ASCII letters: fold case */
             int best = d[i - 1][j - 1] + (ca != cb);
@@ -51,15 +56,21 @@ static int edit_distance(const char *a, const char *b) {
                 d[i - 2][j - 2] + 1 < best)
                 best = d[i - 2][j - 2] + 1;
             d[i][j] = best;
+            if (best < row_min) row_min = best;
         }
+        /* two rows at limit or more: so is every later value (each is one of the two rows
+         * above plus 0 or 1, or its left neighbour plus 1, and a later row starts above i,
+         * which is >= row_min) */
+        if (row_min >= limit && above_min >= limit) return limit;
+        above_min = row_min;
     }
     return d[na][nb];
 }
 
-/* Close enough to be a typo rather than a different word. */
-static int plausible(const char *typed, int dist) {
+/* The smallest distance from `typed` that is no longer a typo but a different word. */
+static int typo_limit(const char *typed) {
     int n = (int)strlen(typed);
-    return dist <= (n < 6 ? 2 : n / 3 + 1);
+    return (n < 6 ? 2 : n / 3 + 1) + 1;
 }
 
 /* 1 when every '_'-separated word of `typed` occurs as a word of `key`, as `num_layers`
@@ -85,16 +96,16 @@ static int words_within(const char *typed, const char *key) {
  * section, the same key name in another section, or the closest section name. */
 static void suggest(const char *section, const char *leaf, char *hint, size_t n) {
     const char *best = NULL;
-    int best_d = 1000;
+    int best_d = typo_limit(leaf); /* farther keys are no suggestion: not searched */
     for (int i = 0; i < moe_cfg_n_keys; i++) {
         const moe_cfg_key *k = &moe_cfg_keys[i];
         if (!moe_cfg_in_section(k, section)) continue;
-        int d = edit_distance(leaf, moe_cfg_leaf(k));
+        int d = edit_distance(leaf, moe_cfg_leaf(k), best_d);
         if (d < best_d) best_d = d, best = k->key;
     }
     if (!section[0]) { /* at the top level a section name is also a valid key */
         for (int s = 1; s < moe_cfg_n_sections; s++) {
-            int d = edit_distance(leaf, moe_cfg_sections[s].name);
+            int d = edit_distance(leaf, moe_cfg_sections[s].name, best_d);
             if (d < best_d) best_d = d, best = moe_cfg_sections[s].name;
         }
     }
@@ -114,7 +125,7 @@ static void suggest(const char *section, const char *leaf, char *hint, size_t n)
             return;
         }
     }
-    if (best && plausible(leaf, best_d)) {
+    if (best) { /* a plausible typo */
         snprintf(hint, n, "did you mean `%s`? (docs/config.md lists every key)", best);
         return;
     }
@@ -365,13 +376,13 @@ static moe_status set_key(moe_config *c, const char *dotted, const char *value, 
         if (known_section) {
             suggest(section, leaf, hint, sizeof hint);
         } else { /* unknown section: compare the whole dotted path with every key */
-            int best_d = 1000;
+            int best_d = typo_limit(dotted); /* farther keys are no suggestion */
             const char *best = NULL;
             for (int i = 0; i < moe_cfg_n_keys; i++) {
-                int d = edit_distance(dotted, moe_cfg_keys[i].key);
+                int d = edit_distance(dotted, moe_cfg_keys[i].key, best_d);
                 if (d < best_d) best_d = d, best = moe_cfg_keys[i].key;
             }
-            if (best && plausible(dotted, best_d))
+            if (best)
                 snprintf(hint, sizeof hint, "did you mean `%s`? (docs/config.md lists every key)",
                          best);
             else

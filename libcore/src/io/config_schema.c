@@ -490,14 +490,14 @@ int moe_cfg_parse_value(const moe_cfg_key *k, moe_config *c, const char *text, s
 
 int moe_cfg_check_range(const moe_cfg_key *k, const moe_config *c, char *why, size_t why_n) {
     const char *base = (const char *)c + k->offset;
-    char allowed[256], val[64];
-    moe_cfg_format_allowed(k, allowed, sizeof allowed, 0);
+    char allowed[256], val[64]; /* formatted only for a value out of range */
     if (k->type == MOE_CFG_ENUM) {
         int v, count = 0;
         memcpy(&v, base, sizeof v);
         while (k->values[count])
             count++;
         if (v >= 0 && v < count) return 0;
+        moe_cfg_format_allowed(k, allowed, sizeof allowed, 0);
         snprintf(why, why_n, "holds enum value %d, not one of: %s", v, allowed);
         return -1;
     }
@@ -514,6 +514,7 @@ int moe_cfg_check_range(const moe_cfg_key *k, const moe_config *c, char *why, si
         /* Bounds are integers held exactly in a double; INT64_MAX maps to 2^63. */
         if ((k->range & MOE_CFG_HAS_MIN) && (double)v < k->min) ok = 0;
         if ((k->range & MOE_CFG_HAS_MAX) && k->max < I64_MAX && (double)v > k->max) ok = 0;
+        if (ok) return 0;
         snprintf(val, sizeof val, "%lld", (long long)v);
     } else {
         double v;
@@ -523,9 +524,10 @@ int moe_cfg_check_range(const moe_cfg_key *k, const moe_config *c, char *why, si
             ok &= (k->range & MOE_CFG_MIN_EXCL) ? v > k->min : v >= k->min;
         if (k->range & MOE_CFG_HAS_MAX)
             ok &= (k->range & MOE_CFG_MAX_EXCL) ? v < k->max : v <= k->max;
+        if (ok) return 0;
         moe_cfg_format_double(v, val, sizeof val);
     }
-    if (ok) return 0;
+    moe_cfg_format_allowed(k, allowed, sizeof allowed, 0);
     int both = (k->range & MOE_CFG_HAS_MIN) && (k->range & MOE_CFG_HAS_MAX) &&
                !(k->type == MOE_CFG_INT && k->max >= I64_MAX);
     snprintf(why, why_n, "%s is out of range: must be %s%s", val, both ? "in " : "", allowed);

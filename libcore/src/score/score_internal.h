@@ -45,6 +45,12 @@ typedef struct score_model {
  * max(need, 2 * cap); *buf and *cap unchanged when out of memory (MOE_ERR_RUNTIME). */
 moe_status score_grow(void **buf, int64_t *cap, int64_t need, size_t elem, moe_err *err);
 
+/* The window geometry of a model of `positions` positions with tokenizer tok into sm: tok,
+ * nb, first, and max_content (max_content, or the context without BOS when it is <= 0 or
+ * more). What score_model_open sets first; alone, it lets windows be built without a
+ * model (tests/fuzz/fuzz_vcf). */
+void score_model_geometry(score_model *sm, const moe_tokenizer *tok, int64_t positions,
+                          int64_t max_content);
 /* Opens the checkpoint, picks the backend (o->device, o->bf16 as moe-embed) and loads the
  * model for windows of up to max_content content tokens (0: the model's context).
  * what names the progress line ("score"). */

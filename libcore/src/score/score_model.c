@@ -21,17 +21,24 @@
 static moe_status load(score_model *sm, const moe_score_model_opts *o, moe_err *err) {
     moe_status st = moe_infer_ckpt_open(&sm->ck, o->ckpt_dir, err);
     if (st != MOE_OK) return st;
-    sm->tok = sm->ck.ckpt.tok;
-    sm->nb = sm->tok->opts.add_bos && sm->tok->bos_id >= 0;
+    score_model_geometry(sm, sm->ck.ckpt.tok, sm->ck.ckpt.cfg.model.max_position_embeddings,
+                         sm->max_content);
     if (o->rc_average && moe_input_check_rc(sm->tok, err) != MOE_OK) return err->status;
-    int64_t ctx = sm->ck.ckpt.cfg.model.max_position_embeddings - sm->nb;
-    if (sm->max_content <= 0 || sm->max_content > ctx) sm->max_content = ctx;
     sm->max_seq = sm->max_content + sm->nb;
     int64_t cap = sm->batch_tokens > sm->max_seq ? sm->batch_tokens : sm->max_seq;
     sm->max_batch = (cap + sm->max_seq - 1) / sm->max_seq;
     sm->cap_tokens = sm->max_batch * sm->max_seq;
     return moe_infer_ckpt_load_model(&sm->ck, o->device, o->threads, o->bf16, (int)sm->max_batch,
                                      (int)sm->max_seq, err);
+}
+
+void score_model_geometry(score_model *sm, const moe_tokenizer *tok, int64_t positions,
+                          int64_t max_content) {
+    sm->tok = tok;
+    sm->nb = tok->opts.add_bos && tok->bos_id >= 0;
+    sm->first = sm->nb ? 0 : 1;
+    int64_t ctx = positions - sm->nb;
+    sm->max_content = max_content > 0 && max_content < ctx ? max_content : ctx;
 }
 
 moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int64_t max_content,
@@ -42,7 +49,6 @@ moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int6
     sm->max_content = max_content;
     moe_status st = load(sm, o, err);
     if (st != MOE_OK) return st;
-    sm->first = sm->nb ? 0 : 1;
     sm->pad = sm->tok->pad_id >= 0 ? sm->tok->pad_id : 0;
     sm->tokens = malloc((size_t)sm->cap_tokens * sizeof(int32_t));
     sm->targets = malloc((size_t)sm->cap_tokens * sizeof(int32_t));

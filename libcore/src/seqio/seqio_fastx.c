@@ -135,6 +135,9 @@ static int record_done(const moe_seq_reader *r, moe_seq_record *rec, int64_t hea
 
 /* ---- FASTA, in blocks ---- */
 
+/* Fills read 64 KB first, then twice as much after each fill the input filled, up to 1 MB:
+ * a small file costs no megabyte of buffer, a genome is read in 1 MB blocks. */
+#define FASTA_FIRST_BLOCK ((size_t)1 << 16)
 #define FASTA_BLOCK ((size_t)1 << 20)
 /* With opts.keep_text the text read past the last record handed out is copied at each
  * moe_seqio_take_text, half a fill on average: fills of one BGZF block keep that copy small
@@ -147,8 +150,9 @@ static int keeps_text(const moe_seq_reader *r) {
 }
 
 /* Moves the unread text to the start of r->blk (unless records returned since the last
- * moe_seqio_take_text still lie before it) and appends up to a fill's worth of bytes.
- * Returns the number of bytes added, 0 at the end of input, -1 on error. */
+ * moe_seqio_take_text still lie before it) and appends up to a fill's worth of bytes:
+ * FASTA_KEEP_BLOCK with keep_text, else r->blk_next (doubled, up to FASTA_BLOCK, when they
+ * all came). Returns the number of bytes added, 0 at the end of input, -1 on error. */
 static int64_t blk_fill(moe_seq_reader *r, moe_err *err) {
     int keep = keeps_text(r);
     if (r->blk_pos > 0 && !(keep && r->blk_handed)) {
@@ -156,9 +160,10 @@ static int64_t blk_fill(moe_seq_reader *r, moe_err *err) {
         r->blk.l -= r->blk_pos;
         r->blk_pos = 0;
     }
-    size_t fill = keep ? FASTA_KEEP_BLOCK : FASTA_BLOCK;
-    if (ks_resize(&r->blk, r->blk.l + fill + 1) < 0) return oom(r, err);
-    ssize_t n = bgzf_read(r->bgzf, r->blk.s + r->blk.l, fill);
+    size_t want = keep ? FASTA_KEEP_BLOCK : r->blk_next ? r->blk_next : FASTA_FIRST_BLOCK;
+    if (ks_resize(&r->blk, r->blk.l + want + 1) < 0) return oom(r, err);
+    ssize_t n = bgzf_read(r->bgzf, r->blk.s + r->blk.l, want);
+    if (!keep) r->blk_next = (size_t)n == want && 2 * want <= FASTA_BLOCK ? 2 * want : want;
     if (n < 0) {
         moe_err_set(err, MOE_ERR_INPUT, r->path,
                     "cannot read or decompress the input after line %lld", (long long)r->lineno);
@@ -276,7 +281,7 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
     /* the block exists before any pointer into it is formed (a header read while detecting
      * the format arrives with the block still unallocated) */
     if (!r->blk.s) {
-        if (ks_resize(&r->blk, FASTA_BLOCK + 1) < 0) return oom(r, err);
+        if (ks_resize(&r->blk, FASTA_FIRST_BLOCK + 1) < 0) return oom(r, err);
         r->blk.s[r->blk.l] = '\0';
     }
     for (;;) {

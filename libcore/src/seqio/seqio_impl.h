@@ -28,6 +28,7 @@ struct moe_seq_reader {
     kstring_t name, comment, seq, qual;
     kstring_t blk; /* FASTA: decompressed text, unread from blk_pos */
     size_t blk_pos;
+    size_t blk_next; /* bytes the next fill reads (0: the first, 64 KB), growing to 1 MB */
     int blk_eof;
     int blk_handed; /* keep_text: records were returned since the last moe_seqio_take_text */
     /* SAM/BAM/CRAM */
