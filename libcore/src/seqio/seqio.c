@@ -371,16 +371,25 @@ int64_t moe_seqio_decode(const moe_seq_record *rec, char *out) {
     return n;
 }
 
+/* The complement of each IUPAC code, both cases (0: the byte is left as it is). A constant
+ * table: the 256-entry one built per call cost more than a short window's bases. */
+static const char COMPLEMENT[256] = {
+    ['A'] = 'T', ['C'] = 'G', ['G'] = 'C', ['T'] = 'A', ['U'] = 'A', ['R'] = 'Y', ['Y'] = 'R',
+    ['S'] = 'S', ['W'] = 'W', ['K'] = 'M', ['M'] = 'K', ['B'] = 'V', ['D'] = 'H', ['H'] = 'D',
+    ['V'] = 'B', ['N'] = 'N', ['a'] = 't', ['c'] = 'g', ['g'] = 'c', ['t'] = 'a', ['u'] = 'a',
+    ['r'] = 'y', ['y'] = 'r', ['s'] = 's', ['w'] = 'w', ['k'] = 'm', ['m'] = 'k', ['b'] = 'v',
+    ['d'] = 'h', ['h'] = 'd', ['v'] = 'b', ['n'] = 'n',
+};
+
+/* The complement of base c (c itself when it has none). */
+static char complement(char c) {
+    char k = COMPLEMENT[(unsigned char)c];
+    return k ? k : c;
+}
+
 void moe_seqio_revcomp(char *seq, int64_t n) {
-    char comp[256]; /* built per call: 256 bytes, no shared state */
-    for (int i = 0; i < 256; i++)
-        comp[i] = (char)i;
-    const char *from = "ACGTURYSWKMBDHVNacgturyswkmbdhvn";
-    const char *to = "TGCAAYRSWMKVHDBNtgcaayrswmkvhdbn";
-    for (int i = 0; from[i]; i++)
-        comp[(unsigned char)from[i]] = to[i];
     for (int64_t i = 0, j = n - 1; i <= j; i++, j--) {
-        char a = comp[(unsigned char)seq[i]], b = comp[(unsigned char)seq[j]];
+        char a = complement(seq[i]), b = complement(seq[j]);
         seq[i] = b;
         seq[j] = a;
     }
