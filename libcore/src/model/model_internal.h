@@ -113,15 +113,15 @@ struct moe_acts {
     double weight_sum;
 };
 
-/* Lays the activation buffers for max_tokens tokens, plan (moe_recompute value or
- * MOE_PLAN_FORWARD), recipe and ep ranks per expert group out in memory at base (NULL: only
- * measure). a->layer must hold cfg->num_hidden_layers entries when base is non-NULL.
- * Returns the bytes needed. */
 /* The most routed rows one rank's experts can receive in a micro-step of N tokens per rank:
  * with expert parallelism every token of the group's ep ranks sends at most min(K, E/ep)
  * rows to a rank (its top-K experts are distinct), so ep * N * min(K, E / ep); N * K
  * without. Never dropping a token costs this worst case. */
 int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep);
+/* Lays the activation buffers for max_tokens tokens, plan (moe_recompute value or
+ * MOE_PLAN_FORWARD), recipe and ep ranks per expert group out in memory at base (NULL: only
+ * measure). a->layer must hold cfg->num_hidden_layers entries when base is non-NULL.
+ * Returns the bytes needed. */
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
                      int ep, struct moe_acts *a, char *base);
 /* The element type of the stored activations that the recipe rounds (norm outputs, q/k/v,
