@@ -141,9 +141,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
 
     uint32_t qf[D / 16][4];
     float o[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    fa_zero<D / 8>(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int64_t row0 = q0 + warp * 16 + g, row1 = row0 + 8;
     /* the first key of each row's document (rows past T: 0, never stored) */
@@ -168,9 +166,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
                 load_a<LD>(qf[ks], sQ, warp * 16, ks * 16, lane);
         }
         float s[FA_BK / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++)
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        fa_zero<FA_BK / 8>(s);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++)
 #pragma unroll
@@ -257,9 +253,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const float dl0 = row0 < T ? dg[row0] : 0.0f, dl1 = row1 < T ? dg[row1] : 0.0f;
     const float sl2 = scale * FA_LOG2E;
     float acc[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    fa_zero<D / 8>(acc);
 
     for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) { /* buffer it & 1 holds kb */
         const int64_t k0 = (int64_t)kb * FA_BK;
@@ -273,11 +267,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         __syncthreads();
         const bf16 *sK = sKb + (it & 1) * FA_BK * LD, *sV = sVb + (it & 1) * FA_BK * LD;
         float s[FA_BK / 8][4], dp[FA_BK / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BK / 8; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                s[nt][i] = dp[nt][i] = 0.0f;
+        fa_zero<FA_BK / 8>(s);
+        fa_zero<FA_BK / 8>(dp);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             uint32_t qa[4], da[4];
@@ -335,24 +326,9 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t k0 = (int64_t)kb * FA_BKV;
     const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
     const int64_t koff = (int64_t)b * T * kstride + (int64_t)hk * D;
-    /* the queries that see this block's keys: k0 up to T, or with a mask up to the end of the
-     * document holding the block's last key k_last - the first query after k_last whose
-     * document starts after it (starts never decrease: a binary search, the same in every
-     * thread) */
+    /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
-    int64_t q_end = T;
-    if (dsb) {
-        const int64_t k_last = (k0 + FA_BKV < T ? k0 + FA_BKV : T) - 1;
-        int64_t lo = k_last + 1, hi = T;
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (dsb[mid] > k_last)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        q_end = lo;
-    }
+    const int64_t q_end = fa_query_end(dsb, (k0 + FA_BKV < T ? k0 + FA_BKV : T) - 1, T);
     /* the (query head, query block) tiles this key block sees, in order */
     const int64_t nqt = (q_end - k0 + FA_BQ_KV - 1) / FA_BQ_KV;
     const int64_t ntiles = nqt * group;
@@ -378,11 +354,8 @@ __global__ void __launch_bounds__(FA_THREADS)
     const int64_t key0 = k0 + warp * 16 + g, key1 = key0 + 8; /* this thread's accumulator rows */
     const float sl2 = scale * FA_LOG2E;
     float dka[D / 8][4], dva[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            dka[nt][i] = dva[nt][i] = 0.0f;
+    fa_zero<D / 8>(dka);
+    fa_zero<D / 8>(dva);
 
     for (int64_t i = 0; i < ntiles; i++) {
         const int buf = (int)(i & 1);
@@ -396,11 +369,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         const int32_t *sS = sSb + buf * FA_BQ_KV;
         /* S^T [16 keys, 32 queries] = K_w Q^T ; dP^T = V_w dO^T */
         float s[FA_BQ_KV / 8][4], dp[FA_BQ_KV / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < FA_BQ_KV / 8; nt++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                s[nt][j] = dp[nt][j] = 0.0f;
+        fa_zero<FA_BQ_KV / 8>(s);
+        fa_zero<FA_BQ_KV / 8>(dp);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) {
             uint32_t ka[4], va[4];

@@ -217,4 +217,29 @@ __device__ __forceinline__ void fa_add_rows(float *g, const float (*acc)[4], int
     }
 }
 
+/* acc [N][4] = 0 (a thread's mma accumulator fragments) */
+template <int N> __device__ __forceinline__ void fa_zero(float (*acc)[4]) {
+#pragma unroll
+    for (int nt = 0; nt < N; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            acc[nt][i] = 0.0f;
+}
+
+/* The end of the queries that see a key block ending at k_last: T without a mask; with
+ * one (dsb [T]: each position's document start, never decreasing) the first query after
+ * k_last whose document starts after it - a binary search, the same in every thread. */
+__device__ __forceinline__ int64_t fa_query_end(const int32_t *dsb, int64_t k_last, int64_t T) {
+    if (!dsb) return T;
+    int64_t lo = k_last + 1, hi = T;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (dsb[mid] > k_last)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
 #endif

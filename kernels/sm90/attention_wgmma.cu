@@ -85,9 +85,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     float o[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-        o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+    fa_zero<D / 8>(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     const int64_t wrow = q0 + wg * 64; /* this warpgroup's first row */
     const int64_t row0 = wrow + warp * 16 + g, row1 = row0 + 8;
@@ -104,9 +102,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
             const uint32_t sK = sKb + s * TILE, sV = sVb + s * TILE;
             float sc[BK / 8][4];
-#pragma unroll
-            for (int nt = 0; nt < BK / 8; nt++)
-                sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            fa_zero<BK / 8>(sc);
             fa3_bar_wait(bk + 8 * s, parity);
             fa3_fence();
 #pragma unroll

@@ -123,11 +123,8 @@ template <int D>
 __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)[FB_STEP / 8][4],
                                           const fb_smem<D> &m, int wg, uint32_t tile, bool turns,
                                           bool last) {
-#pragma unroll
-    for (int nt = 0; nt < FB_STEP / 8; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            x[nt][i] = y[nt][i] = 0.0f;
+    fa_zero<FB_STEP / 8>(x);
+    fa_zero<FB_STEP / 8>(y);
     fa3_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
@@ -181,9 +178,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const float dl0 = row0 < T ? dg[row0] : 0.0f, dl1 = row1 < T ? dg[row1] : 0.0f;
     const float sl2 = scale * FA_LOG2E;
     float acc[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-        acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+    fa_zero<D / 8>(acc);
     fa3_bar_wait(m.br, 0);
     if (FB_PINGPONG) fa3_turn_begin(wg);
     for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
@@ -233,22 +228,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const int kb = gridDim.x - 1 - blockIdx.x;
     const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
     const int64_t k0 = (int64_t)kb * FB_ROWS;
-    /* the queries that see this block's keys: k0 up to T, or with a mask up to the end of the
-     * document holding the block's last key (as the portable kernel finds it) */
+    /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
-    int64_t q_end = T;
-    if (dsb) {
-        const int64_t k_last = (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1;
-        int64_t lo = k_last + 1, hi = T;
-        while (lo < hi) {
-            const int64_t mid = lo + (hi - lo) / 2;
-            if (dsb[mid] > k_last)
-                hi = mid;
-            else
-                lo = mid + 1;
-        }
-        q_end = lo;
-    }
+    const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
     const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * group;
     if (threadIdx.x >= 256) {
         fb_regs_producer();
@@ -287,11 +269,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const int64_t krow = k0 + wg * 64, key0 = krow + warp * 16 + g, key1 = key0 + 8;
     const float sl2 = scale * FA_LOG2E;
     float dka[D / 8][4], dva[D / 8][4];
-#pragma unroll
-    for (int nt = 0; nt < D / 8; nt++)
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            dka[nt][i] = dva[nt][i] = 0.0f;
+    fa_zero<D / 8>(dka);
+    fa_zero<D / 8>(dva);
     fa3_bar_wait(m.br, 0);
     if (FB_PINGPONG) fa3_turn_begin(wg);
     for (int64_t i = 0; i < ntiles; i++) {
