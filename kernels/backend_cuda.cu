@@ -291,16 +291,26 @@ static void cu_memory(const moe_backend *be, size_t *current, size_t *peak) {
 /* ------------------------------------------------------------------------------------------
  * add, AdamW, sum of squares */
 
-__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
-        out[i] = a[i] + b[i];
+template <int V> __global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+        float av[V], bv[V];
+        moe_ldv<V>(a, i, av);
+        moe_ldv<V>(b, i, bv);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            av[j] += bv[j];
+        moe_stv<V>(out, i, av);
+    }
 }
 
 void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c)) return;
-    k_add<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n);
+    if (moe_cuda_vec_ok(n, out, a, b))
+        k_add<MOE_VEC><<<moe_cuda_grid(c, n / MOE_VEC, 256), 256, 0, c->stream>>>(out, a, b, n);
+    else
+        k_add<1><<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n);
     MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
 }
 

@@ -160,7 +160,86 @@ __device__ __forceinline__ void moe_st(float *p, int64_t i, float v) {
 __device__ __forceinline__ void moe_st(__nv_bfloat16 *p, int64_t i, float v) {
     p[i] = __float2bfloat16_rn(v);
 }
+/* V consecutive elements p[i .. i + V) as floats (moe_ldv) and back (moe_stv, the same
+ * rounding as moe_st). V is 1 or MOE_VEC: with MOE_VEC, p + i must be 16-byte aligned
+ * (moe_cuda_vec_ok) and each 4 floats or 8 bf16 move in one 16-byte access. */
+#define MOE_VEC 8
+template <int V> __device__ __forceinline__ void moe_ldv(const float *p, int64_t i, float *v) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4) {
+            const float4 q = *reinterpret_cast<const float4 *>(p + i + j);
+            v[j] = q.x, v[j + 1] = q.y, v[j + 2] = q.z, v[j + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = p[i + j];
+    }
+}
+template <int V>
+__device__ __forceinline__ void moe_ldv(const __nv_bfloat16 *p, int64_t i, float *v) {
+    if constexpr (V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            const uint4 q = *reinterpret_cast<const uint4 *>(p + i + j);
+            const __nv_bfloat162 *h = reinterpret_cast<const __nv_bfloat162 *>(&q);
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __bfloat1622float2(h[k]);
+                v[j + 2 * k] = f.x, v[j + 2 * k + 1] = f.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            v[j] = __bfloat162float(p[i + j]);
+    }
+}
+template <int V> __device__ __forceinline__ void moe_stv(float *p, int64_t i, const float *v) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 4)
+            *reinterpret_cast<float4 *>(p + i + j) =
+                make_float4(v[j], v[j + 1], v[j + 2], v[j + 3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            p[i + j] = v[j];
+    }
+}
+template <int V>
+__device__ __forceinline__ void moe_stv(__nv_bfloat16 *p, int64_t i, const float *v) {
+    if constexpr (V % 8 == 0) {
+#pragma unroll
+        for (int j = 0; j < V; j += 8) {
+            uint4 q;
+            __nv_bfloat162 *h = reinterpret_cast<__nv_bfloat162 *>(&q);
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                h[k] = __floats2bfloat162_rn(v[j + 2 * k], v[j + 2 * k + 1]);
+            *reinterpret_cast<uint4 *>(p + i + j) = q;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            p[i + j] = __float2bfloat16_rn(v[j]);
+    }
+}
 #endif
+
+/* 1 when n (an element count or a row length) is a multiple of MOE_VEC and every pointer
+ * given (NULL ends the list; NULLs cannot be operands) is 16-byte aligned: the kernels may
+ * then move MOE_VEC elements at a time. */
+static inline int moe_cuda_vec_ok(int64_t n, const void *p0, const void *p1 = NULL,
+                                  const void *p2 = NULL, const void *p3 = NULL,
+                                  const void *p4 = NULL) {
+    const void *ps[5] = {p0, p1, p2, p3, p4};
+    if (n % MOE_VEC) return 0;
+    for (int i = 0; i < 5 && ps[i]; i++)
+        if ((uintptr_t)ps[i] % 16) return 0;
+    return 1;
+}
 
 /* 1 for the element types typed operands may have (F32, BF16), else 0 after recording an
  * error naming the op. */

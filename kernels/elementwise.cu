@@ -78,7 +78,7 @@ void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float
 /* ------------------------------------------------------------------------------------------
  * RMSNorm: one block per row */
 
-template <typename TO>
+template <int V, typename TO>
 __global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
                               const float *__restrict__ x, const float *__restrict__ w, int64_t C,
                               float eps, int round_bf16) {
@@ -86,17 +86,30 @@ __global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
     int64_t n = blockIdx.x;
     const float *xn = x + n * C;
     float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        ss += xn[i] * xn[i];
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float xv[V];
+        moe_ldv<V>(xn, i, xv);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            ss += xv[j] * xv[j];
+    }
     ss = moe_block_sum(ss, sh);
     float r = 1.0f / sqrtf(ss / (float)C + eps);
     if (threadIdx.x == 0) rstd[n] = r;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-        float v = xn[i] * r * w[i];
-        moe_st(out, n * C + i, round_bf16 ? moe_dev_round_bf16(v) : v);
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float xv[V], wv[V], o[V];
+        moe_ldv<V>(xn, i, xv);
+        moe_ldv<V>(w, i, wv);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float v = xv[j] * r * wv[j];
+            o[j] = round_bf16 ? moe_dev_round_bf16(v) : v;
+        }
+        moe_stv<V>(out, n * C + i, o);
     }
 }
 
+template <int V>
 __global__ void k_rmsnorm_bwd_dx(float *__restrict__ dx, const float *__restrict__ dout,
                                  const float *__restrict__ x, const float *__restrict__ w,
                                  const float *__restrict__ rstd, int64_t C) {
@@ -104,13 +117,29 @@ __global__ void k_rmsnorm_bwd_dx(float *__restrict__ dx, const float *__restrict
     int64_t n = blockIdx.x;
     const float *xn = x + n * C, *gn = dout + n * C;
     float r = rstd[n], dot = 0.0f;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        dot += gn[i] * w[i] * xn[i];
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float gv[V], wv[V], xv[V];
+        moe_ldv<V>(gn, i, gv);
+        moe_ldv<V>(w, i, wv);
+        moe_ldv<V>(xn, i, xv);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            dot += gv[j] * wv[j] * xv[j];
+    }
     dot = moe_block_sum(dot, sh);
     float k = dot * r * r * r / (float)C;
     float *dxn = dx + n * C;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        dxn[i] += gn[i] * w[i] * r - xn[i] * k;
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float gv[V], wv[V], xv[V], d[V];
+        moe_ldv<V>(gn, i, gv);
+        moe_ldv<V>(w, i, wv);
+        moe_ldv<V>(xn, i, xv);
+        moe_ldv<V>(dxn, i, d);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            d[j] += gv[j] * wv[j] * r - xv[j] * k;
+        moe_stv<V>(dxn, i, d);
+    }
 }
 
 #define MOE_RMS_ROWS 256 /* rows per partial sum of the weight gradient (fixed: deterministic) */
@@ -143,6 +172,22 @@ static int row_threads(int64_t C) {
     return C >= 1024 ? 512 : C >= 256 ? 256 : 128;
 }
 
+template <int V, typename TO>
+static void rmsnorm_fwd_launch(moe_cuda_ctx *c, TO *out, float *rstd, const float *x,
+                               const float *w, int64_t N, int64_t C, float eps, int rb) {
+    k_rmsnorm_fwd<V>
+        <<<(unsigned)N, row_threads(C / V), 0, c->stream>>>(out, rstd, x, w, C, eps, rb);
+}
+
+template <typename TO>
+static void rmsnorm_fwd_vec(moe_cuda_ctx *c, TO *out, float *rstd, const float *x, const float *w,
+                            int64_t N, int64_t C, float eps, int rb) {
+    if (moe_cuda_vec_ok(C, out, x, w))
+        rmsnorm_fwd_launch<MOE_VEC>(c, out, rstd, x, w, N, C, eps, rb);
+    else
+        rmsnorm_fwd_launch<1>(c, out, rstd, x, w, N, C, eps, rb);
+}
+
 void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
@@ -150,11 +195,9 @@ void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, c
         return;
     int rb = prec == MOE_RECIPE_BF16;
     if (out.dt == MOE_DTYPE_BF16)
-        k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>((__nv_bfloat16 *)out.p, rstd,
-                                                                     x, w, C, eps, rb);
+        rmsnorm_fwd_vec(c, (__nv_bfloat16 *)out.p, rstd, x, w, N, C, eps, rb);
     else
-        k_rmsnorm_fwd<<<(unsigned)N, row_threads(C), 0, c->stream>>>((float *)out.p, rstd, x, w, C,
-                                                                     eps, rb);
+        rmsnorm_fwd_vec(c, (float *)out.p, rstd, x, w, N, C, eps, rb);
     MOE_CUDA_LAUNCHED(c, "rmsnorm_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
@@ -164,7 +207,11 @@ void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, cons
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "rmsnorm_backward";
     if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_rmsnorm_bwd_dx<<<(unsigned)N, row_threads(C), 0, c->stream>>>(dx, dout, x, w, rstd, C);
+    if (moe_cuda_vec_ok(C, dx, dout, x, w))
+        k_rmsnorm_bwd_dx<MOE_VEC>
+            <<<(unsigned)N, row_threads(C / MOE_VEC), 0, c->stream>>>(dx, dout, x, w, rstd, C);
+    else
+        k_rmsnorm_bwd_dx<1><<<(unsigned)N, row_threads(C), 0, c->stream>>>(dx, dout, x, w, rstd, C);
     if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C)) return;
     int64_t nchunks = (N + MOE_RMS_ROWS - 1) / MOE_RMS_ROWS;
     float *part = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
@@ -195,20 +242,41 @@ __global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, in
     }
 }
 
-template <typename TX>
+template <int V, typename TX>
 __global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs,
                              const int32_t *__restrict__ pos, int64_t B, int64_t T, int64_t NH,
                              int64_t half, float dir) {
-    int64_t total = B * T * NH * half, stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t groups = half / V; /* V consecutive pairs (i, i + half) a thread */
+    int64_t total = B * T * NH * groups, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
-        int64_t i = j % half, row = j / half; /* row = (b*T + t)*NH + h */
+        int64_t i = (j % groups) * V, row = j / groups; /* row = (b*T + t)*NH + h */
         int64_t bt = row / NH, t = pos ? (int64_t)pos[bt] : bt % T;
-        float co = cs[2 * (t * half + i)], si = dir * cs[2 * (t * half + i) + 1];
+        float c2[2 * V], x1[V], x2[V], o1[V], o2[V];
+        moe_ldv<2 * V>(cs, 2 * (t * half + i), c2);
         int64_t v = row * 2 * half;
-        float x1 = moe_ld(x, v + i), x2 = moe_ld(x, v + i + half);
-        moe_st(x, v + i, x1 * co - x2 * si);
-        moe_st(x, v + i + half, x2 * co + x1 * si);
+        moe_ldv<V>(x, v + i, x1);
+        moe_ldv<V>(x, v + i + half, x2);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            float co = c2[2 * k], si = dir * c2[2 * k + 1];
+            o1[k] = x1[k] * co - x2[k] * si;
+            o2[k] = x2[k] * co + x1[k] * si;
+        }
+        moe_stv<V>(x, v + i, o1);
+        moe_stv<V>(x, v + i + half, o2);
     }
+}
+
+template <typename TX>
+static void rope_apply(moe_cuda_ctx *c, TX *x, const float *cs, const int32_t *pos, int64_t B,
+                       int64_t T, int64_t NH, int64_t half, float dir) {
+    if (moe_cuda_vec_ok(half, x, cs))
+        k_rope_apply<MOE_VEC>
+            <<<moe_cuda_grid(c, B * T * NH * half / MOE_VEC, 256), 256, 0, c->stream>>>(
+                x, cs, pos, B, T, NH, half, dir);
+    else
+        k_rope_apply<1><<<moe_cuda_grid(c, B * T * NH * half, 256), 256, 0, c->stream>>>(
+            x, cs, pos, B, T, NH, half, dir);
 }
 
 /* x [B, T, NH, D] dev (in place), pos [B, T] dev or NULL */
@@ -228,12 +296,10 @@ static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B
     if (!cs) return;
     k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, T, half, D, theta);
     if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
-    unsigned grid = moe_cuda_grid(c, B * T * NH * half, 256);
     if (x.dt == MOE_DTYPE_BF16)
-        k_rope_apply<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)x.p, cs, pos, B, T, NH, half,
-                                                  dir);
+        rope_apply(c, (__nv_bfloat16 *)x.p, cs, pos, B, T, NH, half, dir);
     else
-        k_rope_apply<<<grid, 256, 0, c->stream>>>((float *)x.p, cs, pos, B, T, NH, half, dir);
+        rope_apply(c, (float *)x.p, cs, pos, B, T, NH, half, dir);
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld NH=%lld D=%lld", (long long)B, (long long)T,
                       (long long)NH, (long long)D);
 }
@@ -251,30 +317,67 @@ void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos
 /* ------------------------------------------------------------------------------------------
  * SwiGLU: out = silu(a) * b */
 
-template <typename TI, typename TO>
+template <int V, typename TI, typename TO>
 __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
                              const TI *__restrict__ b, int64_t n, int round_bf16) {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = moe_ld(a, i);
-        float s = 1.0f / (1.0f + expf(-ai));
-        float v = ai * s * moe_ld(b, i);
-        moe_st(out, i, round_bf16 ? moe_dev_round_bf16(v) : v);
+    int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+        float av[V], bv[V], o[V];
+        moe_ldv<V>(a, i, av);
+        moe_ldv<V>(b, i, bv);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float s = 1.0f / (1.0f + expf(-av[j]));
+            float v = av[j] * s * bv[j];
+            o[j] = round_bf16 ? moe_dev_round_bf16(v) : v;
+        }
+        moe_stv<V>(out, i, o);
     }
 }
 
-template <typename TI, typename TG>
+template <int V, typename TI, typename TG>
 __global__ void k_swiglu_bwd(TG *__restrict__ da, TG *__restrict__ db,
                              const float *__restrict__ dout, const TI *__restrict__ a,
                              const TI *__restrict__ b, int64_t n) {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float ai = moe_ld(a, i), g = dout[i];
-        float s = 1.0f / (1.0f + expf(-ai));
-        float silu = ai * s;
-        moe_st(da, i, moe_ld(da, i) + g * moe_ld(b, i) * (s + silu * (1.0f - s)));
-        moe_st(db, i, moe_ld(db, i) + g * silu);
+    int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
+        float av[V], bv[V], g[V], dav[V], dbv[V];
+        moe_ldv<V>(a, i, av);
+        moe_ldv<V>(b, i, bv);
+        moe_ldv<V>(dout, i, g);
+        moe_ldv<V>(da, i, dav);
+        moe_ldv<V>(db, i, dbv);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            float s = 1.0f / (1.0f + expf(-av[j]));
+            float silu = av[j] * s;
+            dav[j] += g[j] * bv[j] * (s + silu * (1.0f - s));
+            dbv[j] += g[j] * silu;
+        }
+        moe_stv<V>(da, i, dav);
+        moe_stv<V>(db, i, dbv);
     }
+}
+
+template <int V, typename TI, typename TO>
+static void swiglu_fwd_launch(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                              int rb) {
+    k_swiglu_fwd<V><<<moe_cuda_grid(c, n / V, 256), 256, 0, c->stream>>>(
+        (TO *)out.p, (const TI *)a.p, (const TI *)b.p, n, rb);
+}
+
+template <int V>
+static void swiglu_fwd_types(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                             int rb) {
+    typedef __nv_bfloat16 bf;
+    if (a.dt == MOE_DTYPE_BF16 && out.dt == MOE_DTYPE_BF16)
+        swiglu_fwd_launch<V, bf, bf>(c, out, a, b, n, rb);
+    else if (a.dt == MOE_DTYPE_BF16)
+        swiglu_fwd_launch<V, bf, float>(c, out, a, b, n, rb);
+    else if (out.dt == MOE_DTYPE_BF16)
+        swiglu_fwd_launch<V, float, bf>(c, out, a, b, n, rb);
+    else
+        swiglu_fwd_launch<V, float, float>(c, out, a, b, n, rb);
 }
 
 /* The inputs share one type (both are expert activations); the output may differ. */
@@ -290,22 +393,33 @@ void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe
                        moe_dtype_name(a.dt), moe_dtype_name(b.dt));
         return;
     }
-    unsigned grid = moe_cuda_grid(c, n, 256);
     int rb = prec == MOE_RECIPE_BF16;
-    typedef __nv_bfloat16 bf;
-    if (a.dt == MOE_DTYPE_BF16 && out.dt == MOE_DTYPE_BF16)
-        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((bf *)out.p, (const bf *)a.p, (const bf *)b.p, n,
-                                                  rb);
-    else if (a.dt == MOE_DTYPE_BF16)
-        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((float *)out.p, (const bf *)a.p, (const bf *)b.p,
-                                                  n, rb);
-    else if (out.dt == MOE_DTYPE_BF16)
-        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((bf *)out.p, (const float *)a.p,
-                                                  (const float *)b.p, n, rb);
+    if (moe_cuda_vec_ok(n, out.p, a.p, b.p))
+        swiglu_fwd_types<MOE_VEC>(c, out, a, b, n, rb);
     else
-        k_swiglu_fwd<<<grid, 256, 0, c->stream>>>((float *)out.p, (const float *)a.p,
-                                                  (const float *)b.p, n, rb);
+        swiglu_fwd_types<1>(c, out, a, b, n, rb);
     MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
+}
+
+template <int V, typename TI, typename TG>
+static void swiglu_bwd_launch(moe_cuda_ctx *c, moe_buf da, moe_buf db, const float *dout,
+                              moe_cbuf a, moe_cbuf b, int64_t n) {
+    k_swiglu_bwd<V><<<moe_cuda_grid(c, n / V, 256), 256, 0, c->stream>>>(
+        (TG *)da.p, (TG *)db.p, dout, (const TI *)a.p, (const TI *)b.p, n);
+}
+
+template <int V>
+static void swiglu_bwd_types(moe_cuda_ctx *c, moe_buf da, moe_buf db, const float *dout, moe_cbuf a,
+                             moe_cbuf b, int64_t n) {
+    typedef __nv_bfloat16 bf;
+    if (a.dt == MOE_DTYPE_BF16 && da.dt == MOE_DTYPE_BF16)
+        swiglu_bwd_launch<V, bf, bf>(c, da, db, dout, a, b, n);
+    else if (a.dt == MOE_DTYPE_BF16)
+        swiglu_bwd_launch<V, bf, float>(c, da, db, dout, a, b, n);
+    else if (da.dt == MOE_DTYPE_BF16)
+        swiglu_bwd_launch<V, float, bf>(c, da, db, dout, a, b, n);
+    else
+        swiglu_bwd_launch<V, float, float>(c, da, db, dout, a, b, n);
 }
 
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
@@ -321,20 +435,10 @@ void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, con
                        moe_dtype_name(db.dt));
         return;
     }
-    unsigned grid = moe_cuda_grid(c, n, 256);
-    typedef __nv_bfloat16 bf;
-    if (a.dt == MOE_DTYPE_BF16 && da.dt == MOE_DTYPE_BF16)
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((bf *)da.p, (bf *)db.p, dout, (const bf *)a.p,
-                                                  (const bf *)b.p, n);
-    else if (a.dt == MOE_DTYPE_BF16)
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((float *)da.p, (float *)db.p, dout,
-                                                  (const bf *)a.p, (const bf *)b.p, n);
-    else if (da.dt == MOE_DTYPE_BF16)
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((bf *)da.p, (bf *)db.p, dout, (const float *)a.p,
-                                                  (const float *)b.p, n);
+    if (moe_cuda_vec_ok(n, da.p, db.p, dout, a.p, b.p))
+        swiglu_bwd_types<MOE_VEC>(c, da, db, dout, a, b, n);
     else
-        k_swiglu_bwd<<<grid, 256, 0, c->stream>>>((float *)da.p, (float *)db.p, dout,
-                                                  (const float *)a.p, (const float *)b.p, n);
+        swiglu_bwd_types<1>(c, da, db, dout, a, b, n);
     MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 

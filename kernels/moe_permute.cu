@@ -89,12 +89,34 @@ __global__ void __launch_bounds__(MOE_PERM_CHUNK)
 }
 
 /* xp[r, :] = x[row_src[r] / K, :], one block per row */
-template <typename TX, typename TO>
+template <int V, typename TX, typename TO>
 __global__ void k_perm_gather(TO *__restrict__ xp, const TX *__restrict__ x,
                               const int32_t *__restrict__ row_src, int64_t C, int K) {
     int64_t r = blockIdx.x, src = (int64_t)(row_src[r] / K) * C;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x)
-        moe_st(xp, r * C + i, moe_ld(x, src + i));
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float v[V];
+        moe_ldv<V>(x, src + i, v);
+        moe_stv<V>(xp, r * C + i, v);
+    }
+}
+
+template <int V>
+static void perm_gather(moe_cuda_ctx *c, moe_buf xp, moe_cbuf x, const int32_t *row_src, int64_t NK,
+                        int64_t C, int64_t K) {
+    typedef __nv_bfloat16 bf;
+    const unsigned th = C / V >= 512 ? 256 : 128;
+    if (x.dt == MOE_DTYPE_BF16 && xp.dt == MOE_DTYPE_BF16)
+        k_perm_gather<V>
+            <<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const bf *)x.p, row_src, C, (int)K);
+    else if (x.dt == MOE_DTYPE_BF16)
+        k_perm_gather<V><<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const bf *)x.p,
+                                                             row_src, C, (int)K);
+    else if (xp.dt == MOE_DTYPE_BF16)
+        k_perm_gather<V><<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const float *)x.p,
+                                                             row_src, C, (int)K);
+    else
+        k_perm_gather<V><<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const float *)x.p,
+                                                             row_src, C, (int)K);
 }
 
 int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int32_t *offsets,
@@ -143,34 +165,30 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
     int64_t NK = N * K;
     if (!moe_cuda_group_by_key(c, row_src, slot_row, offsets, topk_idx, NK, E, op)) return;
     if (C <= 0 || NK <= 0) return;
-    unsigned th = C >= 512 ? 256 : 128;
-    typedef __nv_bfloat16 bf;
     if (!moe_cuda_typed_ok(c, x.dt, op)) return;
-    if (x.dt == MOE_DTYPE_BF16 && xp.dt == MOE_DTYPE_BF16)
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const bf *)x.p, row_src, C,
-                                                          (int)K);
-    else if (x.dt == MOE_DTYPE_BF16)
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const bf *)x.p, row_src,
-                                                          C, (int)K);
-    else if (xp.dt == MOE_DTYPE_BF16)
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((bf *)xp.p, (const float *)x.p, row_src,
-                                                          C, (int)K);
+    if (moe_cuda_vec_ok(C, xp.p, x.p))
+        perm_gather<MOE_VEC>(c, xp, x, row_src, NK, C, K);
     else
-        k_perm_gather<<<(unsigned)NK, th, 0, c->stream>>>((float *)xp.p, (const float *)x.p,
-                                                          row_src, C, (int)K);
+        perm_gather<1>(c, xp, x, row_src, NK, C, K);
     MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
                       (long long)C);
 }
 
 /* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] (k in order), one block per token */
+template <int V>
 __global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp,
                            const int32_t *__restrict__ slot_row, int64_t C, int K) {
     int64_t n = blockIdx.x;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-        float acc = dx[n * C + i];
-        for (int kk = 0; kk < K; kk++)
-            acc += dxp[(int64_t)slot_row[n * K + kk] * C + i];
-        dx[n * C + i] = acc;
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float acc[V], v[V];
+        moe_ldv<V>(dx, n * C + i, acc);
+        for (int kk = 0; kk < K; kk++) {
+            moe_ldv<V>(dxp, (int64_t)slot_row[n * K + kk] * C + i, v);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                acc[j] += v[j];
+        }
+        moe_stv<V>(dx, n * C + i, acc);
     }
 }
 
@@ -178,23 +196,52 @@ void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dx
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_perm_bwd<<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C, (int)K);
+    if (moe_cuda_vec_ok(C, dx, dxp))
+        k_perm_bwd<MOE_VEC><<<(unsigned)N, C / MOE_VEC >= 512 ? 256 : 128, 0, c->stream>>>(
+            dx, dxp, slot_row, C, (int)K);
+    else
+        k_perm_bwd<1>
+            <<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C, (int)K);
     MOE_CUDA_LAUNCHED(c, "permute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }
 
 /* y[n,:] = sum_k w[n,k] yp[slot_row[n*K+k], :], summed from 0 in k order (as the CPU) */
-template <typename TY>
+template <int V, typename TY>
 __global__ void k_unperm_fwd(float *__restrict__ y, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K) {
     int64_t n = blockIdx.x;
-    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int kk = 0; kk < K; kk++)
-            acc += topk_w[n * K + kk] * moe_ld(yp, (int64_t)slot_row[n * K + kk] * C + i);
-        y[n * C + i] = acc;
+    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+        float acc[V], v[V];
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            acc[j] = 0.0f;
+        for (int kk = 0; kk < K; kk++) {
+            const float w = topk_w[n * K + kk];
+            moe_ldv<V>(yp, (int64_t)slot_row[n * K + kk] * C + i, v);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                acc[j] += w * v[j];
+        }
+        moe_stv<V>(y, n * C + i, acc);
     }
+}
+
+template <int V, typename TY>
+static void unperm_fwd(moe_cuda_ctx *c, float *y, const TY *yp, const float *topk_w,
+                       const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+    k_unperm_fwd<V><<<(unsigned)N, C / V >= 512 ? 256 : 128, 0, c->stream>>>(y, yp, topk_w,
+                                                                             slot_row, C, (int)K);
+}
+
+template <typename TY>
+static void unperm_fwd_vec(moe_cuda_ctx *c, float *y, const TY *yp, const float *topk_w,
+                           const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+    if (moe_cuda_vec_ok(C, y, yp))
+        unperm_fwd<MOE_VEC>(c, y, yp, topk_w, slot_row, N, C, K);
+    else
+        unperm_fwd<1>(c, y, yp, topk_w, slot_row, N, C, K);
 }
 
 void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
@@ -202,19 +249,16 @@ void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, co
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_forward") || N <= 0 || C <= 0)
         return;
-    unsigned th = C >= 512 ? 256 : 128;
     if (yp.dt == MOE_DTYPE_BF16)
-        k_unperm_fwd<<<(unsigned)N, th, 0, c->stream>>>(y, (const __nv_bfloat16 *)yp.p, topk_w,
-                                                        slot_row, C, (int)K);
+        unperm_fwd_vec(c, y, (const __nv_bfloat16 *)yp.p, topk_w, slot_row, N, C, K);
     else
-        k_unperm_fwd<<<(unsigned)N, th, 0, c->stream>>>(y, (const float *)yp.p, topk_w, slot_row, C,
-                                                        (int)K);
+        unperm_fwd_vec(c, y, (const float *)yp.p, topk_w, slot_row, N, C, K);
     MOE_CUDA_LAUNCHED(c, "unpermute_forward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }
 
 /* dyp[r,:] += w dy[n,:]; dtopk_w[n,k] += dot(dy[n,:], yp[r,:]), one block per token */
-template <typename TY, typename TG>
+template <int V, typename TY, typename TG>
 __global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
                              const float *__restrict__ dy, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
@@ -225,13 +269,41 @@ __global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
     for (int kk = 0; kk < K; kk++) {
         int64_t r = slot_row[n * K + kk];
         float w = topk_w[n * K + kk], s = 0.0f;
-        for (int64_t i = threadIdx.x; i < C; i += blockDim.x) {
-            moe_st(dyp, r * C + i, moe_ld(dyp, r * C + i) + w * g[i]);
-            s += g[i] * moe_ld(yp, r * C + i);
+        for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+            float gv[V], d[V], yv[V];
+            moe_ldv<V>(g, i, gv);
+            moe_ldv<V>(dyp, r * C + i, d);
+            moe_ldv<V>(yp, r * C + i, yv);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                d[j] += w * gv[j];
+                s += gv[j] * yv[j];
+            }
+            moe_stv<V>(dyp, r * C + i, d);
         }
         s = moe_block_sum(s, sh);
         if (threadIdx.x == 0) dtopk_w[n * K + kk] += s;
     }
+}
+
+template <int V>
+static void unperm_bwd(moe_cuda_ctx *c, moe_buf dyp, float *dtopk_w, const float *dy, moe_cbuf yp,
+                       const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                       int64_t K) {
+    typedef __nv_bfloat16 bf;
+    const unsigned th = C / V >= 512 ? 256 : 128;
+    if (yp.dt == MOE_DTYPE_BF16 && dyp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
+            (bf *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
+    else if (yp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
+            (float *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
+    else if (dyp.dt == MOE_DTYPE_BF16)
+        k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
+            (bf *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+    else
+        k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
+            (float *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
 }
 
 void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
@@ -241,21 +313,11 @@ void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtop
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_backward") || N <= 0 ||
         C <= 0)
         return;
-    unsigned th = C >= 512 ? 256 : 128;
-    typedef __nv_bfloat16 bf;
     if (!moe_cuda_typed_ok(c, dyp.dt, "unpermute_backward")) return;
-    if (yp.dt == MOE_DTYPE_BF16 && dyp.dt == MOE_DTYPE_BF16)
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>((bf *)dyp.p, dtopk_w, dy, (const bf *)yp.p,
-                                                        topk_w, slot_row, C, (int)K);
-    else if (yp.dt == MOE_DTYPE_BF16)
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
-            (float *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
-    else if (dyp.dt == MOE_DTYPE_BF16)
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
-            (bf *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+    if (moe_cuda_vec_ok(C, dyp.p, dy, yp.p))
+        unperm_bwd<MOE_VEC>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
     else
-        k_unperm_bwd<<<(unsigned)N, th, 0, c->stream>>>(
-            (float *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+        unperm_bwd<1>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
     MOE_CUDA_LAUNCHED(c, "unpermute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }

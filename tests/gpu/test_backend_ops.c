@@ -845,12 +845,18 @@ static const tcase k_cases[] = {
     {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10, 0},
     {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 0},
     {"rmsnorm N300 C320 bf16 typed", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 1},
+    /* rows of a length that is not a multiple of 8: the one-element path of the vectorised
+     * elementwise kernels (every other case here moves 8 elements at a time) */
+    {"rmsnorm N200 C100 fp32", MOE_OP_RMSNORM, {200, 100}, FP32, 1e-10, 0},
+    {"rmsnorm N200 C100 bf16 typed", MOE_OP_RMSNORM, {200, 100}, BF16, 1e-6, 1},
     {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10, 0},
     {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10, 0},
     /* bf16 storage rounds the rotated values: nmse about 1e-6 against the fp32 rotation */
     {"rope B1 T300 NH2 D128 typed", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, BF16, 1e-5, 1},
     {"rope docs B2 T333 NH4 D64", MOE_OP_ROPE, {2, 333, 4, 64, 10000, 1}, FP32, 1e-10, 0},
     {"rope docs B2 T300 NH2 D128 typed", MOE_OP_ROPE, {2, 300, 2, 128, 1000000, 2}, BF16, 1e-5, 1},
+    {"rope B2 T50 NH3 D20", MOE_OP_ROPE, {2, 50, 3, 20, 10000}, FP32, 1e-10, 0},
+    {"rope B2 T50 NH3 D20 typed", MOE_OP_ROPE, {2, 50, 3, 20, 10000}, BF16, 1e-5, 1},
     {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 4e-6, 0},
     {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 4e-6, 0},
     {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 4e-6, 1},
@@ -889,6 +895,7 @@ static const tcase k_cases[] = {
     {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12, 0},
     {"permute N1000 C96 E8 K2 typed", MOE_OP_PERMUTE, {1000, 96, 8, 2}, BF16, 1e-12, 1},
     {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12, 0},
+    {"permute N500 C36 E8 K2 typed", MOE_OP_PERMUTE, {500, 36, 8, 2}, BF16, 1e-12, 1},
     {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10, 0},
     {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 0},
     {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 0},
@@ -901,9 +908,12 @@ static const tcase k_cases[] = {
     {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
     {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
     {"swiglu n100003 bf16 typed", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 1},
+    {"swiglu n100000 fp32", MOE_OP_SWIGLU, {100000}, FP32, 1e-10, 0},
+    {"swiglu n100000 bf16 typed", MOE_OP_SWIGLU, {100000}, BF16, 1e-6, 1},
     {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10, 0},
     {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10, 0},
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
+    {"add n12344", MOE_OP_ADD, {12344}, FP32, 0.0, 0},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
     {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},
@@ -1009,6 +1019,9 @@ static const pcase k_perf[] = {
     {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 0, {16384, 4096}},
     {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 1, {16384, 4096}},
     {"swiglu n=16384*8192", MOE_OP_SWIGLU, 0, {16384LL * 8192}},
+    {"swiglu n=16384*8192", MOE_OP_SWIGLU, 1, {16384LL * 8192}},
+    {"rmsnorm N16384 C2048", MOE_OP_RMSNORM, 0, {16384, 2048}},
+    {"rmsnorm N16384 C2048", MOE_OP_RMSNORM, 1, {16384, 2048}},
     {"xent N16384 V256", MOE_OP_CROSS_ENTROPY, 0, {16384, 256}},
     {"router N16384 E8 K2", MOE_OP_ROUTER, 0, {16384, 8, 2}},
     {"permute N16384 C4096 E8 K2", MOE_OP_PERMUTE, 0, {16384, 4096, 8, 2}},
@@ -1113,7 +1126,9 @@ static void run_perf(gctx *g, const pcase *pc) {
         a16.p = perf_buf(g, (s[0] + 1) / 2), b16.p = perf_buf(g, (s[0] + 1) / 2);
         be->cast_bf16(be, (uint16_t *)a16.p, a, s[0]);
         be->cast_bf16(be, (uint16_t *)b16.p, b, s[0]);
-        bytes = 6.0 * (double)s[0]; /* bf16 in and out, as the model runs it */
+        /* bf16 in and out, as the model runs it; the backward also reads the fp32 gradient
+         * and adds into bf16 da, db (read and written) */
+        bytes = (pc->dir ? 16.0 : 6.0) * (double)s[0];
         break;
     case MOE_OP_CROSS_ENTROPY: {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
@@ -1207,7 +1222,11 @@ static void run_perf(gctx *g, const pcase *pc) {
                     be->rmsnorm_forward(be, moe_buf_f32(c), d, a, b, s[0], s[1], 1e-5f, BF16);
                 break;
             case MOE_OP_SWIGLU:
-                be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
+                if (pc->dir)
+                    be->swiglu_backward(be, moe_buf_of(c, MOE_DTYPE_BF16),
+                                        moe_buf_of(b, MOE_DTYPE_BF16), a, a16, b16, s[0]);
+                else
+                    be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
                 break;
             case MOE_OP_CROSS_ENTROPY:
                 be->cross_entropy_forward(be, b, c, a, ia, NULL, s[0], s[1]);

@@ -118,11 +118,12 @@ static moe_status write_in_order(pool *p, tok_out *out, moe_err *err) {
 }
 
 /* How -@ N is spent: htslib decompression threads, encoder threads, and the reader thread
-   (the writing thread mostly waits for I/O and is not counted). One thread of a profile of
-   -@ 1 (2026-12-01) spends about 40% decompressing BAM or bgzip FASTA and 45% decoding,
-   tokenizing and packing; the reader's share is the rest. */
+   (the writing thread mostly waits for I/O and is not counted). Half of them decompress: at
+   -@ 16 on the 16-core GPU host (2026-12-01) a 984 MB FASTA took 2.19 s of CPU to decompress
+   (`bgzip -d`) and 1.75 s to decode, tokenize and pack (9 encoders' CPU, from -v; BAM 2.08 s),
+   and with 6 decompression threads the encoders waited for input half of the time. */
 static void split_threads(int n, int *decompress, int *encoders) {
-    *decompress = 2 * n / 5 > 1 ? 2 * n / 5 : 1;
+    *decompress = n / 2 > 1 ? n / 2 : 1;
     *encoders = n - 1 - *decompress > 1 ? n - 1 - *decompress : 1;
 }
 
