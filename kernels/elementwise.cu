@@ -345,14 +345,12 @@ __global__ void k_swiglu_bwd(TG *__restrict__ da, TG *__restrict__ db,
         moe_ldv<V>(a, i, av);
         moe_ldv<V>(b, i, bv);
         moe_ldv<V>(dout, i, g);
-        moe_ldv<V>(da, i, dav);
-        moe_ldv<V>(db, i, dbv);
 #pragma unroll
         for (int j = 0; j < V; j++) {
             float s = 1.0f / (1.0f + expf(-av[j]));
             float silu = av[j] * s;
-            dav[j] += g[j] * bv[j] * (s + silu * (1.0f - s));
-            dbv[j] += g[j] * silu;
+            dav[j] = g[j] * bv[j] * (s + silu * (1.0f - s));
+            dbv[j] = g[j] * silu;
         }
         moe_stv<V>(da, i, dav);
         moe_stv<V>(db, i, dbv);

@@ -1127,8 +1127,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         be->cast_bf16(be, (uint16_t *)a16.p, a, s[0]);
         be->cast_bf16(be, (uint16_t *)b16.p, b, s[0]);
         /* bf16 in and out, as the model runs it; the backward also reads the fp32 gradient
-         * and adds into bf16 da, db (read and written) */
-        bytes = (pc->dir ? 16.0 : 6.0) * (double)s[0];
+         * and writes bf16 da, db */
+        bytes = (pc->dir ? 12.0 : 6.0) * (double)s[0];
         break;
     case MOE_OP_CROSS_ENTROPY: {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);

@@ -17,7 +17,8 @@
  *    Shapes are given in comments, row-major, last dimension contiguous.
  *  - Forward ops OVERWRITE their outputs. Backward ops ACCUMULATE (+=) into every gradient
  *    they produce (parameter AND activation gradients); the caller zeroes buffers first.
- *    Exceptions are marked: rope (in place both ways) and cross_entropy_backward (writes).
+ *    Exceptions are marked: rope (in place both ways), cross_entropy_backward and
+ *    swiglu_backward (write).
  *    A gradient pointer documented "may be NULL" is skipped.
  *  - `prec` is the precision recipe. MOE_RECIPE_FP32: plain fp32. MOE_RECIPE_BF16 (GPU
  *    numerics emulated on the CPU): every operand of a matrix product (matmul, grouped
@@ -327,8 +328,9 @@ struct moe_backend {
                            moe_cbuf a,                         /* [n] dev (w1 output) */
                            moe_cbuf b, /* [n] dev (w3 output), of a's type */
                            int64_t n, moe_recipe prec);
-    void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, +=, F32|BF16 */
-                            moe_buf db,                        /* [n] dev, +=, of da's type */
+    /* WRITES (does not accumulate) da and db: each has this one producer, so no zeroing */
+    void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, F32|BF16 */
+                            moe_buf db,                        /* [n] dev, of da's type */
                             const float *dout,                 /* [n] dev */
                             moe_cbuf a,                        /* [n] dev, F32|BF16 */
                             moe_cbuf b,                        /* [n] dev, F32|BF16 */

@@ -324,8 +324,6 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dye, adt),
                                     moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), eoff, El,
                                     F, C, prec);
-        be->memset(be, a->dh1, 0, (size_t)(R * F) * moe_dtype_size(adt));
-        be->memset(be, a->dh3, 0, (size_t)(R * F) * moe_dtype_size(adt));
         be->swiglu_backward(be, moe_buf_of(a->dh1, adt), moe_buf_of(a->dh3, adt), a->dg,
                             moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), R * F);
         ZERO(a->dxe, R * C);

@@ -152,8 +152,8 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, cons
         float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
         float silu = ai * s;
         float ga = dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s)), gb = dout[i] * silu;
-        moe_buf_set(da, i, moe_cbuf_get(moe_cbuf_from(da), i) + ga);
-        moe_buf_set(db, i, moe_cbuf_get(moe_cbuf_from(db), i) + gb);
+        moe_buf_set(da, i, ga);
+        moe_buf_set(db, i, gb);
     }
 }
 
