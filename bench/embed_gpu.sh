@@ -13,9 +13,10 @@
 # N_HF of the same file, default N), BATCH_TOKENS (padded tokens per forward pass for
 # moe-embed and for HF `sorted`, default 65536), HF_BATCH (sequences per batch for HF
 # `input`, default BATCH_TOKENS / 8192), HF_ORDERS (default "input sorted"; empty: no HF
-# run), WORK (scratch directory: needs about 21 GB, the bf16 HF directory and the fp32
-# checkpoint; default /dev/shm/embed-bench when /dev/shm has 24 GB free, else
-# /tmp/embed-bench). Model loading is not timed on either side.
+# run), WORK (scratch directory: needs about 21 GB, the fp32 checkpoint and the bf16 export;
+# default /dev/shm/embed-bench when /dev/shm has 24 GB free, else /tmp/embed-bench). Model
+# loading is not timed on either side. The model steps are bench/og2_model.sh's, shared with
+# bench/score_gpu.sh.
 set -uo pipefail
 build=${1:-build-gpu}
 n=${N:-10000}
@@ -23,31 +24,17 @@ n_hf=${N_HF:-$n}
 bt=${BATCH_TOKENS:-65536}
 hf_batch=${HF_BATCH:-$((bt / 8192))}
 orders=${HF_ORDERS-"input sorted"}
-work=${WORK:-}
-if [ -z "$work" ]; then
-    work=/tmp/embed-bench
-    free_kb=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1)
-    [ "${free_kb:-0}" -gt $((24 * 1024 * 1024)) ] && work=/dev/shm/embed-bench
-fi
 here=$(cd "$(dirname "$0")" && pwd)
-for t in moe-embed moe-convert; do
-    [ -x "$build/$t" ] || { echo "embed_gpu.sh: $build/$t not found; build first" >&2; exit 2; }
-done
-python3 -c 'import torch, transformers' 2>/dev/null ||
-    { echo "embed_gpu.sh: python3 has no torch + transformers; nothing measured" >&2; exit 77; }
+# shellcheck source=og2_model.sh
+source "$here/og2_model.sh"
+work=$(og2_scratch embed-bench 24)
+og2_require_tools embed_gpu.sh "$build" moe-embed moe-convert
+og2_require_torch embed_gpu.sh
 mkdir -p "$work"
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC'), $(hostname), scratch $work"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 
-if [ ! -f "$work/ckpt/MANIFEST" ]; then
-    python3 "$here/embed_hf.py" make-model "$work/hf" || exit 1
-    t0=$(date +%s.%N)
-    "$build/moe-convert" from-hf --tokenizer byte "$work/hf" "$work/ckpt" || exit 1
-    echo "from-hf: $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
-fi
-if [ -n "$orders" ] && [ ! -f "$work/hf-converted/config.json" ]; then
-    "$build/moe-convert" to-hf --dtype bf16 "$work/ckpt" "$work/hf-converted" || exit 1
-fi
+og2_model "$build" "$work" "$([ -n "$orders" ] && echo 1 || echo 0)" || exit 1
 python3 "$here/embed_hf.py" make-fasta "$work/seqs.fa" "$n" data/lambda_virus.fa.gz || exit 1
 
 echo

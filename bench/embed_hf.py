@@ -13,7 +13,8 @@
   embed_hf.py compare A.npy B.npy          min / median cosine and max relative norm difference
                                            of two [n, hidden] arrays (rows in the same order)
 
-Token ids are those of moe's default `byte` tokenizer (byte value of each base, case kept,
+bench/score_hf.py (the HF side of bench/score_gpu.sh) imports read_fasta and load_model from
+here. Token ids are those of moe's default `byte` tokenizer (byte value of each base, case kept,
 EOS = id 0 appended, no BOS; pad id 1), so both sides embed the very same ids.
 """
 import gzip, json, sys, time
@@ -66,18 +67,22 @@ def make_fasta(path, n, genome):
     print(f"make-fasta: {n} sequences of 1000-8000 bases from {genome} -> {path}")
 
 
-def load_model(hf_dir):
+def load_model(hf_dir, cls="MixtralModel", dtype="bf16"):
+    """transformers' class CLS (MixtralModel, MixtralForCausalLM) from HF_DIR on the GPU in
+    eval mode: DTYPE bf16 or fp32, SDPA attention, the fastest experts implementation this
+    transformers offers (grouped_mm, else its default). Returns (model, that implementation)."""
     import torch
-    from transformers import MixtralModel
-    kw = dict(dtype=torch.bfloat16, attn_implementation="sdpa")
+    import transformers
+    kind = getattr(transformers, cls)
+    kw = dict(dtype=torch.bfloat16 if dtype == "bf16" else torch.float32, attn_implementation="sdpa")
     impl = "default"
     for cand in ("grouped_mm", None):
         try:
             if cand:
-                model = MixtralModel.from_pretrained(hf_dir, experts_implementation=cand, **kw)
+                model = kind.from_pretrained(hf_dir, experts_implementation=cand, **kw)
                 impl = cand
             else:
-                model = MixtralModel.from_pretrained(hf_dir, **kw)
+                model = kind.from_pretrained(hf_dir, **kw)
             break
         except (TypeError, ValueError):
             continue
