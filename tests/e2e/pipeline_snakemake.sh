@@ -2,7 +2,8 @@
 # pipeline_snakemake.sh: runs pipelines/snakemake end to end with --cores 2 on lambda phage
 # (two samples in a TSV sheet: the genome, and 2 kb pieces of its first 10 kb as separate
 # records), 20 training steps, then checks every output: shards (and the declared
-# *.val.mtok), the shard manifest, checkpoint, metrics with a validation loss, the loss plot
+# *.val.mtok; the genome goes through 3 `--part` jobs and `merge`, which must give one job's
+# bytes), the shard manifest, checkpoint, metrics with a validation loss, the loss plot
 # for the report, benchmarks, embedding matrices whose row count matches the windows,
 # per-sample log-likelihood tables and a scored VCF (moe-score: provenance naming the trained
 # checkpoint, a row per sequence, MOE_LLR for every ALT, read by bcftools), the logs. Then the stale-sample case: a sample removed from the sheet is no longer trained on
@@ -54,6 +55,8 @@ tokenize:
   val_fraction: 0.5
   args: "--window 1000"
   threads: 1
+  parts: 3
+  parts_min_mb: 0.012
 train:
   config: $src/configs/tiny.yaml
   overrides:
@@ -122,13 +125,20 @@ echo "snakemake run: $((SECONDS - start)) s"
 
 for f in results/tokens/lambda.mtok results/tokens/parts.mtok results/tokens/lambda.val.mtok \
     results/tokens/parts.val.mtok results/run/latest results/run/metrics.jsonl results/run/loss.svg \
-    results/report/loss.svg results/logs/train.log results/logs/tokenize.lambda.log \
+    results/report/loss.svg results/logs/train.log results/logs/tokenize_merge.lambda.log \
+    results/logs/tokenize_part.lambda.3.log results/logs/tokenize.parts.log \
     results/logs/embed.parts.log results/benchmarks/train.tsv results/benchmarks/tokenize.parts.tsv \
     results/benchmarks/embed.lambda.tsv results/scores/lambda.ll.tsv results/scores/parts.ll.tsv \
     results/scores/calls.vcf.gz results/logs/score.parts.log results/logs/score_variants.calls.log \
     results/benchmarks/score.lambda.tsv results/benchmarks/score_variants.calls.tsv; do
     [ -s "$f" ] || fail "missing or empty: $f"
 done
+# lambda (15 kB of gzip, above parts_min_mb) went through 3 --part jobs and a merge, parts.fa
+# (10 kB) through one job: the merged shards are the bytes of one job, the parts are gone.
+moe-tokenize -q --val-fraction 0.5 --window 1000 -o one.mtok "$lambda"
+cmp one.mtok results/tokens/lambda.mtok || fail "merged lambda.mtok differs from one job's"
+cmp one.val.mtok results/tokens/lambda.val.mtok || fail "merged lambda.val.mtok differs from one job's"
+[ -z "$(ls results/tokens/parts/ 2>/dev/null)" ] || fail "the parts were left in tokens/parts/"
 ckpt=$(cat results/run/latest)
 [ -s "results/run/$ckpt/model.safetensors" ] || fail "latest -> $ckpt has no model.safetensors"
 [ "$(wc -l <results/run/metrics.jsonl)" -eq 20 ] || fail "metrics.jsonl: expected 20 steps"

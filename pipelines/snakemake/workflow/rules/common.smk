@@ -101,9 +101,28 @@ def train_overrides():
     return ov
 
 
-def tokenize_outputs():
-    """The tokenize rule's outputs: the training shard, and the validation shard when asked."""
-    out = {"shard": f"{OUT}/tokens/{{sample}}.mtok"}
+def tokenize_outputs(stem=f"{OUT}/tokens/{{sample}}"):
+    """A tokenize job's outputs: the training shard STEM.mtok, and STEM.val.mtok when a
+    validation fraction is asked for."""
+    out = {"shard": f"{stem}.mtok"}
     if WITH_VAL:
-        out["val"] = f"{OUT}/tokens/{{sample}}.val.mtok"
+        out["val"] = f"{stem}.val.mtok"
     return out
+
+
+def tokenize_parts(sample):
+    """How many `moe-tokenize --part I/N` jobs tokenize a sample: tokenize.parts when its input
+    is larger than tokenize.parts_min_mb megabytes, else 1 (one job for the whole file)."""
+    n = int(TOK["parts"])
+    big = os.path.getsize(SAMPLES[sample]) > float(TOK["parts_min_mb"]) * 1e6
+    return n if n > 1 and big else 1
+
+
+def sample_regex(names):
+    """A wildcard constraint matching exactly these sample names (none: matches nothing)."""
+    return "|".join(re.escape(s) for s in names) or "(?!)"
+
+
+# The samples tokenized in parts and merged, and those tokenized by one job.
+SPLIT = [s for s in SAMPLES if tokenize_parts(s) > 1]
+WHOLE = [s for s in SAMPLES if s not in SPLIT]
