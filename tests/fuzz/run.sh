@@ -2,9 +2,11 @@
 # run.sh BUILD_DIR SECONDS [TARGET...]: runs each libFuzzer harness (fuzz_<target> in
 # BUILD_DIR/tests/fuzz) for SECONDS, starting from the seed corpus tests/fuzz/corpus/<family>/
 # (the target's name up to its first '_': ckpt_dir reads ckpt's seeds, vcf_score vcf's; read
-# only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), one target at a time, and
-# prints one summary line per target: executions, coverage (edges / features: libFuzzer's
-# cov: and ft:), corpus size, result.
+# only: new inputs go to BUILD_DIR/fuzz-corpus/<target>/), and
+# prints one summary line per target as it ends: executions, coverage (edges / features:
+# libFuzzer's cov: and ft:), corpus size, result.
+# FUZZ_JOBS=N runs N targets at a time (default 1; give each its own core: libFuzzer's
+# -max_total_time is wall time, so targets sharing a core each fuzz for a fraction of it).
 # FUZZ_RUNS=N in the environment also ends each target after N executions (whichever comes
 # first: a campaign to a number of executions gives SECONDS as its upper bound).
 # Inputs are at most 1 KB for vcf* (a header and a few dozen records: each record costs a
@@ -26,15 +28,16 @@ mkdir -p "$build/fuzz-artifacts"
 TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/moe-fuzz.XXXXXX")
 export TMPDIR
 trap 'rm -rf "$TMPDIR"' EXIT
-status=0
-for t in "${targets[@]}"; do
-  exe=$build/tests/fuzz/fuzz_$t
-  [ -x "$exe" ] || { echo "fuzz $t: $exe is not built"; status=1; continue; }
-  work=$build/fuzz-corpus/$t
+jobs=${FUZZ_JOBS:-1}
+# run_target TARGET: one target's run; its summary line on stdout, its exit status (0: no
+# findings) in $TMPDIR/rc-TARGET (the parent collects it after the background jobs end).
+run_target() {
+  local t=$1 exe=$build/tests/fuzz/fuzz_$1 work=$build/fuzz-corpus/$1 log=$build/fuzz-$1.log
+  local maxlen rc execs cov ft corp res
+  [ -x "$exe" ] || { echo "fuzz $t: $exe is not built"; echo 1 > "$TMPDIR/rc-$t"; return; }
   mkdir -p "$work"
   case $t in vcf*) maxlen=1024 ;; fastx | config) maxlen=4096 ;; *) maxlen=65536 ;; esac
   maxlen=${FUZZ_MAX_LEN:-$maxlen}
-  log=$build/fuzz-$t.log
   set +e
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     nice "$exe" -max_total_time="$secs" ${FUZZ_RUNS:+-runs="$FUZZ_RUNS"} -rss_limit_mb=2048 \
@@ -47,7 +50,17 @@ for t in "${targets[@]}"; do
   cov=$(grep -Eo 'cov: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
   ft=$(grep -Eo 'ft: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
   corp=$(grep -Eo 'corp: [0-9]+' "$log" | tail -1 | cut -d' ' -f2 || true)
-  if [ $rc -eq 0 ]; then res="no findings"; else res="FINDING (exit $rc, see $log)"; status=1; fi
+  if [ $rc -eq 0 ]; then res="no findings"; else res="FINDING (exit $rc, see $log)"; fi
   echo "fuzz $t: ${secs}s (inputs up to $maxlen bytes), ${execs:-?} executions, coverage ${cov:-?} edges / ${ft:-?} features, corpus ${corp:-?}: $res"
+  echo $((rc != 0)) > "$TMPDIR/rc-$t"
+}
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run_target "$t" &
+done
+wait
+status=0
+for t in "${targets[@]}"; do
+  [ "$(cat "$TMPDIR/rc-$t" 2>/dev/null || echo 1)" = 0 ] || status=1
 done
 exit $status
