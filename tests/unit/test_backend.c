@@ -10,7 +10,11 @@
  *    shapes go through.
  * 3. The scratch estimate needs no device: 0 for the CPU, the cuBLASLt workspace and more for
  *    CUDA (more under bf16, whose operands are copied), and it is the model estimate's
- *    gpu_scratch. */
+ *    gpu_scratch.
+ * 4. moe_backend_rank_device: a rank's "cuda" becomes its local rank's GPU, other names stay;
+ *    a local rank beyond the visible GPUs is an input error naming both and
+ *    CUDA_VISIBLE_DEVICES. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/config.h"
@@ -156,8 +160,31 @@ static void test_scratch_estimate(void) {
     CHECK_INT_EQ(mem.gpu_scratch, b16);
 }
 
+static void test_rank_device(void) {
+    char out[32];
+    moe_err err;
+    moe_err_clear(&err);
+    CHECK(moe_backend_rank_device("cuda", 3, 8, out, sizeof out, &err) == MOE_OK);
+    CHECK(strcmp(out, "cuda:3") == 0);
+    CHECK(moe_backend_rank_device("cuda", 0, 0, out, sizeof out, &err) == MOE_OK);
+    CHECK(strcmp(out, "cuda:0") == 0); /* no GPU: moe_backend_open("cuda:0") says so */
+    const char *kept[] = {"cpu", "auto", "cuda:5"};
+    for (int i = 0; i < 3; i++) {
+        CHECK(moe_backend_rank_device(kept[i], 2, 4, out, sizeof out, &err) == MOE_OK);
+        CHECK(strcmp(out, kept[i]) == 0);
+    }
+    setenv("CUDA_VISIBLE_DEVICES", "2,3", 1);
+    CHECK(moe_backend_rank_device("cuda", 2, 2, out, sizeof out, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "local rank 2") && strstr(err.msg, "sees 2 GPUs") &&
+                  strstr(err.msg, "CUDA_VISIBLE_DEVICES=2,3"),
+              "%s", err.msg);
+    CHECK_MSG(strstr(err.hint, "device=cuda:N"), "%s", err.hint);
+    unsetenv("CUDA_VISIBLE_DEVICES");
+}
+
 int main(void) {
     test_open();
+    test_rank_device();
     test_supports_shapes();
     test_scratch_estimate();
     return test_summary("test_backend");

@@ -7,9 +7,12 @@
  * here; MPI's rank and size must agree with what the launcher announced. Any other start is
  * world 1, rank 0, and every collective is a no-op (all-to-all and gather copy their own
  * part), so callers use them unconditionally. Torchrun-style variables (RANK, WORLD_SIZE,
- * LOCAL_RANK, MASTER_ADDR, MASTER_PORT) for more than one process are refused with a hint to
- * use mpirun or srun: ranks talk over MPI in this version. Local rank: the rank among the
- * processes of the same node (MPI_COMM_TYPE_SHARED).
+ * LOCAL_RANK, MASTER_ADDR, MASTER_PORT; no MPI) give rank, world and local rank and say where
+ * rank 0 listens for the TCP rendezvous (moe_comm.torchrun): the launch of GPU ranks, whose
+ * NCCL communicator gets its id that way. Such a launch starts no transport for host buffers,
+ * so its collectives over several ranks fail, and a CPU run refuses it with a hint to use
+ * mpirun or srun (moe_comm_check_host). Local rank: LOCAL_RANK, or under MPI the rank among
+ * the processes of the same node (MPI_COMM_TYPE_SHARED); it chooses a rank's GPU.
  *
  * Groups (moe_comm_split): world = dp x ep, rank = d * ep + e. The ep CONSECUTIVE ranks
  * [d * ep, (d + 1) * ep) form expert group d (on a node of 8 GPUs with ep <= 8 the
@@ -19,7 +22,9 @@
  * Buffers: every operation takes elements of a moe_comm_dtype with int64 counts (chunked
  * where MPI's int counts demand). This transport (MPI) moves host buffers: the CPU backend's
  * memory. A NCCL transport for the CUDA backend's device buffers on its stream sits behind
- * the same calls (moe_comm_impl is opaque); it is not in this version.
+ * the same calls (moe_comm_impl is opaque); it is not in this version: a group of several
+ * ranks without a transport (a torchrun-style launch) fails every collective with
+ * MOE_ERR_RUNTIME.
  *
  * Failures: every operation is started non-blocking and waited for with a deadline of
  * moe_comm.timeout_s (parallel.timeout_s; 0 = none). A rank that died or hangs makes the
@@ -61,14 +66,22 @@ typedef struct moe_comm {
     double timeout_s;             /* deadline of every operation; 0 = none */
     int64_t chunk;                /* most elements one MPI call moves: INT_MAX / 2 (tests lower
                                      it to run the chunked paths) */
+    int torchrun;                 /* 1: RANK and WORLD_SIZE started it (no MPI) */
+    char master_addr[256];        /* MASTER_ADDR, MASTER_PORT of a torchrun launch ("", 0 when */
+    int master_port;              /* unset: world 1 needs no rendezvous) */
     struct moe_comm_impl *impl;   /* the transport's handles; NULL: one process */
 } moe_comm;
 
 /* Rank, world and local rank from the launcher (see above); world 1 when none started this
- * process. An MPI launch in a build without MPI, a torchrun-style launch of several
- * processes, or an environment that contradicts itself or MPI is MOE_ERR_INPUT with a
- * hint. */
+ * process. An MPI launch in a build without MPI, or an environment that contradicts itself
+ * or MPI (half a torchrun set, RANK >= WORLD_SIZE, LOCAL_RANK >= WORLD_SIZE, MASTER_PORT not a
+ * port, several torchrun ranks without LOCAL_RANK, MASTER_ADDR or MASTER_PORT) is
+ * MOE_ERR_INPUT with a hint. */
 moe_status moe_comm_init(moe_comm *c, int *argc, char ***argv, moe_err *err);
+/* MOE_OK when host buffers (the CPU backend's) can travel between c's ranks: one process, or
+ * MPI. A torchrun-style launch of several processes is MOE_ERR_INPUT with the mpirun / srun
+ * command that starts the same ranks over MPI. */
+moe_status moe_comm_check_host(const moe_comm *c, moe_err *err);
 /* One process without a launcher: world 1, the groups of size 1, no deadline. */
 void moe_comm_single(moe_comm *c);
 /* Forms the groups for ep ranks per expert group (ep must divide world: MOE_ERR_INPUT) and

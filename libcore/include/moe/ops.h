@@ -397,6 +397,15 @@ struct moe_backend {
  * cuda:N, an unsupported recipe: MOE_ERR_INPUT with a hint. Release with be->destroy(be). */
 const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int threads,
                                     moe_err *err);
+/* The device name a rank of a multi-process run opens, into out [n]: "cuda" becomes
+ * "cuda:L" for local rank L (one GPU per rank of a node, counted as this process sees them:
+ * CUDA_VISIBLE_DEVICES applies); every other name ("cpu", "auto", "cuda:N") is kept.
+ * n_gpus: the GPUs visible (moe_backend_gpu_count). L >= n_gpus > 0 is MOE_ERR_INPUT with a
+ * hint; with no GPU at all, moe_backend_open("cuda:L") says so. */
+moe_status moe_backend_rank_device(const char *device, int local_rank, int n_gpus, char *out,
+                                   size_t n, moe_err *err);
+/* Number of CUDA devices this process sees (0 without CUDA in the build, a driver or a GPU). */
+int moe_backend_gpu_count(void);
 /* MOE_OK when be supports every op at precision prec for calls of sizes dims (NULL: the
  * recipe alone); else MOE_ERR_INPUT naming the backend, the first refused op, its sizes and
  * the recipe, with a hint. Callers check before allocating anything (moe_model_create). */

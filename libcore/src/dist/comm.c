@@ -1,7 +1,7 @@
 /* comm: who this process is in the run (moe/comm.h) - the launcher's environment read and
- * checked against MPI's view, the dp x ep groups, the job's end, and the deadline wait every
- * collective of comm_ops.c goes through. Without MPI in the build, a single process works as
- * before and an MPI launch is refused. */
+ * checked against MPI's view (or, for a torchrun-style launch, against itself), the dp x ep
+ * groups, the job's end, and the deadline wait every collective of comm_ops.c goes through. Without
+ * MPI in the build, a single process works as before and an MPI launch is refused. */
 #include "moe/comm.h"
 
 #include <errno.h>
@@ -16,29 +16,35 @@
 
 /* ---- the launcher's environment ---- */
 
-/* Integer value of environment variable name into *v: 1 when set and a whole number >= 0,
- * 0 when unset; set but not such a number is MOE_ERR_INPUT. */
-static int env_int(const char *name, int *v, moe_err *err, moe_status *st) {
+/* Integer value of environment variable name into *v: 1 when set and a whole number in
+ * lo..hi, 0 when unset; set but not such a number is MOE_ERR_INPUT saying it is not `what`. */
+static int env_int(const char *name, int lo, int hi, const char *what, int *v, moe_err *err,
+                   moe_status *st) {
     const char *s = getenv(name);
     if (!s) return 0;
     char *end;
     errno = 0;
     long x = strtol(s, &end, 10);
-    if (*s == '\0' || *end != '\0' || errno || x < 0 || x > 1 << 24) {
+    if (*s == '\0' || *end != '\0' || errno || x < lo || x > hi) {
         *st = moe_err_set(err, MOE_ERR_INPUT, NULL,
-                          "environment variable %s='%s' is not a rank or process count", name, s);
-        moe_err_hint(err, "start the run with mpirun or srun and leave %s to the launcher", name);
+                          "environment variable %s='%s' is not %s (a whole number in %d..%d)", name,
+                          s, what, lo, hi);
+        moe_err_hint(err, "leave %s to the launcher (mpirun, srun or torchrun)", name);
         return 0;
     }
     *v = (int)x;
     return 1;
 }
 
+#define RANK_MAX (1 << 24)
+
 typedef struct launch_env {
     int mpi;              /* an MPI launcher's variables are present */
     int rank, world;      /* what it announced; -1 unknown */
     const char *rank_var; /* where they came from */
     int t_rank, t_world;  /* torchrun-style RANK / WORLD_SIZE, -1 unset */
+    int t_local, t_port;  /* LOCAL_RANK (-1 unset), MASTER_PORT (0 unset) */
+    const char *t_addr;   /* MASTER_ADDR, NULL unset */
     int t_set;            /* how many of RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT */
 } launch_env;
 
@@ -49,11 +55,11 @@ static moe_status read_env(launch_env *e, moe_err *err) {
                                               {"PMIX_RANK", "SLURM_STEP_NUM_TASKS"}};
     moe_status st = MOE_OK;
     memset(e, 0, sizeof *e);
-    e->rank = e->world = e->t_rank = e->t_world = -1;
+    e->rank = e->world = e->t_rank = e->t_world = e->t_local = -1;
     for (size_t i = 0; i < sizeof mpi_vars / sizeof mpi_vars[0] && !e->mpi; i++) {
         int r = -1, w = -1;
-        int has_r = env_int(mpi_vars[i][0], &r, err, &st);
-        int has_w = env_int(mpi_vars[i][1], &w, err, &st);
+        int has_r = env_int(mpi_vars[i][0], 0, RANK_MAX, "a rank", &r, err, &st);
+        int has_w = env_int(mpi_vars[i][1], 0, RANK_MAX, "a process count", &w, err, &st);
         if (st != MOE_OK) return st;
         if (!has_r && !(has_w && i < 2)) continue; /* a Slurm step alone is not MPI */
         e->mpi = 1, e->rank = r, e->world = has_w ? w : -1, e->rank_var = mpi_vars[i][0];
@@ -63,37 +69,77 @@ static moe_status read_env(launch_env *e, moe_err *err) {
                                         "MASTER_PORT"};
     for (size_t i = 0; i < sizeof torch / sizeof torch[0]; i++)
         e->t_set += getenv(torch[i]) != NULL;
-    env_int("RANK", &e->t_rank, err, &st);
-    env_int("WORLD_SIZE", &e->t_world, err, &st);
+    env_int("RANK", 0, RANK_MAX, "a rank", &e->t_rank, err, &st);
+    env_int("WORLD_SIZE", 0, RANK_MAX, "a process count", &e->t_world, err, &st);
+    env_int("LOCAL_RANK", 0, RANK_MAX, "a rank", &e->t_local, err, &st);
+    env_int("MASTER_PORT", 1, 65535, "a TCP port", &e->t_port, err, &st);
+    e->t_addr = getenv("MASTER_ADDR");
     return st;
 }
 
-/* A torchrun-style launch: several processes are refused (the ranks talk over MPI), a
- * half-set or self-contradicting one is an error; a world of 1 is one process. */
-static moe_status check_torchrun(const launch_env *e, moe_err *err) {
+/* c's rank and world (every group but ep spanning the world until moe_comm_split). */
+static void set_world(moe_comm *c, int rank, int world) {
+    c->rank = rank, c->world = world, c->dp = world;
+    for (int g = 0; g < MOE_COMM_N_GROUPS; g++) {
+        c->grank[g] = g == MOE_COMM_EP ? 0 : rank;
+        c->gsize[g] = g == MOE_COMM_EP ? 1 : world;
+    }
+}
+
+/* A torchrun-style launch (RANK and WORLD_SIZE, no MPI) into c: rank, world, local rank and
+ * where rank 0 listens. A half-set or self-contradicting one is MOE_ERR_INPUT; LOCAL_RANK or
+ * MASTER_* alone are no launch. */
+static moe_status torchrun_launch(const launch_env *e, moe_comm *c, moe_err *err) {
     if (e->t_set == 0) return MOE_OK;
     if ((e->t_world < 0) != (e->t_rank < 0) || e->t_world == 0 ||
-        (e->t_world > 0 && e->t_rank >= e->t_world)) {
+        (e->t_world > 0 && (e->t_rank >= e->t_world || e->t_local >= e->t_world))) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "inconsistent torchrun-style environment: RANK=%s WORLD_SIZE=%s",
+                    "inconsistent torchrun-style environment: RANK=%s WORLD_SIZE=%s LOCAL_RANK=%s",
                     getenv("RANK") ? getenv("RANK") : "(unset)",
-                    getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)");
-        moe_err_hint(err, "unset them, or launch several ranks with mpirun or srun");
+                    getenv("WORLD_SIZE") ? getenv("WORLD_SIZE") : "(unset)",
+                    getenv("LOCAL_RANK") ? getenv("LOCAL_RANK") : "(unset)");
+        moe_err_hint(err, "RANK and LOCAL_RANK count from 0 below WORLD_SIZE; unset them, or "
+                          "launch several ranks with mpirun or srun");
         return MOE_ERR_INPUT;
     }
-    if (e->t_world > 1) {
+    if (e->t_world < 0) return MOE_OK;
+    int no_addr = !e->t_addr || !e->t_addr[0];
+    if (e->t_world > 1 && (e->t_local < 0 || no_addr || e->t_port == 0)) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "started with torchrun-style variables (RANK=%d WORLD_SIZE=%d): the ranks of "
-                    "this version communicate over MPI, which such a launch does not start",
-                    e->t_rank, e->t_world);
-        moe_err_hint(err,
-                     "launch with mpirun -np %d moe-train ... (one node) or srun --mpi=pmix -n %d "
-                     "moe-train ... (Slurm), and unset RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/"
-                     "MASTER_PORT",
-                     e->t_world, e->t_world);
+                    "torchrun-style launch of RANK=%d WORLD_SIZE=%d without%s%s%s", e->t_rank,
+                    e->t_world, e->t_local < 0 ? " LOCAL_RANK" : "", no_addr ? " MASTER_ADDR" : "",
+                    e->t_port == 0 ? " MASTER_PORT" : "");
+        moe_err_hint(err, "torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and "
+                          "MASTER_PORT for every rank: set the missing ones, or launch with "
+                          "mpirun or srun");
         return MOE_ERR_INPUT;
     }
+    if (e->t_addr && strlen(e->t_addr) >= sizeof c->master_addr) {
+        moe_err_set(err, MOE_ERR_INPUT, NULL, "MASTER_ADDR is %zu characters long (at most %zu)",
+                    strlen(e->t_addr), sizeof c->master_addr - 1);
+        moe_err_hint(err, "set MASTER_ADDR to rank 0's host name or IP address");
+        return MOE_ERR_INPUT;
+    }
+    set_world(c, e->t_rank, e->t_world);
+    c->local_rank = e->t_local >= 0 ? e->t_local : 0;
+    c->torchrun = 1;
+    snprintf(c->master_addr, sizeof c->master_addr, "%s", e->t_addr ? e->t_addr : "");
+    c->master_port = e->t_port;
     return MOE_OK;
+}
+
+moe_status moe_comm_check_host(const moe_comm *c, moe_err *err) {
+    if (!c->torchrun || c->world == 1) return MOE_OK;
+    moe_err_set(err, MOE_ERR_INPUT, NULL,
+                "started with torchrun-style variables (RANK=%d WORLD_SIZE=%d): CPU ranks "
+                "communicate over MPI, which such a launch does not start",
+                c->rank, c->world);
+    moe_err_hint(err,
+                 "launch with mpirun -np %d moe-train ... (one node) or srun --mpi=pmix -n %d "
+                 "moe-train ... (Slurm), and unset RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/"
+                 "MASTER_PORT",
+                 c->world, c->world);
+    return MOE_ERR_INPUT;
 }
 
 /* ---- init, groups, end ---- */
@@ -111,7 +157,7 @@ moe_status moe_comm_init(moe_comm *c, int *argc, char ***argv, moe_err *err) {
     moe_comm_single(c);
     launch_env e;
     moe_status st = read_env(&e, err);
-    if (st == MOE_OK && !e.mpi) st = check_torchrun(&e, err);
+    if (st == MOE_OK && !e.mpi) st = torchrun_launch(&e, c, err);
     if (st != MOE_OK || !e.mpi) return st;
 #ifdef MOE_HAVE_MPI
     if (MPI_Init(argc, argv) != MPI_SUCCESS)
@@ -121,19 +167,16 @@ moe_status moe_comm_init(moe_comm *c, int *argc, char ***argv, moe_err *err) {
     MPI_Comm_dup(MPI_COMM_WORLD, &c->impl->group[MOE_COMM_WORLD]);
     MPI_Comm w = c->impl->group[MOE_COMM_WORLD];
     MPI_Comm_set_errhandler(w, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(w, &c->rank);
-    MPI_Comm_size(w, &c->world);
+    int rank, world;
+    MPI_Comm_rank(w, &rank);
+    MPI_Comm_size(w, &world);
+    set_world(c, rank, world);
     MPI_Comm node;
     MPI_Comm_split_type(w, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
     MPI_Comm_rank(node, &c->local_rank);
     MPI_Comm_free(&node);
-    for (int g = 0; g < MOE_COMM_N_GROUPS; g++) {
-        c->impl->group[g] = w;
-        c->grank[g] = g == MOE_COMM_EP ? 0 : c->rank;
-        c->gsize[g] = g == MOE_COMM_EP ? 1 : c->world;
-    }
-    c->impl->group[MOE_COMM_EP] = MPI_COMM_SELF;
-    c->dp = c->world;
+    for (int g = 0; g < MOE_COMM_N_GROUPS; g++)
+        c->impl->group[g] = g == MOE_COMM_EP ? MPI_COMM_SELF : w;
     if ((e.rank >= 0 && e.rank != c->rank) || (e.world > 0 && e.world != c->world)) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
                     "the launcher announced rank %d of %d (%s) but MPI says rank %d of %d", e.rank,

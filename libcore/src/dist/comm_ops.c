@@ -16,6 +16,19 @@ static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
     return (char *)buf + (size_t)i * moe_comm_dtype_size(dt);
 }
 
+/* 1 when group g spans several ranks that no transport connects (a torchrun-style launch:
+ * its ranks know each other, but no MPI was started and NCCL is not wired in), with err set:
+ * the collective must fail rather than do nothing. */
+static int no_transport(const moe_comm *c, moe_comm_group g, moe_err *err) {
+    if (c->impl || c->gsize[g] == 1) return 0;
+    moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                "rank %d of %d: a collective over %d ranks, but no transport connects them "
+                "(a torchrun-style launch starts no MPI)",
+                c->rank, c->world, c->gsize[g]);
+    moe_err_hint(err, "launch CPU ranks with mpirun or srun");
+    return 1;
+}
+
 #ifdef MOE_HAVE_MPI
 static MPI_Datatype mpi_type(moe_comm_dtype dt) {
     return dt == MOE_COMM_F32   ? MPI_FLOAT
@@ -106,6 +119,7 @@ static void int_slices(const int64_t *offsets, int n, int *cnt, int *dsp) {
 
 moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                               moe_comm_dtype dt, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return reduce_chunks(c, g, buf, n, dt, -1, err);
 #endif
@@ -152,6 +166,7 @@ static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const i
 
 moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
                                    const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 1, err);
 #endif
@@ -161,6 +176,7 @@ moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *bu
 
 moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
                               const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 0, err);
 #endif
@@ -170,6 +186,7 @@ moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
 
 moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
                            const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
     int me = c->grank[g], n = c->gsize[g];
     int64_t own = offsets[me + 1] - offsets[me];
     if (me == root && own > 0 && at(full, offsets[me], dt) != (const char *)mine)
@@ -200,6 +217,7 @@ moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, cons
 moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
                               const int64_t *send_counts, void *recv, const int64_t *recv_counts,
                               moe_comm_dtype dt, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
     int n = c->gsize[g], me = c->grank[g];
     int64_t so = 0, ro = 0; /* this rank's own part is a copy */
     for (int r = 0; r < me; r++)
@@ -239,6 +257,7 @@ moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *s
 
 moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                               moe_comm_dtype dt, int root, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return bcast_chunks(c, g, buf, n, dt, root, err);
 #endif
@@ -247,6 +266,7 @@ moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, in
 }
 
 moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
+    if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (!c->impl || c->gsize[g] == 1) return MOE_OK;
     MPI_Request req;

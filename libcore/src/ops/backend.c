@@ -82,8 +82,8 @@ moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe
                         "precision.recipe %s needs %s support in the %s backend, which is not "
                         "available in this build yet (op %s)",
                         moe_recipe_name(prec),
-                        moe_recipe_is_fp8(prec) ? "fp8 GEMM" : "this precision",
-                        be->name, moe_op_name(op));
+                        moe_recipe_is_fp8(prec) ? "fp8 GEMM" : "this precision", be->name,
+                        moe_op_name(op));
             moe_err_hint(err, "use precision.recipe=bf16 (or fp32)");
             return MOE_ERR_INPUT;
         }
@@ -136,13 +136,32 @@ static const moe_backend *open_cpu(void) {
     return moe_backend_cpu();
 }
 
-/* 1 when a CUDA device is visible (the auto rule's test). */
-static int gpu_visible(void) {
+int moe_backend_gpu_count(void) {
 #ifdef MOE_HAVE_CUDA
-    return moe_cuda_device_count() > 0;
+    return moe_cuda_device_count();
 #else
     return 0;
 #endif
+}
+
+moe_status moe_backend_rank_device(const char *device, int local_rank, int n_gpus, char *out,
+                                   size_t n, moe_err *err) {
+    if (strcmp(device, "cuda") != 0) {
+        snprintf(out, n, "%s", device);
+        return MOE_OK;
+    }
+    if (n_gpus > 0 && local_rank >= n_gpus) {
+        const char *cvd = getenv("CUDA_VISIBLE_DEVICES");
+        moe_err_set(err, MOE_ERR_INPUT, NULL,
+                    "device=cuda on local rank %d (LOCAL_RANK, or the rank among this node's MPI "
+                    "processes), but this process sees %d GPU%s (CUDA_VISIBLE_DEVICES=%s)",
+                    local_rank, n_gpus, n_gpus == 1 ? "" : "s", cvd ? cvd : "(unset)");
+        moe_err_hint(err, "start at most one rank per visible GPU on each node, or give each "
+                          "rank its GPU yourself with device=cuda:N");
+        return MOE_ERR_INPUT;
+    }
+    snprintf(out, n, "cuda:%d", local_rank);
+    return MOE_OK;
 }
 
 const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int threads,
@@ -158,7 +177,7 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
     }
     if (threads > 0) moe_backend_cpu_set_threads(threads);
     const moe_backend *be = NULL;
-    if (is_cpu || (is_auto && !gpu_visible())) {
+    if (is_cpu || (is_auto && moe_backend_gpu_count() == 0)) {
         be = open_cpu();
     } else {
         moe_err sub;

@@ -32,7 +32,8 @@ typedef struct trainer {
     moe_dataloader dl, vdl;
     int has_val;
     const moe_backend *be;
-    int resumed; /* --resume found and loaded a checkpoint */
+    char device[32]; /* what be was opened as (choose_device) */
+    int resumed;     /* --resume found and loaded a checkpoint */
     moe_model model;
     /* ZeRO-1: the dense part [0, dense_elems) of the flat array is sliced over all ranks
      * (dslice [world + 1], absolute), this rank's experts [dense_elems, n_elems) over the dp
@@ -55,21 +56,33 @@ typedef struct trainer {
 
 /* ---- setup ---- */
 
-/* device: cpu, cuda, or auto = the first GPU when one is usable, else the CPU
- * (moe_backend_open); data and expert parallelism run on the CPU, so auto means cpu when
- * there are several ranks. */
-static moe_status open_backend(trainer *t, int threads, moe_err *err) {
-    if (t->cfg.device == MOE_DEVICE_CUDA && t->world > 1) {
+/* The device this rank opens into t->device: cpu, cuda, or auto = the first GPU when one is
+ * usable, else the CPU (moe_backend_open). Several ranks: data and expert parallelism run on
+ * the CPU over MPI in this version, so auto means cpu; cuda means the rank's GPU by local rank
+ * (moe_backend_rank_device) and is refused until NCCL is wired in; the CPU refuses a
+ * torchrun-style launch, which starts no MPI (moe_comm_check_host). */
+static moe_status choose_device(trainer *t, moe_err *err) {
+    const char *device = moe_device_name(t->cfg.device);
+    snprintf(t->device, sizeof t->device, "%s", device);
+    if (t->world == 1) return MOE_OK;
+    if (t->cfg.device == MOE_DEVICE_AUTO) device = "cpu";
+    moe_status st = moe_backend_rank_device(device, t->comm->local_rank, moe_backend_gpu_count(),
+                                            t->device, sizeof t->device, err);
+    if (st != MOE_OK) return st;
+    if (strcmp(t->device, "cpu") != 0) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "parallel.dp=%lld x parallel.ep=%lld with device=cuda: data and expert "
-                    "parallelism run on the CPU backend over MPI in this version (NCCL is not "
-                    "wired in yet)",
-                    (long long)t->cfg.parallel.dp, (long long)t->cfg.parallel.ep);
-        moe_err_hint(err, "set device=cpu, or train on one GPU with parallel.dp=1 parallel.ep=1");
+                    "%d ranks with device=cuda (this rank: %s): data and expert parallelism run "
+                    "on the CPU backend over MPI in this version (NCCL is not wired in yet)",
+                    t->world, t->device);
+        moe_err_hint(err, "set device=cpu and launch with mpirun or srun, or train on one GPU "
+                          "with parallel.dp=1 parallel.ep=1");
         return MOE_ERR_INPUT;
     }
-    const char *device = t->world > 1 ? "cpu" : moe_device_name(t->cfg.device);
-    t->be = moe_backend_open(device, moe_config_recipe(&t->cfg), threads, err);
+    return moe_comm_check_host(t->comm, err);
+}
+
+static moe_status open_backend(trainer *t, int threads, moe_err *err) {
+    t->be = moe_backend_open(t->device, moe_config_recipe(&t->cfg), threads, err);
     return t->be ? MOE_OK : MOE_ERR_INPUT;
 }
 
@@ -676,7 +689,8 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
     t.ep = (int)t.cfg.parallel.ep;
     t.T = t.cfg.train.seq_len;
     moe_config_micro_batch(&t.cfg, &t.B_micro, &t.accum);
-    st = check_parallel(&t, t.world, err);
+    st = choose_device(&t, err);
+    if (st == MOE_OK) st = check_parallel(&t, t.world, err);
     if (st == MOE_OK) st = moe_comm_split(t.comm, t.ep, t.cfg.parallel.timeout_s, err);
     if (st != MOE_OK) return st;
     /* ep > 1: every rank of expert group 0 runs the evaluation (its forward needs the whole

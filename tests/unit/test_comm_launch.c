@@ -1,0 +1,110 @@
+/* test_comm_launch: what moe_comm_init makes of a torchrun-style environment (RANK,
+ * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT without MPI): a full set of 4 ranks gives
+ * rank, world, local rank and the rendezvous address, its collectives over several ranks fail
+ * (no transport) and a CPU run refuses it with the mpirun/srun hint (moe_comm_check_host);
+ * world 1 is one process; no variables is world 1 without torchrun; and the environments
+ * that contradict themselves are input errors that name the variable: half a set, RANK or
+ * LOCAL_RANK beyond WORLD_SIZE, MASTER_PORT not a port, several ranks without LOCAL_RANK or
+ * MASTER_ADDR/MASTER_PORT. Run without a launcher (ctest sets none). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "moe/comm.h"
+#include "testlib.h"
+
+static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                   "MASTER_PORT"};
+
+/* Sets the five variables to vals [5] (NULL: unset) and runs moe_comm_init into *c. */
+static moe_status init_with(const char *const *vals, moe_comm *c, moe_err *err) {
+    for (int i = 0; i < 5; i++)
+        if (vals[i])
+            setenv(vars[i], vals[i], 1);
+        else
+            unsetenv(vars[i]);
+    moe_err_clear(err);
+    int argc = 1;
+    char *args[] = {"test", NULL}, **argv = args;
+    return moe_comm_init(c, &argc, &argv, err);
+}
+
+static void test_full_set(void) {
+    const char *v[] = {"2", "4", "1", "127.0.0.1", "29511"};
+    moe_comm c;
+    moe_err err;
+    CHECK_MSG(init_with(v, &c, &err) == MOE_OK, "%s", err.msg);
+    CHECK_INT_EQ(c.rank, 2);
+    CHECK_INT_EQ(c.world, 4);
+    CHECK_INT_EQ(c.local_rank, 1);
+    CHECK_INT_EQ(c.torchrun, 1);
+    CHECK(strcmp(c.master_addr, "127.0.0.1") == 0);
+    CHECK_INT_EQ(c.master_port, 29511);
+    CHECK_INT_EQ(c.gsize[MOE_COMM_WORLD], 4);
+    CHECK_INT_EQ(c.grank[MOE_COMM_WORLD], 2);
+    CHECK(moe_comm_split(&c, 2, 5, &err) == MOE_OK);
+    CHECK_INT_EQ(c.gsize[MOE_COMM_EP], 2);
+    /* no transport: a sum over several ranks fails instead of doing nothing */
+    double x = 1;
+    moe_err_clear(&err);
+    CHECK(moe_comm_allreduce(&c, MOE_COMM_WORLD, &x, 1, MOE_COMM_F64, &err) == MOE_ERR_RUNTIME);
+    CHECK_MSG(strstr(err.msg, "no transport connects them"), "%s", err.msg);
+    moe_err_clear(&err);
+    CHECK(moe_comm_barrier(&c, MOE_COMM_EP, &err) == MOE_ERR_RUNTIME);
+    /* the CPU backend refuses it, with the command that starts the same ranks over MPI */
+    moe_err_clear(&err);
+    CHECK(moe_comm_check_host(&c, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "RANK=2 WORLD_SIZE=4"), "%s", err.msg);
+    CHECK_MSG(strstr(err.hint, "mpirun -np 4") && strstr(err.hint, "srun --mpi=pmix -n 4"), "%s",
+              err.hint);
+    moe_comm_finalize(&c);
+    CHECK_INT_EQ(c.world, 1);
+}
+
+static void test_one_process(void) {
+    moe_comm c;
+    moe_err err;
+    const char *one[] = {"0", "1", NULL, "localhost", "29512"};
+    CHECK_MSG(init_with(one, &c, &err) == MOE_OK, "%s", err.msg);
+    CHECK(c.world == 1 && c.rank == 0 && c.local_rank == 0 && c.torchrun == 1);
+    CHECK(moe_comm_check_host(&c, &err) == MOE_OK);
+    double x = 3;
+    CHECK(moe_comm_allreduce(&c, MOE_COMM_WORLD, &x, 1, MOE_COMM_F64, &err) == MOE_OK && x == 3);
+    const char *one_bare[] = {"0", "1", NULL, NULL, NULL}; /* world 1 needs no rendezvous */
+    CHECK_MSG(init_with(one_bare, &c, &err) == MOE_OK, "%s", err.msg);
+    CHECK(c.torchrun == 1 && c.master_port == 0 && c.master_addr[0] == '\0');
+    const char *none[] = {NULL, NULL, NULL, NULL, NULL};
+    CHECK(init_with(none, &c, &err) == MOE_OK);
+    CHECK(c.world == 1 && c.torchrun == 0);
+    CHECK(moe_comm_check_host(&c, &err) == MOE_OK);
+}
+
+/* vals must be refused with MOE_ERR_INPUT and a message holding want. */
+static void refused(const char *const *vals, const char *want) {
+    moe_comm c;
+    moe_err err;
+    CHECK_MSG(init_with(vals, &c, &err) == MOE_ERR_INPUT, "accepted: want '%s'", want);
+    CHECK_MSG(strstr(err.msg, want), "'%s' lacks '%s'", err.msg, want);
+}
+
+static void test_inconsistent(void) {
+    refused((const char *[]){NULL, "2", "0", "h", "1"}, "inconsistent torchrun-style environment");
+    refused((const char *[]){"2", "2", "0", "h", "1"}, "RANK=2 WORLD_SIZE=2 LOCAL_RANK=0");
+    refused((const char *[]){"1", "2", "2", "h", "1"}, "RANK=1 WORLD_SIZE=2 LOCAL_RANK=2");
+    refused((const char *[]){"0", "2", "0", "h", "70000"},
+            "MASTER_PORT='70000' is not a TCP port (a whole number in 1..65535)");
+    refused((const char *[]){"0", "2", "0", "h", "http"}, "MASTER_PORT='http' is not a TCP port");
+    refused((const char *[]){"0", "2", "0", "h", "0"}, "MASTER_PORT='0'");
+    refused((const char *[]){"x", "2", "0", "h", "1"}, "RANK='x' is not a rank");
+    refused((const char *[]){"1", "2", NULL, NULL, "29500"},
+            "launch of RANK=1 WORLD_SIZE=2 without LOCAL_RANK MASTER_ADDR");
+    refused((const char *[]){"1", "2", "1", "", NULL}, "without MASTER_ADDR MASTER_PORT");
+}
+
+int main(void) {
+    test_full_set();
+    test_one_process();
+    test_inconsistent();
+    for (int i = 0; i < 5; i++)
+        unsetenv(vars[i]);
+    return test_summary("comm_launch");
+}
