@@ -5,7 +5,8 @@
  * reduce-scatter and all-gather slices with an empty one, all-to-all(v) with zero counts
  * between some pairs, gather, broadcast, barrier, and the dp x ep groups (ep = 2 on an even
  * world: rank = d * ep + e) - once as they run, once with moe_comm.chunk = 2 so that every
- * operation takes its chunked path (what counts beyond MPI's int need). */
+ * operation takes its chunked path (what counts beyond MPI's int need); and
+ * moe_comm_share_blob (rank 0's bytes on every rank). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -155,6 +156,18 @@ static void test_broadcast_barrier(const moe_comm *c) {
     CHECK(moe_comm_barrier(c, MOE_COMM_DP, &err) == MOE_OK);
 }
 
+/* moe_comm_share_blob: rank 0's bytes on every rank (an MPI broadcast here). */
+static void test_share_blob(const moe_comm *c) {
+    moe_err err;
+    moe_err_clear(&err);
+    unsigned char blob[128];
+    for (int i = 0; i < 128; i++)
+        blob[i] = c->rank == 0 ? (unsigned char)(5 * i + 2) : 0;
+    CHECK(moe_comm_share_blob(c, blob, sizeof blob, &err) == MOE_OK);
+    for (int i = 0; i < 128; i++)
+        CHECK_INT_EQ(blob[i], (unsigned char)(5 * i + 2));
+}
+
 int main(int argc, char **argv) {
     moe_comm c;
     moe_err err;
@@ -176,6 +189,7 @@ int main(int argc, char **argv) {
         test_alltoallv(&c, MOE_COMM_DP);
         test_broadcast_barrier(&c);
     }
+    test_share_blob(&c);
     char name[32];
     snprintf(name, sizeof name, "comm[rank %d of %d]", c.rank, c.world);
     int rc = test_summary(name);

@@ -5,9 +5,12 @@
  * world 1 is one process; no variables is world 1 without torchrun; and the environments
  * that contradict themselves are input errors that name the variable: half a set, RANK or
  * LOCAL_RANK beyond WORLD_SIZE, MASTER_PORT not a port, several ranks without LOCAL_RANK or
- * MASTER_ADDR/MASTER_PORT. Run without a launcher (ctest sets none). */
+ * MASTER_ADDR/MASTER_PORT; and two forked torchrun-style ranks share rank 0's blob
+ * (moe_comm_share_blob over the TCP rendezvous). Run without a launcher (ctest sets none). */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "moe/comm.h"
 #include "testlib.h"
@@ -100,8 +103,40 @@ static void test_inconsistent(void) {
     refused((const char *[]){"1", "2", "1", "", NULL}, "without MASTER_ADDR MASTER_PORT");
 }
 
+/* Two forked torchrun-style ranks on the loopback: moe_comm_share_blob gives rank 1 rank
+ * 0's bytes over the TCP rendezvous (a port from the pid: 20000..39999). */
+static void test_share_blob(void) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", 20000 + (int)(getpid() % 20000));
+    pid_t pid[2];
+    for (int r = 0; r < 2; r++) {
+        pid[r] = fork();
+        if (pid[r] != 0) continue;
+        char rank[4];
+        snprintf(rank, sizeof rank, "%d", r);
+        const char *v[] = {rank, "2", rank, "127.0.0.1", port};
+        moe_comm c;
+        moe_err err;
+        unsigned char blob[128];
+        for (int i = 0; i < 128; i++)
+            blob[i] = r == 0 ? (unsigned char)(3 * i + 1) : 0;
+        int ok = init_with(v, &c, &err) == MOE_OK && moe_comm_split(&c, 1, 20, &err) == MOE_OK &&
+                 moe_comm_share_blob(&c, blob, sizeof blob, &err) == MOE_OK;
+        for (int i = 0; ok && i < 128; i++)
+            ok = blob[i] == (unsigned char)(3 * i + 1);
+        if (!ok) fprintf(stderr, "rank %d: %s\n", r, err.msg);
+        _exit(ok ? 0 : 1);
+    }
+    for (int r = 0; r < 2; r++) {
+        int status = 0;
+        waitpid(pid[r], &status, 0);
+        CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "rank %d did not get the blob", r);
+    }
+}
+
 int main(void) {
     test_full_set();
+    test_share_blob();
     test_one_process();
     test_inconsistent();
     for (int i = 0; i < 5; i++)

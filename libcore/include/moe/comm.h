@@ -92,6 +92,12 @@ void moe_comm_finalize(moe_comm *c);
  * wait for it forever). Returns only when world is 1. */
 void moe_comm_abort(const moe_comm *c, int code);
 
+/* Rank 0's blob [len] (a NCCL unique id) into every rank's blob: an MPI broadcast under
+ * mpirun/srun, the TCP rendezvous at MASTER_ADDR:MASTER_PORT for a torchrun-style launch
+ * (comm_tcp.c), nothing for one process; within moe_comm.timeout_s (set by moe_comm_split).
+ * Every rank calls it once with the same len. */
+moe_status moe_comm_share_blob(const moe_comm *c, void *blob, size_t len, moe_err *err);
+
 /* Size in bytes of one element of dt. */
 size_t moe_comm_dtype_size(moe_comm_dtype dt);
 

@@ -1,5 +1,6 @@
 /* comm_tcp: the rendezvous of a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR,
- * MASTER_PORT; moe_comm_tcp_exchange in comm_internal.h). Rank 0 listens on MASTER_ADDR:
+ * MASTER_PORT; moe_comm_tcp_exchange in comm_internal.h), and moe_comm_share_blob, which
+ * takes it or MPI by the launch. Rank 0 listens on MASTER_ADDR:
  * MASTER_PORT, every other rank connects once, announces itself and receives rank 0's blob
  * (the NCCL unique id); then the connections close and NCCL does all the communication.
  * Plain POSIX sockets, IPv4 or IPv6 (getaddrinfo). The one thing a reader must know: every
@@ -414,4 +415,12 @@ moe_status moe_comm_tcp_exchange(const char *addr, int port, int rank, int world
                   .timeout_s = timeout_s,
                   .deadline = timeout_s > 0 ? moe_time_now() + timeout_s : 0};
     return rank == 0 ? serve(&m, blob, blob_len, err) : join(&m, blob, blob_len, err);
+}
+
+moe_status moe_comm_share_blob(const moe_comm *c, void *blob, size_t len, moe_err *err) {
+    if (c->world == 1) return MOE_OK;
+    if (!c->torchrun)
+        return moe_comm_broadcast(c, MOE_COMM_WORLD, blob, (int64_t)len, MOE_COMM_BYTE, 0, err);
+    return moe_comm_tcp_exchange(c->master_addr, c->master_port, c->rank, c->world, blob, len,
+                                 c->timeout_s, err);
 }
