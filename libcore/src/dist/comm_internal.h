@@ -8,14 +8,14 @@
 
 #include "moe/comm.h"
 
-/* The rendezvous of a torchrun-style launch: rank 0 listens on addr:port (MASTER_ADDR,
- * MASTER_PORT; IPv4 or IPv6), takes one connection from each of the world - 1 other ranks,
- * checks what each announces (its rank, WORLD_SIZE, blob_len: MOE_ERR_INPUT naming both
- * sides' values, and the other rank hears why) and sends each its blob [blob_len] (the NCCL
- * unique id); ranks > 0 connect with retries (rank 0 may start later) and receive blob.
- * Every wait ends within timeout_s (0 = none): a missing rank is MOE_ERR_RUNTIME on rank 0
- * naming how many arrived and which are missing. A port in use or an address that is not
- * rank 0's is MOE_ERR_INPUT with a hint. world 1 returns at once; no global state. */
+/* The rendezvous of a torchrun-style launch: rank 0 listens on port (MASTER_PORT) of every
+ * interface of the family addr (MASTER_ADDR; IPv4 or IPv6) resolves to, takes one connection from
+ * each of the world - 1 other ranks, checks what each announces (its rank, WORLD_SIZE, blob_len:
+ * MOE_ERR_INPUT naming both sides' values, and the other rank hears why) and sends each its blob
+ * [blob_len] (the NCCL unique id); ranks > 0 connect with retries (rank 0 may start later) and
+ * receive blob. Every wait ends within timeout_s (0 = none): a missing rank is MOE_ERR_RUNTIME on
+ * rank 0 naming how many arrived and which are missing. A port in use or an address that does not
+ * resolve is MOE_ERR_INPUT with a hint. world 1 returns at once; no global state. */
 moe_status moe_comm_tcp_exchange(const char *addr, int port, int rank, int world, void *blob,
                                  size_t blob_len, double timeout_s, moe_err *err);
 

@@ -1,11 +1,11 @@
 /* comm_tcp: the rendezvous of a torchrun-style launch (RANK, WORLD_SIZE, MASTER_ADDR,
  * MASTER_PORT; moe_comm_tcp_exchange in comm_internal.h), and moe_comm_share_blob, which
- * takes it or MPI by the launch. Rank 0 listens on MASTER_ADDR:
- * MASTER_PORT, every other rank connects once, announces itself and receives rank 0's blob
- * (the NCCL unique id); then the connections close and NCCL does all the communication.
- * Plain POSIX sockets, IPv4 or IPv6 (getaddrinfo). The one thing a reader must know: every
- * wait is a poll() bounded by one deadline, so a missing rank ends in an error naming it,
- * never in a hang.
+ * takes it or MPI by the launch. Rank 0 listens on MASTER_PORT (every interface of
+ * MASTER_ADDR's family), every other rank connects to MASTER_ADDR:MASTER_PORT once, announces
+ * itself and receives rank 0's blob (the NCCL unique id); then the connections close and NCCL does
+ * all the communication. Plain POSIX sockets, IPv4 or IPv6 (getaddrinfo). The one thing a reader
+ * must know: every wait is a poll() bounded by one deadline, so a missing rank ends in an error
+ * naming it, never in a hang.
  *
  * Wire format (big-endian): the hello of rank r > 0 is magic "MOER", version, rank, world
  * (u32 each) and the blob length it expects (u64); rank 0 answers with magic, status (0: the
@@ -119,8 +119,18 @@ typedef struct tcp_peer {
     char from[80]; /* "address port" of the connection */
 } tcp_peer;
 
-/* A non-blocking socket listening on m's address, or -1 with err set (port in use, an
- * address not of this machine, a privileged port). */
+/* sa with its address replaced by the wildcard of its family (the port kept). */
+static void set_wildcard(struct sockaddr *sa) {
+    if (sa->sa_family == AF_INET6)
+        ((struct sockaddr_in6 *)sa)->sin6_addr = in6addr_any;
+    else if (sa->sa_family == AF_INET)
+        ((struct sockaddr_in *)sa)->sin_addr.s_addr = htonl(INADDR_ANY);
+}
+
+/* A non-blocking socket listening on MASTER_PORT of every interface of the families that
+ * MASTER_ADDR resolves to (as torchrun's store does: rank 0's host name may resolve on rank 0
+ * itself to a loopback alias such as Debian's 127.0.1.1), or -1 with err set (port in use, a
+ * privileged port). */
 static int listen_on(const tcp_meet *m, moe_err *err) {
     struct addrinfo *res;
     if (resolve(m, 1, &res, err) != MOE_OK) return -1;
@@ -133,6 +143,7 @@ static int listen_on(const tcp_meet *m, moe_err *err) {
         }
         int one = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        set_wildcard(a->ai_addr);
         if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, m->world) != 0 ||
             set_nonblocking(fd) != 0) {
             why = errno;
@@ -148,8 +159,6 @@ static int listen_on(const tcp_meet *m, moe_err *err) {
     if (why == EADDRINUSE)
         moe_err_hint(err, "another process (an earlier run?) holds the port: choose another "
                           "MASTER_PORT for every rank, or end that process");
-    else if (why == EADDRNOTAVAIL)
-        moe_err_hint(err, "MASTER_ADDR must be an address of rank 0's own machine");
     else if (why == EACCES)
         moe_err_hint(err, "ports below 1024 need privileges: choose a MASTER_PORT above 1024");
     return -1;
