@@ -7,10 +7,11 @@
  * must know: every wait is a poll() bounded by one deadline, so a missing rank ends in an error
  * naming it, never in a hang.
  *
- * Wire format (big-endian): the hello of rank r > 0 is magic "MOER", version, rank, world
- * (u32 each) and the blob length it expects (u64); rank 0 answers with magic, status (0: the
- * blob follows; else rank 0's moe_status, and a message saying why follows) and the length (u64) of
- * what follows. A connection whose first bytes are not a hello (a port scanner) is ignored. */
+ * Wire format (little-endian, base/bytes.h): the hello of rank r > 0 is magic "MOER", version,
+ * rank, world (u32 each) and the blob length it expects (u64); rank 0 answers with magic, status
+ * (0: the blob follows; else rank 0's moe_status, and a message saying why follows) and the length
+ * (u64) of what follows. A connection whose first bytes are not a hello (a port scanner) is
+ * ignored. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -24,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/bytes.h"
 #include "dist/comm_internal.h"
 #include "moe/log.h"
 
@@ -41,21 +43,6 @@ typedef struct tcp_meet {
 } tcp_meet;
 
 /* ---- bytes, deadlines ---- */
-
-static void put_u32(unsigned char *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (24 - 8 * i));
-}
-static uint32_t get_u32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static void put_u64(unsigned char *p, uint64_t v) {
-    put_u32(p, (uint32_t)(v >> 32));
-    put_u32(p + 4, (uint32_t)v);
-}
-static uint64_t get_u64(const unsigned char *p) {
-    return (uint64_t)get_u32(p) << 32 | get_u32(p + 4);
-}
 
 /* Milliseconds until m's deadline for poll(): -1 without one, 0 once it has passed. */
 static int ms_left(const tcp_meet *m) {
@@ -170,8 +157,8 @@ static void refuse_all(const tcp_meet *m, tcp_peer *peers, int n, moe_status st,
     tcp_meet soon = *m;
     soon.deadline = moe_time_now() + 1;
     size_t len = strlen(msg);
-    unsigned char head[TCP_ANSWER];
-    put_u32(head, TCP_MAGIC), put_u32(head + 4, (uint32_t)st), put_u64(head + 8, len);
+    uint8_t head[TCP_ANSWER];
+    moe_put_u32(head, TCP_MAGIC), moe_put_u32(head + 4, (uint32_t)st), moe_put_u64(head + 8, len);
     for (int i = 0; i < n; i++)
         if (io_full(peers[i].fd, head, sizeof head, 1, &soon) == 0)
             io_full(peers[i].fd, (void *)msg, len, 1, &soon);
@@ -193,11 +180,11 @@ static void list_missing(const char *seen, int world, char *out, size_t n) {
 
 /* Checks hello h of the peer p against rank 0's m and blob_len (seen [world]: the ranks
  * already in); MOE_ERR_INPUT naming both sides' values. */
-static moe_status check_hello(const tcp_meet *m, const unsigned char *h, size_t blob_len,
+static moe_status check_hello(const tcp_meet *m, const uint8_t *h, size_t blob_len,
                               const tcp_peer *p, const tcp_peer *peers, int n, const char *seen,
                               moe_err *err) {
-    uint32_t version = get_u32(h + 4), rank = get_u32(h + 8), world = get_u32(h + 12);
-    uint64_t len = get_u64(h + 16);
+    uint32_t version = moe_get_u32(h + 4), rank = moe_get_u32(h + 8), world = moe_get_u32(h + 12);
+    uint64_t len = moe_get_u64(h + 16);
     moe_status st = MOE_ERR_INPUT;
     if (version != TCP_VERSION) {
         moe_err_set(err, MOE_ERR_INPUT, NULL,
@@ -237,7 +224,7 @@ static moe_status check_hello(const tcp_meet *m, const unsigned char *h, size_t 
 /* Accepts one connection on lfd and reads its hello into h [TCP_HELLO]. Returns 1 with *p
  * filled, 0 for a connection to ignore (closed early, not a hello), -1 when the deadline
  * passed, -2 for a socket error (errno). */
-static int accept_hello(const tcp_meet *m, int lfd, tcp_peer *p, unsigned char *h) {
+static int accept_hello(const tcp_meet *m, int lfd, tcp_peer *p, uint8_t *h) {
     struct pollfd pf = {.fd = lfd, .events = POLLIN};
     int r = poll(&pf, 1, ms_left(m));
     if (r < 0) return errno == EINTR ? 0 : -2;
@@ -251,7 +238,7 @@ static int accept_hello(const tcp_meet *m, int lfd, tcp_peer *p, unsigned char *
                 NI_NUMERICHOST | NI_NUMERICSERV);
     snprintf(p->from, sizeof p->from, "%s port %s", host, serv);
     int rc = set_nonblocking(p->fd) ? errno : io_full(p->fd, h, TCP_HELLO, 0, m);
-    if (rc == 0 && get_u32(h) == TCP_MAGIC) return 1;
+    if (rc == 0 && moe_get_u32(h) == TCP_MAGIC) return 1;
     close(p->fd);
     if (rc == ETIMEDOUT) return -1;
     moe_log_warn("rank 0: ignored a connection from %s to MASTER_PORT=%d (%s)", p->from, m->port,
@@ -269,7 +256,7 @@ static moe_status serve(const tcp_meet *m, const void *blob, size_t blob_len, mo
     moe_status st =
         peers && seen ? MOE_OK : moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     while (st == MOE_OK && n < m->world - 1) {
-        unsigned char h[TCP_HELLO];
+        uint8_t h[TCP_HELLO];
         int r = accept_hello(m, lfd, &peers[n], h);
         if (r == 0) continue;
         if (r == -2) {
@@ -291,15 +278,15 @@ static moe_status serve(const tcp_meet *m, const void *blob, size_t blob_len, mo
             st = err->status;
             n++; /* it hears the refusal too */
         } else {
-            peers[n].rank = (int)get_u32(h + 8);
+            peers[n].rank = (int)moe_get_u32(h + 8);
             seen[peers[n++].rank] = 1;
         }
     }
     if (st != MOE_OK) {
         refuse_all(m, peers, n, st, err->msg);
     } else {
-        unsigned char head[TCP_ANSWER];
-        put_u32(head, TCP_MAGIC), put_u32(head + 4, 0), put_u64(head + 8, blob_len);
+        uint8_t head[TCP_ANSWER];
+        moe_put_u32(head, TCP_MAGIC), moe_put_u32(head + 4, 0), moe_put_u64(head + 8, blob_len);
         for (int i = 0; i < n && st == MOE_OK; i++) {
             int rc = io_full(peers[i].fd, head, sizeof head, 1, m);
             if (rc == 0) rc = io_full(peers[i].fd, (void *)blob, blob_len, 1, m);
@@ -369,31 +356,32 @@ static moe_status join(const tcp_meet *m, void *blob, size_t blob_len, moe_err *
                               "(check the firewall and the network interface)");
         return MOE_ERR_RUNTIME;
     }
-    unsigned char h[TCP_HELLO], a[TCP_ANSWER];
-    put_u32(h, TCP_MAGIC), put_u32(h + 4, TCP_VERSION), put_u32(h + 8, (uint32_t)m->rank);
-    put_u32(h + 12, (uint32_t)m->world), put_u64(h + 16, blob_len);
+    uint8_t h[TCP_HELLO], a[TCP_ANSWER];
+    moe_put_u32(h, TCP_MAGIC), moe_put_u32(h + 4, TCP_VERSION),
+        moe_put_u32(h + 8, (uint32_t)m->rank);
+    moe_put_u32(h + 12, (uint32_t)m->world), moe_put_u64(h + 16, blob_len);
     int rc = io_full(fd, h, sizeof h, 1, m);
     if (rc == 0) rc = io_full(fd, a, sizeof a, 0, m);
     moe_status st = MOE_OK;
-    uint64_t len = rc ? 0 : get_u64(a + 8);
+    uint64_t len = rc ? 0 : moe_get_u64(a + 8);
     if (rc) {
         st = moe_err_set(err, MOE_ERR_RUNTIME, NULL,
                          "rank %d: no answer from rank 0 at MASTER_ADDR=%s MASTER_PORT=%d within "
                          "%g s: %s",
                          m->rank, m->addr, m->port, m->timeout_s, io_what(rc));
         moe_err_hint(err, "rank 0 reports why it gave up; every rank needs the same WORLD_SIZE");
-    } else if (get_u32(a) != TCP_MAGIC || (get_u32(a + 4) == 0 && len != blob_len)) {
+    } else if (moe_get_u32(a) != TCP_MAGIC || (moe_get_u32(a + 4) == 0 && len != blob_len)) {
         st = moe_err_set(err, MOE_ERR_INPUT, NULL,
                          "rank %d: what listens at MASTER_ADDR=%s MASTER_PORT=%d is not rank 0 of "
                          "this run (its answer is not an id of %zu bytes)",
                          m->rank, m->addr, m->port, blob_len);
         moe_err_hint(err, "choose a MASTER_PORT no other service uses, the same on every rank");
-    } else if (get_u32(a + 4) != 0) {
+    } else if (moe_get_u32(a + 4) != 0) {
         char why_msg[sizeof err->msg] = "";
         size_t k = len < sizeof why_msg - 1 ? (size_t)len : sizeof why_msg - 1;
         io_full(fd, why_msg, k, 0, m);
         why_msg[k] = '\0';
-        st = get_u32(a + 4) == MOE_ERR_RUNTIME ? MOE_ERR_RUNTIME : MOE_ERR_INPUT;
+        st = moe_get_u32(a + 4) == MOE_ERR_RUNTIME ? MOE_ERR_RUNTIME : MOE_ERR_INPUT;
         moe_err_set(err, st, NULL, "rank %d: rank 0 refused the launch: %s", m->rank, why_msg);
         moe_err_hint(err, "rank 0's message says which variable differs");
     } else if ((rc = io_full(fd, blob, blob_len, 0, m)) != 0) {

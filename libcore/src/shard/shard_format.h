@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "base/bytes.h"
+
 #define MOE_SHARD_HEADER_FIXED 80 /* bytes before the spec JSON */
 #define MOE_SHARD_TRAILER 32
 #define MOE_SHARD_TRAILER_MAGIC "MOETEND\0"
@@ -33,27 +35,6 @@
 
 static inline uint64_t moe_align8(uint64_t x) {
     return (x + 7) & ~(uint64_t)7;
-}
-
-static inline void moe_put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void moe_put_u64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint32_t moe_get_u32(const uint8_t *p) {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
-}
-static inline uint64_t moe_get_u64(const uint8_t *p) {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = (v << 8) | p[i];
-    return v;
 }
 
 /* Token width for a vocabulary: 1 byte up to 256 ids, 2 up to 65536, else 4. */
