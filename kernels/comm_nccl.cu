@@ -13,7 +13,7 @@ static_assert(sizeof(ncclUniqueId) == MOE_NCCL_ID_BYTES, "MOE_NCCL_ID_BYTES is N
 
 struct moe_nccl {
     ncclComm_t comm;
-    int rank, world;
+    int rank;              /* for messages */
     const moe_backend *be; /* device and stream */
 };
 
@@ -45,7 +45,7 @@ extern "C" moe_nccl *moe_nccl_create(const moe_backend *be, const unsigned char 
         moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory creating a NCCL communicator");
         return NULL;
     }
-    c->rank = rank, c->world = world, c->be = be;
+    c->rank = rank, c->be = be;
     cudaError_t e = cudaSetDevice(cx->device);
     if (e != cudaSuccess) {
         moe_err_set(err, MOE_ERR_RUNTIME, NULL, "rank %d: cudaSetDevice(%d): %s", rank, cx->device,

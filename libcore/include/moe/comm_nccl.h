@@ -23,7 +23,7 @@ extern "C" {
 
 #define MOE_NCCL_ID_BYTES 128 /* sizeof(ncclUniqueId) (NCCL_UNIQUE_ID_BYTES) */
 
-typedef struct moe_nccl moe_nccl; /* a communicator, its rank, world and backend */
+typedef struct moe_nccl moe_nccl; /* a communicator, its rank and backend */
 
 /* A fresh unique id into id [MOE_NCCL_ID_BYTES]; rank 0 calls it once per communicator. */
 moe_status moe_nccl_unique_id(unsigned char *id, moe_err *err);
