@@ -77,7 +77,7 @@ static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t 
     if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
         moe_model_backward(m, 1.0f, err) != MOE_OK)
         return err->status;
-    double gn = be->sum_squares(be, m->grad_mem, m->table.n_elems);
+    double gn = be->sum_squares(be, moe_model_grads(m), m->table.n_elems);
     float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
     moe_optim_config opt;
     memset(&opt, 0, sizeof opt);

@@ -301,13 +301,14 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
                              int64_t I, int64_t O, moe_recipe prec);
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                               moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                              moe_recipe prec);
+                              moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                      moe_recipe prec);
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                      int64_t I, int64_t O, moe_recipe prec);
+                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                      moe_grad_store dw_st);
 
 void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C);
@@ -383,12 +384,14 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
                               int32_t *slot_row, int32_t *offsets, moe_cbuf x,
                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K);
 void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                               moe_grad_store st);
 void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
                                  const float *dy, moe_cbuf yp, const float *topk_w,
-                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
+                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                                 moe_grad_store st);
 
 void moe_cuda_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,
                                     const float *logits, const int32_t *targets,

@@ -457,10 +457,11 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
     if (ct == CUDA_R_32F) moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
 }
 
-/* dx [M, I] += dy W_e and dw [E, O, I] += dy^T x per group (either may be NULL); dy [M, O]. */
-static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw,
-                                 moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
-                                 int64_t E, int64_t I, int64_t O, int pow2) {
+/* dx [M, I] (+)= dy W_e and dw [E, O, I] (+)= dy^T x per group (either may be NULL; betas bx,
+ * bw: 1 adds, 0 writes); dy [M, O]. */
+static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw, moe_cbuf dy,
+                                 moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                 int64_t I, int64_t O, int pow2, float bx, float bw) {
     if (!fp8_dims_ok(c, I, O, op)) return;
     int64_t M = offsets[E];
     if (dx) {
@@ -474,8 +475,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
             return;
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] > offsets[e] &&
-                !fp8_group_product(c, op, &dyo, offsets, e, I, O, wto.q + e * O * I,
-                                   wto.s + e * ts, 1.0f, dx + offsets[e] * I, CUDA_R_32F))
+                !fp8_group_product(c, op, &dyo, offsets, e, I, O, wto.q + e * O * I, wto.s + e * ts,
+                                   bx, dx + offsets[e] * I, CUDA_R_32F))
                 return;
     }
     if (!dw) return;
@@ -493,7 +494,7 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
         if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, pow2, op) ||
             !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, pow2, op) ||
-            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, 1.0f, dw + e * O * I, CUDA_R_32F))
+            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, bw, dw + e * O * I, CUDA_R_32F))
             return;
         p0 += np;
     }
@@ -524,29 +525,48 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
         moe_cuda_round_bf16(c, (float *)y.p, N * O, op);
 }
 
+/* The GEMM beta that stores a gradient as st says: 1 adds into it, 0 writes it. */
+static float beta_of(moe_grad_store st) {
+    return st == MOE_GRAD_SET ? 0.0f : 1.0f;
+}
+
+/* Under SET, dw [n] fp32 of a product with no rows is written as zeros. */
+static int zero_unreached(moe_cuda_ctx *c, float *dw, int64_t n, moe_grad_store st,
+                          const char *op) {
+    if (!dw || st != MOE_GRAD_SET || n <= 0) return 1;
+    return moe_cuda_check(c, cudaMemsetAsync(dw, 0, (size_t)n * sizeof(float), c->stream), op,
+                          "zeros of a weight gradient with no rows (%lld)", (long long)n);
+}
+
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                               moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                              moe_recipe prec) {
+                              moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
+    if (N <= 0) {
+        zero_unreached(c, dw, O * I, dw_st, op);
+        return;
+    }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
         fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2);
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2, beta_of(dx_st), beta_of(dw_st));
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const void *dya = operand(c, MOE_CUDA_SCRATCH_A, dy, N * O, prec, op);
     if (!dya) return;
-    if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
+    if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const void *wa = typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
-        if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, 1.0f, dx, CUDA_R_32F)) return;
+        if (!wa ||
+            !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, beta_of(dx_st), dx, CUDA_R_32F))
+            return;
     }
-    if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
+    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] */
         const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
         if (!xa) return;
-        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, 1.0f, dw, CUDA_R_32F);
+        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, beta_of(dw_st), dw, CUDA_R_32F);
     }
 }
 
@@ -587,15 +607,20 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
 
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                      int64_t I, int64_t O, moe_recipe prec) {
+                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                      moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
+    for (int64_t e = 0; e < E; e++) /* the experts with no rows */
+        if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
+            return;
     int64_t M = offsets[E];
     if (M <= 0) return;
+    const float bx = beta_of(dx_st), bw = beta_of(dw_st);
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2);
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -613,10 +638,10 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
         if (dx && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
-                           wa + (size_t)(e * O * I) * es, dt, 1.0f, dx + r0 * I, CUDA_R_32F))
+                           wa + (size_t)(e * O * I) * es, dt, bx, dx + r0 * I, CUDA_R_32F))
             return;
         if (!gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                     xa + (size_t)(r0 * I) * es, dt, 1.0f, dw + e * O * I, CUDA_R_32F))
+                     xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F))
             return;
     }
 }

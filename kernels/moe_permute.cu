@@ -174,14 +174,20 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
                       (long long)C);
 }
 
-/* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] (k in order), one block per token */
+/* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] (k in order; add: 1 adds into dx, 0 writes it),
+ * one block per token */
 template <int V>
 __global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp,
-                           const int32_t *__restrict__ slot_row, int64_t C, int K) {
+                           const int32_t *__restrict__ slot_row, int64_t C, int K, int add) {
     int64_t n = blockIdx.x;
     for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
         float acc[V], v[V];
-        moe_ldv<V>(dx, n * C + i, acc);
+        if (add)
+            moe_ldv<V>(dx, n * C + i, acc);
+        else
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                acc[j] = 0.0f;
         for (int kk = 0; kk < K; kk++) {
             moe_ldv<V>(dxp, (int64_t)slot_row[n * K + kk] * C + i, v);
 #pragma unroll
@@ -193,15 +199,17 @@ __global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp
 }
 
 void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                               moe_grad_store st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    const int add = st == MOE_GRAD_ADD;
     if (moe_cuda_vec_ok(C, dx, dxp))
         k_perm_bwd<MOE_VEC><<<(unsigned)N, C / MOE_VEC >= 512 ? 256 : 128, 0, c->stream>>>(
-            dx, dxp, slot_row, C, (int)K);
+            dx, dxp, slot_row, C, (int)K, add);
     else
-        k_perm_bwd<1>
-            <<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C, (int)K);
+        k_perm_bwd<1><<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C,
+                                                                           (int)K, add);
     MOE_CUDA_LAUNCHED(c, "permute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }
@@ -257,12 +265,13 @@ void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, co
                       (long long)K);
 }
 
-/* dyp[r,:] += w dy[n,:]; dtopk_w[n,k] += dot(dy[n,:], yp[r,:]), one block per token */
+/* dyp[r,:] (+)= w dy[n,:]; dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]) (add: 1 adds, 0 writes),
+ * one block per token */
 template <int V, typename TY, typename TG>
 __global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
                              const float *__restrict__ dy, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
-                             int64_t C, int K) {
+                             int64_t C, int K, int add) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const float *g = dy + n * C;
@@ -272,52 +281,53 @@ __global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
         for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
             float gv[V], d[V], yv[V];
             moe_ldv<V>(g, i, gv);
-            moe_ldv<V>(dyp, r * C + i, d);
+            if (add) moe_ldv<V>(dyp, r * C + i, d);
             moe_ldv<V>(yp, r * C + i, yv);
 #pragma unroll
             for (int j = 0; j < V; j++) {
-                d[j] += w * gv[j];
+                d[j] = (add ? d[j] : 0.0f) + w * gv[j];
                 s += gv[j] * yv[j];
             }
             moe_stv<V>(dyp, r * C + i, d);
         }
         s = moe_block_sum(s, sh);
-        if (threadIdx.x == 0) dtopk_w[n * K + kk] += s;
+        if (threadIdx.x == 0) dtopk_w[n * K + kk] = (add ? dtopk_w[n * K + kk] : 0.0f) + s;
     }
 }
 
 template <int V>
 static void unperm_bwd(moe_cuda_ctx *c, moe_buf dyp, float *dtopk_w, const float *dy, moe_cbuf yp,
                        const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
-                       int64_t K) {
+                       int64_t K, int add) {
     typedef __nv_bfloat16 bf;
     const unsigned th = C / V >= 512 ? 256 : 128;
     if (yp.dt == MOE_DTYPE_BF16 && dyp.dt == MOE_DTYPE_BF16)
         k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
-            (bf *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
+            (bf *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K, add);
     else if (yp.dt == MOE_DTYPE_BF16)
         k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
-            (float *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K);
+            (float *)dyp.p, dtopk_w, dy, (const bf *)yp.p, topk_w, slot_row, C, (int)K, add);
     else if (dyp.dt == MOE_DTYPE_BF16)
         k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
-            (bf *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+            (bf *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K, add);
     else
         k_unperm_bwd<V><<<(unsigned)N, th, 0, c->stream>>>(
-            (float *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K);
+            (float *)dyp.p, dtopk_w, dy, (const float *)yp.p, topk_w, slot_row, C, (int)K, add);
 }
 
 void moe_cuda_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
                                  const float *dy, moe_cbuf yp, const float *topk_w,
-                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                                 moe_grad_store st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_backward") || N <= 0 ||
         C <= 0)
         return;
     if (!moe_cuda_typed_ok(c, dyp.dt, "unpermute_backward")) return;
     if (moe_cuda_vec_ok(C, dyp.p, dy, yp.p))
-        unperm_bwd<MOE_VEC>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
+        unperm_bwd<MOE_VEC>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K, st == MOE_GRAD_ADD);
     else
-        unperm_bwd<1>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
+        unperm_bwd<1>(c, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K, st == MOE_GRAD_ADD);
     MOE_CUDA_LAUNCHED(c, "unpermute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
                       (long long)K);
 }

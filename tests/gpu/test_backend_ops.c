@@ -453,21 +453,33 @@ static void run_matmul(gctx *g, const tcase *tc) {
     float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
-                            tc->prec);
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, tc->prec,
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_changed(g, "dx", gx, gx0, N * I, 0.9);
     check_changed(g, "dw", gw, gw0, O * I, 0.9);
     free(gx0), free(gw0);
-    g->gpu->matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, N, I, O, tc->prec);
+    g->gpu->matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_ADD,
+                            MOE_GRAD_ADD);
     check_sync_guards(g, "matmul_backward");
     cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
     /* dx NULL (first layer): only dw accumulates again */
     g->cpu->matmul_backward(g->cpu, NULL, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
-                            tc->prec);
-    g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec);
+                            tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_ADD,
+                            MOE_GRAD_ADD);
     check_sync_guards(g, "matmul_backward dx=NULL");
     cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
+    /* written gradients (MOE_GRAD_SET): into NaN-poisoned buffers, which must not be read */
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, tc->prec,
+                            MOE_GRAD_SET, MOE_GRAD_SET);
+    float *sgx = dup_dev(g, "dx (SET)", NULL, F(N * I)),
+          *sgw = dup_dev(g, "dw (SET)", NULL, F(O * I));
+    g->gpu->matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_SET,
+                            MOE_GRAD_SET);
+    check_sync_guards(g, "matmul_backward SET");
+    cmp_f32(g, "dx (SET)", sgx, gx, N * I, tc->tol);
+    cmp_f32(g, "dw (SET)", sgw, gw, O * I, tc->tol);
     free(x), free(w), free(y), free(gy), free(gx), free(gw);
 }
 
@@ -568,10 +580,15 @@ static void run_permute(gctx *g, const tcase *tc) {
     float *gxp = frand(M * C, -1, 1), *gx = frand(N * C, -1, 1);
     float *dgxp = dup_dev(g, "dxp", gxp, F(M * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
     int32_t *dsrr = dup_dev(g, "slot_row_ref", sr, I32(M));
-    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K);
-    g->gpu->permute_backward(g->gpu, dgx, dgxp, dsrr, N, C, K);
+    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K, MOE_GRAD_ADD);
+    g->gpu->permute_backward(g->gpu, dgx, dgxp, dsrr, N, C, K, MOE_GRAD_ADD);
     check_sync_guards(g, "permute_backward");
     cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
+    float *sgx = dup_dev(g, "dx (SET)", NULL, F(N * C)); /* written: poisoned, never read */
+    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K, MOE_GRAD_SET);
+    g->gpu->permute_backward(g->gpu, sgx, dgxp, dsrr, N, C, K, MOE_GRAD_SET);
+    check_sync_guards(g, "permute_backward SET");
+    cmp_f32(g, "dx (SET)", sgx, gx, N * C, tc->tol);
     /* unpermute with the same routing */
     float *tw = frand(N * K, 0, 1), *yp = frand(M * C, -1, 1), *y = xmalloc(F(N * C));
     if (tc->typed) round_host(yp, M * C);
@@ -587,12 +604,20 @@ static void run_permute(gctx *g, const tcase *tc) {
     float *dgy = dup_dev(g, "dy", gy, F(N * C));
     moe_buf dgyp = dev_typed(g, tc, "dyp", gyp, M * C);
     float *dgtw = dup_dev(g, "dtopk_w", gtw, F(N * K));
-    g->cpu->unpermute_backward(g->cpu, moe_buf_f32(gyp), gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C,
-                               K);
-    g->gpu->unpermute_backward(g->gpu, dgyp, dgtw, dgy, dyp, dtw, dsrr, N, C, K);
+    g->cpu->unpermute_backward(g->cpu, moe_buf_f32(gyp), gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C, K,
+                               MOE_GRAD_ADD);
+    g->gpu->unpermute_backward(g->gpu, dgyp, dgtw, dgy, dyp, dtw, dsrr, N, C, K, MOE_GRAD_ADD);
     check_sync_guards(g, "unpermute_backward");
     cmp_typed(g, "unpermute dyp", dgyp, gyp, M * C, tol_stored(tc));
     cmp_f32(g, "unpermute dtopk_w", dgtw, gtw, N * K, tc->tol);
+    moe_buf sgyp = dev_typed(g, tc, "dyp (SET)", NULL, M * C); /* written: poisoned */
+    float *sgtw = dup_dev(g, "dtopk_w (SET)", NULL, F(N * K));
+    g->cpu->unpermute_backward(g->cpu, moe_buf_f32(gyp), gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C, K,
+                               MOE_GRAD_SET);
+    g->gpu->unpermute_backward(g->gpu, sgyp, sgtw, dgy, dyp, dtw, dsrr, N, C, K, MOE_GRAD_SET);
+    check_sync_guards(g, "unpermute_backward SET");
+    cmp_typed(g, "unpermute dyp (SET)", sgyp, gyp, M * C, tol_stored(tc));
+    cmp_f32(g, "unpermute dtopk_w (SET)", sgtw, gtw, N * K, tc->tol);
     free(ti), free(x), free(xp), free(rs), free(sr), free(off), free(gxp), free(gx), free(tw);
     free(yp), free(y), free(gy), free(gyp), free(gtw);
 }
@@ -622,8 +647,10 @@ static void run_grouped(gctx *g, const tcase *tc) {
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
     g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, tc->prec);
-    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec);
+                                    moe_cbuf_f32(w), off, E, I, O, tc->prec, MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
+    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_sync_guards(g, "grouped_matmul_backward");
     check_changed(g, "dx", gx, gx0, M * I, 0.9);
     /* expert 1 has no rows: its weight gradient must stay exactly as it was */
@@ -634,6 +661,24 @@ static void run_grouped(gctx *g, const tcase *tc) {
     free(gw1), free(gx0), free(gw0);
     cmp_f32(g, "dx", dgx, gx, M * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, E * O * I, tc->tol);
+    /* written gradients (MOE_GRAD_SET) into poisoned buffers: expert 1's dw becomes zeros */
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
+                                    moe_cbuf_f32(w), off, E, I, O, tc->prec, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+    float *sgx = dup_dev(g, "dx (SET)", NULL, F(M * I));
+    float *sgw = dup_dev(g, "dw (SET)", NULL, F(E * O * I));
+    g->gpu->grouped_matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    check_sync_guards(g, "grouped_matmul_backward SET");
+    float *sw1 = down(g, sgw + O * I, F(O * I));
+    int zeros = 1;
+    for (int64_t i = 0; i < O * I; i++)
+        zeros &= sw1[i] == 0.0f;
+    CHECK_MSG(zeros, "%s: SET left the weight gradient of an expert with no rows unzeroed",
+              g->label);
+    free(sw1);
+    cmp_f32(g, "dx (SET)", sgx, gx, M * I, tc->tol);
+    cmp_f32(g, "dw (SET)", sgw, gw, E * O * I, tc->tol);
     free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
 }
 
@@ -1193,7 +1238,8 @@ static void run_perf(gctx *g, const pcase *pc) {
             switch (pc->op) {
             case MOE_OP_MATMUL:
                 if (pc->dir)
-                    be->matmul_backward(be, d, e, c, a16, w16, s[0], s[1], s[2], BF16);
+                    be->matmul_backward(be, d, e, c, a16, w16, s[0], s[1], s[2], BF16, MOE_GRAD_ADD,
+                                        MOE_GRAD_ADD);
                 else
                     be->matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, s[0], s[1],
                                        s[2], BF16);
@@ -1201,7 +1247,8 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
                     be->grouped_matmul_backward(be, d, e, moe_cbuf_of(c, MOE_DTYPE_BF16), a16, w16,
-                                                off, s[0], s[1], s[2], BF16);
+                                                off, s[0], s[1], s[2], BF16, MOE_GRAD_ADD,
+                                                MOE_GRAD_ADD);
                 else
                     be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
                                                s[0], s[1], s[2], BF16);

@@ -163,6 +163,22 @@ static void test_threads_precision_accumulation(void) {
     CHECK_NEAR(maxe, 0.0, 1e-6);
     moe_err_clear(&err);
     CHECK(moe_model_backward(&m1, 1.0f, &err) == MOE_ERR_RUNTIME); /* needs a new forward */
+    /* zero_grad: the next backward writes every gradient (no trace of the 1.5 g1 before it,
+     * the embedding's and the norms' included), the bytes of a first backward */
+    moe_model_zero_grad(&m1);
+    step(&m1, 1.0f);
+    CHECK_MSG(memcmp(m1.grad_mem, m2.grad_mem, (size_t)n * 4) == 0,
+              "a backward after zero_grad differs from the first backward");
+    /* zero_grad with no backward after it: the gradients read as zeros */
+    moe_model_zero_grad(&m1);
+    float *gz = malloc((size_t)n * 4);
+    moe_model_copy_grads_to_host(&m1, gz);
+    const float *gm = moe_model_grads(&m1);
+    int zeros = 1;
+    for (int64_t i = 0; i < n; i++)
+        zeros &= gz[i] == 0.0f && gm[i] == 0.0f;
+    CHECK_MSG(zeros, "gradients after zero_grad without a backward are not zero");
+    free(gz);
     /* bf16: close to fp32 but not equal, and gradients close */
     double lb = step(&mb, 1.0f);
     CHECK_MSG(lb != l1 && fabs(lb - l1) < 2e-2 * fabs(l1), "bf16 loss %.9g vs fp32 %.9g", lb, l1);

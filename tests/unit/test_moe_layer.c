@@ -147,19 +147,22 @@ int main(void) {
     static float dyp[N * K * C], dtw[N * K], dg[N * K * F], dh1[N * K * F], dh3[N * K * F];
     static float dxp[N * K * C], dx[N * C], dlog[N * E], dwg[E * C], dw1[E * F * C], dw2[E * C * F],
         dw3[E * F * C];
-    be->unpermute_backward(be, moe_buf_f32(dyp), dtw, R, moe_cbuf_f32(s.yp), s.tw, s.slot, N, C, K);
+    be->unpermute_backward(be, moe_buf_f32(dyp), dtw, R, moe_cbuf_f32(s.yp), s.tw, s.slot, N, C, K,
+                           MOE_GRAD_ADD);
     be->grouped_matmul_backward(be, dg, dw2, moe_cbuf_f32(dyp), moe_cbuf_f32(s.g), moe_cbuf_f32(w2),
-                                s.off, E, F, C, MOE_RECIPE_FP32);
+                                s.off, E, F, C, MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     be->swiglu_backward(be, moe_buf_f32(dh1), moe_buf_f32(dh3), dg, moe_cbuf_f32(s.h1),
                         moe_cbuf_f32(s.h3), N * K * F);
     be->grouped_matmul_backward(be, dxp, dw1, moe_cbuf_f32(dh1), moe_cbuf_f32(s.xp),
-                                moe_cbuf_f32(w1), s.off, E, C, F, MOE_RECIPE_FP32);
+                                moe_cbuf_f32(w1), s.off, E, C, F, MOE_RECIPE_FP32, MOE_GRAD_ADD,
+                                MOE_GRAD_ADD);
     be->grouped_matmul_backward(be, dxp, dw3, moe_cbuf_f32(dh3), moe_cbuf_f32(s.xp),
-                                moe_cbuf_f32(w3), s.off, E, C, F, MOE_RECIPE_FP32);
-    be->permute_backward(be, dx, dxp, s.slot, N, C, K);
+                                moe_cbuf_f32(w3), s.off, E, C, F, MOE_RECIPE_FP32, MOE_GRAD_ADD,
+                                MOE_GRAD_ADD);
+    be->permute_backward(be, dx, dxp, s.slot, N, C, K, MOE_GRAD_ADD);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
     be->matmul_backward(be, dx, dwg, dlog, moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
-                        MOE_RECIPE_FP32);
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_against_reference("dx", x, dx, N * C);
     check_against_reference("dgate", wg, dwg, E * C);
     check_against_reference("dw1", w1, dw1, E * F * C);

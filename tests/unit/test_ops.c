@@ -160,7 +160,7 @@ static void test_matmul(void) {
     float *gx = fbuf(s.N * s.I, 0, 0, 0), *gw = fbuf(s.O * s.I, 0, 0, 0);
     gx[0] = 1.0f; /* backward accumulates: the 1 must survive */
     be->matmul_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.N, s.I, s.O,
-                        MOE_RECIPE_FP32);
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     gx[0] -= 1.0f;
     gc_check("matmul dx", &s, mm_loss, s.x, gx, s.N * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("matmul dw", &s, mm_loss, s.w, gw, s.O * s.I, 100, 1e-2, ATOL, RTOL);
@@ -194,7 +194,7 @@ static void test_grouped_matmul(void) {
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = fbuf(M * s.I, 0, 0, 0), *gw = fbuf(s.E * s.O * s.I, 0, 0, 0);
     be->grouped_matmul_backward(be, gx, gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x), moe_cbuf_f32(s.w),
-                                s.off, s.E, s.I, s.O, MOE_RECIPE_FP32);
+                                s.off, s.E, s.I, s.O, MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -382,7 +382,7 @@ static void test_permute(void) {
               0);
     }
     float *gx = fbuf(s.N * s.C, 0, 0, 0);
-    be->permute_backward(be, gx, s.r, s.slot, s.N, s.C, s.K);
+    be->permute_backward(be, gx, s.r, s.slot, s.N, s.C, s.K, MOE_GRAD_ADD);
     gc_check("permute dx", &s, pm_loss, s.x, gx, s.N * s.C, 30, 1e-2, ATOL, RTOL);
     /* unpermute */
     s.yp = fbuf(NK * s.C, 25, -1, 1);
@@ -394,7 +394,7 @@ static void test_permute(void) {
                s.tw[6] * s.yp[s.slot[6] * s.C + 2] + s.tw[7] * s.yp[s.slot[7] * s.C + 2], 1e-6);
     float *gyp = fbuf(NK * s.C, 0, 0, 0), *gtw = fbuf(NK, 0, 0, 0);
     be->unpermute_backward(be, moe_buf_f32(gyp), gtw, s.ry, moe_cbuf_f32(s.yp), s.tw, s.slot, s.N,
-                           s.C, s.K);
+                           s.C, s.K, MOE_GRAD_ADD);
     gc_check("unpermute dyp", &s, up_loss, s.yp, gyp, NK * s.C, 60, 1e-2, ATOL, RTOL);
     gc_check("unpermute dw", &s, up_loss, s.tw, gtw, NK, 10, 1e-2, ATOL, RTOL);
     free(s.x), free(s.xp), free(s.r), free(s.src), free(s.slot), free(s.off), free(gx);
@@ -521,13 +521,13 @@ static void test_gemm_ref(void) {
     moe_backend_cpu_set_threads(1);
     be->matmul_forward(be, moe_buf_f32(Z1), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
                        MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W1, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
-                        MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W1, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32,
+                        MOE_GRAD_ADD, MOE_GRAD_ADD);
     moe_backend_cpu_set_threads(2);
     be->matmul_forward(be, moe_buf_f32(Z2), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
                        MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W2, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
-                        MOE_RECIPE_FP32);
+    be->matmul_backward(be, NULL, W2, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32,
+                        MOE_GRAD_ADD, MOE_GRAD_ADD);
     CHECK_MSG(memcmp(Z1, Z2, (size_t)(S * S) * sizeof(float)) == 0,
               "matmul bits depend on threads");
     CHECK_MSG(memcmp(W1, W2, (size_t)(S * S) * sizeof(float)) == 0, "dW bits depend on threads");
@@ -560,11 +560,11 @@ static void test_bf16_weights(void) {
         be->matmul_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(x), wk[k], N, I, O,
                            MOE_RECIPE_BF16);
         be->matmul_backward(be, r[k][1], r[k][2], dy, moe_cbuf_f32(x), wk[k], N, I, O,
-                            MOE_RECIPE_BF16);
+                            MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
         be->grouped_matmul_backward(be, r[k][4], r[k][5], moe_cbuf_f32(dy), moe_cbuf_f32(x), wk[k],
-                                    off, E, I, O, MOE_RECIPE_BF16);
+                                    off, E, I, O, MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
     }
     for (int j = 0; j < 6; j++) {
         CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
@@ -608,13 +608,15 @@ static void test_bf16_activations(void) {
                                    off, E, F, C, MOE_RECIPE_BF16);
         be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
         be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
-                               N, C, K);
+                               N, C, K, MOE_GRAD_ADD);
         be->grouped_matmul_backward(be, dg, r[k][4], moe_cbuf_of(dyp, dt), moe_cbuf_of(g, dt),
-                                    moe_cbuf_f32(w2), off, E, F, C, MOE_RECIPE_BF16);
+                                    moe_cbuf_f32(w2), off, E, F, C, MOE_RECIPE_BF16, MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
         be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), dg, moe_cbuf_of(h, dt),
                             moe_cbuf_of(h, dt), NK * F);
         be->grouped_matmul_backward(be, r[k][1], r[k][3], moe_cbuf_of(dh, dt), moe_cbuf_of(xp, dt),
-                                    moe_cbuf_f32(w1), off, E, C, F, MOE_RECIPE_BF16);
+                                    moe_cbuf_f32(w1), off, E, C, F, MOE_RECIPE_BF16, MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
         free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
     }
     for (int j = 0; j < 5; j++) {
@@ -645,14 +647,15 @@ static void test_fp8_products(void) {
     be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
                        MOE_RECIPE_FP32);
     be->matmul_backward(be, dx32, dw32, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
-                        MOE_RECIPE_FP32);
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     float *y16 = fbuf(N * O, 0, 0, 0);
     be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
                        MOE_RECIPE_BF16);
     for (int r = 0; r < 2; r++) {
         float *y = fbuf(N * O, 0, 0, 0), *dx = fbuf(N * I, 0, 0, 0), *dw = fbuf(O * I, 0, 0, 0);
         be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r]);
-        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r]);
+        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
         CHECK_MSG(nmse(y, y32, N * O) < 2e-3 && nmse(dx, dx32, N * I) < 2e-3 &&
                       nmse(dw, dw32, O * I) < 2e-3,
                   "%s: nmse y %g dx %g dw %g", moe_recipe_name(rs[r]), nmse(y, y32, N * O),
@@ -665,7 +668,8 @@ static void test_fp8_products(void) {
         be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), moe_cbuf_f32(w), off, E, I,
                                    O, rs[r]);
         be->grouped_matmul_backward(be, gdx, gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, rs[r]);
+                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
         int kept = 1;
         for (int64_t i = O * I; i < 2 * O * I; i++)
             kept &= gdw[i] == 7.0f;
@@ -757,6 +761,77 @@ static void test_pool(void) {
     }
 }
 
+/* ---------------- moe_grad_store: SET writes the bytes ADD into zeros gives ---------------- */
+static int same(const void *a, const void *b, int64_t n) {
+    return memcmp(a, b, (size_t)n * sizeof(float)) == 0;
+}
+
+static void test_grad_store(void) {
+    int64_t N = 40, I = 160, O = 136, E = 3, C = 24, K = 2;
+    const int32_t off[4] = {0, 25, 25, 40}; /* expert 1 has no rows */
+    float *x = fbuf(N * I, 80, -1, 1), *w = fbuf(E * O * I, 81, -1, 1),
+          *dy = fbuf(N * O, 82, -1, 1);
+    const moe_recipe rs[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK};
+    for (int r = 0; r < 3; r++) {
+        /* ADD into zeros against SET into garbage (which SET must not read) */
+        float *dxa = fbuf(N * I, 0, 0, 0), *dwa = fbuf(E * O * I, 0, 0, 0);
+        float *dxs = fbuf(N * I, 83, -9, 9), *dws = fbuf(E * O * I, 84, -9, 9);
+        be->matmul_backward(be, dxa, dwa, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->matmul_backward(be, dxs, dws, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
+                            MOE_GRAD_SET, MOE_GRAD_SET);
+        CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, O * I), "%s: matmul SET != ADD into 0",
+                  moe_recipe_name(rs[r]));
+        memset(dxa, 0, (size_t)(N * I) * 4), memset(dwa, 0, (size_t)(E * O * I) * 4);
+        gc_fill(dxs, N * I, 85, -9, 9), gc_fill(dws, E * O * I, 86, -9, 9);
+        be->grouped_matmul_backward(be, dxa, dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, dxs, dws, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+        /* expert 1's weight gradient: zeros under SET (ADD left the zeros it had) */
+        CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, E * O * I),
+                  "%s: grouped matmul SET != ADD into 0", moe_recipe_name(rs[r]));
+        free(dxa), free(dwa), free(dxs), free(dws);
+    }
+    /* a product with no rows writes a zero weight gradient under SET, keeps it under ADD */
+    float *dw = fbuf(O * I, 87, 1, 2);
+    be->matmul_backward(be, NULL, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    CHECK(dw[0] >= 1.0f && dw[O * I - 1] >= 1.0f);
+    be->matmul_backward(be, NULL, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
+                        MOE_RECIPE_FP32, MOE_GRAD_SET, MOE_GRAD_SET);
+    float *z = fbuf(O * I, 0, 0, 0);
+    CHECK(same(dw, z, O * I));
+    free(dw), free(z);
+    /* permute and unpermute backward (slot_row: the identity), fp32 and a bf16 dyp */
+    int32_t *slot = malloc((size_t)(N * K) * sizeof(int32_t));
+    for (int64_t i = 0; i < N * K; i++)
+        slot[i] = (int32_t)i;
+    float *dxp = fbuf(N * K * C, 88, -1, 1), *g = fbuf(N * C, 89, -1, 1);
+    float *yp = fbuf(N * K * C, 90, -1, 1), *tw = fbuf(N * K, 91, 0, 1);
+    float *pa = fbuf(N * C, 0, 0, 0), *ps = fbuf(N * C, 92, -9, 9);
+    be->permute_backward(be, pa, dxp, slot, N, C, K, MOE_GRAD_ADD);
+    be->permute_backward(be, ps, dxp, slot, N, C, K, MOE_GRAD_SET);
+    CHECK_MSG(same(pa, ps, N * C), "permute_backward SET != ADD into 0");
+    for (int bf = 0; bf < 2; bf++) {
+        moe_dtype dt = bf ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        float *ya = fbuf(N * K * C, 0, 0, 0), *ys = fbuf(N * K * C, 93, -9, 9); /* bf16: half */
+        float *ta = fbuf(N * K, 0, 0, 0), *ts = fbuf(N * K, 94, -9, 9);
+        be->unpermute_backward(be, moe_buf_of(ya, dt), ta, g, moe_cbuf_f32(yp), tw, slot, N, C, K,
+                               MOE_GRAD_ADD);
+        be->unpermute_backward(be, moe_buf_of(ys, dt), ts, g, moe_cbuf_f32(yp), tw, slot, N, C, K,
+                               MOE_GRAD_SET);
+        int64_t words = bf ? N * K * C / 2 : N * K * C; /* a bf16 dyp fills half the buffer */
+        CHECK_MSG(same(ya, ys, words) && same(ta, ts, N * K), "unpermute_backward (%s) SET != ADD",
+                  moe_dtype_name(dt));
+        free(ya), free(ys), free(ta), free(ts);
+    }
+    free(slot), free(dxp), free(g), free(yp), free(tw), free(pa), free(ps);
+    free(x), free(w), free(dy);
+}
+
 int main(void) {
     be = moe_backend_cpu();
     test_pool();
@@ -770,6 +845,7 @@ int main(void) {
     test_cross_entropy();
     test_router();
     test_permute();
+    test_grad_store();
     test_attention_grad(NULL);
     const int32_t docs[5] = {0, 0, 2, 3, 3}; /* documents [0, 2), [2, 3), [3, 5) */
     test_attention_grad(docs);

@@ -92,7 +92,10 @@ typedef struct moe_model {
     int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
                               moe_param.data is NULL), one conversion at load */
     int param16_stale;     /* param16_mem no longer equals round_bf16(param_mem) */
-    float *grad_mem;       /* [table.n_elems] dev, one allocation */
+    float *grad_mem;       /* [table.n_elems] dev, one allocation; read it through
+                              moe_model_grads (see moe_model_zero_grad) */
+    int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
+                              gradients (or moe_model_grads zeroes them) */
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under
@@ -180,10 +183,18 @@ moe_status moe_model_set_document_separator(moe_model *m, int32_t sep, moe_err *
  * position). The activations are kept for moe_model_backward. */
 moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t *targets,
                              const float *weights, int B, int T, moe_step_stats *st, moe_err *err);
-/* grads += grad_scale * d(loss of the last forward)/d(params). Fails (MOE_ERR_RUNTIME)
- * without a preceding forward with targets. */
+/* grads += grad_scale * d(loss of the last forward)/d(params) (the first backward after
+ * moe_model_zero_grad writes them: grads = ...). Fails (MOE_ERR_RUNTIME) without a
+ * preceding forward with targets. */
 moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err);
+/* The gradients are zero from here on. No pass over them: the next moe_model_backward writes
+ * every gradient instead of adding to it (each has one producer per backward; the few that
+ * accumulate within one, the embedding's and the norms', are zeroed there), and
+ * moe_model_grads zeroes them if it comes first. */
 void moe_model_zero_grad(moe_model *m);
+/* grad_mem [table.n_elems] dev, the gradients to read (reduce, norm, optimizer): zeroed
+ * first when moe_model_zero_grad had no backward after it. NULL for a forward-only model. */
+float *moe_model_grads(moe_model *m);
 
 /* Hidden states, forward only: layer 0 = embeddings, l = output of layer l,
  * num_hidden_layers = output of the final norm. tokens [B, T] host; out [B, T, C] host. */

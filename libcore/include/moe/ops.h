@@ -18,7 +18,10 @@
  *  - Forward ops OVERWRITE their outputs. Backward ops ACCUMULATE (+=) into every gradient
  *    they produce (parameter AND activation gradients); the caller zeroes buffers first.
  *    Exceptions are marked: rope (in place both ways), cross_entropy_backward and
- *    swiglu_backward (write).
+ *    swiglu_backward (write), and the ops with a moe_grad_store argument (matmul, grouped
+ *    matmul, permute and unpermute backward), which add or write as the caller says: a
+ *    gradient with one producer is written (no zeroing pass, no read of the zeros), the
+ *    second producer of a sum adds. On the CPU, writing gives the bits adding into zeros gives.
  *    A gradient pointer documented "may be NULL" is skipped.
  *  - `prec` is the precision recipe. MOE_RECIPE_FP32: plain fp32. MOE_RECIPE_BF16 (GPU
  *    numerics emulated on the CPU): every operand of a matrix product (matmul, grouped
@@ -92,6 +95,11 @@ const char *moe_op_name(moe_op op);
 typedef struct moe_op_dims {
     int64_t B, T, C, H, KV, D, V, E, K, F;
 } moe_op_dims;
+
+/* How a backward op with this argument stores a gradient: MOE_GRAD_ADD adds into it (+=),
+ * MOE_GRAD_SET overwrites it (=), every element included: under SET the weight gradient of
+ * an expert with no rows, or of a product with no rows, is written as zeros. */
+typedef enum moe_grad_store { MOE_GRAD_ADD = 0, MOE_GRAD_SET = 1 } moe_grad_store;
 
 /* A read-only operand in backend memory with the type of its elements. */
 typedef struct moe_cbuf {
@@ -239,13 +247,14 @@ struct moe_backend {
                            moe_cbuf x,                       /* [N, I] dev, F32|BF16 */
                            moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
-    /* dx += dy W ; dw += dy^T x */
-    void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, +=, may be NULL */
-                            float *dw,                        /* [O, I] dev, +=, may be NULL */
+    /* dx (+)= dy W ; dw (+)= dy^T x, each added or written as dx_st / dw_st say */
+    void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, may be NULL */
+                            float *dw,                        /* [O, I] dev, may be NULL */
                             const float *dy,                  /* [N, O] dev */
                             moe_cbuf x,                       /* [N, I] dev, F32 or BF16 */
                             moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
-                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
+                            int64_t N, int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                            moe_grad_store dw_st);
 
     /* ---- router: p = softmax(logits) in fp32, top-K experts by p (ties: lower index
      * first; slots in descending p), topk_w = p[top] / sum_k p[top_k]. Statistics for the
@@ -285,11 +294,11 @@ struct moe_backend {
                             moe_cbuf x,                        /* [N, C] dev, F32|BF16 */
                             const int32_t *topk_idx,           /* [N, K] dev */
                             int64_t N, int64_t C, int64_t E, int64_t K);
-    /* dx[n,:] += sum_k dxp[slot_row[n*K+k], :] */
-    void (*permute_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
+    /* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] */
+    void (*permute_backward)(const moe_backend *be, float *dx, /* [N, C] dev */
                              const float *dxp,                 /* [N*K, C] dev */
                              const int32_t *slot_row,          /* [N*K] dev */
-                             int64_t N, int64_t C, int64_t K);
+                             int64_t N, int64_t C, int64_t K, moe_grad_store st);
 
     /* ---- unpermute with routing weights: y[n,:] = sum_k topk_w[n,k] * yp[slot_row[n*K+k],:]
      * (summed in k order) ---- */
@@ -298,30 +307,33 @@ struct moe_backend {
                               const float *topk_w,             /* [N, K] dev */
                               const int32_t *slot_row,         /* [N*K] dev */
                               int64_t N, int64_t C, int64_t K);
-    void (*unpermute_backward)(const moe_backend *be, moe_buf dyp, /* [N*K, C] dev, +=, F32|BF16 */
-                               float *dtopk_w,                     /* [N, K] dev, += */
+    /* dyp[r,:] (+)= w dy[n,:], dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]); st for both */
+    void (*unpermute_backward)(const moe_backend *be, moe_buf dyp, /* [N*K, C] dev, F32|BF16 */
+                               float *dtopk_w,                     /* [N, K] dev */
                                const float *dy,                    /* [N, C] dev */
                                moe_cbuf yp,                        /* [N*K, C] dev, F32|BF16 */
                                const float *topk_w,                /* [N, K] dev */
                                const int32_t *slot_row,            /* [N*K] dev */
-                               int64_t N, int64_t C, int64_t K);
+                               int64_t N, int64_t C, int64_t K, moe_grad_store st);
 
     /* ---- grouped matmul: rows offsets[e]..offsets[e+1] of x use expert e's weight:
      * y[r] = x[r] W[e]^T. offsets is HOST memory; experts with no rows are skipped (their
-     * weight gradient is left untouched). M = offsets[E]. ---- */
+     * weight gradient is left untouched under MOE_GRAD_ADD, zeroed under SET). M = offsets[E].
+     * ---- */
     void (*grouped_matmul_forward)(const moe_backend *be, moe_buf y, /* [M, O] dev, F32|BF16 */
                                    moe_cbuf x,                       /* [M, I] dev, F32|BF16 */
                                    moe_cbuf w,                       /* [E, O, I] dev, F32|BF16 */
                                    const int32_t *offsets,           /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
-    void (*grouped_matmul_backward)(const moe_backend *be,
-                                    float *dx,              /* [M, I] dev, +=, may be NULL */
-                                    float *dw,              /* [E, O, I] dev, += */
-                                    moe_cbuf dy,            /* [M, O] dev, F32 or BF16 */
-                                    moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
+    /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say */
+    void (*grouped_matmul_backward)(const moe_backend *be, float *dx, /* [M, I] dev, may be NULL */
+                                    float *dw,                        /* [E, O, I] dev */
+                                    moe_cbuf dy,                      /* [M, O] dev, F32 or BF16 */
+                                    moe_cbuf x,                       /* [M, I] dev, F32 or BF16 */
                                     moe_cbuf w,             /* [E, O, I] dev, F32 or BF16 */
                                     const int32_t *offsets, /* [E + 1] host */
-                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
+                                    int64_t E, int64_t I, int64_t O, moe_recipe prec,
+                                    moe_grad_store dx_st, moe_grad_store dw_st);
 
     /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ---- */
     void (*swiglu_forward)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16 */

@@ -516,7 +516,7 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
         }
         if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
             m->be->adamw(m->be, m->param_mem + a, m->param16_mem ? m->param16_mem + a : NULL,
-                         m->grad_mem + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
+                         moe_model_grads(m) + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
                          (float)o->beta1, (float)o->beta2, (float)o->eps, (float)wd_run, step,
                          grad_scale);
             a = -1;
@@ -528,7 +528,7 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
-    if (!m->grad_mem) { /* forward-only model: no gradients */
+    if (!m->grad_mem || m->grads_stale) { /* forward-only model, or zero since zero_grad */
         memset(dst, 0, (size_t)m->table.n_elems * sizeof(float));
         return;
     }
@@ -536,8 +536,15 @@ void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
 }
 
 void moe_model_zero_grad(moe_model *m) {
-    if (!m->grad_mem) return; /* forward-only model */
-    m->be->memset(m->be, m->grad_mem, 0, (size_t)m->table.n_elems * sizeof(float));
+    if (m->grad_mem) m->grads_stale = 1; /* nothing to do for a forward-only model */
+}
+
+float *moe_model_grads(moe_model *m) {
+    if (m->grads_stale) {
+        m->be->memset(m->be, m->grad_mem, 0, (size_t)m->table.n_elems * sizeof(float));
+        m->grads_stale = 0;
+    }
+    return m->grad_mem;
 }
 
 /* ---- sizes for --dry-run ---- */

@@ -4,7 +4,11 @@
  * Everything touches activation memory only through be-> ops and memory functions (so the
  * same code drives the CUDA backend); the host sees only the small per-token loss vector and
  * the router statistics, copied back to compute the scalar losses in double. Backward ops
- * accumulate, so each gradient scratch buffer is zeroed right before the op that fills it.
+ * accumulate unless told to write (moe_grad_store): a gradient buffer with one producer is
+ * written by it, the first of several producers writes and the others add, and only the
+ * buffers of accumulating ops (the residual's dres, attention's dq/dk/dv, the router's
+ * logits) are zeroed right before the op that fills them. Parameter gradients are written
+ * by the first backward after moe_model_zero_grad and added to by later ones.
  * Loss definitions (ce, aux, z) are in moe/model.h. Activation recomputation
  * (train.recompute): the forward is written as two block functions so that backward can run
  * a block again for a layer whose intermediates were not kept (they live in a shared set,
@@ -282,13 +286,24 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     int64_t H = c->num_attention_heads, KV = c->num_key_value_heads, D = m->head_dim;
     int64_t E = c->num_local_experts, K = c->num_experts_per_tok, NK = N * K;
     moe_param *P = m->table.params;
+    /* parameter gradients: written by this backward after moe_model_zero_grad (gw = SET),
+     * else added to; the ones its accumulating ops fill (embedding, norms) start at zero */
+    const moe_grad_store gw = m->grads_stale ? MOE_GRAD_SET : MOE_GRAD_ADD;
+    if (m->grads_stale) {
+        ZERO(P[m->table.p_embed].grad, P[m->table.p_embed].numel);
+        ZERO(P[m->table.p_norm].grad, P[m->table.p_norm].numel);
+        for (int l = 0; l < L; l++) {
+            ZERO(P[m->table.layer[l].ln1].grad, C);
+            ZERO(P[m->table.layer[l].ln2].grad, C);
+        }
+        m->grads_stale = 0;
+    }
     /* head: CE -> lm_head -> final norm */
     float dloss = a->weight_sum > 0.0 ? (float)(grad_scale / a->weight_sum) : 0.0f;
     be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
                                a->has_weights ? a->weights : NULL, dloss, N, V);
-    ZERO(a->dln, N * C);
     be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, moe_cbuf_f32(a->lnf),
-                        moe_model_weight(m, m->table.p_lm_head), N, C, V, p16);
+                        moe_model_weight(m, m->table.p_lm_head), N, C, V, p16, MOE_GRAD_SET, gw);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
                          P[m->table.p_norm].data, a->rstdf, N, C);
@@ -311,42 +326,38 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);
         if (!a->keep_moe) moe_model_moe_block(m, l, B, T, 0);
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
-        be->memset(be, a->dyp, 0, (size_t)(NK * C) * moe_dtype_size(adt));
-        ZERO(a->dtw, NK);
         be->unpermute_backward(be, moe_buf_of(a->dyp, adt), a->dtw, a->dres,
-                               moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
+                               moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K,
+                               MOE_GRAD_SET);
         /* expert parallelism: dyp goes the way xp went (-> dye), dxe comes back as ye did */
         if (a->ep > 1)
             moe_model_ep_dispatch(m, l, a->dyp, a->dye, (size_t)C * moe_dtype_size(adt), 0);
         int64_t El, R;
         const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-        ZERO(a->dg, R * F);
         be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dye, adt),
                                     moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), eoff, El,
-                                    F, C, prec);
+                                    F, C, prec, MOE_GRAD_SET, gw);
         be->swiglu_backward(be, moe_buf_of(a->dh1, adt), moe_buf_of(a->dh3, adt), a->dg,
                             moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), R * F);
-        ZERO(a->dxe, R * C);
         be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(a->dh1, adt),
                                     moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w1), eoff, El,
-                                    C, F, prec);
+                                    C, F, prec, MOE_GRAD_SET, gw);
         be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_of(a->dh3, adt),
                                     moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w3), eoff, El,
-                                    C, F, prec);
+                                    C, F, prec, MOE_GRAD_ADD, gw);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
-        ZERO(a->dln, N * C);
-        be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K);
+        be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob + l * E, dz, la->probs, la->rlse,
                             la->topk_idx, la->topk_w, N, E, K);
         be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, moe_cbuf_of(la->ln2, adt),
-                            moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32);
+                            moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32, MOE_GRAD_ADD,
+                            gw);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
                              la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-        ZERO(a->datt, N * H * D);
         be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, moe_cbuf_of(la->att, adt),
-                            moe_model_weight(m, li->o), N, H * D, C, prec);
+                            moe_model_weight(m, li->o), N, H * D, C, prec, MOE_GRAD_SET, gw);
         ZERO(a->dq, N * H * D);
         ZERO(a->dk, N * KV * D);
         ZERO(a->dv, N * KV * D);
@@ -356,14 +367,13 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                p16);
         be->rope_backward(be, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
-        ZERO(a->dln, N * C);
         moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
         be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, ln1, moe_model_weight(m, li->q), N, C,
-                            H * D, prec);
+                            H * D, prec, MOE_GRAD_SET, gw);
         be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, ln1, moe_model_weight(m, li->k), N, C,
-                            KV * D, prec);
+                            KV * D, prec, MOE_GRAD_ADD, gw);
         be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, ln1, moe_model_weight(m, li->v), N, C,
-                            KV * D, prec);
+                            KV * D, prec, MOE_GRAD_ADD, gw);
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
                              la->rstd1, N, C);
     }

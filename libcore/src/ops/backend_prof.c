@@ -195,10 +195,10 @@ static void pr_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_
 
 static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                                moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                               moe_recipe prec) {
+                               moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->matmul_backward(p->inner, dx, dw, dy, x, w, N, I, O, prec);
+    p->inner->matmul_backward(p->inner, dx, dw, dy, x, w, N, I, O, prec, dx_st, dw_st);
     prof_end_op(p, t0, MOE_OP_MATMUL, 1);
 }
 
@@ -234,10 +234,11 @@ static void pr_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_s
 }
 
 static void pr_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                                moe_grad_store st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->permute_backward(p->inner, dx, dxp, slot_row, N, C, K);
+    p->inner->permute_backward(p->inner, dx, dxp, slot_row, N, C, K, st);
     prof_end_op(p, t0, MOE_OP_PERMUTE, 1);
 }
 
@@ -251,10 +252,11 @@ static void pr_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, c
 
 static void pr_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w,
                                   const float *dy, moe_cbuf yp, const float *topk_w,
-                                  const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+                                  const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                                  moe_grad_store st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->unpermute_backward(p->inner, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K);
+    p->inner->unpermute_backward(p->inner, dyp, dtopk_w, dy, yp, topk_w, slot_row, N, C, K, st);
     prof_end_op(p, t0, MOE_OP_UNPERMUTE, 1);
 }
 
@@ -269,10 +271,12 @@ static void pr_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf
 
 static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                        moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                       int64_t I, int64_t O, moe_recipe prec) {
+                                       int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                       moe_grad_store dw_st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->grouped_matmul_backward(p->inner, dx, dw, dy, x, w, offsets, E, I, O, prec);
+    p->inner->grouped_matmul_backward(p->inner, dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st,
+                                      dw_st);
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 1);
 }
 

@@ -377,7 +377,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (st == MOE_OK) st = t->be->synchronize(t->be, err);
     /* the global batch's gradient, each rank summing its ZeRO-1 slices: the dense part over
      * every rank, the experts over the dp replicas of this shard */
-    float *grad = t->model.grad_mem;
+    float *grad = moe_model_grads(&t->model); /* zero on a rank that ran no micro-batch */
     int64_t dense = t->model.table.dense_elems, dn = t->dhi - t->dlo, xn = t->xhi - t->xlo;
     if (st == MOE_OK)
         st = moe_comm_reduce_scatter(t->comm, MOE_COMM_WORLD, grad, t->dslice, MOE_COMM_F32, err);

@@ -57,31 +57,37 @@ const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
 float *moe_cpu_output(moe_buf y, int64_t n);
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
+/* The GEMM beta that stores a gradient as st says: 1 adds into it, 0 writes it. */
+static inline float moe_cpu_beta(moe_grad_store st) {
+    return st == MOE_GRAD_SET ? 0.0f : 1.0f;
+}
 
 /* ops_dense.c */
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec);
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                             moe_recipe prec);
+                             moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                     int64_t I, int64_t O, moe_recipe prec);
+                                     int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                     moe_grad_store dw_st);
 
 /* ops_fp8.c: the fp8 recipes' products (moe_cpu_is_fp8), called by the four above */
 int moe_cpu_is_fp8(moe_recipe prec);
 void moe_cpu_fp8_matmul_forward(moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                 moe_recipe prec);
 void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
-                                 int64_t N, int64_t I, int64_t O, moe_recipe prec);
+                                 int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                                 moe_grad_store dx_st, moe_grad_store dw_st);
 void moe_cpu_fp8_grouped_forward(moe_buf y, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, moe_recipe prec);
 void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
                                   const int32_t *offsets, int64_t E, int64_t I, int64_t O,
-                                  moe_recipe prec);
+                                  moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
 
 /* ops_norm.c */
 void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
@@ -126,12 +132,13 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
                              int32_t *offsets, moe_cbuf x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K);
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                              const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
+                              const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                              moe_grad_store st);
 void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
 void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w, const float *dy,
                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
-                                int64_t N, int64_t C, int64_t K);
+                                int64_t N, int64_t C, int64_t K, moe_grad_store st);
 
 /* ops_loss.c */
 void moe_cpu_cross_entropy_forward(const moe_backend *be, float *loss, float *lse,

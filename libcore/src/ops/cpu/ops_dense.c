@@ -158,21 +158,21 @@ void moe_cpu_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_c
 
 void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                             moe_recipe prec) {
+                             moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
     (void)be;
     if (moe_cpu_is_fp8(prec)) {
-        moe_cpu_fp8_matmul_backward(dx, dw, moe_cbuf_f32(dy), x, w, N, I, O, prec);
+        moe_cpu_fp8_matmul_backward(dx, dw, moe_cbuf_f32(dy), x, w, N, I, O, prec, dx_st, dw_st);
         return;
     }
     const float *dyr = moe_cpu_operand(dy, N * O, prec);
-    if (dx) { /* dx[N,I] += dy[N,O] W[O,I] */
+    if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const float *wr = moe_cpu_operand_typed(w, O * I, prec);
-        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, 1.0f, dx);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, moe_cpu_beta(dx_st), dx);
         moe_cpu_operand_free(wr, w.p);
     }
-    if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I] */
+    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] (no rows: written as zeros under SET) */
         const float *xr = moe_cpu_operand_typed(x, N * I, prec);
-        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, 1.0f, dw);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, moe_cpu_beta(dw_st), dw);
         moe_cpu_operand_free(xr, x.p);
     }
     moe_cpu_operand_free(dyr, dy);
@@ -205,10 +205,15 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
 
 void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                     int64_t I, int64_t O, moe_recipe prec) {
+                                     int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                     moe_grad_store dw_st) {
     (void)be;
+    if (dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
+        for (int64_t e = 0; e < E; e++)
+            if (offsets[e + 1] <= offsets[e])
+                memset(dw + e * O * I, 0, (size_t)(O * I) * sizeof(float));
     if (moe_cpu_is_fp8(prec)) {
-        moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec);
+        moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
         return;
     }
     int64_t M = offsets[E];
@@ -220,10 +225,11 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
         if (dx) {
             moe_cbuf w_e = moe_cbuf_at(w, e * O * I);
             const float *we = moe_cpu_operand_typed(w_e, O * I, prec);
-            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, 1.0f, dx + r0 * I);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, moe_cpu_beta(dx_st), dx + r0 * I);
             moe_cpu_operand_free(we, w_e.p);
         }
-        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, 1.0f, dw + e * O * I);
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, moe_cpu_beta(dw_st),
+                     dw + e * O * I);
     }
     moe_cpu_operand_free(dyr, dy.p);
     moe_cpu_operand_free(xr, x.p);

@@ -57,15 +57,16 @@ void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, i
 }
 
 void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
-                                 int64_t N, int64_t I, int64_t O, moe_recipe prec) {
-    if (dx) { /* dx[N,I] += dy[N,O] W[O,I], reducing over O */
+                                 int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                                 moe_grad_store dx_st, moe_grad_store dw_st) {
+    if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I], reducing over O */
         float *dq = operand(dy, N, O, Q_ROWS, prec), *wq = operand(w, O, I, Q_WEIGHT_COLS, prec);
-        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, 1.0f, dx);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, moe_cpu_beta(dx_st), dx);
         free(dq), free(wq);
     }
-    if (dw) { /* dw[O,I] += dy^T[O,N] x[N,I], reducing over N */
+    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I], reducing over N */
         float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_COLS, prec);
-        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, 1.0f, dw);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, moe_cpu_beta(dw_st), dw);
         free(dq), free(xq);
     }
 }
@@ -88,21 +89,21 @@ void moe_cpu_fp8_grouped_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, const int32
 
 void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
                                   const int32_t *offsets, int64_t E, int64_t I, int64_t O,
-                                  moe_recipe prec) {
+                                  moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
     int64_t M = offsets[E];
     float *dq = dx ? operand(dy, M, O, Q_ROWS, prec) : NULL;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n <= 0) continue;
+        if (n <= 0) continue; /* zeroed under SET by the caller */
         if (dx) {
             float *wq = operand(moe_cbuf_at(w, e * O * I), O, I, Q_WEIGHT_COLS, prec);
-            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, 1.0f, dx + r0 * I);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, moe_cpu_beta(dx_st), dx + r0 * I);
             free(wq);
         }
         /* the expert's rows are their own group along N */
         float *dc = operand(moe_cbuf_at(dy, r0 * O), n, O, Q_COLS, prec);
         float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_COLS, prec);
-        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, 1.0f, dw + e * O * I);
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, moe_cpu_beta(dw_st), dw + e * O * I);
         free(dc), free(xc);
     }
     free(dq);

@@ -150,16 +150,21 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
 }
 
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                              const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+                              const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                              moe_grad_store st) {
     (void)be;
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++)
+    for (int64_t n = 0; n < N; n++) {
+        float *d = dx + n * C;
+        if (st == MOE_GRAD_SET)
+            for (int64_t c = 0; c < C; c++)
+                d[c] = 0.0f;
         for (int64_t kk = 0; kk < K; kk++) {
             const float *g = dxp + (int64_t)slot_row[n * K + kk] * C;
-            float *d = dx + n * C;
             for (int64_t c = 0; c < C; c++)
                 d[c] += g[c];
         }
+    }
 }
 
 void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
@@ -181,8 +186,9 @@ void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, con
 
 void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w, const float *dy,
                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
-                                int64_t N, int64_t C, int64_t K) {
+                                int64_t N, int64_t C, int64_t K, moe_grad_store st) {
     (void)be;
+    const int add = st == MOE_GRAD_ADD;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float *g = dy + n * C;
@@ -191,10 +197,11 @@ void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk
             moe_cbuf dr = moe_cbuf_from(dyp);
             float w = topk_w[n * K + kk], s = 0.0f;
             for (int64_t c = 0; c < C; c++) {
-                moe_buf_set(dyp, r * C + c, moe_cbuf_get(dr, r * C + c) + w * g[c]);
+                float prev = add ? moe_cbuf_get(dr, r * C + c) : 0.0f;
+                moe_buf_set(dyp, r * C + c, prev + w * g[c]);
                 s += g[c] * moe_cbuf_get(yp, r * C + c);
             }
-            dtopk_w[n * K + kk] += s;
+            dtopk_w[n * K + kk] = (add ? dtopk_w[n * K + kk] : 0.0f) + s;
         }
     }
 }
