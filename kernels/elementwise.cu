@@ -336,9 +336,8 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
 }
 
 template <int V, typename TI, typename TG>
-__global__ void k_swiglu_bwd(TG *__restrict__ da, TG *__restrict__ db,
-                             const float *__restrict__ dout, const TI *__restrict__ a,
-                             const TI *__restrict__ b, int64_t n) {
+__global__ void k_swiglu_bwd(TG *da, TG *db, const float *__restrict__ dout, const TI *a,
+                             const TI *b, int64_t n) { /* da may be a, db b: in place */
     int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
         float av[V], bv[V], g[V], dav[V], dbv[V];

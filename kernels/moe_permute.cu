@@ -268,8 +268,8 @@ void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, co
 /* dyp[r,:] (+)= w dy[n,:]; dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]) (add: 1 adds, 0 writes),
  * one block per token */
 template <int V, typename TY, typename TG>
-__global__ void k_unperm_bwd(TG *__restrict__ dyp, float *__restrict__ dtopk_w,
-                             const float *__restrict__ dy, const TY *__restrict__ yp,
+__global__ void k_unperm_bwd(TG *dyp, float *__restrict__ dtopk_w, const float *__restrict__ dy,
+                             const TY *yp, /* dyp may be yp */
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K, int add) {
     __shared__ float sh[32];

@@ -618,6 +618,13 @@ static void run_permute(gctx *g, const tcase *tc) {
     check_sync_guards(g, "unpermute_backward SET");
     cmp_typed(g, "unpermute dyp (SET)", sgyp, gyp, M * C, tol_stored(tc));
     cmp_f32(g, "unpermute dtopk_w (SET)", sgtw, gtw, N * K, tc->tol);
+    /* in place, as the model runs it: dyp over yp */
+    moe_buf iyp = dev_typed(g, tc, "yp (in place)", yp, M * C);
+    g->gpu->unpermute_backward(g->gpu, iyp, sgtw, dgy, moe_cbuf_from(iyp), dtw, dsrr, N, C, K,
+                               MOE_GRAD_SET);
+    check_sync_guards(g, "unpermute_backward in place");
+    cmp_typed(g, "unpermute dyp (in place)", iyp, gyp, M * C, tol_stored(tc));
+    cmp_f32(g, "unpermute dtopk_w (in place)", sgtw, gtw, N * K, tc->tol);
     free(ti), free(x), free(xp), free(rs), free(sr), free(off), free(gxp), free(gx), free(tw);
     free(yp), free(y), free(gy), free(gyp), free(gtw);
 }
@@ -703,6 +710,13 @@ static void run_swiglu(gctx *g, const tcase *tc) {
     check_sync_guards(g, "swiglu_backward");
     cmp_typed(g, "da", dga, ga, n, tol_stored(tc));
     cmp_typed(g, "db", dgb, gb, n, tol_stored(tc));
+    /* in place, as the model runs it: da over a, db over b */
+    moe_buf ia = dev_typed(g, tc, "a (in place)", a, n),
+            ib = dev_typed(g, tc, "b (in place)", b, n);
+    g->gpu->swiglu_backward(g->gpu, ia, ib, dgy, moe_cbuf_from(ia), moe_cbuf_from(ib), n);
+    check_sync_guards(g, "swiglu_backward in place");
+    cmp_typed(g, "da (in place)", ia, ga, n, tol_stored(tc));
+    cmp_typed(g, "db (in place)", ib, gb, n, tol_stored(tc));
     free(a), free(b), free(o), free(gy), free(ga), free(gb);
 }
 

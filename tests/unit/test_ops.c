@@ -826,8 +826,25 @@ static void test_grad_store(void) {
         int64_t words = bf ? N * K * C / 2 : N * K * C; /* a bf16 dyp fills half the buffer */
         CHECK_MSG(same(ya, ys, words) && same(ta, ts, N * K), "unpermute_backward (%s) SET != ADD",
                   moe_dtype_name(dt));
+        if (!bf) { /* in place, as the model runs it: dyp over yp */
+            float *yi = malloc((size_t)(N * K * C) * sizeof(float));
+            memcpy(yi, yp, (size_t)(N * K * C) * sizeof(float));
+            be->unpermute_backward(be, moe_buf_f32(yi), ts, g, moe_cbuf_f32(yi), tw, slot, N, C, K,
+                                   MOE_GRAD_SET);
+            CHECK_MSG(same(ya, yi, N * K * C) && same(ta, ts, N * K), "unpermute in place");
+            free(yi);
+        }
         free(ya), free(ys), free(ta), free(ts);
     }
+    /* swiglu backward in place (da over a, db over b) gives the bytes of separate outputs */
+    float *sa = fbuf(N * C, 95, -4, 4), *sb = fbuf(N * C, 96, -2, 2);
+    float *da = fbuf(N * C, 0, 0, 0), *db = fbuf(N * C, 0, 0, 0);
+    be->swiglu_backward(be, moe_buf_f32(da), moe_buf_f32(db), g, moe_cbuf_f32(sa), moe_cbuf_f32(sb),
+                        N * C);
+    be->swiglu_backward(be, moe_buf_f32(sa), moe_buf_f32(sb), g, moe_cbuf_f32(sa), moe_cbuf_f32(sb),
+                        N * C);
+    CHECK_MSG(same(da, sa, N * C) && same(db, sb, N * C), "swiglu_backward in place");
+    free(sa), free(sb), free(da), free(db);
     free(slot), free(dxp), free(g), free(yp), free(tw), free(pa), free(ps);
     free(x), free(w), free(dy);
 }

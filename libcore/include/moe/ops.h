@@ -307,7 +307,8 @@ struct moe_backend {
                               const float *topk_w,             /* [N, K] dev */
                               const int32_t *slot_row,         /* [N*K] dev */
                               int64_t N, int64_t C, int64_t K);
-    /* dyp[r,:] (+)= w dy[n,:], dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]); st for both */
+    /* dyp[r,:] (+)= w dy[n,:], dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]); st for both. dyp may
+     * be yp (in place, of one type: each element read before it is written) */
     void (*unpermute_backward)(const moe_backend *be, moe_buf dyp, /* [N*K, C] dev, F32|BF16 */
                                float *dtopk_w,                     /* [N, K] dev */
                                const float *dy,                    /* [N, C] dev */
@@ -340,7 +341,8 @@ struct moe_backend {
                            moe_cbuf a,                         /* [n] dev (w1 output) */
                            moe_cbuf b, /* [n] dev (w3 output), of a's type */
                            int64_t n, moe_recipe prec);
-    /* WRITES (does not accumulate) da and db: each has this one producer, so no zeroing */
+    /* WRITES (does not accumulate) da and db: each has this one producer, so no zeroing.
+     * In place allowed: da may be a and db b (each element read before it is written). */
     void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, F32|BF16 */
                             moe_buf db,                        /* [n] dev, of da's type */
                             const float *dout,                 /* [n] dev */

@@ -169,12 +169,12 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dtw = carve(&off, base, (size_t)NK * f);
     p->dprob = carve(&off, base, (size_t)(L * E) * f);
     p->dxp = carve(&off, base, (size_t)(NK * C) * f);
-    p->dyp = carve(&off, base, (size_t)(NK * C) * ef);
-    p->dh1 = carve(&off, base, (size_t)(cap * F) * ef);
-    p->dh3 = carve(&off, base, (size_t)(cap * F) * ef);
+    /* dyp, dh1 and dh3 have no buffers: the backward writes them over the layer's yp, h1
+     * and h3, whose last reader is the op that writes them (unpermute's and swiglu's
+     * backward, in place) */
     p->dg = carve(&off, base, (size_t)(cap * F) * f);
     p->dxe = own ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
-    p->dye = own ? carve(&off, base, (size_t)(cap * C) * ef) : p->dyp;
+    p->dye = own ? carve(&off, base, (size_t)(cap * C) * ef) : NULL; /* NULL: the layer's yp */
     p->xfer = own ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
     p->doc_start = carve(&off, base, (size_t)N * i4);
     p->positions = carve(&off, base, (size_t)N * i4);

@@ -95,9 +95,10 @@ struct moe_acts {
     float *dprob;          /* [L, E] */
     float *dxp;            /* [N*K, C] */
     float *dxe;            /* [cap, C] the expert side's dxp (= dxp at ep 1) */
-    void *dyp;             /* [N*K, C], of element type adt (read only by the w2 product) */
-    void *dye;             /* [cap, C] the expert side's dyp (= dyp at ep 1) */
-    void *dh1, *dh3;       /* [cap, F], of element type adt (read only by the w1/w3 products) */
+    void *dye;             /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
+                              (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
+                              the w2 / w1 / w3 products) are written over the layer's yp, h1
+                              and h3 */
     float *dg;             /* [cap, F] */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */

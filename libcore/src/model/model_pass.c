@@ -326,23 +326,23 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (!a->keep_attn || !a->keep_mid) moe_model_attn_block(m, l, B, T, !a->keep_mid);
         if (!a->keep_moe) moe_model_moe_block(m, l, B, T, 0);
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
-        be->unpermute_backward(be, moe_buf_of(a->dyp, adt), a->dtw, a->dres,
-                               moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K,
-                               MOE_GRAD_SET);
+        /* dyp over yp, dh1/dh3 over h1/h3: in place, each op their last reader */
+        void *dyp = la->yp, *dye = a->ep > 1 ? a->dye : dyp, *dh1 = la->h1, *dh3 = la->h3;
+        be->unpermute_backward(be, moe_buf_of(dyp, adt), a->dtw, a->dres, moe_cbuf_of(la->yp, adt),
+                               la->topk_w, la->slot_row, N, C, K, MOE_GRAD_SET);
         /* expert parallelism: dyp goes the way xp went (-> dye), dxe comes back as ye did */
-        if (a->ep > 1)
-            moe_model_ep_dispatch(m, l, a->dyp, a->dye, (size_t)C * moe_dtype_size(adt), 0);
+        if (a->ep > 1) moe_model_ep_dispatch(m, l, dyp, dye, (size_t)C * moe_dtype_size(adt), 0);
         int64_t El, R;
         const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(a->dye, adt),
+        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(dye, adt),
                                     moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), eoff, El,
                                     F, C, prec, MOE_GRAD_SET, gw);
-        be->swiglu_backward(be, moe_buf_of(a->dh1, adt), moe_buf_of(a->dh3, adt), a->dg,
+        be->swiglu_backward(be, moe_buf_of(dh1, adt), moe_buf_of(dh3, adt), a->dg,
                             moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), R * F);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(a->dh1, adt),
+        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(dh1, adt),
                                     moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w1), eoff, El,
                                     C, F, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_of(a->dh3, adt),
+        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_of(dh3, adt),
                                     moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w3), eoff, El,
                                     C, F, prec, MOE_GRAD_ADD, gw);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));

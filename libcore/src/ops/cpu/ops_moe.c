@@ -196,10 +196,10 @@ void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk
             int64_t r = slot_row[n * K + kk];
             moe_cbuf dr = moe_cbuf_from(dyp);
             float w = topk_w[n * K + kk], s = 0.0f;
-            for (int64_t c = 0; c < C; c++) {
+            for (int64_t c = 0; c < C; c++) { /* yp read before dyp is written: in place */
                 float prev = add ? moe_cbuf_get(dr, r * C + c) : 0.0f;
-                moe_buf_set(dyp, r * C + c, prev + w * g[c]);
                 s += g[c] * moe_cbuf_get(yp, r * C + c);
+                moe_buf_set(dyp, r * C + c, prev + w * g[c]);
             }
             dtopk_w[n * K + kk] = (add ? dtopk_w[n * K + kk] : 0.0f) + s;
         }
