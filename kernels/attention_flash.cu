@@ -222,7 +222,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_bwd_dq(float *__restrict__ dq, const bf16 *__restrict__ q, const bf16 *__restrict__ k,
                 const bf16 *__restrict__ v, const bf16 *__restrict__ dout,
                 const float *__restrict__ lse, const float *__restrict__ delta,
-                const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
+                const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale,
+                int add) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -301,7 +302,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         }
         __syncthreads();
     }
-    fa_add_rows<D>(dq + qoff, acc, row0, row1, T, qstride, scale, t);
+    fa_add_rows<D>(dq + qoff, acc, row0, row1, T, qstride, scale, t, add);
 }
 
 template <int D>
@@ -310,7 +311,7 @@ __global__ void __launch_bounds__(FA_THREADS)
                  const bf16 *__restrict__ k, const bf16 *__restrict__ v,
                  const bf16 *__restrict__ dout, const float *__restrict__ lse,
                  const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T,
-                 int H, int KV, float scale) {
+                 int H, int KV, float scale, int add) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sK = reinterpret_cast<bf16 *>(fa_smem);
@@ -408,8 +409,8 @@ __global__ void __launch_bounds__(FA_THREADS)
         }
         __syncthreads();
     }
-    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t);
-    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t);
+    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);
+    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -480,7 +481,7 @@ template <int D>
 static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
                         const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
                         const float *delta, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                        int64_t KV) {
+                        int64_t KV, int add) {
     const char *op = "attention_backward";
     float scale = 1.0f / sqrtf((float)D);
     size_t smem_dq = (size_t)(2 * FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
@@ -491,13 +492,13 @@ static void fa_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const 
         return;
     dim3 gq((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
     k_fa_bwd_dq<D><<<gq, FA_THREADS, smem_dq, c->stream>>>(dq, q, k, v, dout, lse, delta, dstart, T,
-                                                           (int)H, (int)KV, scale);
+                                                           (int)H, (int)KV, scale, add);
     if (!MOE_CUDA_LAUNCHED(c, op, "dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                            (long long)T, (long long)H, (long long)KV, D))
         return;
     dim3 gk((unsigned)((T + FA_BKV - 1) / FA_BKV), (unsigned)(B * KV));
     k_fa_bwd_dkv<D><<<gk, FA_THREADS, smem_kv, c->stream>>>(dk, dv, q, k, v, dout, lse, delta,
-                                                            dstart, T, (int)H, (int)KV, scale);
+                                                            dstart, T, (int)H, (int)KV, scale, add);
     MOE_CUDA_LAUNCHED(c, op, "dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
                       (long long)H, (long long)KV, D);
 }
@@ -566,16 +567,17 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
                                  moe_cbuf out, const float *lse, const int32_t *doc_start,
                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                 moe_recipe prec) {
+                                 moe_recipe prec, moe_grad_store st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_backward";
+    const int add = st == MOE_GRAD_ADD;
     if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
         return;
     if (prec == MOE_RECIPE_FP32) {
         if (!fa_all_f32(c, op, out, q, k, v)) return;
         moe_cuda_attention_fp32_backward(c, dq, dk, dv, dout, (const float *)q.p,
                                          (const float *)k.p, (const float *)v.p,
-                                         (const float *)out.p, lse, doc_start, B, T, H, KV, D);
+                                         (const float *)out.p, lse, doc_start, B, T, H, KV, D, add);
         return;
     }
     if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
@@ -601,25 +603,26 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
     if (!gb) return;
 #if MOE_HAVE_SM90A
     if (moe_cuda_fa3_supported(c, D, qb, kb, vb) && ((uintptr_t)gb & 15) == 0) {
-        moe_cuda_fa3_backward(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, D);
+        moe_cuda_fa3_backward(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, D,
+                              add);
         return;
     }
 #endif
     switch (D) {
     case 16:
-        fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
+        fa_backward<16>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, add);
         break;
     case 32:
-        fa_backward<32>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
+        fa_backward<32>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, add);
         break;
     case 64:
-        fa_backward<64>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
+        fa_backward<64>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, add);
         break;
     case 96:
-        fa_backward<96>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
+        fa_backward<96>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, add);
         break;
     default:
-        fa_backward<128>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV);
+        fa_backward<128>(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, add);
         break;
     }
 }

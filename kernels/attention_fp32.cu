@@ -88,12 +88,12 @@ __global__ void k_af_delta(float *__restrict__ delta, const float *__restrict__ 
     }
 }
 
-/* dq[t] += scale * sum_{j <= t} ds_tj k_j, one warp per query row */
+/* dq[t] (+)= scale * sum_{j <= t} ds_tj k_j (add 1 adds, 0 writes), one warp per query row */
 __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
                         const float *__restrict__ q, const float *__restrict__ k,
                         const float *__restrict__ v, const float *__restrict__ lse,
                         const float *__restrict__ delta, const int32_t *__restrict__ dstart,
-                        int64_t T, int H, int KV, int D, float scale) {
+                        int64_t T, int H, int KV, int D, float scale, int add) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
@@ -121,18 +121,18 @@ __global__ void k_af_dq(float *__restrict__ dq, const float *__restrict__ dout,
 #pragma unroll
     for (int r = 0; r < AF_MAXR; r++) {
         int d = lane + 32 * r;
-        if (d < D) dq[o + d] += acc[r];
+        if (d < D) dq[o + d] = (add ? dq[o + d] : 0.0f) + acc[r];
     }
 }
 
-/* dk[j] += scale * sum ds_tj q_t, dv[j] += sum p_tj dout_t over the group's heads and the
- * t >= j of j's document; one warp per key row, blockIdx.y = b*KV + g */
+/* dk[j] (+)= scale * sum ds_tj q_t, dv[j] (+)= sum p_tj dout_t over the group's heads and the
+ * t >= j of j's document (add 1 adds, 0 writes); one warp per key row, blockIdx.y = b*KV + g */
 __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
                          const float *__restrict__ dout, const float *__restrict__ q,
                          const float *__restrict__ k, const float *__restrict__ v,
                          const float *__restrict__ lse, const float *__restrict__ delta,
                          const int32_t *__restrict__ dstart, int64_t T, int H, int KV, int D,
-                         float scale) {
+                         float scale, int add) {
     int lane = threadIdx.x & 31;
     int64_t j = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bg = blockIdx.y, b = bg / KV, g = bg % KV, group = H / KV;
@@ -172,8 +172,8 @@ __global__ void k_af_dkv(float *__restrict__ dk, float *__restrict__ dv,
     for (int r = 0; r < AF_MAXR; r++) {
         int d = lane + 32 * r;
         if (d < D) {
-            dk[o + d] += dka[r];
-            dv[o + d] += dva[r];
+            dk[o + d] = (add ? dk[o + d] : 0.0f) + dka[r];
+            dv[o + d] = (add ? dv[o + d] : 0.0f) + dva[r];
         }
     }
 }
@@ -211,7 +211,7 @@ void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, flo
                                       const float *dout, const float *q, const float *k,
                                       const float *v, const float *out, const float *lse,
                                       const int32_t *doc_start, int64_t B, int64_t T, int64_t H,
-                                      int64_t KV, int64_t D) {
+                                      int64_t KV, int64_t D, int add) {
     const char *op = "attention_backward";
     if (!af_shape_ok(c, op, B, T, H, KV, D)) return;
     float *delta =
@@ -226,13 +226,13 @@ void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, flo
         return;
     dim3 gq((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * H));
     k_af_dq<<<gq, 32 * AF_WARPS, 0, c->stream>>>(dq, dout, q, k, v, lse, delta, doc_start, T,
-                                                 (int)H, (int)KV, (int)D, scale);
+                                                 (int)H, (int)KV, (int)D, scale, add);
     if (!MOE_CUDA_LAUNCHED(c, op, "fp32 dq B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B,
                            (long long)T, (long long)H, (long long)KV, (long long)D))
         return;
     dim3 gk((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * KV));
     k_af_dkv<<<gk, 32 * AF_WARPS, 0, c->stream>>>(dk, dv, dout, q, k, v, lse, delta, doc_start, T,
-                                                  (int)H, (int)KV, (int)D, scale);
+                                                  (int)H, (int)KV, (int)D, scale, add);
     MOE_CUDA_LAUNCHED(c, op, "fp32 dk/dv B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B,
                       (long long)T, (long long)H, (long long)KV, (long long)D);
 }

@@ -338,7 +338,7 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
                                  moe_cbuf out, const float *lse, const int32_t *doc_start,
                                  int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                 moe_recipe prec);
+                                 moe_recipe prec, moe_grad_store st);
 
 /* sm90/attention_wgmma.cu, in the build when it targets sm_90 (MOE_HAVE_SM90A): the Hopper
  * forward of bf16 flash attention, same contract as the portable one (attention_flash.cu).
@@ -359,7 +359,7 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
                            const __nv_bfloat16 *k, const __nv_bfloat16 *v,
                            const __nv_bfloat16 *dout, const float *lse, const float *delta,
                            const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV,
-                           int64_t D);
+                           int64_t D, int add);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or
@@ -371,7 +371,7 @@ void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, flo
                                       const float *dout, const float *q, const float *k,
                                       const float *v, const float *out, const float *lse,
                                       const int32_t *doc_start, int64_t B, int64_t T, int64_t H,
-                                      int64_t KV, int64_t D);
+                                      int64_t KV, int64_t D, int add);
 
 void moe_cuda_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,
                              float *topk_w, int32_t *counts, float *stats, const float *logits,

@@ -195,23 +195,25 @@ __device__ __forceinline__ void fa_dscores_cols(float (*s)[4], const float (*dp)
     }
 }
 
-/* g[row * stride + col] += scale * acc for this thread's rows row0, row1 = row0 + 8 (< T) of
- * a [*, stride] fp32 gradient (g: the head's column 0 of row 0), acc [D/8][4]. */
+/* g[row * stride + col] (+)= scale * acc for this thread's rows row0, row1 = row0 + 8 (< T)
+ * of a [*, stride] fp32 gradient (g: the head's column 0 of row 0), acc [D/8][4]; add 1 adds
+ * into g, 0 writes it. */
 template <int D>
 __device__ __forceinline__ void fa_add_rows(float *g, const float (*acc)[4], int64_t row0,
                                             int64_t row1, int64_t T, int64_t stride, float scale,
-                                            int t) {
+                                            int t, int add) {
+    const float2 zero = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int nt = 0; nt < D / 8; nt++) {
         const int col = nt * 8 + 2 * t;
         if (row0 < T) {
             float2 *p = reinterpret_cast<float2 *>(g + row0 * stride + col);
-            const float2 cur = *p;
+            const float2 cur = add ? *p : zero;
             *p = make_float2(cur.x + scale * acc[nt][0], cur.y + scale * acc[nt][1]);
         }
         if (row1 < T) {
             float2 *p = reinterpret_cast<float2 *>(g + row1 * stride + col);
-            const float2 cur = *p;
+            const float2 cur = add ? *p : zero;
             *p = make_float2(cur.x + scale * acc[nt][2], cur.y + scale * acc[nt][3]);
         }
     }

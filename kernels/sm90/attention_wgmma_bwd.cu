@@ -139,15 +139,15 @@ __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)
     fa3_hold(y);
 }
 
-/* dq [B, T, H, D] (+= scale * dS K); q/dout maps with boxes of FB_ROWS rows, k/v maps with
- * FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL; grid (T / 128, B * H) */
+/* dq [B, T, H, D] (+= scale * dS K, or = under add 0); q/dout maps with boxes of FB_ROWS rows, k/v
+ * maps with FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL; grid (T / 128, B * H) */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_dq(float *__restrict__ dq, const __grid_constant__ CUtensorMap mq,
             const __grid_constant__ CUtensorMap mdo, const __grid_constant__ CUtensorMap mk,
             const __grid_constant__ CUtensorMap mv, const float *__restrict__ lse,
             const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T, int H,
-            int KV, float scale) {
+            int KV, float scale, int add) {
     const fb_smem<D> m = fb_begin<D>();
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
@@ -211,19 +211,19 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     }
     const int64_t qstride = (int64_t)H * D;
     fa_add_rows<D>(dq + (int64_t)b * T * qstride + (int64_t)h * D, acc, row0, row1, T, qstride,
-                   scale, t);
+                   scale, t, add);
 }
 
-/* dk/dv [B, T, KV, D] (+= scale * dS^T Q, += P^T dO); k/v maps with boxes of FB_ROWS rows,
- * q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL;
- * grid (T / 128, B * KV) */
+/* dk/dv [B, T, KV, D] (+= scale * dS^T Q, += P^T dO; = under add 0); k/v maps with boxes of FB_ROWS
+ * rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL; grid (T / 128, B
+ * * KV) */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_dkv(float *__restrict__ dk, float *__restrict__ dv, const __grid_constant__ CUtensorMap mk,
              const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
              const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
              const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T, int H,
-             int KV, float scale) {
+             int KV, float scale, int add) {
     const fb_smem<D> m = fb_begin<D>();
     const int kb = gridDim.x - 1 - blockIdx.x;
     const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
@@ -312,15 +312,15 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_bar_arrive(m.be + 8 * s);
     }
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
-    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t);
-    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t);
+    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);
+    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add);
 }
 
 template <int D>
 static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
                       const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
                       const float *delta, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                      int64_t KV) {
+                      int64_t KV, int add) {
     const char *op = "attention_backward";
     const float scale = 1.0f / sqrtf((float)D);
     const size_t smem = fb_smem<D>::BYTES + 1024;
@@ -345,12 +345,12 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
         return;
     const unsigned nb = (unsigned)((T + FB_ROWS - 1) / FB_ROWS);
     k_fb_dq<D><<<dim3(nb, (unsigned)(B * H)), FB_THREADS, smem, c->stream>>>(
-        dq, rq, rdo, sk, sv, lse, delta, dstart, T, (int)H, (int)KV, scale);
+        dq, rq, rdo, sk, sv, lse, delta, dstart, T, (int)H, (int)KV, scale, add);
     if (!MOE_CUDA_LAUNCHED(c, op, "wgmma dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                            (long long)T, (long long)H, (long long)KV, D))
         return;
     k_fb_dkv<D><<<dim3(nb, (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
-        dk, dv, rk, rv, sq, sdo, lse, delta, dstart, T, (int)H, (int)KV, scale);
+        dk, dv, rk, rv, sq, sdo, lse, delta, dstart, T, (int)H, (int)KV, scale, add);
     MOE_CUDA_LAUNCHED(c, op, "wgmma dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }
@@ -358,9 +358,9 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
 void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf16 *q,
                            const bf16 *k, const bf16 *v, const bf16 *dout, const float *lse,
                            const float *delta, const int32_t *dstart, int64_t B, int64_t T,
-                           int64_t H, int64_t KV, int64_t D) {
+                           int64_t H, int64_t KV, int64_t D, int add) {
     if (D == 64)
-        fb_launch<64>(c, dq, dk, dv, q, k, v, dout, lse, delta, dstart, B, T, H, KV);
+        fb_launch<64>(c, dq, dk, dv, q, k, v, dout, lse, delta, dstart, B, T, H, KV, add);
     else
-        fb_launch<128>(c, dq, dk, dv, q, k, v, dout, lse, delta, dstart, B, T, H, KV);
+        fb_launch<128>(c, dq, dk, dv, q, k, v, dout, lse, delta, dstart, B, T, H, KV, add);
 }

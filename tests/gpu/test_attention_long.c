@@ -114,7 +114,7 @@ static double run_attention(const moe_backend *be, int64_t n, const float *q, co
     double t1 = moe_time_now();
     be->attention_backward(be, r.dq, r.dk, r.dv, r.dout, moe_cbuf_f32(r.q), moe_cbuf_f32(r.k),
                            moe_cbuf_f32(r.v), moe_cbuf_f32(r.out), r.lse, NULL, 1, n, H, KV, D,
-                           MOE_RECIPE_BF16);
+                           MOE_RECIPE_BF16, MOE_GRAD_ADD);
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     *t_fwd = t1 - t0;
     *t_bwd = moe_time_now() - t1;

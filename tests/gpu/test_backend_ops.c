@@ -422,9 +422,9 @@ static void run_attention(gctx *g, const tcase *tc) {
     float *gq0 = fdup(gq, nq), *gk0 = fdup(gk, nk);
     g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, moe_cbuf_f32(q), moe_cbuf_f32(k),
                                moe_cbuf_f32(v), moe_cbuf_f32(out), lse, ds, B, T, H, KV, D,
-                               tc->prec);
+                               tc->prec, MOE_GRAD_ADD);
     g->gpu->attention_backward(g->gpu, dgq, dgk, dgv, dgy, dq_, dk_, dv_, dor, dlr, dds, B, T, H,
-                               KV, D, tc->prec);
+                               KV, D, tc->prec, MOE_GRAD_ADD);
     check_sync_guards(g, "attention_backward");
     check_changed(g, "dq", gq, gq0, nq, 0.9);
     check_changed(g, "dk", gk, gk0, nk, 0.9);
@@ -432,6 +432,18 @@ static void run_attention(gctx *g, const tcase *tc) {
     cmp_f32(g, "dq", dgq, gq, nq, tc->tol);
     cmp_f32(g, "dk", dgk, gk, nk, tc->tol);
     cmp_f32(g, "dv", dgv, gv, nk, tc->tol);
+    /* written gradients (MOE_GRAD_SET) into NaN-poisoned buffers, which must not be read */
+    g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                               moe_cbuf_f32(v), moe_cbuf_f32(out), lse, ds, B, T, H, KV, D,
+                               tc->prec, MOE_GRAD_SET);
+    float *sgq = dup_dev(g, "dq (SET)", NULL, F(nq)), *sgk = dup_dev(g, "dk (SET)", NULL, F(nk));
+    float *sgv = dup_dev(g, "dv (SET)", NULL, F(nk));
+    g->gpu->attention_backward(g->gpu, sgq, sgk, sgv, dgy, dq_, dk_, dv_, dor, dlr, dds, B, T, H,
+                               KV, D, tc->prec, MOE_GRAD_SET);
+    check_sync_guards(g, "attention_backward SET");
+    cmp_f32(g, "dq (SET)", sgq, gq, nq, tc->tol);
+    cmp_f32(g, "dk (SET)", sgk, gk, nk, tc->tol);
+    cmp_f32(g, "dv (SET)", sgv, gv, nk, tc->tol);
     free(q), free(k), free(v), free(out), free(lse), free(gy), free(gq), free(gk), free(gv);
     free(ds);
 }
@@ -1271,7 +1283,7 @@ static void run_perf(gctx *g, const pcase *pc) {
                 if (pc->dir)
                     be->attention_backward(be, f, h, k, a, a16, b16, c16,
                                            moe_cbuf_of(d, MOE_DTYPE_BF16), e, ds, s[0], s[1], s[2],
-                                           s[3], s[4], BF16);
+                                           s[3], s[4], BF16, MOE_GRAD_ADD);
                 else
                     be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, ds,
                                           s[0], s[1], s[2], s[3], s[4], BF16);

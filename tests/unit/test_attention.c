@@ -113,7 +113,7 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
                           moe_cbuf_f32(v), ds, B, T, H, KV, D, MOE_RECIPE_FP32);
     be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
-                           moe_cbuf_f32(o), lse, ds, B, T, H, KV, D, MOE_RECIPE_FP32);
+                           moe_cbuf_f32(o), lse, ds, B, T, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
     double eo = maxdiff(o, r.o, nq), el = maxdiff(lse, r.lse, nl);
     double eq = maxdiff(dq, r.dq, nq), ek = maxdiff(dk, r.dk, nk), ev = maxdiff(dv, r.dv, nk);
     CHECK_MSG(eo < 1e-5 && el < 1e-5, "B%lld T%lld H%lld KV%lld D%lld%s: out err %g lse err %g",
@@ -152,7 +152,8 @@ static void test_threads_and_bf16(void) {
         be->attention_forward(be, moe_buf_f32(o[c]), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
                               moe_cbuf_f32(v), NULL, B, T, H, KV, D, pr);
         be->attention_backward(be, dq[c], dk[c], dv[c], g, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                               moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, NULL, B, T, H, KV, D, pr);
+                               moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, NULL, B, T, H, KV, D, pr,
+                               MOE_GRAD_ADD);
     }
     CHECK(memcmp(o[0], o[1], (size_t)nq * 4) == 0);
     CHECK(memcmp(dq[0], dq[1], (size_t)nq * 4) == 0);
@@ -186,7 +187,7 @@ static void test_packed_equals_alone(void) {
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
                           moe_cbuf_f32(v), ds, 1, T, H, KV, D, MOE_RECIPE_FP32);
     be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
-                           moe_cbuf_f32(o), lse, ds, 1, T, H, KV, D, MOE_RECIPE_FP32);
+                           moe_cbuf_f32(o), lse, ds, 1, T, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
     for (int64_t s0 = 0, d = 0; s0 < T; s0 += lens[d], d++) {
         int64_t n = s0 + lens[d] <= T ? lens[d] : T - s0, mq = n * H * D, mk = n * KV * D;
         float *o1 = calloc((size_t)mq, 4), *l1 = calloc((size_t)(H * n), 4);
@@ -196,7 +197,7 @@ static void test_packed_equals_alone(void) {
         be->attention_forward(be, moe_buf_f32(o1), l1, qa, ka, va, NULL, 1, n, H, KV, D,
                               MOE_RECIPE_FP32);
         be->attention_backward(be, q1, k1, v1, g + s0 * H * D, qa, ka, va, moe_cbuf_f32(o1), l1,
-                               NULL, 1, n, H, KV, D, MOE_RECIPE_FP32);
+                               NULL, 1, n, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
         int same = memcmp(o1, o + s0 * H * D, (size_t)mq * 4) == 0;
         for (int64_t h = 0; h < H; h++)
             same &= memcmp(l1 + h * n, lse + h * T + s0, (size_t)n * 4) == 0;

@@ -424,7 +424,7 @@ static void test_attention_grad(const int32_t *ds) {
     float *gq = fbuf(nq, 0, 0, 0), *gk = fbuf(nk, 0, 0, 0), *gv = fbuf(nk, 0, 0, 0);
     be->attention_backward(be, gq, gk, gv, s.r, moe_cbuf_f32(s.q), moe_cbuf_f32(s.k),
                            moe_cbuf_f32(s.v), moe_cbuf_f32(s.o), s.lse, ds, s.B, s.T, s.H, s.KV,
-                           s.D, MOE_RECIPE_FP32);
+                           s.D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
     gc_check("attention dq", &s, at_loss, s.q, gq, nq, 60, 1e-2, ATOL, RTOL);
     gc_check("attention dk", &s, at_loss, s.k, gk, nk, 40, 1e-2, ATOL, RTOL);
     gc_check("attention dv", &s, at_loss, s.v, gv, nk, 40, 1e-2, ATOL, RTOL);
@@ -845,6 +845,27 @@ static void test_grad_store(void) {
                         N * C);
     CHECK_MSG(same(da, sa, N * C) && same(db, sb, N * C), "swiglu_backward in place");
     free(sa), free(sb), free(da), free(db);
+    /* attention backward (GQA 4/2, a document mask): SET into garbage = ADD into zeros */
+    const int64_t aB = 2, aT = 9, aH = 4, aKV = 2, aD = 8, nq = aB * aT * aH * aD;
+    const int64_t nk = aB * aT * aKV * aD;
+    const int32_t ds[18] = {0, 0, 0, 3, 3, 3, 3, 7, 7, 0, 0, 0, 0, 0, 5, 5, 5, 5};
+    float *q = fbuf(nq, 97, -1, 1), *k = fbuf(nk, 98, -1, 1), *v = fbuf(nk, 99, -1, 1);
+    float *o = fbuf(nq, 0, 0, 0), *lse = fbuf(aB * aH * aT, 0, 0, 0), *go = fbuf(nq, 100, -1, 1);
+    be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                          moe_cbuf_f32(v), ds, aB, aT, aH, aKV, aD, MOE_RECIPE_FP32);
+    float *ga[3] = {fbuf(nq, 0, 0, 0), fbuf(nk, 0, 0, 0), fbuf(nk, 0, 0, 0)};
+    float *gs[3] = {fbuf(nq, 101, -9, 9), fbuf(nk, 102, -9, 9), fbuf(nk, 103, -9, 9)};
+    be->attention_backward(be, ga[0], ga[1], ga[2], go, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                           moe_cbuf_f32(v), moe_cbuf_f32(o), lse, ds, aB, aT, aH, aKV, aD,
+                           MOE_RECIPE_FP32, MOE_GRAD_ADD);
+    be->attention_backward(be, gs[0], gs[1], gs[2], go, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                           moe_cbuf_f32(v), moe_cbuf_f32(o), lse, ds, aB, aT, aH, aKV, aD,
+                           MOE_RECIPE_FP32, MOE_GRAD_SET);
+    CHECK_MSG(same(ga[0], gs[0], nq) && same(ga[1], gs[1], nk) && same(ga[2], gs[2], nk),
+              "attention_backward SET != ADD into 0");
+    for (int i = 0; i < 3; i++)
+        free(ga[i]), free(gs[i]);
+    free(q), free(k), free(v), free(o), free(lse), free(go);
     free(slot), free(dxp), free(g), free(yp), free(tw), free(pa), free(ps);
     free(x), free(w), free(dy);
 }

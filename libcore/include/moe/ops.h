@@ -18,8 +18,9 @@
  *  - Forward ops OVERWRITE their outputs. Backward ops ACCUMULATE (+=) into every gradient
  *    they produce (parameter AND activation gradients); the caller zeroes buffers first.
  *    Exceptions are marked: rope (in place both ways), cross_entropy_backward and
- *    swiglu_backward (write), and the ops with a moe_grad_store argument (matmul, grouped
- *    matmul, permute and unpermute backward), which add or write as the caller says: a
+ *    swiglu_backward (write), and the ops with a moe_grad_store argument (attention,
+ *    matmul, grouped matmul, permute and unpermute backward), which add or write as the
+ *    caller says: a
  *    gradient with one producer is written (no zeroing pass, no read of the zeros), the
  *    second producer of a sum adds. On the CPU, writing gives the bits adding into zeros gives.
  *    A gradient pointer documented "may be NULL" is skipped.
@@ -229,9 +230,10 @@ struct moe_backend {
                               const int32_t *doc_start,           /* [B, T] dev, or NULL */
                               int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                               moe_recipe prec);
-    void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev, += */
-                               float *dk,                        /* [B, T, KV, D] dev, += */
-                               float *dv,                        /* [B, T, KV, D] dev, += */
+    /* dq, dk, dv (+)= the gradients, added or written (every element) as st says */
+    void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev */
+                               float *dk,                        /* [B, T, KV, D] dev */
+                               float *dv,                        /* [B, T, KV, D] dev */
                                const float *dout,                /* [B, T, H, D] dev */
                                moe_cbuf q,                       /* [B, T, H, D] dev */
                                moe_cbuf k,                       /* [B, T, KV, D] dev */
@@ -240,7 +242,7 @@ struct moe_backend {
                                const float *lse,         /* [B, H, T] dev */
                                const int32_t *doc_start, /* [B, T] dev, or NULL */
                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                               moe_recipe prec);
+                               moe_recipe prec, moe_grad_store st);
 
     /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
     void (*matmul_forward)(const moe_backend *be, moe_buf y, /* [N, O] dev, F32|BF16 */

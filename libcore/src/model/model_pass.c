@@ -6,8 +6,8 @@
  * the router statistics, copied back to compute the scalar losses in double. Backward ops
  * accumulate unless told to write (moe_grad_store): a gradient buffer with one producer is
  * written by it, the first of several producers writes and the others add, and only the
- * buffers of accumulating ops (the residual's dres, attention's dq/dk/dv, the router's
- * logits) are zeroed right before the op that fills them. Parameter gradients are written
+ * buffers of accumulating ops (the residual's dres, the router's logits) are zeroed right
+ * before the op that fills them. Parameter gradients are written
  * by the first backward after moe_model_zero_grad and added to by later ones.
  * Loss definitions (ce, aux, z) are in moe/model.h. Activation recomputation
  * (train.recompute): the forward is written as two block functions so that backward can run
@@ -358,13 +358,10 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
         be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, moe_cbuf_of(la->att, adt),
                             moe_model_weight(m, li->o), N, H * D, C, prec, MOE_GRAD_SET, gw);
-        ZERO(a->dq, N * H * D);
-        ZERO(a->dk, N * KV * D);
-        ZERO(a->dv, N * KV * D);
         be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, moe_cbuf_of(la->q, adt),
                                moe_cbuf_of(la->k, adt), moe_cbuf_of(la->v, adt),
                                moe_cbuf_of(la->att, adt), la->att_lse, doc_start(m), B, T, H, KV, D,
-                               p16);
+                               p16, MOE_GRAD_SET);
         be->rope_backward(be, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
         moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);

@@ -177,11 +177,11 @@ static void pr_attention_backward(const moe_backend *be, float *dq, float *dk, f
                                   const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
                                   moe_cbuf out, const float *lse, const int32_t *doc_start,
                                   int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                  moe_recipe prec) {
+                                  moe_recipe prec, moe_grad_store st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->attention_backward(p->inner, dq, dk, dv, dout, q, k, v, out, lse, doc_start, B, T, H,
-                                 KV, D, prec);
+                                 KV, D, prec, st);
     prof_end_op(p, t0, MOE_OP_ATTENTION, 1);
 }
 

@@ -118,7 +118,8 @@ void moe_cpu_attention_forward(const moe_backend *be, moe_buf out, float *lse, m
 void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v, moe_cbuf out,
                                 const float *lse, const int32_t *doc_start, int64_t B, int64_t T,
-                                int64_t H, int64_t KV, int64_t D, moe_recipe prec);
+                                int64_t H, int64_t KV, int64_t D, moe_recipe prec,
+                                moe_grad_store st);
 
 /* ops_moe.c */
 void moe_cpu_router_forward(const moe_backend *be, float *probs, float *lse, int32_t *topk_idx,

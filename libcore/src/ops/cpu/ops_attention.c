@@ -12,6 +12,7 @@
  * packed document walks its keys in the same blocks as it would alone. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ops/cpu/cpu_ops.h"
 
@@ -99,8 +100,13 @@ void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, flo
                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
                                 moe_cbuf outb, const float *lse, const int32_t *doc_start,
                                 int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
-                                moe_recipe prec) {
+                                moe_recipe prec, moe_grad_store st) {
     (void)be;
+    if (st == MOE_GRAD_SET) { /* the reference writes by adding into zeros */
+        memset(dq, 0, (size_t)(B * T * H * D) * sizeof(float));
+        memset(dk, 0, (size_t)(B * T * KV * D) * sizeof(float));
+        memset(dv, 0, (size_t)(B * T * KV * D) * sizeof(float));
+    }
     const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
     const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
     const float *vr = moe_cpu_operand_typed(v, B * T * KV * D, prec);
