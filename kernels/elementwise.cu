@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "backend_cuda.cuh"
+#include "ops/cuda_scratch.h"
 
 /* ------------------------------------------------------------------------------------------
  * embedding */
@@ -109,63 +110,83 @@ __global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
     }
 }
 
-template <int V>
-__global__ void k_rmsnorm_bwd_dx(float *__restrict__ dx, const float *__restrict__ dout,
-                                 const float *__restrict__ x, const float *__restrict__ w,
-                                 const float *__restrict__ rstd, int64_t C) {
+#define MOE_RMS_LANES 16 /* row lanes of the partial-sum reduction */
+
+/* One block per MOE_CUDA_RMS_ROWS rows, thread t owning columns (g * blockDim + t) * V + j for
+ * g < G: per row dx[n] += dout w r - x k (k = dot(dout w, x) r^3 / C), and the block's
+ * partial weight gradient part[block, c] = sum over its rows (ascending) of dout x r, kept in
+ * registers: dout and x are read once from memory for both gradients. */
+template <int V, int G>
+__global__ void k_rmsnorm_bwd(float *__restrict__ dx, float *__restrict__ part,
+                              const float *__restrict__ dout, const float *__restrict__ x,
+                              const float *__restrict__ w, const float *__restrict__ rstd,
+                              int64_t N, int64_t C) {
     __shared__ float sh[32];
-    int64_t n = blockIdx.x;
-    const float *xn = x + n * C, *gn = dout + n * C;
-    float r = rstd[n], dot = 0.0f;
-    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-        float gv[V], wv[V], xv[V];
-        moe_ldv<V>(gn, i, gv);
-        moe_ldv<V>(w, i, wv);
-        moe_ldv<V>(xn, i, xv);
+    float wv[G][V], acc[G][V];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const int64_t i = ((int64_t)g * blockDim.x + threadIdx.x) * V;
+        if (i < C) moe_ldv<V>(w, i, wv[g]);
 #pragma unroll
         for (int j = 0; j < V; j++)
-            dot += gv[j] * wv[j] * xv[j];
+            acc[g][j] = 0.0f;
     }
-    dot = moe_block_sum(dot, sh);
-    float k = dot * r * r * r / (float)C;
-    float *dxn = dx + n * C;
-    for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-        float gv[V], wv[V], xv[V], d[V];
-        moe_ldv<V>(gn, i, gv);
-        moe_ldv<V>(w, i, wv);
-        moe_ldv<V>(xn, i, xv);
-        moe_ldv<V>(dxn, i, d);
+    const int64_t r0 = (int64_t)blockIdx.x * MOE_CUDA_RMS_ROWS;
+    const int64_t r1 = r0 + MOE_CUDA_RMS_ROWS < N ? r0 + MOE_CUDA_RMS_ROWS : N;
+    for (int64_t n = r0; n < r1; n++) {
+        const float r = rstd[n];
+        float gv[G][V], xv[G][V], dot = 0.0f;
 #pragma unroll
-        for (int j = 0; j < V; j++)
-            d[j] += gv[j] * wv[j] * r - xv[j] * k;
-        moe_stv<V>(dxn, i, d);
+        for (int g = 0; g < G; g++) {
+            const int64_t i = ((int64_t)g * blockDim.x + threadIdx.x) * V;
+            if (i >= C) continue;
+            moe_ldv<V>(dout, n * C + i, gv[g]);
+            moe_ldv<V>(x, n * C + i, xv[g]);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                dot += gv[g][j] * wv[g][j] * xv[g][j];
+        }
+        dot = moe_block_sum(dot, sh);
+        const float k = dot * r * r * r / (float)C;
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            const int64_t i = ((int64_t)g * blockDim.x + threadIdx.x) * V;
+            if (i >= C) continue;
+            float d[V];
+            moe_ldv<V>(dx, n * C + i, d);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                d[j] += gv[g][j] * wv[g][j] * r - xv[g][j] * k;
+                acc[g][j] += gv[g][j] * xv[g][j] * r;
+            }
+            moe_stv<V>(dx, n * C + i, d);
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const int64_t i = ((int64_t)g * blockDim.x + threadIdx.x) * V;
+        if (i < C) moe_stv<V>(part, (int64_t)blockIdx.x * C + i, acc[g]);
     }
 }
 
-#define MOE_RMS_ROWS 256 /* rows per partial sum of the weight gradient (fixed: deterministic) */
-
-/* part[chunk, c] = sum over the chunk's rows of dout * x * rstd, rows in ascending order */
-__global__ void k_rmsnorm_bwd_dw_part(float *__restrict__ part, const float *__restrict__ dout,
-                                      const float *__restrict__ x, const float *__restrict__ rstd,
-                                      int64_t N, int64_t C) {
-    int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    int64_t r0 = (int64_t)blockIdx.y * MOE_RMS_ROWS;
-    if (col >= C) return;
-    int64_t r1 = r0 + MOE_RMS_ROWS < N ? r0 + MOE_RMS_ROWS : N;
-    float s = 0.0f;
-    for (int64_t n = r0; n < r1; n++)
-        s += dout[n * C + col] * x[n * C + col] * rstd[n];
-    part[blockIdx.y * C + col] = s;
-}
-
+/* dw[c] += sum over the nparts partials part[j, c] in a fixed order: lane y sums the
+ * partials j = y, y + MOE_RMS_LANES, ... ascending, then lane 0 adds the lanes' sums in
+ * order; blocks of 32 columns x MOE_RMS_LANES lanes. */
 __global__ void k_rmsnorm_bwd_dw_sum(float *__restrict__ dw, const float *__restrict__ part,
-                                     int64_t nchunks, int64_t C) {
-    int64_t col = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (col >= C) return;
+                                     int64_t nparts, int64_t C) {
+    __shared__ float sh[MOE_RMS_LANES][32];
+    const int64_t col = (int64_t)blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
-    for (int64_t j = 0; j < nchunks; j++)
-        s += part[j * C + col];
-    dw[col] += s;
+    if (col < C)
+        for (int64_t j = threadIdx.y; j < nparts; j += MOE_RMS_LANES)
+            s += part[j * C + col];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y != 0 || col >= C) return;
+    float t = 0.0f;
+    for (int y = 0; y < MOE_RMS_LANES; y++)
+        t += sh[y][threadIdx.x];
+    dw[col] += t;
 }
 
 static int row_threads(int64_t C) {
@@ -201,27 +222,68 @@ void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, c
     MOE_CUDA_LAUNCHED(c, "rmsnorm_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
+template <int V, int G>
+static void rmsnorm_bwd_launch(moe_cuda_ctx *c, float *dx, float *part, const float *dout,
+                               const float *x, const float *w, const float *rstd, int64_t N,
+                               int64_t C, unsigned threads) {
+    k_rmsnorm_bwd<V, G>
+        <<<(unsigned)((N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS), threads, 0, c->stream>>>(
+            dx, part, dout, x, w, rstd, N, C);
+}
+
+/* The backward's launch for V elements a thread access: threads enough for the row in G
+ * groups of 1024 at most (G a power of two up to 16); 0 when C is larger than that. */
+template <int V>
+static int rmsnorm_bwd_vec(moe_cuda_ctx *c, float *dx, float *part, const float *dout,
+                           const float *x, const float *w, const float *rstd, int64_t N,
+                           int64_t C) {
+    const int64_t vecs = (C + V - 1) / V;
+    int64_t G = 1;
+    while (G < 16 && G * 1024 < vecs)
+        G *= 2;
+    if (G * 1024 < vecs) return 0;
+    const unsigned threads = (unsigned)(((vecs + G - 1) / G + 31) / 32 * 32);
+    switch (G) {
+    case 1:
+        rmsnorm_bwd_launch<V, 1>(c, dx, part, dout, x, w, rstd, N, C, threads);
+        break;
+    case 2:
+        rmsnorm_bwd_launch<V, 2>(c, dx, part, dout, x, w, rstd, N, C, threads);
+        break;
+    case 4:
+        rmsnorm_bwd_launch<V, 4>(c, dx, part, dout, x, w, rstd, N, C, threads);
+        break;
+    case 8:
+        rmsnorm_bwd_launch<V, 8>(c, dx, part, dout, x, w, rstd, N, C, threads);
+        break;
+    default:
+        rmsnorm_bwd_launch<V, 16>(c, dx, part, dout, x, w, rstd, N, C, threads);
+        break;
+    }
+    return 1;
+}
+
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                const float *x, const float *w, const float *rstd, int64_t N,
                                int64_t C) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "rmsnorm_backward";
     if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    if (moe_cuda_vec_ok(C, dx, dout, x, w))
-        k_rmsnorm_bwd_dx<MOE_VEC>
-            <<<(unsigned)N, row_threads(C / MOE_VEC), 0, c->stream>>>(dx, dout, x, w, rstd, C);
-    else
-        k_rmsnorm_bwd_dx<1><<<(unsigned)N, row_threads(C), 0, c->stream>>>(dx, dout, x, w, rstd, C);
-    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C)) return;
-    int64_t nchunks = (N + MOE_RMS_ROWS - 1) / MOE_RMS_ROWS;
+    int64_t nparts = (N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS;
     float *part = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
-                                            (size_t)(nchunks * C) * sizeof(float), op);
+                                            (size_t)(nparts * C) * sizeof(float), op);
     if (!part) return;
-    dim3 grid((unsigned)((C + 127) / 128), (unsigned)nchunks);
-    k_rmsnorm_bwd_dw_part<<<grid, 128, 0, c->stream>>>(part, dout, x, rstd, N, C);
-    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld (dw partials)", (long long)N, (long long)C))
+    int ok = moe_cuda_vec_ok(C, dx, dout, x, w, part)
+                 ? rmsnorm_bwd_vec<MOE_VEC>(c, dx, part, dout, x, w, rstd, N, C)
+                 : rmsnorm_bwd_vec<1>(c, dx, part, dout, x, w, rstd, N, C);
+    if (!ok) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "C=%lld: wider than 16 x 1024 vectors a row",
+                       (long long)C);
         return;
-    k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 127) / 128), 128, 0, c->stream>>>(dw, part, nchunks, C);
+    }
+    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C)) return;
+    k_rmsnorm_bwd_dw_sum<<<(unsigned)((C + 31) / 32), dim3(32, MOE_RMS_LANES), 0, c->stream>>>(
+        dw, part, nparts, C);
     MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld (dw sum)", (long long)N, (long long)C);
 }
 

@@ -14,5 +14,8 @@
 /* A scratch slot that must grow is reallocated at 1.25 x the request, so that slowly rising
  * sizes do not reallocate every step: a slot holds at most 1.25 x its largest request. */
 #define MOE_CUDA_SCRATCH_GROW(bytes) ((bytes) + (bytes) / 4)
+/* The RMSNorm backward keeps one fp32 partial weight gradient [C] per this many rows in the
+ * reduction slot (its largest user), summed in a fixed order: deterministic. */
+#define MOE_CUDA_RMS_ROWS 16
 
 #endif
