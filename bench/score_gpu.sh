@@ -18,7 +18,9 @@
 # BATCH_TOKENS (moe-score --batch-tokens, default 65536), HF_BATCH (windows per HF forward
 # pass, default BATCH_TOKENS / W), PRECISION (empty: moe-score's default, bf16 on CUDA, and
 # bf16 HF; fp32 or bf16: both sides in it), DEVICE (moe-score --device, default cuda), CHECK
-# (SNVs of the window check, default 8; 0: none), CHECK_TOL (its max |LLR difference| in
+# (SNVs of the window check, default 8; 0: none), HF_FP32 (1: HF also scores the same SNVs in
+# fp32, and both bf16 sides are compared with those values: the spread of bf16 rounding on
+# this model; default 0), CHECK_TOL (its max |LLR difference| in
 # nats, default 0.01), CKPT (a byte-tokenizer checkpoint to score with instead of the og2
 # model; exported to WORK/hf-ckpt when HF runs), WORK (scratch directory: about 21 GB for the
 # og2 model; default /dev/shm/score-bench when /dev/shm has 24 GB free, else
@@ -38,6 +40,7 @@ precision=${PRECISION:-}
 device=${DEVICE:-cuda}
 check=${CHECK:-8}
 check_tol=${CHECK_TOL:-0.01}
+hf_fp32=${HF_FP32:-0}
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=og2_model.sh
 source "$here/og2_model.sh"
@@ -117,6 +120,18 @@ if [ "$n_hf" -gt 0 ]; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "score_gpu.sh: the HF run failed" >&2; exit 1; }
     python3 "$here/score_hf.py" compare "$work/$mine.tsv" "$work/hf.tsv" | tee "$work/compare.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+    if [ "$hf_fp32" = 1 ]; then
+        echo
+        echo "== HF MixtralForCausalLM, fp32, the same $n_hf SNVs: the values both sides round"
+        python3 "$here/score_hf.py" score "$hf" "$work/ref.fa" "$work/calls.vcf" "$W" \
+            "$hf_batch" fp32 "$work/hf32.tsv" "$n_hf" 2>&1 | grep -v Warning | tee "$work/hf32.log"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "score_gpu.sh: the HF fp32 run failed" >&2; exit 1; }
+        for side in "$mine" hf; do
+            python3 "$here/score_hf.py" compare "$work/$side.tsv" "$work/hf32.tsv" |
+                tee "$work/compare-$side-fp32.log"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+        done
+    fi
 fi
 
 echo
@@ -149,3 +164,7 @@ echo "moe-score / HF on the same $n_hf SNVs: $(rate "$ours_rate" "$hf_rate")x (g
 echo "LLRs, moe-score vs HF on them: Pearson $(json compare.log pearson .6f) (goal >= 0.999)," \
     "max |difference| $(json compare.log max_abs_diff .3g) nats"
 echo "LLR standard deviations, moe-score and HF: $(json compare.log llr_std)"
+if [ "$hf_fp32" = 1 ]; then
+    echo "against HF in fp32: moe-score Pearson $(json "compare-$mine-fp32.log" pearson .6f)," \
+        "HF ${precision:-bf16} Pearson $(json compare-hf-fp32.log pearson .6f)"
+fi
