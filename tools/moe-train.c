@@ -52,13 +52,19 @@ static const char USAGE[] =
     "with mpirun or srun --mpi=pmix (not torchrun); each runs its share of a step's\n"
     "micro-batches, holds 1/ep of the experts, and rank 0 writes the run directory; a\n"
     "rank that dies or hangs ends the job after parallel.timeout_s (default 600).\n"
+    "Data parallelism on GPUs: device=cuda parallel.dp=N with N processes started by\n"
+    "mpirun/srun or by torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,\n"
+    "MASTER_PORT), one GPU each (by local rank), over NCCL; parallel.ep > 1 needs the CPU.\n"
+    "What has run on GPUs so far: docs/scaling.md.\n"
     "\n"
     "Example:\n"
     "  moe-tokenize data/lambda_virus.fa.gz --val-fraction 0.05 -o shards/\n"
     "  moe-train -c configs/tiny.yaml --data shards/ -o run/\n"
     "  moe-train -c configs/tiny.yaml --data shards/ -o run/ --resume auto train.steps=400\n"
     "  mpirun -np 4 moe-train -@ 8 -c configs/L0_sanity.yaml --data shards/ -o run4/ "
-    "parallel.dp=2 parallel.ep=2\n";
+    "parallel.dp=2 parallel.ep=2\n"
+    "  mpirun -np 8 moe-train -c configs/L0_sanity.yaml --data shards/ -o run8/ device=cuda "
+    "parallel.dp=8\n";
 
 enum { OPT_DATA = 256, OPT_RESUME, OPT_INIT, OPT_STOP_AT, OPT_DRY_RUN, OPT_LOG_JSON };
 

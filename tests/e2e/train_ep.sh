@@ -10,8 +10,8 @@
 # directly and after moe-convert reshard --ep 4, its next losses equal the uninterrupted
 # run's. (c) torchrun-style variables for CPU ranks are refused (exit 2, mpirun/srun hint),
 # and so are half a torchrun set, a MASTER_PORT that is not a port, torchrun variables that
-# contradict MPI's ranks, and several ranks on the GPU backend, launched by mpirun or by
-# torchrun-style variables (no NCCL in the trainer yet).
+# contradict MPI's ranks, and expert parallelism on the GPU backend, launched by mpirun or by
+# torchrun-style variables (GPU ranks train data-parallel over NCCL; ep > 1 stays on the CPU).
 # (d) One of 2 ranks killed mid-run ends the run with an error; one stopped (SIGSTOP: a hang)
 # makes the other end the job within parallel.timeout_s with a message naming it.
 set -euo pipefail
@@ -98,17 +98,18 @@ RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 grep -q "mpirun -np 2" bad.err && grep -q "srun --mpi=pmix" bad.err ||
     { cat bad.err; fail "no mpirun/srun hint"; }
 [ ! -e bad ] || fail "a refused launch made its run directory"
-# the GPU backend with several ranks: refused (no NCCL yet); on a node with one GPU, rank 1's
-# local rank has no GPU of its own, which is an error of its own
+# expert parallelism on the GPU backend: refused (data parallelism only over NCCL); on a node
+# with one GPU, rank 1's local rank has no GPU of its own, which is an error of its own
 rc=0
 mpi 2 moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
-[ "$rc" = 2 ] && grep -Eq "NCCL is not wired in yet|this process sees 1 GPU " bad.err ||
+[ "$rc" = 2 ] && grep -Eq "expert parallelism runs on the CPU backend|this process sees 1 GPU " bad.err ||
     { cat bad.err; fail "parallel.ep=2 device=cuda: exit $rc"; }
 # ... and so are torchrun-style GPU ranks, each on the GPU of its LOCAL_RANK
 rc=0
 RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
     moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
-[ "$rc" = 2 ] && grep -q "NCCL is not wired in yet" bad.err && grep -q "this rank: cuda:0" bad.err ||
+[ "$rc" = 2 ] && grep -q "expert parallelism runs on the CPU backend" bad.err &&
+    grep -q "this rank: cuda:0" bad.err && grep -q "set parallel.ep=1 parallel.dp=2" bad.err ||
     { cat bad.err; fail "torchrun-style device=cuda: exit $rc"; }
 # inconsistent environments: half a torchrun set; torchrun variables that contradict MPI
 rc=0

@@ -6,13 +6,16 @@
  * that contradict themselves are input errors that name the variable: half a set, RANK or
  * LOCAL_RANK beyond WORLD_SIZE, MASTER_PORT not a port, several ranks without LOCAL_RANK or
  * MASTER_ADDR/MASTER_PORT; and two forked torchrun-style ranks share rank 0's blob
- * (moe_comm_share_blob over the TCP rendezvous). Run without a launcher (ctest sets none). */
+ * (moe_comm_share_blob over the TCP rendezvous); attaching a backend (moe_comm_attach_backend)
+ * gives CPU ranks no NCCL, and a build without NCCL refuses GPU ranks. Run without a launcher
+ * (ctest sets none). */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "moe/comm.h"
+#include "moe/ops.h"
 #include "testlib.h"
 
 static const char *const vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
@@ -134,7 +137,37 @@ static void test_share_blob(void) {
     }
 }
 
+/* moe_comm_attach_backend: a CPU backend attaches nothing, so a torchrun-style launch of CPU
+ * ranks keeps failing its collectives (no transport); in a build without NCCL a GPU backend
+ * (a table named "cuda": only the name is read before the refusal) is refused for several
+ * ranks with the rebuild hint, and attaches nothing for one. */
+static void test_attach(void) {
+    moe_comm c;
+    moe_err err;
+    const char *four[] = {"1", "4", "1", "127.0.0.1", "29513"};
+    CHECK_MSG(init_with(four, &c, &err) == MOE_OK, "%s", err.msg);
+    CHECK(moe_comm_split(&c, 1, 5, &err) == MOE_OK);
+    CHECK_MSG(moe_comm_attach_backend(&c, moe_backend_cpu(), &err) == MOE_OK, "%s", err.msg);
+    CHECK(c.dev == NULL);
+    double x = 1;
+    CHECK(moe_comm_allreduce(&c, MOE_COMM_WORLD, &x, 1, MOE_COMM_F64, &err) == MOE_ERR_RUNTIME);
+    moe_comm_detach_backend(&c, 0);
+#ifndef MOE_HAVE_NCCL
+    moe_backend gpu = {.name = "cuda"};
+    moe_err_clear(&err);
+    CHECK(moe_comm_attach_backend(&c, &gpu, &err) == MOE_ERR_INPUT);
+    CHECK_MSG(strstr(err.msg, "4 ranks on the GPU backend, but this build has no NCCL") &&
+                  strstr(err.hint, "NCCL=ON"),
+              "%s (%s)", err.msg, err.hint);
+    const char *one[] = {"0", "1", NULL, NULL, NULL};
+    CHECK_MSG(init_with(one, &c, &err) == MOE_OK, "%s", err.msg);
+    CHECK(moe_comm_attach_backend(&c, &gpu, &err) == MOE_OK && c.dev == NULL);
+#endif
+    moe_comm_finalize(&c);
+}
+
 int main(void) {
+    test_attach();
     test_full_set();
     test_share_blob();
     test_one_process();

@@ -9,10 +9,11 @@
  * part), so callers use them unconditionally. Torchrun-style variables (RANK, WORLD_SIZE,
  * LOCAL_RANK, MASTER_ADDR, MASTER_PORT; no MPI) give rank, world and local rank and say where
  * rank 0 listens for the TCP rendezvous (moe_comm.torchrun): the launch of GPU ranks, whose
- * NCCL communicator gets its id that way. Such a launch starts no transport for host buffers,
- * so its collectives over several ranks fail, and a CPU run refuses it with a hint to use
- * mpirun or srun (moe_comm_check_host). Local rank: LOCAL_RANK, or under MPI the rank among
- * the processes of the same node (MPI_COMM_TYPE_SHARED); it chooses a rank's GPU.
+ * NCCL communicators get their id that way. Such a launch starts no MPI: its collectives over
+ * several ranks fail until a GPU backend attaches NCCL (moe_comm_attach_backend), and a CPU
+ * run refuses it with a hint to use mpirun or srun (moe_comm_check_host). Local rank: LOCAL_RANK,
+ * or under MPI the rank among the processes of the same node (MPI_COMM_TYPE_SHARED); it chooses a
+ * rank's GPU.
  *
  * Groups (moe_comm_split): world = dp x ep, rank = d * ep + e. The ep CONSECUTIVE ranks
  * [d * ep, (d + 1) * ep) form expert group d (on a node of 8 GPUs with ep <= 8 the
@@ -20,17 +21,25 @@
  * and those dp ranks {e, ep + e, 2 ep + e, ...} are the dp group of that expert shard.
  *
  * Buffers: every operation takes elements of a moe_comm_dtype with int64 counts (chunked
- * where MPI's int counts demand). This transport (MPI) moves host buffers: the CPU backend's
- * memory. A NCCL transport for the CUDA backend's device buffers on its stream sits behind
- * the same calls (moe_comm_impl is opaque); it is not in this version: a group of several
- * ranks without a transport (a torchrun-style launch) fails every collective with
- * MOE_ERR_RUNTIME.
+ * where MPI's int counts demand). Two transports sit behind the same calls, chosen per
+ * buffer, so callers never ask which one they have (the handles are opaque):
+ *   - MPI moves host buffers: the CPU backend's memory, and the small host statistics of GPU
+ *     ranks launched by mpirun/srun;
+ *   - NCCL (moe_comm_attach_backend, builds with CUDA and NCCL) moves the CUDA backend's
+ *     device buffers on its stream, and, for a torchrun-style launch (no MPI), host buffers
+ *     too, through a device staging buffer. Once attached, every device buffer goes through
+ *     NCCL, even on a group of one rank (world 1 runs the same path as world N).
+ * A group of several ranks without a transport (a torchrun-style launch of CPU ranks) fails
+ * every collective with MOE_ERR_RUNTIME.
  *
  * Failures: every operation is started non-blocking and waited for with a deadline of
  * moe_comm.timeout_s (parallel.timeout_s; 0 = none). A rank that died or hangs makes the
  * others miss the deadline: the first to notice prints which operation on which group
  * waited too long and ends the whole job (MPI_Abort). MPI errors return (MPI_ERRORS_RETURN)
- * as MOE_ERR_RUNTIME with MPI's message; callers end the job with moe_comm_abort.
+ * as MOE_ERR_RUNTIME with MPI's message; callers end the job with moe_comm_abort. A NCCL
+ * operation that misses the deadline or reports an asynchronous error aborts its
+ * communicator (ncclCommAbort) and returns MOE_ERR_RUNTIME naming the operation and group;
+ * moe_comm_abort then ends an MPI job, and torchrun ends the others of its launch.
  *
  * Rounding: a sum's rounding depends on the order of its terms, so a dp-rank run computes
  * the same function as one process accumulating the same micro-batches, equal up to
@@ -69,8 +78,11 @@ typedef struct moe_comm {
     int torchrun;                 /* 1: RANK and WORLD_SIZE started it (no MPI) */
     char master_addr[256];        /* MASTER_ADDR, MASTER_PORT of a torchrun launch ("", 0 when */
     int master_port;              /* unset: world 1 needs no rendezvous) */
-    struct moe_comm_impl *impl;   /* the transport's handles; NULL: one process */
+    struct moe_comm_impl *impl;   /* MPI's handles; NULL: no MPI (one process, torchrun) */
+    struct moe_comm_dev *dev;     /* NCCL's (moe_comm_attach_backend); NULL: host buffers only */
 } moe_comm;
+
+struct moe_backend;
 
 /* Rank, world and local rank from the launcher (see above); world 1 when none started this
  * process. An MPI launch in a build without MPI, or an environment that contradicts itself
@@ -87,6 +99,17 @@ void moe_comm_single(moe_comm *c);
 /* Forms the groups for ep ranks per expert group (ep must divide world: MOE_ERR_INPUT) and
  * sets the deadline of every later operation (seconds, 0 = none). */
 moe_status moe_comm_split(moe_comm *c, int ep, double timeout_s, moe_err *err);
+/* Device buffers of be from now on: when be is a GPU backend and a launcher started the run
+ * (MPI or torchrun-style, any world; after moe_comm_split), creates the NCCL communicators of
+ * the world and of the ep and dp groups on be's device (rank 0's unique id shared by
+ * moe_comm_share_blob), within moe_comm.timeout_s. Otherwise (a CPU backend, one process
+ * without a launcher) does nothing. A GPU backend with several ranks in a build without NCCL
+ * is MOE_ERR_INPUT with a hint; NCCL failures are MOE_ERR_RUNTIME. be must outlive the
+ * attachment: moe_comm_detach_backend before be->destroy. */
+moe_status moe_comm_attach_backend(moe_comm *c, const struct moe_backend *be, moe_err *err);
+/* Releases the NCCL communicators (none: no-op); `failed` (the run ends in an error, so
+ * other ranks may be gone) aborts them instead of a collective finalize. */
+void moe_comm_detach_backend(moe_comm *c, int failed);
 void moe_comm_finalize(moe_comm *c);
 /* Ends every rank of the run with exit code `code` (after one rank failed: the others would
  * wait for it forever). Returns only when world is 1. */

@@ -40,4 +40,9 @@ void moe_version_print(FILE *fp, const char *prog) {
 #else
     fputs("CUDA: not built\n", fp);
 #endif
+#ifdef MOE_HAVE_NCCL
+    fputs("NCCL: yes (data parallelism on GPUs)\n", fp);
+#else
+    fputs("NCCL: no\n", fp);
+#endif
 }

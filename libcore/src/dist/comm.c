@@ -257,9 +257,13 @@ size_t moe_comm_dtype_size(moe_comm_dtype dt) {
 
 /* ---- waiting with a deadline ---- */
 
+const char *moe_comm_group_name(moe_comm_group g) {
+    static const char *const names[MOE_COMM_N_GROUPS] = {"world", "expert (ep)",
+                                                         "data-parallel (dp)"};
+    return names[g];
+}
+
 #ifdef MOE_HAVE_MPI
-static const char *const group_names[MOE_COMM_N_GROUPS] = {"world", "expert (ep)",
-                                                           "data-parallel (dp)"};
 
 moe_status moe_comm_mpi_fail(const moe_comm *c, moe_comm_group g, int rc, const char *what,
                              moe_err *err) {
@@ -267,7 +271,7 @@ moe_status moe_comm_mpi_fail(const moe_comm *c, moe_comm_group g, int rc, const 
     int len = 0;
     MPI_Error_string(rc, msg, &len);
     moe_err_set(err, MOE_ERR_RUNTIME, NULL, "rank %d: %s over the %s group failed: %s", c->rank,
-                what, group_names[g], msg);
+                what, moe_comm_group_name(g), msg);
     moe_err_hint(err, "another rank of the run probably died: see its messages");
     return MOE_ERR_RUNTIME;
 }
@@ -286,7 +290,7 @@ moe_status moe_comm_wait(const moe_comm *c, moe_comm_group g, MPI_Request *reqs,
                     "moe: rank %d of %d: error: %s over the %s group did not complete within "
                     "parallel.timeout_s=%g s: another rank died, hangs or is that far behind; "
                     "ending the job on every rank\n",
-                    c->rank, c->world, what, group_names[g], c->timeout_s);
+                    c->rank, c->world, what, moe_comm_group_name(g), c->timeout_s);
             MPI_Abort(MPI_COMM_WORLD, 1);
             return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "%s timed out", what);
         }

@@ -1,6 +1,8 @@
 /* comm_internal: what the files of dist/ share - the MPI handles behind moe_comm.impl and
  * the one way an operation is waited for (with the deadline of moe_comm.timeout_s), both only
- * with MPI; and the TCP rendezvous of a torchrun-style launch (comm_tcp.c), in every build. */
+ * with MPI; the TCP rendezvous of a torchrun-style launch (comm_tcp.c), in every build; the
+ * groups' names; and the NCCL side (comm_dev.c): which buffers go through it, and its
+ * collectives. */
 #ifndef MOE_COMM_INTERNAL_H
 #define MOE_COMM_INTERNAL_H
 
@@ -18,6 +20,20 @@
  * resolve is MOE_ERR_INPUT with a hint. world 1 returns at once; no global state. */
 moe_status moe_comm_tcp_exchange(const char *addr, int port, int rank, int world, void *blob,
                                  size_t blob_len, double timeout_s, moe_err *err);
+
+/* "world", "expert (ep)", "data-parallel (dp)": group g in messages. */
+const char *moe_comm_group_name(moe_comm_group g);
+
+#ifdef MOE_HAVE_NCCL
+#include "moe/comm_nccl.h"
+
+/* The NCCL communicator of group g that a collective with buffer p (NULL: a barrier) goes
+ * through, or NULL (MPI, or no transport): NCCL is attached and p is device memory or no MPI
+ * was started (a torchrun-style launch, whose host buffers are staged through NCCL). NULL in
+ * every run NCCL is not attached to. p must point into its allocation: every rank must
+ * decide alike. */
+moe_nccl *moe_comm_dev_route(const moe_comm *c, moe_comm_group g, const void *p);
+#endif
 
 #ifdef MOE_HAVE_MPI
 #include <mpi.h>

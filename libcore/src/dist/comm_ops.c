@@ -1,5 +1,6 @@
-/* comm_ops: the collectives of moe/comm.h over MPI on host buffers. Each is started
- * non-blocking and waited for with the run's deadline (moe_comm_wait). MPI counts are int:
+/* comm_ops: the collectives of moe/comm.h: over NCCL where moe_comm_dev_route says so (device
+ * buffers once a GPU backend is attached: comm_dev.c), else over MPI on host buffers. Each is
+ * started non-blocking and waited for with the run's deadline (moe_comm_wait). MPI counts are int:
  * the sums and broadcasts run in chunks of at most moe_comm.chunk elements, the slice operations
  * take one MPI call when every count and displacement fits and otherwise fall back to per-owner
  * chunked reductions or broadcasts; all-to-all(v) and gather are grouped point-to-point
@@ -17,8 +18,8 @@ static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
 }
 
 /* 1 when group g spans several ranks that no transport connects (a torchrun-style launch:
- * its ranks know each other, but no MPI was started and NCCL is not wired in), with err set:
- * the collective must fail rather than do nothing. */
+ * its ranks know each other, but no MPI was started and no GPU backend attached NCCL), with
+ * err set: the collective must fail rather than do nothing. */
 static int no_transport(const moe_comm *c, moe_comm_group g, moe_err *err) {
     if (c->impl || c->gsize[g] == 1) return 0;
     moe_err_set(err, MOE_ERR_RUNTIME, NULL,
@@ -119,6 +120,10 @@ static void int_slices(const int64_t *offsets, int n, int *cnt, int *dsp) {
 
 moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                               moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, buf);
+    if (nc) return moe_nccl_allreduce(nc, buf, n, dt, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return reduce_chunks(c, g, buf, n, dt, -1, err);
@@ -166,6 +171,10 @@ static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const i
 
 moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
                                    const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, buf);
+    if (nc) return moe_nccl_reduce_scatter(nc, buf, offsets, dt, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 1, err);
@@ -176,6 +185,10 @@ moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *bu
 
 moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
                               const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, buf);
+    if (nc) return moe_nccl_allgather(nc, buf, offsets, dt, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return slices(c, g, buf, offsets, dt, 0, err);
@@ -186,6 +199,10 @@ moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
 
 moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
                            const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, mine);
+    if (nc) return moe_nccl_gather(nc, full, mine, offsets, root, dt, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
     int me = c->grank[g], n = c->gsize[g];
     int64_t own = offsets[me + 1] - offsets[me];
@@ -217,6 +234,10 @@ moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, cons
 moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
                               const int64_t *send_counts, void *recv, const int64_t *recv_counts,
                               moe_comm_dtype dt, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, send);
+    if (nc) return moe_nccl_alltoallv(nc, send, send_counts, recv, recv_counts, dt, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
     int n = c->gsize[g], me = c->grank[g];
     int64_t so = 0, ro = 0; /* this rank's own part is a copy */
@@ -257,6 +278,10 @@ moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *s
 
 moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                               moe_comm_dtype dt, int root, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, buf);
+    if (nc) return moe_nccl_broadcast(nc, buf, n, dt, root, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (c->impl && c->gsize[g] > 1) return bcast_chunks(c, g, buf, n, dt, root, err);
@@ -266,6 +291,10 @@ moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, in
 }
 
 moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, NULL);
+    if (nc) return moe_nccl_barrier(nc, err);
+#endif
     if (no_transport(c, g, err)) return MOE_ERR_RUNTIME;
 #ifdef MOE_HAVE_MPI
     if (!c->impl || c->gsize[g] == 1) return MOE_OK;

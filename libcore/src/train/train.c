@@ -57,10 +57,10 @@ typedef struct trainer {
 /* ---- setup ---- */
 
 /* The device this rank opens into t->device: cpu, cuda, or auto = the first GPU when one is
- * usable, else the CPU (moe_backend_open). Several ranks: data and expert parallelism run on
- * the CPU over MPI in this version, so auto means cpu; cuda means the rank's GPU by local rank
- * (moe_backend_rank_device) and is refused until NCCL is wired in; the CPU refuses a
- * torchrun-style launch, which starts no MPI (moe_comm_check_host). */
+ * usable, else the CPU (moe_backend_open). Several ranks: auto means cpu (data and expert
+ * parallelism over MPI); cuda means the rank's GPU by local rank (moe_backend_rank_device),
+ * data-parallel over NCCL (open_backend attaches it), expert parallelism refused there; the
+ * CPU refuses a torchrun-style launch, which starts no MPI (moe_comm_check_host). */
 static moe_status choose_device(trainer *t, moe_err *err) {
     const char *device = moe_device_name(t->cfg.device);
     snprintf(t->device, sizeof t->device, "%s", device);
@@ -69,21 +69,25 @@ static moe_status choose_device(trainer *t, moe_err *err) {
     moe_status st = moe_backend_rank_device(device, t->comm->local_rank, moe_backend_gpu_count(),
                                             t->device, sizeof t->device, err);
     if (st != MOE_OK) return st;
-    if (strcmp(t->device, "cpu") != 0) {
-        moe_err_set(err, MOE_ERR_INPUT, NULL,
-                    "%d ranks with device=cuda (this rank: %s): data and expert parallelism run "
-                    "on the CPU backend over MPI in this version (NCCL is not wired in yet)",
-                    t->world, t->device);
-        moe_err_hint(err, "set device=cpu and launch with mpirun or srun, or train on one GPU "
-                          "with parallel.dp=1 parallel.ep=1");
-        return MOE_ERR_INPUT;
-    }
-    return moe_comm_check_host(t->comm, err);
+    if (strcmp(t->device, "cpu") == 0) return moe_comm_check_host(t->comm, err);
+    if (t->ep == 1) return MOE_OK;
+    moe_err_set(err, MOE_ERR_INPUT, NULL,
+                "parallel.ep=%d with device=cuda (this rank: %s): GPU ranks train data-parallel "
+                "over NCCL; expert parallelism runs on the CPU backend over MPI in this version "
+                "(the all-to-all of token rows between GPUs is not in yet)",
+                t->ep, t->device);
+    moe_err_hint(err,
+                 "set parallel.ep=1 parallel.dp=%d for data parallelism on %d GPUs, or "
+                 "device=cpu with mpirun or srun for expert parallelism",
+                 t->world, t->world);
+    return MOE_ERR_INPUT;
 }
 
+/* The rank's backend; the run's collectives then take its buffers (NCCL for a GPU's, when a
+ * launcher started the run: moe_comm_attach_backend). */
 static moe_status open_backend(trainer *t, int threads, moe_err *err) {
     t->be = moe_backend_open(t->device, moe_config_recipe(&t->cfg), threads, err);
-    return t->be ? MOE_OK : MOE_ERR_INPUT;
+    return t->be ? moe_comm_attach_backend(t->comm, t->be, err) : MOE_ERR_INPUT;
 }
 
 static moe_status open_data(trainer *t, moe_err *err) {
@@ -642,12 +646,14 @@ static moe_status loop(trainer *t, moe_err *err) {
     return st;
 }
 
-static void trainer_free(trainer *t) {
+/* Releases what t holds; `failed`: the run ends in an error (NCCL communicators aborted). */
+static void trainer_free(trainer *t, int failed) {
     if (t->be) {
         t->be->free(t->be, t->m);
         t->be->free(t->be, t->v);
     }
     moe_model_free(&t->model);
+    moe_comm_detach_backend(t->comm, failed); /* before the backend it lives on */
     if (t->be) t->be->destroy(t->be);
     moe_dataloader_free(&t->dl);
     moe_dataloader_free(&t->vdl);
@@ -767,6 +773,6 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
             moe_train_signals_restore(&sigs);
         }
     }
-    trainer_free(&t);
+    trainer_free(&t, st != MOE_OK);
     return st;
 }
