@@ -104,13 +104,16 @@ for f in model.safetensors optimizer-rank0.safetensors; do
 done
 
 echo "== a hung rank ends the other within parallel.timeout_s"
+hang=(-o run-hang parallel.dp=2 train.steps=100000 checkpoint.every=0 train.eval_every=0
+      parallel.timeout_s=10)
 pids=()
-for r in 0 1; do
-    RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
-        timeout 300 moe-train "${common[@]}" -o run-hang parallel.dp=2 train.steps=100000 \
-        checkpoint.every=0 train.eval_every=0 parallel.timeout_s=10 2> run-hang.rank$r.err &
-    pids+=($!)
-done
+RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 300 moe-train "${common[@]}" "${hang[@]}" 2> run-hang.rank0.err &
+pids+=($!)
+# rank 1 without `timeout`: its pid is moe-train's own, the one to stop
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    moe-train "${common[@]}" "${hang[@]}" 2> run-hang.rank1.err &
+pids+=($!)
 sleep 20 # past NCCL's start-up, into the steps
 kill -STOP "${pids[1]}"
 t0=$(date +%s) rc=0
