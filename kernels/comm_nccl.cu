@@ -16,6 +16,8 @@
 #include "moe/log.h"
 
 static_assert(sizeof(ncclUniqueId) == MOE_NCCL_ID_BYTES, "MOE_NCCL_ID_BYTES is NCCL's id size");
+static_assert(NCCL_VERSION_CODE >= NCCL_VERSION(2, 18, 0),
+              "NCCL 2.18 or newer is needed (ncclCommSplit, non-blocking communicators)");
 
 struct moe_nccl {
     ncclComm_t comm;
