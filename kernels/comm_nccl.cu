@@ -320,11 +320,13 @@ static moe_status run_op(moe_nccl *c, const char *what, moe_comm_dtype dt, op_ar
     return st;
 }
 
+/* What an issue_* function needs besides the buffers. */
 typedef struct red_ctx {
-    int64_t n;
-    moe_comm_dtype dt;
-    int root; /* broadcast */
-    const int64_t *offsets, *scount, *rcount;
+    int64_t n;                      /* elements (all-reduce, broadcast) */
+    moe_comm_dtype dt;              /* their type */
+    int root;                       /* broadcast, gather */
+    const int64_t *offsets;         /* [size + 1] slices (reduce-scatter, all-gather, gather) */
+    const int64_t *scount, *rcount; /* [size] all-to-all counts per peer */
 } red_ctx;
 
 static ncclResult_t issue_allreduce(moe_nccl *c, void *buf, const void *, void *ctx) {
