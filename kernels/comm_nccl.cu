@@ -82,9 +82,15 @@ static int poll_expired(const moe_nccl *c, long polls, double t0) {
 }
 
 /* After a call that returned r: waits while c is ncclInProgress (a non-blocking call still
- * being issued). MOE_OK once settled; an error or the deadline aborts c. */
+ * being issued; one that returned ncclSuccess may still be: the communicator's state says,
+ * and the next call on a communicator in progress fails with ncclInvalidArgument). MOE_OK
+ * once settled; an error or the deadline aborts c. */
 static moe_status settle(moe_nccl *c, ncclResult_t r, const char *what, moe_err *err) {
     double t0 = moe_time_now();
+    if (r == ncclSuccess) {
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);
+        if (q != ncclSuccess) r = q;
+    }
     for (long polls = 0; r == ncclInProgress; polls++) {
         if (poll_expired(c, polls, t0)) return fail_timeout(c, what, err);
         ncclResult_t q = ncclCommGetAsyncError(c->comm, &r);

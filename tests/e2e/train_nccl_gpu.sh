@@ -16,7 +16,8 @@
 # stopped at step 3 and resumed ends with the uninterrupted run's checkpoint bytes; then one of
 # the two torchrun-style ranks stopped (SIGSTOP: a hang) makes the other exit non-zero within
 # parallel.timeout_s with a message naming the NCCL operation and its group. Skipped (77)
-# where no NVIDIA GPU is visible, as in CI. As written (2026-12-01) it has not run on a GPU.
+# where no NVIDIA GPU is visible, as in CI. Passed on one H200 (2026-12-02; the 2-GPU half
+# skipped): not yet run on 2 GPUs.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
