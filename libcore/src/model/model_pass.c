@@ -8,10 +8,11 @@
  * written by it, the first of several producers writes and the others add, and only the
  * buffers of accumulating ops (the residual's dres, the router's logits) are zeroed right
  * before the op that fills them. Parameter gradients are written by the first backward after
- * moe_model_zero_grad and added to by later ones. Loss definitions (ce, aux, z) are in moe/model.h. Activation recomputation
- * (train.recompute): the forward is written as two block functions so that backward can run
- * a block again for a layer whose intermediates were not kept (they live in a shared set,
- * see model_internal.h); the recomputed values are bit-identical to the first forward's. */
+ * moe_model_zero_grad and added to by later ones. Loss definitions (ce, aux, z) are in
+ * moe/model.h. Activation recomputation (train.recompute): the forward is written as two
+ * block functions so that backward can run a block again for a layer whose intermediates were
+ * not kept (they live in a shared set, see model_internal.h); the recomputed values are
+ * bit-identical to the first forward's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
