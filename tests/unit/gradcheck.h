@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "testlib.h"
 
@@ -29,6 +30,14 @@ static inline void gc_fill(float *x, int64_t n, uint64_t seed, double lo, double
     uint64_t s = seed;
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)gc_uniform(&s, lo, hi);
+}
+
+/* A calloc'ed [n] (at least one element, the caller frees it): gc_fill of seed in [lo, hi),
+ * or zeros for seed 0. */
+static inline float *gc_buf(int64_t n, uint64_t seed, double lo, double hi) {
+    float *x = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (seed) gc_fill(x, n, seed, lo, hi);
+    return x;
 }
 
 typedef double (*gc_loss_fn)(void *state);
