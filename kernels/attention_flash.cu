@@ -25,7 +25,10 @@
  * so the forward and dq kernels begin at that start's key block (the blocks before it are
  * skipped, not loaded); the dk/dv kernel ends at the last query of the document holding the
  * block's last key. Inside the blocks that remain, keys before a row's start are masked like
- * those after its diagonal. NULL gives exactly the causal kernels' arithmetic. */
+ * those after its diagonal. NULL gives exactly the causal kernels' arithmetic.
+ *
+ * The forward also takes cached keys (Tk > T keys, the queries the last T positions:
+ * moe/ops.h): rows are masked and key blocks bounded at their positions r + Tk - T. */
 #include <math.h>
 
 #include "flash_common.cuh"
@@ -114,7 +117,8 @@ template <int D, typename TO>
 __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     k_fa_fwd(TO *__restrict__ out, float *__restrict__ lse, const bf16 *__restrict__ q,
              const bf16 *__restrict__ k, const bf16 *__restrict__ v,
-             const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
+             const int32_t *__restrict__ dstart, int64_t T, int64_t Tk, int H, int KV,
+             float scale) {
     constexpr int LD = D + 8;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16 *sQ = reinterpret_cast<bf16 *>(fa_smem);
@@ -126,17 +130,18 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
     const int64_t q0 = (int64_t)qb * FA_BQ;
     const int64_t qstride = (int64_t)H * D, kstride = (int64_t)KV * D;
     const bf16 *qg = q + (int64_t)b * T * qstride + (int64_t)h * D;
-    const bf16 *kg = k + (int64_t)b * T * kstride + (int64_t)hk * D;
-    const bf16 *vg = v + (int64_t)b * T * kstride + (int64_t)hk * D;
+    const bf16 *kg = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+    const bf16 *vg = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+    const int64_t qoff = Tk - T; /* query row r sits at key position r + qoff */
 
-    /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1; the first
-     * is the document start of row q0 (0 without a mask) */
-    const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1) / FA_BK);
+    /* causal: the last key any row of this block sees is min(q0 + FA_BQ, T) - 1 + qoff; the
+     * first is the document start of row q0 (0 without a mask) */
+    const int kb_last = (int)(((q0 + FA_BQ < T ? q0 + FA_BQ : T) - 1 + qoff) / FA_BK);
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int kb_first = dsb ? dsb[q0] / FA_BK : 0;
     cp_tile<D, LD>(sQ, qg, FA_BQ, q0, T, qstride);
-    cp_tile<D, LD>(sKb, kg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
-    cp_tile<D, LD>(sVb, vg, FA_BK, (int64_t)kb_first * FA_BK, T, kstride);
+    cp_tile<D, LD>(sKb, kg, FA_BK, (int64_t)kb_first * FA_BK, Tk, kstride);
+    cp_tile<D, LD>(sVb, vg, FA_BK, (int64_t)kb_first * FA_BK, Tk, kstride);
     cp_commit();
 
     uint32_t qf[D / 16][4];
@@ -153,8 +158,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         const int64_t k0 = (int64_t)kb * FA_BK;
         if (kb < kb_last) { /* prefetch the next key block into the other buffer */
             int nb = (it + 1) & 1;
-            cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, T, kstride);
-            cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, T, kstride);
+            cp_tile<D, LD>(sKb + nb * FA_BK * LD, kg, FA_BK, k0 + FA_BK, Tk, kstride);
+            cp_tile<D, LD>(sVb + nb * FA_BK * LD, vg, FA_BK, k0 + FA_BK, Tk, kstride);
         }
         cp_commit(); /* possibly empty: keeps one group per iteration */
         cp_wait<1>();
@@ -176,8 +181,8 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
                 mma16816(s[2 * np], qf[ks], bfr);
                 mma16816(s[2 * np + 1], qf[ks], bfr + 2);
             }
-        fa_softmax_block<FA_BK, D>(s, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
-                                   dsb || k0 + FA_BK - 1 > q0 + warp * 16);
+        fa_softmax_block<FA_BK, D>(s, o, m0, m1, l0, l1, k0, row0 + qoff, row1 + qoff, st0, st1,
+                                   sl2, t, dsb || k0 + FA_BK - 1 > q0 + warp * 16 + qoff);
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             uint32_t pa[4];
@@ -450,30 +455,30 @@ static int fa_smem_attr(moe_cuda_ctx *c, K kernel, size_t bytes, const char *op)
         op, "shared memory %zu bytes", bytes);
 }
 
-/* out [B, T, H, D], lse [B, H, T], q [B, T, H, D], k/v [B, T, KV, D], dstart [B, T] or NULL */
+/* out [B, T, H, D], lse [B, H, T], q [B, T, H, D], k/v [B, Tk, KV, D], dstart [B, T] or NULL */
 template <int D, typename TO>
 static void fa_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
-                          const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                          int64_t KV) {
+                          const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
+                          int64_t H, int64_t KV) {
     const char *op = "attention_forward";
     size_t smem = (size_t)(FA_BQ + 4 * FA_BK) * (D + 8) * sizeof(bf16);
     if (!fa_smem_attr(c, k_fa_fwd<D, TO>, smem, op)) return;
     dim3 grid((unsigned)((T + FA_BQ - 1) / FA_BQ), (unsigned)(B * H));
-    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, dstart, T, (int)H,
+    k_fa_fwd<D, TO><<<grid, FA_THREADS, smem, c->stream>>>(out, lse, q, k, v, dstart, T, Tk, (int)H,
                                                            (int)KV, 1.0f / sqrtf((float)D));
-    MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
-                      (long long)H, (long long)KV, D);
+    MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld Tk=%lld H=%lld KV=%lld D=%d", (long long)B,
+                      (long long)T, (long long)Tk, (long long)H, (long long)KV, D);
 }
 
 /* out is F32 (holding bf16 values) or BF16. */
 template <int D>
 static void fa_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                       int64_t KV) {
+                       const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
+                       int64_t H, int64_t KV) {
     if (out.dt == MOE_DTYPE_BF16)
-        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, H, KV);
+        fa_forward_as<D>(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, Tk, H, KV);
     else
-        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, dstart, B, T, H, KV);
+        fa_forward_as<D>(c, (float *)out.p, lse, q, k, v, dstart, B, T, Tk, H, KV);
 }
 
 /* dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D], lse/delta [B, H, T], dstart [B, T] or NULL */
@@ -521,44 +526,50 @@ static int fa_all_f32(moe_cuda_ctx *c, const char *op, moe_cbuf a, moe_cbuf b, m
 
 void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
                                 moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
-                                int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+                                int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
+                                moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "attention_forward";
     if (moe_cuda_failed(c) || B <= 0 || T <= 0 || H <= 0 || !moe_cuda_typed_ok(c, out.dt, op))
         return;
+    if (Tk < T) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "Tk=%lld keys for T=%lld queries",
+                       (long long)Tk, (long long)T);
+        return;
+    }
     if (prec == MOE_RECIPE_FP32) {
         if (!fa_all_f32(c, op, moe_cbuf_from(out), q, k, v)) return;
         moe_cuda_attention_fp32_forward(c, (float *)out.p, lse, (const float *)q.p,
-                                        (const float *)k.p, (const float *)v.p, doc_start, B, T, H,
-                                        KV, D);
+                                        (const float *)k.p, (const float *)v.p, doc_start, B, T, Tk,
+                                        H, KV, D);
         return;
     }
-    if (!fa_shape_ok(c, op, B, T, H, KV, D, prec)) return;
+    if (!fa_shape_ok(c, op, B, Tk, H, KV, D, prec)) return;
     const bf16 *qb = fa_operand(c, MOE_CUDA_SCRATCH_A, q, B * T * H * D, op);
-    const bf16 *kb = qb ? fa_operand(c, MOE_CUDA_SCRATCH_B, k, B * T * KV * D, op) : NULL;
-    const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * T * KV * D, op) : NULL;
+    const bf16 *kb = qb ? fa_operand(c, MOE_CUDA_SCRATCH_B, k, B * Tk * KV * D, op) : NULL;
+    const bf16 *vb = kb ? fa_operand(c, MOE_CUDA_SCRATCH_C, v, B * Tk * KV * D, op) : NULL;
     if (!vb) return;
 #if MOE_HAVE_SM90A
     if (moe_cuda_fa3_supported(c, D, qb, kb, vb)) {
-        moe_cuda_fa3_forward(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV, D);
+        moe_cuda_fa3_forward(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV, D);
         return;
     }
 #endif
     switch (D) {
     case 16:
-        fa_forward<16>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
+        fa_forward<16>(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV);
         break;
     case 32:
-        fa_forward<32>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
+        fa_forward<32>(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV);
         break;
     case 64:
-        fa_forward<64>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
+        fa_forward<64>(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV);
         break;
     case 96:
-        fa_forward<96>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
+        fa_forward<96>(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV);
         break;
     default:
-        fa_forward<128>(c, out, lse, qb, kb, vb, doc_start, B, T, H, KV);
+        fa_forward<128>(c, out, lse, qb, kb, vb, doc_start, B, T, Tk, H, KV);
         break;
     }
 }

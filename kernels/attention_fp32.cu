@@ -9,7 +9,7 @@
  * owning warp and a fixed summation order, so results are deterministic. With a document
  * mask (dstart = doc_start [B, T], moe/ops.h) query t sees keys dstart[t]..t only: the
  * forward and dq loops start at dstart[t], the dk/dv loop stops at the first query of a later
- * document. */
+ * document. The forward also runs over cached keys (Tk > T: query t at position t + Tk - T). */
 #include <math.h>
 
 #include "backend_cuda.cuh"
@@ -38,7 +38,7 @@ __device__ __forceinline__ float af_dot(const float *a, const float *__restrict_
 __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
                          const float *__restrict__ q, const float *__restrict__ k,
                          const float *__restrict__ v, const int32_t *__restrict__ dstart, int64_t T,
-                         int H, int KV, int D, float scale) {
+                         int64_t Tk, int H, int KV, int D, float scale) {
     int lane = threadIdx.x & 31;
     int64_t t = (int64_t)blockIdx.x * AF_WARPS + (threadIdx.x >> 5);
     int bh = blockIdx.y, b = bh / H, h = bh % H, g = h / (H / KV);
@@ -52,8 +52,8 @@ __global__ void k_af_fwd(float *__restrict__ out, float *__restrict__ lse,
         acc[r] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (int64_t j = dstart ? dstart[(int64_t)b * T + t] : 0; j <= t; j++) {
-        const float *kj = k + af_row(b, j, g, T, KV, D), *vj = v + af_row(b, j, g, T, KV, D);
+    for (int64_t j = dstart ? dstart[(int64_t)b * T + t] : 0; j <= t + Tk - T; j++) {
+        const float *kj = k + af_row(b, j, g, Tk, KV, D), *vj = v + af_row(b, j, g, Tk, KV, D);
         float s = scale * af_dot(qr, kj, D, lane);
         float mn = fmaxf(m, s), corr = expf(m - mn), p = expf(s - mn);
         l = l * corr + p;
@@ -197,11 +197,12 @@ static int af_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, in
 
 void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
                                      const float *k, const float *v, const int32_t *doc_start,
-                                     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D) {
+                                     int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t KV,
+                                     int64_t D) {
     const char *op = "attention_forward";
     if (!af_shape_ok(c, op, B, T, H, KV, D)) return;
     dim3 grid((unsigned)((T + AF_WARPS - 1) / AF_WARPS), (unsigned)(B * H));
-    k_af_fwd<<<grid, 32 * AF_WARPS, 0, c->stream>>>(out, lse, q, k, v, doc_start, T, (int)H,
+    k_af_fwd<<<grid, 32 * AF_WARPS, 0, c->stream>>>(out, lse, q, k, v, doc_start, T, Tk, (int)H,
                                                     (int)KV, (int)D, 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "fp32 B=%lld T=%lld H=%lld KV=%lld D=%lld", (long long)B, (long long)T,
                       (long long)H, (long long)KV, (long long)D);

@@ -319,8 +319,8 @@ void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, c
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                const float *x, const float *w, const float *rstd, int64_t N,
                                int64_t C);
-void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
-                           int64_t T, int64_t NH, int64_t D, double theta);
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
+                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                             int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
@@ -333,7 +333,8 @@ void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, co
 
 void moe_cuda_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
                                 moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
-                                int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec);
+                                int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
+                                moe_recipe prec);
 void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                  const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v,
                                  moe_cbuf out, const float *lse, const int32_t *doc_start,
@@ -350,7 +351,7 @@ int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D, const void *q, cons
                            const void *v);
 void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const __nv_bfloat16 *q,
                           const __nv_bfloat16 *k, const __nv_bfloat16 *v, const int32_t *dstart,
-                          int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+                          int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D);
 
 /* sm90/attention_wgmma_bwd.cu: the Hopper backward, same contract and rule as the portable
  * one: dq/q/dout [B, T, H, D], dk/dv/k/v [B, T, KV, D] (gradients fp32, added to),
@@ -366,7 +367,8 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
  * NULL, all device memory */
 void moe_cuda_attention_fp32_forward(moe_cuda_ctx *c, float *out, float *lse, const float *q,
                                      const float *k, const float *v, const int32_t *doc_start,
-                                     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D);
+                                     int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t KV,
+                                     int64_t D);
 void moe_cuda_attention_fp32_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv,
                                       const float *dout, const float *q, const float *k,
                                       const float *v, const float *out, const float *lse,

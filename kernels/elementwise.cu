@@ -290,15 +290,16 @@ void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, cons
 /* ------------------------------------------------------------------------------------------
  * RoPE (Hugging Face rotate_half). The cos/sin table is computed in double and rounded once,
  * like the CPU backend, so both backends rotate by the same float cos/sin. A position is
- * pos[b, t] (inside its document, in [0, T)) or t when pos is NULL: the table serves both. */
+ * p0 + pos[b, t] (pos inside its document, in [0, T)) or p0 + t when pos is NULL: the table
+ * of positions p0.. serves both. */
 
-__global__ void k_rope_table(float *__restrict__ cs, int64_t T, int64_t half, int64_t D,
+__global__ void k_rope_table(float *__restrict__ cs, int64_t p0, int64_t T, int64_t half, int64_t D,
                              double theta) {
     int64_t total = T * half, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < total; j += stride) {
         int64_t t = j / half, i = j - t * half;
         double inv_freq = pow(theta, -(double)(2 * i) / (double)D);
-        double ang = (double)t * inv_freq;
+        double ang = (double)(p0 + t) * inv_freq;
         cs[2 * j] = (float)cos(ang);
         cs[2 * j + 1] = (float)sin(ang);
     }
@@ -342,8 +343,8 @@ static void rope_apply(moe_cuda_ctx *c, TX *x, const float *cs, const int32_t *p
 }
 
 /* x [B, T, NH, D] dev (in place), pos [B, T] dev or NULL */
-static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B, int64_t T,
-                 int64_t NH, int64_t D, double theta, float dir, const char *op) {
+static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0, int64_t B,
+                 int64_t T, int64_t NH, int64_t D, double theta, float dir, const char *op) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, x.dt, op) || B <= 0 || T <= 0 || NH <= 0 ||
         D <= 0)
@@ -356,7 +357,7 @@ static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B
     float *cs = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F,
                                           (size_t)(T * half * 2) * sizeof(float), op);
     if (!cs) return;
-    k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, T, half, D, theta);
+    k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, p0, T, half, D, theta);
     if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
     if (x.dt == MOE_DTYPE_BF16)
         rope_apply(c, (__nv_bfloat16 *)x.p, cs, pos, B, T, NH, half, dir);
@@ -366,14 +367,14 @@ static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B
                       (long long)NH, (long long)D);
 }
 
-void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
-                           int64_t T, int64_t NH, int64_t D, double theta) {
-    rope(be, x, pos, B, T, NH, D, theta, 1.0f, "rope_forward");
+void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
+                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
+    rope(be, x, pos, p0, B, T, NH, D, theta, 1.0f, "rope_forward");
 }
 
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                             int64_t T, int64_t NH, int64_t D, double theta) {
-    rope(be, moe_buf_f32(dx), pos, B, T, NH, D, theta, -1.0f, "rope_backward");
+    rope(be, moe_buf_f32(dx), pos, 0, B, T, NH, D, theta, -1.0f, "rope_backward");
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@
  * take turns to issue their score products (ping-pong), so one's softmax overlaps the
  * other's products. Key blocks before the first row's document start are skipped, those
  * after a warpgroup's last row are not multiplied. Output and lse as the portable forward:
- * bf16 values, natural-log lse of the scaled scores. Compiled for sm_90a only
+ * bf16 values, natural-log lse of the scaled scores; cached keys (Tk > T) as the portable
+ * forward: row r masked at position r + Tk - T. Compiled for sm_90a only
  * (CMakeLists.txt); moe_cuda_fa3_supported says when it runs.
  * The shared-memory layout of every tile is the one of wgmma.cuh. */
 #include "wgmma.cuh"
@@ -42,7 +43,8 @@ template <int D, int BK, int NS, typename TO>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap mq,
               const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
-              const int32_t *__restrict__ dstart, int64_t T, int H, int KV, float scale) {
+              const int32_t *__restrict__ dstart, int64_t T, int64_t Tk, int H, int KV,
+              float scale) {
     extern __shared__ __align__(16) unsigned char fa3_smem[];
     /* swizzled tiles start on 1024 bytes: Q [128][D], K [NS][BK][D], V [NS][BK][D], then the
      * barriers: q_full, k_full[NS], v_full[NS], empty[NS] */
@@ -52,8 +54,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, be = bv + 8 * NS;
     const int qb = gridDim.x - 1 - blockIdx.x; /* longest (diagonal-most) blocks first */
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
-    const int64_t q0 = (int64_t)qb * FA3_BQ;
-    const int kb_last = (int)(((q0 + FA3_BQ < T ? q0 + FA3_BQ : T) - 1) / BK);
+    const int64_t q0 = (int64_t)qb * FA3_BQ, qoff = Tk - T; /* row r at key position r + qoff */
+    const int kb_last = (int)(((q0 + FA3_BQ < T ? q0 + FA3_BQ : T) - 1 + qoff) / BK);
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int kb_first = dsb ? dsb[q0] / BK : 0;
     if (threadIdx.x == 0) {
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     float o[D / 8][4];
     fa_zero<D / 8>(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-    const int64_t wrow = q0 + wg * 64; /* this warpgroup's first row */
+    const int64_t wrow = q0 + wg * 64, wpos = wrow + qoff; /* this warpgroup's first row */
     const int64_t row0 = wrow + warp * 16 + g, row1 = row0 + 8;
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * FA_LOG2E;
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         const int s = it % NS;
         const uint32_t parity = (it / NS) & 1;
         if (FA3_PINGPONG) fa3_turn_wait(wg);
-        if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
+        if (k0 <= wpos + 63) { /* a key block after all of this warpgroup's rows is skipped */
             const uint32_t sK = sKb + s * TILE, sV = sVb + s * TILE;
             float sc[BK / 8][4];
             fa_zero<BK / 8>(sc);
@@ -116,8 +118,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
             if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
             fa3_commit_wait();
             fa3_hold(sc);
-            fa_softmax_block<BK, D>(sc, o, m0, m1, l0, l1, k0, row0, row1, st0, st1, sl2, t,
-                                    dsb || k0 + BK - 1 > wrow);
+            fa_softmax_block<BK, D>(sc, o, m0, m1, l0, l1, k0, row0 + qoff, row1 + qoff, st0, st1,
+                                    sl2, t, dsb || k0 + BK - 1 > wpos);
             uint32_t p[BK / 16][4];
 #pragma unroll
             for (int kk = 0; kk < BK / 16; kk++)
@@ -175,12 +177,12 @@ int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D, const void *q, cons
 
 template <int D, int BK, int NS, typename TO>
 static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
-                       const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                       int64_t KV) {
+                       const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
+                       int64_t H, int64_t KV) {
     const char *op = "attention_forward";
     CUtensorMap mq, mk, mv;
-    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, T, KV, D, BK, op) ||
-        !fa3_map(c, &mv, v, B, T, KV, D, BK, op))
+    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, Tk, KV, D, BK, op) ||
+        !fa3_map(c, &mv, v, B, Tk, KV, D, BK, op))
         return;
     const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 3 * NS);
     if (!moe_cuda_check(c,
@@ -191,26 +193,26 @@ static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, cons
         return;
     dim3 grid((unsigned)((T + FA3_BQ - 1) / FA3_BQ), (unsigned)(B * H));
     k_fa3_fwd<D, BK, NS, TO><<<grid, FA3_THREADS, smem, c->stream>>>(
-        out, lse, mq, mk, mv, dstart, T, (int)H, (int)KV, 1.0f / sqrtf((float)D));
-    MOE_CUDA_LAUNCHED(c, op, "wgmma: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B, (long long)T,
-                      (long long)H, (long long)KV, D);
+        out, lse, mq, mk, mv, dstart, T, Tk, (int)H, (int)KV, 1.0f / sqrtf((float)D));
+    MOE_CUDA_LAUNCHED(c, op, "wgmma: B=%lld T=%lld Tk=%lld H=%lld KV=%lld D=%d", (long long)B,
+                      (long long)T, (long long)Tk, (long long)H, (long long)KV, D);
 }
 
 template <typename TO>
 static void fa3_forward_as(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, const bf16 *k,
-                           const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                           int64_t KV, int64_t D) {
+                           const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
+                           int64_t H, int64_t KV, int64_t D) {
     if (D == 64)
-        fa3_launch<64, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, H, KV);
+        fa3_launch<64, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, Tk, H, KV);
     else
-        fa3_launch<128, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, H, KV);
+        fa3_launch<128, 128, FA3_NS>(c, out, lse, q, k, v, dstart, B, T, Tk, H, KV);
 }
 
 void moe_cuda_fa3_forward(moe_cuda_ctx *c, moe_buf out, float *lse, const bf16 *q, const bf16 *k,
-                          const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t H,
-                          int64_t KV, int64_t D) {
+                          const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
+                          int64_t H, int64_t KV, int64_t D) {
     if (out.dt == MOE_DTYPE_BF16)
-        fa3_forward_as(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, H, KV, D);
+        fa3_forward_as(c, (bf16 *)out.p, lse, q, k, v, dstart, B, T, Tk, H, KV, D);
     else
-        fa3_forward_as(c, (float *)out.p, lse, q, k, v, dstart, B, T, H, KV, D);
+        fa3_forward_as(c, (float *)out.p, lse, q, k, v, dstart, B, T, Tk, H, KV, D);
 }

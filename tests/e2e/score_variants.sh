@@ -3,7 +3,8 @@
 # MNV, insertions, deletions, a multi-allelic site, the same site split into two records, a
 # symbolic ALT, a REF mismatch, a variant too close to the contig start): every scored
 # ALT's MOE_LLR equals `moe-score seq` on its REF and ALT windows written out as FASTA by the
-# rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average; one REF
+# rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average (the ALT
+# windows run from their first differing token on, continuing the REF's cached keys); one REF
 # window per position; Debian's bcftools reads the VCF, bgzip
 # VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); the TSV's #@PG provenance
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
@@ -92,6 +93,9 @@ sc good.vcf --tsv > llr.tsv
 windows_fa llr.tsv win.fa
 moe-score seq -q -m "$CKPT" win.fa > win.tsv
 check_llr llr.tsv win.tsv sum
+# ... with the ALT windows continuing their REF windows' cached keys (the log says so)
+log=$(moe-score variants -m "$CKPT" -f ref.fa --window $W good.vcf --tsv 2>&1 >/dev/null)
+grep -q "ALT windows continue their REF windows' cached keys" <<< "$log"
 sc good.vcf --tsv --reduce mean > mean.tsv
 check_llr mean.tsv win.tsv mean
 sc good.vcf --tsv --rc-average > rc.tsv

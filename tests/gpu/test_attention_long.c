@@ -109,7 +109,7 @@ static double run_attention(const moe_backend *be, int64_t n, const float *q, co
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     double t0 = moe_time_now();
     be->attention_forward(be, moe_buf_f32(r.out), r.lse, moe_cbuf_f32(r.q), moe_cbuf_f32(r.k),
-                          moe_cbuf_f32(r.v), NULL, 1, n, H, KV, D, MOE_RECIPE_BF16);
+                          moe_cbuf_f32(r.v), NULL, 1, n, n, H, KV, D, MOE_RECIPE_BF16);
     if (be->synchronize(be, err) != MOE_OK) goto fail;
     double t1 = moe_time_now();
     be->attention_backward(be, r.dq, r.dk, r.dv, r.dout, moe_cbuf_f32(r.q), moe_cbuf_f32(r.k),
@@ -165,7 +165,7 @@ static void check_inference_1m(const moe_backend *be) {
         double t0 = moe_time_now();
         be->attention_forward(be, moe_buf_of(dout, MOE_DTYPE_BF16), dlse,
                               moe_cbuf_of(dq, MOE_DTYPE_BF16), moe_cbuf_of(dk, MOE_DTYPE_BF16),
-                              moe_cbuf_of(dv, MOE_DTYPE_BF16), NULL, 1, T1M, H, KV, D,
+                              moe_cbuf_of(dv, MOE_DTYPE_BF16), NULL, 1, T1M, T1M, H, KV, D,
                               MOE_RECIPE_BF16);
         CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "T=%d forward: %s", T1M, err.msg);
         double f = moe_time_now() - t0;

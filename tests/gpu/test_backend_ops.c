@@ -226,7 +226,7 @@ static float *fdup(const float *x, int64_t n) {
 typedef struct tcase {
     const char *name;
     moe_op op;
-    int64_t s[6];
+    int64_t s[7];
     moe_recipe prec;
     double tol; /* NMSE bound for float outputs */
     int typed;  /* the GPU's typed operands are bf16, as the model passes them under the bf16
@@ -369,8 +369,9 @@ static void run_rmsnorm(gctx *g, const tcase *tc) {
     free(x), free(w), free(out), free(rstd), free(gy), free(gx), free(gw);
 }
 
+/* s: B, T, NH, D, theta, document mode, p0 (the forward's first position) */
 static void run_rope(gctx *g, const tcase *tc) {
-    int64_t B = tc->s[0], T = tc->s[1], NH = tc->s[2], D = tc->s[3];
+    int64_t B = tc->s[0], T = tc->s[1], NH = tc->s[2], D = tc->s[3], p0 = tc->s[6];
     double theta = (double)tc->s[4];
     int64_t n = B * T * NH * D;
     float *x = frand(n, -1, 1);
@@ -380,8 +381,8 @@ static void run_rope(gctx *g, const tcase *tc) {
     for (int64_t i = 0; pos && i < B * T; i++)
         pos[i] = (int32_t)(i % T) - pos[i];
     if (pos) dpos = dup_dev(g, "pos", pos, I32(B * T));
-    g->cpu->rope_forward(g->cpu, moe_buf_f32(x), pos, B, T, NH, D, theta);
-    g->gpu->rope_forward(g->gpu, dx_, dpos, B, T, NH, D, theta);
+    g->cpu->rope_forward(g->cpu, moe_buf_f32(x), pos, p0, B, T, NH, D, theta);
+    g->gpu->rope_forward(g->gpu, dx_, dpos, p0, B, T, NH, D, theta);
     check_sync_guards(g, "rope_forward");
     cmp_typed(g, "x (fwd)", dx_, x, n, tc->tol);
     float *gx = frand(n, -1, 1);
@@ -393,25 +394,42 @@ static void run_rope(gctx *g, const tcase *tc) {
     free(x), free(gx), free(pos);
 }
 
+/* The document starts [B, T] of the last T of Tk positions (doc_starts over Tk), or NULL. */
+static int32_t *doc_starts_last(int64_t B, int64_t T, int64_t Tk, int64_t mode) {
+    int32_t *all = doc_starts(B, Tk, mode);
+    if (!all || Tk == T) return all;
+    int32_t *ds = xmalloc(I32(B * T));
+    for (int64_t b = 0; b < B; b++)
+        memcpy(ds + b * T, all + b * Tk + (Tk - T), I32(T));
+    free(all);
+    return ds;
+}
+
+/* s: B, T, H, KV, D, document mode, P: the queries continue P cached keys (Tk = P + T
+ * keys; the forward only, as the model's scoring runs it) */
 static void run_attention(gctx *g, const tcase *tc) {
     int64_t B = tc->s[0], T = tc->s[1], H = tc->s[2], KV = tc->s[3], D = tc->s[4];
-    int64_t nq = B * T * H * D, nk = B * T * KV * D;
+    int64_t Tk = T + tc->s[6], nq = B * T * H * D, nk = B * Tk * KV * D;
     float *q = frand(nq, -2, 2), *k = frand(nk, -2, 2), *v = frand(nk, -1, 1);
     if (tc->typed) round_host(q, nq), round_host(k, nk), round_host(v, nk);
     float *out = xmalloc(F(nq)), *lse = xmalloc(F(B * H * T));
-    int32_t *ds = doc_starts(B, T, tc->s[5]);
+    int32_t *ds = doc_starts_last(B, T, Tk, tc->s[5]);
     const int32_t *dds = ds ? dup_dev(g, "doc_start", ds, I32(B * T)) : NULL;
     g->cpu->attention_forward(g->cpu, moe_buf_f32(out), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), ds, B, T, H, KV, D, tc->prec);
+                              moe_cbuf_f32(v), ds, B, T, Tk, H, KV, D, tc->prec);
     moe_cbuf dq_ = moe_cbuf_from(dev_typed(g, tc, "q", q, nq));
     moe_cbuf dk_ = moe_cbuf_from(dev_typed(g, tc, "k", k, nk));
     moe_cbuf dv_ = moe_cbuf_from(dev_typed(g, tc, "v", v, nk));
     moe_buf dout = dev_typed(g, tc, "out", NULL, nq);
     float *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
-    g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, dds, B, T, H, KV, D, tc->prec);
+    g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, dds, B, T, Tk, H, KV, D, tc->prec);
     check_sync_guards(g, "attention_forward");
     cmp_typed(g, "out", dout, out, nq, tc->tol);
     cmp_f32(g, "lse", dlse, lse, B * H * T, tc->tol);
+    if (Tk > T) { /* cached keys: a forward only */
+        free(q), free(k), free(v), free(out), free(lse), free(ds);
+        return;
+    }
     /* backward from the CPU's forward results, so both sides see the same out and lse */
     float *gy = frand(nq, -1, 1), *gq = frand(nq, -1, 1), *gk = frand(nk, -1, 1);
     float *gv = frand(nk, -1, 1);
@@ -928,6 +946,12 @@ static const tcase k_cases[] = {
     {"rope docs B2 T300 NH2 D128 typed", MOE_OP_ROPE, {2, 300, 2, 128, 1000000, 2}, BF16, 1e-5, 1},
     {"rope B2 T50 NH3 D20", MOE_OP_ROPE, {2, 50, 3, 20, 10000}, FP32, 1e-10, 0},
     {"rope B2 T50 NH3 D20 typed", MOE_OP_ROPE, {2, 50, 3, 20, 10000}, BF16, 1e-5, 1},
+    {"rope p0 B2 T100 NH2 D128 typed",
+     MOE_OP_ROPE,
+     {2, 100, 2, 128, 1000000, 0, 8000},
+     BF16,
+     1e-5,
+     1},
     {"attn B2 T200 H8 KV2 D64", MOE_OP_ATTENTION, {2, 200, 8, 2, 64}, BF16, 4e-6, 0},
     {"attn B1 T333 H4 KV4 D128", MOE_OP_ATTENTION, {1, 333, 4, 4, 128}, BF16, 4e-6, 0},
     {"attn B1 T333 H4 KV2 D128 typed", MOE_OP_ATTENTION, {1, 333, 4, 2, 128}, BF16, 4e-6, 1},
@@ -949,6 +973,38 @@ static const tcase k_cases[] = {
     {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 4e-6, 0},
     {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
     {"attn fp32 docs B2 T90 H3 KV1 D40", MOE_OP_ATTENTION, {2, 90, 3, 1, 40, 2}, FP32, 1e-10, 0},
+    /* cached keys (s[6] = P: the queries are the last T of P + T positions), as scoring's
+     * continued windows run them: the wgmma kernel (D64, D128), the portable one, fp32 */
+    {"attn cache B2 T100+300 H8 KV2 D128 ty",
+     MOE_OP_ATTENTION,
+     {2, 100, 8, 2, 128, 0, 300},
+     BF16,
+     4e-6,
+     1},
+    {"attn cache B1 T64+200 H4 KV1 D64",
+     MOE_OP_ATTENTION,
+     {1, 64, 4, 1, 64, 0, 200},
+     BF16,
+     4e-6,
+     0},
+    {"attn cache B2 T77+130 H4 KV2 D32",
+     MOE_OP_ATTENTION,
+     {2, 77, 4, 2, 32, 0, 130},
+     BF16,
+     4e-6,
+     0},
+    {"attn cache docs B2 T150+183 H4 KV2 D128",
+     MOE_OP_ATTENTION,
+     {2, 150, 4, 2, 128, 1, 183},
+     BF16,
+     4e-6,
+     0},
+    {"attn fp32 cache B2 T50+100 H3 KV1 D40",
+     MOE_OP_ATTENTION,
+     {2, 50, 3, 1, 40, 0, 100},
+     FP32,
+     1e-10,
+     0},
     {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
     {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
@@ -1181,7 +1237,7 @@ static void run_perf(gctx *g, const pcase *pc) {
         if (pc->dir) {
             f = perf_buf(g, nq), h = perf_buf(g, nk), k = perf_buf(g, nk);
             be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, ds, s[0],
-                                  s[1], s[2], s[3], s[4], BF16);
+                                  s[1], s[1], s[2], s[3], s[4], BF16);
         }
         flops = 2.0 * (double)s[0] * s[2] * s[1] * L * s[4] * (pc->dir ? 2.5 : 1.0);
         break;
@@ -1286,7 +1342,7 @@ static void run_perf(gctx *g, const pcase *pc) {
                                            s[3], s[4], BF16, MOE_GRAD_ADD);
                 else
                     be->attention_forward(be, moe_buf_of(d, MOE_DTYPE_BF16), e, a16, b16, c16, ds,
-                                          s[0], s[1], s[2], s[3], s[4], BF16);
+                                          s[0], s[1], s[1], s[2], s[3], s[4], BF16);
                 break;
             case MOE_OP_RMSNORM:
                 if (pc->dir)

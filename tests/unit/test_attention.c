@@ -3,7 +3,8 @@
  * grouped-query and multi-head layouts, T = 1, exactly one block, and lengths spanning
  * several blocks with a ragged last block; the same with document masks (documents of length
  * 1, boundaries on and off the 64-key block edges, documents longer than a block); a packed
- * row equal, bit for bit, to its documents run alone; plus thread-count independence and
+ * row equal, bit for bit, to its documents run alone; queries over cached keys equal, bit
+ * for bit, the whole forward's rows; plus thread-count independence and
  * the bf16 recipe staying close to fp32 while differing from it.
  *
  * Tolerances: the kernel accumulates in fp32 over <= 150 terms of magnitude ~1, so 1e-5
@@ -111,7 +112,7 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
                  calloc((size_t)nk, 8), calloc((size_t)nk, 8)};
     naive(q, k, v, g, ds, B, T, H, KV, D, &r);
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                          moe_cbuf_f32(v), ds, B, T, H, KV, D, MOE_RECIPE_FP32);
+                          moe_cbuf_f32(v), ds, B, T, T, H, KV, D, MOE_RECIPE_FP32);
     be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
                            moe_cbuf_f32(o), lse, ds, B, T, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
     double eo = maxdiff(o, r.o, nq), el = maxdiff(lse, r.lse, nl);
@@ -128,7 +129,7 @@ static void run_case(int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D, uin
         for (int64_t d = 0; d < KV * D; d++)
             k[(B * T - 1) * KV * D + d] += 1.0f, v[(B * T - 1) * KV * D + d] -= 1.0f;
         be->attention_forward(be, moe_buf_f32(o2), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), ds, B, T, H, KV, D, MOE_RECIPE_FP32);
+                              moe_cbuf_f32(v), ds, B, T, T, H, KV, D, MOE_RECIPE_FP32);
         CHECK(memcmp(o2, o, (size_t)((B * T - 1) * H * D) * 4) == 0);
         free(o2);
     }
@@ -150,7 +151,7 @@ static void test_threads_and_bf16(void) {
         omp_set_num_threads(c == 0 ? 1 : 2);
         moe_recipe pr = c == 2 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
         be->attention_forward(be, moe_buf_f32(o[c]), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                              moe_cbuf_f32(v), NULL, B, T, H, KV, D, pr);
+                              moe_cbuf_f32(v), NULL, B, T, T, H, KV, D, pr);
         be->attention_backward(be, dq[c], dk[c], dv[c], g, moe_cbuf_f32(q), moe_cbuf_f32(k),
                                moe_cbuf_f32(v), moe_cbuf_f32(o[c]), lse, NULL, B, T, H, KV, D, pr,
                                MOE_GRAD_ADD);
@@ -185,7 +186,7 @@ static void test_packed_equals_alone(void) {
     gc_fill(g, nq, 53, -1, 1);
     int32_t *ds = make_docs(1, T, lens, 5);
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                          moe_cbuf_f32(v), ds, 1, T, H, KV, D, MOE_RECIPE_FP32);
+                          moe_cbuf_f32(v), ds, 1, T, T, H, KV, D, MOE_RECIPE_FP32);
     be->attention_backward(be, dq, dk, dv, g, moe_cbuf_f32(q), moe_cbuf_f32(k), moe_cbuf_f32(v),
                            moe_cbuf_f32(o), lse, ds, 1, T, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
     for (int64_t s0 = 0, d = 0; s0 < T; s0 += lens[d], d++) {
@@ -194,7 +195,7 @@ static void test_packed_equals_alone(void) {
         float *q1 = calloc((size_t)mq, 4), *k1 = calloc((size_t)mk, 4), *v1 = calloc((size_t)mk, 4);
         moe_cbuf qa = moe_cbuf_f32(q + s0 * H * D), ka = moe_cbuf_f32(k + s0 * KV * D);
         moe_cbuf va = moe_cbuf_f32(v + s0 * KV * D);
-        be->attention_forward(be, moe_buf_f32(o1), l1, qa, ka, va, NULL, 1, n, H, KV, D,
+        be->attention_forward(be, moe_buf_f32(o1), l1, qa, ka, va, NULL, 1, n, n, H, KV, D,
                               MOE_RECIPE_FP32);
         be->attention_backward(be, q1, k1, v1, g + s0 * H * D, qa, ka, va, moe_cbuf_f32(o1), l1,
                                NULL, 1, n, H, KV, D, MOE_RECIPE_FP32, MOE_GRAD_ADD);
@@ -209,6 +210,49 @@ static void test_packed_equals_alone(void) {
         free(o1), free(l1), free(q1), free(k1), free(v1);
     }
     free(q), free(k), free(v), free(g), free(o), free(lse), free(dq), free(dk), free(dv), free(ds);
+}
+
+/* Queries that continue cached keys (Tk > T) give, bit for bit, the last T rows of the whole
+ * forward (out and lse), fp32 and bf16, with and without a document mask (ds [B, Tk]: the
+ * continued rows take its last T columns). */
+static void test_cached_keys_equal_whole(void) {
+    const int64_t B = 2, Tk = 200, H = 4, KV = 2, D = 16, P[] = {1, 64, 137};
+    const int lens[] = {1, 63, 64, 1, 71};
+    int64_t nq = B * Tk * H * D, nk = B * Tk * KV * D;
+    float *q = calloc((size_t)nq, 4), *k = calloc((size_t)nk, 4), *v = calloc((size_t)nk, 4);
+    float *o = calloc((size_t)nq, 4), *lse = calloc((size_t)(B * H * Tk), 4);
+    gc_fill(q, nq, 60, -1.5, 1.5), gc_fill(k, nk, 61, -1.5, 1.5), gc_fill(v, nk, 62, -1, 1);
+    int32_t *docs = make_docs(B, Tk, lens, 5);
+    for (int c = 0; c < 4; c++) {
+        moe_recipe pr = c & 1 ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+        const int32_t *ds = c & 2 ? docs : NULL;
+        be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
+                              moe_cbuf_f32(v), ds, B, Tk, Tk, H, KV, D, pr);
+        for (int i = 0; i < 3; i++) {
+            int64_t T = Tk - P[i], mq = B * T * H * D;
+            float *qs = calloc((size_t)mq, 4), *os = calloc((size_t)mq, 4);
+            float *ls = calloc((size_t)(B * H * T), 4);
+            int32_t *dss = ds ? malloc((size_t)(B * T) * sizeof(int32_t)) : NULL;
+            for (int64_t b = 0; b < B; b++) {
+                memcpy(qs + b * T * H * D, q + (b * Tk + P[i]) * H * D, (size_t)(T * H * D) * 4);
+                if (dss) memcpy(dss + b * T, ds + b * Tk + P[i], (size_t)T * sizeof(int32_t));
+            }
+            be->attention_forward(be, moe_buf_f32(os), ls, moe_cbuf_f32(qs), moe_cbuf_f32(k),
+                                  moe_cbuf_f32(v), dss, B, T, Tk, H, KV, D, pr);
+            int same = 1;
+            for (int64_t b = 0; b < B; b++) {
+                same &= memcmp(os + b * T * H * D, o + (b * Tk + P[i]) * H * D,
+                               (size_t)(T * H * D) * 4) == 0;
+                for (int64_t h = 0; h < H; h++)
+                    same &= memcmp(ls + (b * H + h) * T, lse + (b * H + h) * Tk + P[i],
+                                   (size_t)T * 4) == 0;
+            }
+            CHECK_MSG(same, "case %d, %lld cached keys: the continued rows differ", c,
+                      (long long)P[i]);
+            free(qs), free(os), free(ls), free(dss);
+        }
+    }
+    free(q), free(k), free(v), free(o), free(lse), free(docs);
 }
 
 int main(void) {
@@ -228,6 +272,7 @@ int main(void) {
     run_case(1, 70, 2, 1, 8, 70, ds);
     free(ds);
     test_packed_equals_alone();
+    test_cached_keys_equal_whole();
     test_threads_and_bf16();
     return test_summary("test_attention");
 }

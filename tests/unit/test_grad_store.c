@@ -105,7 +105,7 @@ static void test_grad_store(void) {
     float *o = gc_buf(nq, 0, 0, 0), *lse = gc_buf(aB * aH * aT, 0, 0, 0),
           *go = gc_buf(nq, 100, -1, 1);
     be->attention_forward(be, moe_buf_f32(o), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
-                          moe_cbuf_f32(v), ds, aB, aT, aH, aKV, aD, MOE_RECIPE_FP32);
+                          moe_cbuf_f32(v), ds, aB, aT, aT, aH, aKV, aD, MOE_RECIPE_FP32);
     float *ga[3] = {gc_buf(nq, 0, 0, 0), gc_buf(nk, 0, 0, 0), gc_buf(nk, 0, 0, 0)};
     float *gs[3] = {gc_buf(nq, 101, -9, 9), gc_buf(nk, 102, -9, 9), gc_buf(nk, 103, -9, 9)};
     be->attention_backward(be, ga[0], ga[1], ga[2], go, moe_cbuf_f32(q), moe_cbuf_f32(k),

@@ -87,7 +87,7 @@ static double rope_loss(void *p) {
     rope_st *s = p;
     int64_t n = s->B * s->T * s->NH * s->D;
     memcpy(s->tmp, s->x, (size_t)n * sizeof(float));
-    be->rope_forward(be, moe_buf_f32(s->tmp), s->pos, s->B, s->T, s->NH, s->D, 10000.0);
+    be->rope_forward(be, moe_buf_f32(s->tmp), s->pos, 0, s->B, s->T, s->NH, s->D, 10000.0);
     return gc_dot(s->tmp, s->r, n);
 }
 static void test_rope(void) {
@@ -121,12 +121,17 @@ static void test_rope(void) {
     CHECK(memcmp(s.tmp + 7 * row, alone, (size_t)(3 * row) * sizeof(float)) != 0);
     float *x7 = gc_buf(n, 0, 0, 0); /* [7, 10) alone: x moved to the row start */
     memcpy(x7, s.x + 7 * row, (size_t)(3 * row) * sizeof(float));
-    be->rope_forward(be, moe_buf_f32(x7), NULL, 1, 3, s.NH, s.D, 10000.0);
+    be->rope_forward(be, moe_buf_f32(x7), NULL, 0, 1, 3, s.NH, s.D, 10000.0);
     CHECK(memcmp(x7, s.tmp + 7 * row, (size_t)(3 * row) * sizeof(float)) == 0);
+    /* a row continuing cached keys at p0 = 2: row 0's positions [2, 5) rotated alone */
+    float *x2 = gc_buf(n, 0, 0, 0);
+    memcpy(x2, s.x + 2 * row, (size_t)(3 * row) * sizeof(float));
+    be->rope_forward(be, moe_buf_f32(x2), NULL, 2, 1, 3, s.NH, s.D, 10000.0);
+    CHECK(memcmp(x2, alone + 2 * row, (size_t)(3 * row) * sizeof(float)) == 0);
     memcpy(g, s.r, (size_t)n * sizeof(float));
     be->rope_backward(be, g, pos, s.B, s.T, s.NH, s.D, 10000.0);
     gc_check("rope dx (positions)", &s, rope_loss, s.x, g, n, 150, 1e-2, ATOL, RTOL);
-    free(s.x), free(s.tmp), free(s.r), free(g), free(alone), free(x7);
+    free(s.x), free(s.tmp), free(s.r), free(g), free(alone), free(x7), free(x2);
 }
 
 /* ---------------- matmul ---------------- */
@@ -404,7 +409,7 @@ typedef struct {
 static double at_loss(void *p) {
     at_st *s = p;
     be->attention_forward(be, moe_buf_f32(s->o), s->lse, moe_cbuf_f32(s->q), moe_cbuf_f32(s->k),
-                          moe_cbuf_f32(s->v), s->ds, s->B, s->T, s->H, s->KV, s->D,
+                          moe_cbuf_f32(s->v), s->ds, s->B, s->T, s->T, s->H, s->KV, s->D,
                           MOE_RECIPE_FP32);
     return gc_dot(s->o, s->r, s->B * s->T * s->H * s->D);
 }

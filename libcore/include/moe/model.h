@@ -216,6 +216,41 @@ moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, i
 moe_status moe_model_logprobs(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
                               int T, float *out, moe_err *err);
 
+/* ---- cached keys (scoring: an ALT window continues its REF window's first positions) ----
+ * A cache holds every layer's keys and values after RoPE (in the attention's operand type)
+ * of the rows of one logprobs pass that saved them: row b of a pass of T positions at
+ * positions [b * T, (b + 1) * T). A pass that continues rows src[b] of a cache after their
+ * first P positions gives its tokens (positions P, P + 1, ... of those rows) exactly what
+ * one pass over the whole rows gives them: their attention reads the cached keys, and every
+ * other op is per token. Not with a document mask. */
+typedef struct moe_kv_cache {
+    void *k, *v;    /* [L, tokens, KV * D] dev */
+    void *wk, *wv;  /* [tokens, KV * D] dev: a continuing pass's keys, cached prefix + own */
+    int64_t tokens; /* capacity in positions */
+    int64_t T;      /* row length of the pass that saved (0: none yet) */
+    int rows;       /* rows that pass saved */
+} moe_kv_cache;
+
+typedef struct moe_kv_use {
+    moe_kv_cache *save; /* the pass's rows are saved into it, or NULL */
+    moe_kv_cache *from; /* the pass continues rows src[b] of it after P positions, or NULL */
+    const int32_t *src; /* [B] host */
+    int64_t P;          /* >= 1 and <= from->T; P + T <= the model's positions */
+} moe_kv_use;
+
+/* A cache for up to `tokens` positions of m's passes (zeroed first; free it even when this
+ * fails). MOE_ERR_RUNTIME when the backend is out of memory. */
+moe_status moe_kv_cache_create(moe_kv_cache *c, const moe_model *m, int64_t tokens, moe_err *err);
+void moe_kv_cache_free(moe_kv_cache *c, const moe_model *m);
+/* Bytes of a cache of `tokens` positions for model shape cfg and recipe. */
+size_t moe_kv_cache_bytes(const moe_model_config *cfg, moe_recipe recipe, int64_t tokens);
+/* moe_model_logprobs that saves its keys (kv->save), or continues cached ones (kv->from: then
+ * B * (P + T) <= from->tokens, src[b] in [0, from->rows)); kv NULL: moe_model_logprobs.
+ * Errors: a use outside those bounds, both or neither of save and from, a document mask
+ * (MOE_ERR_INPUT). */
+moe_status moe_model_logprobs_kv(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                                 int T, const moe_kv_use *kv, float *out, moe_err *err);
+
 /* ---- sizes for --dry-run (no model needed) ---- */
 /* total: all parameters (lm_head counted once when tied); active: those touched per token
  * (k of E experts per layer). */

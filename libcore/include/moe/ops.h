@@ -204,11 +204,12 @@ struct moe_backend {
      * x1 = x[..., :D/2], x2 = x[..., D/2:], out = [x1 cos - x2 sin, x2 cos + x1 sin] with
      * angle = p * theta^(-2i/D) for i < D/2, p = pos[b, t] (Hugging Face's position_ids:
      * under a document mask the position inside the token's document), or p = t when pos is
-     * NULL. Every p lies in [0, T). IN PLACE in both directions (backward rotates the
-     * gradient by -angle). ---- */
+     * NULL, plus p0 in the forward (rows that continue cached keys start at position p0;
+     * training passes 0). Every pos lies in [0, T). IN PLACE in both directions (backward
+     * rotates the gradient by -angle). ---- */
     void (*rope_forward)(const moe_backend *be, moe_buf x, /* [B, T, NH, D] dev, in place */
                          const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
-                         int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
+                         int64_t p0, int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
     void (*rope_backward)(const moe_backend *be, float *dx, /* [B, T, NH, D] dev, in place */
                           const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
@@ -221,14 +222,19 @@ struct moe_backend {
      * t), and query t attends to the keys j with doc_start[b, t] <= j <= t only, so a packed
      * row computes what each of its documents computes alone; key blocks wholly before a
      * query block's documents are skipped, not just masked. NULL: one document per row (plain
-     * causal). Backward takes the doc_start of its forward. ---- */
+     * causal). Backward takes the doc_start of its forward.
+     * Cached keys (the forward only): k and v hold Tk >= T positions and the T queries are
+     * the last T of them - query t sits at position t + Tk - T and attends to the keys j <=
+     * t + Tk - T (doc_start then gives positions in [0, Tk)). A forward over the suffix of
+     * a sequence whose prefix keys were kept (scoring) computes what the whole sequence's
+     * forward computes for those rows. Training passes Tk = T. ---- */
     void (*attention_forward)(const moe_backend *be, moe_buf out, /* [B, T, H, D] dev */
                               float *lse,                         /* [B, H, T] dev */
                               moe_cbuf q,                         /* [B, T, H, D] dev */
-                              moe_cbuf k,                         /* [B, T, KV, D] dev */
-                              moe_cbuf v,                         /* [B, T, KV, D] dev */
+                              moe_cbuf k,                         /* [B, Tk, KV, D] dev */
+                              moe_cbuf v,                         /* [B, Tk, KV, D] dev */
                               const int32_t *doc_start,           /* [B, T] dev, or NULL */
-                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
+                              int64_t B, int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
                               moe_recipe prec);
     /* dq, dk, dv (+)= the gradients, added or written (every element) as st says */
     void (*attention_backward)(const moe_backend *be, float *dq, /* [B, T, H, D] dev */

@@ -107,6 +107,7 @@ struct moe_acts {
     int32_t *h_doc;     /* [2N] host: doc_start, then positions, before the upload */
     int doc_masked;     /* the last forward ran with the mask: backward (and its recompute)
                            uses the same doc_start and positions */
+    const moe_kv_use *kv; /* during a moe_model_logprobs_kv pass: its cached keys, else NULL */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */
     void *head_mem; /* forward-only plan: logits, ce_loss, ce_lse, targets once scored */
@@ -129,6 +130,15 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, 
  * attention output, expert activations) under recipe: BF16 under bf16 (they hold bf16
  * values anyway), else F32. The same on every backend. */
 moe_dtype moe_model_act_dtype(moe_recipe recipe);
+
+/* model_kv.c: kv checked against m and a pass of B x T tokens (moe_model_logprobs_kv's
+ * errors); then, per layer l of that pass, its keys k and values v [B * T, KV * D] dev (of
+ * type acts->adt, after RoPE) saved into kv->save, or joined after their rows' cached prefix
+ * in kv->from's work buffers: *kc, *vc [B, *Tk, KV, D] are what attention then reads
+ * (untouched when saving). */
+moe_status moe_model_kv_check(const moe_model *m, const moe_kv_use *kv, int B, int T, moe_err *err);
+void moe_model_kv_layer(moe_model *m, int l, const moe_kv_use *kv, const void *k, const void *v,
+                        int B, int64_t T, moe_cbuf *kc, moe_cbuf *vc, int64_t *Tk);
 
 /* Makes sure the head buffers (logits, ce_loss, ce_lse, targets for max_tokens) exist: a
  * training plan has them; a forward-only plan gets them in a second allocation on the first

@@ -48,10 +48,15 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
     be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
     be->matmul_forward(be, v, ln1, moe_model_weight(m, li->v), N, C, KV * D, prec);
-    be->rope_forward(be, q, doc_positions(m), B, T, H, D, c->rope_theta);
-    be->rope_forward(be, k, doc_positions(m), B, T, KV, D, c->rope_theta);
-    be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q),
-                          moe_cbuf_from(k), moe_cbuf_from(v), doc_start(m), B, T, H, KV, D, p16);
+    const moe_kv_use *kv = a->kv;
+    const int64_t p0 = kv && kv->from ? kv->P : 0; /* a continued row's first position */
+    be->rope_forward(be, q, doc_positions(m), p0, B, T, H, D, c->rope_theta);
+    be->rope_forward(be, k, doc_positions(m), p0, B, T, KV, D, c->rope_theta);
+    moe_cbuf kc = moe_cbuf_from(k), vc = moe_cbuf_from(v);
+    int64_t Tk = T;
+    if (kv) moe_model_kv_layer(m, l, kv, la->k, la->v, B, T, &kc, &vc, &Tk);
+    be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q), kc, vc,
+                          doc_start(m), B, T, Tk, H, KV, D, p16);
     if (!with_residual) return;
     be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
                        moe_model_weight(m, li->o), N, H * D, C, prec);
@@ -442,12 +447,21 @@ moe_status moe_model_hidden_pooled(moe_model *m, const int32_t *tokens, int B, i
 
 moe_status moe_model_logprobs(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
                               int T, float *out, moe_err *err) {
+    return moe_model_logprobs_kv(m, tokens, targets, B, T, NULL, out, err);
+}
+
+moe_status moe_model_logprobs_kv(moe_model *m, const int32_t *tokens, const int32_t *targets, int B,
+                                 int T, const moe_kv_use *kv, float *out, moe_err *err) {
     if (check_inputs(m, tokens, targets, NULL, B, T, err) != MOE_OK) return err->status;
+    if (kv && moe_model_kv_check(m, kv, B, T, err) != MOE_OK) return err->status;
     if (moe_model_alloc_head(m, err) != MOE_OK) return err->status;
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;
     int64_t N = (int64_t)B * T;
+    a->kv = kv;
     moe_model_run_layers(m, tokens, B, T, (int)m->cfg.num_hidden_layers);
+    a->kv = NULL;
+    if (kv && kv->save) kv->save->T = T, kv->save->rows = B;
     head_forward(m, targets, NULL, N);
     for (int64_t i = 0; i < N; i++)
         out[i] = targets[i] < 0 ? 0.0f : -a->h_loss[i];

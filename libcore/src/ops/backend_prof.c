@@ -148,11 +148,11 @@ static void pr_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, con
     prof_end_op(p, t0, MOE_OP_RMSNORM, 1);
 }
 
-static void pr_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
-                            int64_t T, int64_t NH, int64_t D, double theta) {
+static void pr_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
+                            int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->rope_forward(p->inner, x, pos, B, T, NH, D, theta);
+    p->inner->rope_forward(p->inner, x, pos, p0, B, T, NH, D, theta);
     prof_end_op(p, t0, MOE_OP_ROPE, 0);
 }
 
@@ -166,10 +166,11 @@ static void pr_rope_backward(const moe_backend *be, float *dx, const int32_t *po
 
 static void pr_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
                                  moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
-                                 int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+                                 int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
+                                 moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->attention_forward(p->inner, out, lse, q, k, v, doc_start, B, T, H, KV, D, prec);
+    p->inner->attention_forward(p->inner, out, lse, q, k, v, doc_start, B, T, Tk, H, KV, D, prec);
     prof_end_op(p, t0, MOE_OP_ATTENTION, 0);
 }
 

@@ -12,6 +12,7 @@
 
 #include "moe/embed.h"
 #include "moe/log.h"
+#include "moe/model.h"
 #include "moe/score.h"
 
 typedef struct score_win {
@@ -21,6 +22,15 @@ typedef struct score_win {
     float *lp;     /* [n - from] log-probabilities out (caller memory), or NULL */
     double sum;    /* out: their sum (nats), in position order */
     int64_t order; /* position in the caller's list: the tie-break of the length sort */
+    /* A window whose first `share` content tokens are those of `parent` (another window of
+     * the same list, without a parent of its own; from >= share) runs only from there on,
+     * continuing the parent's cached keys: an ALT window after its REF window. NULL: run
+     * whole. */
+    const struct score_win *parent;
+    int64_t share;
+    /* score_model_run's: the row position a continuing window starts at (0: run whole), and
+     * a window run whole's batch and row in it */
+    int64_t start, batch, row;
 } score_win;
 
 typedef struct score_model {
@@ -33,8 +43,10 @@ typedef struct score_model {
     int64_t max_seq, max_batch, cap_tokens, batch_tokens;
     int32_t *tokens, *targets; /* [cap_tokens] one batch */
     float *lp;                 /* [cap_tokens] */
-    score_win **order;         /* sort scratch */
+    score_win **order;         /* sort scratch: the windows run whole, then the others */
     int64_t cap_order;
+    moe_kv_cache kv; /* the parents' keys of one batch (kv.tokens = cap_tokens; 0: none yet) */
+    int32_t *src;    /* [max_batch] a continuing batch's parent rows */
     moe_progress prog;
     int64_t scored, windows; /* tokens scored and windows run so far */
     double load_seconds;     /* opening the checkpoint and loading the model */
@@ -57,7 +69,9 @@ void score_model_geometry(score_model *sm, const moe_tokenizer *tok, int64_t pos
 moe_status score_model_open(score_model *sm, const moe_score_model_opts *o, int64_t max_content,
                             const char *what, moe_err *err);
 /* Scores wins[0, n) (any order, any lengths up to max_content): fills lp and sum of each.
- * Batched longest first; every number depends only on its own window. */
+ * The windows without a parent run batched longest first; after each batch, the windows
+ * whose parents it holds continue them, batched by where they start and their length. Every
+ * number depends only on its own window (up to the last bits of BLAS blocking). */
 moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err *err);
 /* Ends the progress line with `done` (after a successful run) and fills the engine's part
  * of *sum: windows, tokens, load and scoring seconds. */

@@ -2,13 +2,17 @@
  * log-probabilities, and windows of content tokens run through moe_model_logprobs in
  * batches of similar length.
  *
- * Flow of score_model_run: windows sorted by length, longest first (ties by their order in
- * the caller's list: deterministic) -> batches of at most batch_tokens padded tokens ->
- * rows BOS? + content + padding, targets = the next token where it is scored, -1 elsewhere
- * -> per-token log-probabilities back on the host, summed per window in double, in
- * position order. The one thing to know: right padding and per-token routing make a row's
- * numbers independent of its batch neighbours (up to the last bits of BLAS blocking), and
- * the batching depends only on the windows, so the same input gives the same bytes. */
+ * Flow of score_model_run: the windows run whole sorted by length, longest first (ties by
+ * their order in the caller's list: deterministic) -> batches of at most batch_tokens padded
+ * tokens -> rows BOS? + content + padding, targets = the next token where it is scored, -1
+ * elsewhere -> per-token log-probabilities back on the host, summed per window in double,
+ * in position order. A batch that holds parents saves its keys (moe_model_logprobs_kv), and
+ * their continuing windows (an ALT window after its REF window) run next from their last
+ * shared token on, reading the parents' cached keys: about half a window instead of a
+ * whole one for a variant in the middle. The one thing to know: right padding and per-token
+ * routing make a row's numbers independent of its batch neighbours (up to the last bits of
+ * BLAS blocking), and the batching depends only on the windows, so the same input gives the
+ * same bytes. */
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,53 +87,127 @@ static int cmp_win(const void *a, const void *b) {
     return x->order < y->order ? -1 : (x->order > y->order);
 }
 
-/* Row b of the batch: BOS? + ids + padding [T]; targets: position p predicts token p + 1. */
-static void fill_row(const score_model *sm, const score_win *w, int32_t *row, int32_t *tgt,
-                     int64_t T) {
-    int64_t t = 0;
-    if (sm->nb) row[t++] = sm->tok->bos_id;
-    memcpy(row + t, w->ids, (size_t)w->n * sizeof(int32_t));
-    for (t += w->n; t < T; t++)
-        row[t] = sm->pad;
-    for (t = 0; t < T; t++)
-        tgt[t] = -1;
-    for (int64_t j = w->from; j < w->n; j++)
-        tgt[j + sm->nb - 1] = w->ids[j];
+/* The row position a continuing window starts at: the last shared token's (its prediction is
+ * the first that can differ), after BOS. 0 (run whole): no parent, a parent that continues
+ * another, or nothing shared before a position. */
+static int64_t cont_start(const score_model *sm, const score_win *w) {
+    if (!w->parent || w->parent->parent || w->share > w->n || w->share > w->parent->n ||
+        w->share > w->from)
+        return 0;
+    return w->share + sm->nb - 1 >= 1 ? w->share + sm->nb - 1 : 0;
+}
+
+/* Continuing windows by their parent's batch, then start, then length, then the caller's
+ * order: the windows of one continuing batch are neighbours. */
+static int cmp_cont(const void *a, const void *b) {
+    const score_win *x = *(score_win *const *)a, *y = *(score_win *const *)b;
+    if (x->parent->batch != y->parent->batch) return x->parent->batch < y->parent->batch ? -1 : 1;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->n != y->n) return x->n > y->n ? -1 : 1;
+    return x->order < y->order ? -1 : (x->order > y->order);
+}
+
+/* Positions [p0, p0 + T) of window w's row BOS? + ids + padding into row/tgt [T]: position
+ * t predicts token t + 1, a target where that token is scored and -1 elsewhere. */
+static void fill_row(const score_model *sm, const score_win *w, int64_t p0, int32_t *row,
+                     int32_t *tgt, int64_t T) {
+    for (int64_t u = 0; u < T; u++) {
+        int64_t t = p0 + u, j = t - sm->nb, next = t + 1 - sm->nb;
+        row[u] = j < 0 ? sm->tok->bos_id : j < w->n ? w->ids[j] : sm->pad;
+        tgt[u] = next >= w->from && next < w->n ? w->ids[next] : -1;
+    }
+}
+
+/* Runs wins[0, B) (pointers), rows of T positions from p0 on (kv: cached keys, or NULL),
+ * and sums each window's scored tokens into lp and sum. */
+static moe_status run_batch(score_model *sm, score_win **wins, int64_t B, int64_t p0, int64_t T,
+                            const moe_kv_use *kv, moe_err *err) {
+    for (int64_t b = 0; b < B; b++)
+        fill_row(sm, wins[b], p0, sm->tokens + b * T, sm->targets + b * T, T);
+    moe_status st = moe_model_logprobs_kv(&sm->ck.model, sm->tokens, sm->targets, (int)B, (int)T,
+                                          kv, sm->lp, err);
+    for (int64_t b = 0; st == MOE_OK && b < B; b++) {
+        score_win *w = wins[b];
+        double sum = 0.0;
+        for (int64_t j = w->from; j < w->n; j++) {
+            float v = sm->lp[b * T + j + sm->nb - 1 - p0]; /* predicted at the token before */
+            sum += v;
+            if (w->lp) w->lp[j - w->from] = v;
+        }
+        w->sum = sum;
+        sm->scored += w->n - w->from;
+    }
+    sm->windows += B;
+    moe_progress_update(&sm->prog, sm->scored, NULL);
+    return st;
+}
+
+/* The continuing windows c[0, n) of the parents in the batch just run (sorted by cmp_cont),
+ * batched by start and length, each batch within the cache's work buffers. */
+static moe_status run_continuing(score_model *sm, score_win **c, int64_t n, moe_err *err) {
+    moe_status st = MOE_OK;
+    for (int64_t i = 0; st == MOE_OK && i < n;) {
+        int64_t P = c[i]->start, T = c[i]->n + sm->nb - P, B = 0;
+        while (i + B < n && c[i + B]->start == P && c[i + B]->n == c[i]->n &&
+               (B + 1) * (P + T) <= sm->kv.tokens && B + 1 <= sm->max_batch)
+            B++;
+        for (int64_t b = 0; b < B; b++)
+            sm->src[b] = (int32_t)c[i + b]->parent->row;
+        moe_kv_use use = {NULL, &sm->kv, sm->src, P};
+        st = run_batch(sm, c + i, B, P, T, &use, err);
+        i += B;
+    }
+    return st;
 }
 
 moe_status score_model_run(score_model *sm, score_win *wins, int64_t n, moe_err *err) {
     if (n == 0) return MOE_OK; /* a chunk whose ALTs were all skipped (qsort wants an array) */
     if (score_grow((void **)&sm->order, &sm->cap_order, n, sizeof *sm->order, err) != MOE_OK)
         return err->status;
-    for (int64_t i = 0; i < n; i++)
-        sm->order[i] = &wins[i];
-    qsort(sm->order, (size_t)n, sizeof *sm->order, cmp_win);
-    moe_status st = MOE_OK;
-    for (int64_t i = 0; st == MOE_OK && i < n;) {
-        int64_t T = sm->order[i]->n + sm->nb;
-        if (T < 1) T = 1;
-        int64_t B = sm->batch_tokens / T;
+    /* the windows run whole (nr of them, sorted) first in order[], the continuing ones after */
+    int64_t nr = 0, nc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        wins[i].start = cont_start(sm, &wins[i]);
+        if (!wins[i].start) sm->order[nr++] = &wins[i];
+    }
+    qsort(sm->order, (size_t)nr, sizeof *sm->order, cmp_win);
+    /* batches of the whole windows: batch numbers and rows of the parents */
+    for (int64_t i = 0, k = 0; i < nr; k++) {
+        int64_t T = sm->order[i]->n + sm->nb, B = sm->batch_tokens / T;
         if (B < 1) B = 1;
         if (B > sm->cap_tokens / T) B = sm->cap_tokens / T;
-        if (B > n - i) B = n - i;
+        if (B > nr - i) B = nr - i;
         for (int64_t b = 0; b < B; b++)
-            fill_row(sm, sm->order[i + b], sm->tokens + b * T, sm->targets + b * T, T);
-        st =
-            moe_model_logprobs(&sm->ck.model, sm->tokens, sm->targets, (int)B, (int)T, sm->lp, err);
-        for (int64_t b = 0; st == MOE_OK && b < B; b++) {
-            score_win *w = sm->order[i + b];
-            double sum = 0.0;
-            for (int64_t j = w->from; j < w->n; j++) {
-                float v = sm->lp[b * T + j + sm->nb - 1]; /* predicted at the token before */
-                sum += v;
-                if (w->lp) w->lp[j - w->from] = v;
-            }
-            w->sum = sum;
-            sm->scored += w->n - w->from;
-        }
-        sm->windows += B;
+            sm->order[i + b]->batch = k, sm->order[i + b]->row = b;
         i += B;
-        moe_progress_update(&sm->prog, sm->scored, NULL);
+    }
+    for (int64_t i = 0; i < n; i++)
+        if (wins[i].start) sm->order[nr + nc++] = &wins[i];
+    score_win **c = sm->order + nr;
+    qsort(c, (size_t)nc, sizeof *c, cmp_cont);
+    if (nc && !sm->kv.tokens) {
+        if (moe_kv_cache_create(&sm->kv, &sm->ck.model, sm->cap_tokens, err) != MOE_OK)
+            return err->status;
+        sm->src = malloc((size_t)sm->max_batch * sizeof(int32_t));
+        if (!sm->src) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+        moe_log_info(
+            "ALT windows continue their REF windows' cached keys (%.0f MiB)",
+            (double)moe_kv_cache_bytes(&sm->ck.model.cfg, sm->ck.model.recipe, sm->kv.tokens) /
+                (1 << 20));
+    }
+    moe_status st = MOE_OK;
+    for (int64_t i = 0, ci = 0; st == MOE_OK && i < nr;) {
+        const int64_t k = sm->order[i]->batch, T = sm->order[i]->n + sm->nb;
+        int64_t B = 0, m = 0;
+        while (i + B < nr && sm->order[i + B]->batch == k)
+            B++;
+        while (ci + m < nc && c[ci + m]->parent->batch == k)
+            m++;
+        moe_kv_use save = {&sm->kv, NULL, NULL, 0};
+        st = run_batch(sm, sm->order + i, B, 0, T, m ? &save : NULL, err);
+        if (st == MOE_OK && m) st = run_continuing(sm, c + ci, m, err);
+        i += B;
+        ci += m;
     }
     return st;
 }
@@ -151,6 +229,8 @@ void score_model_pg_line(const score_model *sm, const char *command, char *out, 
 }
 
 void score_model_close(score_model *sm) {
+    if (sm->kv.tokens) moe_kv_cache_free(&sm->kv, &sm->ck.model);
+    free(sm->src);
     free(sm->tokens);
     free(sm->targets);
     free(sm->lp);

@@ -203,6 +203,7 @@ static moe_status flush_chunk(seq_scorer *s, moe_err *err) {
                 w->from = g[1] - g[0];
                 w->lp = it->lp[r] + g[1];
                 w->order = m++;
+                w->parent = NULL;
             }
     }
     moe_status st = score_model_run(&s->sm, s->wins, m, err);

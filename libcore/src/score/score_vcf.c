@@ -7,7 +7,9 @@
  * tokens it shares with the REF window (a causal model gives those shared tokens identical
  * log-probabilities: they cancel exactly, so they are left out); adjacent records at the
  * same position (split multi-allelic sites) run their common REF window once -> all windows
- * of the chunk batched by length (score_model.c) -> LLRs -> records written in input order.
+ * of the chunk batched by length (score_model.c), each ALT window continuing its REF
+ * window's cached keys from its first differing token on -> LLRs -> records written in
+ * input order.
  *
  * The one thing to know: an ALT's LLR sums the ALT window's log-probabilities after the
  * shared prefix minus the REF window's over the same positions, so the REF window's
@@ -39,14 +41,18 @@ typedef struct vcf_scorer {
 
 /* ---- chunks ---- */
 
-/* Adds window w of a site to the chunk's list (lp: its per-token values, or NULL). */
-static void add_win(vcf_scorer *v, vwin *w, int64_t from, float *lp, int64_t *m) {
+/* Adds window w of a site to the chunk's list (lp: its per-token values, or NULL; parent:
+ * the REF window an ALT window continues after its first `from` tokens, or NULL). */
+static void add_win(vcf_scorer *v, vwin *w, int64_t from, float *lp, const vwin *parent,
+                    int64_t *m) {
     score_win *sw = &v->wins[*m];
     sw->ids = w->ids;
     sw->n = w->n;
     sw->from = from;
     sw->lp = lp;
     sw->order = *m;
+    sw->parent = parent ? &v->wins[parent->win] : NULL;
+    sw->share = from;
     w->win = (*m)++;
 }
 
@@ -105,11 +111,12 @@ static moe_status flush_chunk(vcf_scorer *v, moe_err *err) {
             if (!st->lp[r])
                 rc = moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
             else
-                add_win(v, &st->ref[r], first, st->lp[r], &m);
+                add_win(v, &st->ref[r], first, st->lp[r], NULL, &m);
         }
+        const vsite *rs = &v->s.sites[st->root];
         for (int a = 0; a < st->n_alt; a++)
             for (int r = 0; r < st->strands && st->status[a] == ALT_SCORED; r++)
-                add_win(v, &st->alt[2 * a + r], st->alt[2 * a + r].from, NULL, &m);
+                add_win(v, &st->alt[2 * a + r], st->alt[2 * a + r].from, NULL, &rs->ref[r], &m);
     }
     if (rc == MOE_OK) rc = score_model_run(&v->sm, v->wins, m, err);
     for (int64_t i = 0; rc == MOE_OK && i < v->s.n_sites; i++) {

@@ -99,8 +99,8 @@ void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, co
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                               const float *x, const float *w, const float *rstd, int64_t N,
                               int64_t C);
-void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
-                          int64_t T, int64_t NH, int64_t D, double theta);
+void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
+                          int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                            int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
@@ -114,7 +114,8 @@ void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, con
 /* ops_attention.c */
 void moe_cpu_attention_forward(const moe_backend *be, moe_buf out, float *lse, moe_cbuf q,
                                moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
-                               int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec);
+                               int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
+                               moe_recipe prec);
 void moe_cpu_attention_backward(const moe_backend *be, float *dq, float *dk, float *dv,
                                 const float *dout, moe_cbuf q, moe_cbuf k, moe_cbuf v, moe_cbuf out,
                                 const float *lse, const int32_t *doc_start, int64_t B, int64_t T,

@@ -9,7 +9,8 @@
  * q/k/v/dout and the probabilities/score gradients are rounded to bf16 before each product, as a
  * bf16 flash-attention kernel does. With a document mask (doc_start, moe/ops.h) a row's keys
  * start at its document's first position instead of 0: the blocks then start there too, so a
- * packed document walks its keys in the same blocks as it would alone. */
+ * packed document walks its keys in the same blocks as it would alone. A forward over cached
+ * keys (Tk > T) walks a query's keys in the blocks the whole sequence's forward walks. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,11 +38,12 @@ static float rnd(float x, moe_recipe prec) {
 
 void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, moe_cbuf q,
                                moe_cbuf k, moe_cbuf v, const int32_t *doc_start, int64_t B,
-                               int64_t T, int64_t H, int64_t KV, int64_t D, moe_recipe prec) {
+                               int64_t T, int64_t Tk, int64_t H, int64_t KV, int64_t D,
+                               moe_recipe prec) {
     (void)be;
     const float *qr = moe_cpu_operand_typed(q, B * T * H * D, prec);
-    const float *kr = moe_cpu_operand_typed(k, B * T * KV * D, prec);
-    const float *vr = moe_cpu_operand_typed(v, B * T * KV * D, prec);
+    const float *kr = moe_cpu_operand_typed(k, B * Tk * KV * D, prec);
+    const float *vr = moe_cpu_operand_typed(v, B * Tk * KV * D, prec);
     float *out = moe_cpu_output(outb, B * T * H * D);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t group = H / KV;
@@ -55,16 +57,16 @@ void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, 
             for (int64_t h = 0; h < H; h++)
                 for (int64_t t = 0; t < T; t++) {
                     const float *qi = qr + ((b * T + t) * H + h) * D;
-                    const int64_t g = h / group;
+                    const int64_t g = h / group, pos = t + Tk - T; /* the query's position */
                     float m = -INFINITY, l = 0.0f;
                     for (int64_t d = 0; d < D; d++)
                         acc[d] = 0.0f;
                     const int64_t first = doc_start ? doc_start[b * T + t] : 0;
-                    for (int64_t j0 = first; j0 <= t; j0 += ATT_BLOCK) {
-                        int64_t j1 = j0 + ATT_BLOCK <= t + 1 ? j0 + ATT_BLOCK : t + 1;
+                    for (int64_t j0 = first; j0 <= pos; j0 += ATT_BLOCK) {
+                        int64_t j1 = j0 + ATT_BLOCK <= pos + 1 ? j0 + ATT_BLOCK : pos + 1;
                         float bm = -INFINITY;
                         for (int64_t j = j0; j < j1; j++) {
-                            s[j - j0] = scale * dot(qi, kr + ((b * T + j) * KV + g) * D, D);
+                            s[j - j0] = scale * dot(qi, kr + ((b * Tk + j) * KV + g) * D, D);
                             if (s[j - j0] > bm) bm = s[j - j0];
                         }
                         float mn = bm > m ? bm : m;
@@ -77,7 +79,7 @@ void moe_cpu_attention_forward(const moe_backend *be, moe_buf outb, float *lse, 
                         for (int64_t j = j0; j < j1; j++) {
                             l += s[j - j0];
                             float pr = rnd(s[j - j0], prec);
-                            const float *vj = vr + ((b * T + j) * KV + g) * D;
+                            const float *vj = vr + ((b * Tk + j) * KV + g) * D;
                             for (int64_t d = 0; d < D; d++)
                                 acc[d] += pr * vj[d];
                         }

@@ -87,17 +87,17 @@ void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const
 }
 
 /* Rotates every head vector of x by +angle (dir = 1) or -angle (dir = -1) of its position:
- * pos[b, t], or t when pos is NULL. The angle table (positions [0, T)) is computed in double
- * and rounded once, so forward and backward use the same cos/sin. */
-static void rope_apply(moe_buf x, const int32_t *pos, int64_t B, int64_t T, int64_t NH, int64_t D,
-                       double theta, float dir) {
+ * p0 + pos[b, t], or p0 + t when pos is NULL. The angle table (positions [p0, p0 + T)) is
+ * computed in double and rounded once, so forward and backward use the same cos/sin. */
+static void rope_apply(moe_buf x, const int32_t *pos, int64_t p0, int64_t B, int64_t T, int64_t NH,
+                       int64_t D, double theta, float dir) {
     int64_t half = D / 2;
     float *cs = malloc((size_t)(T * half * 2) * sizeof(float));
     if (!cs) abort(); /* host OOM on a T x D/2 table: nothing sensible to continue with */
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < half; i++) {
             double inv_freq = pow(theta, -(double)(2 * i) / (double)D);
-            double ang = (double)t * inv_freq;
+            double ang = (double)(p0 + t) * inv_freq;
             cs[(t * half + i) * 2] = (float)cos(ang);
             cs[(t * half + i) * 2 + 1] = (float)sin(ang);
         }
@@ -119,16 +119,16 @@ static void rope_apply(moe_buf x, const int32_t *pos, int64_t B, int64_t T, int6
     free(cs);
 }
 
-void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t B,
-                          int64_t T, int64_t NH, int64_t D, double theta) {
+void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
+                          int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
     (void)be;
-    rope_apply(x, pos, B, T, NH, D, theta, 1.0f);
+    rope_apply(x, pos, p0, B, T, NH, D, theta, 1.0f);
 }
 
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                            int64_t T, int64_t NH, int64_t D, double theta) {
     (void)be;
-    rope_apply(moe_buf_f32(dx), pos, B, T, NH, D, theta, -1.0f);
+    rope_apply(moe_buf_f32(dx), pos, 0, B, T, NH, D, theta, -1.0f);
 }
 
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
