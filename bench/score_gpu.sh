@@ -20,7 +20,9 @@
 # bf16 HF; fp32 or bf16: both sides in it), DEVICE (moe-score --device, default cuda), CHECK
 # (SNVs of the window check, default 8; 0: none), HF_FP32 (1: HF also scores the same SNVs in
 # fp32, and both bf16 sides are compared with those values: the spread of bf16 rounding on
-# this model; default 0), CHECK_TOL (its max |LLR difference| in
+# this model; default 0), GRID (1: `moe-score variants --window-grid`, and HF scores the
+# same grid windows, each SNV's REF and ALT window as the naive loop does; default 0),
+# CHECK_TOL (its max |LLR difference| in
 # nats, default 0.01), CKPT (a byte-tokenizer checkpoint to score with instead of the og2
 # model; exported to WORK/hf-ckpt when HF runs), WORK (scratch directory: about 21 GB for the
 # og2 model; default /dev/shm/score-bench when /dev/shm has 24 GB free, else
@@ -41,6 +43,9 @@ device=${DEVICE:-cuda}
 check=${CHECK:-8}
 check_tol=${CHECK_TOL:-0.01}
 hf_fp32=${HF_FP32:-0}
+export WINDOW_GRID=${GRID:-0} # score_hf.py's window rule
+grid=()
+[ "$WINDOW_GRID" = 1 ] && grid=(--window-grid)
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=og2_model.sh
 source "$here/og2_model.sh"
@@ -74,8 +79,8 @@ first_records() { # first_records K OUT.vcf: the header and the first K records 
 variants() { # variants VCF ARGS...: moe-score variants --tsv on VCF to stdout
     local vcf=$1
     shift
-    "$build/moe-score" variants -m "$ckpt" -f "$work/ref.fa" --window "$W" --device "$device" \
-        --batch-tokens "$bt" "$@" --tsv "$vcf"
+    "$build/moe-score" variants -m "$ckpt" -f "$work/ref.fa" --window "$W" "${grid[@]}" \
+        --device "$device" --batch-tokens "$bt" "$@" --tsv "$vcf"
 }
 
 if [ "$check" -gt 0 ]; then
@@ -98,8 +103,8 @@ fi
 
 ours() { # ours NAME VCF: moe-score variants on VCF -> WORK/NAME.tsv, its messages in NAME.log
     echo
-    echo "== moe-score variants, $(grep -vc '^#' "$2") SNVs: --window $W --device" \
-        "$device${prec[*]:+ ${prec[*]}} --batch-tokens $bt"
+    echo "== moe-score variants, $(grep -vc '^#' "$2") SNVs: --window $W${grid[*]:+ ${grid[*]}}" \
+        "--device $device${prec[*]:+ ${prec[*]}} --batch-tokens $bt"
     variants "$2" "${prec[@]}" 2>&1 >"$work/$1.tsv" | tr '\r' '\n' | grep -v '^$' |
         tee "$work/$1.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || { echo "score_gpu.sh: moe-score variants failed" >&2; exit 1; }

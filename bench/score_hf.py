@@ -39,17 +39,21 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from embed_hf import load_model, read_fasta  # noqa: E402
 
 CONTIG = "bench"
+GRID = os.environ.get("WINDOW_GRID") == "1"
 TSV_HEADER = "chrom\tpos\tid\tref\talt\tllr\n"
 
 
 def site_windows(seq, pos, ref, alt, W):
     """moe-score's REF and ALT windows of W bases for the variant at 1-based POS of contig SEQ
     (docs/cli.md "variants", libcore/src/score/score_vcf_site.c, restated): REF window [s, s +
-    W) with s = POS0 - W // 2; the ALT window keeps [s, POS0), then ALT, then the reference
-    after REF, filled or trimmed on the right to W bases. None where moe-score skips the ALT
-    (a window or the fill off the contig, REF past the window)."""
-    p0, h = pos - 1, W // 2
-    s = p0 - h
+    W) with s = POS0 - W // 2 (with WINDOW_GRID=1 in the environment, `--window-grid`: the
+    multiple of W // 2 with POS0 - s in [W // 4, W // 4 + W // 2)); the ALT window keeps [s,
+    POS0), then ALT, then the reference after REF, filled or trimmed on the right to W bases.
+    None where moe-score skips the ALT (a window or the fill off the contig, REF past the
+    window)."""
+    p0 = pos - 1
+    s = (p0 - W // 4) // (W // 2) * (W // 2) if GRID else p0 - W // 2
+    h = p0 - s
     if s < 0 or s + W > len(seq) or p0 + len(ref) > s + W:
         return None
     right = max(W - h - len(alt), 0)
@@ -108,7 +112,9 @@ def make_data(fa, vcf, genome, length, n, W):
     with open(fa + ".fai", "w") as f:  # name, length, offset, bases a line, bytes a line
         f.write(f"{CONTIG}\t{length}\t{len(CONTIG) + 2}\t80\t81\n")
     h = W // 2
-    span = length - W  # POS0 in [h, h + span]: s = POS0 - h >= 0 and s + W <= length
+    # POS0 in [h, h + span]: s = POS0 - h >= 0 and s + W <= length; on the grid s reaches
+    # POS0 - W // 4, so the last variants stay W // 4 further from the end
+    span = length - W - (W // 4 if GRID else 0)
     if span < 0 or n < 1 or n > span + 1:
         sys.exit(f"score_hf.py: {n} SNVs with windows of {W} do not fit in {length} bases")
     with open(vcf, "w") as f:

@@ -46,6 +46,8 @@ static const char USAGE[] =
     "  -O, --output-type T     v VCF | z bgzip VCF | b BCF [v]\n"
     "      --tsv               chrom pos id ref alt llr rows instead of a VCF\n"
     "      --window W          bases per window [8192, or the model's context if smaller]\n"
+    "      --window-grid       windows on a grid of W/2, each shared by the variants in its\n"
+    "                          middle half (variant >= W/4 from both ends), not centred\n"
     "      --reduce R          sum | mean (per token) [sum]\n"
     "      --check-ref M       error | warn (skip and count records whose REF differs from\n"
     "                          the FASTA) [error]\n"
@@ -64,6 +66,7 @@ enum {
     OPT_CONTEXT,
     OPT_TSV,
     OPT_WINDOW,
+    OPT_WINDOW_GRID,
     OPT_REDUCE,
     OPT_CHECK_REF,
 };
@@ -95,6 +98,7 @@ static const struct option VCF_LONG[] = {
     {"output-type", required_argument, 0, 'O'},
     {"tsv", no_argument, 0, OPT_TSV},
     {"window", required_argument, 0, OPT_WINDOW},
+    {"window-grid", no_argument, 0, OPT_WINDOW_GRID},
     {"reduce", required_argument, 0, OPT_REDUCE},
     {"check-ref", required_argument, 0, OPT_CHECK_REF},
     {0, 0, 0, 0},
@@ -147,6 +151,9 @@ static int vcf_option(cli *c, int opt, const char *arg) {
     case OPT_WINDOW:
         if (parse_count(arg, &v) != MOE_CLI_CONTINUE) return 2;
         o->window = v;
+        return MOE_CLI_CONTINUE;
+    case OPT_WINDOW_GRID:
+        o->window_grid = 1;
         return MOE_CLI_CONTINUE;
     case OPT_REDUCE:
         if (strcmp(arg, "sum") && strcmp(arg, "mean"))

@@ -4,7 +4,8 @@
 # symbolic ALT, a REF mismatch, a variant too close to the contig start): every scored
 # ALT's MOE_LLR equals `moe-score seq` on its REF and ALT windows written out as FASTA by the
 # rule of docs/cli.md (restated here), for the sum, --reduce mean and --rc-average (the ALT
-# windows run from their first differing token on, continuing the REF's cached keys); one REF
+# windows run from their first differing token on, continuing the REF's cached keys), and
+# with --window-grid (the grid's rule; variants in one window's middle half share it); one REF
 # window per position; Debian's bcftools reads the VCF, bgzip
 # VCF and BCF outputs (query of INFO/MOE_LLR, the header lines); the TSV's #@PG provenance
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
@@ -49,19 +50,19 @@ awk -F'\t' '$2 != 6000' calls.vcf > good.vcf
 sc() { moe-score variants -q -m "$CKPT" -f ref.fa --window $W "$@"; }
 
 # the windows, written out by the documented rule, scored by `seq`
-windows_fa() { # windows_fa TSV OUT.fa: REF and ALT window of every scored ALT
-    "$PY" - "$1" "$2" "$W" <<'PY'
+windows_fa() { # windows_fa TSV OUT.fa [grid]: REF and ALT window of every scored ALT
+    "$PY" - "$1" "$2" "$W" "${3:-centred}" <<'PY'
 import sys
-tsv, out, W = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tsv, out, W, grid = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "grid"
 seq = "".join(l.strip() for l in open("ref.fa") if not l.startswith(">"))
-h = W // 2
 with open(out, "w") as f:
     for i, line in enumerate(open(tsv).read().splitlines()[2:]):  # after #@PG and the header
         chrom, pos, vid, ref, alt, llr = line.split("\t")
         if llr == ".":
             continue
         p0 = int(pos) - 1
-        s = p0 - h
+        # centred: the variant at W/2; grid: the multiple of W/2 with p0 - s in [W/4, 3W/4)
+        s = (p0 - W // 4) // (W // 2) * (W // 2) if grid else p0 - W // 2
         refw = seq[s:s + W]
         altw = (seq[s:p0] + alt + seq[p0 + len(ref):p0 + len(ref) + W])[:W]
         assert len(refw) == W and len(altw) == W
@@ -101,6 +102,30 @@ check_llr mean.tsv win.tsv mean
 sc good.vcf --tsv --rc-average > rc.tsv
 moe-score seq -q -m "$CKPT" --rc-average win.fa > winrc.tsv
 check_llr rc.tsv winrc.tsv sum
+# --window-grid: the same checks on the grid's windows, and variants of one window's middle
+# half share its REF window: 8 SNVs 12 bases apart (POS0 1000..1084; grid windows start at
+# 900 for POS0 < 1050, else at 1000) run 2 REF + 8 ALT windows, centred 8 + 8
+sc good.vcf --tsv --window-grid > grid.tsv
+windows_fa grid.tsv gridwin.fa grid
+moe-score seq -q -m "$CKPT" gridwin.fa > gridwin.tsv
+check_llr grid.tsv gridwin.tsv sum
+awk '/^#/ {print; next} {exit}' good.vcf > dense.vcf
+"$PY" - >> dense.vcf <<'PY'
+seq = "".join(l.strip() for l in open("ref.fa") if not l.startswith(">"))
+for i in range(8):
+    p = 1001 + 12 * i
+    print(f"lambda\t{p}\td{i}\t{seq[p - 1]}\t{'A' if seq[p - 1] != 'A' else 'C'}\t.\t.\t.")
+PY
+for mode in centred grid; do
+    flag=$([ $mode = grid ] && echo --window-grid || true)
+    moe-score variants -m "$CKPT" -f ref.fa --window $W $flag --tsv dense.vcf 2>dense.$mode.log \
+        > dense.$mode.tsv
+done
+grep -q "8 scored,.*; 16 windows in" dense.centred.log
+grep -q "8 scored,.*; 10 windows in" dense.grid.log
+windows_fa dense.grid.tsv densewin.fa grid
+moe-score seq -q -m "$CKPT" densewin.fa > densewin.tsv
+check_llr dense.grid.tsv densewin.tsv sum
 
 # VCF, bgzip VCF and BCF: bcftools reads them; the values are the TSV's
 for t in v z b; do
@@ -131,7 +156,7 @@ want=$(printf '#@PG\tID:moe-score\tPN:moe-score\tVN:%s\tCL:%s\t%s' "$version" "$
 [ "$(awk 'NR == 1' llr.tsv)" = "$want" ] || { echo "FAIL: llr.tsv line 1 is not '$want'"; exit 1; }
 [ "$(awk 'NR == 2' llr.tsv)" = "$(printf 'chrom\tpos\tid\tref\talt\tllr')" ]
 cl="moe-score variants -q -m $CKPT -f ref.fa --window $W good.vcf -O v -o out.v"
-grep -qF "##moe_score=<model=\"$CKPT\",step=2,checkpoint=\"${ds#DS:checkpoint }\",tokenizer=nuc,window=200,reduce=sum,strands=1,version=$version,command=\"$cl\">" hdr.v ||
+grep -qF "##moe_score=<model=\"$CKPT\",step=2,checkpoint=\"${ds#DS:checkpoint }\",tokenizer=nuc,window=200,windows=centred,reduce=sum,strands=1,version=$version,command=\"$cl\">" hdr.v ||
     { echo "FAIL: the ##moe_score line:"; grep '^##moe_score' hdr.v; exit 1; }
 # skipped ALTs are counted in the summary
 moe-score variants -m "$CKPT" -f ref.fa --window $W good.vcf -o out2.vcf 2>log.txt

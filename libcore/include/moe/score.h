@@ -63,6 +63,8 @@ typedef struct moe_score_vcf_opts {
     char format;        /* 'v' VCF, 'z' bgzip VCF, 'b' BCF */
     int tsv;            /* chrom pos id ref alt llr instead of a VCF */
     int64_t window;     /* W bases (0: 8192 or the model's context if smaller) */
+    int window_grid;    /* 1: REF windows on a grid of W/2, shared by the variants in their
+                           middle half; 0: centred on each variant */
     moe_score_reduce reduce;
     int check_ref_warn; /* REF mismatch: 0 error, 1 warn, skip and count */
 } moe_score_vcf_opts;

@@ -143,14 +143,24 @@ static moe_status run_batch(score_model *sm, score_win **wins, int64_t B, int64_
 }
 
 /* The continuing windows c[0, n) of the parents in the batch just run (sorted by cmp_cont),
- * batched by start and length, each batch within the cache's work buffers. */
+ * in batches that start at their first window's start P: a later window of a batch (a
+ * larger start) runs its shared tokens from P on again - the same values, for at most an
+ * eighth more positions than it scores - so that variants at different offsets (on the
+ * window grid) still fill a batch. Rows end where the longest ends, within the cache's work
+ * buffers. */
 static moe_status run_continuing(score_model *sm, score_win **c, int64_t n, moe_err *err) {
     moe_status st = MOE_OK;
     for (int64_t i = 0; st == MOE_OK && i < n;) {
-        int64_t P = c[i]->start, T = c[i]->n + sm->nb - P, B = 0;
-        while (i + B < n && c[i + B]->start == P && c[i + B]->n == c[i]->n &&
-               (B + 1) * (P + T) <= sm->kv.tokens && B + 1 <= sm->max_batch)
+        const int64_t P = c[i]->start;
+        int64_t end = 0, B = 0; /* the rows' end position */
+        while (i + B < n && B < sm->max_batch) {
+            const score_win *w = c[i + B];
+            int64_t e = w->n + sm->nb > end ? w->n + sm->nb : end;
+            if ((B + 1) * e > sm->kv.tokens || 8 * (w->start - P) > w->n + sm->nb - w->start) break;
+            end = e;
             B++;
+        }
+        const int64_t T = end - P;
         for (int64_t b = 0; b < B; b++)
             sm->src[b] = (int32_t)c[i + b]->parent->row;
         moe_kv_use use = {NULL, &sm->kv, sm->src, P};

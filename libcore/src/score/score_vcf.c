@@ -78,7 +78,7 @@ static float site_llr(const vcf_scorer *v, const vsite *st, int a) {
 /* 1 when sites a and b have the same tokenized REF windows (both have some). */
 static int same_ref(const vsite *a, const vsite *b) {
     if (!a->ref[0].ids || !b->ref[0].ids || a->strands != b->strands ||
-        a->rec->rid != b->rec->rid || a->rec->pos != b->rec->pos)
+        a->rec->rid != b->rec->rid || a->start != b->start)
         return 0;
     for (int r = 0; r < a->strands; r++)
         if (a->ref[r].n != b->ref[r].n ||
@@ -94,8 +94,9 @@ static moe_status flush_chunk(vcf_scorer *v, moe_err *err) {
         nw += 2 + 2 * v->s.sites[i].n_alt;
     if (score_grow((void **)&v->wins, &v->cap_wins, nw, sizeof *v->wins, err) != MOE_OK)
         return err->status;
-    /* records with the same REF window (same contig and POS: split multi-allelic sites,
-     * as bcftools norm -m- writes them) run it once, through the first of them */
+    /* adjacent records with the same REF window (same contig and window start: split
+     * multi-allelic sites, as bcftools norm -m- writes them, and with --window-grid the
+     * variants of one window's middle half) run it once, through the first of them */
     for (int64_t i = 0; i < v->s.n_sites; i++) {
         vsite *st = &v->s.sites[i], *p = i ? &v->s.sites[v->s.sites[i - 1].root] : NULL;
         st->root = p && same_ref(p, st) ? p->root : i;
@@ -151,9 +152,13 @@ static moe_status setup(vcf_scorer *v, const moe_score_vcf_opts *o, moe_err *err
                      pg,
                      moe_ckpt_step_of(v->sm.ck.ckpt.dir),
                      v->s.W,
+                     o->window_grid,
                      o->reduce == MOE_SCORE_MEAN,
                      o->m.rc_average ? 2 : 1};
-    moe_log_info("windows of %" PRId64 " bases around each variant%s", v->s.W,
+    moe_log_info("windows of %" PRId64 " bases %s%s", v->s.W,
+                 o->window_grid ? "on a grid of half windows, shared by the variants in their "
+                                  "middle half"
+                                : "around each variant",
                  o->m.rc_average ? ", both strands" : "");
     return score_vcf_out_open(&v->out, o, v->s.hdr, &meta, err);
 }

@@ -34,7 +34,8 @@ typedef struct vsite {
     float *lp[2]; /* [ref n - first] REF log-probabilities per strand */
     vwin *alt;    /* [n_alt * 2] ALT a, strand r at 2a + r */
     float *llr;   /* [n_alt] out (NaN = not scored) */
-    int64_t root; /* the site of the chunk whose REF windows (equal to this one's) are run */
+    int64_t start; /* 0-based start of the REF window on the contig */
+    int64_t root;  /* the site of the chunk whose REF windows (equal to this one's) are run */
     int need_ref; /* root: some ALT of its group is scored */
 } vsite;
 
@@ -81,6 +82,7 @@ typedef struct vcf_meta {        /* what the ##moe_score header line records */
     const char *tokenizer, *command;
     const char *pg; /* the TSV's first line (score_model_pg_line) */
     int64_t step, window;
+    int grid; /* --window-grid */
     int reduce_mean, strands;
 } vcf_meta;
 

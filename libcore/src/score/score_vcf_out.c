@@ -36,9 +36,10 @@ static moe_status add_header(vcf_out *w, const bcf_hdr_t *in, const vcf_meta *me
     line.l = 0;
     bad |= ksprintf(&line,
                     "##moe_score=<model=\"%s\",step=%" PRId64 ",checkpoint=\"%s\",tokenizer=%s,"
-                    "window=%" PRId64 ",reduce=%s,strands=%d,version=%s,command=\"",
+                    "window=%" PRId64 ",windows=%s,reduce=%s,strands=%d,version=%s,command=\"",
                     meta->model, meta->step, meta->ckpt_id, meta->tokenizer, meta->window,
-                    meta->reduce_mean ? "mean" : "sum", meta->strands, moe_version()) < 0;
+                    meta->grid ? "grid" : "centred", meta->reduce_mean ? "mean" : "sum",
+                    meta->strands, moe_version()) < 0;
     for (const char *c = meta->command ? meta->command : ""; *c; c++) /* no quotes inside */
         bad |= kputc(*c == '"' ? '\'' : *c, &line) < 0;
     bad |=

@@ -2,7 +2,8 @@
  * reference FASTA opened, each record read, checked against the reference (contig, POS, REF,
  * the window within the contig; symbolic ALTs) and turned into its REF and ALT windows of
  * both strands, tokenized. Windows (docs/cli.md): W bases, the REF window [s, s + W) with
- * s = POS0 - W/2 (POS0 = the 0-based position of the REF allele's first base); the ALT window
+ * s = POS0 - W/2 (POS0 = the 0-based position of the REF allele's first base), or with
+ * --window-grid the multiple of W/2 with POS0 - s in [W/4, 3W/4); the ALT window
  * keeps the left flank [s, POS0), then the ALT allele, then the reference after the REF
  * allele, filled (a deletion) or trimmed (an insertion) on the right to W bases. Both are
  * tokenized as they are (FASTA case kept, the ALT as written in the VCF).
@@ -89,11 +90,20 @@ static moe_status tokenize(vcf_sites *v, const char *bases, int64_t len, int32_t
     return MOE_ERR_INPUT;
 }
 
+/* The start of the REF window of a variant whose REF allele starts at pos0 (0-based): pos0 -
+ * W/2, or on the grid of W/2 (--window-grid) the one whose middle half [W/4, W/4 + W/2) holds
+ * pos0 (floor division: before the contig for pos0 < W/4). */
+static int64_t window_start(const vcf_sites *v, int64_t pos0) {
+    int64_t W = v->W, S = W / 2, x = pos0 - W / 4;
+    if (!v->o->window_grid) return pos0 - W / 2;
+    return (x >= 0 ? x / S : -((-x + S - 1) / S)) * S;
+}
+
 /* The REF and ALT windows of both strands of a site from the reference ref[0, len) that
- * starts at the window start. */
+ * starts at the window start; the variant's first base at offset h. */
 static moe_status site_windows(vcf_sites *v, vsite *st, const char *ref, int64_t len, int64_t rlen,
-                               moe_err *err) {
-    int64_t W = v->W, h = W / 2;
+                               int64_t h, moe_err *err) {
+    int64_t W = v->W;
     if (score_grow((void **)&v->buf, &v->cap_buf, W + 1, 1, err) != MOE_OK) return err->status;
     for (int r = 0; r < st->strands; r++) {
         memcpy(v->buf, ref, (size_t)W);
@@ -165,7 +175,9 @@ static moe_status add_site(vcf_sites *v, bcf1_t *rec, moe_err *err) {
         if (is_symbolic(rec->d.allele[a + 1])) st->status[a] = ALT_SYMBOLIC;
     }
     const char *chrom = bcf_seqname_safe(v->hdr, rec), *ref_allele = rec->d.allele[0];
-    int64_t pos0 = rec->pos, rlen = (int64_t)strlen(ref_allele), W = v->W, s = pos0 - W / 2;
+    int64_t pos0 = rec->pos, rlen = (int64_t)strlen(ref_allele), W = v->W;
+    int64_t s = window_start(v, pos0);
+    st->start = s;
     if (!faidx_has_seq(v->fai, chrom)) return missing_contig(v, chrom, pos0 + 1, err);
     if (pos0 < 0) { /* POS 0 or empty (htslib reads both as 0): nothing to compare REF with */
         moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "%s: POS %" PRId64 " is not a position", chrom,
@@ -208,7 +220,8 @@ static moe_status add_site(vcf_sites *v, bcf1_t *rec, moe_err *err) {
     }
     for (int a = 0; a < st->n_alt; a++)
         if (st->status[a] == ALT_SCORED) st->status[a] = status;
-    if (rc == MOE_OK && status == ALT_SCORED) rc = site_windows(v, st, ref, len, rlen, err);
+    if (rc == MOE_OK && status == ALT_SCORED)
+        rc = site_windows(v, st, ref, len, rlen, pos0 - s, err);
     free(ref);
     if (rc != MOE_OK) {
         if (!err->file[0]) snprintf(err->file, sizeof err->file, "%s", v->o->vcf);
