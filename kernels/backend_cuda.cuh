@@ -261,16 +261,10 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
  * s [moe_cuda_fp8_pad(n) / 128 * K]. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
                         int pow2, const char *op);
-/* Weights w [E, R, K] (f32 or bf16; R and K multiples of 16) in 128 x 128 tiles per
- * expert: q [E, R, K] and s [E,
- * ceil(R / 128) * round_up(ceil(K / 128), 4)], or (transpose) each expert's [K, R] with s [E,
- * ceil(K / 128) * round_up(ceil(R / 128), 4)]. */
-int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
-                       int64_t K, int transpose, int pow2, const char *op);
-/* Scale count of one tiled [R, K] weight (its s for E = 1). */
-static inline int64_t moe_cuda_fp8_tile_scales(int64_t R, int64_t K) {
-    return (R + 127) / 128 * (((K + 127) / 128 + 3) / 4 * 4);
-}
+/* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
+ * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
+void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
+                              int64_t E, int64_t O, int64_t I, moe_recipe prec);
 /* fp8-block products need both dimensions of every weight to be multiples of 16 (cuBLASLt's
  * fp8 alignment of the reduction dimension and of the rows). */
 static inline int moe_cuda_fp8_shape_ok(int64_t I, int64_t O) {

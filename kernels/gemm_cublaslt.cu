@@ -332,9 +332,11 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
  * (libcore/src/ops/cpu/ops_fp8.c): forward x in 1 x 128 row blocks and W in 128 x 128
  * tiles; dgrad dy in row blocks and W^T in tiles; wgrad dy^T and x^T in 1 x 128 blocks along
  * the tokens, each expert's rows their own group, zero-padded to whole blocks. A dense
- * product is the grouped one with a single group. Weights are quantized from the operand the
- * product is given (the fp32 master weight) at every call. Under MOE_RECIPE_FP8_BLOCK_POW2
- * (precision.fp8_scale pow2) every scale is rounded up to a power of two (pow2 below). */
+ * product is the grouped one with a single group. The weight is never quantized here: it
+ * comes as its persistent E4M3 copies (moe/ops.h; quantize_weight writes them after each
+ * AdamW step), the row-wise one for the forward and the transposed one for dgrad. Under
+ * MOE_RECIPE_FP8_BLOCK_POW2 (precision.fp8_scale pow2) every activation scale is rounded up
+ * to a power of two (pow2 below), as the copies' scales were. */
 
 typedef struct fp8_operand {
     uint8_t *q; /* e4m3 values */
@@ -352,7 +354,16 @@ static int fp8_scratch(moe_cuda_ctx *c, int slot, int64_t nq, int64_t ns, fp8_op
     return 1;
 }
 
-static int fp8_dims_ok(moe_cuda_ctx *c, int64_t I, int64_t O, const char *op) {
+/* 1 when the product's shape and weight suit fp8-block (multiples of 16, the weight's E4M3
+ * copies), else 0 after recording an error. */
+static int fp8_dims_ok(moe_cuda_ctx *c, int64_t I, int64_t O, moe_cbuf w, const char *op) {
+    if (w.dt != MOE_DTYPE_E4M3 || !w.s) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "a %s weight (fp8-block products read the weight's e4m3 copies from "
+                       "quantize_weight)",
+                       moe_dtype_name(w.dt));
+        return 0;
+    }
     if (moe_cuda_fp8_shape_ok(I, O)) return 1;
     moe_cuda_check(c, cudaErrorInvalidValue, op,
                    "I=%lld O=%lld (fp8-block products need multiples of 16)", (long long)I,
@@ -438,20 +449,19 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
 static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
                                 const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                 int pow2) {
-    int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_cuda_fp8_tile_scales(O, I);
+    int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_fp8_tile_scales(O, I);
     cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t cs = esize(ct);
-    fp8_operand xo, wo;
-    if (!fp8_dims_ok(c, I, O, op) ||
+    fp8_operand xo;
+    if (!fp8_dims_ok(c, I, O, w, op) ||
         !fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * I, fp8_group_scales(offsets, E, KB),
                      &xo, op) ||
-        !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wo, op) ||
-        !fp8_rows_grouped(c, &xo, x, offsets, E, I, pow2, op) ||
-        !moe_cuda_fp8_tiles(c, wo.q, wo.s, w, E, O, I, 0, pow2, op))
+        !fp8_rows_grouped(c, &xo, x, offsets, E, I, pow2, op))
         return;
+    const uint8_t *wq = (const uint8_t *)w.p; /* the row-wise copy [E, O, I] */
     for (int64_t e = 0; e < E; e++)
         if (offsets[e + 1] > offsets[e] &&
-            !fp8_group_product(c, op, &xo, offsets, e, O, I, wo.q + e * O * I, wo.s + e * ts, 0.0f,
+            !fp8_group_product(c, op, &xo, offsets, e, O, I, wq + e * O * I, w.s + e * ts, 0.0f,
                                (char *)y.p + (size_t)(offsets[e] * O) * cs, ct))
             return;
     if (ct == CUDA_R_32F) moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
@@ -462,21 +472,22 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw, moe_cbuf dy,
                                  moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                  int64_t I, int64_t O, int pow2, float bx, float bw) {
-    if (!fp8_dims_ok(c, I, O, op)) return;
+    if (!fp8_dims_ok(c, I, O, w, op)) return;
     int64_t M = offsets[E];
     if (dx) {
-        int64_t KB = (O + 127) / 128, ts = moe_cuda_fp8_tile_scales(I, O);
-        fp8_operand dyo, wto;
+        int64_t KB = (O + 127) / 128, ts = moe_fp8_tile_scales(I, O);
+        /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
+        const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
+        const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
+        fp8_operand dyo;
         if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * O,
                          fp8_group_scales(offsets, E, KB), &dyo, op) ||
-            !fp8_scratch(c, MOE_CUDA_SCRATCH_B, E * O * I, E * ts, &wto, op) ||
-            !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, pow2, op) ||
-            !moe_cuda_fp8_tiles(c, wto.q, wto.s, w, E, O, I, 1, pow2, op))
+            !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, pow2, op))
             return;
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] > offsets[e] &&
-                !fp8_group_product(c, op, &dyo, offsets, e, I, O, wto.q + e * O * I, wto.s + e * ts,
-                                   bx, dx + offsets[e] * I, CUDA_R_32F))
+                !fp8_group_product(c, op, &dyo, offsets, e, I, O, wtq + e * O * I, wts + e * ts, bx,
+                                   dx + offsets[e] * I, CUDA_R_32F))
                 return;
     }
     if (!dw) return;

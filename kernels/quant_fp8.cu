@@ -89,21 +89,23 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
 }
 
 /* One block of 256 threads, 32 x 8, per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z =
- * expert) of w [E, R, K], R and K multiples of 16: q [E, R, K] and s [E, RB * KB4] at
- * rb * KB4 + kb, or transposed q [E, K, R] and s [E, KB * RB4] at kb * RB4 + rb (the same
- * scale values). The tile is read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of
- * rows ty + 8 i in registers; a transposed tile goes out through shared memory. */
-template <typename T>
+ * expert) of w [E, R, K] fp32, R and K multiples of 16: the row-wise copy q [E, R, K] with s
+ * [E, RB * KB4] at rb * KB4 + kb, and the transposed copy qt [E, K, R] with st [E, KB * RB4]
+ * at kb * RB4 + rb (the same scale values; moe/ops.h's fp8-block weight layout). The tile is
+ * read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of rows ty + 8 i in registers,
+ * writes them row-wise as 4-byte stores, and the transposed tile goes out through shared
+ * memory as 16-byte stores. */
 __global__ void __launch_bounds__(256)
-    k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ w, int64_t R,
-                int64_t K, int transpose, int pow2) {
+    k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
+                float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
+                int pow2) {
     __shared__ float sh[32];
     __shared__ uint8_t tile[QB][QB + 1]; /* [k][r], odd stride: no bank conflicts on store */
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
     const int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
     const int64_t k0 = kb * QB + tx * 4, r0 = rb * QB;
-    const T *we = w + e * R * K;
+    const float *we = w + e * R * K;
     const bool kin = k0 < K; /* K % 4 == 0: the 4 columns are in or out together */
     float v[QB / 8][4], amax = 0.0f;
 #pragma unroll
@@ -111,37 +113,31 @@ __global__ void __launch_bounds__(256)
         int64_t r = r0 + ty + 8 * i;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            v[i][j] = kin && r < R ? moe_ld(we, r * K + k0 + j) : 0.0f;
+            v[i][j] = kin && r < R ? we[r * K + k0 + j] : 0.0f;
             amax = fmaxf(amax, finite_abs(v[i][j]));
         }
     }
     float scale = fp8_scale(moe_block_max(amax, sh), pow2);
     if (threadIdx.x == 0) {
-        if (transpose)
-            s[e * KB * ((RB + 3) / 4 * 4) + kb * ((RB + 3) / 4 * 4) + rb] = scale;
-        else
-            s[e * RB * ((KB + 3) / 4 * 4) + rb * ((KB + 3) / 4 * 4) + kb] = scale;
+        const int64_t KB4 = (KB + 3) / 4 * 4, RB4 = (RB + 3) / 4 * 4;
+        s[e * RB * KB4 + rb * KB4 + kb] = scale;
+        st[e * KB * RB4 + kb * RB4 + rb] = scale;
     }
-    uint8_t *qe = q + e * R * K;
-    if (!transpose) {
+    uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
 #pragma unroll
-        for (int i = 0; i < QB / 8; i++) {
-            int64_t r = r0 + ty + 8 * i;
-            uint32_t packed = 0;
+    for (int i = 0; i < QB / 8; i++) {
+        int64_t r = r0 + ty + 8 * i;
+        uint32_t packed = 0;
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                packed |= (uint32_t)fp8_of(v[i][j], scale) << (8 * j);
-            if (kin && r < R) *(uint32_t *)(qe + r * K + k0) = packed;
+        for (int j = 0; j < 4; j++) {
+            uint8_t b = fp8_of(v[i][j], scale);
+            packed |= (uint32_t)b << (8 * j);
+            tile[tx * 4 + j][ty + 8 * i] = b;
         }
-        return;
+        if (kin && r < R) *(uint32_t *)(qe + r * K + k0) = packed;
     }
-#pragma unroll
-    for (int i = 0; i < QB / 8; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            tile[tx * 4 + j][ty + 8 * i] = fp8_of(v[i][j], scale);
     __syncthreads();
-    /* out [K, R]: thread t writes 64 bytes of row t / 2, as 16-byte stores (R % 16 == 0) */
+    /* qt [K, R]: thread t writes 64 bytes of row t / 2, as 16-byte stores (R % 16 == 0) */
     const int kl = threadIdx.x / 2, half = threadIdx.x % 2;
     const int64_t k = kb * QB + kl;
     if (k >= K) return;
@@ -153,7 +149,7 @@ __global__ void __launch_bounds__(256)
             wv[b] = (uint32_t)tile[kl][rl + 4 * b] | (uint32_t)tile[kl][rl + 4 * b + 1] << 8 |
                     (uint32_t)tile[kl][rl + 4 * b + 2] << 16 |
                     (uint32_t)tile[kl][rl + 4 * b + 3] << 24;
-        *(uint4 *)(qe + k * R + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+        *(uint4 *)(qte + k * R + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
     }
 }
 
@@ -183,20 +179,19 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64
     return MOE_CUDA_LAUNCHED(c, op, "fp8 columns n=%lld K=%lld", (long long)n, (long long)K);
 }
 
-int moe_cuda_fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf w, int64_t E, int64_t R,
-                       int64_t K, int transpose, int pow2, const char *op) {
-    if (E <= 0 || R <= 0 || K <= 0) return 1;
-    if (R % 16 || K % 16)
-        return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 tiles R=%lld K=%lld (multiples of 16 expected)", (long long)R,
-                              (long long)K);
-    dim3 grid((unsigned)((K + QB - 1) / QB), (unsigned)((R + QB - 1) / QB), (unsigned)E);
-    if (w.dt == MOE_DTYPE_BF16)
-        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)w.p, R, K,
-                                                 transpose, pow2);
-    else
-        k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, (const float *)w.p, R, K, transpose,
-                                                 pow2);
-    return MOE_CUDA_LAUNCHED(c, op, "fp8 tiles E=%lld R=%lld K=%lld", (long long)E, (long long)R,
-                             (long long)K);
+void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
+                              int64_t E, int64_t O, int64_t I, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "quantize_weight";
+    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
+    if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK || !moe_cuda_fp8_shape_ok(I, O)) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "E=%lld O=%lld I=%lld recipe %d (fp8-block and multiples of 16 expected)",
+                       (long long)E, (long long)O, (long long)I, (int)prec);
+        return;
+    }
+    dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
+    k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, q + E * O * I, s + E * moe_fp8_tile_scales(O, I),
+                                             w, O, I, prec == MOE_RECIPE_FP8_BLOCK_POW2);
+    MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e.train_resume: exact resume on the CPU. A run of 2N steps and the same run stopped with
 # --stop-at N and continued with --resume auto end with bit-identical weights and optimizer
-# state and the same per-step losses; --resume DIR restarts from an older checkpoint and
+# state and the same per-step losses (also under fp8-block, whose weight copies the resumed
+# run makes again); --resume DIR restarts from an older checkpoint and
 # reaches the same bytes again; a checkpoint with a flipped byte is refused naming the file.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
@@ -11,7 +12,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBL
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards full split older
+rm -rf shards full split older full8 split8
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 # 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
 # and checkpoints at odd places, a cosine schedule that depends on train.steps.
@@ -43,6 +44,17 @@ cmp <(grep -v tokens_per_s full/ckpt-00000008/trainer_state.json | grep -v step_
 train -o older --resume split/ckpt-00000002
 cmp full/ckpt-00000008/model.safetensors older/ckpt-00000008/model.safetensors ||
     fail "resume from ckpt-00000002 did not reproduce the weights"
+
+# fp8-block (pow2 scales, the last layer kept in bf16): the e4m3 weight copies are not in the
+# checkpoint, the resumed run quantizes them again from the restored masters; the same bytes.
+fp8=(precision.recipe=fp8-block precision.fp8_scale=pow2 precision.skip_layers=-1)
+train -o full8 "${fp8[@]}"
+train -o split8 "${fp8[@]}" --stop-at 4
+train -o split8 "${fp8[@]}" --resume auto
+diff <(losses full8) <(losses split8) || fail "fp8-block: per-step losses differ after resume"
+for f in model.safetensors optimizer-rank0.safetensors; do
+    cmp full8/ckpt-00000008/$f split8/ckpt-00000008/$f || fail "fp8-block: $f differs after resume"
+done
 
 # --resume auto on a finished run: nothing to do, exit 0.
 train -o full --resume auto

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include "gpulib.h"
+#include "gradcheck.h"
 #include "moe/backend_cuda.h"
 #include "moe/ops.h"
 #include "testlib.h"
@@ -281,16 +282,34 @@ static void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, 
     free(h);
 }
 
-/* The GPU's weight operand for case tc: the fp32 weight dw_ [n] dev itself, or its bf16 copy
- * in a new guarded buffer (what the model passes under the bf16 recipe). The CPU always
- * reads the fp32 weight: unit.ops checks that both give the same bits there. */
-static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t n) {
-    /* fp8-block products quantize the fp32 master weight itself (no bf16 copies) */
+/* The GPU's weight operand for case tc, the weight [E, O, I] at dw_ dev: dw_ itself, its bf16
+ * copy (typed cases: what the model passes under the bf16 recipe; the CPU reads the fp32
+ * weight, unit.ops checks that both give the same bits), or under fp8-block its e4m3 copies
+ * from the GPU's quantize_weight (the CPU reads its own, cpu_weight), in new guarded buffers
+ * (the scales' padding entries zero, as in the model's allocation). */
+static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t E, int64_t O,
+                           int64_t I) {
+    int64_t n = E * O * I;
+    if (moe_recipe_format(tc->prec) == MOE_RECIPE_FP8_BLOCK) {
+        int64_t ns = moe_fp8_weight_scales(E, O, I);
+        float *zeros = calloc((size_t)ns, sizeof(float));
+        uint8_t *q = dup_dev(g, "w e4m3", NULL, (size_t)(2 * n));
+        float *sc = dup_dev(g, "w scales", zeros, F(ns));
+        free(zeros);
+        g->gpu->quantize_weight(g->gpu, q, sc, dw_, E, O, I, tc->prec);
+        return moe_cbuf_e4m3(q, sc);
+    }
     if (!tc->typed || moe_recipe_is_fp8(tc->prec)) return moe_cbuf_f32(dw_);
     uint16_t *d16 = dup_dev(g, "w16", NULL, (size_t)n * sizeof(uint16_t));
     g->gpu->cast_bf16(g->gpu, d16, dw_, n);
-    moe_cbuf b = {d16, MOE_DTYPE_BF16};
-    return b;
+    return moe_cbuf_of(d16, MOE_DTYPE_BF16);
+}
+
+/* The CPU's weight operand for w [E, O, I] host: its e4m3 copies under fp8-block (release
+ * with gc_weight_free), else w. */
+static moe_cbuf cpu_weight(gctx *g, const tcase *tc, const float *w, int64_t E, int64_t O,
+                           int64_t I) {
+    return gc_weight(g->cpu, w, E, O, I, tc->prec);
 }
 
 typedef void (*runner_fn)(gctx *g, const tcase *tc);
@@ -470,12 +489,12 @@ static void run_matmul(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], I = tc->s[1], O = tc->s[2];
     float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *y = xmalloc(F(N * O));
     if (tc->typed) round_host(x, N * I);
-    g->cpu->matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
-                           tc->prec);
+    moe_cbuf cw = cpu_weight(g, tc, w, 1, O, I);
+    g->cpu->matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), cw, N, I, O, tc->prec);
     moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, N * I));
     float *dw_ = dup_dev(g, "w", w, F(O * I));
     moe_buf dy_ = dev_typed(g, tc, "y", NULL, N * O);
-    moe_cbuf gw_ = gpu_weight(g, tc, dw_, O * I);
+    moe_cbuf gw_ = gpu_weight(g, tc, dw_, 1, O, I);
     g->gpu->matmul_forward(g->gpu, dy_, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_forward");
     cmp_typed(g, "y", dy_, y, N * O, tc->tol);
@@ -483,7 +502,7 @@ static void run_matmul(gctx *g, const tcase *tc) {
     float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, tc->prec,
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
                             MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_changed(g, "dx", gx, gx0, N * I, 0.9);
     check_changed(g, "dw", gw, gw0, O * I, 0.9);
@@ -494,14 +513,14 @@ static void run_matmul(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
     /* dx NULL (first layer): only dw accumulates again */
-    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
-                            tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
     g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_ADD,
                             MOE_GRAD_ADD);
     check_sync_guards(g, "matmul_backward dx=NULL");
     cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
     /* written gradients (MOE_GRAD_SET): into NaN-poisoned buffers, which must not be read */
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, tc->prec,
+    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
                             MOE_GRAD_SET, MOE_GRAD_SET);
     float *sgx = dup_dev(g, "dx (SET)", NULL, F(N * I)),
           *sgw = dup_dev(g, "dw (SET)", NULL, F(O * I));
@@ -511,6 +530,7 @@ static void run_matmul(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx (SET)", sgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw (SET)", sgw, gw, O * I, tc->tol);
     free(x), free(w), free(y), free(gy), free(gx), free(gw);
+    gc_weight_free(cw);
 }
 
 /* router logits with well-separated values per row, so no near-ties make top-k ambiguous */
@@ -668,12 +688,13 @@ static void run_grouped(gctx *g, const tcase *tc) {
     int64_t M = off[E];
     float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *y = xmalloc(F(M * O));
     if (tc->typed) round_host(x, M * I);
-    g->cpu->grouped_matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), off, E,
-                                   I, O, tc->prec);
+    moe_cbuf cw = cpu_weight(g, tc, w, E, O, I);
+    g->cpu->grouped_matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), cw, off, E, I, O,
+                                   tc->prec);
     moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, M * I));
     float *dw_ = dup_dev(g, "w", w, F(E * O * I));
     moe_buf dy_ = dev_typed(g, tc, "y", NULL, M * O);
-    moe_cbuf gw_ = gpu_weight(g, tc, dw_, E * O * I);
+    moe_cbuf gw_ = gpu_weight(g, tc, dw_, E, O, I);
     g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_forward");
     cmp_typed(g, "y", dy_, y, M * O, tc->tol);
@@ -683,9 +704,8 @@ static void run_grouped(gctx *g, const tcase *tc) {
     float *dgx = dup_dev(g, "dx", gx, F(M * I));
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, tc->prec, MOE_GRAD_ADD,
-                                    MOE_GRAD_ADD);
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, off, E,
+                                    I, O, tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
     g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
                                     MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_sync_guards(g, "grouped_matmul_backward");
@@ -699,9 +719,8 @@ static void run_grouped(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, M * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, E * O * I, tc->tol);
     /* written gradients (MOE_GRAD_SET) into poisoned buffers: expert 1's dw becomes zeros */
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, tc->prec, MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
+    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, off, E,
+                                    I, O, tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     float *sgx = dup_dev(g, "dx (SET)", NULL, F(M * I));
     float *sgw = dup_dev(g, "dw (SET)", NULL, F(E * O * I));
     g->gpu->grouped_matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
@@ -717,6 +736,7 @@ static void run_grouped(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx (SET)", sgx, gx, M * I, tc->tol);
     cmp_f32(g, "dw (SET)", sgw, gw, E * O * I, tc->tol);
     free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
+    gc_weight_free(cw);
 }
 
 static void run_swiglu(gctx *g, const tcase *tc) {
@@ -861,6 +881,43 @@ static void run_adamw(gctx *g, const tcase *tc) {
     free(h16), free(p), free(gr), free(m), free(v), free(p16);
 }
 
+/* AdamW and then the fp8-block copies of the new weight w [E, O, I], as moe_model_adamw runs
+ * them: the GPU's new master against the CPU's (NMSE, as the adamw cases), and the GPU's
+ * copies byte for byte against the CPU's quantize_weight of the GPU's new master (row-wise
+ * and transposed values, both scale layouts; the scales' padding zero on both sides). A tile
+ * of zeros that stays zero (scale 1) and two outliers exercise the scale rule's edges. */
+static void run_adamw_fp8(gctx *g, const tcase *tc) {
+    int64_t E = tc->s[0], O = tc->s[1], I = tc->s[2], n = E * O * I;
+    int64_t ns = moe_fp8_weight_scales(E, O, I);
+    float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
+    float *v = frand(n, 0, 0.01f);
+    for (int64_t r = 0; r < 128 && r < O; r++) /* expert 0's first tile: zeros, no gradient */
+        for (int64_t k = 0; k < 128 && k < I; k++)
+            p[r * I + k] = gr[r * I + k] = m[r * I + k] = v[r * I + k] = 0.0f;
+    p[n / 2] = 300.0f, p[n - 1] = -1e4f;
+    float *zeros = calloc((size_t)ns, sizeof(float));
+    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
+    float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
+    uint8_t *dq = dup_dev(g, "e4m3 copies", NULL, (size_t)(2 * n));
+    float *ds = dup_dev(g, "scales", zeros, F(ns));
+    g->cpu->adamw(g->cpu, p, NULL, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
+    g->gpu->adamw(g->gpu, dp, NULL, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
+    g->gpu->quantize_weight(g->gpu, dq, ds, dp, E, O, I, tc->prec);
+    check_sync_guards(g, "adamw + quantize_weight");
+    cmp_f32(g, "param", dp, p, n, tc->tol);
+    float *hp = down(g, dp, F(n)), *hs = down(g, ds, F(ns));
+    uint8_t *hq = down(g, dq, (size_t)(2 * n)), *cq = xmalloc((size_t)(2 * n));
+    g->cpu->quantize_weight(g->cpu, cq, zeros, hp, E, O, I, tc->prec);
+    int same_q = memcmp(hq, cq, (size_t)(2 * n)) == 0, same_s = memcmp(hs, zeros, F(ns)) == 0;
+    printf("  %-28s %-16s n=%-9lld values %s scales %s (master %s) %s\n", g->label, "fp8 copies",
+           (long long)n, same_q ? "identical" : "DIFFER", same_s ? "identical" : "DIFFER",
+           memcmp(hp, p, F(n)) == 0 ? "bit-identical" : "within tol",
+           same_q && same_s ? "ok" : "FAIL");
+    CHECK_MSG(same_q && same_s, "%s: the GPU's fp8 copies differ from the CPU's quantize(master)",
+              g->label);
+    free(p), free(gr), free(m), free(v), free(zeros), free(hp), free(hs), free(hq), free(cq);
+}
+
 static void run_sum_squares(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     float *x = frand(n, -3, 3);
@@ -907,6 +964,8 @@ static runner_fn runner_for(moe_op op) {
         return run_adamw; /* also runs cast_bf16 */
     case MOE_OP_CAST:
         return run_adamw;
+    case MOE_OP_QUANTIZE:
+        return run_adamw_fp8;
     case MOE_OP_SUM_SQUARES:
         return run_sum_squares;
     case MOE_OP_POOL:
@@ -1042,6 +1101,9 @@ static const tcase k_cases[] = {
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
     {"add n12344", MOE_OP_ADD, {12344}, FP32, 0.0, 0},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
+    /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
+    {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
+    {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
     {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},
     {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13, 0},
@@ -1190,7 +1252,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     int32_t *ia = NULL, *ib = NULL, *ic = NULL, *id = NULL, *off = NULL;
     const int32_t *ds = NULL; /* attention: doc_start [B, T] dev of documents of s[5] tokens */
     /* bf16 views and copies: the operands as the model passes them under the bf16 recipe */
-    moe_cbuf w16 = {NULL, MOE_DTYPE_BF16}, a16 = w16, b16 = w16, c16 = w16;
+    moe_cbuf w16 = moe_cbuf_of(NULL, MOE_DTYPE_BF16), a16 = w16, b16 = w16, c16 = w16;
     int64_t M = 0;
     switch (pc->op) {
     case MOE_OP_MATMUL:

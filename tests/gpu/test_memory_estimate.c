@@ -98,7 +98,7 @@ int main(void) {
             moe_model_memory est;
             moe_model_memory_estimate(&cfg.model, recipes[r], (moe_recompute)rc,
                                       cfg.train.global_batch_tokens / cfg.train.seq_len,
-                                      cfg.train.seq_len, 1, &est);
+                                      cfg.train.seq_len, 1, NULL, &est);
             float *g = NULL;
             int64_t n = 0;
             peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, &g, &n);

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "moe/ops.h"
 #include "testlib.h"
 
 /* splitmix64-based uniform in [lo, hi): a test-local generator, independent of moe/rng.h */
@@ -38,6 +39,23 @@ static inline float *gc_buf(int64_t n, uint64_t seed, double lo, double hi) {
     float *x = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
     if (seed) gc_fill(x, n, seed, lo, hi);
     return x;
+}
+
+/* The weight operand a product under prec reads for w [E, O, I] (host; be the CPU backend):
+ * under fp8-block its e4m3 copies from be->quantize_weight (values and scales in one
+ * malloc'ed block: release with gc_weight_free), else the fp32 w itself. */
+static inline moe_cbuf gc_weight(const moe_backend *be, const float *w, int64_t E, int64_t O,
+                                 int64_t I, moe_recipe prec) {
+    if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) return moe_cbuf_f32(w);
+    size_t qb = ((size_t)(2 * E * O * I) + 63) / 64 * 64;
+    uint8_t *q = calloc(qb + (size_t)moe_fp8_weight_scales(E, O, I) * sizeof(float), 1);
+    if (!q) abort();
+    float *sc = (float *)(q + qb);
+    be->quantize_weight(be, q, sc, w, E, O, I, prec);
+    return moe_cbuf_e4m3(q, sc);
+}
+static inline void gc_weight_free(moe_cbuf w) {
+    if (w.dt == MOE_DTYPE_E4M3) free((void *)w.p);
 }
 
 typedef double (*gc_loss_fn)(void *state);

@@ -25,27 +25,27 @@ static void test_grad_store(void) {
           *dy = gc_buf(N * O, 82, -1, 1);
     const moe_recipe rs[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK};
     for (int r = 0; r < 3; r++) {
+        moe_cbuf w1 = gc_weight(be, w, 1, O, I, rs[r]), wE = gc_weight(be, w, E, O, I, rs[r]);
         /* ADD into zeros against SET into garbage (which SET must not read) */
         float *dxa = gc_buf(N * I, 0, 0, 0), *dwa = gc_buf(E * O * I, 0, 0, 0);
         float *dxs = gc_buf(N * I, 83, -9, 9), *dws = gc_buf(E * O * I, 84, -9, 9);
-        be->matmul_backward(be, dxa, dwa, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
-                            MOE_GRAD_ADD, MOE_GRAD_ADD);
-        be->matmul_backward(be, dxs, dws, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
-                            MOE_GRAD_SET, MOE_GRAD_SET);
+        be->matmul_backward(be, dxa, dwa, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_ADD,
+                            MOE_GRAD_ADD);
+        be->matmul_backward(be, dxs, dws, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_SET,
+                            MOE_GRAD_SET);
         CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, O * I), "%s: matmul SET != ADD into 0",
                   moe_recipe_name(rs[r]));
         memset(dxa, 0, (size_t)(N * I) * 4), memset(dwa, 0, (size_t)(E * O * I) * 4);
         gc_fill(dxs, N * I, 85, -9, 9), gc_fill(dws, E * O * I, 86, -9, 9);
-        be->grouped_matmul_backward(be, dxa, dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_ADD,
-                                    MOE_GRAD_ADD);
-        be->grouped_matmul_backward(be, dxs, dws, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, dxa, dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
+                                    O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, dxs, dws, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
+                                    O, rs[r], MOE_GRAD_SET, MOE_GRAD_SET);
         /* expert 1's weight gradient: zeros under SET (ADD left the zeros it had) */
         CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, E * O * I),
                   "%s: grouped matmul SET != ADD into 0", moe_recipe_name(rs[r]));
         free(dxa), free(dwa), free(dxs), free(dws);
+        gc_weight_free(w1), gc_weight_free(wE);
     }
     /* a product with no rows writes a zero weight gradient under SET, keeps it under ADD */
     float *dw = gc_buf(O * I, 87, 1, 2);

@@ -550,7 +550,7 @@ static void test_bf16_weights(void) {
           *dy = gc_buf(N * O, 42, -1, 1);
     uint16_t *w16 = malloc((size_t)(E * O * I) * sizeof(uint16_t));
     be->cast_bf16(be, w16, w, E * O * I);
-    const moe_cbuf wk[2] = {moe_cbuf_f32(w), {w16, MOE_DTYPE_BF16}};
+    const moe_cbuf wk[2] = {moe_cbuf_f32(w), moe_cbuf_of(w16, MOE_DTYPE_BF16)};
     /* per weight kind: y, dx, dw of the dense product, then the same of the grouped one */
     const int64_t len[6] = {N * O, N * I, O * I, N * O, N * I, E * O * I};
     float *r[2][6];
@@ -654,11 +654,13 @@ static void test_fp8_products(void) {
     be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
                        MOE_RECIPE_BF16);
     for (int r = 0; r < 2; r++) {
+        /* fp8-block reads the weight's e4m3 copies, mxfp8 the fp32 master */
+        moe_cbuf w1 = gc_weight(be, w, 1, O, I, rs[r]), wE = gc_weight(be, w, E, O, I, rs[r]);
         float *y = gc_buf(N * O, 0, 0, 0), *dx = gc_buf(N * I, 0, 0, 0),
               *dw = gc_buf(O * I, 0, 0, 0);
-        be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r]);
-        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O, rs[r],
-                            MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), w1, N, I, O, rs[r]);
+        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_ADD,
+                            MOE_GRAD_ADD);
         CHECK_MSG(nmse(y, y32, N * O) < 2e-3 && nmse(dx, dx32, N * I) < 2e-3 &&
                       nmse(dw, dw32, O * I) < 2e-3,
                   "%s: nmse y %g dx %g dw %g", moe_recipe_name(rs[r]), nmse(y, y32, N * O),
@@ -668,20 +670,19 @@ static void test_fp8_products(void) {
               *gdw = gc_buf(E * O * I, 0, 0, 0);
         for (int64_t i = O * I; i < 2 * O * I; i++)
             gdw[i] = 7.0f; /* expert 1's gradient must stay as it is */
-        be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), moe_cbuf_f32(w), off, E, I,
-                                   O, rs[r]);
-        be->grouped_matmul_backward(be, gdx, gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    moe_cbuf_f32(w), off, E, I, O, rs[r], MOE_GRAD_ADD,
-                                    MOE_GRAD_ADD);
+        be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), wE, off, E, I, O, rs[r]);
+        be->grouped_matmul_backward(be, gdx, gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
+                                    O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
         int kept = 1;
         for (int64_t i = O * I; i < 2 * O * I; i++)
             kept &= gdw[i] == 7.0f;
         CHECK(kept && all_bf16(gy, N * O));
         /* expert 0's rows give what the dense product of its weight gives */
         float *y0 = gc_buf(25 * O, 0, 0, 0);
-        be->matmul_forward(be, moe_buf_f32(y0), moe_cbuf_f32(x), moe_cbuf_f32(w), 25, I, O, rs[r]);
+        be->matmul_forward(be, moe_buf_f32(y0), moe_cbuf_f32(x), w1, 25, I, O, rs[r]);
         CHECK(memcmp(y0, gy, (size_t)(25 * O) * 4) == 0);
         free(y), free(dx), free(dw), free(gy), free(gdx), free(gdw), free(y0);
+        gc_weight_free(w1), gc_weight_free(wE);
     }
     CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
     free(x), free(w), free(dy), free(y32), free(dx32), free(dw32), free(y16);

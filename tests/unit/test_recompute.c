@@ -7,7 +7,9 @@
  *    forward-only), and a forward-only model gives the same hidden states as a training one.
  * 3. moe_model_memory_estimate is exact: a counting wrapper around the CPU backend's
  *    alloc/free sums what the model (and the AdamW moments a trainer adds) really allocate
- *    through the backend, and forward/backward allocate nothing more; also for one rank of
+ *    through the backend, and forward/backward allocate nothing more (fp32, bf16, and
+ *    fp8-block, whose weight copies the first pass makes, with and without a layer in
+ *    skip_layers); also for one rank of
  *    an expert-parallel group (its experts, its worst-case expert-side buffers).
  * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
  * recomputed forward runs the same deterministic ops on the same inputs. */
@@ -250,8 +252,12 @@ static void test_estimate_exact(void) {
         tok[i] = (int32_t)((i * 7) % 37);
     for (int tied = 0; tied < 2; tied++)
         for (int rc = 0; rc < 4; rc++)
-            for (int r = 0; r < 2; r++) {
-                moe_recipe recipe = r ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+            for (int r = 0; r < 4; r++) {
+                /* fp8-block twice: every layer quantized, then layer 1 in skip_layers */
+                const moe_recipe rs[4] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK,
+                                          MOE_RECIPE_FP8_BLOCK};
+                const uint8_t skip1[3] = {0, 1, 0}, *skip = r == 3 ? skip1 : NULL;
+                moe_recipe recipe = rs[r];
                 moe_model_config cfg = config(tied);
                 counter cnt;
                 moe_backend cbe = counting_backend(&cnt);
@@ -264,6 +270,7 @@ static void test_estimate_exact(void) {
                     continue;
                 }
                 moe_model_init_weights(&m, 1);
+                CHECK(moe_model_set_skip_layers(&m, skip, &err) == MOE_OK);
                 /* what the trainer adds: the AdamW moments, through the same backend */
                 size_t pb = (size_t)m.table.n_elems * sizeof(float);
                 float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
@@ -273,7 +280,7 @@ static void test_estimate_exact(void) {
                 moe_optim_config opt = test_optim(0.1);
                 moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
-                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, &est);
+                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,
                           "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
                           moe_recompute_name((moe_recompute)rc), moe_recipe_name(recipe), tied,
@@ -281,6 +288,12 @@ static void test_estimate_exact(void) {
                 CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
                 CHECK_INT_EQ(est.params, (int64_t)pb);
                 CHECK(est.gpu_scratch > 0);
+                CHECK((est.fp8_copies > 0) == (r >= 2) && (m.param8_mem != NULL) == (r >= 2));
+                if (r == 3) { /* the skipped layer's copies are left out */
+                    moe_model_memory all;
+                    moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, &all);
+                    CHECK(est.fp8_copies * 3 == all.fp8_copies * 2);
+                }
                 cbe.free(&cbe, am);
                 cbe.free(&cbe, av);
                 moe_model_free(&m);
@@ -316,8 +329,8 @@ static void test_estimate_ep(void) {
         size_t pb = (size_t)m.table.n_elems * sizeof(float);
         float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
         moe_model_memory est, one;
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, &est);
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, &one);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, &est);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, &one);
         CHECK_INT_EQ(est.total, (int64_t)cnt.peak);
         CHECK_INT_EQ(est.params, (int64_t)pb);
         CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * 4);

@@ -91,7 +91,13 @@ typedef struct moe_model {
                               weights; else NULL */
     int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
                               moe_param.data is NULL), one conversion at load */
-    int param16_stale;     /* param16_mem no longer equals round_bf16(param_mem) */
+    uint8_t *param8_mem;   /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
+                              weights) of the quantized weights of the layers not in
+                              skip_quant, each weight's e4m3 values then its tile scales
+                              (moe_param.data8, scale8); made by the first pass under
+                              fp8-block, else NULL */
+    int copies_stale;      /* the weight copies (param16_mem, param8_mem) no longer equal what
+                              the master weights give */
     float *grad_mem;       /* [table.n_elems] dev, one allocation; read it through
                               moe_model_grads (see moe_model_zero_grad) */
     int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
@@ -143,7 +149,8 @@ moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *c
                                          int max_seq, moe_err *err);
 /* Keeps the products of the layers with skip[l] = 1 (skip [layers] host, or NULL for none)
  * unquantized - run as under bf16 - when the recipe is an fp8 one (precision.skip_layers);
- * no effect under fp32 and bf16. Out of host memory: MOE_ERR_RUNTIME. */
+ * no effect under fp32 and bf16. Under fp8-block those layers get no fp8 weight copies (the
+ * copies are laid out again by the next pass). Out of host memory: MOE_ERR_RUNTIME. */
 moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err *err);
 /* normal(0, initializer_range) for matrices and the embedding, ones for norms; Philox
  * keyed by seed, each tensor its own stream: same result for any thread count. */
@@ -155,14 +162,16 @@ void moe_model_copy_params_to_host(const moe_model *m, float *dst);
 void moe_model_copy_params_from_host(moe_model *m, const float *src);
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst);
 /* Says that param_mem was written by other means than this API (an all-gather, a backend op):
- * the bf16 weight copies are refreshed before the next forward. Every function here that
- * writes weights (init, copy from host, load, moe_model_adamw) keeps them right by itself. */
+ * the weight copies (bf16, fp8-block) are refreshed before the next forward. Every function here
+ * that writes weights (init, copy from host, load, moe_model_adamw) keeps them right by itself. */
 void moe_model_params_written(moe_model *m);
 /* One AdamW step (moe_backend.adamw) on the flat element range [lo, hi) of the parameters,
  * with moments mom, var [hi - lo] dev (element lo first): weight decay o->weight_decay for
  * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
- * copies of the range are rewritten in the same pass. Consecutive tensors with the same
- * decay are one call (the expert part is one). */
+ * copies of the range are rewritten in the same pass, the fp8-block copies of the quantized
+ * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
+ * its copies before the next pass). Consecutive tensors with the same decay are one call
+ * (the expert part is one). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 
@@ -268,24 +277,28 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t params;               /* fp32 master weights (one allocation) */
     int64_t expert_params;        /* the part of params that is the rank's experts */
     int64_t weight_copies;        /* their bf16 copies (bf16 recipe; one allocation) */
+    int64_t fp8_copies;           /* fp8-block: the e4m3 copies (row-wise and transposed) of
+                                     the quantized weights of the layers not skipped, with
+                                     their tile scales (one allocation) */
     int64_t grads;                /* fp32 gradients (one allocation) */
     int64_t optimizer;            /* AdamW m and v, fp32 (allocated by the trainer) */
     int64_t activations;          /* moe_model_activation_bytes */
-    int64_t total;                /* the five above: everything allocated through be->alloc */
-    int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace, bf16
-                                     operand conversions under the bf16 recipe; upper bound):
+    int64_t total;                /* the six above: everything allocated through be->alloc */
+    int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace,
+                                     operand conversions and quantized activations; upper bound):
                                      moe_backend_scratch_estimate("cuda", ...) */
 } moe_model_memory;
 /* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what
  * moe_model_create asks moe_backend_check about and the scratch estimate is computed for. */
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d);
 /* What a training run allocates on one rank of an expert group of ep ranks (1: every
- * expert; moe_model_create_ep's tensors and expert-side buffers): total exactly for any
- * backend, with AdamW moments for every tensor of the rank (a ZeRO-1 trainer holds a share);
- * add gpu_scratch for the peak device memory of the CUDA backend. */
+ * expert; moe_model_create_ep's tensors and expert-side buffers, and the fp8-block copies of
+ * its first pass, without the layers skip [layers] names, NULL for none): total exactly for
+ * any backend, with AdamW moments for every tensor of the rank (a ZeRO-1 trainer holds a
+ * share); add gpu_scratch for the peak device memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               moe_model_memory *out);
+                               const uint8_t *skip, moe_model_memory *out);
 
 #ifdef __cplusplus
 }

@@ -56,6 +56,10 @@ typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
     float *grad;         /* [shape] dev, its gradient (idem; NULL in a forward-only model) */
     uint16_t *data16;    /* [shape] dev, bf16 copy of data that the matrix products read under
                             the bf16 recipe (set by moe_model_create; else NULL) */
+    uint8_t *data8;      /* fp8-block copies of the [E, out, in] weight this tensor leads (a
+                            dense matrix: E = 1; an expert kind: the block from its first
+                            expert), [2 E out in] dev e4m3 (moe/ops.h); NULL elsewhere */
+    float *scale8;       /* [moe_fp8_weight_scales(E, out, in)] dev, their tile scales */
 } moe_param;
 
 typedef struct moe_param_layer { /* indices into moe_param_table.params of one layer */

@@ -30,15 +30,16 @@
  *    to bf16 (round to nearest even) before multiplying, products accumulate in fp32, and
  *    the activations those ops produce (matmul/grouped matmul/attention outputs, swiglu,
  *    rmsnorm outputs) are stored rounded to bf16. Softmax, norms statistics, router, loss,
- *    residual stream, gradients and optimizer stay fp32. FP8 recipes are not supported yet
- *    (`supports` says 0).
+ *    residual stream, gradients and optimizer stay fp32. The fp8 recipes (docs/dtypes.md)
+ *    quantize the operands of matmul and grouped matmul and run the rest as bf16.
  *  - Results never depend on the number of OpenMP threads: reductions run over fixed chunks
  *    in a fixed order, so runs are bit-reproducible (exact resume relies on this).
  *  - Routing-weight scaling lives in unpermute (y[n] = sum_k w[n,k] * expert_out[slot]),
  *    not in swiglu.
  *  - Typed operands (moe_cbuf to read, moe_buf to write: pointer + moe_dtype) are where an
- *    op takes more than one element type, F32 or BF16. Today: the weight of matmul and
- *    grouped matmul (the fp32 master, or the model's bf16 copy written by adamw), the
+ *    op takes more than one element type, F32 or BF16 (and E4M3 weights, below). Today: the
+ *    weight of matmul and grouped matmul (the fp32 master, or the model's bf16 copy written
+ *    by adamw, or its fp8-block copies), the
  *    activations the bf16 recipe rounds anyway (rmsnorm's output, matmul's input and output,
  *    q/k/v through RoPE and attention, attention's output; the expert activations: permute's
  *    output, the grouped matmul's input and output, swiglu's, unpermute's input). BF16 only
@@ -49,6 +50,19 @@
  *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
  *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
  *    sum. RoPE on BF16 rounds its result: the values attention reads.
+ *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
+ *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
+ *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
+ *    whenever its bf16 copies would be refreshed): p holds the row-wise copy [E, O, I]
+ *    (forward) followed by the transposed copy [E, I, O] (dgrad: cuBLASLt's fp8 products
+ *    need both operands contiguous along the reduction), e4m3 bytes, each expert's matrix in
+ *    128 x 128 tiles; s the row-wise tile scales [E, moe_fp8_tile_scales(O, I)] followed by
+ *    the transposed ones [E, moe_fp8_tile_scales(I, O)] (E = 1 for matmul). A tile is
+ *    symmetric, so both hold the same values, but they are stored twice: cuBLASLt reads each
+ *    operand's scales in that operand's own tile order and row padding, and the second copy
+ *    costs 4 bytes per 16384 values. The products quantize only their activations and
+ *    gradients per call; an F32 weight under fp8-block is refused. mxfp8 weights stay F32
+ *    (quantized per call by the CPU emulation).
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -84,6 +98,7 @@ typedef enum moe_op {
     MOE_OP_SUM_SQUARES,
     MOE_OP_POOL,
     MOE_OP_CAST,
+    MOE_OP_QUANTIZE,
     MOE_OP_COUNT
 } moe_op;
 
@@ -102,10 +117,12 @@ typedef struct moe_op_dims {
  * an expert with no rows, or of a product with no rows, is written as zeros. */
 typedef enum moe_grad_store { MOE_GRAD_ADD = 0, MOE_GRAD_SET = 1 } moe_grad_store;
 
-/* A read-only operand in backend memory with the type of its elements. */
+/* A read-only operand in backend memory with the type of its elements; s: the block scales
+ * of an E4M3 operand (the fp8-block weight copies above), NULL for every other type. */
 typedef struct moe_cbuf {
     const void *p;
     moe_dtype dt;
+    const float *s;
 } moe_cbuf;
 
 /* A writable operand in backend memory with the type of its elements. */
@@ -115,8 +132,25 @@ typedef struct moe_buf {
 } moe_buf;
 
 static inline moe_cbuf moe_cbuf_of(const void *p, moe_dtype dt) {
-    moe_cbuf b = {p, dt};
+    moe_cbuf b = {p, dt, NULL};
     return b;
+}
+/* The E4M3 weight operand of fp8-block: q [2 E O I] e4m3 and s [moe_fp8_weight_scales]
+ * as quantize_weight writes them. */
+static inline moe_cbuf moe_cbuf_e4m3(const uint8_t *q, const float *s) {
+    moe_cbuf b = {q, MOE_DTYPE_E4M3, s};
+    return b;
+}
+/* Scales of one [R, K] matrix in 128 x 128 tiles, cuBLASLt's BLK128x128_32F layout: tile
+ * (rb, kb) at rb * round_up(ceil(K / 128), 4) + kb; the entries past ceil(K / 128) in a row
+ * are padding, never written (zero from the allocation). */
+static inline int64_t moe_fp8_tile_scales(int64_t R, int64_t K) {
+    return (R + 127) / 128 * (((K + 127) / 128 + 3) / 4 * 4);
+}
+/* Scales of the fp8-block copies of a weight [E, O, I]: [E, tiles of [O, I]] for the
+ * row-wise copy, then [E, tiles of [I, O]] for the transposed one. */
+static inline int64_t moe_fp8_weight_scales(int64_t E, int64_t O, int64_t I) {
+    return E * (moe_fp8_tile_scales(O, I) + moe_fp8_tile_scales(I, O));
 }
 static inline moe_cbuf moe_cbuf_f32(const float *p) {
     return moe_cbuf_of(p, MOE_DTYPE_F32);
@@ -131,7 +165,7 @@ static inline moe_buf moe_buf_f32(float *p) {
 static inline moe_cbuf moe_cbuf_from(moe_buf b) {
     return moe_cbuf_of(b.p, b.dt);
 }
-/* b advanced by n elements (of its own type). */
+/* b advanced by n elements (of its own type; not for E4M3 operands, whose scales are tiled). */
 static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
     b.p = (const char *)b.p + (size_t)n * moe_dtype_size(b.dt);
     return b;
@@ -253,14 +287,14 @@ struct moe_backend {
     /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
     void (*matmul_forward)(const moe_backend *be, moe_buf y, /* [N, O] dev, F32|BF16 */
                            moe_cbuf x,                       /* [N, I] dev, F32|BF16 */
-                           moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
+                           moe_cbuf w,                       /* [O, I] dev, F32|BF16|E4M3 */
                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
     /* dx (+)= dy W ; dw (+)= dy^T x, each added or written as dx_st / dw_st say */
     void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, may be NULL */
                             float *dw,                        /* [O, I] dev, may be NULL */
                             const float *dy,                  /* [N, O] dev */
                             moe_cbuf x,                       /* [N, I] dev, F32 or BF16 */
-                            moe_cbuf w,                       /* [O, I] dev, F32 or BF16 */
+                            moe_cbuf w,                       /* [O, I] dev, F32|BF16|E4M3 */
                             int64_t N, int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                             moe_grad_store dw_st);
 
@@ -331,15 +365,15 @@ struct moe_backend {
      * ---- */
     void (*grouped_matmul_forward)(const moe_backend *be, moe_buf y, /* [M, O] dev, F32|BF16 */
                                    moe_cbuf x,                       /* [M, I] dev, F32|BF16 */
-                                   moe_cbuf w,                       /* [E, O, I] dev, F32|BF16 */
-                                   const int32_t *offsets,           /* [E + 1] host */
+                                   moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
+                                   const int32_t *offsets, /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
     /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say */
     void (*grouped_matmul_backward)(const moe_backend *be, float *dx, /* [M, I] dev, may be NULL */
                                     float *dw,                        /* [E, O, I] dev */
                                     moe_cbuf dy,                      /* [M, O] dev, F32 or BF16 */
                                     moe_cbuf x,                       /* [M, I] dev, F32 or BF16 */
-                                    moe_cbuf w,             /* [E, O, I] dev, F32 or BF16 */
+                                    moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec,
                                     moe_grad_store dx_st, moe_grad_store dw_st);
@@ -389,6 +423,15 @@ struct moe_backend {
                   float *v,                            /* [n] dev */
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t step, float grad_scale);
+
+    /* ---- the fp8-block weight copies (the E4M3 operand above) of w [E, O, I]: 128 x 128
+     * tiles per expert, scale amax / 448 (1 for an all-zero tile) or, under
+     * MOE_RECIPE_FP8_BLOCK_POW2, its power-of-two rounding up; values e4m3(x / scale),
+     * saturating, NaN kept: the bytes of moe/quant.h's moe_quant_tiles_e4m3 ---- */
+    void (*quantize_weight)(const moe_backend *be, uint8_t *q, /* [2 E O I] dev */
+                            float *s,       /* [moe_fp8_weight_scales(E, O, I)] dev */
+                            const float *w, /* [E, O, I] dev */
+                            int64_t E, int64_t O, int64_t I, moe_recipe prec);
 
     /* ---- dst = src rounded to bf16 (round to nearest even) ---- */
     void (*cast_bf16)(const moe_backend *be, uint16_t *dst, /* [n] dev bf16 */

@@ -45,6 +45,18 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
  * whichever dimension a product reduces over. */
 void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2);
 
+/* The stored form of those tiles (the fp8-block weight copies of moe/ops.h): q [R, K] the
+ * e4m3 bytes of src [R, K] / its tile's scale, qt [K, R] the same bytes transposed, s the
+ * scales of the [R, K] tiles and st of the [K, R] ones, each in moe_fp8_tile_scales's
+ * layout (tile (rb, kb) of an [R, K] matrix at rb * round_up(ceil(K / 128), 4) + kb; padding
+ * entries untouched). Decoding them gives exactly moe_quant_fake_tiles's values. */
+void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const float *src, int64_t R,
+                          int64_t K, int pow2);
+/* Decodes a tiled e4m3 matrix q [R, K] with scales s (layout above): dst [R, K] =
+ * e4m3(q) * scale, or with transpose dst [K, R] (the matrix q is the transpose of). */
+void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_t R, int64_t K,
+                            int transpose);
+
 #ifdef __cplusplus
 }
 #endif

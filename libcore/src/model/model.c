@@ -10,10 +10,6 @@
 #include "model/model_internal.h"
 #include "moe/rng.h"
 
-int moe_model_has_copies(moe_recipe recipe, int training) {
-    return recipe == MOE_RECIPE_BF16 && training;
-}
-
 /* 1 for the tensors a forward-only bf16 model keeps in fp32: those no matrix product reads
  * as its weight (norms, the embedding table, the router's gate, which runs in fp32). */
 static int keeps_f32(const moe_param_table *t, int i) {
@@ -310,7 +306,7 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
         p->data16 = m->param16_mem ? m->param16_mem + p->offset : NULL;
     }
     /* zero weights, zero copies: right, but training models say so once */
-    m->param16_stale = !m->weights16_only;
+    m->copies_stale = !m->weights16_only;
     a->max_tokens = N;
     a->bytes = moe_acts_plan(cfg, N, plan, recipe, P, a, NULL);
     a->mem = be->alloc(be, a->bytes);
@@ -398,6 +394,7 @@ void moe_model_free(moe_model *m) {
     if (m->be) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->param16_mem);
+        m->be->free(m->be, m->param8_mem);
         m->be->free(m->be, m->grad_mem);
         if (m->acts) m->be->free(m->be, m->acts->mem);
         if (m->acts) m->be->free(m->be, m->acts->head_mem);
@@ -415,17 +412,6 @@ void moe_model_free(moe_model *m) {
     free(m->expert_tokens);
     free(m->skip_quant);
     memset(m, 0, sizeof *m);
-}
-
-moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err *err) {
-    free(m->skip_quant);
-    m->skip_quant = NULL;
-    if (!skip) return MOE_OK;
-    size_t L = (size_t)m->cfg.num_hidden_layers;
-    m->skip_quant = malloc(L ? L : 1);
-    if (!m->skip_quant) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
-    memcpy(m->skip_quant, skip, L);
-    return MOE_OK;
 }
 
 int64_t moe_model_n_params(const moe_model *m) {
@@ -480,51 +466,13 @@ void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
 void moe_model_copy_params_from_host(moe_model *m, const float *src) {
     if (!m->weights16_only) {
         m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
-        m->param16_stale = 1;
+        m->copies_stale = 1;
         return;
     }
     uint16_t *s = bf16_scratch(m);
     for (int i = 0; i < m->table.n_params; i++)
         upload_tensor(m, i, src + m->table.params[i].offset, s);
     free(s);
-}
-
-void moe_model_params_written(moe_model *m) {
-    m->param16_stale = 1;
-}
-
-void moe_model_refresh_copies(moe_model *m) {
-    if (!m->param16_mem || !m->param16_stale || m->weights16_only) return;
-    m->be->cast_bf16(m->be, m->param16_mem, m->param_mem, m->table.n_elems);
-    m->param16_stale = 0;
-}
-
-void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
-                     const moe_optim_config *o, double lr, int64_t step, float grad_scale) {
-    const moe_param_table *t = &m->table;
-    int64_t a = -1, b = -1; /* the run of equal decay being gathered: elements [a, b) */
-    double wd_run = 0.0;
-    for (int i = 0; i <= t->n_params; i++) {
-        double wd = 0.0;
-        int64_t pa = hi, pb = hi;
-        if (i < t->n_params) {
-            const moe_param *p = &t->params[i];
-            pa = p->offset > lo ? p->offset : lo;
-            pb = p->offset + p->numel < hi ? p->offset + p->numel : hi;
-            wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
-            if (pa >= pb) continue;
-        }
-        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
-            m->be->adamw(m->be, m->param_mem + a, m->param16_mem ? m->param16_mem + a : NULL,
-                         moe_model_grads(m) + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
-                         (float)o->beta1, (float)o->beta2, (float)o->eps, (float)wd_run, step,
-                         grad_scale);
-            a = -1;
-        }
-        if (i == t->n_params) break;
-        if (a < 0) a = pa, wd_run = wd;
-        b = pb;
-    }
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
@@ -595,7 +543,7 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               moe_model_memory *out) {
+                               const uint8_t *skip, moe_model_memory *out) {
     int64_t total = 0;
     moe_model_count_params(cfg, &total, NULL);
     if (ep < 1) ep = 1;
@@ -608,13 +556,16 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     out->grads = out->params;
     out->optimizer = 2 * out->params;
     out->weight_copies = moe_model_has_copies(recipe, 1) ? mine * (int64_t)sizeof(uint16_t) : 0;
+    if (moe_model_has_fp8_copies(recipe))
+        out->fp8_copies = moe_model_fp8_copy_bytes(cfg, cfg->num_local_experts / ep, skip);
     if (cfg->num_attention_heads > 0)
         out->activations =
             (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, NULL, NULL);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
-    out->total = out->params + out->weight_copies + out->grads + out->optimizer + out->activations;
+    out->total = out->params + out->weight_copies + out->fp8_copies + out->grads + out->optimizer +
+                 out->activations;
 }
 
 /* ---- init ---- */
@@ -649,5 +600,5 @@ void moe_model_init_weights(moe_model *m, uint64_t seed) {
     }
     free(host);
     free(s16);
-    m->param16_stale = !m->weights16_only;
+    m->copies_stale = !m->weights16_only;
 }

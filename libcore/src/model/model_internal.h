@@ -151,19 +151,32 @@ static inline moe_recipe moe_model_layer_recipe(const moe_model *m, int l) {
     return m->skip_quant && m->skip_quant[l] ? moe_recipe_unquantized(m->recipe) : m->recipe;
 }
 
-/* The operand the matrix products read for parameter i: its bf16 copy when the model has
- * them (bf16 recipe), else the fp32 master weight. */
+/* The operand the matrix products read for parameter i: its fp8-block copies (E4M3) when the
+ * model has them (fp8-block, a layer not in skip_layers), its bf16 copy (bf16 recipe), else
+ * the fp32 master weight. */
 static inline moe_cbuf moe_model_weight(const moe_model *m, int i) {
     const moe_param *p = &m->table.params[i];
-    if (p->data16) {
-        moe_cbuf b = {p->data16, MOE_DTYPE_BF16};
-        return b;
-    }
+    if (p->data8) return moe_cbuf_e4m3(p->data8, p->scale8);
+    if (p->data16) return moe_cbuf_of(p->data16, MOE_DTYPE_BF16);
     return moe_cbuf_f32(p->data);
 }
 
-/* Rewrites the bf16 weight copies from the master weights when they are stale (after a
- * write other than moe_model_adamw); every forward entry point calls it first. */
+/* ---- weight copies (model_copies.c) ---- */
+
+/* 1 when a model keeps fp8-block copies of its quantized weights (fp8-block, either scale
+ * rule; training or not: the products read no other form of those weights). */
+int moe_model_has_fp8_copies(moe_recipe recipe);
+/* Bytes of the fp8-block copies of a model of config c with `experts` experts per layer on
+ * this rank and the layers with skip[l] = 1 (skip NULL: none) left out: what
+ * moe_model_prepare_copies allocates. */
+int64_t moe_model_fp8_copy_bytes(const moe_model_config *c, int64_t experts, const uint8_t *skip);
+/* Allocates the fp8-block copies if the model has them and they do not exist yet (the first
+ * pass, or the first after moe_model_set_skip_layers), marking them stale; every pass entry
+ * point calls it before its first op. Out of memory: MOE_ERR_RUNTIME with a hint. */
+moe_status moe_model_prepare_copies(moe_model *m, moe_err *err);
+/* Rewrites the weight copies (bf16 and fp8-block) from the master weights when they are
+ * stale (after a write other than moe_model_adamw); every forward entry point calls it
+ * first. */
 void moe_model_refresh_copies(moe_model *m);
 
 /* Uploads tokens [B, T] (host; with a document separator also their document starts and

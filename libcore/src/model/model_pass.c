@@ -204,6 +204,7 @@ moe_status moe_model_forward(moe_model *m, const int32_t *tokens, const int32_t 
                            "moe_model_forward on a model created forward-only (hidden states "
                            "only); create it with moe_model_create");
     if (check_inputs(m, tokens, targets, weights, B, T, err) != MOE_OK) return err->status;
+    if (moe_model_prepare_copies(m, err) != MOE_OK) return err->status;
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
@@ -401,6 +402,7 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
                            "norm)",
                            layer, L, L);
     if (check_inputs(m, tokens, NULL, NULL, B, T, err) != MOE_OK) return err->status;
+    if (moe_model_prepare_copies(m, err) != MOE_OK) return err->status;
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;
     int64_t N = (int64_t)B * T, C = c->hidden_size;
@@ -454,6 +456,7 @@ moe_status moe_model_logprobs_kv(moe_model *m, const int32_t *tokens, const int3
                                  int T, const moe_kv_use *kv, float *out, moe_err *err) {
     if (check_inputs(m, tokens, targets, NULL, B, T, err) != MOE_OK) return err->status;
     if (kv && moe_model_kv_check(m, kv, B, T, err) != MOE_OK) return err->status;
+    if (moe_model_prepare_copies(m, err) != MOE_OK) return err->status;
     if (moe_model_alloc_head(m, err) != MOE_OK) return err->status;
     const moe_backend *be = m->be;
     struct moe_acts *a = m->acts;

@@ -52,20 +52,60 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
     }
 }
 
+/* The scale of the tile [r0, r1) x [k0, k1) of src [R, K]. */
+static float tile_scale(const float *src, int64_t K, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
+                        const moe_quant_opts *o) {
+    float amax = 0.0f;
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t k = k0; k < k1; k++)
+            if (isfinite(src[r * K + k])) amax = fmaxf(amax, fabsf(src[r * K + k]));
+    return block_scale(amax, o);
+}
+
+#define TILE 128
+
 void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2) {
     const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
-    const int64_t t = 128, tr = (R + t - 1) / t, tk = (K + t - 1) / t;
+    const int64_t tr = (R + TILE - 1) / TILE, tk = (K + TILE - 1) / TILE;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < tr * tk; i++) {
-        int64_t r0 = (i / tk) * t, k0 = (i % tk) * t;
-        int64_t r1 = r0 + t < R ? r0 + t : R, k1 = k0 + t < K ? k0 + t : K;
-        float amax = 0.0f;
-        for (int64_t r = r0; r < r1; r++)
-            for (int64_t k = k0; k < k1; k++)
-                if (isfinite(src[r * K + k])) amax = fmaxf(amax, fabsf(src[r * K + k]));
-        float scale = block_scale(amax, &o);
+        int64_t r0 = (i / tk) * TILE, k0 = (i % tk) * TILE;
+        int64_t r1 = r0 + TILE < R ? r0 + TILE : R, k1 = k0 + TILE < K ? k0 + TILE : K;
+        float scale = tile_scale(src, K, r0, r1, k0, k1, &o);
         for (int64_t r = r0; r < r1; r++)
             for (int64_t k = k0; k < k1; k++)
                 dst[r * K + k] = fake(src[r * K + k], scale);
     }
+}
+
+void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const float *src, int64_t R,
+                          int64_t K, int pow2) {
+    const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
+    const int64_t tr = (R + TILE - 1) / TILE, tk = (K + TILE - 1) / TILE;
+    const int64_t ls = (tk + 3) / 4 * 4, lst = (tr + 3) / 4 * 4; /* padded rows of scales */
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < tr * tk; i++) {
+        int64_t rb = i / tk, kb = i % tk, r0 = rb * TILE, k0 = kb * TILE;
+        int64_t r1 = r0 + TILE < R ? r0 + TILE : R, k1 = k0 + TILE < K ? k0 + TILE : K;
+        float scale = tile_scale(src, K, r0, r1, k0, k1, &o);
+        s[rb * ls + kb] = scale;
+        st[kb * lst + rb] = scale;
+        for (int64_t r = r0; r < r1; r++)
+            for (int64_t k = k0; k < k1; k++) {
+                uint8_t b = moe_f32_to_e4m3(src[r * K + k] / scale, 1);
+                q[r * K + k] = b;
+                qt[k * R + r] = b;
+            }
+    }
+}
+
+void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_t R, int64_t K,
+                            int transpose) {
+    const int64_t tk = (K + TILE - 1) / TILE, ls = (tk + 3) / 4 * 4;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t k = 0; k < K; k++) {
+            float v = moe_e4m3_to_f32(q[r * K + k]) * s[(r / TILE) * ls + k / TILE];
+            dst[transpose ? k * R + r : r * K + k] = v;
+        }
 }

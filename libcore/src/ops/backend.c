@@ -33,6 +33,7 @@ static const char *const op_names[MOE_OP_COUNT] = {
     [MOE_OP_SUM_SQUARES] = "sum_squares",
     [MOE_OP_POOL] = "pool",
     [MOE_OP_CAST] = "cast",
+    [MOE_OP_QUANTIZE] = "quantize",
 };
 
 const char *moe_op_name(moe_op op) {
@@ -229,15 +230,17 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
     int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
     if (fp8_block) {
-        /* its products' e4m3 operands (one byte a value, an fp32 scale per 128, 256 bytes of
-         * alignment) in slots A (x or dy rows), B (the weights, e.g. [E, F, C], bounded by
-         * their bf16 conversion for the layers precision.skip_layers keeps in bf16, and
-         * lm_head's: no bf16 copies under fp8), C and D (dy^T and x^T along
-         * the tokens, each expert's rows padded to whole blocks) */
+        /* its products' e4m3 activation operands (one byte a value, an fp32 scale per 128,
+         * 256 bytes of alignment) in slots A (x or dy rows), C and D (dy^T and x^T along the
+         * tokens, each expert's rows padded to whole blocks); the weights come as the model's
+         * persistent e4m3 copies, so slot B holds only the bf16 conversions of fp32 weights:
+         * lm_head's (no bf16 copies under fp8) and those of the layers precision.skip_layers
+         * keeps in bf16, e.g. [E, F, C] (this estimate does not know whether any is
+         * skipped: an upper bound) */
         int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
         sa = MAX2(sa, rows + rows / 32 + 256);
-        sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD) + 4096 * MAX2(E, 1));
+        sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD));
         sc = MAX2(sc, padded + padded / 32 + 256);
         sd = MAX2(sd, padded + padded / 32 + 256);
     }

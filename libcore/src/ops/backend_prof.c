@@ -347,6 +347,14 @@ static void pr_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src,
     prof_end_op(p, t0, MOE_OP_CAST, 0);
 }
 
+static void pr_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
+                               int64_t E, int64_t O, int64_t I, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->quantize_weight(p->inner, q, s, w, E, O, I, prec);
+    prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
+}
+
 static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     prof_ctx *p = ctx_of(be);
     p->st.host_syncs++;
@@ -406,6 +414,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->add = pr_add;
     t->adamw = pr_adamw;
     t->cast_bf16 = pr_cast_bf16;
+    t->quantize_weight = pr_quantize_weight;
     t->sum_squares = pr_sum_squares;
     return t;
 }

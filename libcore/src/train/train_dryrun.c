@@ -4,6 +4,7 @@
  * state), without touching data or a run directory. */
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "moe/model.h"
 #include "moe/train.h"
@@ -27,9 +28,19 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     moe_config_micro_batch(cfg, &micro_seqs, &n_micro);
     moe_model_count_params(&cfg->model, &total, &active);
     double fpt = moe_model_flops_per_token(&cfg->model, tc->seq_len);
+    uint8_t *skip = NULL; /* precision.skip_layers: those layers have no fp8 copies */
+    if (cfg->precision.skip_layers[0]) {
+        skip = malloc((size_t)cfg->model.num_hidden_layers);
+        if (!skip) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
+        if ((st = moe_config_skip_layers(cfg, skip, err)) != MOE_OK) {
+            free(skip);
+            return st;
+        }
+    }
     moe_model_memory mem;
     moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
-                              tc->seq_len, (int)cfg->parallel.ep, &mem);
+                              tc->seq_len, (int)cfg->parallel.ep, skip, &mem);
+    free(skip);
     /* ZeRO-1: the dense part's AdamW state is sharded over all ranks, the experts' over the
      * dp replicas of the shard */
     int64_t world = cfg->parallel.dp * cfg->parallel.ep, xopt = 2 * mem.expert_params;
@@ -41,6 +52,11 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
         char c[32];
         human_bytes(c, sizeof c, (double)mem.weight_copies);
         snprintf(w16, sizeof w16, " + bf16 weight copies %s", c);
+    }
+    if (mem.fp8_copies > 0) {
+        char c[32];
+        human_bytes(c, sizeof c, (double)mem.fp8_copies);
+        snprintf(w16, sizeof w16, " + fp8-block weight copies %s", c);
     }
     human_bytes(o, sizeof o, (double)opt);
     human_bytes(a, sizeof a, (double)mem.activations);

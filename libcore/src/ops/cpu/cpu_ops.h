@@ -88,6 +88,10 @@ void moe_cpu_fp8_grouped_forward(moe_buf y, moe_cbuf x, moe_cbuf w, const int32_
 void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
                                   const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                   moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
+/* quantize_weight (ops.h): the fp8-block copies of w [E, O, I], moe_quant_tiles_e4m3 per
+ * expert */
+void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
+                             int64_t O, int64_t I, moe_recipe prec);
 
 /* ops_norm.c */
 void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,

@@ -7,10 +7,13 @@
  *   forward  y = x W^T    x along its rows (over I); W as a weight (over I)
  *   dgrad   dx = dy W     dy along its rows (over O); W as a weight (over O)
  *   wgrad   dW = dy^T x   dy and x along their columns (over the tokens N)
- * A weight under fp8-block has one scale per 128 x 128 tile (the same values both ways);
- * under mxfp8 it has row-wise (forward) and column-wise (dgrad) copies, both quantized from
- * the master. In the grouped products each expert's rows are their own group: the wgrad
- * blocks along N start at the expert's first row. */
+ * A weight under fp8-block is read from its persistent e4m3 copies (moe/ops.h: written by
+ * moe_cpu_quantize_weight from the master, one scale per 128 x 128 tile): the row-wise copy
+ * for the forward, the transposed one for dgrad, decoded back to [O, I] so that the fp32
+ * GEMM runs in the order it always did. Under mxfp8 the weight is the fp32 master with
+ * row-wise (forward) and column-wise (dgrad) vectors quantized per call. In the grouped
+ * products each expert's rows are their own group: the wgrad blocks along N start at the
+ * expert's first row. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -23,32 +26,77 @@ int moe_cpu_is_fp8(moe_recipe prec) {
     return moe_recipe_is_fp8(prec);
 }
 
-/* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
- * malloc'ed fp32 copy quantized along rows (Q_ROWS, the product reduces over K), columns
- * (Q_COLS, over R), or as a weight whose product reduces over K (Q_WEIGHT_ROWS) or R
- * (Q_WEIGHT_COLS). Aborts on host OOM like the rest of the CPU backend's scratch. */
-static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec) {
-    float *c = malloc((size_t)(R * K) * sizeof(float) + 1);
+/* A malloc'ed fp32 scratch of n values; aborts on host OOM like the rest of the CPU
+ * backend's scratch. */
+static float *scratch(int64_t n) {
+    float *c = malloc((size_t)n * sizeof(float) + 1);
     if (!c) {
         fprintf(stderr, "moe: cpu backend: out of memory for an fp8 operand copy\n");
         abort();
     }
+    return c;
+}
+
+/* Expert e's weight [O, I] under fp8-block from the E4M3 copies w of [E, O, I] (moe/ops.h's
+ * layout): the row-wise copy (how = Q_WEIGHT_ROWS) or the transposed one (Q_WEIGHT_COLS),
+ * decoded into a malloc'ed [O, I]. A weight of another type is a caller's bug: aborts. */
+static float *weight_copy(moe_cbuf w, int64_t E, int64_t e, int64_t O, int64_t I, int how) {
+    if (w.dt != MOE_DTYPE_E4M3 || !w.s) {
+        fprintf(stderr,
+                "moe: cpu backend: an fp8-block product got a %s weight (its e4m3 copies "
+                "from quantize_weight expected)\n",
+                moe_dtype_name(w.dt));
+        abort();
+    }
+    const uint8_t *q = w.p;
+    float *c = scratch(O * I);
+    if (how == Q_WEIGHT_ROWS)
+        moe_quant_tiles_decode(c, q + e * O * I, w.s + e * moe_fp8_tile_scales(O, I), O, I, 0);
+    else
+        moe_quant_tiles_decode(c, q + (E + e) * O * I,
+                               w.s + E * moe_fp8_tile_scales(O, I) + e * moe_fp8_tile_scales(I, O),
+                               I, O, 1);
+    return c;
+}
+
+/* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
+ * malloc'ed fp32 copy quantized along rows (Q_ROWS, the product reduces over K), columns
+ * (Q_COLS, over R), or as an mxfp8 weight whose product reduces over K (Q_WEIGHT_ROWS) or R
+ * (Q_WEIGHT_COLS). */
+static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec) {
+    float *c = scratch(R * K);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R * K; i++)
         c[i] = moe_cbuf_get(m, i);
     const moe_quant_opts o = moe_quant_opts_of(prec);
-    if (o.recipe == MOE_RECIPE_FP8_BLOCK && (how == Q_WEIGHT_ROWS || how == Q_WEIGHT_COLS))
-        moe_quant_fake_tiles(c, c, R, K, o.pow2);
-    else if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
+    if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
         moe_quant_fake_vectors(c, c, R, K, K, 1, &o);
     else
         moe_quant_fake_vectors(c, c, K, 1, R, K, &o);
     return c;
 }
 
+/* Expert e's weight [O, I] of w [E, O, I] as the product reads it: its fp8-block copy, or
+ * (mxfp8) the master quantized per call. */
+static float *weight(moe_cbuf w, int64_t E, int64_t e, int64_t O, int64_t I, int how,
+                     moe_recipe prec) {
+    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) return weight_copy(w, E, e, O, I, how);
+    return operand(moe_cbuf_at(w, e * O * I), O, I, how, prec);
+}
+
+void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
+                             int64_t O, int64_t I, moe_recipe prec) {
+    (void)be;
+    const int pow2 = prec == MOE_RECIPE_FP8_BLOCK_POW2;
+    const int64_t ts = moe_fp8_tile_scales(O, I), tst = moe_fp8_tile_scales(I, O);
+    for (int64_t e = 0; e < E; e++)
+        moe_quant_tiles_e4m3(q + e * O * I, s + e * ts, q + (E + e) * O * I, s + E * ts + e * tst,
+                             w + e * O * I, O, I, pow2);
+}
+
 void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                 moe_recipe prec) {
-    float *xq = operand(x, N, I, Q_ROWS, prec), *wq = operand(w, O, I, Q_WEIGHT_ROWS, prec);
+    float *xq = operand(x, N, I, Q_ROWS, prec), *wq = weight(w, 1, 0, O, I, Q_WEIGHT_ROWS, prec);
     float *y = moe_cpu_output(yb, N * O);
     moe_cpu_gemm(0, 1, N, O, I, 1.0f, xq, wq, 0.0f, y);
     moe_cpu_round_bf16_inplace(y, N * O);
@@ -60,7 +108,8 @@ void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, 
                                  int64_t N, int64_t I, int64_t O, moe_recipe prec,
                                  moe_grad_store dx_st, moe_grad_store dw_st) {
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I], reducing over O */
-        float *dq = operand(dy, N, O, Q_ROWS, prec), *wq = operand(w, O, I, Q_WEIGHT_COLS, prec);
+        float *dq = operand(dy, N, O, Q_ROWS, prec),
+              *wq = weight(w, 1, 0, O, I, Q_WEIGHT_COLS, prec);
         moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, moe_cpu_beta(dx_st), dx);
         free(dq), free(wq);
     }
@@ -78,7 +127,7 @@ void moe_cpu_fp8_grouped_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, const int32
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
-        float *wq = operand(moe_cbuf_at(w, e * O * I), O, I, Q_WEIGHT_ROWS, prec);
+        float *wq = weight(w, E, e, O, I, Q_WEIGHT_ROWS, prec);
         moe_cpu_gemm(0, 1, n, O, I, 1.0f, xq + r0 * I, wq, 0.0f, y + r0 * O);
         free(wq);
     }
@@ -96,7 +145,7 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue; /* zeroed under SET by the caller */
         if (dx) {
-            float *wq = operand(moe_cbuf_at(w, e * O * I), O, I, Q_WEIGHT_COLS, prec);
+            float *wq = weight(w, E, e, O, I, Q_WEIGHT_COLS, prec);
             moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, moe_cpu_beta(dx_st), dx + r0 * I);
             free(wq);
         }
