@@ -536,11 +536,6 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
         moe_cuda_round_bf16(c, (float *)y.p, N * O, op);
 }
 
-/* The GEMM beta that stores a gradient as st says: 1 adds into it, 0 writes it. */
-static float beta_of(moe_grad_store st) {
-    return st == MOE_GRAD_SET ? 0.0f : 1.0f;
-}
-
 /* Under SET, dw [n] fp32 of a product with no rows is written as zeros. */
 static int zero_unreached(moe_cuda_ctx *c, float *dw, int64_t n, moe_grad_store st,
                           const char *op) {
@@ -562,7 +557,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
         fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2, beta_of(dx_st), beta_of(dw_st));
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st), moe_grad_beta(dw_st));
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -571,13 +566,13 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const void *wa = typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
         if (!wa ||
-            !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, beta_of(dx_st), dx, CUDA_R_32F))
+            !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx, CUDA_R_32F))
             return;
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] */
         const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
         if (!xa) return;
-        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, beta_of(dw_st), dw, CUDA_R_32F);
+        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F);
     }
 }
 
@@ -628,7 +623,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
             return;
     int64_t M = offsets[E];
     if (M <= 0) return;
-    const float bx = beta_of(dx_st), bw = beta_of(dw_st);
+    const float bx = moe_grad_beta(dx_st), bw = moe_grad_beta(dw_st);
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);

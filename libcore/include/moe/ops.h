@@ -116,6 +116,10 @@ typedef struct moe_op_dims {
  * MOE_GRAD_SET overwrites it (=), every element included: under SET the weight gradient of
  * an expert with no rows, or of a product with no rows, is written as zeros. */
 typedef enum moe_grad_store { MOE_GRAD_ADD = 0, MOE_GRAD_SET = 1 } moe_grad_store;
+/* The GEMM beta that stores a gradient as st says: 1 adds into it, 0 writes it. */
+static inline float moe_grad_beta(moe_grad_store st) {
+    return st == MOE_GRAD_SET ? 0.0f : 1.0f;
+}
 
 /* A read-only operand in backend memory with the type of its elements; s: the block scales
  * of an E4M3 operand (the fp8-block weight copies above), NULL for every other type. */

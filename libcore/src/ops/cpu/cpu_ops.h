@@ -57,10 +57,6 @@ const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
 float *moe_cpu_output(moe_buf y, int64_t n);
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
-/* The GEMM beta that stores a gradient as st says: 1 adds into it, 0 writes it. */
-static inline float moe_cpu_beta(moe_grad_store st) {
-    return st == MOE_GRAD_SET ? 0.0f : 1.0f;
-}
 
 /* ops_dense.c */
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,

@@ -167,12 +167,12 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
     const float *dyr = moe_cpu_operand(dy, N * O, prec);
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const float *wr = moe_cpu_operand_typed(w, O * I, prec);
-        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, moe_cpu_beta(dx_st), dx);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, moe_grad_beta(dx_st), dx);
         moe_cpu_operand_free(wr, w.p);
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] (no rows: written as zeros under SET) */
         const float *xr = moe_cpu_operand_typed(x, N * I, prec);
-        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, moe_cpu_beta(dw_st), dw);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, moe_grad_beta(dw_st), dw);
         moe_cpu_operand_free(xr, x.p);
     }
     moe_cpu_operand_free(dyr, dy);
@@ -225,10 +225,10 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
         if (dx) {
             moe_cbuf w_e = moe_cbuf_at(w, e * O * I);
             const float *we = moe_cpu_operand_typed(w_e, O * I, prec);
-            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, moe_cpu_beta(dx_st), dx + r0 * I);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, moe_grad_beta(dx_st), dx + r0 * I);
             moe_cpu_operand_free(we, w_e.p);
         }
-        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, moe_cpu_beta(dw_st),
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, moe_grad_beta(dw_st),
                      dw + e * O * I);
     }
     moe_cpu_operand_free(dyr, dy.p);

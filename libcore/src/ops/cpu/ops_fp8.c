@@ -110,12 +110,12 @@ void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, 
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I], reducing over O */
         float *dq = operand(dy, N, O, Q_ROWS, prec),
               *wq = weight(w, 1, 0, O, I, Q_WEIGHT_COLS, prec);
-        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, moe_cpu_beta(dx_st), dx);
+        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, moe_grad_beta(dx_st), dx);
         free(dq), free(wq);
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I], reducing over N */
         float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_COLS, prec);
-        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, moe_cpu_beta(dw_st), dw);
+        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, moe_grad_beta(dw_st), dw);
         free(dq), free(xq);
     }
 }
@@ -146,13 +146,13 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
         if (n <= 0) continue; /* zeroed under SET by the caller */
         if (dx) {
             float *wq = weight(w, E, e, O, I, Q_WEIGHT_COLS, prec);
-            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, moe_cpu_beta(dx_st), dx + r0 * I);
+            moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, moe_grad_beta(dx_st), dx + r0 * I);
             free(wq);
         }
         /* the expert's rows are their own group along N */
         float *dc = operand(moe_cbuf_at(dy, r0 * O), n, O, Q_COLS, prec);
         float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_COLS, prec);
-        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, moe_cpu_beta(dw_st), dw + e * O * I);
+        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, moe_grad_beta(dw_st), dw + e * O * I);
         free(dc), free(xc);
     }
     free(dq);
