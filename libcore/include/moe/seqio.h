@@ -35,6 +35,8 @@ typedef struct moe_seqio_opts {
                                files under 256 kB are read without them) */
     struct hts_tpool *pool; /* with threads: a pool of that many, shared by every reader opened
                                with it (outliving them); NULL: each reader starts its own */
+    int read_ahead;         /* with pool: BGZF blocks of FASTA/FASTQ/BAM decompressed ahead of
+                               the reader at most (0: 2 x threads; CRAM always uses that) */
     int min_mapq;           /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
     uint32_t require_flags; /* keep only records with all these flags */
     uint32_t exclude_flags; /* drop records with any of these (default 0xF00) */

@@ -57,6 +57,8 @@ int moe_seqio_fai_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
 /* Opens r->hts (already hopen'ed as hf) with reference, threads and regions. */
 moe_status moe_seqio_sam_open(moe_seq_reader *r, struct hFILE *hf, moe_err *err);
 moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err);
+/* How many BGZF blocks (CRAM: containers) r's pool decompresses ahead of it at most. */
+int moe_seqio_read_ahead(const moe_seq_reader *r);
 /* Points REF_PATH/REF_CACHE nowhere unless the user set them (idempotent). */
 void moe_seqio_no_network_refs(void);
 /* BAM 4-bit codes s [(n + 1) / 2] -> n bases in out, reverse-complemented if asked. */
