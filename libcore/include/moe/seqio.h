@@ -79,7 +79,8 @@ typedef struct moe_seq_reader moe_seq_reader; /* opaque */
  * Parts (n_parts > 1): the file is cut into n_parts deterministic parts whose records, read
  * one after another, are exactly the records of the whole file. FASTA, FASTQ and BAM: a
  * record belongs to the part whose share of the file's bytes ([part, part + 1) * size /
- * n_parts) holds the compressed position at which the reader found its start, so every
+ * n_parts) holds the compressed position of its start (the BGZF block, or htslib's piece
+ * of a plain or gzip file, its first byte came from), whatever the other options, so every
  * part reads (without decoding) the records before its share and stops after it. CRAM
  * (coordinate-sorted): a part is a run of whole reference sequences, balanced by length,
  * the last part also holding the unplaced reads; a part decodes the records before its own

@@ -58,6 +58,8 @@ void moe_seqio_close(moe_seq_reader *r) {
     free(r->line.s);
     free(r->blk.s);
     free(r->tid_owner);
+    free(r->seg_off);
+    free(r->seg_key);
     free(r->name.s);
     free(r->comment.s);
     free(r->seq.s);

@@ -47,6 +47,10 @@ struct moe_seq_reader {
     int *tid_owner;  /* CRAM: the part of each reference sequence [n_tids + 1, unplaced last] */
     int n_tids, last_tid;
     int64_t line_key; /* FASTQ: compressed position of the line read last */
+    /* FASTA parts: blk [seg_off[i], seg_off[i + 1]) came from the block at seg_key[i] */
+    size_t *seg_off;
+    int64_t *seg_key;
+    size_t n_seg, cap_seg;
     /* counters */
     int64_t record_no, n_read, n_filtered, n_empty, n_kept;
 };
