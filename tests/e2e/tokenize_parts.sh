@@ -2,8 +2,9 @@
 # e2e tokenize_parts: `--part I/N` for N = 1, 3, 7, merged with `moe-tokenize merge`, is
 # byte for byte the single-process output - file output with a validation split, directory
 # output with rollover, and -@ 2 / 4 - on FASTA (plain, gzip, bgzip), FASTQ, BAM and CRAM
-# (split by reference sequence; unplaced reads in the last part). Also the refusals (stdin,
-# two inputs, SAM, an unsorted CRAM, bad I/N, regions).
+# (split by reference sequence; unplaced reads in the last part), also when the parts were
+# made with different -@. Also the refusals (stdin, two inputs, SAM, an unsorted CRAM, bad
+# I/N, regions).
 set -euo pipefail
 HT=/usr/share/htslib-test/test
 PCS=/usr/share/doc/seqkit-examples/tests/pcs109_5k.bam.gz
@@ -61,6 +62,19 @@ split_merge "gzip FASTA, kmer" 3 big.fa.gz -t kmer
 split_merge "BAM, -@ 2" 3 pcs3.bam -@ 2 --revcomp random
 split_merge "bgzip FASTA, -@ 4" 3 big.fa.bgz -@ 4 # the reader's kept text, other parts skipped
 split_merge "CRAM, 7 sequences in 7 parts" 7 range.cram -T ce.fa
+# the parts do not depend on -@ (a FASTA record's part is the BGZF block its header starts
+# in, not how far the reader had read): parts made with different -@ still merge to one run
+for in in big.fa big.fa.bgz big.fa.gz; do
+  moe-tokenize -q "$in" -o whole.mtok
+  mixed=()
+  for i in 1 2 3 4 5; do
+    moe-tokenize -q -@ $((i % 2 ? 1 : 4)) --part "$i/5" "$in" -o "mix$i.mtok"
+    mixed+=("mix$i.mtok")
+  done
+  moe-tokenize merge -q -o merged.mtok "${mixed[@]}"
+  cmp whole.mtok merged.mtok || fail "$in: parts made with -@ 1 and -@ 4 do not merge to one run"
+done
+rm -f mix*.mtok merged.mtok whole.mtok
 # every part of a real split holds something (the split is not all in one part)
 moe-tokenize -q --part 2/3 big.fa.bgz -o p2.mtok
 [ "$(moe-tokenize stats --json p2.mtok | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["documents"])')" -gt 0 ] \

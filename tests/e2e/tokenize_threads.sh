@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# e2e tokenize_threads: moe-tokenize -@ 1, 2 and 8 write byte-identical shards on FASTA
-# (plain, gzip, bgzip), FASTQ, BAM and CRAM, with the tokenizer and document options that
-# change the work per record (kmer, windows, N-split, reverse complements, validation split,
-# soft-mask, directory output with rollover), and fail the same way on a bad record that sits
-# behind several batches; a large plain gzip input gets one hint to bgzip it. The inputs are several reader batches (4 MB / 8192 records) long,
-# so the encoder threads really work on different batches at once.
+# e2e tokenize_threads: moe-tokenize -@ 1, 2 and 8 (3 and 16 for some) write byte-identical
+# shards on FASTA (plain, gzip, bgzip), FASTQ, BAM and CRAM, with the tokenizer and document
+# options that change the work per record (kmer, windows, N-split, reverse complements,
+# validation split, soft-mask, directory output with rollover), and fail the same way on a
+# bad record that sits behind several batches or in the first one; a large plain gzip input
+# gets one hint to bgzip it. The inputs are many reader batches (1 Mbase / 8192 records)
+# long, so the workers really encode different batches at once.
 set -euo pipefail
 HT=/usr/share/htslib-test/test
 PCS=/usr/share/doc/seqkit-examples/tests/pcs109_5k.bam.gz
@@ -53,33 +54,46 @@ check "CRAM" --reference ce.fa range.cram
 check "several inputs" hairpin.fa pcs.bam range.cram big.fa.bgz --reference ce.fa
 check "several FASTA inputs" hairpin.fa big.fa.bgz hairpin.fa big.fa
 
+# the pool's extremes: -@ 3 (two workers, one of them free for decompression at any time)
+# and -@ 16 on a small machine (more workers than cores, many encodings queued at once)
+for t in 3 16; do
+  for in in big.fa.bgz pcs4.bam; do
+    moe-tokenize -q -@ 1 --val-fraction 0.1 "$in" -o p1.mtok
+    moe-tokenize -q -@ "$t" --val-fraction 0.1 "$in" -o "p$t.mtok"
+    cmp p1.mtok "p$t.mtok" || fail "$in: -@ $t differs from -@ 1"
+    cmp p1.val.mtok "p$t.val.mtok" || fail "$in: -@ $t validation shard differs from -@ 1"
+  done
+done
+rm -f p*.mtok
+
 # directory output rolling over every 1M tokens: same files, same manifest
 rm -rf d1 d8
 for t in 1 8; do moe-tokenize -q -@ $t --shard-tokens 1000000 --val-fraction 0.1 big.fa.bgz -o "d$t/"; done
 [ "$(ls d1 | wc -l)" -gt 5 ] || fail "expected several shards in d1/"
 diff -r d1 d8 || fail "directory output differs between -@ 1 and -@ 8"
 
+same_failure() { # label, input, then thread counts: exit 2, no output, -@ 1's message
+  local label=$1 in=$2; shift 2
+  for t in 1 "$@"; do
+    set +e
+    moe-tokenize -q -@ "$t" "$in" -o "f$t.mtok" 2> "f$t.err"; local rc=$?
+    set -e
+    [ "$rc" -eq 2 ] || fail "$label, -@ $t: exit $rc"
+    [ ! -e "f$t.mtok" ] || fail "$label, -@ $t: output left behind"
+    cmp f1.err "f$t.err" || fail "$label: -@ $t says $(cat "f$t.err")"
+  done
+}
 # a bad character in a record after several batches: the same message, exit 2, no file
 { cat big.fa; printf '>bad\nACGT\nAC#T\n'; cat big.fa; } > bad.fa
-for t in 1 8; do
-  set +e
-  moe-tokenize -q -@ $t bad.fa -o bad$t.mtok 2> bad$t.err; rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "bad record, -@ $t: exit $rc"
-  [ ! -e bad$t.mtok ] || fail "bad record, -@ $t: output left behind"
-done
-grep -q "record 85 (bad)" bad1.err || fail "bad record message: $(cat bad1.err)"
-cmp bad1.err bad8.err || fail "bad record: -@ 8 says $(cat bad8.err)"
+same_failure "bad record" bad.fa 8 16
+grep -q "record 85 (bad)" f1.err || fail "bad record message: $(cat f1.err)"
+# the same in the first batch, with every later batch queued or encoding when it is found
+{ printf '>bad\nAC#T\n'; cat big.fa; } > bad_first.fa
+same_failure "bad first record" bad_first.fa 16
 # a reader error (a header without a name) after many records: the same message and line
 { cat big.fa; printf '>\nACGT\n'; } > noname.fa
-for t in 1 8; do
-  set +e
-  moe-tokenize -q -@ $t noname.fa -o noname$t.mtok 2> noname$t.err; rc=$?
-  set -e
-  [ "$rc" -eq 2 ] || fail "nameless header, -@ $t: exit $rc"
-done
-grep -q "empty record name" noname1.err || fail "nameless header: $(cat noname1.err)"
-cmp noname1.err noname8.err || fail "nameless header: -@ 8 says $(cat noname8.err)"
+same_failure "nameless header" noname.fa 8
+grep -q "empty record name" f1.err || fail "nameless header: $(cat f1.err)"
 # a plain gzip input over 100 MB gets one hint to bgzip it (once, however many there are);
 # the same text in BGZF, or a small gzip, gets none. Stored deflate blocks of blank lines
 # (one empty record) keep this fast.

@@ -35,6 +35,8 @@ typedef struct moe_seqio_opts {
                                files under 256 kB are read without them) */
     struct hts_tpool *pool; /* with threads: a pool of that many, shared by every reader opened
                                with it (outliving them); NULL: each reader starts its own */
+    int read_ahead;         /* with pool: BGZF blocks of FASTA/FASTQ/BAM decompressed ahead of
+                               the reader at most (0: 2 x threads; CRAM always uses that) */
     int min_mapq;           /* SAM/BAM/CRAM: drop records with MAPQ below (0 = keep all) */
     uint32_t require_flags; /* keep only records with all these flags */
     uint32_t exclude_flags; /* drop records with any of these (default 0xF00) */
@@ -77,7 +79,8 @@ typedef struct moe_seq_reader moe_seq_reader; /* opaque */
  * Parts (n_parts > 1): the file is cut into n_parts deterministic parts whose records, read
  * one after another, are exactly the records of the whole file. FASTA, FASTQ and BAM: a
  * record belongs to the part whose share of the file's bytes ([part, part + 1) * size /
- * n_parts) holds the compressed position at which the reader found its start, so every
+ * n_parts) holds the compressed position of its start (the BGZF block, or htslib's piece
+ * of a plain or gzip file, its first byte came from), whatever the other options, so every
  * part reads (without decoding) the records before its share and stops after it. CRAM
  * (coordinate-sorted): a part is a run of whole reference sequences, balanced by length,
  * the last part also holding the unplaced reads; a part decodes the records before its own

@@ -58,6 +58,8 @@ void moe_seqio_close(moe_seq_reader *r) {
     free(r->line.s);
     free(r->blk.s);
     free(r->tid_owner);
+    free(r->seg_off);
+    free(r->seg_key);
     free(r->name.s);
     free(r->comment.s);
     free(r->seq.s);
@@ -155,6 +157,12 @@ static moe_status part_setup(moe_seq_reader *r, const moe_seqio_opts *o, moe_err
     return MOE_OK;
 }
 
+int moe_seqio_read_ahead(const moe_seq_reader *r) {
+    /* a CRAM job is a whole container (megabytes): those keep htslib's usual depth */
+    int deep = r->opts.read_ahead > 0 && r->fmt != MOE_SEQ_CRAM;
+    return deep ? r->opts.read_ahead : 2 * r->opts.threads;
+}
+
 /* Compressed files smaller than this are decompressed without htslib's threads: starting
  * them for a file and waiting for its first block costs more than decoding a few blocks. */
 #define MOE_SEQIO_THREADS_MIN_BYTES ((off_t)256 << 10)
@@ -222,7 +230,7 @@ moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqi
         }
         if (st == MOE_OK && fmt.compression == bgzf && r->opts.threads > 0) {
             if (r->opts.pool)
-                bgzf_thread_pool(r->bgzf, r->opts.pool, 2 * r->opts.threads);
+                bgzf_thread_pool(r->bgzf, r->opts.pool, moe_seqio_read_ahead(r));
             else
                 bgzf_mt(r->bgzf, r->opts.threads, 64);
         }

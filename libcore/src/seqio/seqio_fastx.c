@@ -149,6 +149,77 @@ static int keeps_text(const moe_seq_reader *r) {
     return r->bgzf && r->fmt == MOE_SEQ_FASTA && r->opts.raw && r->opts.keep_text;
 }
 
+/* ---- FASTA parts: the BGZF block each byte of the text came from ---- */
+
+/* A FASTA record of a part run belongs to the part whose share holds the compressed position
+ * of the block its header starts in. Text is read in fills that span blocks, so the reader
+ * notes, for each run of the text, the block it came from (r->seg_off, r->seg_key). */
+
+/* Forgets the blocks of the text before `drop` and numbers the rest from 0 (the text from
+ * drop on was moved to the start of a buffer). */
+static void seg_drop(moe_seq_reader *r, size_t drop) {
+    if (r->n_seg == 0) return; /* no parts: nothing noted */
+    size_t i = 0;
+    while (i + 1 < r->n_seg && r->seg_off[i + 1] <= drop)
+        i++;
+    r->n_seg -= i;
+    memmove(r->seg_off, r->seg_off + i, r->n_seg * sizeof *r->seg_off);
+    memmove(r->seg_key, r->seg_key + i, r->n_seg * sizeof *r->seg_key);
+    for (size_t k = 0; k < r->n_seg; k++)
+        r->seg_off[k] = r->seg_off[k] > drop ? r->seg_off[k] - drop : 0;
+}
+
+/* Notes that the text from offset off on comes from the block at key. -1: out of memory. */
+static int seg_push(moe_seq_reader *r, size_t off, int64_t key) {
+    if (r->n_seg && r->seg_key[r->n_seg - 1] == key) return 0;
+    if (r->n_seg == r->cap_seg) {
+        size_t nc = r->cap_seg ? 2 * r->cap_seg : 64;
+        size_t *no = realloc(r->seg_off, nc * sizeof *no);
+        if (no) r->seg_off = no;
+        int64_t *nk = no ? realloc(r->seg_key, nc * sizeof *nk) : NULL;
+        if (!nk) return -1;
+        r->seg_key = nk;
+        r->cap_seg = nc;
+    }
+    r->seg_off[r->n_seg] = off;
+    r->seg_key[r->n_seg++] = key;
+    return 0;
+}
+
+/* The compressed position of the block the text byte at pos came from (pos at the end of
+ * the text: of the block the next byte will come from). */
+static int64_t seg_key_at(const moe_seq_reader *r, size_t pos) {
+    if (pos >= r->blk.l || r->n_seg == 0) return r->bgzf->block_address;
+    size_t lo = 0, hi = r->n_seg; /* the last segment starting at or before pos */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (r->seg_off[mid] <= pos)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return r->seg_key[lo];
+}
+
+/* Reads up to want bytes into dst (at text offset off) one block's bytes at a time, noting
+ * each block. The number read; -1 on a read error, -2 out of memory. */
+static ssize_t read_noting_blocks(moe_seq_reader *r, char *dst, size_t off, size_t want) {
+    BGZF *fp = r->bgzf;
+    size_t got = 0;
+    while (got < want) {
+        /* at a block's end bgzf_read has moved block_address on to the next block */
+        int avail = fp->block_length - fp->block_offset;
+        size_t n = avail > 0 ? (size_t)avail : 1; /* 1: load the next block, then its rest */
+        if (n > want - got) n = want - got;
+        if (seg_push(r, off + got, fp->block_address) < 0) return -2;
+        ssize_t k = bgzf_read(fp, dst + got, n);
+        if (k < 0) return -1;
+        if (k == 0) break;
+        got += (size_t)k;
+    }
+    return (ssize_t)got;
+}
+
 /* Moves the unread text to the start of r->blk (unless records returned since the last
  * moe_seqio_take_text still lie before it) and appends up to a fill's worth of bytes:
  * FASTA_KEEP_BLOCK with keep_text, else r->blk_next (doubled, up to FASTA_BLOCK, when they
@@ -158,11 +229,14 @@ static int64_t blk_fill(moe_seq_reader *r, moe_err *err) {
     if (r->blk_pos > 0 && !(keep && r->blk_handed)) {
         memmove(r->blk.s, r->blk.s + r->blk_pos, r->blk.l - r->blk_pos);
         r->blk.l -= r->blk_pos;
+        seg_drop(r, r->blk_pos);
         r->blk_pos = 0;
     }
     size_t want = keep ? FASTA_KEEP_BLOCK : r->blk_next ? r->blk_next : FASTA_FIRST_BLOCK;
     if (ks_resize(&r->blk, r->blk.l + want + 1) < 0) return oom(r, err);
-    ssize_t n = bgzf_read(r->bgzf, r->blk.s + r->blk.l, want);
+    ssize_t n = r->part_by_pos ? read_noting_blocks(r, r->blk.s + r->blk.l, r->blk.l, want)
+                               : bgzf_read(r->bgzf, r->blk.s + r->blk.l, want);
+    if (n == -2) return oom(r, err);
     if (!keep) r->blk_next = (size_t)n == want && 2 * want <= FASTA_BLOCK ? 2 * want : want;
     if (n < 0) {
         moe_err_set(err, MOE_ERR_INPUT, r->path,
@@ -285,8 +359,9 @@ static int fasta_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err) {
         r->blk.s[r->blk.l] = '\0';
     }
     for (;;) {
-        /* the record's position, for parts: where the reader is when it meets the header */
-        int64_t key = r->have_line ? 0 : bgzf_tell(r->bgzf) >> 16;
+        /* the record's position, for parts: the block its header starts in (the first
+           header was read while detecting the format: the first part's) */
+        int64_t key = r->have_line || !r->part_by_pos ? 0 : seg_key_at(r, r->blk_pos);
         if (r->have_line)
             r->have_line = 0;
         else {
@@ -349,6 +424,7 @@ int moe_seqio_take_text(moe_seq_reader *r, char *spare, size_t spare_cap, char *
     }
     *text = r->blk.s;
     *cap = r->blk.m;
+    seg_drop(r, r->blk_pos);
     r->blk = next;
     r->blk_pos = 0;
     r->blk_handed = 0;

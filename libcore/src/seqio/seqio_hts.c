@@ -61,7 +61,7 @@ moe_status moe_seqio_sam_open(moe_seq_reader *r, hFILE *hf, moe_err *err) {
                           "faidx` run on it if its directory is read-only");
         return MOE_ERR_INPUT;
     }
-    htsThreadPool shared = {r->opts.pool, 2 * r->opts.threads};
+    htsThreadPool shared = {r->opts.pool, moe_seqio_read_ahead(r)};
     if (r->opts.threads > 0 && r->opts.pool)
         hts_set_thread_pool(r->hts, &shared);
     else if (r->opts.threads > 0)

@@ -47,6 +47,10 @@ struct moe_seq_reader {
     int *tid_owner;  /* CRAM: the part of each reference sequence [n_tids + 1, unplaced last] */
     int n_tids, last_tid;
     int64_t line_key; /* FASTQ: compressed position of the line read last */
+    /* FASTA parts: blk [seg_off[i], seg_off[i + 1]) came from the block at seg_key[i] */
+    size_t *seg_off;
+    int64_t *seg_key;
+    size_t n_seg, cap_seg;
     /* counters */
     int64_t record_no, n_read, n_filtered, n_empty, n_kept;
 };
@@ -57,6 +61,8 @@ int moe_seqio_fai_next(moe_seq_reader *r, moe_seq_record *rec, moe_err *err);
 /* Opens r->hts (already hopen'ed as hf) with reference, threads and regions. */
 moe_status moe_seqio_sam_open(moe_seq_reader *r, struct hFILE *hf, moe_err *err);
 moe_status moe_seqio_fai_open(moe_seq_reader *r, moe_err *err);
+/* How many BGZF blocks (CRAM: containers) r's pool decompresses ahead of it at most. */
+int moe_seqio_read_ahead(const moe_seq_reader *r);
 /* Points REF_PATH/REF_CACHE nowhere unless the user set them (idempotent). */
 void moe_seqio_no_network_refs(void);
 /* BAM 4-bit codes s [(n + 1) / 2] -> n bases in out, reverse-complemented if asked. */

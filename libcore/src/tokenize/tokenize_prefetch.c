@@ -1,7 +1,8 @@
-/* tokenize_prefetch: the reader thread of moe-tokenize -@ N (N >= 2) - it decompresses (with
- * htslib's threads) and parses the inputs (seqio) into batches of records, which encoder
- * threads take in input order while the reader fills the next ones. FASTA records are not
- * copied: the batch takes over the text buffer they were read into (moe_seqio_take_text).
+/* tokenize_prefetch: the reader thread of moe-tokenize -@ N (N >= 2) - it parses the inputs
+ * (seqio; BGZF, BAM and CRAM decompressed by the caller's htslib thread pool) into batches of
+ * records and hands each batch, as soon as it is filled, to a callback that queues its
+ * encoding while the reader fills the next ones. FASTA records are not copied: the batch
+ * takes over the text buffer they were read into (moe_seqio_take_text).
  *
  * The one thing to know: batches are numbered in input order, and each record carries its
  * ordinal over all inputs, so the encoders can work on several at once and the output can
@@ -9,7 +10,6 @@
  * is reported after the records before it were processed, exactly as without the thread. */
 #include "tokenize/tokenize_prefetch.h"
 
-#include <htslib/thread_pool.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,18 +49,17 @@ typedef struct moe_prefetch_batch batch;
 struct moe_prefetch {
     pthread_t thread;
     pthread_mutex_t mu;
-    /* one waiter woken per event (a herd of encoders woken for every batch costs the reader
-       a system call per thread at 16 threads): the reader waits on freed, takers on filled */
-    pthread_cond_t filled_cv, freed_cv;
-    batch *slots; /* batch number i lives in slot i % n_slots */
+    pthread_cond_t freed_cv; /* the reader waits on it for its next slot to be released */
+    batch *slots;            /* batch number i lives in slot i % n_slots */
     int n_slots;
-    int64_t filled, taken; /* batches filled and taken */
-    int last_taken;        /* the batch with the end flag was taken */
-    int stop;              /* the consumers gave up */
+    int64_t filled; /* batches filled */
+    int stop;       /* the consumers gave up */
     int started;
+    moe_prefetch_filled_fn on_filled;
+    void *on_filled_arg;
     const char *const *inputs;
     int n_inputs;
-    moe_seqio_opts io;        /* io.pool: htslib's threads, started once for all inputs */
+    moe_seqio_opts io;        /* io.pool: the caller's htslib threads, for all inputs */
     moe_prefetch_stats stats; /* the reader thread's, read after it ended */
 };
 
@@ -203,10 +202,10 @@ static void *reader_main(void *arg) {
         b->end = !more;
         pthread_mutex_lock(&p->mu);
         b->full = 1;
-        p->filled++;
-        pthread_cond_signal(&p->filled_cv);
+        int64_t seq = p->filled++;
         pthread_mutex_unlock(&p->mu);
         if (st->batches++ == 0) st->t_first = moe_time_now();
+        p->on_filled(p->on_filled_arg, b, seq);
     }
     st->t_done = moe_time_now();
     if (rp.r) moe_seqio_close(rp.r);
@@ -215,7 +214,8 @@ static void *reader_main(void *arg) {
 }
 
 moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int n_inputs,
-                              const moe_seqio_opts *io, int n_slots, moe_err *err) {
+                              const moe_seqio_opts *io, int n_slots, moe_prefetch_filled_fn filled,
+                              void *arg, moe_err *err) {
     *out = NULL;
     moe_prefetch *p = calloc(1, sizeof *p);
     if (!p || !(p->slots = calloc((size_t)n_slots, sizeof *p->slots))) {
@@ -226,15 +226,9 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     p->inputs = inputs;
     p->n_inputs = n_inputs;
     p->io = *io;
-    /* one pool for every input: each would otherwise start and join its own threads (a
-       millisecond a file at -@ 16, most of the time for many small files) */
-    if (io->threads > 0 && !(p->io.pool = hts_tpool_init(io->threads))) {
-        free(p->slots);
-        free(p);
-        return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "cannot start the decompression threads");
-    }
+    p->on_filled = filled;
+    p->on_filled_arg = arg;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->filled_cv, NULL);
     pthread_cond_init(&p->freed_cv, NULL);
     if (pthread_create(&p->thread, NULL, reader_main, p) != 0) {
         moe_prefetch_finish(p, NULL);
@@ -243,23 +237,6 @@ moe_status moe_prefetch_start(moe_prefetch **out, const char *const *inputs, int
     p->started = 1;
     *out = p;
     return MOE_OK;
-}
-
-int moe_prefetch_take(moe_prefetch *p, moe_prefetch_batch **out, int64_t *seq) {
-    pthread_mutex_lock(&p->mu);
-    batch *b;
-    while (b = &p->slots[p->taken % p->n_slots],
-           !p->stop && !p->last_taken && !(b->full && p->filled > p->taken))
-        pthread_cond_wait(&p->filled_cv, &p->mu);
-    int got = !p->stop && !p->last_taken;
-    if (got) {
-        *out = b;
-        *seq = p->taken++;
-        p->last_taken = b->end;
-        if (b->end) pthread_cond_broadcast(&p->filled_cv); /* the other takers are done */
-    }
-    pthread_mutex_unlock(&p->mu);
-    return got;
 }
 
 int moe_prefetch_batch_size(const moe_prefetch_batch *b) {
@@ -305,8 +282,7 @@ void moe_prefetch_release(moe_prefetch *p, moe_prefetch_batch *b) {
 void moe_prefetch_stop(moe_prefetch *p) {
     pthread_mutex_lock(&p->mu);
     p->stop = 1;
-    pthread_cond_broadcast(&p->filled_cv);
-    pthread_cond_broadcast(&p->freed_cv);
+    pthread_cond_signal(&p->freed_cv);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -325,9 +301,7 @@ void moe_prefetch_finish(moe_prefetch *p, moe_prefetch_stats *stats) {
         free(p->slots[i].recs);
     }
     free(p->slots);
-    if (p->io.pool) hts_tpool_destroy(p->io.pool); /* after the reader closed its inputs */
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->filled_cv);
     pthread_cond_destroy(&p->freed_cv);
     free(p);
 }
