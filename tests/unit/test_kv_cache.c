@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gradcheck.h"
 #include "moe/model.h"
 #include "testlib.h"
 
@@ -22,10 +23,8 @@ enum { B = 3, T = 30 };
 /* Tokens [rows, T]: random in [0, V); targets the next token, the last -1. */
 static void make_rows(int32_t *tok, int32_t *tgt, int rows, int64_t V, uint64_t seed) {
     uint64_t s = seed;
-    for (int i = 0; i < rows * T; i++) {
-        s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-        tok[i] = (int32_t)((s >> 33) % (uint64_t)V);
-    }
+    for (int i = 0; i < rows * T; i++)
+        tok[i] = (int32_t)gc_uniform(&s, 0, (double)V);
     for (int i = 0; i < rows * T; i++)
         tgt[i] = i % T == T - 1 ? -1 : tok[i + 1];
 }
