@@ -1,0 +1,143 @@
+/* expert_gemm.cu: where the per-expert cuBLASLt products of the mixtral8x7b-2L step lose time.
+ *
+ * Times each of the six expert products of one MoE layer (forward w1/w3 and w2, dgrad of both,
+ * wgrad of both) for one expert of n rows, with every algorithm cuBLASLt's heuristic offers
+ * (up to 16), and prints the heuristic's first choice (what kernels/gemm_cublaslt.cu runs)
+ * beside the fastest; then the same products on all experts' rows at once (one dense product,
+ * the rate a grouped kernel could aim at). Row-major shapes as gemm_cublaslt.cu phrases them.
+ *
+ *   nvcc -O2 -std=c++17 -arch=sm_90 bench/kernels/expert_gemm.cu -lcublasLt -o /tmp/expert_gemm
+ *   /tmp/expert_gemm [n ...]        (default: 2048 1900 2200; H 4096, F 14336)
+ *
+ * Not built by CMake, not run by CI (bench/kernels/README.md). */
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define CK(x)                                                                                      \
+    do {                                                                                           \
+        cudaError_t e_ = (x);                                                                      \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+#define CB(x)                                                                                      \
+    do {                                                                                           \
+        cublasStatus_t s_ = (x);                                                                   \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
+            fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, (int)s_);                     \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+static cublasLtHandle_t lt;
+static void *ws;
+static const size_t WS = 32u << 20;
+
+/* Row-major C[M,N] (ctype) = op(A) op(B) + beta C, A [M,K] ([K,M] if ta), B [K,N] ([N,K] if
+ * tb), bf16; every heuristic candidate timed; prints first and best. */
+static void bench(const char *name, int ta, int tb, long M, long N, long K, cudaDataType ctype,
+                  float beta, const void *A, const void *B, void *C) {
+    cublasLtMatmulDesc_t d;
+    CB(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    cublasOperation_t oa = tb ? CUBLAS_OP_T : CUBLAS_OP_N, ob = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+    CB(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa));
+    CB(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob));
+    cublasLtMatrixLayout_t la, lb, lc;
+    long ar = tb ? K : N, ac = tb ? N : K, br = ta ? M : K, bc = ta ? K : M;
+    CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ar, ac, ar));
+    CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, br, bc, br));
+    CB(cublasLtMatrixLayoutCreate(&lc, ctype, N, M, N));
+    cublasLtMatmulPreference_t p;
+    CB(cublasLtMatmulPreferenceCreate(&p));
+    size_t wsb = WS;
+    CB(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                            sizeof wsb));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int found = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, p, 16, res, &found));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float alpha = 1.0f, first = 0, best = 1e30f;
+    int best_i = -1;
+    for (int i = 0; i < found; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        for (int w = 0; w < 3; w++)
+            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
+                              WS, 0));
+        const int reps = 10;
+        CK(cudaEventRecord(e0));
+        for (int r = 0; r < reps; r++)
+            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
+                              WS, 0));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        if (i == 0) first = ms;
+        if (ms < best) best = ms, best_i = i;
+    }
+    double fl = 2.0 * M * N * K;
+    printf("%-28s M=%6ld N=%6ld K=%6ld %s beta=%g: heuristic #0 %.3f ms %6.0f TFLOP/s | best of "
+           "%d #%d %.3f ms %6.0f TFLOP/s\n",
+           name, M, N, K, ctype == CUDA_R_32F ? "f32" : "bf16", beta, first, fl / first / 1e9,
+           found, best_i, best, fl / best / 1e9);
+    cublasLtMatmulPreferenceDestroy(p);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatmulDescDestroy(d);
+}
+
+__global__ void fill(__nv_bfloat16 *p, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16(((i * 2654435761u) >> 8 & 1023) / 1024.0f - 0.5f);
+}
+
+static void *dev(size_t bytes, int bf16) {
+    void *p;
+    CK(cudaMalloc(&p, bytes));
+    if (bf16) fill<<<1024, 256>>>((__nv_bfloat16 *)p, bytes / 2);
+    else CK(cudaMemset(p, 0, bytes));
+    return p;
+}
+
+static void layer(long n, const char *tag) {
+    const long H = 4096, F = 14336;
+    void *x = dev(2 * n * H, 1), *g = dev(2 * n * F, 1), *w1 = dev(2 * F * H, 1),
+         *w2 = dev(2 * H * F, 1), *dh = dev(2 * n * F, 1), *dy = dev(2 * n * H, 1);
+    void *cF = dev(4 * n * F, 0), *cH = dev(4 * n * H, 0), *cW = dev(4 * F * H, 0);
+    printf("-- %s: n = %ld rows\n", tag, n);
+    bench("fwd w1 (x W1^T)", 0, 1, n, F, H, CUDA_R_16BF, 0, x, w1, cF);
+    bench("fwd w2 (g W2^T)", 0, 1, n, H, F, CUDA_R_16BF, 0, g, w2, cH);
+    bench("dgrad w1 (dh W1)", 0, 0, n, H, F, CUDA_R_32F, 0, dh, w1, cH);
+    bench("dgrad w3 (dh W3, +=)", 0, 0, n, H, F, CUDA_R_32F, 1, dh, w1, cH);
+    bench("dgrad w2 (dy W2)", 0, 0, n, F, H, CUDA_R_32F, 0, dy, w2, cF);
+    bench("wgrad w1 (dh^T x)", 1, 0, F, H, n, CUDA_R_32F, 0, dh, x, cW);
+    bench("wgrad w1, bf16 out", 1, 0, F, H, n, CUDA_R_16BF, 0, dh, x, cW);
+    bench("wgrad w2 (dy^T g)", 1, 0, H, F, n, CUDA_R_32F, 0, dy, g, cW);
+    void *bufs[] = {x, g, w1, w2, dh, dy, cF, cH, cW};
+    for (void *b : bufs)
+        CK(cudaFree(b));
+}
+
+int main(int argc, char **argv) {
+    CB(cublasLtCreate(&lt));
+    CK(cudaMalloc(&ws, WS));
+    if (argc < 2) {
+        const long ns[] = {2048, 1900, 2200};
+        for (long n : ns)
+            layer(n, "one expert");
+    } else {
+        for (int i = 1; i < argc; i++)
+            layer(atol(argv[i]), "one expert");
+    }
+    layer(16384, "all 8 experts' rows as one product");
+    return 0;
+}
