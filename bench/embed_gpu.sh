@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# embed_gpu.sh: the GPU embedding benchmark of docs/performance.md "Embedding", in one go on
+# embed_gpu.sh: the GPU embedding benchmark of docs/performance-inference.md "Embedding", in one go on
 # one GPU: a random-init Mixtral with the og2-8x1b shapes (Hugging Face, bf16) imported with
 # `moe-convert from-hf` and exported again with `moe-convert to-hf --dtype bf16` (the
 # converted checkpoint HF loads); N sequences of 1,000-8,000 bases cut from the bundled

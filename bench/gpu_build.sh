@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configure and build on the GPU machine (H200 image, see docs/performance.md "GPU"), from a
+# Configure and build on the GPU machine (H200 image, see docs/performance-gpu.md), from a
 # checkout that carries .deps/ staged by ../shared/gpu/stage-deps.sh on the Debian machine.
 # Usage: source bench/gpu_build.sh [BUILD_DIR]   (default build-gpu; exports the env it sets)
 # Two quirks of that image are handled here: htslib.pc names liblzma, which has no .pc file

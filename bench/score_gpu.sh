@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# score_gpu.sh: the variant-scoring benchmark of issue 17 (docs/performance.md "Variant
+# score_gpu.sh: the variant-scoring benchmark of issue 17 (docs/performance-inference.md "Variant
 # scoring and Hugging Face in the same run"), in one go on one GPU: the og2-8x1b model of
 # bench/og2_model.sh (random-init HF Mixtral, bf16 -> `moe-convert from-hf --tokenizer byte`
 # -> our checkpoint; `moe-convert to-hf --dtype bf16` -> the directory HF loads); a LEN-base

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train_gpu.sh: the GPU training benchmark of docs/performance.md "GPU", in one go on one GPU:
+# train_gpu.sh: the GPU training benchmark of docs/performance-gpu.md, in one go on one GPU:
 # bench_train_gpu on mixtral8x7b-2L and og2-8x1b (tokens/s, model TFLOP/s, MFU vs 790 TFLOP/s,
 # peak memory, time per op kind), then the Hugging Face MixtralForCausalLM baseline of
 # ../shared/anchors on the same shapes, then one table with the ratio ours / HF.
