@@ -107,7 +107,7 @@ start=$SECONDS
 # path(fai). meta.id = lambda, no index, no reference.
 mkdir tok && ln -s "$lambda" tok/lambda_virus.fa.gz
 run_task tok moe_tokenize script args="$(ext_args MOE_TOKENIZE)" task.cpus=1 prefix=lambda \
-    meta.id=lambda reads=lambda_virus.fa.gz reference= task.process=MOE_TOKENIZE
+    meta.id=lambda reads=lambda_virus.fa.gz part= reference= task.process=MOE_TOKENIZE
 [ -s tok/lambda.mtok ] || fail "MOE_TOKENIZE: no lambda.mtok"
 check_versions tok moe_tokenize moe-tokenize
 
@@ -118,7 +118,7 @@ if [ -r "$HT/range.cram.crai" ] && [ -r "$HT/ce.fa.fai" ] && command -v samtools
     mkdir cram && for f in range.cram range.cram.crai ce.fa ce.fa.fai; do ln -s "$HT/$f" cram/; done
     (export REF_PATH=/dev/null/no-ref/%s REF_CACHE=/dev/null/no-ref/%s
         run_task cram moe_tokenize script args="-r CHROMOSOME_I" task.cpus=1 prefix=range \
-            meta.id=range reads=range.cram reference="--reference ce.fa" task.process=MOE_TOKENIZE)
+            meta.id=range reads=range.cram part= reference="--reference ce.fa" task.process=MOE_TOKENIZE)
     docs=$(moe-tokenize stats --json cram/range.mtok |
         python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["documents"])')
     want=$(samtools view -c -F 0xF00 -T "$HT/ce.fa" "$HT/range.cram" CHROMOSOME_I)
