@@ -2,23 +2,25 @@
 # pipeline_nextflow.sh: the Nextflow modules' command lines, run by bash on lambda phage, and
 # the pipeline's nf-core files checked.
 #
-# Nextflow is not installable here, so this test does what Nextflow would do with each
-# process of pipelines/nextflow/modules/local/moe_{tokenize,train,embed,score,score_variants}/main.nf: take the
-# script: (and the stub:) block, strip its indentation, interpolate the Groovy variables
-# ($args from conf/test.config's or else conf/modules.config's ext.args, $task.cpus, $prefix,
-# the inputs), stage the inputs into a task directory under their names and run it with
-# `bash -euo pipefail` (conf/base.config's process.shell). Then it checks the outputs each
-# module declares, and runs the module's `eval(...)` versions output in the task directory as
-# Nextflow would (it must print the project's version). A CRAM input with its .crai and its
-# reference + .fai staged beside it, and a region, must work inside the task; MOE_SCORE and
-# MOE_SCORE_VARIANTS score the embed task's sequence and the test profile's variants
-# (assets/test/) with the trained run. Also checked:
-# nextflow_schema.json and assets/schema_input.json are valid JSON Schema (2020-12) and the
-# test sample sheet passes; every module has meta.yml (naming each input), environment.yml,
-# conda/container directives and nf-test files; main.nf includes the five modules; the test
+# Nextflow is not installable here, so this test does what Nextflow would do with each process
+# of pipelines/nextflow/modules/local/moe_*/main.nf: take the script: (and the stub:) block,
+# strip its indentation, interpolate the Groovy variables ($args from conf/test.config's or else
+# conf/modules.config's ext.args, $task.cpus, $prefix, the inputs), stage the inputs into a task
+# directory under their names and run it with `bash -euo pipefail` (conf/base.config's
+# process.shell). Then it checks the outputs each module declares, and runs the module's
+# `eval(...)` versions output in the task directory as Nextflow would (it must print the
+# project's version). A CRAM input with its .crai and its reference + .fai staged beside it, and
+# a region, must work inside the task; MOE_TOKENIZE's parts 1..3 of a file (meta.part,
+# meta.parts) merged by MOE_TOKENIZE_MERGE must be the bytes of one MOE_TOKENIZE task on it,
+# shard and validation shard; MOE_SCORE and MOE_SCORE_VARIANTS score the embed task's sequence
+# and the test profile's variants (assets/test/) with the trained run. Also checked:
+# nextflow_schema.json and assets/schema_input.json are valid JSON Schema (2020-12) and the test
+# sample sheet passes; every module has meta.yml (naming each input), environment.yml,
+# conda/container directives and nf-test files; main.nf includes the six modules; the test
 # profile's files exist and the committed .fai is samtools faidx's.
-# Not executed by any test: Nextflow itself (main.nf's channel logic, nf-schema, the versions
-# topic, retries, resourceLimits), nf-test, conda and containers.
+# Not executed by any test: Nextflow itself (main.nf's channel logic - which files are split,
+# the parts reaching the merge in part order -, nf-schema, the versions topic, retries,
+# resourceLimits), nf-test, conda and containers.
 # The one thing to know: an unknown Groovy variable in a script block fails the test, so the
 # modules and this test move together.
 set -euo pipefail
@@ -107,7 +109,7 @@ start=$SECONDS
 # path(fai). meta.id = lambda, no index, no reference.
 mkdir tok && ln -s "$lambda" tok/lambda_virus.fa.gz
 run_task tok moe_tokenize script args="$(ext_args MOE_TOKENIZE)" task.cpus=1 prefix=lambda \
-    meta.id=lambda reads=lambda_virus.fa.gz reference= task.process=MOE_TOKENIZE
+    meta.id=lambda reads=lambda_virus.fa.gz part= reference= task.process=MOE_TOKENIZE
 [ -s tok/lambda.mtok ] || fail "MOE_TOKENIZE: no lambda.mtok"
 check_versions tok moe_tokenize moe-tokenize
 
@@ -118,7 +120,7 @@ if [ -r "$HT/range.cram.crai" ] && [ -r "$HT/ce.fa.fai" ] && command -v samtools
     mkdir cram && for f in range.cram range.cram.crai ce.fa ce.fa.fai; do ln -s "$HT/$f" cram/; done
     (export REF_PATH=/dev/null/no-ref/%s REF_CACHE=/dev/null/no-ref/%s
         run_task cram moe_tokenize script args="-r CHROMOSOME_I" task.cpus=1 prefix=range \
-            meta.id=range reads=range.cram reference="--reference ce.fa" task.process=MOE_TOKENIZE)
+            meta.id=range reads=range.cram part= reference="--reference ce.fa" task.process=MOE_TOKENIZE)
     docs=$(moe-tokenize stats --json cram/range.mtok |
         python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["documents"])')
     want=$(samtools view -c -F 0xF00 -T "$HT/ce.fa" "$HT/range.cram" CHROMOSOME_I)
@@ -126,6 +128,39 @@ if [ -r "$HT/range.cram.crai" ] && [ -r "$HT/ce.fa.fai" ] && command -v samtools
 else
     echo "no htslib-test CRAM or samtools: the CRAM staging case is not run"
 fi
+
+# MOE_TOKENIZE on parts I = 1..3 of a file (meta.part = I, meta.parts = 3: `--part I/3`, output
+# x8.I.mtok) and MOE_TOKENIZE_MERGE: tuple val(meta), path(shards) in part order, path(vals)
+# staged beside them. The merged shard and validation shard must be one MOE_TOKENIZE task's
+# bytes. Lambda is one record, which would fall whole into part 1, so the file is lambda cut
+# into 1 kb records, 8 times over (391 kB of plain FASTA, which htslib reads in 64 kB pieces):
+# every part gets records (checked), so a wrong part order or count changes the merged bytes.
+mkdir -p split/whole split/merge
+gzip -dc "$lambda" | awk 'NR > 1 { s = s $0 } END {
+    for (c = 1; c <= 8; c++) for (i = 0; i * 1000 < length(s); i++)
+        printf ">c%d_%d\n%s\n", c, i + 1, substr(s, i * 1000 + 1, 1000) }' >split/lambda_x8.fa
+tok_args=$(ext_args MOE_TOKENIZE)
+ln -s ../lambda_x8.fa split/whole/
+run_task split/whole moe_tokenize script args="$tok_args" task.cpus=1 prefix=x8 meta.id=x8 \
+    reads=lambda_x8.fa part= reference= task.process=MOE_TOKENIZE
+shards=
+for i in 1 2 3; do
+    mkdir "split/part$i" && ln -s ../lambda_x8.fa "split/part$i/"
+    run_task "split/part$i" moe_tokenize script args="$tok_args" task.cpus=1 prefix="x8.$i" \
+        meta.id=x8 reads=lambda_x8.fa part="--part $i/3" reference= task.process=MOE_TOKENIZE
+    docs=$(moe-tokenize stats --json "split/part$i/x8.$i.mtok" |
+        python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["documents"])')
+    [ "$docs" -gt 0 ] || fail "MOE_TOKENIZE --part $i/3: no documents (the part order is untested)"
+    ln -s "../part$i/x8.$i.mtok" "../part$i/x8.$i.val.mtok" split/merge/
+    shards+=" x8.$i.mtok"
+done
+run_task split/merge moe_tokenize_merge script args="$(ext_args MOE_TOKENIZE_MERGE)" prefix=x8 \
+    meta.id=x8 shards="${shards# }" task.process=MOE_TOKENIZE_MERGE
+for f in x8.mtok x8.val.mtok; do
+    cmp "split/merge/$f" "split/whole/$f" ||
+        fail "MOE_TOKENIZE_MERGE of parts 1..3: $f is not the bytes of one MOE_TOKENIZE task"
+done
+check_versions split/merge moe_tokenize_merge moe-tokenize
 
 # MOE_TRAIN: tuple val(meta), path(shards, stageAs: 'shards/*'); path config
 mkdir -p train/shards && ln -s "$PWD"/tok/*.mtok train/shards/ && ln -s "$src/configs/tiny.yaml" train/
@@ -175,26 +210,32 @@ if command -v samtools >/dev/null; then # the committed index is the one samtool
 fi
 
 # The stub: blocks (nextflow -stub-run) must run too and create the declared outputs.
-for m in tokenize:lambda.mtok train:run/latest embed:lambda.ids.tsv score:lambda.ll.tsv \
-    score_variants:calls.vcf.gz; do
+for m in tokenize:lambda.mtok tokenize_merge:lambda.mtok train:run/latest embed:lambda.ids.tsv \
+    score:lambda.ll.tsv score_variants:calls.vcf.gz; do
     mod=moe_${m%%:*} out=${m##*:}
     mkdir "stub_$mod"
     run_task "stub_$mod" "$mod" stub prefix="${out%%[./]*}" meta.id=x task.process="${mod^^}"
     [ -e "stub_$mod/$out" ] || fail "$mod stub: no $out"
 done
 
-# main.nf includes exactly these modules, from files that exist.
+# main.nf includes exactly these modules, from files that exist, and each of the six.
+modules="moe_tokenize moe_tokenize_merge moe_train moe_embed moe_score moe_score_variants"
 grep -o "include { [A-Z_]* *} from '[^']*'" "$nf/main.nf" | while read -r _ _ name _ _ path; do
     path=${path//\'/}
     [ -f "$nf/$path.nf" ] || fail "main.nf includes $name from missing $path.nf"
     grep -q "^process $name {" "$nf/$path.nf" || fail "$path.nf does not define process $name"
 done
-[ "$(grep -c "^include { MOE_[A-Z_]* *} from './modules/" "$nf/main.nf")" = 5 ] ||
-    fail "main.nf should include the five modules"
+for mod in $modules; do
+    grep -q "^include { ${mod^^} *} from './modules/local/$mod/main'$" "$nf/main.nf" ||
+        fail "main.nf does not include ${mod^^}"
+done
+includes=$(grep -c "^include { MOE_[A-Z_]* *} from './modules/" "$nf/main.nf")
+[ "$includes" = "$(wc -w <<<"$modules")" ] ||
+    fail "main.nf should include the six modules only"
 
 # nf-core module files: meta.yml names every input of the process, environment.yml is the
 # conda directive's, a container is named, nf-test cases sit beside the module.
-for mod in moe_tokenize moe_train moe_embed moe_score moe_score_variants; do
+for mod in $modules; do
     dir=$nf/modules/local/$mod
     for f in meta.yml environment.yml tests/main.nf.test; do [ -s "$dir/$f" ] || fail "$mod: no $f"; done
     grep -q '^    conda "${moduleDir}/environment.yml"$' "$dir/main.nf" || fail "$mod: no conda directive"

@@ -7,9 +7,12 @@
 // know: with --val-fraction in ext.args, records whose name hash falls below the fraction go
 // to ${prefix}.val.mtok, which moe-train picks up as validation data when both files sit in
 // its --data directory. Records split whole, so a single-record genome needs non-overlapping
-// windows (--window 1000, as the default config sets) to get a validation part.
+// windows (--window 1000, as the default config sets) to get a validation part. With meta.part
+// and meta.parts set (I and N), the task tokenizes only part I of N of the file
+// (`moe-tokenize --part I/N`) into ${prefix}.I.mtok, for MOE_TOKENIZE_MERGE to join; parts and
+// whole files share this process, so they share its ext.args, as merge and moe-train require.
 process MOE_TOKENIZE {
-    tag "$meta.id"
+    tag "${meta.id}${meta.parts ? " part ${meta.part}/${meta.parts}" : ''}"
     label 'process_low'
 
     conda "${moduleDir}/environment.yml"
@@ -29,11 +32,13 @@ process MOE_TOKENIZE {
 
     script:
     def args = task.ext.args ?: ''
-    prefix = task.ext.prefix ?: "${meta.id}"
+    prefix = (task.ext.prefix ?: "${meta.id}") + (meta.parts ? ".${meta.part}" : '')
     def reference = fasta ? "--reference ${fasta}" : ''
+    def part = meta.parts ? "--part ${meta.part}/${meta.parts}" : ''
     """
     moe-tokenize \\
         -@ $task.cpus \\
+        $part \\
         $reference \\
         $args \\
         -o ${prefix}.mtok \\
@@ -41,7 +46,7 @@ process MOE_TOKENIZE {
     """
 
     stub:
-    prefix = task.ext.prefix ?: "${meta.id}"
+    prefix = (task.ext.prefix ?: "${meta.id}") + (meta.parts ? ".${meta.part}" : '')
     """
     touch ${prefix}.mtok
     """
