@@ -114,6 +114,16 @@ refused "VCFs without a reference" "score.vcfs needs score.fasta" --configfile n
 cp ref.fa noindex.fa
 sed 's/^  fasta: ref.fa$/  fasta: noindex.fa/' config.yaml >noindex.yaml
 refused "a reference without .fai" "noindex.fa has no index noindex.fa.fai" --configfile noindex.yaml
+# SAM text above parts_min_mb is planned as one job (moe-tokenize --part refuses SAM).
+gzip -dc "$lambda" | awk 'NR > 1 { s = s $0 } END { for (i = 0; i < 10; i++)
+    printf ">r%d\n%s\n", i + 1, substr(s, i * 2000 + 1, 2000) }' >sam.fa
+samtools import -0 sam.fa -o big.sam
+[ "$(wc -c <big.sam)" -gt 12000 ] || fail "big.sam is not above parts_min_mb"
+printf 'sample\tpath\nbig\tbig.sam\n' >sam.tsv
+snakemake -s "$snakefile" --configfile config.yaml --config samples=sam.tsv --cores 1 -n \
+    >sam_plan.txt 2>&1 || { cat sam_plan.txt; fail "snakemake -n with a SAM sample"; }
+grep -q "rule tokenize:" sam_plan.txt || { cat sam_plan.txt; fail "the SAM sample has no tokenize job"; }
+! grep -q "rule tokenize_part:" sam_plan.txt || fail "the SAM sample was planned in --part jobs"
 
 start=$SECONDS
 run_workflow() {

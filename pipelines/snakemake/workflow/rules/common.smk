@@ -112,10 +112,13 @@ def tokenize_outputs(stem=f"{OUT}/tokens/{{sample}}"):
 
 def tokenize_parts(sample):
     """How many `moe-tokenize --part I/N` jobs tokenize a sample: tokenize.parts when its input
-    is larger than tokenize.parts_min_mb megabytes, else 1 (one job for the whole file)."""
+    is larger than tokenize.parts_min_mb megabytes, else 1 (one job for the whole file). SAM
+    text (.sam, .sam.gz) is never split: --part refuses it."""
     n = int(TOK["parts"])
-    big = os.path.getsize(SAMPLES[sample]) > float(TOK["parts_min_mb"]) * 1e6
-    return n if n > 1 and big else 1
+    path = SAMPLES[sample]
+    big = os.path.getsize(path) > float(TOK["parts_min_mb"]) * 1e6
+    sam = re.fullmatch(r".*\.sam(\.gz)?", os.path.basename(path)) is not None
+    return n if n > 1 and big and not sam else 1
 
 
 def sample_regex(names):
