@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the check that opens and closes every GPU session (docs/performance-gpu.md
+# "Correctness"): build the tree on the GPU machine, run `ctest -L gpu`, and beside it
+# compute-sanitizer memcheck over the op harness; logs and a summary under OUT_DIR.
+#
+#   bench/gpu_check.sh [BUILD_DIR] [OUT_DIR]      (defaults: build-gpu, $OUT or ./gpu-check)
+#
+# Needs .deps/ (../shared/gpu/stage-deps.sh) in the checkout, as bench/gpu_build.sh does.
+# Exit status: 0 when the build, every gpu test and memcheck passed; 1 otherwise, including
+# when a gpu test skipped (no GPU: a skipped test is not a check) or compute-sanitizer is
+# missing.
+# The one thing to know: the build's environment (library paths of .deps/) must reach ctest,
+# so the build is sourced in this shell, never in a subshell.
+set -uo pipefail
+build=${1:-build-gpu}
+out=${2:-${OUT:-gpu-check}}
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0 # NVLink multicast stays off on the shared hosts
+git log -1 --format='tree: %H %s' > "$out/tree.txt" 2>/dev/null || echo "tree: (not a git checkout)" > "$out/tree.txt"
+git status --short >> "$out/tree.txt" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$out/gpu.txt" 2>&1
+if ! source bench/gpu_build.sh "$build" > "$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    echo "gpu_check.sh: the build failed (log: $out/build.log)"
+    exit 1
+fi
+ops="$build/tests/gpu_test_backend_ops"
+( if command -v compute-sanitizer > /dev/null; then
+      compute-sanitizer --tool memcheck --error-exitcode 3 "$ops" > "$out/memcheck.log" 2>&1
+      echo "memcheck exit $?" >> "$out/memcheck.log"
+  else
+      echo "memcheck: compute-sanitizer not found (it comes with the CUDA toolkit)" > "$out/memcheck.log"
+  fi ) &
+mc=$!
+ctest --test-dir "$build" -L gpu --output-on-failure > "$out/ctest-gpu.log" 2>&1
+ct=$?
+wait $mc
+{
+    cat "$out/tree.txt" "$out/gpu.txt"
+    grep -E '^ *[0-9]+/[0-9]+ Test|tests passed|tests failed' "$out/ctest-gpu.log"
+    grep -E 'cases, .* failed|ERROR SUMMARY|memcheck' "$out/memcheck.log"
+} | tee "$out/summary.txt"
+skipped=$(grep -c '\*\*\*Skipped' "$out/ctest-gpu.log")
+[ "$skipped" -eq 0 ] || echo "gpu_check.sh: $skipped gpu tests skipped (no GPU, or a tool missing): not a check" | tee -a "$out/summary.txt"
+grep -q 'memcheck exit 0' "$out/memcheck.log" && [ $ct -eq 0 ] && [ "$skipped" -eq 0 ]
