@@ -10,28 +10,7 @@
  *   /tmp/expert_gemm [n ...]        (default: 2048 1900 2200; H 4096, F 14336)
  *
  * Not built by CMake, not run by CI (bench/kernels/README.md). */
-#include <cublasLt.h>
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-#include <stdio.h>
-#include <stdlib.h>
-
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, (int)s_);                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "playground.cuh"
 
 static cublasLtHandle_t lt;
 static void *ws;
@@ -94,16 +73,10 @@ static void bench(const char *name, int ta, int tb, long M, long N, long K, cuda
     cublasLtMatmulDescDestroy(d);
 }
 
-__global__ void fill(__nv_bfloat16 *p, size_t n) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        p[i] = __float2bfloat16(((i * 2654435761u) >> 8 & 1023) / 1024.0f - 0.5f);
-}
-
 static void *dev(size_t bytes, int bf16) {
     void *p;
     CK(cudaMalloc(&p, bytes));
-    if (bf16) fill<<<1024, 256>>>((__nv_bfloat16 *)p, bytes / 2);
+    if (bf16) pg_fill<<<1024, 256>>>((__nv_bfloat16 *)p, bytes / 2, 1);
     else CK(cudaMemset(p, 0, bytes));
     return p;
 }

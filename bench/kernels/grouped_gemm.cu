@@ -24,12 +24,10 @@
  * built in shared memory from the device offsets. Rows of the next expert that a 128-row tile
  * reads are multiplied but never stored; the consumers keep one wgmma group in flight
  * (wait_group 1) and release a stage when the group that read it has completed. */
-#include <cublasLt.h>
 #include <chrono>
-#include <stdio.h>
-#include <stdlib.h>
 #include <vector>
 
+#include "playground.cuh"
 #include "sm90/wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -160,23 +158,6 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
 
 /* ---- host ---- */
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-#define CB(x)                                                                                      \
-    do {                                                                                           \
-        cublasStatus_t s_ = (x);                                                                   \
-        if (s_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            fprintf(stderr, "%s:%d cublas %d\n", __FILE__, __LINE__, (int)s_);                     \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
 /* The 2D map of a [rows, cols] bf16 row-major tensor for boxes {64 columns, box_rows}. */
 static CUtensorMap map2d(const bf16 *p, int64_t rows, int64_t cols, int box_rows) {
     static PFN_cuTensorMapEncodeTiled_v12000 enc;
@@ -265,16 +246,6 @@ static void per_expert(cublasLtHandle_t lt, void *ws, size_t wsb, bf16 *y, const
     }
 }
 
-__global__ void fill(bf16 *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2654435761u ^ seed;
-        h ^= h >> 13;
-        h *= 0x5bd1e995u;
-        p[i] = __float2bfloat16(((h >> 8) & 1023) / 1024.0f - 0.5f);
-    }
-}
-
 static float bf(bf16 v) {
     return __bfloat162float(v);
 }
@@ -295,8 +266,8 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
     CK(cudaMalloc(&y1, (size_t)M * N * 2));
     CK(cudaMalloc(&doff, (E + 1) * sizeof(int32_t)));
     CK(cudaMemcpy(doff, off.data(), (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
-    fill<<<1024, 256>>>(x, (size_t)M * K, 1);
-    fill<<<1024, 256>>>(w, (size_t)E * N * K, 2);
+    pg_fill<<<1024, 256>>>(x, (size_t)M * K, 1);
+    pg_fill<<<1024, 256>>>(w, (size_t)E * N * K, 2);
     CK(cudaMemset(y1, 0xff, (size_t)M * N * 2)); /* NaN: every element must be written */
     per_expert(lt, ws, wsb, y0, x, w, off, N, K, NULL);
     grouped(y1, x, w, doff, M, E, N, K, sms);
