@@ -62,7 +62,8 @@ static int fai_next(seek_ctx *s, int slot, fai_rec *e) {
         return errno ? -1 : 1;
     }
     char *p = s->line[slot], *tab = strchr(p, '\t');
-    s->why = "a .fai line is not NAME LENGTH OFFSET LINEBASES LINEWIDTH (a FASTQ index?)";
+    s->why = tab == p ? "a .fai record with an empty name (which moe-tokenize refuses)"
+                      : "a .fai line is not NAME LENGTH OFFSET LINEBASES LINEWIDTH (FASTQ's?)";
     if (!tab || tab == p) return -1;
     *tab = '\0';
     e->name = p;
