@@ -5,9 +5,10 @@
 # (split by reference sequence; unplaced reads in the last part), also when the parts were
 # made with different -@. A bgzip FASTA with a samtools faidx index: N = 1, 3, 7, 16 with
 # -@ 1 and 4 seek (-v says so) and merge to one run with --revcomp random; a stale .fai, no
-# .gzi, a blank line between records and plain gzip read from the start and merge the same;
-# an error in part 3 of 7 names the record and line one run names. Also the refusals
-# (stdin, two inputs, SAM, an unsorted CRAM, bad I/N, regions).
+# .gzi, a blank line, a record without bases, a duplicate name and plain gzip read from the
+# start and merge the same (CR LF line ends seek); an error in part 3 of 7 names the record
+# and line one run names. Also the refusals (stdin, two inputs, SAM, an unsorted CRAM, bad
+# I/N, regions).
 set -euo pipefail
 HT=/usr/share/htslib-test/test
 PCS=/usr/share/doc/seqkit-examples/tests/pcs109_5k.bam.gz
@@ -137,7 +138,7 @@ seek_merge() { # label, N, -@, expected "seek"/"start" for parts 2..N, then argu
     parts+=("part$i.mtok")
     [ "$i" -eq 1 ] && continue
     case $want in
-      seek) grep -q "part $i/$n seeks to record" "log$i" || fail "$label: part $i/$n did not seek: $(grep part "log$i")" ;;
+      seek) grep -q "part $i/$n seeks to" "log$i" || fail "$label: part $i/$n did not seek: $(grep part "log$i")" ;;
       start) grep -q "part $i/$n reads from the start" "log$i" || fail "$label: part $i/$n seeked: $(grep part "log$i")" ;;
     esac
   done
@@ -149,9 +150,14 @@ for t in 1 4; do
   for n in 1 3 7 16; do seek_merge "seeking bgzip FASTA" "$n" "$t" seek genome.fa.bgz; done
 done
 # the parts' first records are those the index gives (16 parts over 400 records: not all
-# in one), and skipping decompressed less than everything before
+# in one)
 grep -h "seeks to record" log* | sed 's/.*seeks to record \([0-9]*\).*/\1/' | sort -un | wc -l \
   | { read -r k; [ "$k" -ge 8 ] || fail "16 parts start at only $k distinct records"; }
+# the last record long (1.5 MB): the last parts hold no record start and seek to the end
+awk '/^>/ { keep = ++n <= 30 || $1 == ">big" } keep' genome.fa | bgzip -c > tail.fa.bgz
+samtools faidx tail.fa.bgz
+seek_merge "bgzip FASTA, a long last record" 16 1 seek tail.fa.bgz
+grep -q "part 16/16 seeks to the end" log16 || fail "part 16/16 of tail.fa.bgz: $(grep part log16)"
 # a stale .fai (another file's, newer), a missing .gzi, a blank line: read from the start
 gen_fasta 8 other.fa
 bgzip -c other.fa > other.fa.bgz
@@ -166,6 +172,15 @@ mv genome.gzi.keep genome.fa.bgz.gzi
 awk 'NR > 1 && /^>/ && ++h == 3 { print "" } { print }' genome.fa | bgzip -c > blank.fa.bgz
 samtools faidx blank.fa.bgz
 seek_merge "a blank line between records" 7 1 start blank.fa.bgz
+# records faidx leaves out (one without bases, a duplicate name): read from the start;
+# CR LF line ends: seek
+awk 'NR > 1 && /^>/ && ++h == 3 { print ">empty" } { print }' genome.fa | bgzip -c > empty.fa.bgz
+sed 's/^>r5$/>r3/; s/^>r5\([ \t]\)/>r3\1/' genome.fa | bgzip -c > dup.fa.bgz
+sed 's/$/\r/' genome.fa | bgzip -c > crlf.fa.bgz
+for f in empty dup crlf; do samtools faidx $f.fa.bgz 2> /dev/null; done
+seek_merge "a record without bases" 7 1 start empty.fa.bgz
+seek_merge "a duplicate name" 7 1 start dup.fa.bgz
+seek_merge "CR LF line ends" 7 4 seek crlf.fa.bgz
 seek_merge "plain gzip" 3 1 start big.fa.gz
 # an error in a later part names the record and line one run names
 gen_fasta 7 bad.fa 1

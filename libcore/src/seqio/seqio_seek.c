@@ -23,6 +23,7 @@
  * read back; it is trusted to be as the .fai says because the .fai is no older than the file
  * and matches it at every header and at both ends of every record. */
 #include <errno.h>
+#include <htslib/hfile.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,23 +142,22 @@ static size_t block_of(const seek_ctx *s, int64_t u) {
 }
 
 /* Decompresses block k, checking it is where and as long as the .gzi says (the last one:
- * followed by the end-of-file block, which sets s->usize). 0, or -1 with s->why. */
+ * that the end-of-file block follows it; it sets s->usize). 0, or -1 with s->why. */
 static int block_load(seek_ctx *s, size_t k) {
     BGZF *fp = s->fp;
     s->cur = s->n_blk;
     if (bgzf_seek(fp, s->caddr[k] << 16, SEEK_SET) < 0 || bgzf_read_block(fp) != 0) goto bad;
     s->n_loaded++;
     int64_t want = k + 1 < s->n_blk ? s->uaddr[k + 1] - s->uaddr[k] : -1;
-    if (fp->block_length <= 0 || (want >= 0 && fp->block_length != want)) goto bad;
-    if (want < 0) { /* the last data block: the end-of-file block (28 bytes) must follow */
-        int64_t len = fp->block_length;
+    /* without threads the file position is the next block's start */
+    if (fp->block_length <= 0 ||
+        (want >= 0 && (fp->block_length != want || htell(fp->fp) != s->caddr[k + 1])))
+        goto bad;
+    if (want < 0) { /* the last data block: only the end-of-file block (28 bytes, checked
+                       when the reader was opened) follows it */
         struct stat st;
-        if (stat(s->r->path, &st) != 0 || bgzf_read_block(fp) != 0 || fp->block_length != 0 ||
-            fp->block_address != (int64_t)st.st_size - 28)
-            goto bad;
-        s->usize = s->uaddr[k] + len;
-        /* the data block again: the end-of-file block replaced it */
-        if (bgzf_seek(fp, s->caddr[k] << 16, SEEK_SET) < 0 || bgzf_read_block(fp) != 0) goto bad;
+        if (stat(s->r->path, &st) != 0 || htell(fp->fp) != (off_t)st.st_size - 28) goto bad;
+        s->usize = s->uaddr[k] + fp->block_length;
     }
     s->cur = k;
     return 0;
@@ -226,15 +226,15 @@ static int seq_lines(seek_ctx *s, const fai_rec *e, int64_t end, int64_t *lines)
          at(s, end - 1) == '\n';
     if (!ok) {
         if (!s->why)
-            s->why = "a record's lines are not those its .fai line gives (blank lines between "
-                     "records? uneven line widths?)";
+            s->why = "a record's lines are not those its .fai line gives (blank lines, uneven "
+                     "line widths, or a record the .fai leaves out: empty or a duplicate name)";
         return -1;
     }
     *lines = full + (rest > 0);
     return 0;
 }
 
-/* Where r's part starts: the walk of the file comment, up to the first record whose
+/* Where r's part starts: walks the .fai (as the banner says) up to the first record whose
  * header lies in a block at or after the share's start. 0 with the record's number *j (0:
  * nothing before it), its header's offset *h (-1: no record starts in or after the share)
  * and the lines before it; -1 with s->why, or on a read error of the .fai. */
@@ -338,12 +338,15 @@ int moe_seqio_part_seek(moe_seq_reader *r, int bgzip, moe_err *err) {
     int64_t j, h, lines;
     if (walk(&s, &j, &h, &lines) < 0) goto done;
     ret = reader_skip_to(r, &s, j, h, lines, err);
-    if (ret == 0)
-        moe_log_debug("%s: part %d/%d seeks to record %lld (line %lld), %s; %zu block reads "
-                      "checked the .fai (%zu blocks lie before it)",
-                      path, part, n_parts, (long long)j + 1, (long long)lines + 1,
-                      h < 0 ? "the end: no record starts in its share" : "its first", s.n_loaded,
-                      h < 0 ? s.n_blk : block_of(&s, h));
+    if (ret == 0 && h < 0)
+        moe_log_debug("%s: part %d/%d seeks to the end: no record starts in or after its share "
+                      "(%lld records, %lld lines before); %zu block reads checked the .fai",
+                      path, part, n_parts, (long long)j, (long long)lines, s.n_loaded);
+    else if (ret == 0)
+        moe_log_debug("%s: part %d/%d seeks to record %lld (line %lld), its first; %zu block "
+                      "reads checked the .fai (%zu blocks lie before it)",
+                      path, part, n_parts, (long long)j + 1, (long long)lines + 1, s.n_loaded,
+                      block_of(&s, h));
 done:
     if (s.why && ret == 0)
         moe_log_debug("%s: part %d/%d reads from the start: %s", path, part, n_parts, s.why);
