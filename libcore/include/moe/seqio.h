@@ -80,8 +80,9 @@ typedef struct moe_seq_reader moe_seq_reader; /* opaque */
  * one after another, are exactly the records of the whole file. FASTA, FASTQ and BAM: a
  * record belongs to the part whose share of the file's bytes ([part, part + 1) * size /
  * n_parts) holds the compressed position of its start (the BGZF block, or htslib's piece
- * of a plain or gzip file, its first byte came from), whatever the other options, so every
- * part reads (without decoding) the records before its share and stops after it. CRAM
+ * of a plain or gzip file, its first byte came from), whatever the other options; a part
+ * reads (without decoding) the records before its share and stops after it, except that a
+ * bgzip FASTA whose .fai/.gzi match the text seeks to its share's first record. CRAM
  * (coordinate-sorted): a part is a run of whole reference sequences, balanced by length,
  * the last part also holding the unplaced reads; a part decodes the records before its own
  * too. Not for stdin, SAM or with regions. */

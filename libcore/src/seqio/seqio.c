@@ -235,6 +235,9 @@ moe_status moe_seqio_open(moe_seq_reader **out, const char *path, const moe_seqi
                 bgzf_mt(r->bgzf, r->opts.threads, 64);
         }
         if (st == MOE_OK) st = sniff_fastx(r, err);
+        if (st == MOE_OK && r->part_by_pos &&
+            moe_seqio_part_seek(r, fmt.compression == bgzf, err) < 0)
+            st = err->status;
         if (st == MOE_OK && r->n_regions > 0) {
             bgzf_close(r->bgzf);
             r->bgzf = NULL;

@@ -1,5 +1,6 @@
 /* seqio_impl: the reader struct shared by seqio.c (open, dispatch), seqio_fastx.c (FASTA,
- * FASTQ from BGZF) and seqio_hts.c (SAM/BAM/CRAM, indexed FASTA regions).
+ * FASTQ from BGZF), seqio_seek.c (where a FASTA part starts) and seqio_hts.c (SAM/BAM/CRAM,
+ * indexed FASTA regions).
  *
  * The one thing to know: exactly one of bgzf / hts / fai is open, chosen by the detected
  * format and whether regions were given. */
@@ -72,6 +73,11 @@ int64_t moe_seqio_clean(const char *raw, int64_t n, char *out);
 /* Where a record found at compressed position key lies for r's part: -1 before it, 0 in it,
  * 1 after it (nothing more of the part follows); always 0 without parts. */
 int moe_seqio_part_where(const moe_seq_reader *r, int64_t key);
+/* FASTA/FASTQ parts (after the format was detected): a bgzip FASTA whose .fai and .gzi match
+ * the text seeks to the part's first record, with the record, ordinal and line counters of
+ * the records before it set (seqio_seek.c); anything else reads from the start. -v logs
+ * which. 0, or -1 (err set) when r cannot be used any more. */
+int moe_seqio_part_seek(moe_seq_reader *r, int bgzip, moe_err *err);
 /* CRAM parts: each reference sequence (and the unplaced reads) goes to one part, runs of
  * them balanced by length; needs a coordinate-sorted file. */
 moe_status moe_seqio_part_by_tid(moe_seq_reader *r, moe_err *err);
