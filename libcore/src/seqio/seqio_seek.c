@@ -17,13 +17,17 @@
  * Then the records before are as many as the .fai entries before, all with bases, and their
  * lines are one header plus the lines their widths give each. On any mismatch (a stale
  * index, blank lines between records, spaces or CRs that make widths uneven, no .gzi, plain
- * gzip, FASTQ) the part reads from the start as before; -v logs which way a part went.
+ * gzip, FASTQ), and when the records before the share are short (fewer than 8 blocks each
+ * on average: checking them would read about as many blocks as reading them, on one thread
+ * where the reader uses -@'s), the part reads from the start as before; -v logs which way a
+ * part went.
  *
  * The one thing to know: the middle of a record's sequence is the one part of the text not
  * read back; it is trusted to be as the .fai says because the .fai is no older than the file
  * and matches it at every header and at both ends of every record. */
 #include <errno.h>
 #include <htslib/hfile.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -234,6 +238,35 @@ static int seq_lines(seek_ctx *s, const fai_rec *e, int64_t end, int64_t *lines)
     return 0;
 }
 
+/* Checking the records before the share (walk) reads the blocks that hold their headers and
+ * ends, on one thread; it pays only when they are sparse, else reading from the start (on
+ * -@'s threads) is as fast or faster. 1 when the records the .fai lists before the share's
+ * first block have SEEK_BLOCKS_PER_RECORD blocks or more each on average; else 0 with
+ * s->why. The .fai is rewound either way. */
+#define SEEK_BLOCKS_PER_RECORD 8
+static int sparse_enough(seek_ctx *s) {
+    size_t lo = 0, hi = s->n_blk; /* the share's first block: the first at or after part_lo */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (s->caddr[mid] < s->r->part_lo)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    const int64_t ushare = lo < s->n_blk ? s->uaddr[lo] : INT64_MAX;
+    int64_t n = 0;
+    fai_rec e;
+    int ret;
+    while ((ret = fai_next(s, 0, &e)) == 0 && e.off < ushare)
+        n++;
+    rewind(s->fai);
+    if (ret < 0) return 0;
+    if (n * SEEK_BLOCKS_PER_RECORD <= (int64_t)lo) return 1;
+    s->why = "the records before its share average fewer than 8 BGZF blocks, so checking them "
+             "would cost about as much as reading them";
+    return 0;
+}
+
 /* Where r's part starts: walks the .fai (as the banner says) up to the first record whose
  * header lies in a block at or after the share's start. 0 with the record's number *j (0:
  * nothing before it), its header's offset *h (-1: no record starts in or after the share)
@@ -330,6 +363,7 @@ int moe_seqio_part_seek(moe_seq_reader *r, int bgzip, moe_err *err) {
         ret = ret < 0 ? -1 : 0;
         goto done;
     }
+    if (!sparse_enough(&s)) goto done;
     if (!(s.fp = bgzf_open(path, "r"))) {
         s.why = "the file cannot be opened a second time";
         goto done;
