@@ -172,7 +172,9 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
             if (pa >= pb) continue;
         }
         if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
-            m->be->adamw(m->be, m->param_mem + a, m->param16_mem ? m->param16_mem + a : NULL,
+            /* stale copies are all rewritten before the next forward: none written here */
+            m->be->adamw(m->be, m->param_mem + a,
+                         m->param16_mem && !m->copies_stale ? m->param16_mem + a : NULL,
                          moe_model_grads(m) + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
                          (float)o->beta1, (float)o->beta2, (float)o->eps, (float)wd_run, step,
                          grad_scale);

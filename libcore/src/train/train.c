@@ -412,7 +412,11 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     double ce = w_sum > 0 ? ce_sum / w_sum : NAN;
     sm->bad = !isfinite(moe_model_loss(mc, ce, aux, z)) ||
               !isfinite(norm); /* the same on every rank: the sums are global */
-    if (!sm->bad) {            /* this rank's slices */
+    /* With several ranks every weight copy is rewritten from the all-gathered masters before
+     * the next forward (other ranks' slices arrive there): marked stale now, so that AdamW
+     * writes no copies of this rank's slices that the refresh would only write again. */
+    if (t->world > 1) moe_model_params_written(&t->model);
+    if (!sm->bad) { /* this rank's slices */
         moe_model_adamw(&t->model, t->dlo, t->dhi, t->m, t->v, &c->optim, lr, step, scale);
         moe_model_adamw(&t->model, t->xlo, t->xhi, t->m + dn, t->v + dn, &c->optim, lr, step,
                         scale);
@@ -423,7 +427,6 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
         st = moe_comm_allgather(t->comm, MOE_COMM_WORLD, param, t->dslice, MOE_COMM_F32, err);
     if (st == MOE_OK && !sm->bad)
         st = moe_comm_allgather(t->comm, MOE_COMM_DP, param + dense, t->xslice, MOE_COMM_F32, err);
-    if (t->world > 1) moe_model_params_written(&t->model); /* other ranks' slices arrived */
     sm->ce = ce;
     sm->aux = aux;
     sm->z = z;
