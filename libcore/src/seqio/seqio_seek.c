@@ -132,17 +132,22 @@ done:
     return ret;
 }
 
-/* The block holding uncompressed offset u (u >= 0). */
-static size_t block_of(const seek_ctx *s, int64_t u) {
-    size_t lo = 0, hi = s->n_blk;
+/* The last k with a[k] <= x in the increasing a [n] (a[0] <= x). */
+static size_t last_at_or_before(const int64_t *a, size_t n, int64_t x) {
+    size_t lo = 0, hi = n;
     while (hi - lo > 1) {
         size_t mid = lo + (hi - lo) / 2;
-        if (s->uaddr[mid] <= u)
+        if (a[mid] <= x)
             lo = mid;
         else
             hi = mid;
     }
     return lo;
+}
+
+/* The block holding uncompressed offset u (u >= 0). */
+static size_t block_of(const seek_ctx *s, int64_t u) {
+    return last_at_or_before(s->uaddr, s->n_blk, u);
 }
 
 /* Decompresses block k, checking it is where and as long as the .gzi says (the last one:
@@ -245,14 +250,8 @@ static int seq_lines(seek_ctx *s, const fai_rec *e, int64_t end, int64_t *lines)
  * s->why. The .fai is rewound either way. */
 #define SEEK_BLOCKS_PER_RECORD 8
 static int sparse_enough(seek_ctx *s) {
-    size_t lo = 0, hi = s->n_blk; /* the share's first block: the first at or after part_lo */
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (s->caddr[mid] < s->r->part_lo)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
+    /* the share's first block: the first at or after part_lo (> 0, block 0 is at 0) */
+    const size_t lo = last_at_or_before(s->caddr, s->n_blk, s->r->part_lo - 1) + 1;
     const int64_t ushare = lo < s->n_blk ? s->uaddr[lo] : INT64_MAX;
     int64_t n = 0;
     fai_rec e;
