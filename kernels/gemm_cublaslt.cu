@@ -11,24 +11,34 @@
  * The one thing a reader must know: cuBLASLt is column-major, so a row-major C = op(A) op(B)
  * is computed as the column-major C^T = op(B)^T op(A)^T (operands swapped, nothing copied).
  * Descriptors, layouts and the heuristic's algorithm are cached per shape / dtype / pointer
- * alignment in the backend context; all products share the context's one workspace. */
+ * alignment in the backend context; all products share the context's one workspace. An
+ * expert's row count changes from step to step, so a per-expert product is cached under its
+ * count's bucket (rows_bucket): the heuristic is asked for the bucket's largest count, and
+ * the layouts are resized to the actual count at each call. A step then finds all its plans
+ * cached (before, every expert product of a step queried the heuristic), and the algorithm
+ * depends on the bucket alone, so a resumed run picks the same ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
 
-#define MOE_GEMM_CACHE_CAP 128
+#define MOE_GEMM_CACHE_SLOTS 1024 /* hash slots, a power of two */
+#define MOE_GEMM_CACHE_MAX 768    /* plans held; at this many the cache is emptied */
+
+/* Which dimension of a product varies with an expert's row count (and is bucketed). */
+enum { GEMM_EXACT = 0, GEMM_VARY_M = 1, GEMM_VARY_K = 2 };
 
 typedef struct moe_gemm_key {
     int ta, tb;
     int64_t M, N, K;
-    int dtype;  /* cudaDataType of A and B */
+    int dtype;            /* cudaDataType of A and B */
     int scale_a, scale_b; /* fp8: 1 + the cublasLtMatmulMatrixScale_t of A's and B's block scales;
                              0 for bf16 / fp32 products */
     int cdtype; /* cudaDataType of C: CUDA_R_32F, or CUDA_R_16BF (written with beta = 0) */
     int beta_nonzero;
     int align_a, align_b, align_c; /* bytes, power of two, <= 256 */
+    int vary;                      /* GEMM_VARY_*: M or K holds rows_bucket of the count */
 } moe_gemm_key;
 
 typedef struct moe_gemm_plan {
@@ -39,9 +49,8 @@ typedef struct moe_gemm_plan {
 } moe_gemm_plan;
 
 struct moe_gemm_cache {
-    moe_gemm_plan plans[MOE_GEMM_CACHE_CAP];
-    int n;    /* plans in use */
-    int next; /* round-robin victim once full */
+    moe_gemm_plan plans[MOE_GEMM_CACHE_SLOTS]; /* open addressing; desc NULL: a free slot */
+    int n;                                     /* plans held */
 };
 
 static void plan_destroy(moe_gemm_plan *p) {
@@ -52,12 +61,39 @@ static void plan_destroy(moe_gemm_plan *p) {
     memset(p, 0, sizeof *p);
 }
 
+static void cache_clear(struct moe_gemm_cache *gc) {
+    for (int i = 0; i < MOE_GEMM_CACHE_SLOTS; i++)
+        if (gc->plans[i].desc) plan_destroy(&gc->plans[i]);
+    gc->n = 0;
+}
+
 void moe_gemm_cache_free(moe_cuda_ctx *c) {
     if (!c->gemm_cache) return;
-    for (int i = 0; i < c->gemm_cache->n; i++)
-        plan_destroy(&c->gemm_cache->plans[i]);
+    cache_clear(c->gemm_cache);
     free(c->gemm_cache);
     c->gemm_cache = NULL;
+}
+
+/* The bucket of an expert's row count n > 0: n rounded up to a multiple of 128 up to 2,048
+ * rows, above that to a multiple of a power of two between n / 16 and n / 8 (so a plan
+ * serves counts within 6-12% of each other: about 50 buckets up to 32,768 rows). */
+static int64_t rows_bucket(int64_t n) {
+    int64_t g = 128;
+    while (g * 16 < n)
+        g *= 2;
+    return (n + g - 1) / g * g;
+}
+
+/* FNV-1a over the key's fields (not its bytes: a copied struct's padding is unspecified). */
+static uint32_t key_hash(const moe_gemm_key *k) {
+    const int64_t f[] = {k->ta,      k->tb,      k->M,       k->N,      k->K,
+                         k->dtype,   k->scale_a, k->scale_b, k->cdtype, k->beta_nonzero,
+                         k->align_a, k->align_b, k->align_c, k->vary};
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        for (int b = 0; b < 64; b += 8)
+            h = (h ^ (uint32_t)((uint64_t)f[i] >> b & 0xff)) * 16777619u;
+    return h;
 }
 
 static int ptr_align(const void *p) {
@@ -72,7 +108,8 @@ static int key_eq(const moe_gemm_key *a, const moe_gemm_key *b) {
     return a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
            a->dtype == b->dtype && a->scale_a == b->scale_a && a->scale_b == b->scale_b &&
            a->cdtype == b->cdtype && a->beta_nonzero == b->beta_nonzero &&
-           a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c;
+           a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c &&
+           a->vary == b->vary;
 }
 
 static const char *dtype_name(int dt) {
@@ -99,6 +136,24 @@ static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const float *a
                             op, SHAPE_FMT " (scales)", SHAPE_ARGS(key));
 }
 
+/* The column-major layouts of row-major C[M,N] = op(A) op(B) (the top of this file):
+ * cuBLASLt's A is op(B)^T (layout 0), its B is op(A)^T (1), its C is C^T (2); each is
+ * rows[i] x cols[i] with leading dimension rows[i]. */
+typedef struct gemm_layouts {
+    uint64_t rows[3], cols[3];
+} gemm_layouts;
+
+static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K) {
+    gemm_layouts d;
+    d.rows[0] = (uint64_t)(tb ? K : N);
+    d.cols[0] = (uint64_t)(tb ? N : K);
+    d.rows[1] = (uint64_t)(ta ? M : K);
+    d.cols[1] = (uint64_t)(ta ? K : M);
+    d.rows[2] = (uint64_t)N;
+    d.cols[2] = (uint64_t)M;
+    return d;
+}
+
 /* Builds (or finds) the plan for key; NULL after recording an error. as/bs: an fp8 key's
  * scales of A and B (NULL otherwise). */
 static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const float *as,
@@ -111,23 +166,19 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const f
         }
     }
     struct moe_gemm_cache *gc = c->gemm_cache;
-    for (int i = 0; i < gc->n; i++)
+    uint32_t i = key_hash(key) & (MOE_GEMM_CACHE_SLOTS - 1);
+    for (; gc->plans[i].desc; i = (i + 1) & (MOE_GEMM_CACHE_SLOTS - 1))
         if (key_eq(&gc->plans[i].key, key)) return &gc->plans[i];
-    moe_gemm_plan *p;
-    if (gc->n < MOE_GEMM_CACHE_CAP) {
-        p = &gc->plans[gc->n++];
-    } else {
-        p = &gc->plans[gc->next];
-        gc->next = (gc->next + 1) % MOE_GEMM_CACHE_CAP;
-        plan_destroy(p);
+    if (gc->n >= MOE_GEMM_CACHE_MAX) { /* rebuilt as needed: the plans are a function of the key */
+        cache_clear(gc);
+        i = key_hash(key) & (MOE_GEMM_CACHE_SLOTS - 1);
     }
-    memset(p, 0, sizeof *p);
+    moe_gemm_plan *p = &gc->plans[i];
     cudaDataType dt = (cudaDataType)key->dtype;
     /* column-major: D^T[N,M] = op(B)^T [N,K] * op(A)^T [K,M] */
     cublasOperation_t opa = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on B */
     cublasOperation_t opb = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on A */
-    uint64_t la_rows = key->tb ? key->K : key->N, la_cols = key->tb ? key->N : key->K;
-    uint64_t lb_rows = key->ta ? key->M : key->K, lb_cols = key->ta ? key->K : key->M;
+    gemm_layouts d = layout_dims(key->ta, key->tb, key->M, key->N, key->K);
     int ok = moe_cublas_check(c, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                               op, SHAPE_FMT, SHAPE_ARGS(key));
     if (ok)
@@ -140,20 +191,13 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const f
             c,
             cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
             op, SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok)
-        ok = moe_cublas_check(
-            c, cublasLtMatrixLayoutCreate(&p->la, dt, la_rows, la_cols, (int64_t)la_rows), op,
-            SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok)
-        ok = moe_cublas_check(
-            c, cublasLtMatrixLayoutCreate(&p->lb, dt, lb_rows, lb_cols, (int64_t)lb_rows), op,
-            SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok)
-        ok =
-            moe_cublas_check(c,
-                             cublasLtMatrixLayoutCreate(&p->lc, (cudaDataType)key->cdtype,
-                                                        (uint64_t)key->N, (uint64_t)key->M, key->N),
-                             op, SHAPE_FMT, SHAPE_ARGS(key));
+    cublasLtMatrixLayout_t *lay[3] = {&p->la, &p->lb, &p->lc};
+    for (int l = 0; l < 3 && ok; l++)
+        ok = moe_cublas_check(c,
+                              cublasLtMatrixLayoutCreate(lay[l],
+                                                         l == 2 ? (cudaDataType)key->cdtype : dt,
+                                                         d.rows[l], d.cols[l], (int64_t)d.rows[l]),
+                              op, SHAPE_FMT, SHAPE_ARGS(key));
     if (ok && key->scale_a) { /* cuBLASLt's A is our B (see the top of this file) */
         cublasLtMatmulMatrixScale_t ma = (cublasLtMatmulMatrixScale_t)(key->scale_b - 1);
         cublasLtMatmulMatrixScale_t mb = (cublasLtMatmulMatrixScale_t)(key->scale_a - 1);
@@ -217,10 +261,11 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const f
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
-        plan_destroy(p); /* zeroed: M = 0 never matches a real request (M > 0) */
+        plan_destroy(p); /* zeroed: a free slot again */
         return NULL;
     }
     p->key = *key;
+    gc->n++;
     return p;
 }
 
@@ -228,20 +273,45 @@ static size_t esize(cudaDataType dt) {
     return dt == CUDA_R_8F_E4M3 ? 1 : dt == CUDA_R_16BF ? 2 : 4;
 }
 
-/* Runs plan p on row-major A and B (the key's operands) into C. 0 after a recorded error. */
-static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, float alpha,
-                    const void *A, const void *B, float beta, void *C) {
+/* Runs plan p on row-major A and B into C for the product of shape `k` (p's key, or its
+ * exact form when p serves a bucket: the layouts are resized to it first). 0 after a
+ * recorded error. */
+static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, const moe_gemm_key *k,
+                    float alpha, const void *A, const void *B, float beta, void *C) {
+    if (p->key.vary != GEMM_EXACT) {
+        gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K);
+        cublasLtMatrixLayout_t lay[3] = {p->la, p->lb, p->lc};
+        for (int l = 0; l < 3; l++) {
+            int64_t ld = (int64_t)d.rows[l];
+            if (!moe_cublas_check(c,
+                                  cublasLtMatrixLayoutSetAttribute(lay[l],
+                                                                   CUBLASLT_MATRIX_LAYOUT_ROWS,
+                                                                   &d.rows[l], sizeof d.rows[l]),
+                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)) ||
+                !moe_cublas_check(c,
+                                  cublasLtMatrixLayoutSetAttribute(lay[l],
+                                                                   CUBLASLT_MATRIX_LAYOUT_COLS,
+                                                                   &d.cols[l], sizeof d.cols[l]),
+                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)) ||
+                !moe_cublas_check(c,
+                                  cublasLtMatrixLayoutSetAttribute(
+                                      lay[l], CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld),
+                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)))
+                return 0;
+        }
+    }
     return moe_cublas_check(c,
                             cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C,
                                            p->lc, C, p->lc, &p->algo, c->workspace,
                                            c->workspace_bytes, c->stream),
-                            op, SHAPE_FMT, SHAPE_ARGS(&p->key));
+                            op, SHAPE_FMT, SHAPE_ARGS(k));
 }
 
-/* The plan key of a product (no block scales: an fp8 caller sets scale_a/scale_b). */
+/* The exact key of a product (no block scales: an fp8 caller sets scale_a/scale_b); vary
+ * names the dimension that is an expert's row count (GEMM_EXACT for a dense product). */
 static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cudaDataType dtype,
                              const void *A, const void *B, float beta, const void *C,
-                             cudaDataType ctype) {
+                             cudaDataType ctype, int vary) {
     moe_gemm_key key;
     memset(&key, 0, sizeof key);
     key.ta = ta;
@@ -249,6 +319,7 @@ static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cu
     key.M = M;
     key.N = N;
     key.K = K;
+    key.vary = vary;
     key.dtype = (int)dtype;
     key.cdtype = (int)ctype;
     key.beta_nonzero = beta != 0.0f;
@@ -258,23 +329,31 @@ static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cu
     return key;
 }
 
+/* The key a plan is cached under: the exact key with its varying dimension bucketed. */
+static moe_gemm_key plan_key(moe_gemm_key k) {
+    if (k.vary == GEMM_VARY_M) k.M = rows_bucket(k.M);
+    if (k.vary == GEMM_VARY_K) k.K = rows_bucket(k.K);
+    return k;
+}
+
 /* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
  * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
- * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest). Returns 0 after a recorded
- * error. */
+ * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest); vary: GEMM_VARY_M or _K
+ * when that dimension is an expert's row count. Returns 0 after a recorded error. */
 static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
                    float alpha, const void *A, const void *B, cudaDataType dtype, float beta,
-                   void *C, cudaDataType ctype) {
+                   void *C, cudaDataType ctype, int vary) {
     if (M <= 0 || N <= 0) return 1;
     if (K <= 0) {
         if (beta != 0.0f) return 1; /* beta is 0 or 1 in this backend: C unchanged */
         return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * esize(ctype), c->stream),
                               op, "M=%lld N=%lld K=0", (long long)M, (long long)N);
     }
-    moe_gemm_key key = gemm_key(ta, tb, M, N, K, dtype, A, B, beta, C, ctype);
-    moe_gemm_plan *p = plan_get(c, &key, NULL, NULL, op);
+    moe_gemm_key key = gemm_key(ta, tb, M, N, K, dtype, A, B, beta, C, ctype, vary),
+                 pk = plan_key(key);
+    moe_gemm_plan *p = plan_get(c, &pk, NULL, NULL, op);
     if (!p) return 0;
-    return run_plan(c, op, p, alpha, A, B, beta, C);
+    return run_plan(c, op, p, &key, alpha, A, B, beta, C);
 }
 
 /* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
@@ -282,19 +361,20 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
  * *_tiles is set. C of ctype (fp32, or bf16 with beta = 0), accumulated in fp32. */
 static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K,
                     const uint8_t *A, const float *as, int a_tiles, const uint8_t *B,
-                    const float *bs, int b_tiles, float beta, void *C, cudaDataType ctype) {
+                    const float *bs, int b_tiles, float beta, void *C, cudaDataType ctype,
+                    int vary) {
     if (M <= 0 || N <= 0 || K <= 0) return 1;
-    moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype);
+    moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype, vary);
     key.scale_a = 1 + (a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
     key.scale_b = 1 + (b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
-    moe_gemm_plan *p = plan_get(c, &key, as, bs, op);
+    moe_gemm_key pk = plan_key(key);
+    moe_gemm_plan *p = plan_get(c, &pk, as, bs, op);
     /* the scales are per call: set on the cached descriptor right before the product */
     if (!p || !set_scales(c, p->desc, as, bs, op, &key)) return 0;
-    return run_plan(c, op, p, 1.0f, A, B, beta, C);
+    return run_plan(c, op, p, &key, 1.0f, A, B, beta, C);
 }
-
 
 /* The matrix-product operand of x under prec: a bf16 scratch copy, or x itself (fp32). */
 static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n, moe_recipe prec,
@@ -399,13 +479,12 @@ static int fp8_rows_grouped(moe_cuda_ctx *c, const fp8_operand *o, moe_cbuf x,
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0, body = n - n % FP8_ROWS;
         float *s = o->s + fp8_group_scales(offsets, e, KB);
-        if (body > 0 &&
-            !moe_cuda_fp8_rows(c, o->q + r0 * K, s, moe_cbuf_at(x, r0 * K), body, K, body, pow2,
-                               op))
+        if (body > 0 && !moe_cuda_fp8_rows(c, o->q + r0 * K, s, moe_cbuf_at(x, r0 * K), body, K,
+                                           body, pow2, op))
             return 0;
-        if (n > body && !moe_cuda_fp8_rows(c, o->q + (r0 + body) * K, s + round32(body * KB),
-                                           moe_cbuf_at(x, (r0 + body) * K), n - body, K,
-                                           FP8_ROWS, pow2, op))
+        if (n > body &&
+            !moe_cuda_fp8_rows(c, o->q + (r0 + body) * K, s + round32(body * KB),
+                               moe_cbuf_at(x, (r0 + body) * K), n - body, K, FP8_ROWS, pow2, op))
             return 0;
     }
     return 1;
@@ -427,19 +506,20 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
     int64_t body = n - n % FP8_ROWS, tail = n - body;
     const float *s = a->s + fp8_group_scales(offsets, e, KB);
     size_t cs = esize(ct);
-    if (body > 0 && !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, 0, bq, bs, 1, beta, C, ct))
+    if (body > 0 &&
+        !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, 0, bq, bs, 1, beta, C, ct, GEMM_VARY_M))
         return 0;
     if (tail == 0) return 1;
     void *t = moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(FP8_ROWS * N) * cs, op);
     char *dst = (char *)C + (size_t)(body * N) * cs;
     if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB), 0,
-                        bq, bs, 1, 0.0f, t, ct))
+                        bq, bs, 1, 0.0f, t, ct, GEMM_EXACT))
         return 0;
     if (beta == 0.0f)
-        return moe_cuda_check(c,
-                              cudaMemcpyAsync(dst, t, (size_t)(tail * N) * cs,
-                                              cudaMemcpyDeviceToDevice, c->stream),
-                              op, "fp8 tail of %lld rows", (long long)tail);
+        return moe_cuda_check(
+            c,
+            cudaMemcpyAsync(dst, t, (size_t)(tail * N) * cs, cudaMemcpyDeviceToDevice, c->stream),
+            op, "fp8 tail of %lld rows", (long long)tail);
     k_add_into<<<moe_cuda_grid(c, tail * N, 256), 256, 0, c->stream>>>((float *)dst,
                                                                        (const float *)t, tail * N);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 tail of %lld rows", (long long)tail);
@@ -447,8 +527,7 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
 
 /* y [M, O] (ct) = x [M, I] W_e^T per group, w [E, O, I]; fp32 outputs rounded to bf16. */
 static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
-                                const int32_t *offsets, int64_t E, int64_t I, int64_t O,
-                                int pow2) {
+                                const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
     int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_fp8_tile_scales(O, I);
     cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t cs = esize(ct);
@@ -505,7 +584,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
         if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, pow2, op) ||
             !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, pow2, op) ||
-            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, bw, dw + e * O * I, CUDA_R_32F))
+            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, bw, dw + e * O * I, CUDA_R_32F,
+                      GEMM_VARY_K))
             return;
         p0 += np;
     }
@@ -531,7 +611,7 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
     const void *wa = xa ? typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
     if (!wa) return;
-    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y.p, ct)) return;
+    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y.p, ct, GEMM_EXACT)) return;
     if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
         moe_cuda_round_bf16(c, (float *)y.p, N * O, op);
 }
@@ -557,7 +637,8 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
         fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st), moe_grad_beta(dw_st));
+                             prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st),
+                             moe_grad_beta(dw_st));
         return;
     }
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
@@ -565,19 +646,21 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (!dya) return;
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const void *wa = typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
-        if (!wa ||
-            !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx, CUDA_R_32F))
+        if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx,
+                            CUDA_R_32F, GEMM_EXACT))
             return;
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] */
         const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
         if (!xa) return;
-        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F);
+        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F,
+                GEMM_EXACT);
     }
 }
 
 /* ------------------------------------------------------------------------------------------
- * grouped (per-expert) matmul: one cuBLASLt call per expert with rows, all on one stream */
+ * grouped (per-expert) matmul: one cuBLASLt call per expert with rows, all on one stream,
+ * each from the plan of its row count's bucket */
 
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
@@ -604,7 +687,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
         if (n <= 0) continue;
         if (!gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
                      wa + (size_t)(e * O * I) * es, dt, 0.0f, (char *)y.p + (size_t)(r0 * O) * cs,
-                     ct))
+                     ct, GEMM_VARY_M))
             return;
     }
     if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
@@ -618,7 +701,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
-    for (int64_t e = 0; e < E; e++) /* the experts with no rows */
+    for (int64_t e = 0; dw && e < E; e++) /* the experts with no rows */
         if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
             return;
     int64_t M = offsets[E];
@@ -632,9 +715,12 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
     size_t es = esize(dt);
     const char *dya = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);
-    const char *xa =
-        dya ? (const char *)typed_operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op) : NULL;
-    if (!xa) return;
+    if (!dya) return;
+    const char *xa = NULL;
+    if (dw) {
+        xa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op);
+        if (!xa) return;
+    }
     const char *wa = NULL;
     if (dx) {
         wa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
@@ -643,11 +729,13 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *d
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
-        if (dx && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
-                           wa + (size_t)(e * O * I) * es, dt, bx, dx + r0 * I, CUDA_R_32F))
+        if (dx &&
+            !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
+                     wa + (size_t)(e * O * I) * es, dt, bx, dx + r0 * I, CUDA_R_32F, GEMM_VARY_M))
             return;
-        if (!gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                     xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F))
+        if (dw &&
+            !gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
+                     xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
             return;
     }
 }

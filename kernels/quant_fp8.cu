@@ -10,8 +10,8 @@
  * The one thing a reader must know is cuBLASLt's scale layouts (sm_90, checked on an H200
  * 2026-12-01 against a double-precision reference): for an operand stored row-major [R, K]
  * (K contiguous, the product reduces over K), 1 x 128 blocks (VEC128_32F) keep their scale
- * at s[kb * R + r] (and such an operand's R must be a multiple of 16), 128 x 128 tiles (BLK128x128_32F) at s[rb * round_up(ceil(K / 128), 4) +
- * kb]. */
+ * at s[kb * R + r] (and such an operand's R must be a multiple of 16), 128 x 128 tiles
+ * (BLK128x128_32F) at s[rb * round_up(ceil(K / 128), 4) + kb]. */
 #include <cuda_fp8.h>
 
 #include "backend_cuda.cuh"
@@ -35,9 +35,8 @@ __device__ __forceinline__ float finite_abs(float x) {
 
 /* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
 template <typename T>
-__global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s,
-                           const T *__restrict__ x, int64_t R, int64_t K, int64_t ls,
-                           int pow2) {
+__global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
+                           int64_t R, int64_t K, int64_t ls, int pow2) {
     int64_t KB = (K + QB - 1) / QB;
     int64_t blk = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (blk >= R * KB) return;
@@ -84,17 +83,17 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
     /* 256 threads write 32 rows of 128 bytes, 16 bytes each */
     int t = ty * 32 + tx, row = t / 8, part = t % 8;
     int64_t kr = (int64_t)blockIdx.x * 32 + row;
-    if (kr < K)
-        *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
+    if (kr < K) *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
 }
 
 /* One block of 256 threads, 32 x 8, per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z =
  * expert) of w [E, R, K] fp32, R and K multiples of 16: the row-wise copy q [E, R, K] with s
  * [E, RB * KB4] at rb * KB4 + kb, and the transposed copy qt [E, K, R] with st [E, KB * RB4]
  * at kb * RB4 + rb (the same scale values; moe/ops.h's fp8-block weight layout). The tile is
- * read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of rows ty + 8 i in registers,
- * writes them row-wise as 4-byte stores, and the transposed tile goes out through shared
- * memory as 16-byte stores. */
+ * read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of rows ty + 8 i in registers
+ * (one 16-byte load each: K % 4 == 0 and w 16-byte aligned, as the parameter table aligns
+ * tensors), writes them row-wise as 4-byte stores, and the transposed tile goes out through
+ * shared memory as 16-byte stores. */
 __global__ void __launch_bounds__(256)
     k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
                 float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
@@ -111,11 +110,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < QB / 8; i++) {
         int64_t r = r0 + ty + 8 * i;
+        const float4 f =
+            kin && r < R ? *(const float4 *)(we + r * K + k0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            v[i][j] = kin && r < R ? we[r * K + k0 + j] : 0.0f;
+        for (int j = 0; j < 4; j++)
             amax = fmaxf(amax, finite_abs(v[i][j]));
-        }
     }
     float scale = fp8_scale(moe_block_max(amax, sh), pow2);
     if (threadIdx.x == 0) {
@@ -158,11 +158,11 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
     if (R <= 0 || K <= 0) return 1;
     int64_t blocks = (R * ((K + QB - 1) / QB) + 7) / 8;
     if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R,
-                                                             K, ls, pow2);
+        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R, K,
+                                                            ls, pow2);
     else
         k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls,
-                                                             pow2);
+                                                            pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
@@ -184,9 +184,11 @@ void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "quantize_weight";
     if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
-    if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK || !moe_cuda_fp8_shape_ok(I, O)) {
+    if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK || !moe_cuda_fp8_shape_ok(I, O) ||
+        (uintptr_t)w % 16 != 0) {
         moe_cuda_check(c, cudaErrorInvalidValue, op,
-                       "E=%lld O=%lld I=%lld recipe %d (fp8-block and multiples of 16 expected)",
+                       "E=%lld O=%lld I=%lld recipe %d (fp8-block, multiples of 16 and a "
+                       "16-byte aligned weight expected)",
                        (long long)E, (long long)O, (long long)I, (int)prec);
         return;
     }

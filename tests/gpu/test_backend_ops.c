@@ -735,6 +735,16 @@ static void run_grouped(gctx *g, const tcase *tc) {
     free(sw1);
     cmp_f32(g, "dx (SET)", sgx, gx, M * I, tc->tol);
     cmp_f32(g, "dw (SET)", sgw, gw, E * O * I, tc->tol);
+    /* the model's w2 backward: the weight gradient alone (dx NULL), then dx alone (dw NULL) */
+    float *ogx = dup_dev(g, "dx (dx only)", NULL, F(M * I));
+    float *ogw = dup_dev(g, "dw (dw only)", NULL, F(E * O * I));
+    g->gpu->grouped_matmul_backward(g->gpu, NULL, ogw, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, ogx, NULL, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    check_sync_guards(g, "grouped_matmul_backward dw only, dx only");
+    cmp_f32(g, "dx (dx only)", ogx, gx, M * I, tc->tol);
+    cmp_f32(g, "dw (dw only)", ogw, gw, E * O * I, tc->tol);
     free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
     gc_weight_free(cw);
 }

@@ -372,11 +372,12 @@ struct moe_backend {
                                    moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
                                    const int32_t *offsets, /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
-    /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say */
+    /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say
+     * (either may be NULL: not computed, and x not read without dw) */
     void (*grouped_matmul_backward)(const moe_backend *be, float *dx, /* [M, I] dev, may be NULL */
-                                    float *dw,                        /* [E, O, I] dev */
-                                    moe_cbuf dy,                      /* [M, O] dev, F32 or BF16 */
-                                    moe_cbuf x,                       /* [M, I] dev, F32 or BF16 */
+                                    float *dw,              /* [E, O, I] dev, may be NULL */
+                                    moe_cbuf dy,            /* [M, O] dev, F32 or BF16 */
+                                    moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
                                     moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec,

@@ -47,13 +47,13 @@ int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep
 }
 
 /* The expert activations of one layer, or of the shared set (see moe_layer_acts): the
- * expert side gets cap rows, and its own xe/ye only with expert parallelism (own). */
+ * expert side gets cap rows, and its own xe/ye only with expert parallelism (own). g is not
+ * among them: it lives in the region of moe_acts_plan's phases. */
 static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t NK, int64_t cap,
                           int own, int64_t C, int64_t F, size_t ef) {
     la->xp = carve(off, base, (size_t)(NK * C) * ef);
     la->h1 = carve(off, base, (size_t)(cap * F) * ef);
     la->h3 = carve(off, base, (size_t)(cap * F) * ef);
-    la->g = carve(off, base, (size_t)(cap * F) * ef);
     la->yp = carve(off, base, (size_t)(NK * C) * ef);
     la->xe = own ? carve(off, base, (size_t)(cap * C) * ef) : la->xp;
     la->ye = own ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
@@ -149,7 +149,28 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->tokens = carve(&off, base, (size_t)N * i4);
     p->pool_range = carve(&off, base, (size_t)(2 * N) * i4);
     p->tmp = carve(&off, base, (size_t)(N * C) * f);
-    if (!train) return off; /* hidden states only: no logits, losses or gradients */
+    /* One region for buffers whose lifetimes never overlap (moe_model_backward's order):
+     * g, the SwiGLU output, in each layer's forward and again at the start of its backward
+     * (made again from h1 and h3 for w2's weight gradient); dg over it once that gradient
+     * has read g; dxe and dxp once SwiGLU's backward has read dg; the attention gradients
+     * once permute's backward has read dxp. Forward-only plans hold g alone. */
+    size_t u = off, uend = off;
+    void *g = carve(&u, base, (size_t)(cap * F) * (train ? f : ef));
+    p->dg = train ? (float *)g : NULL;
+    if (base)
+        for (int64_t l = 0; l < L; l++)
+            a->layer[l].g = g;
+    if (!train) return u; /* hidden states only: no logits, losses or gradients */
+    uend = u, u = off;
+    p->dxe = own ? carve(&u, base, (size_t)(cap * C) * f) : NULL;
+    p->dxp = carve(&u, base, (size_t)(NK * C) * f);
+    if (!own) p->dxe = p->dxp;
+    uend = u > uend ? u : uend, u = off;
+    p->datt = carve(&u, base, (size_t)(N * HD) * f);
+    p->dq = carve(&u, base, (size_t)(N * HD) * f);
+    p->dk = carve(&u, base, (size_t)(N * KVD) * f);
+    p->dv = carve(&u, base, (size_t)(N * KVD) * f);
+    off = u > uend ? u : uend;
     p->logits = carve(&off, base, (size_t)(N * V) * f);
     p->ce_loss = carve(&off, base, (size_t)N * f);
     p->ce_lse = carve(&off, base, (size_t)N * f);
@@ -157,19 +178,12 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->weights = carve(&off, base, (size_t)N * f);
     p->dres = carve(&off, base, (size_t)(N * C) * f);
     p->dln = carve(&off, base, (size_t)(N * C) * f);
-    p->dq = carve(&off, base, (size_t)(N * HD) * f);
-    p->datt = carve(&off, base, (size_t)(N * HD) * f);
-    p->dk = carve(&off, base, (size_t)(N * KVD) * f);
-    p->dv = carve(&off, base, (size_t)(N * KVD) * f);
     p->drl = carve(&off, base, (size_t)(N * E) * f);
     p->dtw = carve(&off, base, (size_t)NK * f);
     p->dprob = carve(&off, base, (size_t)(L * E) * f);
-    p->dxp = carve(&off, base, (size_t)(NK * C) * f);
     /* dyp, dh1 and dh3 have no buffers: the backward writes them over the layer's yp, h1
      * and h3, whose last reader is the op that writes them (unpermute's and swiglu's
      * backward, in place) */
-    p->dg = carve(&off, base, (size_t)(cap * F) * f);
-    p->dxe = own ? carve(&off, base, (size_t)(cap * C) * f) : p->dxp;
     p->dye = own ? carve(&off, base, (size_t)(cap * C) * ef) : NULL; /* NULL: the layer's yp */
     p->xfer = own ? carve(&off, base, (size_t)(cap * C) * f) : NULL;
     p->doc_start = carve(&off, base, (size_t)N * i4);

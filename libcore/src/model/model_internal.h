@@ -23,34 +23,35 @@ enum { MOE_PLAN_FORWARD = 4 };
 /* dev memory; a group not kept points at the shared set. The void * buffers hold the
  * activations the bf16 recipe rounds anyway, of element type moe_acts.adt. */
 typedef struct moe_layer_acts {
-    float *x_in;                /* [N, C] residual stream entering the layer */
-    void *ln1;                  /* [N, C] */
-    float *rstd1;               /* [N] */
-    void *q;                    /* [N, H*D] after RoPE */
-    void *k;                    /* [N, KV*D] after RoPE */
-    void *v;                    /* [N, KV*D] */
-    void *att;                  /* [N, H*D] attention output (before o_proj) */
-    float *att_lse;             /* [B, H, T] */
-    float *x_mid;               /* [N, C] residual after attention */
-    void *ln2;                  /* [N, C] */
-    float *rstd2;               /* [N] */
-    float *rlogits;             /* [N, E] router logits */
-    float *probs;               /* [N, E] */
-    float *rlse;                /* [N] */
-    int32_t *topk_idx;          /* [N, K] */
-    float *topk_w;              /* [N, K] */
-    int32_t *counts;            /* [E], row l of one [L, E] buffer */
-    float *rstats;              /* [E + 2], row l of one [L, E + 2] buffer */
-    int32_t *row_src;           /* [N*K] */
-    int32_t *slot_row;          /* [N*K] */
-    int32_t *offsets;           /* [E + 1] */
+    float *x_in;       /* [N, C] residual stream entering the layer */
+    void *ln1;         /* [N, C] */
+    float *rstd1;      /* [N] */
+    void *q;           /* [N, H*D] after RoPE */
+    void *k;           /* [N, KV*D] after RoPE */
+    void *v;           /* [N, KV*D] */
+    void *att;         /* [N, H*D] attention output (before o_proj) */
+    float *att_lse;    /* [B, H, T] */
+    float *x_mid;      /* [N, C] residual after attention */
+    void *ln2;         /* [N, C] */
+    float *rstd2;      /* [N] */
+    float *rlogits;    /* [N, E] router logits */
+    float *probs;      /* [N, E] */
+    float *rlse;       /* [N] */
+    int32_t *topk_idx; /* [N, K] */
+    float *topk_w;     /* [N, K] */
+    int32_t *counts;   /* [E], row l of one [L, E] buffer */
+    float *rstats;     /* [E + 2], row l of one [L, E + 2] buffer */
+    int32_t *row_src;  /* [N*K] */
+    int32_t *slot_row; /* [N*K] */
+    int32_t *offsets;  /* [E + 1] */
     /* the expert activations: this rank's routed rows xp, yp [N*K]; the rows its experts
      * compute, R of them (R = N*K without expert parallelism), xe .. ye [cap = ep N*K] */
     void *xp; /* [N*K, C] permuted expert inputs */
     void *xe; /* [cap, C] rows the local experts received, by expert (= xp at ep 1) */
     void *h1; /* [cap, F] w1 output */
     void *h3; /* [cap, F] w3 output */
-    void *g;  /* [cap, F] silu(h1) * h3 */
+    void *g;  /* [cap, F] silu(h1) * h3: one buffer for all layers, moe_acts_plan's phase
+                 region (recomputed in the backward, dg over it) */
     void *ye; /* [cap, C] the local experts' outputs, rows as xe (= yp at ep 1) */
     void *yp; /* [N*K, C] expert outputs (unweighted) */
 } moe_layer_acts;
@@ -74,39 +75,39 @@ struct moe_acts {
     int64_t *ep_rows;
     int32_t *ep_off;
     void *xfer;
-    float *x_final;        /* [N, C] residual after the last layer */
-    float *lnf;            /* [N, C] */
-    float *rstdf;          /* [N] */
-    float *logits;         /* [N, V], overwritten in place by its gradient in backward */
-    float *ce_loss;        /* [N] */
-    float *ce_lse;         /* [N] */
-    int32_t *tokens;       /* [N] */
-    int32_t *pool_range;   /* [N, 2] row ranges of moe_model_hidden_pooled */
-    int32_t *targets;      /* [N] */
-    float *weights;        /* [N] */
-    float *tmp;            /* [N, C] o_proj / moe output before the residual add */
+    float *x_final;      /* [N, C] residual after the last layer */
+    float *lnf;          /* [N, C] */
+    float *rstdf;        /* [N] */
+    float *logits;       /* [N, V], overwritten in place by its gradient in backward */
+    float *ce_loss;      /* [N] */
+    float *ce_lse;       /* [N] */
+    int32_t *tokens;     /* [N] */
+    int32_t *pool_range; /* [N, 2] row ranges of moe_model_hidden_pooled */
+    int32_t *targets;    /* [N] */
+    float *weights;      /* [N] */
+    float *tmp;          /* [N, C] o_proj / moe output before the residual add */
     /* gradient scratch, shared by all layers */
-    float *dres;           /* [N, C] gradient of the residual stream */
-    float *dln;            /* [N, C] */
-    float *dq, *datt;      /* [N, H*D] */
-    float *dk, *dv;        /* [N, KV*D] */
-    float *drl;            /* [N, E] */
-    float *dtw;            /* [N, K] */
-    float *dprob;          /* [L, E] */
-    float *dxp;            /* [N*K, C] */
-    float *dxe;            /* [cap, C] the expert side's dxp (= dxp at ep 1) */
-    void *dye;             /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
-                              (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
-                              the w2 / w1 / w3 products) are written over the layer's yp, h1
-                              and h3 */
-    float *dg;             /* [cap, F] */
+    float *dres;      /* [N, C] gradient of the residual stream */
+    float *dln;       /* [N, C] */
+    float *dq, *datt; /* [N, H*D]; these four, dxp/dxe and dg share one region */
+    float *dk, *dv;   /* [N, KV*D] */
+    float *drl;       /* [N, E] */
+    float *dtw;       /* [N, K] */
+    float *dprob;     /* [L, E] */
+    float *dxp;       /* [N*K, C] */
+    float *dxe;       /* [cap, C] the expert side's dxp (= dxp at ep 1) */
+    void *dye;        /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
+                         (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
+                         the w2 / w1 / w3 products) are written over the layer's yp, h1
+                         and h3 */
+    float *dg;        /* [cap, F], over g once w2's weight gradient has read it */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */
-    int32_t *doc_start; /* [N] first position of each position's document in its row */
-    int32_t *positions; /* [N] position inside the document (RoPE) */
-    int32_t *h_doc;     /* [2N] host: doc_start, then positions, before the upload */
-    int doc_masked;     /* the last forward ran with the mask: backward (and its recompute)
-                           uses the same doc_start and positions */
+    int32_t *doc_start;   /* [N] first position of each position's document in its row */
+    int32_t *positions;   /* [N] position inside the document (RoPE) */
+    int32_t *h_doc;       /* [2N] host: doc_start, then positions, before the upload */
+    int doc_masked;       /* the last forward ran with the mask: backward (and its recompute)
+                             uses the same doc_start and positions */
     const moe_kv_use *kv; /* during a moe_model_logprobs_kv pass: its cached keys, else NULL */
     /* host mirrors of the last forward's inputs and per-token losses */
     float *h_loss;  /* [N] */

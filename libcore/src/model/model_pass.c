@@ -340,11 +340,17 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (a->ep > 1) moe_model_ep_dispatch(m, l, dyp, dye, (size_t)C * moe_dtype_size(adt), 0);
         int64_t El, R;
         const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-        be->grouped_matmul_backward(be, a->dg, P[li->w2].grad, moe_cbuf_of(dye, adt),
-                                    moe_cbuf_of(la->g, adt), moe_model_weight(m, li->w2), eoff, El,
-                                    F, C, prec, MOE_GRAD_SET, gw);
-        be->swiglu_backward(be, moe_buf_of(dh1, adt), moe_buf_of(dh3, adt), a->dg,
-                            moe_cbuf_of(la->h1, adt), moe_cbuf_of(la->h3, adt), R * F);
+        /* g shares its region with dg (moe_acts_plan): the later layers' backward ran over
+         * it, so it is made again from h1 and h3 (unless the MoE block was just recomputed),
+         * read by w2's weight gradient, and then overwritten by dg */
+        moe_cbuf h1 = moe_cbuf_of(la->h1, adt), h3 = moe_cbuf_of(la->h3, adt);
+        moe_cbuf g = moe_cbuf_of(la->g, adt), w2 = moe_model_weight(m, li->w2);
+        if (a->keep_moe) be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, R * F, p16);
+        be->grouped_matmul_backward(be, NULL, P[li->w2].grad, moe_cbuf_of(dye, adt), g, w2, eoff,
+                                    El, F, C, prec, MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, a->dg, NULL, moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C,
+                                    prec, MOE_GRAD_SET, gw);
+        be->swiglu_backward(be, moe_buf_of(dh1, adt), moe_buf_of(dh3, adt), a->dg, h1, h3, R * F);
         be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(dh1, adt),
                                     moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w1), eoff, El,
                                     C, F, prec, MOE_GRAD_SET, gw);

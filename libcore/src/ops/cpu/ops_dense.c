@@ -208,7 +208,7 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
-    if (dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
+    if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] <= offsets[e])
                 memset(dw + e * O * I, 0, (size_t)(O * I) * sizeof(float));
@@ -218,7 +218,7 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
     }
     int64_t M = offsets[E];
     const float *dyr = moe_cpu_operand_typed(dy, M * O, prec);
-    const float *xr = moe_cpu_operand_typed(x, M * I, prec);
+    const float *xr = dw ? moe_cpu_operand_typed(x, M * I, prec) : NULL;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
@@ -228,9 +228,10 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
             moe_cpu_gemm(0, 0, n, I, O, 1.0f, dyr + r0 * O, we, moe_grad_beta(dx_st), dx + r0 * I);
             moe_cpu_operand_free(we, w_e.p);
         }
-        moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, moe_grad_beta(dw_st),
-                     dw + e * O * I);
+        if (dw)
+            moe_cpu_gemm(1, 0, O, I, n, 1.0f, dyr + r0 * O, xr + r0 * I, moe_grad_beta(dw_st),
+                         dw + e * O * I);
     }
     moe_cpu_operand_free(dyr, dy.p);
-    moe_cpu_operand_free(xr, x.p);
+    if (xr) moe_cpu_operand_free(xr, x.p);
 }

@@ -149,6 +149,7 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
             moe_cpu_gemm(0, 0, n, I, O, 1.0f, dq + r0 * O, wq, moe_grad_beta(dx_st), dx + r0 * I);
             free(wq);
         }
+        if (!dw) continue;
         /* the expert's rows are their own group along N */
         float *dc = operand(moe_cbuf_at(dy, r0 * O), n, O, Q_COLS, prec);
         float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_COLS, prec);
