@@ -282,22 +282,18 @@ static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, con
         gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K);
         cublasLtMatrixLayout_t lay[3] = {p->la, p->lb, p->lc};
         for (int l = 0; l < 3; l++) {
-            int64_t ld = (int64_t)d.rows[l];
-            if (!moe_cublas_check(c,
-                                  cublasLtMatrixLayoutSetAttribute(lay[l],
-                                                                   CUBLASLT_MATRIX_LAYOUT_ROWS,
-                                                                   &d.rows[l], sizeof d.rows[l]),
-                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)) ||
-                !moe_cublas_check(c,
-                                  cublasLtMatrixLayoutSetAttribute(lay[l],
-                                                                   CUBLASLT_MATRIX_LAYOUT_COLS,
-                                                                   &d.cols[l], sizeof d.cols[l]),
-                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)) ||
-                !moe_cublas_check(c,
-                                  cublasLtMatrixLayoutSetAttribute(
-                                      lay[l], CUBLASLT_MATRIX_LAYOUT_LD, &ld, sizeof ld),
-                                  op, SHAPE_FMT " (layout)", SHAPE_ARGS(k)))
-                return 0;
+            /* rows, cols and the leading dimension (= rows), each a 64-bit attribute */
+            const cublasLtMatrixLayoutAttribute_t at[3] = {CUBLASLT_MATRIX_LAYOUT_ROWS,
+                                                           CUBLASLT_MATRIX_LAYOUT_COLS,
+                                                           CUBLASLT_MATRIX_LAYOUT_LD};
+            const uint64_t rows = d.rows[l], cols = d.cols[l];
+            const int64_t ld = (int64_t)rows;
+            const void *val[3] = {&rows, &cols, &ld};
+            for (int a = 0; a < 3; a++)
+                if (!moe_cublas_check(
+                        c, cublasLtMatrixLayoutSetAttribute(lay[l], at[a], val[a], sizeof rows), op,
+                        SHAPE_FMT " (layout)", SHAPE_ARGS(k)))
+                    return 0;
         }
     }
     return moe_cublas_check(c,

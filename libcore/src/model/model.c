@@ -162,9 +162,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             a->layer[l].g = g;
     if (!train) return u; /* hidden states only: no logits, losses or gradients */
     uend = u, u = off;
-    p->dxe = own ? carve(&u, base, (size_t)(cap * C) * f) : NULL;
+    float *dxe = own ? carve(&u, base, (size_t)(cap * C) * f) : NULL;
     p->dxp = carve(&u, base, (size_t)(NK * C) * f);
-    if (!own) p->dxe = p->dxp;
+    p->dxe = own ? dxe : p->dxp;
     uend = u > uend ? u : uend, u = off;
     p->datt = carve(&u, base, (size_t)(N * HD) * f);
     p->dq = carve(&u, base, (size_t)(N * HD) * f);
