@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
             fa3_commit_wait();
             fa3_hold(o);
             fa3_hold(p);
-        } else { /* wait for the stage to fill before releasing it (attention_wgmma_bwd.cu) */
+        } else { /* wait for the stage to fill before releasing it: otherwise this warpgroup
+                  * could run more than NS steps ahead and its releases would complete the
+                  * other one's phase of a stage while that one still reads it */
             fa3_bar_wait(bk + 8 * s, parity);
             fa3_bar_wait(bv + 8 * s, parity);
             if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
@@ -144,8 +146,11 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
                      m1, l0, l1, row0, row1, T, qstride, t);
 }
 
-int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,
-            int64_t D, int rows, const char *op) {
+/* both fa3_map: a [B, T, NH, D] tensor of `esize`-byte elements of type dt, boxes of 128 bytes
+ * of a row ({128 / esize columns, 1 head, rows, 1}) */
+static int fa3_map_as(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt,
+                      int esize, int64_t B, int64_t T, int64_t NH, int64_t D, int rows,
+                      const char *op) {
     if (!c->tmap_encode) {
         cudaDriverEntryPointQueryResult res;
         if (!moe_cuda_check(c,
@@ -156,17 +161,28 @@ int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T
             return 0;
     }
     const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)(D * 2), (cuuint64_t)(NH * D * 2),
-                                   (cuuint64_t)(T * NH * D * 2)};
-    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1}, estr[4] = {1, 1, 1, 1};
+    const cuuint64_t strides[3] = {(cuuint64_t)(D * esize), (cuuint64_t)(NH * D * esize),
+                                   (cuuint64_t)(T * NH * D * esize)};
+    const cuuint32_t box[4] = {(cuuint32_t)(128 / esize), 1, (cuuint32_t)rows, 1};
+    const cuuint32_t estr[4] = {1, 1, 1, 1};
     CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode)(
-        m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)p, dims, strides, box, estr,
+        m, dt, 4, (void *)p, dims, strides, box, estr,
         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS) return 1;
     return moe_cuda_check(c, cudaErrorInvalidValue, op,
                           "tensor map B=%lld T=%lld NH=%lld D=%lld: CUresult %d", (long long)B,
                           (long long)T, (long long)NH, (long long)D, (int)r);
+}
+
+int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,
+            int64_t D, int rows, const char *op) {
+    return fa3_map_as(c, m, p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, B, T, NH, D, rows, op);
+}
+
+int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const float *p, int64_t B, int64_t T, int64_t NH,
+            int64_t D, int rows, const char *op) {
+    return fa3_map_as(c, m, p, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, B, T, NH, D, rows, op);
 }
 
 int moe_cuda_fa3_supported(const moe_cuda_ctx *c, int64_t D, const void *q, const void *k,

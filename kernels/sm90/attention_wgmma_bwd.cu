@@ -1,53 +1,63 @@
 /* attention_wgmma_bwd: the backward of causal grouped-query flash attention for Hopper
- * (sm_90a) with warpgroup MMAs - the same two deterministic kernels as the portable backward
- * (attention_flash.cu; every gradient element has one owner, no atomics), each with the
- * producer/consumer structure of the Hopper forward (attention_wgmma.cu): a producer warp
- * loads tiles with TMA into mbarrier-guarded stages, two consumer warpgroups of 64 rows
- * multiply them from shared memory (layouts: wgmma.cuh); the producer's warpgroup hands its
- * registers to the consumers (setmaxnreg). Head dims 64 and 128, GQA, document
- * masks; delta = rowsum(dO * O) and the bf16 operands come from the caller.
+ * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys of one kv head holds K and
+ * V in shared memory and walks the blocks of 64 queries of each query head of the group that
+ * see them. Per step it forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in
+ * registers (flash_common.cuh), then dV += P^T dO, dK += dS^T Q and this step's share of dQ =
+ * dS K (dS^T through shared memory, read as a transposed operand). Structure as the Hopper
+ * forward (attention_wgmma.cu): a producer warp loads Q/dO tiles with TMA into
+ * mbarrier-guarded stages, two consumer warpgroups of 64 keys multiply them from shared memory
+ * (layouts: wgmma.cuh), and the producer's warpgroup hands its registers to the consumers
+ * (setmaxnreg). Head dims 64 and 128, GQA, document masks; delta = rowsum(dO * O) and the bf16
+ * operands come from the caller.
  *
- * dq kernel, a block per 128 queries of one head: Q and dO resident; per block of 64 keys
- * S = Q K^T and dP = dO V^T (both operands from shared memory), dS = P * (dP - delta) in
- * registers (flash_common.cuh), dQ += dS K (dS as the register A operand, K N-major).
- * dk/dv kernel, a block per 128 keys of one kv head: K and V resident; per block of 64
- * queries of each query head of the group S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO
- * and dK += dS^T Q. The producer warp also stages the queries' lse, delta and document
- * starts beside each tile. Rounding as the portable kernels: P and dS enter the products as
- * bf16, the gradients stay fp32 and are added to dq, dk, dv. */
+ * dQ is deterministic without an owner per element: each step's dQ tile goes to shared memory
+ * and a writer warp adds it into dq with a TMA reduce-add, and the key blocks of one query
+ * block add in a fixed order, the last key block first (FlashAttention-3's deterministic
+ * mode): a semaphore per query block counts the adds done, and a block waits for its turn.
+ * The blocks start in that order (the last key block first), so a block only waits for
+ * blocks that started before it, and the key block after it is two query blocks ahead (it
+ * starts at the diagonal): the turns cost nothing in steady state. Rounding as the portable
+ * kernels: P and dS enter the products as bf16, the gradients stay fp32. */
 #include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
-#define FB_THREADS 384 /* two consumer warpgroups and a producer warpgroup (one warp works) */
-#define FB_ROWS 128    /* queries (dq) or keys (dk/dv) a block owns */
-#define FB_STEP 64     /* keys (dq) or queries (dk/dv) a step */
-#define FB_NS 2        /* stages */
-/* FB_PINGPONG 1: the consumer warpgroups take turns (wgmma.cuh); a -D variant
- * (bench/kernels/attn_variants.sh) */
-#ifndef FB_PINGPONG
-#define FB_PINGPONG 0
-#endif
+#define FB_THREADS 384 /* two consumer warpgroups; a producer warpgroup (a TMA warp, a dQ warp) */
+#define FB_ROWS 128    /* keys a block owns */
+#define FB_STEP 64     /* queries a step */
+#define FB_NS 2        /* stages of Q and dO */
+#define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
 
-/* Shared memory of both kernels: the two resident tiles [FB_ROWS][D], FB_NS stages of two
- * [FB_STEP][D] tiles, FB_NS stages of the side arrays (lse, delta, start [FB_STEP]), then the
- * barriers: resident, full[FB_NS], empty[FB_NS]. */
+/* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
+ * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
+ * fp32 as D/32 boxes of [FB_STEP][32] (128-byte swizzle; warpgroup w computes columns 64w..
+ * 64w+63); FB_NS stages of the side arrays (lse, delta, start [FB_STEP]); then the barriers:
+ * resident, full[FB_NS], empty[FB_NS], dQ full[2], dQ empty[2]. */
 template <int D> struct fb_smem {
     static constexpr uint32_t RES = FB_ROWS * D * 2, TILE = FB_STEP * D * 2;
+    static constexpr uint32_t DS = FB_ROWS * FB_STEP * 2, DQ = FB_STEP * D * 4;
     static constexpr uint32_t SIDE = 3 * FB_STEP * 4;
-    static constexpr size_t BYTES = 2 * RES + 2 * FB_NS * TILE + FB_NS * SIDE + 8 * (1 + 2 * FB_NS);
-    uint32_t ra, rb, sa, sb, side, br, bf, be;
+    static constexpr size_t BYTES =
+        2 * RES + 2 * FB_NS * TILE + 2 * DS + DQ + FB_NS * SIDE + 8 * (1 + 2 * FB_NS + 4);
+    uint32_t ra, rb, sa, sb, ds, dq, side, br, bf, be, bqf, bqe;
     __device__ explicit fb_smem(uint32_t base) {
         ra = base;
         rb = ra + RES;
         sa = rb + RES;
         sb = sa + FB_NS * TILE;
-        side = sb + FB_NS * TILE;
+        ds = sb + FB_NS * TILE;
+        dq = ds + 2 * DS;
+        side = dq + DQ;
         br = side + FB_NS * SIDE;
         bf = br + 8;
         be = bf + 8 * FB_NS;
+        bqf = be + 8 * FB_NS;
+        bqe = bqf + 16;
     }
 };
+
+/* the warpgroups that compute dQ: 64 columns each */
+#define FB_DQ_WG(D) ((D) / 64)
 
 extern __shared__ __align__(16) unsigned char fb_raw[];
 
@@ -68,6 +78,10 @@ template <int D> __device__ __forceinline__ fb_smem<D> fb_begin() {
         for (int s = 0; s < FB_NS; s++) {
             fa3_bar_init(m.bf + 8 * s, 32); /* every producer lane: its side-array stores */
             fa3_bar_init(m.be + 8 * s, 2 * 128);
+        }
+        for (int w = 0; w < 2; w++) {
+            fa3_bar_init(m.bqf + 8 * w, 128); /* the warpgroup's dQ stores */
+            fa3_bar_init(m.bqe + 8 * w, 1);   /* the writer, once TMA has read them */
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
@@ -107,22 +121,11 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
     }
 }
 
-/* A warpgroup that skips a step still waits for its stage to fill before it releases it:
- * otherwise it could run more than FB_NS steps ahead (dk/dv: one query block per head, all
- * before its keys) and its releases would complete the other warpgroup's phase of the stage
- * while that one still reads it. */
-template <int D>
-__device__ __forceinline__ void fb_skip(const fb_smem<D> &m, int s, uint32_t parity) {
-    fa3_bar_wait(m.bf + 8 * s, parity);
-}
-
-/* The two score-side products of a warpgroup (its 64 rows of the resident tiles):
- * x = RA_rows SA^T and y = RB_rows SB^T over D, both [64, FB_STEP]; with `turns` the turn
- * passes on once they are issued (`last`: the loop's last step). */
+/* The two score-side products of a warpgroup (its 64 keys of the resident tiles):
+ * x = K_rows Q^T and y = V_rows dO^T over D, both [64, FB_STEP]. */
 template <int D>
 __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)[FB_STEP / 8][4],
-                                          const fb_smem<D> &m, int wg, uint32_t tile, bool turns,
-                                          bool last) {
+                                          const fb_smem<D> &m, int wg, uint32_t tile) {
     fa_zero<FB_STEP / 8>(x);
     fa_zero<FB_STEP / 8>(y);
     fa3_fence();
@@ -133,97 +136,82 @@ __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)
         fa3_mma_ss(x, fa3_desc(m.ra + a, 16, 1024), fa3_desc(m.sa + tile + bo, 16, 1024), ks > 0);
         fa3_mma_ss(y, fa3_desc(m.rb + a, 16, 1024), fa3_desc(m.sb + tile + bo, 16, 1024), ks > 0);
     }
-    if (turns) fa3_turn_pass(wg, last);
     fa3_commit_wait();
     fa3_hold(x);
     fa3_hold(y);
 }
 
-/* dq [B, T, H, D] (+= scale * dS K, or = under add 0); q/dout maps with boxes of FB_ROWS rows, k/v
- * maps with FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL; grid (T / 128, B * H) */
-template <int D>
-__global__ void __launch_bounds__(FB_THREADS, 1)
-    k_fb_dq(float *__restrict__ dq, const __grid_constant__ CUtensorMap mq,
-            const __grid_constant__ CUtensorMap mdo, const __grid_constant__ CUtensorMap mk,
-            const __grid_constant__ CUtensorMap mv, const float *__restrict__ lse,
-            const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T, int H,
-            int KV, float scale, int add) {
-    const fb_smem<D> m = fb_begin<D>();
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
-    const int64_t q0 = (int64_t)qb * FB_ROWS;
-    const int kb_last = (int)(((q0 + FB_ROWS < T ? q0 + FB_ROWS : T) - 1) / FB_STEP);
-    const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
-    const int kb_first = dsb ? dsb[q0] / FB_STEP : 0;
-    if (threadIdx.x >= 256) {
-        fb_regs_producer();
-        if (threadIdx.x >= 288) return;
-        fb_produce<D>(
-            m, &mq, &mdo, h, q0, b, &mk, &mv, kb_last - kb_first + 1,
-            [&](int64_t i, int &head, int64_t &row) {
-                head = hk;
-                row = (kb_first + i) * FB_STEP;
-            },
-            [](int, int64_t, uint32_t) {});
-        return;
-    }
-    fb_regs_consumer();
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t wrow = q0 + wg * 64, row0 = wrow + warp * 16 + g, row1 = row0 + 8;
-    const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
-    const float *lg = lse + (int64_t)bh * T, *dg = delta + (int64_t)bh * T;
-    const float lse0 = row0 < T ? lg[row0] * FA_LOG2E : 0.0f;
-    const float lse1 = row1 < T ? lg[row1] * FA_LOG2E : 0.0f;
-    const float dl0 = row0 < T ? dg[row0] : 0.0f, dl1 = row1 < T ? dg[row1] : 0.0f;
-    const float sl2 = scale * FA_LOG2E;
-    float acc[D / 8][4];
-    fa_zero<D / 8>(acc);
-    fa3_bar_wait(m.br, 0);
-    if (FB_PINGPONG) fa3_turn_begin(wg);
-    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
-        const int64_t k0 = (int64_t)kb * FB_STEP;
-        const int s = it % FB_NS;
-        if (FB_PINGPONG) fa3_turn_wait(wg);
-        if (k0 <= wrow + 63) { /* a key block after all of this warpgroup's rows is skipped */
-            const uint32_t tile = s * fb_smem<D>::TILE;
-            fa3_bar_wait(m.bf + 8 * s, (uint32_t)((it / FB_NS) & 1));
-            float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4];
-            fb_scores<D>(sc, dp, m, wg, tile, FB_PINGPONG, kb == kb_last); /* S, dP = dO V^T */
-            fa_dscores_rows<FB_STEP>(sc, dp, k0, row0, row1, st0, st1, lse0, lse1, dl0, dl1, sl2, t,
-                                     dsb || k0 + FB_STEP - 1 > wrow);
-            uint32_t a[FB_STEP / 16][4];
+/* This thread's dS^T (a: the bf16 A fragments of dK += dS^T Q, from c_to_a) into the dS^T tile
+ * at shared address tile ([FB_ROWS keys][FB_STEP queries], one 128-byte-swizzled column block):
+ * key rows r and r + 8, query columns 16 kk + 2t (+1) and 16 kk + 8 + 2t (+1). */
+__device__ __forceinline__ void fb_store_ds(uint32_t tile, const uint32_t (&a)[FB_STEP / 16][4],
+                                            int r, int t) {
+    const uint32_t row0 = tile + r * 128, row1 = row0 + 8 * 128, x = r & 7;
 #pragma unroll
-            for (int kk = 0; kk < FB_STEP / 16; kk++)
-                c_to_a(a[kk], sc, kk);
-            fa3_fence();
-#pragma unroll
-            for (int kk = 0; kk < FB_STEP / 16; kk++) /* dQ += dS K: 16 keys a step */
-                fa3_mma_rs(acc, a[kk], fa3_desc(m.sa + tile + kk * 16 * 128, FB_STEP * 128, 1024));
-            fa3_commit_wait();
-            fa3_hold(acc);
-            fa3_hold(a);
-        } else {
-            fb_skip(m, s, (uint32_t)((it / FB_NS) & 1));
-            if (FB_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
-        }
-        fa3_bar_arrive(m.be + 8 * s);
+    for (int kk = 0; kk < FB_STEP / 16; kk++) {
+        const uint32_t c0 = ((2 * kk) ^ x) * 16 + 4 * t, c1 = ((2 * kk + 1) ^ x) * 16 + 4 * t;
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row0 + c0), "r"(a[kk][0]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row1 + c0), "r"(a[kk][1]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row0 + c1), "r"(a[kk][2]) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(row1 + c1), "r"(a[kk][3]) : "memory");
     }
-    const int64_t qstride = (int64_t)H * D;
-    fa_add_rows<D>(dq + (int64_t)b * T * qstride + (int64_t)h * D, acc, row0, row1, T, qstride,
-                   scale, t, add);
 }
 
-/* dk/dv [B, T, KV, D] (+= scale * dS^T Q, += P^T dO; = under add 0); k/v maps with boxes of FB_ROWS
- * rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart [B, T] or NULL; grid (T / 128, B
- * * KV) */
+/* This thread's part of a warpgroup's dQ [64 queries, 64 columns] (rows r and r + 8, scaled)
+ * into its two boxes at shared address dst ([64][32] fp32 each, 128-byte swizzle). */
+__device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[8][4], int r, int t,
+                                            float scale) {
+    const uint32_t x = r & 7;
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++) {
+        const uint32_t box = dst + (nt >> 2) * FB_DQ_BOX;
+        const uint32_t c = (((nt & 3) * 2 + (t >> 1)) ^ x) * 16 + (t & 1) * 8;
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + r * 128 + c),
+                     "f"(d[nt][0] * scale), "f"(d[nt][1] * scale)
+                     : "memory");
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (r + 8) * 128 + c),
+                     "f"(d[nt][2] * scale), "f"(d[nt][3] * scale)
+                     : "memory");
+    }
+}
+
+/* The dQ writer (one thread): for each step, once both warpgroups' dQ tiles are in shared
+ * memory and this block's turn has come for the query block (sem [1]: the key blocks that
+ * have added to it, the last first; want: how many come before this one), adds them into dq
+ * (TMA reduce-add), frees the tiles and passes the turn on. */
+template <int D>
+__device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMap *mdq, int *sem,
+                                           int want, int head, int64_t q0, int b, int64_t i) {
+    for (int w = 0; w < FB_DQ_WG(D); w++)
+        fa3_bar_wait(m.bqf + 8 * w, (uint32_t)(i & 1));
+    int seen;
+    do
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
+    while (seen != want);
+    asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the acquire before the adds */
+    for (int box = 0; box < D / 32; box++)
+        fa3_tma_add(mdq, m.dq + box * FB_DQ_BOX, box * 32, head, (int)q0, b);
+    fa3_bulk_commit_wait_read();
+    for (int w = 0; w < FB_DQ_WG(D); w++)
+        fa3_bar_arrive(m.bqe + 8 * w);
+    fa3_bulk_wait(); /* the adds are done before the next block's turn */
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+}
+
+/* dq [B, T, H, D] += scale * dS K (through mdq: boxes of 32 columns, FB_STEP rows), dk/dv
+ * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
+ * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
+ * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] zeros; grid (ceil(T / FB_ROWS), B * KV), the
+ * last key block first. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
-    k_fb_dkv(float *__restrict__ dk, float *__restrict__ dv, const __grid_constant__ CUtensorMap mk,
-             const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
-             const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
-             const float *__restrict__ delta, const int32_t *__restrict__ dstart, int64_t T, int H,
-             int KV, float scale, int add) {
+    k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv, const __grid_constant__ CUtensorMap mdq,
+             const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
+             const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
+             const float *__restrict__ lse, const float *__restrict__ delta,
+             const int32_t *__restrict__ dstart, int *__restrict__ sem, int64_t T, int H, int KV,
+             float scale, int add) {
     const fb_smem<D> m = fb_begin<D>();
     const int kb = gridDim.x - 1 - blockIdx.x;
     const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
@@ -232,84 +220,107 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
     const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * group;
+    const auto coord = [&](int64_t i, int &head, int64_t &row) {
+        head = hk * group + (int)(i / nqt);
+        row = k0 + (i % nqt) * FB_STEP;
+    };
     if (threadIdx.x >= 256) {
         fb_regs_producer();
-        if (threadIdx.x >= 288) return;
-        const int lane = threadIdx.x & 31;
-        fb_produce<D>(
-            m, &mk, &mv, hk, k0, b, &mq, &mdo, ntiles,
-            [&](int64_t i, int &head, int64_t &row) {
-                head = hk * group + (int)(i / nqt);
-                row = k0 + (i % nqt) * FB_STEP;
-            },
-            [&](int head, int64_t row,
-                uint32_t side) { /* lse * log2e, delta, start */
-                                 const float *lg = lse + ((int64_t)b * H + head) * T;
-                                 const float *dg = delta + ((int64_t)b * H + head) * T;
-                                 for (int j = lane; j < FB_STEP; j += 32) {
-                                     const int64_t q = row + j;
-                                     const float l = q < T ? lg[q] * FA_LOG2E : 0.0f,
-                                                 d = q < T ? dg[q] : 0.0f;
-                                     const int32_t st = dsb && q < T ? dsb[q] : 0;
-                                     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(side + 4 * j),
-                                                  "f"(l));
-                                     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(
-                                                      side + 4 * (FB_STEP + j)),
-                                                  "f"(d));
-                                     asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(
-                                                      side + 4 * (2 * FB_STEP + j)),
-                                                  "r"(st));
-                                 }
-            });
+        const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+        if (warp == 1 && lane == 0) { /* the dQ writer */
+            const int64_t nq = (T + FB_STEP - 1) / FB_STEP;
+            for (int64_t i = 0; i < ntiles; i++) {
+                int head;
+                int64_t q0;
+                coord(i, head, q0);
+                fb_dq_turn<D>(m, &mdq, sem + ((int64_t)b * H + head) * nq + q0 / FB_STEP,
+                              (int)(q0 / FB_ROWS) - kb, head, q0, b, i);
+            }
+        }
+        if (warp != 0) return;
+        fb_produce<D>(m, &mk, &mv, hk, k0, b, &mq, &mdo, ntiles, coord,
+                      [&](int head, int64_t row, uint32_t side) { /* lse * log2e, delta, start */
+                          const float *lg = lse + ((int64_t)b * H + head) * T;
+                          const float *dg = delta + ((int64_t)b * H + head) * T;
+                          for (int j = lane; j < FB_STEP; j += 32) {
+                              const int64_t q = row + j;
+                              const float l = q < T ? lg[q] * FA_LOG2E : 0.0f,
+                                          d = q < T ? dg[q] : 0.0f;
+                              const int32_t st = dsb && q < T ? dsb[q] : 0;
+                              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(side + 4 * j), "f"(l));
+                              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(
+                                               side + 4 * (FB_STEP + j)),
+                                           "f"(d));
+                              asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(
+                                               side + 4 * (2 * FB_STEP + j)),
+                                           "r"(st));
+                          }
+                      });
         return;
     }
     fb_regs_consumer();
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    const int g = lane >> 2, t = lane & 3;
-    const int64_t krow = k0 + wg * 64, key0 = krow + warp * 16 + g, key1 = key0 + 8;
+    const int g = lane >> 2, t = lane & 3, r = wg * 64 + warp * 16 + g; /* r: key row in block */
+    const int64_t krow = k0 + wg * 64, key0 = k0 + r, key1 = key0 + 8;
+    const bool dq_wg = wg < FB_DQ_WG(D);
     const float sl2 = scale * FA_LOG2E;
     float dka[D / 8][4], dva[D / 8][4];
     fa_zero<D / 8>(dka);
     fa_zero<D / 8>(dva);
     fa3_bar_wait(m.br, 0);
-    if (FB_PINGPONG) fa3_turn_begin(wg);
     for (int64_t i = 0; i < ntiles; i++) {
         const int s = (int)(i % FB_NS);
         const int64_t q0 = k0 + (i % nqt) * FB_STEP;
-        if (FB_PINGPONG) fa3_turn_wait(wg);
-        if (q0 + FB_STEP - 1 >= krow) { /* a query block before all of this warpgroup's keys */
-            const uint32_t tile = s * fb_smem<D>::TILE;
-            fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
-            float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
-            fb_scores<D>(sc, dp, m, wg, tile, FB_PINGPONG, i == ntiles - 1); /* S^T, dP^T */
-            const unsigned char *side = fb_raw + (m.side + s * fb_smem<D>::SIDE - smem_u32(fb_raw));
-            const float *sL = reinterpret_cast<const float *>(side);
-            fa_dscores_cols<FB_STEP>(sc, dp, pt, q0, key0, key1, sL, sL + FB_STEP,
-                                     reinterpret_cast<const int32_t *>(sL + 2 * FB_STEP), T, sl2, t,
-                                     dsb || q0 < krow + 63 || q0 + FB_STEP > T);
-            uint32_t pa[FB_STEP / 16][4], sa[FB_STEP / 16][4];
+        const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
+        fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
+        float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
+        fb_scores<D>(sc, dp, m, wg, tile); /* S^T, dP^T */
+        const unsigned char *side = fb_raw + (m.side + s * fb_smem<D>::SIDE - smem_u32(fb_raw));
+        const float *sL = reinterpret_cast<const float *>(side);
+        fa_dscores_cols<FB_STEP>(sc, dp, pt, q0, key0, key1, sL, sL + FB_STEP,
+                                 reinterpret_cast<const int32_t *>(sL + 2 * FB_STEP), T, sl2, t,
+                                 dsb || q0 < krow + 63 || q0 + FB_STEP > T);
+        uint32_t pa[FB_STEP / 16][4], sa[FB_STEP / 16][4];
 #pragma unroll
-            for (int kk = 0; kk < FB_STEP / 16; kk++) {
-                c_to_a(pa[kk], pt, kk);
-                c_to_a(sa[kk], sc, kk);
-            }
-            fa3_fence();
-#pragma unroll
-            for (int kk = 0; kk < FB_STEP / 16; kk++) { /* 16 queries a step */
-                const uint32_t r = tile + kk * 16 * 128;
-                fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + r, FB_STEP * 128, 1024));
-                fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + r, FB_STEP * 128, 1024));
-            }
-            fa3_commit_wait();
-            fa3_hold(dva);
-            fa3_hold(dka);
-            fa3_hold(pa);
-            fa3_hold(sa);
-        } else {
-            fb_skip(m, s, (uint32_t)((i / FB_NS) & 1));
-            if (FB_PINGPONG) fa3_turn_pass(wg, i == ntiles - 1);
+        for (int kk = 0; kk < FB_STEP / 16; kk++) {
+            c_to_a(pa[kk], pt, kk);
+            c_to_a(sa[kk], sc, kk);
         }
-        fa3_bar_arrive(m.be + 8 * s);
+        /* dS^T into this step's tile: the other warpgroup finished reading it two steps ago
+         * (before the barrier of the last step) */
+        fb_store_ds(ds, sa, r, t);
+        fa3_fence_smem();
+        asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* both halves of dS^T are stored */
+        float dqa[8][4];
+        fa_zero<8>(dqa);
+        fa3_fence();
+#pragma unroll
+        for (int kk = 0; kk < FB_STEP / 16; kk++) { /* 16 queries a step */
+            const uint32_t rr = tile + kk * 16 * 128;
+            fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + rr, FB_STEP * 128, 1024));
+            fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + rr, FB_STEP * 128, 1024));
+        }
+        if (dq_wg) { /* dQ [64 queries, columns 64 wg..] = dS K over the block's keys */
+#pragma unroll
+            for (int kk = 0; kk < FB_ROWS / 16; kk++)
+                fa3_mma_ss<1, 1>(dqa, fa3_desc(ds + kk * 16 * 128, FB_ROWS * 128, 1024),
+                                 fa3_desc(m.ra + wg * FB_ROWS * 128 + kk * 16 * 128,
+                                          FB_ROWS * 128, 1024),
+                                 kk > 0);
+        }
+        fa3_commit_wait();
+        fa3_hold(dva);
+        fa3_hold(dka);
+        fa3_hold(pa);
+        fa3_hold(sa);
+        fa3_bar_arrive(m.be + 8 * s); /* done with the stage's Q and dO */
+        if (dq_wg) {
+            fa3_hold(dqa);
+            fa3_bar_wait(m.bqe + 8 * wg, (uint32_t)((i & 1) ^ 1)); /* the writer took the last */
+            fb_store_dq(m.dq + wg * 2 * FB_DQ_BOX, dqa, warp * 16 + g, t, scale);
+            fa3_fence_smem();
+            fa3_bar_arrive(m.bqf + 8 * wg);
+        }
     }
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
     fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);
@@ -324,34 +335,32 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
     const char *op = "attention_backward";
     const float scale = 1.0f / sqrtf((float)D);
     const size_t smem = fb_smem<D>::BYTES + 1024;
-    CUtensorMap rq, rdo, sk, sv, rk, rv, sq, sdo; /* r: resident (128 rows), s: streamed (64) */
-    if (!fa3_map(c, &rq, q, B, T, H, D, FB_ROWS, op) ||
-        !fa3_map(c, &rdo, dout, B, T, H, D, FB_ROWS, op) ||
-        !fa3_map(c, &sk, k, B, T, KV, D, FB_STEP, op) ||
-        !fa3_map(c, &sv, v, B, T, KV, D, FB_STEP, op) ||
-        !fa3_map(c, &rk, k, B, T, KV, D, FB_ROWS, op) ||
-        !fa3_map(c, &rv, v, B, T, KV, D, FB_ROWS, op) ||
-        !fa3_map(c, &sq, q, B, T, H, D, FB_STEP, op) ||
-        !fa3_map(c, &sdo, dout, B, T, H, D, FB_STEP, op))
+    const int64_t nq = (T + FB_STEP - 1) / FB_STEP;
+    CUtensorMap mdq, mk, mv, mq, mdo; /* k, v: resident (128 rows); q, dout, dq: a step's 64 */
+    if (!fa3_map(c, &mdq, dq, B, T, H, D, FB_STEP, op) ||
+        !fa3_map(c, &mk, k, B, T, KV, D, FB_ROWS, op) ||
+        !fa3_map(c, &mv, v, B, T, KV, D, FB_ROWS, op) ||
+        !fa3_map(c, &mq, q, B, T, H, D, FB_STEP, op) ||
+        !fa3_map(c, &mdo, dout, B, T, H, D, FB_STEP, op))
         return;
-    if (!moe_cuda_check(c,
-                        cudaFuncSetAttribute(
-                            k_fb_dq<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                        op, "shared memory %zu bytes", smem) ||
+    int *sem = (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, (size_t)(B * H * nq) * sizeof(int),
+                                       op);
+    if (!sem ||
+        !moe_cuda_check(c, cudaMemsetAsync(sem, 0, (size_t)(B * H * nq) * sizeof(int), c->stream),
+                        op, "semaphores") ||
+        (!add &&
+         !moe_cuda_check(c,
+                         cudaMemsetAsync(dq, 0, (size_t)(B * T * H * D) * sizeof(float), c->stream),
+                         op, "dq")) ||
         !moe_cuda_check(c,
                         cudaFuncSetAttribute(
-                            k_fb_dkv<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                            k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
     const unsigned nb = (unsigned)((T + FB_ROWS - 1) / FB_ROWS);
-    k_fb_dq<D><<<dim3(nb, (unsigned)(B * H)), FB_THREADS, smem, c->stream>>>(
-        dq, rq, rdo, sk, sv, lse, delta, dstart, T, (int)H, (int)KV, scale, add);
-    if (!MOE_CUDA_LAUNCHED(c, op, "wgmma dq: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
-                           (long long)T, (long long)H, (long long)KV, D))
-        return;
-    k_fb_dkv<D><<<dim3(nb, (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
-        dk, dv, rk, rv, sq, sdo, lse, delta, dstart, T, (int)H, (int)KV, scale, add);
-    MOE_CUDA_LAUNCHED(c, op, "wgmma dk/dv: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
+    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
+        dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, T, (int)H, (int)KV, scale, add);
+    MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }
 

@@ -54,13 +54,15 @@ template <int N> __device__ __forceinline__ void fa3_hold(uint32_t (&a)[N][4]) {
             asm volatile("" : "+r"(a[j][i])::"memory");
 }
 
-/* d [64 rows, 64] (+)= A [64, 16] B [16, 64], both from shared memory (K-major) */
+/* d [64 rows, 64] (+)= A [64, 16] B [16, 64], both from shared memory: K-major, or with TA
+ * (TB) 1 an M-major A (N-major B), whose rows are the reduction dim */
+template <int TA = 0, int TB = 0>
 __device__ __forceinline__ void fa3_mma_ss(float (&d)[8][4], uint64_t a, uint64_t b, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
                  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 "%32, %33, p, 1, 1, %35, %36;\n}\n"
                  : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
                    "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
                    "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
@@ -68,7 +70,7 @@ __device__ __forceinline__ void fa3_mma_ss(float (&d)[8][4], uint64_t a, uint64_
                    "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]),
                    "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
                    "+f"(d[7][2]), "+f"(d[7][3])
-                 : "l"(a), "l"(b), "r"(acc));
+                 : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 /* d [64 rows, 64] += A [64, 16] (registers) B [16, 64] (shared memory, N-major) */
 __device__ __forceinline__ void fa3_mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
@@ -191,10 +193,38 @@ __device__ __forceinline__ void fa3_tma_tile(uint32_t dst, const CUtensorMap *ma
         fa3_tma(dst + a * rows * 128, map, a * 64, head, (int)row, b, bar);
 }
 
+/* adds the box {32 fp32 columns, 1 head, rows, 1 batch} at shared address src into the tensor
+ * of `map` at (col, head, row, b) (TMA reduce-add; rows past T are dropped) */
+__device__ __forceinline__ void fa3_tma_add(const CUtensorMap *map, uint32_t src, int col, int head,
+                                            int row, int b) {
+    asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
+                 " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"((uint64_t)map),
+                 "r"(col), "r"(head), "r"(row), "r"(b), "r"(src)
+                 : "memory");
+}
+/* the bulk group of this thread's TMA stores so far: commit, then wait until their reads of
+ * shared memory are done (the buffer may be reused) */
+__device__ __forceinline__ void fa3_bulk_commit_wait_read() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/* waits until this thread's committed TMA stores have been performed in global memory */
+__device__ __forceinline__ void fa3_bulk_wait() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+/* orders this thread's shared-memory writes before later async-proxy reads (wgmma, TMA) */
+__device__ __forceinline__ void fa3_fence_smem() {
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
 /* The TMA map of a [B, T, NH, D] bf16 tensor p for boxes of {64 columns, 1 head, rows, 1}
  * with the 128-byte swizzle (rows past T read as zeros). 1 on success, else 0 with the error
  * recorded for op. */
 int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const __nv_bfloat16 *p, int64_t B, int64_t T,
             int64_t NH, int64_t D, int rows, const char *op);
+/* The same for a [B, T, NH, D] fp32 tensor and boxes of {32 columns, 1 head, rows, 1} (128
+ * bytes a row, the same swizzle): the TMA reduce-adds into attention's dq. */
+int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const float *p, int64_t B, int64_t T, int64_t NH,
+            int64_t D, int rows, const char *op);
 
 #endif

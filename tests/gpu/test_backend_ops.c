@@ -481,6 +481,23 @@ static void run_attention(gctx *g, const tcase *tc) {
     cmp_f32(g, "dq (SET)", sgq, gq, nq, tc->tol);
     cmp_f32(g, "dk (SET)", sgk, gk, nk, tc->tol);
     cmp_f32(g, "dv (SET)", sgv, gv, nk, tc->tol);
+    /* deterministic: the same call again gives the same bits (the Hopper kernel adds each
+     * block's share of dq in a fixed order) */
+    float *rgq = dup_dev(g, "dq (again)", NULL, F(nq)), *rgk = dup_dev(g, "dk (again)", NULL, F(nk));
+    float *rgv = dup_dev(g, "dv (again)", NULL, F(nk));
+    g->gpu->attention_backward(g->gpu, rgq, rgk, rgv, dgy, dq_, dk_, dv_, dor, dlr, dds, B, T, H,
+                               KV, D, tc->prec, MOE_GRAD_SET);
+    check_sync_guards(g, "attention_backward again");
+    const float *pairs[3][2] = {{sgq, rgq}, {sgk, rgk}, {sgv, rgv}};
+    const int64_t lens[3] = {nq, nk, nk};
+    for (int j = 0; j < 3; j++) {
+        float *x = down(g, pairs[j][0], F(lens[j])), *y = down(g, pairs[j][1], F(lens[j]));
+        int same = memcmp(x, y, F(lens[j])) == 0;
+        printf("  %-28s %-16s repeat %s\n", g->label, j == 0 ? "dq" : j == 1 ? "dk" : "dv",
+               same ? "identical" : "DIFFERS");
+        CHECK_MSG(same, "%s: two backward runs differ (not deterministic)", g->label);
+        free(x), free(y);
+    }
     free(q), free(k), free(v), free(out), free(lse), free(gy), free(gq), free(gk), free(gv);
     free(ds);
 }
