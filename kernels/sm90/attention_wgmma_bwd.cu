@@ -30,8 +30,8 @@ typedef __nv_bfloat16 bf16;
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
  * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
- * fp32 as D/32 boxes of [FB_STEP][32] (128-byte swizzle; warpgroup w computes columns 64w..
- * 64w+63); FB_NS stages of the side arrays (lse, delta, start [FB_STEP]); then the barriers:
+ * fp32 as D/32 boxes of [FB_STEP][32] (128-byte swizzle; warpgroup w computes columns
+ * FB_DQ_N w..); FB_NS stages of the side arrays (lse, delta, start [FB_STEP]); then the barriers:
  * resident, full[FB_NS], empty[FB_NS], dQ full[2], dQ empty[2]. */
 template <int D> struct fb_smem {
     static constexpr uint32_t RES = FB_ROWS * D * 2, TILE = FB_STEP * D * 2;
@@ -56,8 +56,8 @@ template <int D> struct fb_smem {
     }
 };
 
-/* the warpgroups that compute dQ: 64 columns each */
-#define FB_DQ_WG(D) ((D) / 64)
+/* the dQ columns of each of the two consumer warpgroups */
+#define FB_DQ_N(D) ((D) / 2)
 
 extern __shared__ __align__(16) unsigned char fb_raw[];
 
@@ -157,13 +157,14 @@ __device__ __forceinline__ void fb_store_ds(uint32_t tile, const uint32_t (&a)[F
     }
 }
 
-/* This thread's part of a warpgroup's dQ [64 queries, 64 columns] (rows r and r + 8, scaled)
- * into its two boxes at shared address dst ([64][32] fp32 each, 128-byte swizzle). */
-__device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[8][4], int r, int t,
+/* This thread's part of a warpgroup's dQ [64 queries, 8 NT columns] (rows r and r + 8,
+ * scaled) into its boxes at shared address dst ([64][32] fp32 each, 128-byte swizzle). */
+template <int NT>
+__device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[NT][4], int r, int t,
                                             float scale) {
     const uint32_t x = r & 7;
 #pragma unroll
-    for (int nt = 0; nt < 8; nt++) {
+    for (int nt = 0; nt < NT; nt++) {
         const uint32_t box = dst + (nt >> 2) * FB_DQ_BOX;
         const uint32_t c = (((nt & 3) * 2 + (t >> 1)) ^ x) * 16 + (t & 1) * 8;
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + r * 128 + c),
@@ -182,7 +183,7 @@ __device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[8][4]
 template <int D>
 __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMap *mdq, int *sem,
                                            int want, int head, int64_t q0, int b, int64_t i) {
-    for (int w = 0; w < FB_DQ_WG(D); w++)
+    for (int w = 0; w < 2; w++)
         fa3_bar_wait(m.bqf + 8 * w, (uint32_t)(i & 1));
     int seen;
     do
@@ -192,7 +193,7 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
     for (int box = 0; box < D / 32; box++)
         fa3_tma_add(mdq, m.dq + box * FB_DQ_BOX, box * 32, head, (int)q0, b);
     fa3_bulk_commit_wait_read();
-    for (int w = 0; w < FB_DQ_WG(D); w++)
+    for (int w = 0; w < 2; w++)
         fa3_bar_arrive(m.bqe + 8 * w);
     fa3_bulk_wait(); /* the adds are done before the next block's turn */
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
@@ -262,7 +263,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r = wg * 64 + warp * 16 + g; /* r: key row in block */
     const int64_t krow = k0 + wg * 64, key0 = k0 + r, key1 = key0 + 8;
-    const bool dq_wg = wg < FB_DQ_WG(D);
+    /* this warpgroup's dQ columns: where they start in K's tile and in the dQ boxes */
+    const uint32_t kcols = (wg * FB_DQ_N(D) / 64) * FB_ROWS * 128 + (wg * FB_DQ_N(D) % 64) * 2;
+    const uint32_t dqbox = m.dq + wg * (FB_DQ_N(D) / 32) * FB_DQ_BOX;
     const float sl2 = scale * FA_LOG2E;
     float dka[D / 8][4], dva[D / 8][4];
     fa_zero<D / 8>(dka);
@@ -291,8 +294,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fb_store_ds(ds, sa, r, t);
         fa3_fence_smem();
         asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* both halves of dS^T are stored */
-        float dqa[8][4];
-        fa_zero<8>(dqa);
+        float dqa[FB_DQ_N(D) / 8][4];
+        fa_zero<FB_DQ_N(D) / 8>(dqa);
         fa3_fence();
 #pragma unroll
         for (int kk = 0; kk < FB_STEP / 16; kk++) { /* 16 queries a step */
@@ -300,27 +303,21 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + rr, FB_STEP * 128, 1024));
             fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + rr, FB_STEP * 128, 1024));
         }
-        if (dq_wg) { /* dQ [64 queries, columns 64 wg..] = dS K over the block's keys */
 #pragma unroll
-            for (int kk = 0; kk < FB_ROWS / 16; kk++)
-                fa3_mma_ss<1, 1>(dqa, fa3_desc(ds + kk * 16 * 128, FB_ROWS * 128, 1024),
-                                 fa3_desc(m.ra + wg * FB_ROWS * 128 + kk * 16 * 128,
-                                          FB_ROWS * 128, 1024),
-                                 kk > 0);
-        }
+        for (int kk = 0; kk < FB_ROWS / 16; kk++) /* dQ [64 queries, this wg's columns] = dS K */
+            fa3_mma_ss_t(dqa, fa3_desc(ds + kk * 16 * 128, FB_ROWS * 128, 1024),
+                         fa3_desc(m.ra + kcols + kk * 16 * 128, FB_ROWS * 128, 1024), kk > 0);
         fa3_commit_wait();
         fa3_hold(dva);
         fa3_hold(dka);
         fa3_hold(pa);
         fa3_hold(sa);
         fa3_bar_arrive(m.be + 8 * s); /* done with the stage's Q and dO */
-        if (dq_wg) {
-            fa3_hold(dqa);
-            fa3_bar_wait(m.bqe + 8 * wg, (uint32_t)((i & 1) ^ 1)); /* the writer took the last */
-            fb_store_dq(m.dq + wg * 2 * FB_DQ_BOX, dqa, warp * 16 + g, t, scale);
-            fa3_fence_smem();
-            fa3_bar_arrive(m.bqf + 8 * wg);
-        }
+        fa3_hold(dqa);
+        fa3_bar_wait(m.bqe + 8 * wg, (uint32_t)((i & 1) ^ 1)); /* the writer took the last */
+        fb_store_dq(dqbox, dqa, warp * 16 + g, t, scale);
+        fa3_fence_smem();
+        fa3_bar_arrive(m.bqf + 8 * wg);
     }
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
     fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);

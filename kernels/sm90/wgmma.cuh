@@ -72,6 +72,23 @@ __device__ __forceinline__ void fa3_mma_ss(float (&d)[8][4], uint64_t a, uint64_
                    "+f"(d[7][2]), "+f"(d[7][3])
                  : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
+/* d [64 rows, 32] (+)= A [64, 16] B [16, 32] from shared memory, A M-major and B N-major (their
+ * rows are the reduction dim) */
+__device__ __forceinline__ void fa3_mma_ss_t(float (&d)[4][4], uint64_t a, uint64_t b, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+                 "%16, %17, p, 1, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
+                   "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]),
+                   "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]),
+                   "+f"(d[3][3])
+                 : "l"(a), "l"(b), "r"(acc));
+}
+/* d [64 rows, 64] (+)= the same with N = 64 */
+__device__ __forceinline__ void fa3_mma_ss_t(float (&d)[8][4], uint64_t a, uint64_t b, int acc) {
+    fa3_mma_ss<1, 1>(d, a, b, acc);
+}
 /* d [64 rows, 64] += A [64, 16] (registers) B [16, 64] (shared memory, N-major) */
 __device__ __forceinline__ void fa3_mma_rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"

@@ -1229,6 +1229,13 @@ static const pcase k_perf[] = {
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 1, {4, 2048, 16, 8, 64}},
+    /* the other shapes of bench/attention_sdpa.py (issue 13's table) */
+    {"attn bf16 B2 H32 KV8 T4096 D128", MOE_OP_ATTENTION, 0, {2, 4096, 32, 8, 128}},
+    {"attn bf16 B2 H32 KV8 T4096 D128", MOE_OP_ATTENTION, 1, {2, 4096, 32, 8, 128}},
+    {"attn bf16 B1 H16 KV8 T32768 D128", MOE_OP_ATTENTION, 0, {1, 32768, 16, 8, 128}},
+    {"attn bf16 B1 H16 KV8 T32768 D128", MOE_OP_ATTENTION, 1, {1, 32768, 16, 8, 128}},
+    {"attn bf16 B1 H16 KV8 T131072 D128", MOE_OP_ATTENTION, 0, {1, 131072, 16, 8, 128}},
+    {"attn bf16 B1 H16 KV8 T131072 D128", MOE_OP_ATTENTION, 1, {1, 131072, 16, 8, 128}},
     /* document mask, documents of s[5] tokens: the work (and FLOPs) of 8 separate 1024s */
     {"attn bf16 B2 H16 KV8 T8192 D128 docs 1024", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128, 1024}},
     {"attn bf16 B2 H16 KV8 T8192 D128 docs 1024", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128, 1024}},
