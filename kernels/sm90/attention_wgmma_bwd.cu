@@ -3,7 +3,9 @@
  * V in shared memory and walks the blocks of 64 queries of each query head of the group that
  * see them. Per step it forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in
  * registers (flash_common.cuh), then dV += P^T dO, dK += dS^T Q and this step's share of dQ =
- * dS K (dS^T through shared memory, read as a transposed operand). Structure as the Hopper
+ * dS K (dS^T through shared memory, read as a transposed operand; each consumer warpgroup
+ * takes half of dQ's columns over all 128 keys, so both wait for the whole dS^T tile, one
+ * named barrier a step). Structure as the Hopper
  * forward (attention_wgmma.cu): a producer warp loads Q/dO tiles with TMA into
  * mbarrier-guarded stages, two consumer warpgroups of 64 keys multiply them from shared memory
  * (layouts: wgmma.cuh), and the producer's warpgroup hands its registers to the consumers
@@ -30,9 +32,9 @@ typedef __nv_bfloat16 bf16;
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
  * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
- * fp32 as D/32 boxes of [FB_STEP][32] (128-byte swizzle; warpgroup w computes columns
- * FB_DQ_N w..); FB_NS stages of the side arrays (lse, delta, start [FB_STEP]); then the barriers:
- * resident, full[FB_NS], empty[FB_NS], dQ full[2], dQ empty[2]. */
+ * fp32 as D/32 boxes of [FB_STEP][32] (128-byte swizzle; warpgroup w computes the D/2
+ * columns from w D/2); FB_NS stages of the side arrays (lse, delta, start [FB_STEP]); then the
+ * barriers: resident, full[FB_NS], empty[FB_NS], dQ full[2], dQ empty[2]. */
 template <int D> struct fb_smem {
     static constexpr uint32_t RES = FB_ROWS * D * 2, TILE = FB_STEP * D * 2;
     static constexpr uint32_t DS = FB_ROWS * FB_STEP * 2, DQ = FB_STEP * D * 4;
@@ -207,12 +209,12 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
  * last key block first. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
-    k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv, const __grid_constant__ CUtensorMap mdq,
-             const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
-             const __grid_constant__ CUtensorMap mq, const __grid_constant__ CUtensorMap mdo,
-             const float *__restrict__ lse, const float *__restrict__ delta,
-             const int32_t *__restrict__ dstart, int *__restrict__ sem, int64_t T, int H, int KV,
-             float scale, int add) {
+    k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
+             const __grid_constant__ CUtensorMap mdq, const __grid_constant__ CUtensorMap mk,
+             const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
+             const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
+             const float *__restrict__ delta, const int32_t *__restrict__ dstart,
+             int *__restrict__ sem, int64_t T, int H, int KV, float scale, int add) {
     const fb_smem<D> m = fb_begin<D>();
     const int kb = gridDim.x - 1 - blockIdx.x;
     const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
@@ -239,24 +241,21 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             }
         }
         if (warp != 0) return;
-        fb_produce<D>(m, &mk, &mv, hk, k0, b, &mq, &mdo, ntiles, coord,
-                      [&](int head, int64_t row, uint32_t side) { /* lse * log2e, delta, start */
-                          const float *lg = lse + ((int64_t)b * H + head) * T;
-                          const float *dg = delta + ((int64_t)b * H + head) * T;
-                          for (int j = lane; j < FB_STEP; j += 32) {
-                              const int64_t q = row + j;
-                              const float l = q < T ? lg[q] * FA_LOG2E : 0.0f,
-                                          d = q < T ? dg[q] : 0.0f;
-                              const int32_t st = dsb && q < T ? dsb[q] : 0;
-                              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(side + 4 * j), "f"(l));
-                              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(
-                                               side + 4 * (FB_STEP + j)),
-                                           "f"(d));
-                              asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(
-                                               side + 4 * (2 * FB_STEP + j)),
-                                           "r"(st));
-                          }
-                      });
+        /* a step's lse * log2e, delta and document starts into its side arrays */
+        const auto side = [&](int head, int64_t row, uint32_t dst) {
+            const float *lg = lse + ((int64_t)b * H + head) * T;
+            const float *dg = delta + ((int64_t)b * H + head) * T;
+            for (int j = lane; j < FB_STEP; j += 32) {
+                const int64_t q = row + j;
+                const float l = q < T ? lg[q] * FA_LOG2E : 0.0f, d = q < T ? dg[q] : 0.0f;
+                const int32_t st = dsb && q < T ? dsb[q] : 0;
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst + 4 * j), "f"(l));
+                asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(dst + 4 * (FB_STEP + j)), "f"(d));
+                asm volatile("st.shared.s32 [%0], %1;\n" ::"r"(dst + 4 * (2 * FB_STEP + j)),
+                             "r"(st));
+            }
+        };
+        fb_produce<D>(m, &mk, &mv, hk, k0, b, &mq, &mdo, ntiles, coord, side);
         return;
     }
     fb_regs_consumer();
@@ -340,15 +339,14 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
         !fa3_map(c, &mq, q, B, T, H, D, FB_STEP, op) ||
         !fa3_map(c, &mdo, dout, B, T, H, D, FB_STEP, op))
         return;
-    int *sem = (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, (size_t)(B * H * nq) * sizeof(int),
-                                       op);
+    int *sem =
+        (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, (size_t)(B * H * nq) * sizeof(int), op);
     if (!sem ||
         !moe_cuda_check(c, cudaMemsetAsync(sem, 0, (size_t)(B * H * nq) * sizeof(int), c->stream),
                         op, "semaphores") ||
-        (!add &&
-         !moe_cuda_check(c,
-                         cudaMemsetAsync(dq, 0, (size_t)(B * T * H * D) * sizeof(float), c->stream),
-                         op, "dq")) ||
+        (!add && !moe_cuda_check(
+                     c, cudaMemsetAsync(dq, 0, (size_t)(B * T * H * D) * sizeof(float), c->stream),
+                     op, "dq")) ||
         !moe_cuda_check(c,
                         cudaFuncSetAttribute(
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),

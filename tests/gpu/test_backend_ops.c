@@ -483,8 +483,8 @@ static void run_attention(gctx *g, const tcase *tc) {
     cmp_f32(g, "dv (SET)", sgv, gv, nk, tc->tol);
     /* deterministic: the same call again gives the same bits (the Hopper kernel adds each
      * block's share of dq in a fixed order) */
-    float *rgq = dup_dev(g, "dq (again)", NULL, F(nq)), *rgk = dup_dev(g, "dk (again)", NULL, F(nk));
-    float *rgv = dup_dev(g, "dv (again)", NULL, F(nk));
+    float *rgq = dup_dev(g, "dq (again)", NULL, F(nq));
+    float *rgk = dup_dev(g, "dk (again)", NULL, F(nk)), *rgv = dup_dev(g, "dv (again)", NULL, F(nk));
     g->gpu->attention_backward(g->gpu, rgq, rgk, rgv, dgy, dq_, dk_, dv_, dor, dlr, dds, B, T, H,
                                KV, D, tc->prec, MOE_GRAD_SET);
     check_sync_guards(g, "attention_backward again");
