@@ -63,24 +63,20 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], f
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
-        if (mask) {
+        if (mask) { /* raw scores: the scale (> 0) keeps the order, it enters with the exponent */
             int64_t key = k0 + nt * 8 + 2 * t;
-            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] * sl2 : -INFINITY;
-            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] * sl2 : -INFINITY;
-            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] * sl2 : -INFINITY;
-            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] * sl2 : -INFINITY;
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                s[nt][i] *= sl2;
+            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] : -INFINITY;
+            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] : -INFINITY;
+            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] : -INFINITY;
+            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] : -INFINITY;
         }
         mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
         mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2)) * sl2; /* log2 units */
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2)) * sl2;
     /* a row whose keys in this block are all masked keeps its max, so exp2 gives p = 0 and
      * alpha = 1. Without a mask that max is finite (the first block holds key 0 <= row); a
      * row whose document starts after every key seen so far still has max -inf: it
@@ -93,10 +89,10 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], f
     float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
-        s[nt][0] = exp2f(s[nt][0] - r0);
-        s[nt][1] = exp2f(s[nt][1] - r0);
-        s[nt][2] = exp2f(s[nt][2] - r1);
-        s[nt][3] = exp2f(s[nt][3] - r1);
+        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -r0)); /* one FFMA: scale and subtract */
+        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -r0));
+        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -r1));
+        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -r1));
         ls0 += s[nt][0] + s[nt][1];
         ls1 += s[nt][2] + s[nt][3];
     }
