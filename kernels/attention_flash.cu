@@ -181,8 +181,10 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
                 mma16816(s[2 * np], qf[ks], bfr);
                 mma16816(s[2 * np + 1], qf[ks], bfr + 2);
             }
-        fa_softmax_block<FA_BK, D>(s, o, m0, m1, l0, l1, k0, row0 + qoff, row1 + qoff, st0, st1,
-                                   sl2, t, dsb || k0 + FA_BK - 1 > q0 + warp * 16 + qoff);
+        float a0, a1;
+        fa_softmax_block<FA_BK>(s, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
+                                sl2, t, dsb || k0 + FA_BK - 1 > q0 + warp * 16 + qoff);
+        fa_rescale<D / 8>(o, a0, a1);
 #pragma unroll
         for (int kk = 0; kk < FA_BK / 16; kk++) {
             uint32_t pa[4];

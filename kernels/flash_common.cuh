@@ -52,14 +52,15 @@ __device__ __forceinline__ void fa_st2(__nv_bfloat16 *p, float a, float b) {
 
 /* One key block of the online softmax for this thread's rows row0 and row1 = row0 + 8:
  * s [NK/8][4] raw scores of keys k0.. (replaced by the probabilities exp2(s * sl2 - max),
- * not yet rounded), o [NO/8][4] the output accumulators (rescaled to the new max), m/l the
- * running max (log2 units) and sum. Keys after a row or before its document start st are
- * masked when `mask` (a block that holds none of them may skip it: the same arithmetic). */
-template <int NK, int NO>
-__device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], float &m0, float &m1,
-                                                 float &l0, float &l1, int64_t k0, int64_t row0,
-                                                 int64_t row1, int64_t st0, int64_t st1, float sl2,
-                                                 int t, bool mask) {
+ * not yet rounded), m/l the running max (log2 units) and sum, a0/a1 get the factors that take
+ * the rows' output accumulators to the new max (fa_rescale). Keys after a row or before its
+ * document start st are masked when `mask` (a block that holds none of them may skip it: the
+ * same arithmetic). */
+template <int NK>
+__device__ __forceinline__ void fa_softmax_block(float (*s)[4], float &m0, float &m1, float &l0,
+                                                 float &l1, float &a0, float &a1, int64_t k0,
+                                                 int64_t row0, int64_t row1, int64_t st0,
+                                                 int64_t st1, float sl2, int t, bool mask) {
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
@@ -83,7 +84,8 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], f
      * subtracts 0 instead (p = 0, alpha = 0, no -inf - -inf = NaN) */
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float r0 = mn0 == -INFINITY ? 0.0f : mn0, r1 = mn1 == -INFINITY ? 0.0f : mn1;
-    float a0 = exp2f(m0 - r0), a1 = exp2f(m1 - r1);
+    a0 = exp2f(m0 - r0);
+    a1 = exp2f(m1 - r1);
     m0 = mn0;
     m1 = mn1;
     float ls0 = 0.0f, ls1 = 0.0f;
@@ -98,8 +100,12 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float (*o)[4], f
     }
     l0 = l0 * a0 + ls0;
     l1 = l1 * a1 + ls1;
+}
+
+/* o [N][4]: this thread's output accumulators of rows row0 (a0) and row1 (a1) */
+template <int N> __device__ __forceinline__ void fa_rescale(float (*o)[4], float a0, float a1) {
 #pragma unroll
-    for (int nt = 0; nt < NO / 8; nt++) {
+    for (int nt = 0; nt < N; nt++) {
         o[nt][0] *= a0;
         o[nt][1] *= a0;
         o[nt][2] *= a1;

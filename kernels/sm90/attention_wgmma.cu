@@ -7,11 +7,15 @@
  * A block owns 128 query rows of one head: two consumer warpgroups of 64 rows and one
  * producer warp. The producer's lane 0 loads Q once and each key block's K and V with TMA
  * into NS stages (mbarriers: "full" when the bytes have landed, "empty" when all 256 consumer
- * threads are done with a stage). Each consumer warpgroup computes S = Q K^T for the block
- * with wgmma (m64 x BK), the online softmax in registers (flash_common.cuh: the same step as
- * the portable kernel), then O += P V with P as the register A operand. The two warpgroups
- * take turns to issue their score products (ping-pong), so one's softmax overlaps the
- * other's products. Key blocks before the first row's document start are skipped, those
+ * threads are done with a stage's K, or its V). Each consumer warpgroup computes S = Q K^T for
+ * the block with wgmma (m64 x BK), the online softmax in registers (flash_common.cuh: the same
+ * step as the portable kernel), and O += P V with P as the register A operand, in
+ * FlashAttention-3's order: step j issues the score product of block j and then the value
+ * product of block j-1 (its P from the last softmax, O rescaled by that softmax's factors), so
+ * the softmax of block j runs while the value product is on the tensor cores (the same
+ * operations in the same order as one block at a time: the same bits). The two warpgroups take
+ * turns to issue their products (ping-pong), so one's softmax also overlaps the other's
+ * products. Key blocks before the first row's document start are skipped, those
  * after a warpgroup's last row are not multiplied. Output and lse as the portable forward:
  * bf16 values, natural-log lse of the scaled scores; cached keys (Tk > T) as the portable
  * forward: row r masked at position r + Tk - T. Compiled for sm_90a only
@@ -32,7 +36,7 @@ typedef __nv_bfloat16 bf16;
 #ifndef FA3_PINGPONG
 #define FA3_PINGPONG 1
 #endif
-#define FA3_THREADS 288 /* two consumer warpgroups and one producer warp */
+#define FA3_THREADS 384 /* two consumer warpgroups; a producer warpgroup, one thread of which loads */
 
 /* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
  * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; grid (T / 128, B * H).
@@ -47,11 +51,12 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
               float scale) {
     extern __shared__ __align__(16) unsigned char fa3_smem[];
     /* swizzled tiles start on 1024 bytes: Q [128][D], K [NS][BK][D], V [NS][BK][D], then the
-     * barriers: q_full, k_full[NS], v_full[NS], empty[NS] */
+     * barriers: q_full, k_full[NS], v_full[NS], k_empty[NS], v_empty[NS] */
     constexpr uint32_t TILE = BK * D * 2;
     const uint32_t sQ = (smem_u32(fa3_smem) + 1023u) & ~1023u;
     const uint32_t sKb = sQ + FA3_BQ * D * 2, sVb = sKb + NS * TILE;
-    const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, be = bv + 8 * NS;
+    const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, bek = bv + 8 * NS,
+                   bev = bek + 8 * NS;
     const int qb = gridDim.x - 1 - blockIdx.x; /* longest (diagonal-most) blocks first */
     const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
     const int64_t q0 = (int64_t)qb * FA3_BQ, qoff = Tk - T; /* row r at key position r + qoff */
@@ -63,27 +68,32 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         for (int s = 0; s < NS; s++) {
             fa3_bar_init(bk + 8 * s, 1);
             fa3_bar_init(bv + 8 * s, 1);
-            fa3_bar_init(be + 8 * s, 2 * 128);
+            fa3_bar_init(bek + 8 * s, 2 * 128);
+            fa3_bar_init(bev + 8 * s, 2 * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
-    if (threadIdx.x >= 256) { /* the producer warp */
+    if (threadIdx.x >= 256) { /* the producer warpgroup gives its registers to the consumers */
+        fa3_regs_dec<24>();
         if (threadIdx.x != 256) return;
         fa3_bar_expect(bq, FA3_BQ * D * 2);
         fa3_tma_tile<D>(sQ, &mq, FA3_BQ, h, q0, b, bq);
         for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
             const int s = it % NS;
-            if (it >= NS) fa3_bar_wait(be + 8 * s, ((it / NS) - 1) & 1);
+            const uint32_t parity = ((it / NS) - 1) & 1;
+            if (it >= NS) fa3_bar_wait(bek + 8 * s, parity);
             fa3_bar_expect(bk + 8 * s, TILE);
             fa3_tma_tile<D>(sKb + s * TILE, &mk, BK, hk, (int64_t)kb * BK, b, bk + 8 * s);
+            if (it >= NS) fa3_bar_wait(bev + 8 * s, parity);
             fa3_bar_expect(bv + 8 * s, TILE);
             fa3_tma_tile<D>(sVb + s * TILE, &mv, BK, hk, (int64_t)kb * BK, b, bv + 8 * s);
         }
         return;
     }
 
+    fa3_regs_inc<240>(); /* 2 x 128 x 240 + 128 x 24 registers: the SM's 64 K */
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     float o[D / 8][4];
@@ -96,50 +106,81 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_bar_wait(bq, 0);
     if (FA3_PINGPONG) fa3_turn_begin(wg);
 
-    for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
-        const int64_t k0 = (int64_t)kb * BK;
-        const int s = it % NS;
-        const uint32_t parity = (it / NS) & 1;
-        if (FA3_PINGPONG) fa3_turn_wait(wg);
-        if (k0 <= wpos + 63) { /* a key block after all of this warpgroup's rows is skipped */
-            const uint32_t sK = sKb + s * TILE, sV = sVb + s * TILE;
-            float sc[BK / 8][4];
-            fa_zero<BK / 8>(sc);
-            fa3_bar_wait(bk + 8 * s, parity);
-            fa3_fence();
+    /* one key block's scores into sc, issued (not waited for) */
+    const auto issue_s = [&](float (&sc)[BK / 8][4], int st, uint32_t parity) {
+        fa_zero<BK / 8>(sc);
+        fa3_bar_wait(bk + 8 * st, parity);
+        fa3_fence();
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
-                const uint32_t col = (uint32_t)(ks & 3) * 32;
-                const uint64_t da =
-                    fa3_desc(sQ + (ks >> 2) * FA3_BQ * 128 + wg * 64 * 128 + col, 16, 1024);
-                const uint64_t db = fa3_desc(sK + (ks >> 2) * BK * 128 + col, 16, 1024);
-                fa3_mma_ss(sc, da, db, ks > 0);
-            }
-            if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
-            fa3_commit_wait();
-            fa3_hold(sc);
-            fa_softmax_block<BK, D>(sc, o, m0, m1, l0, l1, k0, row0 + qoff, row1 + qoff, st0, st1,
-                                    sl2, t, dsb || k0 + BK - 1 > wpos);
-            uint32_t p[BK / 16][4];
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                c_to_a(p[kk], sc, kk);
-            fa3_bar_wait(bv + 8 * s, parity);
-            fa3_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
-                fa3_mma_rs(o, p[kk], fa3_desc(sV + kk * 16 * 128, BK * 128, 1024));
-            fa3_commit_wait();
-            fa3_hold(o);
-            fa3_hold(p);
-        } else { /* wait for the stage to fill before releasing it: otherwise this warpgroup
-                  * could run more than NS steps ahead and its releases would complete the
-                  * other one's phase of a stage while that one still reads it */
-            fa3_bar_wait(bk + 8 * s, parity);
-            fa3_bar_wait(bv + 8 * s, parity);
-            if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
+        for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
+            const uint32_t col = (uint32_t)(ks & 3) * 32;
+            const uint64_t da =
+                fa3_desc(sQ + (ks >> 2) * FA3_BQ * 128 + wg * 64 * 128 + col, 16, 1024);
+            const uint64_t db = fa3_desc(sKb + st * TILE + (ks >> 2) * BK * 128 + col, 16, 1024);
+            fa3_mma_ss(sc, da, db, ks > 0);
         }
-        fa3_bar_arrive(be + 8 * s); /* this thread is done with stage s */
+        fa3_commit();
+        fa3_hold(sc);
+    };
+    /* O += P V of the block in stage st, O first rescaled by the factors of the softmax that
+     * made P; issued */
+    uint32_t p[BK / 16][4];
+    float a0, a1;
+    const auto issue_pv = [&](int st, uint32_t parity) {
+        fa_rescale<D / 8>(o, a0, a1);
+        fa3_bar_wait(bv + 8 * st, parity);
+        fa3_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
+            fa3_mma_rs(o, p[kk], fa3_desc(sVb + st * TILE + kk * 16 * 128, BK * 128, 1024));
+        fa3_commit();
+    };
+    /* the softmax of a block's scores (waited for) into p; the stage's K is released */
+    const auto softmax = [&](float (&sc)[BK / 8][4], int64_t k0, int st) {
+        fa3_hold(sc);
+        fa3_bar_arrive(bek + 8 * st); /* this thread is done with the stage's K */
+        fa_softmax_block<BK>(sc, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
+                             sl2, t, dsb || k0 + BK - 1 > wpos);
+    };
+    const auto retire_pv = [&](int st) { /* after fa3_wait: O and p are free again */
+        fa3_hold(o);
+        fa3_hold(p);
+        fa3_bar_arrive(bev + 8 * st); /* this thread is done with the stage's V */
+    };
+    /* Every warpgroup multiplies every block up to kb_last: a block after all of its rows (only
+     * with cached keys, Tk > T) gives p = 0 and factors 1. */
+    {
+        float sc[BK / 8][4];
+        if (FA3_PINGPONG) fa3_turn_wait(wg);
+        issue_s(sc, 0, 0);
+        if (FA3_PINGPONG) fa3_turn_pass(wg, kb_first == kb_last);
+        fa3_wait<0>();
+        softmax(sc, (int64_t)kb_first * BK, 0);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            c_to_a(p[kk], sc, kk);
+    }
+    for (int kb = kb_first + 1, it = 1; kb <= kb_last; kb++, it++) {
+        const int s = it % NS, sp = (it - 1) % NS;
+        const uint32_t parity = (it / NS) & 1, pp = ((it - 1) / NS) & 1;
+        float sc[BK / 8][4];
+        if (FA3_PINGPONG) fa3_turn_wait(wg);
+        issue_s(sc, s, parity);
+        issue_pv(sp, pp); /* the last block's values, while this block's softmax runs */
+        if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
+        fa3_wait<1>(); /* the score product */
+        softmax(sc, (int64_t)kb * BK, s);
+        fa3_wait<0>();
+        retire_pv(sp);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            c_to_a(p[kk], sc, kk);
+    }
+    {
+        const int it = kb_last - kb_first, s = it % NS;
+        issue_pv(s, (uint32_t)(it / NS) & 1);
+        fa3_wait<0>();
+        retire_pv(s);
     }
     const int64_t qstride = (int64_t)H * D;
     fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
@@ -200,7 +241,7 @@ static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, cons
     if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, Tk, KV, D, BK, op) ||
         !fa3_map(c, &mv, v, B, Tk, KV, D, BK, op))
         return;
-    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 3 * NS);
+    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 4 * NS);
     if (!moe_cuda_check(c,
                         cudaFuncSetAttribute(k_fa3_fwd<D, BK, NS, TO>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -33,9 +33,24 @@ __device__ __forceinline__ uint64_t fa3_desc(uint32_t a, uint32_t lbo, uint32_t 
 __device__ __forceinline__ void fa3_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
-__device__ __forceinline__ void fa3_commit_wait() {
+/* setmaxnreg: a warpgroup's registers per thread, lowered (the producer's) or raised (the
+ * consumers') after the launch's even split; every thread of the warpgroup executes it */
+template <int N> __device__ __forceinline__ void fa3_regs_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void fa3_regs_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fa3_commit() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+}
+/* waits until at most N of this warpgroup's committed groups are in flight */
+template <int N> __device__ __forceinline__ void fa3_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void fa3_commit_wait() {
+    fa3_commit();
+    fa3_wait<0>();
 }
 /* Keeps the compiler from reading (or reusing) registers of an in-flight wgmma before the
  * wait above: each register passes through an empty asm ordered after it. */
