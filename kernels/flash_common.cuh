@@ -210,12 +210,12 @@ __device__ __forceinline__ void fa_add_rows(float *g, const float (*acc)[4], int
         const int col = nt * 8 + 2 * t;
         if (row0 < T) {
             float2 *p = reinterpret_cast<float2 *>(g + row0 * stride + col);
-            const float2 cur = add ? *p : zero;
+            const float2 cur = add ? __ldcg(p) : zero; /* L2: another block may have added */
             *p = make_float2(cur.x + scale * acc[nt][0], cur.y + scale * acc[nt][1]);
         }
         if (row1 < T) {
             float2 *p = reinterpret_cast<float2 *>(g + row1 * stride + col);
-            const float2 cur = add ? *p : zero;
+            const float2 cur = add ? __ldcg(p) : zero;
             *p = make_float2(cur.x + scale * acc[nt][2], cur.y + scale * acc[nt][3]);
         }
     }

@@ -1,11 +1,12 @@
 /* attention_wgmma_bwd: the backward of causal grouped-query flash attention for Hopper
- * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys of one kv head holds K and
- * V in shared memory and walks the blocks of 64 queries of each query head of the group that
- * see them. Per step it forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in
- * registers (flash_common.cuh), then dV += P^T dO, dK += dS^T Q and this step's share of dQ =
- * dS K (dS^T through shared memory, read as a transposed operand; each consumer warpgroup
- * takes half of dQ's columns over all 128 keys, so both wait for the whole dS^T tile, one
- * named barrier a step). Structure as the Hopper
+ * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys and one query head holds
+ * the keys' K and V (of the head's kv head) in shared memory and walks the blocks of 64 of the
+ * head's queries that see them; the query heads of a kv head add their dK and dV in head
+ * order (a semaphore per key block), which keeps the longest block of the grid short. Per step it
+ * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
+ * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
+ * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
+ * keys, so both wait for the whole dS^T tile, one named barrier a step). Structure as the Hopper
  * forward (attention_wgmma.cu): a producer warp loads Q/dO tiles with TMA into
  * mbarrier-guarded stages, two consumer warpgroups of 64 keys multiply them from shared memory
  * (layouts: wgmma.cuh), and the producer's warpgroup hands its registers to the consumers
@@ -205,8 +206,8 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
 /* dq [B, T, H, D] += scale * dS K (through mdq: boxes of 32 columns, FB_STEP rows), dk/dv
  * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
  * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
- * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] zeros; grid (ceil(T / FB_ROWS), B * KV), the
- * last key block first. */
+ * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, ceil(T / FB_ROWS)] zeros;
+ * grid (ceil(T / FB_ROWS), B * H), the last key block first. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
@@ -214,18 +215,19 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
              const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
              const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
              const float *__restrict__ delta, const int32_t *__restrict__ dstart,
-             int *__restrict__ sem, int64_t T, int H, int KV, float scale, int add) {
+             int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, float scale,
+             int add) {
     const fb_smem<D> m = fb_begin<D>();
     const int kb = gridDim.x - 1 - blockIdx.x;
-    const int bk = blockIdx.y, b = bk / KV, hk = bk % KV, group = H / KV;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, group = H / KV, hk = h / group;
     const int64_t k0 = (int64_t)kb * FB_ROWS;
     /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
-    const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * group;
+    const int64_t ntiles = (q_end - k0 + FB_STEP - 1) / FB_STEP;
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
-        head = hk * group + (int)(i / nqt);
-        row = k0 + (i % nqt) * FB_STEP;
+        head = h;
+        row = k0 + i * FB_STEP;
     };
     if (threadIdx.x >= 256) {
         fb_regs_producer();
@@ -272,7 +274,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa3_bar_wait(m.br, 0);
     for (int64_t i = 0; i < ntiles; i++) {
         const int s = (int)(i % FB_NS);
-        const int64_t q0 = k0 + (i % nqt) * FB_STEP;
+        const int64_t q0 = k0 + i * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
         float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
@@ -318,9 +320,27 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_fence_smem();
         fa3_bar_arrive(m.bqf + 8 * wg);
     }
+    /* dK, dV: the query heads of the group add in head order (semkv counts them) */
+    int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
+    const int gi = h % group;
+    if (threadIdx.x == 0 && gi > 0) {
+        int seen;
+        do
+            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                         : "=r"(seen)
+                         : "l"(turn)
+                         : "memory");
+        while (seen != gi);
+    }
+    asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* the turn has come */
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
-    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);
-    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add);
+    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add || gi > 0);
+    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add || gi > 0);
+    asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* every thread has added */
+    if (threadIdx.x == 0 && gi + 1 < group) {
+        __threadfence();
+        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+    }
 }
 
 template <int D>
@@ -339,11 +359,12 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
         !fa3_map(c, &mq, q, B, T, H, D, FB_STEP, op) ||
         !fa3_map(c, &mdo, dout, B, T, H, D, FB_STEP, op))
         return;
-    int *sem =
-        (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, (size_t)(B * H * nq) * sizeof(int), op);
+    const unsigned nb = (unsigned)((T + FB_ROWS - 1) / FB_ROWS);
+    const size_t nsem = (size_t)(B * H * nq + B * KV * nb); /* dq's, then dk/dv's */
+    int *sem = (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, nsem * sizeof(int), op);
     if (!sem ||
-        !moe_cuda_check(c, cudaMemsetAsync(sem, 0, (size_t)(B * H * nq) * sizeof(int), c->stream),
-                        op, "semaphores") ||
+        !moe_cuda_check(c, cudaMemsetAsync(sem, 0, nsem * sizeof(int), c->stream), op,
+                        "semaphores") ||
         (!add && !moe_cuda_check(
                      c, cudaMemsetAsync(dq, 0, (size_t)(B * T * H * D) * sizeof(float), c->stream),
                      op, "dq")) ||
@@ -352,9 +373,9 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const unsigned nb = (unsigned)((T + FB_ROWS - 1) / FB_ROWS);
-    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
-        dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, T, (int)H, (int)KV, scale, add);
+    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * H)), FB_THREADS, smem, c->stream>>>(
+        dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
+        scale, add);
     MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }
