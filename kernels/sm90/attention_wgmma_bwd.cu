@@ -1,8 +1,10 @@
 /* attention_wgmma_bwd: the backward of causal grouped-query flash attention for Hopper
- * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys and one query head holds
- * the keys' K and V (of the head's kv head) in shared memory and walks the blocks of 64 of the
- * head's queries that see them; the query heads of a kv head add their dK and dV in head
- * order (a semaphore per key block), which keeps the longest block of the grid short. Per step it
+ * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys of one kv head holds the
+ * keys' K and V in shared memory and walks the blocks of 64 queries of the group's query heads
+ * that see them. When more than FB_SPLIT queries see the keys, each query head of the group
+ * gets a block of its own and the heads add their dK and dV in head order (a semaphore per
+ * key block): the longest block of the grid is then 1/group as long, and the short blocks
+ * keep one K/V load and one dK/dV write for the whole group. Per step it
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
@@ -30,6 +32,7 @@ typedef __nv_bfloat16 bf16;
 #define FB_STEP 64     /* queries a step */
 #define FB_NS 2        /* stages of Q and dO */
 #define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
+#define FB_SPLIT 2048 /* queries above which a key block takes a block per query head */
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
  * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
@@ -207,7 +210,8 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
  * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
  * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
  * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, ceil(T / FB_ROWS)] zeros;
- * grid (ceil(T / FB_ROWS), B * H), the last key block first. */
+ * grid (ceil(T / FB_ROWS) * H / KV, B * KV): the key blocks' query heads side by side, the last
+ * key block first. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
@@ -218,16 +222,21 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
              int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, float scale,
              int add) {
     const fb_smem<D> m = fb_begin<D>();
-    const int kb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H, group = H / KV, hk = h / group;
+    const int group = H / KV, nb = (int)(gridDim.x / group);
+    const int kb = nb - 1 - (int)(blockIdx.x / group), gi = (int)(blockIdx.x % group);
+    const int bk = blockIdx.y, b = bk / KV, hk = bk % KV;
     const int64_t k0 = (int64_t)kb * FB_ROWS;
     /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
-    const int64_t ntiles = (q_end - k0 + FB_STEP - 1) / FB_STEP;
+    const bool split = q_end - k0 > FB_SPLIT; /* a block per query head, else one for the group */
+    if (!split && gi > 0)
+        return;
+    const int h0 = hk * group + gi, nh = split ? 1 : group; /* the heads this block walks */
+    const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * nh;
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
-        head = h;
-        row = k0 + i * FB_STEP;
+        head = h0 + (int)(i / nqt);
+        row = k0 + (i % nqt) * FB_STEP;
     };
     if (threadIdx.x >= 256) {
         fb_regs_producer();
@@ -274,7 +283,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa3_bar_wait(m.br, 0);
     for (int64_t i = 0; i < ntiles; i++) {
         const int s = (int)(i % FB_NS);
-        const int64_t q0 = k0 + i * FB_STEP;
+        const int64_t q0 = k0 + (i % nqt) * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
         float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
@@ -320,9 +329,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_fence_smem();
         fa3_bar_arrive(m.bqf + 8 * wg);
     }
-    /* dK, dV: the query heads of the group add in head order (semkv counts them) */
-    int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
-    const int gi = h % group;
+    /* dK, dV: a split group's query heads add in head order (semkv counts them) */
+    int *turn = semkv + ((int64_t)b * KV + hk) * nb + kb;
     if (threadIdx.x == 0 && gi > 0) {
         int seen;
         do
@@ -337,7 +345,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add || gi > 0);
     fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add || gi > 0);
     asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* every thread has added */
-    if (threadIdx.x == 0 && gi + 1 < group) {
+    if (threadIdx.x == 0 && split && gi + 1 < group) {
         __threadfence();
         asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
     }
@@ -373,7 +381,7 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * H)), FB_THREADS, smem, c->stream>>>(
+    k_fb_bwd<D><<<dim3(nb * (unsigned)(H / KV), (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
         dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
         scale, add);
     MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
