@@ -1,10 +1,12 @@
 /* attention_wgmma_bwd: the backward of causal grouped-query flash attention for Hopper
  * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys of one kv head holds the
  * keys' K and V in shared memory and walks the blocks of 64 queries of the group's query heads
- * that see them. When more than FB_SPLIT queries see the keys, each query head of the group
- * gets a block of its own and the heads add their dK and dV in head order (a semaphore per
- * key block): the longest block of the grid is then 1/group as long, and the short blocks
- * keep one K/V load and one dK/dV write for the whole group. Per step it
+ * that see them; or, split, a block per 128 keys and one query head, the heads of a group adding
+ * their dK and dV in head order (a semaphore per key block). Split, the longest block of the
+ * grid (the first keys, which every query sees) is 1/group as long, so the grid's tail is
+ * shorter; unsplit, each block loads K and V and writes dK and dV once for the whole group.
+ * fb_launch splits without a document mask: with one, the blocks are as short as the
+ * documents, which the host does not know, and typically short. Per step it
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
@@ -32,7 +34,6 @@ typedef __nv_bfloat16 bf16;
 #define FB_STEP 64     /* queries a step */
 #define FB_NS 2        /* stages of Q and dO */
 #define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
-#define FB_SPLIT 2048 /* queries above which a key block takes a block per query head */
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
  * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
@@ -206,8 +207,8 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
  * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
  * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
  * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, ceil(T / FB_ROWS)] zeros;
- * grid (ceil(T / FB_ROWS) * H / KV, B * KV): the key blocks' query heads side by side, the last
- * key block first. */
+ * grid (ceil(T / FB_ROWS), B * H) when split, else (ceil(T / FB_ROWS), B * KV); the last key
+ * block first, so that a block only waits for blocks started before it. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
@@ -216,19 +217,16 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
              const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
              const float *__restrict__ delta, const int32_t *__restrict__ dstart,
              int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, float scale,
-             int add) {
+             int add, int split) {
     const fb_smem<D> m = fb_begin<D>();
-    const int group = H / KV, nb = (int)(gridDim.x / group);
-    const int kb = nb - 1 - (int)(blockIdx.x / group), gi = (int)(blockIdx.x % group);
-    const int bk = blockIdx.y, b = bk / KV, hk = bk % KV;
+    const int group = H / KV, nh = split ? 1 : group; /* the query heads this block walks */
+    const int kb = gridDim.x - 1 - blockIdx.x;
+    const int by = blockIdx.y, b = by / (H / nh), h0 = by % (H / nh) * nh; /* the first */
+    const int hk = h0 / group, gi = h0 % group; /* gi > 0: split, and not the group's first */
     const int64_t k0 = (int64_t)kb * FB_ROWS;
     /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
-    const bool split = q_end - k0 > FB_SPLIT; /* a block per query head, else one for the group */
-    if (!split && gi > 0)
-        return;
-    const int h0 = hk * group + gi, nh = split ? 1 : group; /* the heads this block walks */
     const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * nh;
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
         head = h0 + (int)(i / nqt);
@@ -326,7 +324,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_bar_arrive(m.bqf + 8 * wg);
     }
     /* dK, dV: a split group's query heads add in head order (semkv counts them) */
-    int *turn = semkv + ((int64_t)b * KV + hk) * nb + kb;
+    int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
     if (threadIdx.x == 0 && gi > 0) {
         int seen;
         do
@@ -377,9 +375,10 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    k_fb_bwd<D><<<dim3(nb * (unsigned)(H / KV), (unsigned)(B * KV)), FB_THREADS, smem, c->stream>>>(
+    const int split = !dstart && H > KV;
+    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * (split ? H : KV))), FB_THREADS, smem, c->stream>>>(
         dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
-        scale, add);
+        scale, add, split);
     MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }

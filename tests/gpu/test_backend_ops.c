@@ -318,8 +318,7 @@ typedef void (*runner_fn)(gctx *g, const tcase *tc);
  * lengths of k_doc_cycle in turn, row b starting at entry b (length-1 documents, boundaries on
  * the 32- and 64-row tile edges, documents longer than a tile and than several); 2 random
  * lengths, a third of them 1, the others in [2, 150]; 3 long documents: 2,200, 1 and 300 rows
- * in turn (key blocks that more than 2,048 queries see and blocks that fewer do, side by side:
- * the Hopper backward's two forms). */
+ * in turn (key blocks that 2,000 queries see beside blocks that a few do). */
 static const int64_t k_doc_cycle[] = {37, 1, 26, 64, 1, 128, 3, 90, 65, 1, 200};
 static const int64_t k_doc_long[] = {2200, 1, 300};
 enum { DOC_CYCLE = sizeof k_doc_cycle / sizeof k_doc_cycle[0] };
@@ -1061,8 +1060,7 @@ static const tcase k_cases[] = {
     {"attn docs B3 T77 H4 KV2 D16 rand", MOE_OP_ATTENTION, {3, 77, 4, 2, 16, 2}, BF16, 4e-6, 0},
     {"attn docs B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96, 1}, BF16, 4e-6, 0},
     {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 4e-6, 0},
-    /* longer than the Hopper backward's FB_SPLIT (2,048): a block per query head for the
-     * first key blocks, one per kv head for the others */
+    /* GQA 4 without a mask (the Hopper backward: a block per query head), long documents */
     {"attn B1 T2300 H4 KV1 D64", MOE_OP_ATTENTION, {1, 2300, 4, 1, 64}, BF16, 4e-6, 0},
     {"attn docs B2 T2400 H4 KV2 D128 long", MOE_OP_ATTENTION, {2, 2400, 4, 2, 128, 3}, BF16, 4e-6, 0},
     {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
