@@ -4,22 +4,24 @@
  * statistics; head dims 64 and 128, GQA any ratio, document masks. The portable kernel of
  * attention_flash.cu serves every other GPU and head dim, and the whole backward.
  *
- * A block owns 128 query rows of one head: two consumer warpgroups of 64 rows and one
- * producer warp. The producer's lane 0 loads Q once and each key block's K and V with TMA
- * into NS stages (mbarriers: "full" when the bytes have landed, "empty" when all 256 consumer
- * threads are done with a stage's K, or its V). Each consumer warpgroup computes S = Q K^T for
- * the block with wgmma (m64 x BK), the online softmax in registers (flash_common.cuh: the same
- * step as the portable kernel), and O += P V with P as the register A operand, in
- * FlashAttention-3's order: step j issues the score product of block j and then the value
- * product of block j-1 (its P from the last softmax, O rescaled by that softmax's factors), so
- * the softmax of block j runs while the value product is on the tensor cores (the same
- * operations in the same order as one block at a time: the same bits). The two warpgroups take
- * turns to issue their products (ping-pong), so one's softmax also overlaps the other's
- * products. Key blocks before the first row's document start are skipped, those
- * after a warpgroup's last row are not multiplied. Output and lse as the portable forward:
- * bf16 values, natural-log lse of the scaled scores; cached keys (Tk > T) as the portable
- * forward: row r masked at position r + Tk - T. Compiled for sm_90a only
- * (CMakeLists.txt); moe_cuda_fa3_supported says when it runs.
+ * A block owns 128 query rows of one head: two consumer warpgroups of 64 rows and a producer
+ * warpgroup, which gives up most of its registers (setmaxnreg: 240 a consumer thread, so that
+ * a block's scores, probabilities and output fit at once). The producer's thread 0 loads Q
+ * once and each key block's K and V with TMA into NS stages (mbarriers: "full" when the bytes
+ * have landed, "empty" when all 256 consumer threads are done with a stage's K, or its V).
+ * Each consumer warpgroup computes S = Q K^T for the block with wgmma (m64 x BK), the online
+ * softmax in registers (flash_common.cuh: the same step as the portable kernel), and O += P V
+ * with P as the register A operand, in FlashAttention-3's order: step j issues the score
+ * product of block j and then the value product of block j-1 (its P from the last softmax, O
+ * rescaled by that softmax's factors), so the softmax of block j runs while the value product
+ * is on the tensor cores (the same operations in the same order as one block at a time: the
+ * same bits). The two warpgroups take turns to issue their products (ping-pong), so one's
+ * softmax also overlaps the other's products. Key blocks before the first row's document
+ * start are skipped; with cached keys a warpgroup also multiplies the block after its last
+ * row (p = 0). Output and lse as the portable forward: bf16 values, natural-log lse of the
+ * scaled scores; cached keys (Tk > T) as the portable forward: row r masked at position
+ * r + Tk - T. Compiled for sm_90a only (CMakeLists.txt); moe_cuda_fa3_supported says when it
+ * runs.
  * The shared-memory layout of every tile is the one of wgmma.cuh. */
 #include "wgmma.cuh"
 
@@ -28,21 +30,21 @@ typedef __nv_bfloat16 bf16;
 #define FA3_BQ 128 /* query rows per block: two warpgroups of 64 */
 /* Variants (-D at compile time, bench/kernels/attn_variants.sh checks and times them):
  * FA3_NS key/value stages in flight; FA3_PINGPONG 1 makes the two warpgroups take turns to
- * issue their score products (wgmma.cuh), so that one's softmax runs while the other's
- * products use the tensor cores. */
+ * issue their products (wgmma.cuh), so that one's softmax runs while the other's products use
+ * the tensor cores. */
 #ifndef FA3_NS
 #define FA3_NS 2
 #endif
 #ifndef FA3_PINGPONG
 #define FA3_PINGPONG 1
 #endif
-#define FA3_THREADS 384 /* two consumer warpgroups; a producer warpgroup, one thread of which loads */
+#define FA3_THREADS 384 /* two consumer warpgroups, a producer warpgroup (one thread loads) */
 
 /* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
  * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; grid (T / 128, B * H).
- * Threads 0-255 are the two consumer warpgroups, warp 8 the producer: its lane 0 issues the
+ * Threads 0-255 are the two consumer warpgroups, 256-383 the producer: thread 256 issues the
  * TMA loads of Q and of each key block's K and V into NS stages (full barriers: the bytes
- * have landed; empty barriers: all 256 consumer threads are done with a stage). */
+ * have landed; empty barriers: all 256 consumer threads are done with a stage's K, its V). */
 template <int D, int BK, int NS, typename TO>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap mq,
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     if (FA3_PINGPONG) fa3_turn_begin(wg);
 
     /* one key block's scores into sc, issued (not waited for) */
-    const auto issue_s = [&](float (&sc)[BK / 8][4], int st, uint32_t parity) {
+    const auto issue_s = [&](float(&sc)[BK / 8][4], int st, uint32_t parity) {
         fa_zero<BK / 8>(sc);
         fa3_bar_wait(bk + 8 * st, parity);
         fa3_fence();
@@ -136,13 +138,14 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         fa3_commit();
     };
     /* the softmax of a block's scores (waited for) into p; the stage's K is released */
-    const auto softmax = [&](float (&sc)[BK / 8][4], int64_t k0, int st) {
+    const auto softmax = [&](float(&sc)[BK / 8][4], int64_t k0, int st) {
         fa3_hold(sc);
         fa3_bar_arrive(bek + 8 * st); /* this thread is done with the stage's K */
         fa_softmax_block<BK>(sc, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
                              sl2, t, dsb || k0 + BK - 1 > wpos);
     };
-    const auto retire_pv = [&](int st) { /* after fa3_wait: O and p are free again */
+    /* after fa3_wait: O and p are free again */
+    const auto retire_pv = [&](int st) {
         fa3_hold(o);
         fa3_hold(p);
         fa3_bar_arrive(bev + 8 * st); /* this thread is done with the stage's V */

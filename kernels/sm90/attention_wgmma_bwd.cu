@@ -70,8 +70,12 @@ extern __shared__ __align__(16) unsigned char fb_raw[];
 
 /* Registers per thread after the split (setmaxnreg): the producer warpgroup gives its share
  * to the consumers' accumulators (128 * 56 + 256 * 224 <= 65536). */
-__device__ __forceinline__ void fb_regs_producer() { fa3_regs_dec<56>(); }
-__device__ __forceinline__ void fb_regs_consumer() { fa3_regs_inc<224>(); }
+__device__ __forceinline__ void fb_regs_producer() {
+    fa3_regs_dec<56>();
+}
+__device__ __forceinline__ void fb_regs_consumer() {
+    fa3_regs_inc<224>();
+}
 
 /* Sets up the barriers (thread 0) and returns the layout; all threads call it. */
 template <int D> __device__ __forceinline__ fb_smem<D> fb_begin() {

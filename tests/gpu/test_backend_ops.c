@@ -1062,7 +1062,12 @@ static const tcase k_cases[] = {
     {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 4e-6, 0},
     /* GQA 4 without a mask (the Hopper backward: a block per query head), long documents */
     {"attn B1 T2300 H4 KV1 D64", MOE_OP_ATTENTION, {1, 2300, 4, 1, 64}, BF16, 4e-6, 0},
-    {"attn docs B2 T2400 H4 KV2 D128 long", MOE_OP_ATTENTION, {2, 2400, 4, 2, 128, 3}, BF16, 4e-6, 0},
+    {"attn docs B2 T2400 H4 KV2 D128 long",
+     MOE_OP_ATTENTION,
+     {2, 2400, 4, 2, 128, 3},
+     BF16,
+     4e-6,
+     0},
     {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
     {"attn fp32 docs B2 T90 H3 KV1 D40", MOE_OP_ATTENTION, {2, 90, 3, 1, 40, 2}, FP32, 1e-10, 0},
     /* cached keys (s[6] = P: the queries are the last T of P + T positions), as scoring's
