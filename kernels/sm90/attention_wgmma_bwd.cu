@@ -34,6 +34,11 @@ typedef __nv_bfloat16 bf16;
 #define FB_STEP 64     /* queries a step */
 #define FB_NS 2        /* stages of Q and dO */
 #define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
+/* Variant (-D at compile time, bench/kernels/attn_variants.sh): FB_SPLIT 0 never splits the
+ * query heads of a kv head over blocks (fb_launch's rule otherwise) */
+#ifndef FB_SPLIT
+#define FB_SPLIT 1
+#endif
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
  * dS^T tiles [FB_ROWS keys][FB_STEP queries] bf16 (steps alternate); the dQ tile [FB_STEP][D]
@@ -231,7 +236,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
-    const int64_t nqt = (q_end - k0 + FB_STEP - 1) / FB_STEP, ntiles = nqt * nh;
+    const int nqt = (int)((q_end - k0 + FB_STEP - 1) / FB_STEP); /* query blocks a head */
+    const int64_t ntiles = (int64_t)nqt * nh;
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
         head = h0 + (int)(i / nqt);
         row = k0 + (i % nqt) * FB_STEP;
@@ -279,9 +285,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa_zero<D / 8>(dka);
     fa_zero<D / 8>(dva);
     fa3_bar_wait(m.br, 0);
-    for (int64_t i = 0; i < ntiles; i++) {
-        const int s = (int)(i % FB_NS);
-        const int64_t q0 = k0 + (i % nqt) * FB_STEP;
+    for (int i = 0; i < (int)ntiles; i++) { /* 32-bit: no 64-bit division a step */
+        const int s = i % FB_NS;
+        const int64_t q0 = k0 + (int64_t)(i % nqt) * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
         float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
@@ -379,7 +385,7 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const int split = !dstart && H > KV;
+    const int split = FB_SPLIT && !dstart && H > KV;
     k_fb_bwd<D><<<dim3(nb, (unsigned)(B * (split ? H : KV))), FB_THREADS, smem, c->stream>>>(
         dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
         scale, add, split);
