@@ -5,10 +5,10 @@
  * their dK and dV in head order (a semaphore per key block). Split, the longest block of the
  * grid (the first keys, which every query sees) is 1/group as long, so the grid's tail is
  * shorter; unsplit, each block loads K and V and writes dK and dV once for the whole group.
- * fb_launch splits without a document mask at T >= 4,096: with a mask the blocks are as
- * short as the documents (which the host does not know; typically short), and below 4,096
- * tokens a block's own costs (K/V loads, dK/dV adds) outweigh the shorter tail (H200: split
- * at B4 H16 KV8 T2048 D64 5% slower, at T4096-131072 D128 1-7% faster). Per step it
+ * fb_launch splits without a document mask at T > 2,048: with a mask the blocks are as short
+ * as the documents (which the host does not know; typically short), and at 2,048 tokens a
+ * block's own costs (K/V loads, dK/dV adds) outweigh the shorter tail (H200: split at B4 H16
+ * KV8 T2048 D64 5% slower, at T4096-131072 D128 1-7% faster). Per step it
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
@@ -387,7 +387,7 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const int split = FB_SPLIT && !dstart && H > KV && T >= 4096;
+    const int split = FB_SPLIT && !dstart && H > KV && T > 2048;
     k_fb_bwd<D><<<dim3(nb, (unsigned)(B * (split ? H : KV))), FB_THREADS, smem, c->stream>>>(
         dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
         scale, add, split);
