@@ -615,7 +615,8 @@ void moe_cuda_attention_backward(const moe_backend *be, float *dq, float *dk, fl
         vb ? moe_cuda_bf16_operand(c, MOE_CUDA_SCRATCH_D, dout, B * T * H * D, op) : NULL;
     if (!gb) return;
 #if MOE_HAVE_SM90A
-    if (moe_cuda_fa3_supported(c, D, qb, kb, vb) && ((uintptr_t)gb & 15) == 0) {
+    /* dO's copy and dq go through tensor maps too (16-byte aligned) */
+    if (moe_cuda_fa3_supported(c, D, qb, kb, vb) && (((uintptr_t)gb | (uintptr_t)dq) & 15) == 0) {
         moe_cuda_fa3_backward(c, dq, dk, dv, qb, kb, vb, gb, lse, delta, doc_start, B, T, H, KV, D,
                               add);
         return;
