@@ -215,15 +215,20 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * slot A, an fp32 dy to bf16 (lm_head's [N, V], o_proj's [N, C], q/k/v's) or the router's
  * bf16 input widened to fp32 [N, C]; slot C, lm_head's fp32 input to bf16 or the router's
  * input widened again in its backward [N, C] fp32; slot D, attention's fp32 dout [N, H*D].
- * Small: attention lse/delta, expert grouping, cross-entropy partials, and the reduction
- * slot (RMSNorm backward's partials, one [C] per MOE_CUDA_RMS_ROWS rows). fp8-block adds its
- * quantized operands (below). */
+ * Small: attention lse/delta, expert grouping, cross-entropy partials, the reduction slot
+ * (RMSNorm backward's partials, one [C] per MOE_CUDA_RMS_ROWS rows) and slot F (the RoPE
+ * table, [T][D / 2] cos and sin, or the Hopper attention backward's semaphores, [B, H, T / 64]
+ * for dq and [B, KV, T / 128] for dK/dV). fp8-block adds its quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
     /* the reduction slot's largest request: RMSNorm backward's partial weight gradients */
     small += MOE_CUDA_SCRATCH_GROW((N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS * C * 4);
+    const int64_t rope = d->T * d->D * 4,
+                  sems =
+                      (d->B * d->H * ((d->T + 63) / 64) + d->B * d->KV * ((d->T + 127) / 128)) * 4;
+    small += MOE_CUDA_SCRATCH_GROW(rope > sems ? rope : sems); /* slot F */
     int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
     if (prec != MOE_RECIPE_BF16 && !fp8_block) return ws + small;
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
