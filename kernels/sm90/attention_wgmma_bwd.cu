@@ -172,20 +172,28 @@ __device__ __forceinline__ void fb_store_ds(uint32_t tile, const uint32_t (&a)[F
 }
 
 /* This thread's part of a warpgroup's dQ [64 queries, 8 NT columns] (rows r and r + 8,
- * scaled) into its boxes at shared address dst ([64][32] fp32 each, 128-byte swizzle). */
+ * scaled) into its boxes at shared address dst ([64][32] fp32 each, 128-byte swizzle). The 16
+ * lanes of a half-warp hold 4 rows (x = r & 7 takes 4 values), so the 8 columns nt alone fall
+ * in 4 of a row's 8 swizzled 16-byte chunks (2-way bank conflicts); each store therefore takes
+ * columns nt for lanes t < 2 and columns nt ^ 2 (the same box) for lanes t >= 2, which meet
+ * all 8 chunks. Over the loop every lane stores each of its columns once. */
 template <int NT>
 __device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[NT][4], int r, int t,
                                             float scale) {
     const uint32_t x = r & 7;
+    const bool lo = t < 2;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
+        const int np = nt ^ 2, ns = lo ? nt : np; /* the columns this lane stores */
         const uint32_t box = dst + (nt >> 2) * FB_DQ_BOX;
-        const uint32_t c = (((nt & 3) * 2 + (t >> 1)) ^ x) * 16 + (t & 1) * 8;
+        const uint32_t c = (((ns & 3) * 2 + (t >> 1)) ^ x) * 16 + (t & 1) * 8;
+        const float v0 = lo ? d[nt][0] : d[np][0], v1 = lo ? d[nt][1] : d[np][1];
+        const float v2 = lo ? d[nt][2] : d[np][2], v3 = lo ? d[nt][3] : d[np][3];
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + r * 128 + c),
-                     "f"(d[nt][0] * scale), "f"(d[nt][1] * scale)
+                     "f"(v0 * scale), "f"(v1 * scale)
                      : "memory");
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (r + 8) * 128 + c),
-                     "f"(d[nt][2] * scale), "f"(d[nt][3] * scale)
+                     "f"(v2 * scale), "f"(v3 * scale)
                      : "memory");
     }
 }
