@@ -314,14 +314,30 @@ void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float
     MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
 }
 
+/* One AdamW element: updates m, v and returns the new weight (the CPU backend's arithmetic). */
+__device__ __forceinline__ float adamw_elem(float p, float g, float *m, float *v, float lr,
+                                            float beta1, float beta2, float eps, float wd,
+                                            float bc1, float bc2) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    return p - lr * ((mi / bc1) / (sqrtf(vi / bc2) + eps) + wd * p);
+}
+
+struct adamw_hp {
+    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+};
+
 /* Elements [0, n), one at a time: the unaligned head and tail, or arrays that cannot be
  * read in vectors. param16 may be NULL. */
 __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ param16,
                         const float *__restrict__ grad, float *__restrict__ m,
-                        float *__restrict__ v, int64_t n, moe_adamw_hp h) {
+                        float *__restrict__ v, int64_t n, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float p = moe_adamw_elem(param[i], grad[i], m + i, v + i, h);
+        float p = adamw_elem(param[i], grad[i] * h.grad_scale, m + i, v + i, h.lr, h.beta1, h.beta2,
+                             h.eps, h.wd, h.bc1, h.bc2);
         param[i] = p;
         if (param16) param16[i] = __float2bfloat16_rn(p);
     }
@@ -331,14 +347,15 @@ __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ p
  * each byte is touched once per step) and 8-byte stores of the bf16 copy. */
 __global__ void k_adamw_vec4(float4 *__restrict__ param, uint2 *__restrict__ param16,
                              const float4 *__restrict__ grad, float4 *__restrict__ m,
-                             float4 *__restrict__ v, int64_t n4, moe_adamw_hp h) {
+                             float4 *__restrict__ v, int64_t n4, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
         float4 p = __ldcs(param + i), g = __ldcs(grad + i), mi = __ldcs(m + i), vi = __ldcs(v + i);
         float *pp = &p.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            pp[j] = moe_adamw_elem(pp[j], gg[j], mm + j, vv + j, h);
+            pp[j] = adamw_elem(pp[j], gg[j] * h.grad_scale, mm + j, vv + j, h.lr, h.beta1, h.beta2,
+                               h.eps, h.wd, h.bc1, h.bc2);
         __stcs(param + i, p);
         __stcs(m + i, mi);
         __stcs(v + i, vi);
@@ -358,22 +375,16 @@ static unsigned phase16(const void *p, int64_t i, size_t es) {
     return (unsigned)(((uintptr_t)p + (uintptr_t)i * es) % 16u);
 }
 
-moe_adamw_hp moe_cuda_adamw_hp(float lr, float beta1, float beta2, float eps, float weight_decay,
-                               int64_t step, float grad_scale) {
-    moe_adamw_hp h;
-    h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.wd = weight_decay;
-    h.bc1 = (float)(1.0 - pow((double)beta1, (double)step));
-    h.bc2 = (float)(1.0 - pow((double)beta2, (double)step));
-    h.grad_scale = grad_scale;
-    return h;
-}
-
 void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
                     float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t step, float grad_scale) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c)) return;
-    const moe_adamw_hp h = moe_cuda_adamw_hp(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
+    adamw_hp h;
+    h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.wd = weight_decay;
+    h.bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    h.bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    h.grad_scale = grad_scale;
     __nv_bfloat16 *p16 = (__nv_bfloat16 *)param16;
     /* head: the elements before param is 16-byte aligned; the vectors need the other arrays
      * aligned at the same element (and the bf16 copy at 8 bytes there) */
@@ -594,7 +605,6 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->adamw = moe_cuda_adamw;
     be->cast_bf16 = moe_cuda_cast_bf16;
     be->quantize_weight = moe_cuda_quantize_weight;
-    be->adamw_quantize_weight = moe_cuda_adamw_quantize_weight;
     be->sum_squares = moe_cuda_sum_squares;
     be->pool_forward = moe_cuda_pool_forward;
     return be;

@@ -265,11 +265,6 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
                               int64_t E, int64_t O, int64_t I, moe_recipe prec);
-/* adamw_quantize_weight (ops.h): the same kernel with the AdamW update of each element first */
-void moe_cuda_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, float *m,
-                                    float *v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
-                                    moe_recipe prec, float lr, float beta1, float beta2, float eps,
-                                    float weight_decay, int64_t step, float grad_scale);
 /* fp8-block products need both dimensions of every weight to be multiples of 16 (cuBLASLt's
  * fp8 alignment of the reduction dimension and of the rows). */
 static inline int moe_cuda_fp8_shape_ok(int64_t I, int64_t O) {
@@ -401,23 +396,6 @@ void moe_cuda_cross_entropy_backward(const moe_backend *be, float *dlogits, cons
                                      const float *lse, const int32_t *targets, const float *weights,
                                      float dloss, int64_t N, int64_t V);
 
-/* AdamW's hyperparameters as the kernels take them: bc1, bc2 the bias corrections of the step */
-struct moe_adamw_hp {
-    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
-};
-moe_adamw_hp moe_cuda_adamw_hp(float lr, float beta1, float beta2, float eps, float weight_decay,
-                               int64_t step, float grad_scale);
-/* One AdamW element (g before grad_scale): updates m, v and returns the new weight (the CPU
- * backend's arithmetic). */
-__device__ __forceinline__ float moe_adamw_elem(float p, float g, float *m, float *v,
-                                                const moe_adamw_hp &h) {
-    g *= h.grad_scale;
-    float mi = h.beta1 * *m + (1.0f - h.beta1) * g;
-    float vi = h.beta2 * *v + (1.0f - h.beta2) * g * g;
-    *m = mi;
-    *v = vi;
-    return p - h.lr * ((mi / h.bc1) / (sqrtf(vi / h.bc2) + h.eps) + h.wd * p);
-}
 void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
                     float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t step, float grad_scale);

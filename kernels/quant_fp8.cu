@@ -93,14 +93,10 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
  * read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of rows ty + 8 i in registers
  * (one 16-byte load each: K % 4 == 0 and w 16-byte aligned, as the parameter table aligns
  * tensors), writes them row-wise as 4-byte stores, and the transposed tile goes out through
- * shared memory as 16-byte stores. UPD: each value is first updated by AdamW (g, m, v of
- * w's shape, 16-byte aligned as w; w, m, v written back), and the copies are of the new
- * values. */
-template <bool UPD>
+ * shared memory as 16-byte stores. */
 __global__ void __launch_bounds__(256)
     k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
-                float *__restrict__ st, float *__restrict__ w, const float *__restrict__ g,
-                float *__restrict__ m, float *__restrict__ v, moe_adamw_hp h, int64_t R, int64_t K,
+                float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
                 int pow2) {
     __shared__ float sh[32];
     __shared__ uint8_t tile[QB][QB + 1]; /* [k][r], odd stride: no bank conflicts on store */
@@ -108,30 +104,18 @@ __global__ void __launch_bounds__(256)
     const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
     const int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
     const int64_t k0 = kb * QB + tx * 4, r0 = rb * QB;
+    const float *we = w + e * R * K;
     const bool kin = k0 < K; /* K % 4 == 0: the 4 columns are in or out together */
-    float x[QB / 8][4], amax = 0.0f;
+    float v[QB / 8][4], amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < QB / 8; i++) {
-        const int64_t r = r0 + ty + 8 * i, at = (e * R + r) * K + k0;
-        float4 f = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (kin && r < R) {
-            f = UPD ? __ldcs((const float4 *)(w + at)) : *(const float4 *)(w + at);
-            if (UPD) {
-                const float4 gg = __ldcs((const float4 *)(g + at));
-                float4 mm = __ldcs((const float4 *)(m + at)), vv = __ldcs((const float4 *)(v + at));
-                f.x = moe_adamw_elem(f.x, gg.x, &mm.x, &vv.x, h);
-                f.y = moe_adamw_elem(f.y, gg.y, &mm.y, &vv.y, h);
-                f.z = moe_adamw_elem(f.z, gg.z, &mm.z, &vv.z, h);
-                f.w = moe_adamw_elem(f.w, gg.w, &mm.w, &vv.w, h);
-                __stcs((float4 *)(w + at), f);
-                __stcs((float4 *)(m + at), mm);
-                __stcs((float4 *)(v + at), vv);
-            }
-        }
-        x[i][0] = f.x, x[i][1] = f.y, x[i][2] = f.z, x[i][3] = f.w;
+        int64_t r = r0 + ty + 8 * i;
+        const float4 f =
+            kin && r < R ? *(const float4 *)(we + r * K + k0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
 #pragma unroll
         for (int j = 0; j < 4; j++)
-            amax = fmaxf(amax, finite_abs(x[i][j]));
+            amax = fmaxf(amax, finite_abs(v[i][j]));
     }
     float scale = fp8_scale(moe_block_max(amax, sh), pow2);
     if (threadIdx.x == 0) {
@@ -146,7 +130,7 @@ __global__ void __launch_bounds__(256)
         uint32_t packed = 0;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            uint8_t b = fp8_of(x[i][j], scale);
+            uint8_t b = fp8_of(v[i][j], scale);
             packed |= (uint32_t)b << (8 * j);
             tile[tx * 4 + j][ty + 8 * i] = b;
         }
@@ -195,11 +179,11 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64
     return MOE_CUDA_LAUNCHED(c, op, "fp8 columns n=%lld K=%lld", (long long)n, (long long)K);
 }
 
-/* k_fp8_tiles over w [E, O, I] (g, m, v and h: the AdamW update, UPD) after the shape checks */
-template <bool UPD>
-static void fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, float *w, const float *g, float *m,
-                      float *v, const moe_adamw_hp &h, int64_t E, int64_t O, int64_t I,
-                      moe_recipe prec, const char *op) {
+void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
+                              int64_t E, int64_t O, int64_t I, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "quantize_weight";
+    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
     if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK || !moe_cuda_fp8_shape_ok(I, O) ||
         (uintptr_t)w % 16 != 0) {
         moe_cuda_check(c, cudaErrorInvalidValue, op,
@@ -209,33 +193,7 @@ static void fp8_tiles(moe_cuda_ctx *c, uint8_t *q, float *s, float *w, const flo
         return;
     }
     dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
-    k_fp8_tiles<UPD><<<grid, 256, 0, c->stream>>>(q, s, q + E * O * I,
-                                                  s + E * moe_fp8_tile_scales(O, I), w, g, m, v, h,
-                                                  O, I, prec == MOE_RECIPE_FP8_BLOCK_POW2);
+    k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, q + E * O * I, s + E * moe_fp8_tile_scales(O, I),
+                                             w, O, I, prec == MOE_RECIPE_FP8_BLOCK_POW2);
     MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
-}
-
-void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
-                              int64_t E, int64_t O, int64_t I, moe_recipe prec) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
-    fp8_tiles<false>(c, q, s, (float *)w, NULL, NULL, NULL, moe_adamw_hp{}, E, O, I, prec,
-                     "quantize_weight"); /* w only read */
-}
-
-void moe_cuda_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, float *m,
-                                    float *v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
-                                    moe_recipe prec, float lr, float beta1, float beta2, float eps,
-                                    float weight_decay, int64_t step, float grad_scale) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
-    if ((((uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15) != 0) { /* the two passes */
-        moe_cuda_adamw(be, w, NULL, grad, m, v, E * O * I, lr, beta1, beta2, eps, weight_decay,
-                       step, grad_scale);
-        moe_cuda_quantize_weight(be, q, s, w, E, O, I, prec);
-        return;
-    }
-    fp8_tiles<true>(c, q, s, w, grad, m, v,
-                    moe_cuda_adamw_hp(lr, beta1, beta2, eps, weight_decay, step, grad_scale), E, O,
-                    I, prec, "adamw_quantize_weight");
 }

@@ -168,11 +168,11 @@ void moe_model_params_written(moe_model *m);
 /* One AdamW step (moe_backend.adamw) on the flat element range [lo, hi) of the parameters,
  * with moments mom, var [hi - lo] dev (element lo first): weight decay o->weight_decay for
  * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
- * copies of the range are rewritten in the same pass, and so are the fp8-block copies of the
- * quantized weights wholly inside it (be->adamw_quantize_weight, a call per weight; a weight
- * the range cuts gets its copies before the next pass). Copies already stale
- * (moe_model_params_written, as the trainer says before a step of several ranks) are left to
- * that refresh. Other consecutive tensors with the same decay are one call. */
+ * copies of the range are rewritten in the same pass, the fp8-block copies of the quantized
+ * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
+ * its copies before the next pass). Copies already stale (moe_model_params_written, as the
+ * trainer says before a step of several ranks) are left to that refresh. Consecutive tensors
+ * with the same decay are one call (the expert part is one). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 

@@ -438,20 +438,6 @@ struct moe_backend {
                             const float *w, /* [E, O, I] dev */
                             int64_t E, int64_t O, int64_t I, moe_recipe prec);
 
-    /* ---- AdamW (adamw's update; no bf16 copy) on one weight w [E, O, I] that has fp8-block
-     * copies, then the copies of the new values (quantize_weight's bytes), in one pass over
-     * the weight where the backend can: what moe_model_adamw runs for each such weight whose
-     * copies are kept ---- */
-    void (*adamw_quantize_weight)(const moe_backend *be, float *w, /* [E, O, I] dev */
-                                  const float *grad,               /* [E, O, I] dev */
-                                  float *m,                        /* [E, O, I] dev */
-                                  float *v,                        /* [E, O, I] dev */
-                                  uint8_t *q,                      /* [2 E O I] dev */
-                                  float *s, /* [moe_fp8_weight_scales(E, O, I)] dev */
-                                  int64_t E, int64_t O, int64_t I, moe_recipe prec, float lr,
-                                  float beta1, float beta2, float eps, float weight_decay,
-                                  int64_t step, float grad_scale);
-
     /* ---- dst = src rounded to bf16 (round to nearest even) ---- */
     void (*cast_bf16)(const moe_backend *be, uint16_t *dst, /* [n] dev bf16 */
                       const float *src,                     /* [n] dev */

@@ -134,9 +134,9 @@ void moe_model_refresh_copies(moe_model *m) {
     m->copies_stale = 0;
 }
 
-/* After an AdamW step on [lo, hi): a quantized weight only partly inside it (a ZeRO-1 slice)
- * makes the copies stale (those wholly inside were written with the update, fused_experts). */
-static void mark_cut_copies(moe_model *m, int64_t lo, int64_t hi) {
+/* After an AdamW step on [lo, hi): the fp8 copies of every quantized weight wholly inside
+ * it rewritten; one only partly inside (a ZeRO-1 slice) makes the copies stale. */
+static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
     if (!m->param8_mem || m->copies_stale) return; /* none yet, or all rewritten anyway */
     const moe_param_table *t = &m->table;
     for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++) {
@@ -146,21 +146,14 @@ static void mark_cut_copies(moe_model *m, int64_t lo, int64_t hi) {
         for (int j = 0; j < 7; j++) {
             const moe_param *p = &t->params[idx[j]];
             int64_t a = p->offset, b = a + experts_of(t, j) * p->numel;
-            if (b > lo && a < hi && (a < lo || b > hi)) {
+            if (b <= lo || a >= hi) continue;
+            if (a < lo || b > hi) {
                 m->copies_stale = 1;
                 return;
             }
+            quantize(m, l, j);
         }
     }
-}
-
-/* The experts of the quantized weight that p leads when its AdamW update can write its fp8
- * copies in the same pass: the copies are kept (not stale) and the whole weight is inside
- * [lo, hi). 0 otherwise (a dense weight counts 1). */
-static int64_t fused_experts(const moe_model *m, const moe_param *p, int64_t lo, int64_t hi) {
-    if (!p->data8 || m->copies_stale) return 0;
-    const int64_t E = p->expert >= 0 ? m->table.e1 - m->table.e0 : 1;
-    return p->offset >= lo && p->offset + E * p->numel <= hi ? E : 0;
 }
 
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
@@ -170,16 +163,15 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
     double wd_run = 0.0;
     for (int i = 0; i <= t->n_params; i++) {
         double wd = 0.0;
-        int64_t pa = hi, pb = hi, E = 0;
+        int64_t pa = hi, pb = hi;
         if (i < t->n_params) {
             const moe_param *p = &t->params[i];
             pa = p->offset > lo ? p->offset : lo;
             pb = p->offset + p->numel < hi ? p->offset + p->numel : hi;
             wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
             if (pa >= pb) continue;
-            E = fused_experts(m, p, lo, hi);
         }
-        if (a >= 0 && (i == t->n_params || E > 0 || wd != wd_run || pa != b)) { /* flush the run */
+        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
             /* stale copies are all rewritten before the next forward: none written here */
             m->be->adamw(m->be, m->param_mem + a,
                          m->param16_mem && !m->copies_stale ? m->param16_mem + a : NULL,
@@ -189,18 +181,8 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
             a = -1;
         }
         if (i == t->n_params) break;
-        if (E > 0) { /* a quantized weight: its update and its fp8 copies in one call */
-            const moe_param *p = &t->params[i];
-            m->be->adamw_quantize_weight(
-                m->be, m->param_mem + p->offset, moe_model_grads(m) + p->offset,
-                mom + (p->offset - lo), var + (p->offset - lo), p->data8, p->scale8, E, p->shape[0],
-                p->shape[1], m->recipe, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
-                (float)wd, step, grad_scale);
-            i += (int)E - 1; /* the weight's other experts */
-            continue;
-        }
         if (a < 0) a = pa, wd_run = wd;
         b = pb;
     }
-    mark_cut_copies(m, lo, hi);
+    update_fp8_copies(m, lo, hi);
 }

@@ -155,11 +155,6 @@ void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const
                    float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
                    float weight_decay, int64_t step, float grad_scale);
 void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
-/* adamw_quantize_weight (ops.h): moe_cpu_adamw, then moe_cpu_quantize_weight of the result */
-void moe_cpu_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, float *m,
-                                   float *v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
-                                   moe_recipe prec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, int64_t step, float grad_scale);
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n);
 
 #endif
