@@ -166,21 +166,23 @@ __device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)
     }
 }
 
-/* The transposed form for this thread's key rows key0, key1 = key0 + 8 (the dk/dv kernels):
- * s [NQ/8][4] raw scores S^T of queries q0.. becomes dS^T and pt [NQ/8][4] gets P^T; the
- * queries' lse (log2 units), delta and document start are sL, sD, sS [NQ] (shared memory).
- * A query sees a key when it is < T, not before the key and its document starts at or before
- * the key; without `mask` every pair counts. */
+/* The transposed form for this thread's key rows key0, key1 = key0 + 8 (the dk/dv kernels),
+ * in two halves so that a caller can multiply with P^T before dP^T is ready: fa_probs_cols
+ * makes pt [NQ/8][4] = P^T from the raw scores S^T s [NQ/8][4] of queries q0.. (pt may be
+ * s: element by element), fa_dgrad_cols ds [NQ/8][4] = P^T * (dP^T - delta) (ds may be dp).
+ * The queries' lse (log2 units), delta and document start are sL, sD, sS [NQ] (shared
+ * memory). A query sees a key when it is < T, not before the key and its document starts at
+ * or before the key; without `mask` every pair counts. */
 template <int NQ>
-__device__ __forceinline__ void fa_dscores_cols(float (*s)[4], const float (*dp)[4], float (*pt)[4],
-                                                int64_t q0, int64_t key0, int64_t key1,
-                                                const float *sL, const float *sD, const int32_t *sS,
-                                                int64_t T, float sl2, int t, bool mask) {
+__device__ __forceinline__ void fa_probs_cols(float (*pt)[4], const float (*s)[4], int64_t q0,
+                                              int64_t key0, int64_t key1, const float *sL,
+                                              const int32_t *sS, int64_t T, float sl2, int t,
+                                              bool mask) {
 #pragma unroll
     for (int nt = 0; nt < NQ / 8; nt++) {
         const int c = nt * 8 + 2 * t;
         const int64_t qa = q0 + c, qb = qa + 1;
-        const float la = sL[c], lb = sL[c + 1], da = sD[c], db = sD[c + 1];
+        const float la = sL[c], lb = sL[c + 1];
         const int64_t sta = sS[c], stb = sS[c + 1];
         const bool k00 = !mask || (qa < T && qa >= key0 && sta <= key0);
         const bool k01 = !mask || (qb < T && qb >= key0 && stb <= key0);
@@ -190,11 +192,29 @@ __device__ __forceinline__ void fa_dscores_cols(float (*s)[4], const float (*dp)
         pt[nt][1] = k01 ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
         pt[nt][2] = k10 ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
         pt[nt][3] = k11 ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
-        s[nt][0] = pt[nt][0] * (dp[nt][0] - da); /* dS^T */
-        s[nt][1] = pt[nt][1] * (dp[nt][1] - db);
-        s[nt][2] = pt[nt][2] * (dp[nt][2] - da);
-        s[nt][3] = pt[nt][3] * (dp[nt][3] - db);
     }
+}
+template <int NQ>
+__device__ __forceinline__ void fa_dgrad_cols(float (*ds)[4], const float (*pt)[4],
+                                              const float (*dp)[4], const float *sD, int t) {
+#pragma unroll
+    for (int nt = 0; nt < NQ / 8; nt++) {
+        const int c = nt * 8 + 2 * t;
+        const float da = sD[c], db = sD[c + 1];
+        ds[nt][0] = pt[nt][0] * (dp[nt][0] - da); /* dS^T, rounded to bf16 by c_to_a */
+        ds[nt][1] = pt[nt][1] * (dp[nt][1] - db);
+        ds[nt][2] = pt[nt][2] * (dp[nt][2] - da);
+        ds[nt][3] = pt[nt][3] * (dp[nt][3] - db);
+    }
+}
+/* both halves: s [NQ/8][4] raw scores S^T becomes dS^T and pt gets P^T */
+template <int NQ>
+__device__ __forceinline__ void fa_dscores_cols(float (*s)[4], const float (*dp)[4], float (*pt)[4],
+                                                int64_t q0, int64_t key0, int64_t key1,
+                                                const float *sL, const float *sD, const int32_t *sS,
+                                                int64_t T, float sl2, int t, bool mask) {
+    fa_probs_cols<NQ>(pt, s, q0, key0, key1, sL, sS, T, sl2, t, mask);
+    fa_dgrad_cols<NQ>(s, pt, dp, sD, t);
 }
 
 /* g[row * stride + col] (+)= scale * acc for this thread's rows row0, row1 = row0 + 8 (< T)

@@ -8,11 +8,13 @@
  * Status: written without a GPU on 2026-12-01; first run on an H200 on 2026-12-02 (07:58 UTC):
  * the check passed on every case (NMSE 0 to 7.9e-11 against cuBLASLt, every element written)
  * at 622-734 TFLOP/s on the 16,384-row products, against 746-828 for cuBLASLt per expert.
- * The B-multicast form (k_grouped<true>, 2-CTA clusters) was written afterwards and has NOT
- * run on a GPU yet. It checks its own output against cuBLASLt before it prints a rate, and a failed check
- * means the kernel is wrong, not the rate.
+ * The B-multicast form (k_grouped<true>, 2-CTA clusters), written afterwards, first ran on
+ * 2026-12-02 (15:5x UTC): correct on every case and much slower, 355-418 TFLOP/s against the
+ * plain form's 641-737 (not analysed; a likely cause: a stage is refilled only when both CTAs
+ * have released it, so the two CTAs run in lockstep at the slower one's pace). Each form checks its own output against
+ * cuBLASLt before it prints a rate, and a failed check means the kernel is wrong, not the rate.
  *
- *   nvcc -O3 -std=c++17 -arch=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels \
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels \
  *       bench/kernels/grouped_gemm.cu -lcublasLt -o /tmp/grouped_gemm && /tmp/grouped_gemm
  *
  * The product (forward of w1/w3 and w2): Y[r, :] = X[r, :] W_e^T for the rows r in

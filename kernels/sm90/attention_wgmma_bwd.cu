@@ -12,7 +12,10 @@
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
- * keys, so both wait for the whole dS^T tile, one named barrier a step). Structure as the Hopper
+ * keys, so both wait for the whole dS^T tile, one named barrier a step). Each product is issued
+ * as soon as its operands exist and waited for only when its result is read: P^T is formed
+ * while dP^T is on the tensor cores, dS^T while dV's product is, and dS^T stored and the other
+ * warpgroup awaited while dK's is. Structure as the Hopper
  * forward (attention_wgmma.cu): a producer warp loads Q/dO tiles with TMA into
  * mbarrier-guarded stages, two consumer warpgroups of 64 keys multiply them from shared memory
  * (layouts: wgmma.cuh), and the producer's warpgroup hands its registers to the consumers
@@ -135,24 +138,19 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
     }
 }
 
-/* The two score-side products of a warpgroup (its 64 keys of the resident tiles):
- * x = K_rows Q^T and y = V_rows dO^T over D, both [64, FB_STEP]. */
+/* One score-side product of a warpgroup (its 64 keys of the resident tile at res), issued
+ * and committed as a group of its own: x [64, FB_STEP] = rows Q^T (or dO^T) over D, the
+ * step's tile at st. */
 template <int D>
-__device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], float (&y)[FB_STEP / 8][4],
-                                          const fb_smem<D> &m, int wg, uint32_t tile) {
-    fa_zero<FB_STEP / 8>(x);
-    fa_zero<FB_STEP / 8>(y);
-    fa3_fence();
+__device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], uint32_t res, uint32_t st,
+                                          int wg) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         const uint32_t a = (ks >> 2) * FB_ROWS * 128 + wg * 64 * 128 + (ks & 3) * 32;
         const uint32_t bo = (ks >> 2) * FB_STEP * 128 + (ks & 3) * 32;
-        fa3_mma_ss(x, fa3_desc(m.ra + a, 16, 1024), fa3_desc(m.sa + tile + bo, 16, 1024), ks > 0);
-        fa3_mma_ss(y, fa3_desc(m.rb + a, 16, 1024), fa3_desc(m.sb + tile + bo, 16, 1024), ks > 0);
+        fa3_mma_ss(x, fa3_desc(res + a, 16, 1024), fa3_desc(st + bo, 16, 1024), ks > 0);
     }
-    fa3_commit_wait();
-    fa3_hold(x);
-    fa3_hold(y);
+    fa3_commit();
 }
 
 /* This thread's dS^T (a: the bf16 A fragments of dK += dS^T Q, from c_to_a) into the dS^T tile
@@ -300,33 +298,51 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         const int64_t q0 = k0 + (int64_t)(i % nqt) * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
-        float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4], pt[FB_STEP / 8][4];
-        fb_scores<D>(sc, dp, m, wg, tile); /* S^T, dP^T */
+        /* The products are issued as soon as their operands exist, each group waited for
+         * only when its result is read, so that the tensor cores work while the warpgroup
+         * computes: S^T and dP^T; P^T from S^T while dP^T runs; dV += P^T dO while dS^T is
+         * formed; dK += dS^T Q while dS^T is stored and the other half awaited; dQ. */
+        float sc[FB_STEP / 8][4], dp[FB_STEP / 8][4];
+        fa_zero<FB_STEP / 8>(sc);
+        fa_zero<FB_STEP / 8>(dp);
+        fa3_fence();
+        fb_scores<D>(sc, m.ra, m.sa + tile, wg); /* S^T */
+        fb_scores<D>(dp, m.rb, m.sb + tile, wg); /* dP^T */
+        fa3_wait<1>();
+        fa3_hold(sc);
         const unsigned char *side = fb_raw + (m.side + s * fb_smem<D>::SIDE - smem_u32(fb_raw));
         const float *sL = reinterpret_cast<const float *>(side);
-        fa_dscores_cols<FB_STEP>(sc, dp, pt, q0, key0, key1, sL, sL + FB_STEP,
-                                 reinterpret_cast<const int32_t *>(sL + 2 * FB_STEP), T, sl2, t,
-                                 dsb || q0 < krow + 63 || q0 + FB_STEP > T);
+        fa_probs_cols<FB_STEP>(sc, sc, q0, key0, key1, sL,
+                               reinterpret_cast<const int32_t *>(sL + 2 * FB_STEP), T, sl2, t,
+                               dsb || q0 < krow + 63 || q0 + FB_STEP > T); /* sc: P^T */
         uint32_t pa[FB_STEP / 16][4], sa[FB_STEP / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < FB_STEP / 16; kk++) {
-            c_to_a(pa[kk], pt, kk);
-            c_to_a(sa[kk], sc, kk);
-        }
+        for (int kk = 0; kk < FB_STEP / 16; kk++)
+            c_to_a(pa[kk], sc, kk);
+        fa3_fence();
+#pragma unroll
+        for (int kk = 0; kk < FB_STEP / 16; kk++) /* dV += P^T dO, 16 queries at a time */
+            fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + tile + kk * 16 * 128, FB_STEP * 128, 1024));
+        fa3_commit();
+        fa3_wait<1>(); /* dP^T; dV may still run */
+        fa3_hold(dp);
+        fa_dgrad_cols<FB_STEP>(dp, sc, dp, sL + FB_STEP, t); /* dp: dS^T */
+#pragma unroll
+        for (int kk = 0; kk < FB_STEP / 16; kk++)
+            c_to_a(sa[kk], dp, kk);
         /* dS^T into this step's tile: the other warpgroup finished reading it two steps ago
          * (before the barrier of the last step) */
         fb_store_ds(ds, sa, r, t);
         fa3_fence_smem();
+        fa3_fence();
+#pragma unroll
+        for (int kk = 0; kk < FB_STEP / 16; kk++) /* dK += dS^T Q */
+            fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + tile + kk * 16 * 128, FB_STEP * 128, 1024));
+        fa3_commit();
         asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* both halves of dS^T are stored */
         float dqa[FB_DQ_N(D) / 8][4];
         fa_zero<FB_DQ_N(D) / 8>(dqa);
         fa3_fence();
-#pragma unroll
-        for (int kk = 0; kk < FB_STEP / 16; kk++) { /* 16 queries a step */
-            const uint32_t rr = tile + kk * 16 * 128;
-            fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + rr, FB_STEP * 128, 1024));
-            fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + rr, FB_STEP * 128, 1024));
-        }
 #pragma unroll
         for (int kk = 0; kk < FB_ROWS / 16; kk++) /* dQ [64 queries, this wg's columns] = dS K */
             fa3_mma_ss_t(dqa, fa3_desc(ds + kk * 16 * 128, FB_ROWS * 128, 1024),
@@ -345,23 +361,27 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     }
     /* dK, dV: a split group's query heads add in head order (semkv counts them) */
     int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
-    if (threadIdx.x == 0 && gi > 0) {
-        int seen;
-        do
-            asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
-                         : "=r"(seen)
-                         : "l"(turn)
-                         : "memory");
-        while (seen != gi);
+    if (split) {
+        if (threadIdx.x == 0 && gi > 0) {
+            int seen;
+            do
+                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
+                             : "=r"(seen)
+                             : "l"(turn)
+                             : "memory");
+            while (seen != gi);
+        }
+        asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* the turn has come */
     }
-    asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* the turn has come */
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
     fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add || gi > 0);
     fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add || gi > 0);
-    asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* every thread has added */
-    if (threadIdx.x == 0 && split && gi + 1 < group) {
-        __threadfence();
-        asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+    if (split && gi + 1 < group) {
+        asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* every thread has added */
+        if (threadIdx.x == 0) {
+            __threadfence();
+            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
+        }
     }
 }
 
