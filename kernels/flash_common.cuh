@@ -17,6 +17,15 @@
 
 #define FA_LOG2E 1.4426950408889634f
 
+/* 2^x on the special-function unit with subnormal results flushed to zero (exp2f is the same
+ * instruction wrapped in a range test and two multiplies that keep subnormal results): a
+ * probability below 2^-126 is 0, every other one has exp2f's value */
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
@@ -84,17 +93,17 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float &m0, float
      * subtracts 0 instead (p = 0, alpha = 0, no -inf - -inf = NaN) */
     float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
     const float r0 = mn0 == -INFINITY ? 0.0f : mn0, r1 = mn1 == -INFINITY ? 0.0f : mn1;
-    a0 = exp2f(m0 - r0);
-    a1 = exp2f(m1 - r1);
+    a0 = fa_exp2(m0 - r0);
+    a1 = fa_exp2(m1 - r1);
     m0 = mn0;
     m1 = mn1;
     float ls0 = 0.0f, ls1 = 0.0f;
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
-        s[nt][0] = exp2f(fmaf(s[nt][0], sl2, -r0)); /* one FFMA: scale and subtract */
-        s[nt][1] = exp2f(fmaf(s[nt][1], sl2, -r0));
-        s[nt][2] = exp2f(fmaf(s[nt][2], sl2, -r1));
-        s[nt][3] = exp2f(fmaf(s[nt][3], sl2, -r1));
+        s[nt][0] = fa_exp2(fmaf(s[nt][0], sl2, -r0)); /* one FFMA: scale and subtract */
+        s[nt][1] = fa_exp2(fmaf(s[nt][1], sl2, -r0));
+        s[nt][2] = fa_exp2(fmaf(s[nt][2], sl2, -r1));
+        s[nt][3] = fa_exp2(fmaf(s[nt][3], sl2, -r1));
         ls0 += s[nt][0] + s[nt][1];
         ls1 += s[nt][2] + s[nt][3];
     }
@@ -155,10 +164,10 @@ __device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)
         const bool k01 = !mask || (key + 1 <= row0 && key + 1 >= st0);
         const bool k10 = !mask || (key <= row1 && key >= st1);
         const bool k11 = !mask || (key + 1 <= row1 && key + 1 >= st1);
-        const float p00 = k00 ? exp2f(s[nt][0] * sl2 - lse0) : 0.0f;
-        const float p01 = k01 ? exp2f(s[nt][1] * sl2 - lse0) : 0.0f;
-        const float p10 = k10 ? exp2f(s[nt][2] * sl2 - lse1) : 0.0f;
-        const float p11 = k11 ? exp2f(s[nt][3] * sl2 - lse1) : 0.0f;
+        const float p00 = k00 ? fa_exp2(s[nt][0] * sl2 - lse0) : 0.0f;
+        const float p01 = k01 ? fa_exp2(s[nt][1] * sl2 - lse0) : 0.0f;
+        const float p10 = k10 ? fa_exp2(s[nt][2] * sl2 - lse1) : 0.0f;
+        const float p11 = k11 ? fa_exp2(s[nt][3] * sl2 - lse1) : 0.0f;
         s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
         s[nt][1] = p01 * (dp[nt][1] - dl0);
         s[nt][2] = p10 * (dp[nt][2] - dl1);
@@ -188,10 +197,10 @@ __device__ __forceinline__ void fa_probs_cols(float (*pt)[4], const float (*s)[4
         const bool k01 = !mask || (qb < T && qb >= key0 && stb <= key0);
         const bool k10 = !mask || (qa < T && qa >= key1 && sta <= key1);
         const bool k11 = !mask || (qb < T && qb >= key1 && stb <= key1);
-        pt[nt][0] = k00 ? exp2f(s[nt][0] * sl2 - la) : 0.0f;
-        pt[nt][1] = k01 ? exp2f(s[nt][1] * sl2 - lb) : 0.0f;
-        pt[nt][2] = k10 ? exp2f(s[nt][2] * sl2 - la) : 0.0f;
-        pt[nt][3] = k11 ? exp2f(s[nt][3] * sl2 - lb) : 0.0f;
+        pt[nt][0] = k00 ? fa_exp2(s[nt][0] * sl2 - la) : 0.0f;
+        pt[nt][1] = k01 ? fa_exp2(s[nt][1] * sl2 - lb) : 0.0f;
+        pt[nt][2] = k10 ? fa_exp2(s[nt][2] * sl2 - la) : 0.0f;
+        pt[nt][3] = k11 ? fa_exp2(s[nt][3] * sl2 - lb) : 0.0f;
     }
 }
 template <int NQ>
