@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# e2e.train_fp8_gpu: fp8-block on the GPU converges like bf16 (issue 14's GPU convergence
+# check; e2e.train_fp8_cpu is the CPU emulation's): configs/L0_sanity.yaml on lambda (1 kb
+# records, 20% held out), 300 steps of 16,384 tokens with device=cuda under bf16 and under
+# fp8-block, same seed and data order; the final validation loss of fp8-block within 2% of
+# bf16's, every logged loss finite, and the loss fallen. mxfp8 is not in it: the CUDA backend
+# does not run it (sm_90 has no MXFP8 products; docs/dtypes.md). Skipped (77) where no NVIDIA
+# GPU is visible, as in CI.
+set -euo pipefail
+src=${MOE_SRC_DIR:?}
+if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
+source "$src/tests/interop/lambda_1kb.sh"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+rm -rf shards run-*
+moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
+common=(-c "$src/configs/L0_sanity.yaml" --data shards device=cuda train.steps=300
+        train.eval_every=300 checkpoint.every=300 log.every=1)
+for r in bf16 fp8-block; do
+    moe-train -q "${common[@]}" precision.recipe=$r -o "run-$r"
+done
+val() { sed -n 's/.*"val_loss":\([0-9.eE+-]*\).*/\1/p' "$1/metrics.jsonl" | tail -1; }
+ref=$(val run-bf16)
+[ -n "$ref" ] || fail "no val_loss in run-bf16/metrics.jsonl"
+got=$(val run-fp8-block)
+[ -n "$got" ] || fail "no val_loss in run-fp8-block/metrics.jsonl"
+awk -v g="$got" -v b="$ref" 'BEGIN { d = (g - b) / b; if (d < 0) d = -d
+    printf "fp8-block: val_loss %.5f against bf16 %.5f (%.2f%%)\n", g, b, 100 * d
+    exit !(d <= 0.02) }' || fail "fp8-block: validation loss not within 2% of bf16's"
+for r in bf16 fp8-block; do
+    # awk reads the whole file (no early-exiting reader on a pipe: SIGPIPE under pipefail)
+    awk -F'"loss":' 'NF > 1 { split($2, v, ","); if (v[1] !~ /^[0-9.eE+-]+$/) bad = 1
+            if (n++ == 0) first = v[1]; last = v[1] }
+        END { if (bad) { print "a non-finite loss"; exit 1 }
+              if (!(last < first)) { print "the loss did not fall"; exit 1 } }' \
+        "run-$r/metrics.jsonl" || fail "$r: see above"
+done
+echo "train_fp8_gpu: ok"
