@@ -10,8 +10,8 @@ warm-up; the backward from saved lse, as training runs it). SDPA: PyTorch's defa
 choice (cuDNN on the H200) and each backend forced (cudnn, flash, efficient), median of 20
 calls after 5; its forward+backward is one forward and one backward, ours is the sum of the
 two medians. FLOPs: forward 2 B H T^2 D (causal), forward+backward 3.5x that, as the anchors
-count. Document-mask cases have no SDPA counterpart (it has no such mask) and are listed as
-ours only. Prints a markdown table; exit status 2 without torch or the harness."""
+count; with documents of L tokens the sum of each document's 2 B H L^2 D. Document-mask
+cases have no SDPA counterpart (it has no such mask) and are listed as ours only. Prints a markdown table; exit status 2 without torch or the harness."""
 import re
 import subprocess
 import sys
@@ -79,7 +79,9 @@ print("|---|---|---|---|---|---|---|---|")
 for name, t in ours.items():
     m = re.search(r"B(\d+) H(\d+) KV(\d+) T(\d+) D(\d+)", name)
     B, H, KV, T, D = map(int, m.groups())
-    fl = 2 * B * H * T * T * D
+    doc = re.search(r"docs (\d+)", name)
+    L = int(doc.group(1)) if doc else T  # documents of L tokens: causal within each
+    fl = 2 * B * H * D * ((T // L) * L * L + (T % L) ** 2)
     of, ofb = fl / t["fwd"] / 1e9, 3.5 * fl / (t["fwd"] + t["bwd"]) / 1e9
     cells, best = [], 0.0
     if "docs" not in name:
