@@ -1069,6 +1069,20 @@ static const tcase k_cases[] = {
      BF16,
      4e-6,
      0},
+    /* more query tiles (128 rows of one head) than an H200 has SMs: a persistent forward
+     * block walks several, with and without documents and cached keys */
+    {"attn docs B4 T700 H12 KV4 D64 rand tiles",
+     MOE_OP_ATTENTION,
+     {4, 700, 12, 4, 64, 2},
+     BF16,
+     4e-6,
+     0},
+    {"attn cache B4 T400+200 H16 KV4 D128 tiles",
+     MOE_OP_ATTENTION,
+     {4, 400, 16, 4, 128, 0, 200},
+     BF16,
+     4e-6,
+     1},
     {"attn fp32 docs B2 T150 H4 KV2 D64", MOE_OP_ATTENTION, {2, 150, 4, 2, 64, 1}, FP32, 1e-10, 0},
     {"attn fp32 docs B2 T90 H3 KV1 D40", MOE_OP_ATTENTION, {2, 90, 3, 1, 40, 2}, FP32, 1e-10, 0},
     /* cached keys (s[6] = P: the queries are the last T of P + T positions), as scoring's
