@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # bench/kernels/ab_revs.sh: check and time git revisions of the CUDA kernels side by side in
-# one GPU call. Each revision is exported (git archive) and built on its own (the targets
+# one GPU call. Each revision is exported (git archive; or a SOURCE given as a .tar of a
+# tree, e.g. `git archive BRANCH > x.tar` made where the branch exists, or as a directory)
+# and built on its own (the targets
 # gpu_test_backend_ops and bench_train_gpu, all builds at once); then each runs the op
 # harness's check on the cases that CHECK names, and the cases that PERF names are timed
 # ROUNDS times, the revisions taking turns within a round (so that a clock drift falls on
 # all of them alike). One summary line per revision and case; a revision whose check fails is
 # reported as such, and its timings must not be used.
 #
-#   bench/kernels/ab_revs.sh WORK_DIR REV [REV ...]
+#   bench/kernels/ab_revs.sh WORK_DIR REV|SOURCE.tar|SOURCE_DIR [...]
 #   CHECK="attn" PERF="attn bf16" ROUNDS=2 bench/kernels/ab_revs.sh /tmp/ab main attn-bwd-decouple
 #
 # TRAIN="bf16:mixtral8x7b-2L fp8-block:mixtral8x7b-2L" adds `RECIPE=r bench_train_gpu preset 5 1`
@@ -25,11 +27,17 @@ mkdir -p "$WORK"
 fail=0
 tags=()
 for rev in "$@"; do
-    tag=$(echo "$rev" | tr -c 'A-Za-z0-9_.\n-' '_')
+    tag=$(basename "$rev" .tar | tr -c 'A-Za-z0-9_.\n-' '_')
     tags+=("$tag")
     src="$WORK/src-$tag"
     rm -rf "$src" && mkdir -p "$src"
-    git archive "$rev" | tar -x -C "$src" || { echo "ab_revs.sh: no revision $rev" >&2; exit 2; }
+    if [ -d "$rev" ]; then
+        cp -r "$rev"/. "$src"
+    elif [ -f "$rev" ]; then
+        tar -xf "$rev" -C "$src" || { echo "ab_revs.sh: $rev is not a tar of a tree" >&2; exit 2; }
+    else
+        git archive "$rev" | tar -x -C "$src" || { echo "ab_revs.sh: no revision $rev" >&2; exit 2; }
+    fi
     (cmake -S "$src" -B "$WORK/build-$tag" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_CUDA_ARCHITECTURES=90 > "$WORK/$tag.cmake.log" 2>&1 &&
         cmake --build "$WORK/build-$tag" -j"$(($(nproc) / $# + 1))" --target gpu_test_backend_ops \
