@@ -220,6 +220,7 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * table, [T][D / 2] cos and sin, or the Hopper attention backward's semaphores, [B, H, T / 64]
  * for dq and [B, KV, T / 128] for dK/dV). fp8-block adds its quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
@@ -228,10 +229,9 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     const int64_t rope = d->T * d->D * 4,
                   sems =
                       (d->B * d->H * ((d->T + 63) / 64) + d->B * d->KV * ((d->T + 127) / 128)) * 4;
-    small += MOE_CUDA_SCRATCH_GROW(rope > sems ? rope : sems); /* slot F */
+    small += MOE_CUDA_SCRATCH_GROW(MAX2(rope, sems)); /* slot F */
     int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
     if (prec != MOE_RECIPE_BF16 && !fp8_block) return ws + small;
-#define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
     int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
     if (fp8_block) {
