@@ -6,6 +6,5 @@
 lambda_fa=${MOE_SRC_DIR:?}/data/lambda_virus.fa.gz
 [ -f "$lambda_fa" ] || lambda_fa=/usr/share/doc/bowtie2/examples/reference/lambda_virus.fa.gz
 [ -f "$lambda_fa" ] || { echo "skip: lambda_virus.fa.gz not found (data/ or bowtie2-examples)"; exit 77; }
-gzip -dc "$lambda_fa" | awk '/^>/ {next} {s = s $0}
-    END {for (i = 1; i <= length(s); i += 1000) printf(">lambda_%d\n%s\n", (i - 1) / 1000 + 1, substr(s, i, 1000))}' \
-    > lambda_1kb.fa
+source "$MOE_SRC_DIR/tests/interop/records_1kb.sh"
+records_1kb "$lambda_fa" lambda lambda_1kb.fa
