@@ -180,8 +180,9 @@ __device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)
  * makes pt [NQ/8][4] = P^T from the raw scores S^T s [NQ/8][4] of queries q0.. (pt may be
  * s: element by element), fa_dgrad_cols ds [NQ/8][4] = P^T * (dP^T - delta) (ds may be dp).
  * The queries' lse (log2 units), delta and document start are sL, sD, sS [NQ] (shared
- * memory). A query sees a key when it is < T, not before the key and its document starts at
- * or before the key; without `mask` every pair counts. */
+ * memory, 8-byte aligned: a thread's two adjacent columns are read as one 8-byte load). A
+ * query sees a key when it is < T, not before the key and its document starts at or before
+ * the key; without `mask` every pair counts. */
 template <int NQ>
 __device__ __forceinline__ void fa_probs_cols(float (*pt)[4], const float (*s)[4], int64_t q0,
                                               int64_t key0, int64_t key1, const float *sL,
@@ -191,8 +192,10 @@ __device__ __forceinline__ void fa_probs_cols(float (*pt)[4], const float (*s)[4
     for (int nt = 0; nt < NQ / 8; nt++) {
         const int c = nt * 8 + 2 * t;
         const int64_t qa = q0 + c, qb = qa + 1;
-        const float la = sL[c], lb = sL[c + 1];
-        const int64_t sta = sS[c], stb = sS[c + 1];
+        const float2 l = *reinterpret_cast<const float2 *>(sL + c);
+        const float la = l.x, lb = l.y;
+        const int2 st = *reinterpret_cast<const int2 *>(sS + c);
+        const int64_t sta = st.x, stb = st.y;
         const bool k00 = !mask || (qa < T && qa >= key0 && sta <= key0);
         const bool k01 = !mask || (qb < T && qb >= key0 && stb <= key0);
         const bool k10 = !mask || (qa < T && qa >= key1 && sta <= key1);
@@ -209,7 +212,8 @@ __device__ __forceinline__ void fa_dgrad_cols(float (*ds)[4], const float (*pt)[
 #pragma unroll
     for (int nt = 0; nt < NQ / 8; nt++) {
         const int c = nt * 8 + 2 * t;
-        const float da = sD[c], db = sD[c + 1];
+        const float2 d = *reinterpret_cast<const float2 *>(sD + c);
+        const float da = d.x, db = d.y;
         ds[nt][0] = pt[nt][0] * (dp[nt][0] - da); /* dS^T, rounded to bf16 by c_to_a */
         ds[nt][1] = pt[nt][1] * (dp[nt][1] - db);
         ds[nt][2] = pt[nt][2] * (dp[nt][2] - da);

@@ -79,12 +79,13 @@ template <int D> struct fb_smem {
 extern __shared__ __align__(16) unsigned char fb_raw[];
 
 /* Registers per thread after the split (setmaxnreg): the producer warpgroup gives its share
- * to the consumers' accumulators (128 * 56 + 256 * 224 <= 65536). */
+ * to the consumers' accumulators (128 * 40 + 256 * 232 <= 65536, CUTLASS's split; at 56/224 a
+ * consumer thread spilled 16 bytes at D 128). */
 __device__ __forceinline__ void fb_regs_producer() {
-    fa3_regs_dec<56>();
+    fa3_regs_dec<40>();
 }
 __device__ __forceinline__ void fb_regs_consumer() {
-    fa3_regs_inc<224>();
+    fa3_regs_inc<232>();
 }
 
 /* Sets up the barriers (thread 0) and returns the layout; all threads call it. */
