@@ -11,8 +11,9 @@
  * the training FLOPs (2 x matmul weights touched + 2 x layers x seq x hidden per token).
  *
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
- * fp32 master weights and state) on random tokens, no recomputation, under the bf16 recipe
- * or the one named by the environment variable RECIPE (bf16, fp8-block). Pass 1,
+ * fp32 master weights and fp32 moments, or bf16 ones with the environment variable
+ * MOMENTS=bf16 as optim.moments bf16 stores them) on random tokens, no recomputation, under
+ * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block). Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
  * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
  * moe_model_flops_per_token), MFU against 790 TFLOP/s (the bf16 GEMM rate measured on this
@@ -70,7 +71,7 @@ static moe_status forward_step(moe_model *m, const int32_t *tok, int B, int T, f
 }
 
 static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
-                             const int32_t *tgt, int B, int T, float *am, float *av, int st,
+                             const int32_t *tgt, int B, int T, moe_buf am, moe_buf av, int st,
                              double *loss, moe_err *err) {
     moe_step_stats ss;
     moe_model_zero_grad(m);
@@ -82,6 +83,7 @@ static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t 
     moe_optim_config opt;
     memset(&opt, 0, sizeof opt);
     opt.beta1 = 0.9, opt.beta2 = 0.95, opt.eps = 1e-8, opt.weight_decay = 0.1;
+    opt.moments = am.dt;
     moe_model_adamw(m, 0, m->table.n_elems, am, av, &opt, 3e-4, st + 1, scale);
     *loss = ss.loss;
     return be->synchronize(be, err);
@@ -112,6 +114,12 @@ int main(int argc, char **argv) {
             return 2;
         }
         recipe = MOE_RECIPE_FP8_BLOCK;
+    }
+    const char *mname = getenv("MOMENTS");
+    moe_dtype mdt = mname && strcmp(mname, "bf16") == 0 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    if (mname && mdt != MOE_DTYPE_BF16 && strcmp(mname, "fp32") != 0) {
+        fprintf(stderr, "bench_train_gpu: MOMENTS=%s: expected fp32 or bf16\n", mname);
+        return 2;
     }
     if (moe_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
@@ -153,10 +161,11 @@ int main(int argc, char **argv) {
     if (cst != MOE_OK) return fail(&err);
     moe_model_init_weights(&m, 1);
     int64_t n = m.table.n_elems;
-    float *am = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float)),
-          *av = fwd ? NULL : be->alloc(be, (size_t)n * sizeof(float));
+    size_t mbytes = (size_t)n * moe_dtype_size(mdt);
+    moe_buf am = moe_buf_of(fwd ? NULL : be->alloc(be, mbytes), mdt),
+            av = moe_buf_of(fwd ? NULL : be->alloc(be, mbytes), mdt);
     float *out = fwd ? malloc((size_t)B * T * (size_t)c.hidden_size * sizeof(float)) : NULL;
-    if ((!fwd && (!am || !av)) || (fwd && !out) || be->synchronize(be, &err) != MOE_OK) {
+    if ((!fwd && (!am.p || !av.p)) || (fwd && !out) || be->synchronize(be, &err) != MOE_OK) {
         if (err.status == MOE_OK)
             moe_err_set(&err, MOE_ERR_RUNTIME, NULL, "no memory for AdamW state");
         return fail(&err);
@@ -190,11 +199,12 @@ int main(int argc, char **argv) {
         "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
         p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B, T, med * 1e3,
         tps, tflops, 100.0 * tflops / 790.0, peak_gib, t_init, loss);
-    printf("RESULT preset=%s mode=%s recipe=%s params=%lld tokens_per_step=%d step_ms=%.2f "
-           "tokens_per_s=%.0f "
+    printf("RESULT preset=%s mode=%s recipe=%s moments=%s params=%lld tokens_per_step=%d "
+           "step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f steps=%d loss=%.4f\n",
-           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B * T,
-           med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, steps, loss);
+           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
+           (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, steps,
+           loss);
     fflush(stdout);
 
     if (prof_steps > 0) {
@@ -228,7 +238,7 @@ int main(int argc, char **argv) {
         moe_backend_prof_free(prof);
     }
     free(times), free(tok), free(tgt), free(out);
-    be->free(be, am), be->free(be, av);
+    be->free(be, am.p), be->free(be, av.p);
     moe_model_free(&m);
     be->destroy(be);
     return 0;

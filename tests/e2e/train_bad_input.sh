@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # e2e.train_bad_input: moe-train refuses bad input with exit 2 and a message that says what
 # is wrong: vocabulary mismatch between data and model, seq_len above
-# max_position_embeddings, empty / missing / non-shard data, an unwritable run directory,
-# device cuda without a GPU, a fresh run into a directory with checkpoints, bad options.
+# max_position_embeddings, bf16 AdamW moments with a beta above 0.99, empty / missing /
+# non-shard data, an unwritable run directory, device cuda without a GPU, a fresh run into a
+# directory with checkpoints, bad options.
 set -uo pipefail
 src=${MOE_SRC_DIR:?}
 # A shared 2-core box: no OpenMP spin-waiting, no BLAS threads beside OpenMP's (the tools
@@ -32,6 +33,13 @@ expect_fail vocab 'vocabulary size 256.*model.vocab_size=512' \
     moe-train -q -c "$cfg" --data shards -o run1 model.vocab_size=512
 expect_fail seq_len 'train.seq_len \(2048\) exceeds model.max_position_embeddings \(1024\)' \
     moe-train -q -c "$cfg" --data shards -o run1 train.seq_len=2048
+# in the file: the error names it and the line of optim.moments, and hints at fp32 moments
+printf 'optim:\n  beta2: 0.999\n  moments: bf16\n' > moments.yaml
+expect_fail bf16-moments-beta 'moments.yaml:3:3: optim.moments bf16 needs optim.beta2 <= 0.99, got 0.999' \
+    moe-train -q -c moments.yaml --data shards -o run1
+grep -q 'hint: use optim.moments: fp32' err.txt || { echo "FAIL [bf16-moments-beta]: no hint"; failures=$((failures + 1)); }
+expect_fail bf16-moments-override "after override 'optim.moments=bf16'.*optim.beta1 <= 0.99, got 0.995" \
+    moe-train -q -c "$cfg" --data shards -o run1 optim.beta1=0.995 optim.moments=bf16
 : > empty.mtok
 expect_fail empty 'empty.mtok' moe-train -q -c "$cfg" --data empty.mtok -o run1
 expect_fail missing 'no-such-shards' moe-train -q -c "$cfg" --data no-such-shards -o run1

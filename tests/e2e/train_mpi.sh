@@ -7,7 +7,8 @@
 # give the same bytes; a dp=2 run stopped with --stop-at and resumed under mpirun ends with
 # the same bytes as an uninterrupted one; only rank 0 writes the run directory; under bf16
 # and fp8-block, whose weight copies are refreshed after the all-gather, the same losses as
-# one process within 1e-3 relative. Bad launches
+# one process within 1e-3 relative; with bf16 AdamW moments (sharded and gathered as 2-byte
+# values) likewise, and a dp=2 run of them resumes to the same bytes. Bad launches
 # (dp=2 in one process, 2 processes with dp=1, a micro-batch count dp does not divide) are
 # refused with exit 2 and a hint.
 set -euo pipefail
@@ -15,7 +16,7 @@ src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/mpi_env.sh"
 mpi2() { ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np 2 "$@"; }
 
-rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok
+rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok one-m16 dp2-m16 split-m16
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 --val-fraction 0.1 -o l.mtok -
 args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=6 optim.warmup_steps=1
       train.seq_len=128 train.global_batch_tokens=512 train.micro_batch_tokens=256
@@ -81,6 +82,32 @@ print(f"{sys.argv[3]}: dp=2 vs one process, losses within {worst:.2e} relative")
 assert worst < 1e-3, worst
 PY
 done
+
+# bf16 AdamW moments: each rank keeps its ZeRO-1 slices as bf16, the checkpoint gathers them
+# as 2-byte values; a dp=2 run stopped and resumed ends with the same bytes, its losses are
+# one process's to rounding (the gradient sums' order, as above), and the moments gathered
+# into the checkpoint are bf16 values.
+m16=(optim.moments=bf16 checkpoint.every=4)
+moe-train "${args[@]}" "${m16[@]}" -o one-m16
+mpi2 moe-train "${args[@]}" "${m16[@]}" -o dp2-m16 parallel.dp=2
+mpi2 moe-train "${args[@]}" "${m16[@]}" -o split-m16 parallel.dp=2 --stop-at 4
+mpi2 moe-train "${args[@]}" "${m16[@]}" -o split-m16 parallel.dp=2 --resume auto
+for f in model.safetensors optimizer-rank0.safetensors; do
+    cmp dp2-m16/ckpt-00000006/$f split-m16/ckpt-00000006/$f || fail "bf16 moments, dp=2 resume: $f differs"
+done
+"$PY" - one-m16 dp2-m16 <<'PY'
+import json, os, sys, numpy as np
+a, b = ([json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:3])
+assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 7)), "steps"
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+sys.path.insert(0, os.path.join(os.environ["MOE_SRC_DIR"], "tests", "interop"))
+from st_tool import read
+o = read(f"{sys.argv[2]}/ckpt-00000006/optimizer-rank0.safetensors")[0]
+w = np.concatenate([np.frombuffer(b, np.uint32) for _, _, b in o.values()])
+assert not (w & 0xffff).any(), "gathered moments are not bf16 values"
+print(f"bf16 moments: dp=2 vs one process, losses within {worst:.2e} relative; {w.size} moments, all bf16")
+assert worst < 1e-3, worst
+PY
 
 # bad launches
 expect2() { # expect2 PATTERN CMD... : exit 2 and PATTERN in stderr

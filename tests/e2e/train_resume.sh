@@ -2,7 +2,8 @@
 # e2e.train_resume: exact resume on the CPU. A run of 2N steps and the same run stopped with
 # --stop-at N and continued with --resume auto end with bit-identical weights and optimizer
 # state and the same per-step losses (also under fp8-block, whose weight copies the resumed
-# run makes again); --resume DIR restarts from an older checkpoint and
+# run makes again, and with bf16 AdamW moments, which the checkpoint holds widened to fp32);
+# --resume DIR restarts from an older checkpoint and
 # reaches the same bytes again; a checkpoint with a flipped byte is refused naming the file.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
@@ -12,7 +13,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBL
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards full split older full8 split8
+rm -rf shards full split older full8 split8 full16 split16
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 # 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
 # and checkpoints at odd places, a cosine schedule that depends on train.steps.
@@ -45,16 +46,46 @@ train -o older --resume split/ckpt-00000002
 cmp full/ckpt-00000008/model.safetensors older/ckpt-00000008/model.safetensors ||
     fail "resume from ckpt-00000002 did not reproduce the weights"
 
+# resumes_exactly SUFFIX WHAT OVERRIDES...: a run into fullSUFFIX and the same run stopped at
+# step 4 and resumed into splitSUFFIX, with OVERRIDES: the same losses and bytes.
+resumes_exactly() {
+    local x=$1 what=$2
+    shift 2
+    train -o "full$x" "$@"
+    train -o "split$x" "$@" --stop-at 4
+    train -o "split$x" "$@" --resume auto
+    diff <(losses "full$x") <(losses "split$x") || fail "$what: per-step losses differ after resume"
+    for f in model.safetensors optimizer-rank0.safetensors; do
+        cmp "full$x/ckpt-00000008/$f" "split$x/ckpt-00000008/$f" || fail "$what: $f differs after resume"
+    done
+}
+
 # fp8-block (pow2 scales, the last layer kept in bf16): the e4m3 weight copies are not in the
 # checkpoint, the resumed run quantizes them again from the restored masters; the same bytes.
-fp8=(precision.recipe=fp8-block precision.fp8_scale=pow2 precision.skip_layers=-1)
-train -o full8 "${fp8[@]}"
-train -o split8 "${fp8[@]}" --stop-at 4
-train -o split8 "${fp8[@]}" --resume auto
-diff <(losses full8) <(losses split8) || fail "fp8-block: per-step losses differ after resume"
-for f in model.safetensors optimizer-rank0.safetensors; do
-    cmp full8/ckpt-00000008/$f split8/ckpt-00000008/$f || fail "fp8-block: $f differs after resume"
-done
+resumes_exactly 8 fp8-block precision.recipe=fp8-block precision.fp8_scale=pow2 precision.skip_layers=-1
+
+# optim.moments=bf16: the moments live as bf16 values, the checkpoint holds them widened to
+# fp32 and the resumed run rounds them back to the same values: the same bytes and losses.
+# The moments really are bf16 values (every fp32 word's low 16 bits zero), and not fp32's.
+resumes_exactly 16 "bf16 moments" optim.moments=bf16
+! cmp -s full/ckpt-00000008/model.safetensors full16/ckpt-00000008/model.safetensors ||
+    fail "optim.moments=bf16 trained the same weights as fp32 moments"
+PYS=$(command -v /usr/bin/python3 || command -v python3 || true)
+if [ -n "$PYS" ]; then
+    "$PYS" - "$src/tests/interop" full16/ckpt-00000008 full/ckpt-00000008 <<'PY' || fail "bf16 moments: the checkpoint's moments"
+import struct, sys
+sys.path.insert(0, sys.argv[1])
+from st_tool import read
+def words(d):
+    t = read(f"{d}/optimizer-rank0.safetensors")[0]
+    assert t and all(dt == "F32" for dt, _, _ in t.values()), "moments not stored as F32"
+    return [w for _, _, b in t.values() for w in struct.unpack(f"<{len(b) // 4}I", b)]
+w16, w32 = words(sys.argv[2]), words(sys.argv[3])
+assert all(w & 0xffff == 0 for w in w16), "a bf16 run's moment is not a bf16 value"
+assert sum(w & 0xffff != 0 for w in w32) > len(w32) // 2, "fp32 moments look like bf16 ones"
+print(f"bf16 moments: {len(w16)} values, all bf16; fp32 run: {sum(w & 0xffff != 0 for w in w32)} not")
+PY
+fi
 
 # --resume auto on a finished run: nothing to do, exit 0.
 train -o full --resume auto

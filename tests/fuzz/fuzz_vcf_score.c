@@ -64,8 +64,9 @@ static void make_checkpoint(void) {
     ts.seed = 1;
     char run[96];
     snprintf(run, sizeof run, "%s/run", g_root);
-    if (!zero || moe_train_save_checkpoint(run, 1, &cfg, moe_tokenizer_spec_json(tok), &model, zero,
-                                           zero, &ts, &err) != MOE_OK)
+    if (!zero ||
+        moe_train_save_checkpoint(run, 1, &cfg, moe_tokenizer_spec_json(tok), &model,
+                                  moe_cbuf_f32(zero), moe_cbuf_f32(zero), &ts, &err) != MOE_OK)
         fuzz_fixture_fail(g_root, "the checkpoint", &err);
     free(zero);
     moe_model_free(&model);

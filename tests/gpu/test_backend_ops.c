@@ -868,25 +868,55 @@ static void run_add(gctx *g, const tcase *tc) {
     free(a), free(b), free(o);
 }
 
+/* Host copy of x [n] in type dt (F32, or the BF16 codes of values the caller rounded). */
+static void *host_typed(const float *x, int64_t n, moe_dtype dt) {
+    void *h = xmalloc((size_t)n * moe_dtype_size(dt));
+    if (dt == MOE_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)h)[i] = moe_f32_to_bf16(x[i]);
+    else
+        memcpy(h, x, F(n));
+    return h;
+}
+
+/* 1 when the device bytes dev equal host ref [bytes]; prints and counts a difference. */
+static int same_bytes(gctx *g, const char *what, const void *dev, const void *ref, size_t bytes) {
+    void *h = down(g, dev, bytes);
+    int same = memcmp(h, ref, bytes) == 0;
+    free(h);
+    CHECK_MSG(same, "%s: %s differs from the CPU's bytes", g->label, what);
+    if (!same) g->fails++;
+    return same;
+}
+
 /* AdamW with its bf16 copy, three steps over different ranges so that every path of the
  * kernel runs: the whole array (16-byte vectors and a scalar tail), [1, n) (a scalar head
  * first), and the moments shifted by one element against the weights (no vectors at all);
- * then cast_bf16. The copy must be exactly the rounded new weight. */
+ * then cast_bf16. The copy must be exactly the rounded new weight. Typed cases: bf16 moments
+ * (optim.moments bf16), for which the GPU must compute the CPU's bytes: weights, copies and
+ * both moments identical after every step (fp32 moments: within tol, the GPU fusing
+ * multiply-adds). */
 static void run_adamw(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
-    float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
-    float *v = frand(n, 0, 0.01f);
+    moe_dtype mdt = tc->typed ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    size_t mbytes = (size_t)n * moe_dtype_size(mdt);
+    float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m0 = frand(n, -0.1f, 0.1f);
+    float *v0 = frand(n, 0, 0.01f);
+    if (tc->typed) round_host(m0, n), round_host(v0, n);
+    moe_buf m = moe_buf_of(host_typed(m0, n, mdt), mdt),
+            v = moe_buf_of(host_typed(v0, n, mdt), mdt);
     uint16_t *p16 = xmalloc((size_t)n * sizeof(uint16_t));
     float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
-    float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
+    moe_buf dm = dev_typed(g, tc, "m", m0, n), dv = dev_typed(g, tc, "v", v0, n);
     uint16_t *dp16 = dup_dev(g, "param16", NULL, (size_t)n * sizeof(uint16_t));
     const int64_t at[3] = {0, 1, 0}, shift[3] = {0, 0, 1}, len[3] = {n, n - 1, n - 1};
+    int exact = 1;
     for (int64_t step = 1; step <= 3; step++) {
         int64_t a = at[step - 1], sh = shift[step - 1], ln = len[step - 1];
-        g->cpu->adamw(g->cpu, p + a, p16 + a, gr + a, m + a + sh, v + a + sh, ln, 1e-3f, 0.9f,
-                      0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, dm + a + sh, dv + a + sh, ln, 1e-3f, 0.9f,
-                      0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->cpu->adamw(g->cpu, p + a, p16 + a, gr + a, moe_buf_at(m, a + sh), moe_buf_at(v, a + sh),
+                      ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, moe_buf_at(dm, a + sh),
+                      moe_buf_at(dv, a + sh), ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
         check_sync_guards(g, "adamw");
         float *hp = down(g, dp, F(n));
         uint16_t *h16 = down(g, dp16, (size_t)n * sizeof(uint16_t));
@@ -896,10 +926,21 @@ static void run_adamw(gctx *g, const tcase *tc) {
         CHECK_MSG(bad == 0, "%s step %lld: %lld bf16 copies differ from the rounded weight",
                   g->label, (long long)step, (long long)bad);
         free(hp), free(h16);
+        if (tc->typed) {
+            exact &= same_bytes(g, "param", dp, p, F(n));
+            exact &= same_bytes(g, "param16", dp16 + a, p16 + a, (size_t)ln * sizeof(uint16_t));
+            exact &= same_bytes(g, "m", dm.p, m.p, mbytes);
+            exact &= same_bytes(g, "v", dv.p, v.p, mbytes);
+        }
     }
-    cmp_f32(g, "param", dp, p, n, tc->tol);
-    cmp_f32(g, "m", dm, m, n, tc->tol);
-    cmp_f32(g, "v", dv, v, n, tc->tol);
+    if (tc->typed) {
+        printf("  %-28s %-16s n=%-9lld param, copy, m, v after 3 steps %s %s\n", g->label,
+               "bf16 moments", (long long)n, exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
+    } else {
+        cmp_f32(g, "param", dp, p, n, tc->tol);
+        cmp_f32(g, "m", dm.p, m.p, n, tc->tol);
+        cmp_f32(g, "v", dv.p, v.p, n, tc->tol);
+    }
     /* cast_bf16: bit-exact against the CPU's */
     uint16_t *c16 = dup_dev(g, "cast", NULL, (size_t)n * sizeof(uint16_t));
     g->gpu->cast_bf16(g->gpu, c16, dg, n);
@@ -908,7 +949,7 @@ static void run_adamw(gctx *g, const tcase *tc) {
     uint16_t *h16 = down(g, c16, (size_t)n * sizeof(uint16_t));
     CHECK_MSG(memcmp(h16, p16, (size_t)n * sizeof(uint16_t)) == 0, "%s: cast_bf16 differs",
               g->label);
-    free(h16), free(p), free(gr), free(m), free(v), free(p16);
+    free(h16), free(p), free(gr), free(m0), free(v0), free(m.p), free(v.p), free(p16);
 }
 
 /* AdamW and then the fp8-block copies of the new weight w [E, O, I], as moe_model_adamw runs
@@ -930,8 +971,10 @@ static void run_adamw_fp8(gctx *g, const tcase *tc) {
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
     uint8_t *dq = dup_dev(g, "e4m3 copies", NULL, (size_t)(2 * n));
     float *ds = dup_dev(g, "scales", zeros, F(ns));
-    g->cpu->adamw(g->cpu, p, NULL, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
-    g->gpu->adamw(g->gpu, dp, NULL, dg, dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
+    g->cpu->adamw(g->cpu, p, NULL, gr, moe_buf_f32(m), moe_buf_f32(v), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                  0.1f, 1, 0.5f);
+    g->gpu->adamw(g->gpu, dp, NULL, dg, moe_buf_f32(dm), moe_buf_f32(dv), n, 1e-3f, 0.9f, 0.95f,
+                  1e-8f, 0.1f, 1, 0.5f);
     g->gpu->quantize_weight(g->gpu, dq, ds, dp, E, O, I, tc->prec);
     check_sync_guards(g, "adamw + quantize_weight");
     cmp_f32(g, "param", dp, p, n, tc->tol);
@@ -1154,6 +1197,7 @@ static const tcase k_cases[] = {
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
     {"add n12344", MOE_OP_ADD, {12344}, FP32, 0.0, 0},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
+    {"adamw n10007 3 steps bf16 m v", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1},
     /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
     {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
     {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},
@@ -1276,6 +1320,7 @@ static const pcase k_perf[] = {
     {"permute N16384 C4096 E8 K2", MOE_OP_PERMUTE, 0, {16384, 4096, 8, 2}},
     {"embedding bwd N16384 C4096 V256", MOE_OP_EMBEDDING, 1, {16384, 4096, 256}},
     {"adamw n=256M", MOE_OP_ADAMW, 0, {256LL << 20}},
+    {"adamw n=256M bf16 moments", MOE_OP_ADAMW, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 m, v */
     {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
 };
 enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
@@ -1422,7 +1467,8 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_ADAMW:
         a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
         e = perf_buf(g, (s[0] + 1) / 2);
-        bytes = 30.0 * (double)s[0]; /* read p, g, m, v; write p, m, v and the bf16 copy */
+        /* read p, g, m, v; write p, m, v and the bf16 copy: 30 B, 22 B with bf16 moments */
+        bytes = (s[1] ? 22.0 : 30.0) * (double)s[0];
         break;
     case MOE_OP_SUM_SQUARES:
         a = perf_buf(g, s[0]);
@@ -1493,8 +1539,10 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
                 break;
             case MOE_OP_ADAMW:
-                be->adamw(be, a, (uint16_t *)e, b, c, d, s[0], 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10,
-                          1.0f);
+                be->adamw(be, a, (uint16_t *)e, b,
+                          moe_buf_of(c, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
+                          moe_buf_of(d, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32), s[0], 1e-9f, 0.9f,
+                          0.95f, 1e-8f, 0.0f, 10, 1.0f);
                 break;
             case MOE_OP_SUM_SQUARES:
                 (void)be->sum_squares(be, a, s[0]);

@@ -1,7 +1,8 @@
 /* test_memory_estimate: the --dry-run memory estimate against the measured peak on a GPU.
  *
  * For configs/L0_sanity.yaml (one micro-batch = train.global_batch_tokens, 64 x 256 tokens),
- * under the fp32 and bf16 recipes and every train.recompute mode, a fresh CUDA backend
+ * under the fp32 recipe (fp32 AdamW moments) and the bf16 one (bf16 moments, optim.moments
+ * bf16) and every train.recompute mode, a fresh CUDA backend
  * builds the model, runs one forward + backward + AdamW step, and its peak device memory
  * (be->memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
  * within 10% of moe_model_memory_estimate's total + gpu_scratch, the figure --dry-run prints
@@ -24,8 +25,8 @@
 
 /* One training step on a fresh backend; returns the peak device bytes (0 on failure) and
  * the gradients of the step (before AdamW) in *grads (malloc'ed, n_elems floats). */
-static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute rc, float **grads,
-                        int64_t *n) {
+static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute rc, moe_dtype mdt,
+                        float **grads, int64_t *n) {
     moe_err err;
     moe_err_clear(&err);
     const moe_backend *be = moe_backend_cuda(&err);
@@ -36,7 +37,7 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     int T = (int)cfg->train.seq_len, B = (int)(cfg->train.global_batch_tokens / T);
     moe_model m;
     size_t peak = 0;
-    float *am = NULL, *av = NULL;
+    void *am = NULL, *av = NULL;
     int32_t *tok = malloc((size_t)B * T * sizeof(int32_t)),
             *tgt = malloc((size_t)B * T * sizeof(int32_t));
     if (moe_model_create(&m, &cfg->model, recipe, rc, be, B, T, &err) != MOE_OK) {
@@ -45,8 +46,8 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     }
     moe_model_init_weights(&m, 5);
     size_t pb = (size_t)m.table.n_elems * sizeof(float);
-    am = be->alloc(be, pb);
-    av = be->alloc(be, pb);
+    am = be->alloc(be, (size_t)m.table.n_elems * moe_dtype_size(mdt));
+    av = be->alloc(be, (size_t)m.table.n_elems * moe_dtype_size(mdt));
     CHECK(am && av);
     if (!am || !av) goto done;
     uint64_t s = 1;
@@ -63,7 +64,9 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     *grads = malloc(pb);
     if (*grads) moe_model_copy_grads_to_host(&m, *grads);
     moe_optim_config opt = test_optim(0.1);
-    moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
+    opt.moments = mdt;
+    moe_model_adamw(&m, 0, m.table.n_elems, moe_buf_of(am, mdt), moe_buf_of(av, mdt), &opt, 1e-3, 1,
+                    1.0f);
     (void)be->sum_squares(be, m.grad_mem, m.table.n_elems); /* gradient clipping's norm */
     CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
     CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);
@@ -91,6 +94,7 @@ int main(void) {
     }
     const moe_recipe recipes[2] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16};
     for (int r = 0; r < 2; r++) {
+        moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* optim.moments with the recipe */
         size_t peaks[4] = {0, 0, 0, 0};
         float *ref = NULL;
         int64_t nref = 0;
@@ -98,10 +102,10 @@ int main(void) {
             moe_model_memory est;
             moe_model_memory_estimate(&cfg.model, recipes[r], (moe_recompute)rc,
                                       cfg.train.global_batch_tokens / cfg.train.seq_len,
-                                      cfg.train.seq_len, 1, NULL, &est);
+                                      cfg.train.seq_len, 1, NULL, mdt, &est);
             float *g = NULL;
             int64_t n = 0;
-            peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, &g, &n);
+            peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, mdt, &g, &n);
             if (rc == MOE_RECOMPUTE_NONE) {
                 ref = g, nref = n;
             } else if (g && ref) {

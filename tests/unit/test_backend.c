@@ -156,7 +156,8 @@ static void test_scratch_estimate(void) {
     CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_BF16), 0);
     CHECK_INT_EQ(moe_backend_scratch_estimate("tpu", &d, MOE_RECIPE_BF16), 0);
     moe_model_memory mem;
-    moe_model_memory_estimate(&c.model, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL, &mem);
+    moe_model_memory_estimate(&c.model, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL,
+                              MOE_DTYPE_F32, &mem);
     CHECK_INT_EQ(mem.gpu_scratch, b16);
 }
 

@@ -76,7 +76,7 @@ static int train_steps(const moe_backend *be, double *losses, float **grads, flo
         double gn = be->sum_squares(be, m.grad_mem, n);
         float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
         if (st + 1 < STEPS) /* keep the last step's gradients for the comparison */
-            moe_model_adamw(&m, 0, n, am, av, &opt, 1e-2, st + 1, scale);
+            moe_model_adamw(&m, 0, n, moe_buf_f32(am), moe_buf_f32(av), &opt, 1e-2, st + 1, scale);
         if (be->synchronize(be, &err) != MOE_OK) rc = 1;
     }
     *n_out = n;

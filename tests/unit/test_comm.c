@@ -92,6 +92,19 @@ static void test_slices(const moe_comm *c) {
     for (int s = 0; full && s < W; s++)
         for (int64_t i = 0; i < off[s + 1] - off[s]; i++)
             CHECK_NEAR(full[off[s] + i], 7.0 * s + (double)i, 0);
+    /* the same with 2-byte elements (bf16 AdamW moments: MOE_COMM_U16), into rank 0 */
+    uint16_t *full16 = r == 0 ? calloc((size_t)n, sizeof *full16) : NULL;
+    uint16_t *mine16 = malloc((size_t)(off[r + 1] - off[r] + 1) * sizeof *mine16);
+    for (int64_t i = 0; i < off[r + 1] - off[r]; i++)
+        mine16[i] = (uint16_t)(0x3f80 + 256 * r + i);
+    CHECK(moe_comm_gather(c, MOE_COMM_WORLD, full16, mine16, off, 0, MOE_COMM_U16, &err) ==
+          MOE_OK);
+    for (int s = 0; full16 && s < W; s++)
+        for (int64_t i = 0; i < off[s + 1] - off[s]; i++)
+            CHECK_INT_EQ(full16[off[s] + i], (uint16_t)(0x3f80 + 256 * s + i));
+    CHECK_INT_EQ(moe_comm_dtype_size(MOE_COMM_U16), 2);
+    free(full16);
+    free(mine16);
     free(full);
     free(mine);
     free(buf);

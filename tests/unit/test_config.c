@@ -321,6 +321,13 @@ static void test_errors(void) {
     EXPECT_ERR("model:\n  num_attention_heads: 4\n  hidden_size: 66\n", 3, 3,
                "model.hidden_size (66) is not divisible by model.num_attention_heads (4)", NULL);
     EXPECT_ERR("model:\n  hidden_size: 68\n", 2, 3, "head_dim", "hidden_size 72");
+    /* bf16 moments with a beta above 0.99: at the optim.moments line, the fp32 hint */
+    EXPECT_ERR(
+        "optim:\n  beta2: 0.999\n  moments: bf16\n", 3, 3,
+        "optim.moments bf16 needs optim.beta2 <= 0.99, got 0.999 (a decay 1 - beta2 = 0.001)",
+        "use optim.moments: fp32");
+    EXPECT_ERR("optim:\n  moments: BF16\n  beta1: 0.995\n", 2, 3, "optim.beta1 <= 0.99, got 0.995",
+               "or optim.beta1 <= 0.99");
 }
 
 static void test_files(void) {
@@ -459,6 +466,10 @@ static void test_cross_field(void) {
                    "optim.warmup_steps", "30");
     EXPECT_INVALID("parallel.ep (3) does not divide model.num_local_experts (4)", "parallel.ep",
                    "3");
+    EXPECT_INVALID("optim.moments bf16 needs optim.beta2 <= 0.99, got 0.999", "optim.moments",
+                   "bf16", "optim.beta2", "0.999");
+    EXPECT_INVALID("optim.moments bf16 needs optim.beta1 <= 0.99, got 0.995", "optim.moments",
+                   "bf16", "optim.beta1", "0.995");
     /* valid edge cases */
     moe_config c;
     moe_err err = {0};
@@ -471,6 +482,12 @@ static void test_cross_field(void) {
     c.train.global_batch_tokens = c.train.seq_len;
     c.train.micro_batch_tokens = 0;
     c.train.eval_tokens = 0;
+    CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    c.optim.moments = MOE_DTYPE_BF16; /* betas of 0.99 (the limit) and the defaults pass */
+    c.optim.beta1 = c.optim.beta2 = 0.99;
+    CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    c.optim.beta2 = 0.999; /* fp32 moments take any beta below 1 */
+    c.optim.moments = MOE_DTYPE_F32;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
     moe_config_defaults(&c); /* 4 ranks share 8 micro-batches of 512 tokens */
     c.parallel.dp = 4;

@@ -123,13 +123,14 @@ static void test_copies(int pow2) {
     float *am = be->alloc(be, (size_t)m.table.n_elems * sizeof(float));
     float *av = be->alloc(be, (size_t)m.table.n_elems * sizeof(float));
     moe_optim_config opt = test_optim(0.1);
-    moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-2, 1, 1.0f);
+    moe_model_adamw(&m, 0, m.table.n_elems, moe_buf_f32(am), moe_buf_f32(av), &opt, 1e-2, 1, 1.0f);
     CHECK(!m.copies_stale); /* written by the step itself, not left to the next refresh */
     moe_model_copy_params_to_host(&m, host);
     check_copies(&m, host, pow2, "after adamw");
     /* a step over a range that cuts a weight leaves the copies to the next pass */
     int64_t lo = m.table.params[m.table.layer[0].q].offset + 1;
-    moe_model_adamw(&m, lo, m.table.n_elems, am + lo, av + lo, &opt, 1e-2, 2, 1.0f);
+    moe_model_adamw(&m, lo, m.table.n_elems, moe_buf_f32(am + lo), moe_buf_f32(av + lo), &opt, 1e-2,
+                    2, 1.0f);
     CHECK(m.copies_stale);
     CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
     moe_model_copy_params_to_host(&m, host);

@@ -9,7 +9,7 @@
  *    alloc/free sums what the model (and the AdamW moments a trainer adds) really allocate
  *    through the backend, and forward/backward allocate nothing more (fp32, bf16, and
  *    fp8-block, whose weight copies the first pass makes, with and without a layer in
- *    skip_layers); also for one rank of
+ *    skip_layers; fp32 and bf16 AdamW moments); also for one rank of
  *    an expert-parallel group (its experts, its worst-case expert-side buffers).
  * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
  * recomputed forward runs the same deterministic ops on the same inputs. */
@@ -271,27 +271,35 @@ static void test_estimate_exact(void) {
                 }
                 moe_model_init_weights(&m, 1);
                 CHECK(moe_model_set_skip_layers(&m, skip, &err) == MOE_OK);
-                /* what the trainer adds: the AdamW moments, through the same backend */
+                /* what the trainer adds: the AdamW moments, through the same backend (bf16
+                 * ones, optim.moments bf16, with the tied models) */
+                moe_dtype mdt = tied ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
                 size_t pb = (size_t)m.table.n_elems * sizeof(float);
-                float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
+                size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
+                void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
                 moe_model_zero_grad(&m);
                 CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
                 CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
                 moe_optim_config opt = test_optim(0.1);
-                moe_model_adamw(&m, 0, m.table.n_elems, am, av, &opt, 1e-3, 1, 1.0f);
+                opt.moments = mdt;
+                moe_model_adamw(&m, 0, m.table.n_elems, moe_buf_of(am, mdt), moe_buf_of(av, mdt),
+                                &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
-                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, &est);
+                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, mdt,
+                                          &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,
                           "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
                           moe_recompute_name((moe_recompute)rc), moe_recipe_name(recipe), tied,
                           (long long)est.total, cnt.peak);
                 CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
                 CHECK_INT_EQ(est.params, (int64_t)pb);
+                CHECK_INT_EQ(est.optimizer, 2 * (int64_t)mb);
                 CHECK(est.gpu_scratch > 0);
                 CHECK((est.fp8_copies > 0) == (r >= 2) && (m.param8_mem != NULL) == (r >= 2));
                 if (r == 3) { /* the skipped layer's copies are left out */
                     moe_model_memory all;
-                    moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, &all);
+                    moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
+                                              &all);
                     CHECK(est.fp8_copies * 3 == all.fp8_copies * 2);
                 }
                 cbe.free(&cbe, am);
@@ -326,11 +334,13 @@ static void test_estimate_ep(void) {
             CHECK_MSG(0, "create: %s", err.msg);
             continue;
         }
+        moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* the moments' type, too */
         size_t pb = (size_t)m.table.n_elems * sizeof(float);
-        float *am = cbe.alloc(&cbe, pb), *av = cbe.alloc(&cbe, pb);
+        size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
+        void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
         moe_model_memory est, one;
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, &est);
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, &one);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, mdt, &est);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, &one);
         CHECK_INT_EQ(est.total, (int64_t)cnt.peak);
         CHECK_INT_EQ(est.params, (int64_t)pb);
         CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * 4);

@@ -1,7 +1,9 @@
 /* test_train_ckpt: a training checkpoint round-trips bit for bit (weights, both Adam moments,
  * trainer state with the loop's health watch; an older state without one loads as zero), and
  * loading refuses what does not fit: another model shape (naming the key), another tokenizer,
- * a damaged file (naming it), a tensor of the wrong dtype. */
+ * a damaged file (naming it), a tensor of the wrong dtype. bf16 moments (optim.moments) are
+ * written as their fp32 widening and come back as the same codes; loaded as fp32 they are
+ * those widenings, and an fp32 checkpoint loaded as bf16 is rounded to nearest even. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,94 @@ static const char *k_yaml =
     "  num_experts_per_tok: 2\n  max_position_embeddings: 64\n"
     "train:\n  steps: 10\n  seq_len: 16\n  global_batch_tokens: 32\n"
     "optim:\n  warmup_steps: 2\n";
+
+/* optim.moments bf16: m and v as bf16 codes of hm, hv [n] into a checkpoint of run16/ and
+ * back; the fp32 checkpoint run/ckpt-00000006 (moments hm, hv) loaded as bf16. m2, v2: fp32
+ * backend scratch [n]. */
+static void test_bf16_moments(const moe_config *cfg, const moe_tokenizer *tok, moe_model *a,
+                              moe_model *b, const float *hm, const float *hv, float *m2,
+                              float *v2) {
+    const moe_backend *be = a->be;
+    int64_t n = a->table.n_elems;
+    size_t b16 = (size_t)n * sizeof(uint16_t);
+    uint16_t *c[2] = {malloc(b16), malloc(b16)}, *d[2] = {be->alloc(be, b16), be->alloc(be, b16)};
+    uint16_t *back16 = malloc(b16);
+    float *back32 = malloc((size_t)n * sizeof(float));
+    const float *h[2] = {hm, hv};
+    float *d32[2] = {m2, v2};
+    for (int k = 0; k < 2; k++)
+        for (int64_t i = 0; i < n; i++)
+            c[k][i] = moe_f32_to_bf16(h[k][i]);
+    be->memcpy_h2d(be, d[0], c[0], b16);
+    be->memcpy_h2d(be, d[1], c[1], b16);
+    moe_config cfg16 = *cfg;
+    cfg16.optim.moments = MOE_DTYPE_BF16;
+    moe_trainer_state ts, back;
+    memset(&ts, 0, sizeof ts);
+    ts.step = 9;
+    moe_err err;
+    moe_err_clear(&err);
+    moe_remove_tree("run16", &err);
+    CHECK_MSG(moe_train_save_checkpoint("run16", 1, &cfg16, moe_tokenizer_spec_json(tok), a,
+                                        moe_cbuf_of(d[0], MOE_DTYPE_BF16),
+                                        moe_cbuf_of(d[1], MOE_DTYPE_BF16), &ts, &err) == MOE_OK,
+              "save bf16 moments: %s", err.msg);
+    /* the file: F32 tensors holding the codes widened */
+    moe_st_file f;
+    if (moe_st_open(&f, "run16/ckpt-00000009/optimizer-rank0.safetensors", &err) == MOE_OK) {
+        const moe_st_tensor *t = moe_st_find(&f, "model.norm.weight.exp_avg");
+        int pi = moe_param_table_find(&a->table, "model.norm.weight");
+        const moe_param *p = pi >= 0 ? &a->table.params[pi] : NULL;
+        CHECK(t && p && t->dtype == MOE_ST_F32);
+        if (t && p && moe_st_read_f32(&f, t, back32, &err) == MOE_OK)
+            for (int64_t i = 0; i < p->numel; i++)
+                CHECK_MSG(moe_f32_bits(back32[i]) == (uint32_t)c[0][p->offset + i] << 16,
+                          "exp_avg[%lld] %a is not the bf16 code %04x widened", (long long)i,
+                          back32[i], c[0][p->offset + i]);
+        moe_st_close(&f);
+    }
+    CHECK_MSG(err.status == MOE_OK, "%s", err.msg);
+    for (int k = 0; k < 2; k++) /* loaded as bf16 again: the same codes */
+        be->memset(be, d[k], 0xff, b16);
+    CHECK_MSG(moe_train_load_checkpoint("run16/ckpt-00000009", &cfg16, tok->vocab_hash, b,
+                                        moe_buf_of(d[0], MOE_DTYPE_BF16),
+                                        moe_buf_of(d[1], MOE_DTYPE_BF16), &back, &err) == MOE_OK,
+              "load bf16 moments: %s", err.msg);
+    free(back.last_metrics);
+    for (int k = 0; k < 2; k++) {
+        be->memcpy_d2h(be, back16, d[k], b16);
+        CHECK_MSG(memcmp(back16, c[k], b16) == 0, "bf16 moment %d: codes differ after a round trip",
+                  k);
+    }
+    /* loaded into an fp32 run: the widened values, exactly */
+    CHECK(moe_train_load_checkpoint("run16/ckpt-00000009", cfg, tok->vocab_hash, b, moe_buf_f32(m2),
+                                    moe_buf_f32(v2), &back, &err) == MOE_OK);
+    free(back.last_metrics);
+    for (int k = 0; k < 2; k++) {
+        be->memcpy_d2h(be, back32, d32[k], (size_t)n * sizeof(float));
+        int64_t bad = 0;
+        for (int64_t i = 0; i < n; i++)
+            bad += moe_f32_bits(back32[i]) != (uint32_t)c[k][i] << 16;
+        CHECK_MSG(bad == 0, "fp32 load of bf16 moment %d: %lld values differ", k, (long long)bad);
+    }
+    /* the fp32 checkpoint of the test above loaded as bf16: each moment rounded once */
+    CHECK(moe_train_load_checkpoint("run/ckpt-00000006", &cfg16, 0, b,
+                                    moe_buf_of(d[0], MOE_DTYPE_BF16),
+                                    moe_buf_of(d[1], MOE_DTYPE_BF16), &back, &err) == MOE_OK);
+    free(back.last_metrics);
+    int64_t inexact = 0;
+    for (int k = 0; k < 2; k++) {
+        be->memcpy_d2h(be, back16, d[k], b16);
+        CHECK_MSG(memcmp(back16, c[k], b16) == 0, "fp32 moment %d: not rounded to nearest even", k);
+        for (int64_t i = 0; i < n; i++)
+            inexact += moe_bf16_to_f32(c[k][i]) != h[k][i];
+    }
+    CHECK(inexact > n); /* the test values are mostly not bf16 values: a real rounding */
+    moe_remove_tree("run16", &err);
+    free(c[0]), free(c[1]), free(back16), free(back32);
+    be->free(be, d[0]);
+    be->free(be, d[1]);
+}
 
 int main(void) {
     moe_err err;
@@ -81,13 +171,13 @@ int main(void) {
     ts.health.good = 3;
     ts.health.loss_mean = 0.1 + 1.0 / 3; /* not a short decimal: must round-trip exactly */
     ts.health.rising = 1;
-    CHECK_MSG(moe_train_save_checkpoint("run", 2, &cfg, moe_tokenizer_spec_json(tok), &a, m, v, &ts,
-                                        &err) == MOE_OK,
+    CHECK_MSG(moe_train_save_checkpoint("run", 2, &cfg, moe_tokenizer_spec_json(tok), &a,
+                                        moe_cbuf_f32(m), moe_cbuf_f32(v), &ts, &err) == MOE_OK,
               "save: %s", err.msg);
 
     moe_trainer_state back;
-    CHECK_MSG(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, tok->vocab_hash, &b, m2, v2,
-                                        &back, &err) == MOE_OK,
+    CHECK_MSG(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, tok->vocab_hash, &b,
+                                        moe_buf_f32(m2), moe_buf_f32(v2), &back, &err) == MOE_OK,
               "load: %s", err.msg);
     moe_model_copy_params_to_host(&a, ha);
     moe_model_copy_params_to_host(&b, hb);
@@ -146,19 +236,20 @@ int main(void) {
     moe_config other = cfg;
     other.model.intermediate_size = 32;
     moe_err_clear(&err);
-    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &other, 0, &b, m2, v2, &back, &err) ==
-          MOE_ERR_INPUT);
+    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &other, 0, &b, moe_buf_f32(m2),
+                                    moe_buf_f32(v2), &back, &err) == MOE_ERR_INPUT);
     CHECK_MSG(strstr(err.msg, "model.intermediate_size") != NULL, "%s", err.msg);
     /* Another tokenizer. */
     moe_err_clear(&err);
-    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, tok512->vocab_hash, &b, m2, v2,
-                                    &back, &err) == MOE_ERR_INPUT);
+    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, tok512->vocab_hash, &b,
+                                    moe_buf_f32(m2), moe_buf_f32(v2), &back,
+                                    &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.file, "tokenizer.json") != NULL);
 
     /* A second checkpoint, then damage trainer_state.json of the first: refused by name. */
     ts.step = 6;
-    CHECK(moe_train_save_checkpoint("run", 2, &cfg, moe_tokenizer_spec_json(tok), &a, m, v, &ts,
-                                    &err) == MOE_OK);
+    CHECK(moe_train_save_checkpoint("run", 2, &cfg, moe_tokenizer_spec_json(tok), &a,
+                                    moe_cbuf_f32(m), moe_cbuf_f32(v), &ts, &err) == MOE_OK);
     FILE *fp = fopen("run/ckpt-00000005/trainer_state.json", "r+b");
     if (fp) {
         fseek(fp, 10, SEEK_SET);
@@ -166,13 +257,15 @@ int main(void) {
         fclose(fp);
     }
     moe_err_clear(&err);
-    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, 0, &b, m2, v2, &back, &err) ==
-          MOE_ERR_INPUT);
+    CHECK(moe_train_load_checkpoint("run/ckpt-00000005", &cfg, 0, &b, moe_buf_f32(m2),
+                                    moe_buf_f32(v2), &back, &err) == MOE_ERR_INPUT);
     CHECK(strstr(err.file, "ckpt-00000005/trainer_state.json") != NULL);
     char latest[4096];
     int found;
     CHECK(moe_ckpt_latest("run", latest, sizeof latest, &found, &err) == MOE_OK);
     CHECK(found && strcmp(latest, "run/ckpt-00000006") == 0);
+
+    test_bf16_moments(&cfg, tok, &a, &b, hm, hv, m2, v2);
 
     free(ts.last_metrics);
     moe_tokenizer_free(tok);

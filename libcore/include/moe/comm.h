@@ -65,6 +65,7 @@ typedef enum moe_comm_dtype {
     MOE_COMM_F64,
     MOE_COMM_I64,
     MOE_COMM_BYTE, /* raw bytes: all-to-all of rows, gathers; no sums */
+    MOE_COMM_U16,  /* 2-byte elements moved as they are (bf16 AdamW moments); no sums */
 } moe_comm_dtype;
 
 typedef struct moe_comm {

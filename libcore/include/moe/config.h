@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "moe/dtype.h"
 #include "moe/err.h"
 #include "moe/recipe.h"
 
@@ -73,6 +74,8 @@ typedef struct moe_optim_config {
     moe_lr_schedule schedule;
     double weight_decay, beta1, beta2, eps, grad_clip;
     bool decay_norms_and_embeddings;
+    moe_dtype moments; /* how m and v are stored: MOE_DTYPE_F32 or MOE_DTYPE_BF16 (the names
+                          `fp32`, `bf16` index the enum: moe_dtype's first two values) */
 } moe_optim_config;
 
 /* precision.fp8_scale: how an fp8 recipe rounds its block scales (docs/dtypes.md). */
@@ -162,5 +165,6 @@ moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *e
 const char *moe_device_name(moe_device_kind d);      /* "auto","cpu","cuda" */
 const char *moe_lr_schedule_name(moe_lr_schedule s); /* "cosine","linear","constant" */
 const char *moe_recompute_name(moe_recompute r);     /* "none","attn","moe","full" */
+const char *moe_moments_name(moe_dtype d);           /* optim.moments: "fp32","bf16" */
 
 #endif

@@ -166,14 +166,15 @@ void moe_model_copy_grads_to_host(const moe_model *m, float *dst);
  * that writes weights (init, copy from host, load, moe_model_adamw) keeps them right by itself. */
 void moe_model_params_written(moe_model *m);
 /* One AdamW step (moe_backend.adamw) on the flat element range [lo, hi) of the parameters,
- * with moments mom, var [hi - lo] dev (element lo first): weight decay o->weight_decay for
+ * with moments mom, var [hi - lo] dev (element lo first; F32 or BF16, both of one type: the
+ * trainer's optim.moments): weight decay o->weight_decay for
  * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
  * copies of the range are rewritten in the same pass, the fp8-block copies of the quantized
  * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
  * its copies before the next pass). Copies already stale (moe_model_params_written, as the
  * trainer says before a step of several ranks) are left to that refresh. Consecutive tensors
  * with the same decay are one call (the expert part is one). */
-void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
+void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 
 /* The document mask inside packed rows (docs/model.md): with sep >= 0 (the tokenizer's
@@ -282,7 +283,7 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
                                      the quantized weights of the layers not skipped, with
                                      their tile scales (one allocation) */
     int64_t grads;                /* fp32 gradients (one allocation) */
-    int64_t optimizer;            /* AdamW m and v, fp32 (allocated by the trainer) */
+    int64_t optimizer;            /* AdamW m and v, fp32 or bf16 (allocated by the trainer) */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the six above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace,
@@ -295,11 +296,12 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 /* What a training run allocates on one rank of an expert group of ep ranks (1: every
  * expert; moe_model_create_ep's tensors and expert-side buffers, and the fp8-block copies of
  * its first pass, without the layers skip [layers] names, NULL for none): total exactly for
- * any backend, with AdamW moments for every tensor of the rank (a ZeRO-1 trainer holds a
- * share); add gpu_scratch for the peak device memory of the CUDA backend. */
+ * any backend, with AdamW moments of type moments (MOE_DTYPE_F32 or MOE_DTYPE_BF16:
+ * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share); add
+ * gpu_scratch for the peak device memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               const uint8_t *skip, moe_model_memory *out);
+                               const uint8_t *skip, moe_dtype moments, moe_model_memory *out);
 
 #ifdef __cplusplus
 }

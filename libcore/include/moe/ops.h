@@ -49,7 +49,8 @@
  *    Gradients stay F32, except the ones whose only reader is a matrix product that rounds
  *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
  *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
- *    sum. RoPE on BF16 rounds its result: the values attention reads.
+ *    sum. RoPE on BF16 rounds its result: the values attention reads. AdamW's moments m and
+ *    v are typed too, whatever the recipe: BF16 under `optim.moments: bf16` (see adamw).
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
  *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
@@ -168,6 +169,11 @@ static inline moe_buf moe_buf_f32(float *p) {
 }
 static inline moe_cbuf moe_cbuf_from(moe_buf b) {
     return moe_cbuf_of(b.p, b.dt);
+}
+/* b advanced by n elements of its own type. */
+static inline moe_buf moe_buf_at(moe_buf b, int64_t n) {
+    b.p = (char *)b.p + (size_t)n * moe_dtype_size(b.dt);
+    return b;
 }
 /* b advanced by n elements (of its own type; not for E4M3 operands, whose scales are tiled). */
 static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
@@ -417,15 +423,21 @@ struct moe_backend {
     /* ---- elementwise add: out = a + b; out may alias a or b (residuals, grad sums) ---- */
     void (*add)(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
 
-    /* ---- AdamW, fp32, decoupled weight decay, bias correction; step counts from 1:
-     * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+    /* ---- AdamW, fp32 arithmetic, decoupled weight decay, bias correction; step counts
+     * from 1: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2, each new
+     * moment stored in m's (v's) type and read back, so that the update below is computed
+     * from the stored values (a BF16 moment rounded to nearest even): they are the whole
+     * optimizer state, all a resumed run has and all the update depends on;
      * param -= lr * (m/(1-b1^step) / (sqrt(v/(1-b2^step)) + eps) + weight_decay * param);
-     * param16 (may be NULL) = the new param rounded to bf16, in the same pass ---- */
+     * param16 (may be NULL) = the new param rounded to bf16, in the same pass. m and v are
+     * F32 or BF16, both of one type. With BF16 moments the CUDA backend computes exactly
+     * the CPU's bits (no fused multiply-adds); with F32 ones it contracts as it always has
+     * (within rounding of the CPU's). ---- */
     void (*adamw)(const moe_backend *be, float *param, /* [n] dev */
                   uint16_t *param16,                   /* [n] dev bf16, may be NULL */
                   const float *grad,                   /* [n] dev */
-                  float *m,                            /* [n] dev */
-                  float *v,                            /* [n] dev */
+                  moe_buf m,                           /* [n] dev, F32 or BF16 */
+                  moe_buf v,                           /* [n] dev, the type of m */
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t step, float grad_scale);
 

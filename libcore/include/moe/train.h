@@ -3,14 +3,15 @@
  *
  * One optimizer step = global_batch_tokens / micro_batch_tokens micro-steps of forward and
  * backward (gradients summed with scale 1/micro-steps), global-norm clipping folded into
- * AdamW's grad_scale, AdamW (fp32 master weights and moments; decay only on parameters with
- * moe_param.decay unless optim.decay_norms_and_embeddings), learning rate from
- * moe/schedule.h. Metrics go to RUN/metrics.jsonl (and --log-json), loss.svg is redrawn at
- * every evaluation and at the end, checkpoints (moe/ckpt.h) every checkpoint.every
- * steps and at the end of the invocation. With parallel.dp ranks (moe/comm.h) rank r runs
- * micro-steps r, r + dp, ...; the gradients are summed over the ranks, each rank updates its
- * 1/dp slice of the flat parameter array with its slice of the AdamW state (ZeRO-1) and the
- * slices are exchanged; rank 0 evaluates and writes the run directory.
+ * AdamW's grad_scale, AdamW (fp32 master weights, moments in fp32 or, optim.moments, bf16;
+ * decay only on parameters with moe_param.decay unless optim.decay_norms_and_embeddings),
+ * learning rate from moe/schedule.h. Metrics go to RUN/metrics.jsonl (and --log-json),
+ * loss.svg is redrawn at every evaluation and at the end, checkpoints (moe/ckpt.h) every
+ * checkpoint.every steps and at the end of the invocation. With parallel.dp ranks
+ * (moe/comm.h) rank r runs micro-steps r, r + dp, ...; the gradients are summed over the
+ * ranks, each rank updates its 1/dp slice of the flat parameter array with its slice of the
+ * AdamW state (ZeRO-1) and the slices are exchanged; rank 0 evaluates and writes the run
+ * directory.
  *
  * The one thing to know: a checkpoint holds everything the next step depends on - weights,
  * both Adam moments, the step, the data position (epoch, index) and the seed - and every
@@ -60,9 +61,10 @@ moe_status moe_train_write_provenance(const char *run_dir, const char *command, 
 
 /* Expert-parallel rank ep_rank's part of a checkpoint (moe/ckpt.h layouts) into dir: its
  * model file and optimizer file with the tensors of model's table (dense ones on rank 0
- * only); m, v [n_elems] backend memory, the full Adam moments of those tensors. */
+ * only); m, v [n_elems] backend memory, the full Adam moments of those tensors, F32 or BF16
+ * (written as fp32 either way: BF16 values widened exactly). */
 moe_status moe_train_write_shard(const char *dir, int ep_rank, int ep, const moe_model *model,
-                                 const float *m, const float *v, int64_t step, moe_err *err);
+                                 moe_cbuf m, moe_cbuf v, int64_t step, moe_err *err);
 /* After every rank's shard is in w's temporary directory: config.yaml (cfg, whose
  * parallel.ep is the layout), tokenizer.json, the index (ep > 1), trainer_state.json, then
  * moe_ckpt_commit (keep). On failure the temporary directory is removed. */
@@ -70,18 +72,20 @@ moe_status moe_train_finish_checkpoint(moe_ckpt_writer *w, int64_t keep, const m
                                        const char *tokenizer_json, const moe_trainer_state *ts,
                                        moe_err *err);
 /* Writes RUN/ckpt-<step>/ in the single-file layout from a model holding every expert, its
- * Adam moments m, v ([n_elems] backend memory, in parameter-table order; moe_trainer_state
- * is in moe/ckpt.h), the resolved config, the tokenizer spec and the state. */
+ * Adam moments m, v ([n_elems] backend memory, in parameter-table order, F32 or BF16 as in
+ * moe_train_write_shard; moe_trainer_state is in moe/ckpt.h), the resolved config, the
+ * tokenizer spec and the state. */
 moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
-                                     const char *tokenizer_json, const moe_model *model,
-                                     const float *m, const float *v, const moe_trainer_state *ts,
-                                     moe_err *err);
+                                     const char *tokenizer_json, const moe_model *model, moe_cbuf m,
+                                     moe_cbuf v, const moe_trainer_state *ts, moe_err *err);
 
 /* Loads a checkpoint directory (opened and verified with moe_ckpt_open) into model, m, v and *ts
  * (ts->last_metrics is malloc'ed). Checks that the checkpoint's model config equals cfg->model and
- * that its tokenizer has the vocabulary hash `vocab_hash` (0: not checked). */
+ * that its tokenizer has the vocabulary hash `vocab_hash` (0: not checked). m, v [n_elems]
+ * backend memory, F32 or BF16: the checkpoint's fp32 moments are rounded to nearest even for
+ * BF16, exact for a checkpoint of a bf16-moment run, a rounding once of an fp32 one's. */
 moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
-                                     uint64_t vocab_hash, moe_model *model, float *m, float *v,
+                                     uint64_t vocab_hash, moe_model *model, moe_buf m, moe_buf v,
                                      moe_trainer_state *ts, moe_err *err);
 
 /* --init CKPT, before moe_train_run: cfg->model becomes the checkpoint's model config

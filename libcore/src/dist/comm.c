@@ -252,7 +252,7 @@ void moe_comm_abort(const moe_comm *c, int code) {
 }
 
 size_t moe_comm_dtype_size(moe_comm_dtype dt) {
-    return dt == MOE_COMM_F32 ? 4 : dt == MOE_COMM_BYTE ? 1 : 8;
+    return dt == MOE_COMM_F32 ? 4 : dt == MOE_COMM_BYTE ? 1 : dt == MOE_COMM_U16 ? 2 : 8;
 }
 
 /* ---- waiting with a deadline ---- */

@@ -35,6 +35,7 @@ static MPI_Datatype mpi_type(moe_comm_dtype dt) {
     return dt == MOE_COMM_F32   ? MPI_FLOAT
            : dt == MOE_COMM_F64 ? MPI_DOUBLE
            : dt == MOE_COMM_I64 ? MPI_INT64_T
+           : dt == MOE_COMM_U16 ? MPI_UINT16_T
                                 : MPI_BYTE;
 }
 

@@ -584,6 +584,27 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
                          "warmup is part of the run: lower it or raise train.steps",
                          "optim.warmup_steps (%lld) exceeds train.steps (%lld)",
                          (long long)c->optim.warmup_steps, (long long)t->steps);
+    /* bf16 moments: 8 significant bits, so one step moves a stored moment only by more than
+     * half an ulp (2^-9 to 2^-8 of its value); a decay 1 - beta below that leaves beta * m
+     * rounded back to m. 0.99 (a decay of 0.01 > 2^-8) keeps a margin. The optim.moments row
+     * and the cross-field rules of config_schema.c state the same limit. */
+    const double bf16_max_beta = 0.99;
+    const moe_optim_config *o = &c->optim;
+    if (o->moments == MOE_DTYPE_BF16 && (o->beta1 > bf16_max_beta || o->beta2 > bf16_max_beta)) {
+        int which = o->beta1 > bf16_max_beta ? 1 : 2;
+        double beta = which == 1 ? o->beta1 : o->beta2;
+        snprintf(hint, sizeof hint,
+                 "use optim.moments: fp32 (the default) with this beta, or optim.beta%d <= %g",
+                 which, bf16_max_beta);
+        return rule_fail(err, bad, "optim.moments", which == 1 ? "optim.beta1" : "optim.beta2",
+                         hint,
+                         "optim.moments bf16 needs optim.beta%d <= %g, got %g (a decay 1 - "
+                         "beta%d = %.3g): a bf16 moment keeps 8 significant bits, so a step that "
+                         "changes it by less than half an ulp (2^-9 to 2^-8 of its value) leaves "
+                         "it as it was, and with a decay this small most or all of each step's "
+                         "change is lost to rounding",
+                         which, bf16_max_beta, beta, which, 1.0 - beta);
+    }
     return MOE_OK;
 }
 

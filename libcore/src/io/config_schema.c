@@ -24,6 +24,9 @@ _Static_assert(sizeof(moe_fp8_scale) == sizeof(int), "enum fields are stored as 
 _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(moe_dtype) == sizeof(int), "enum fields are stored as int");
+/* optim.moments stores the moe_dtype itself: the names below index it */
+_Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "moments_names index moe_dtype");
 
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const recipe_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", NULL};
@@ -31,6 +34,7 @@ static const char *const fp8_scale_names[] = {"default", "pow2", "ocp-floor", NU
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const recompute_names[] = {"none", "attn", "moe", "full", NULL};
 static const char *const stop_signal_names[] = {"usr1", "usr2", "hup", "none", NULL};
+static const char *const moments_names[] = {"fp32", "bf16", NULL};
 
 /* Where a field lives: offset and size inside moe_config. */
 #define FIELD(f) offsetof(moe_config, f), sizeof(((moe_config *)0)->f)
@@ -46,9 +50,11 @@ const moe_cfg_section moe_cfg_sections[] = {
               "export is a copy."},
     {"data", "Training and validation data (token shards written by `moe-tokenize`)."},
     {"train", "Run length, batch geometry, evaluation and determinism."},
-    {"optim", "AdamW with fp32 master weights and the learning-rate schedule."},
-    {"precision", "Numeric recipe of the matrix multiplications (master weights, optimizer "
-                  "state, losses, softmax, norms and router always stay fp32)."},
+    {"optim", "AdamW with fp32 master weights (fp32 or bf16 moments) and the learning-rate "
+              "schedule."},
+    {"precision", "Numeric recipe of the matrix multiplications (master weights, gradients, "
+                  "losses, softmax, norms and router always stay fp32; the optimizer moments "
+                  "too unless `optim.moments: bf16`)."},
     {"parallel", "Data and expert parallelism: world size = dp x ep ranks."},
     {"checkpoint", "Checkpoint cadence and retention (`ckpt-<step>/` in the run directory)."},
     {"log", "Metrics logging."},
@@ -152,6 +158,11 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Clip the global gradient norm to this value; 0 = no clipping."},
     {"optim.decay_norms_and_embeddings", MOE_CFG_BOOL, FIELD(optim.decay_norms_and_embeddings),
      "false", 0, 0, 0, NULL, "Also apply weight decay to norm weights and embeddings."},
+    {"optim.moments", MOE_CFG_ENUM, FIELD(optim.moments), "fp32", 0, 0, 0, moments_names,
+     "Storage of the AdamW moments m and v: fp32, or bf16 (half their memory and of their "
+     "bytes moved per step; each new moment rounded to nearest even and the update computed "
+     "from the stored value; optim.beta1 and optim.beta2 at most 0.99). Master weights and "
+     "gradients stay fp32; checkpoints hold fp32 either way. docs/dtypes.md."},
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md). The CPU "
@@ -203,6 +214,9 @@ const char *moe_lr_schedule_name(moe_lr_schedule s) {
 }
 const char *moe_recompute_name(moe_recompute r) {
     return enum_name(recompute_names, 4, (int)r);
+}
+const char *moe_moments_name(moe_dtype d) {
+    return enum_name(moments_names, 2, (int)d);
 }
 
 /* ---- lookup ---------------------------------------------------------------------------- */
@@ -678,6 +692,11 @@ void moe_config_write_markdown(FILE *fp) {
           "micro, is a multiple of `parallel.dp` x `parallel.ep` (each rank runs its share).\n"
           "- `train.eval_tokens` is a multiple of `train.seq_len`.\n"
           "- `optim.min_lr` <= `optim.lr`; `optim.warmup_steps` <= `train.steps`.\n"
+          "- `optim.moments: bf16` needs `optim.beta1` and `optim.beta2` <= 0.99: bf16 keeps 8 "
+          "significant bits, so a step changes a stored moment only by more than half a bf16 "
+          "ulp (2^-9 to 2^-8 of its value); with a decay 1 - beta below that, beta x m rounds "
+          "back to m and the moment never decays. 0.99 (a decay of 0.01, above 2^-8) keeps a "
+          "margin ([dtypes.md](dtypes.md)).\n"
           "- `parallel.ep` divides `model.num_local_experts`.\n"
           "\n## Regenerating this page\n\n"
           "This page is generated from the schema table; `unit.config` fails when it is stale. "

@@ -557,7 +557,7 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               const uint8_t *skip, moe_model_memory *out) {
+                               const uint8_t *skip, moe_dtype moments, moe_model_memory *out) {
     int64_t total = 0;
     moe_model_count_params(cfg, &total, NULL);
     if (ep < 1) ep = 1;
@@ -568,7 +568,7 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     out->params = mine * (int64_t)sizeof(float);
     out->expert_params = experts / ep * (int64_t)sizeof(float);
     out->grads = out->params;
-    out->optimizer = 2 * out->params;
+    out->optimizer = 2 * mine * (int64_t)moe_dtype_size(moments);
     out->weight_copies = moe_model_has_copies(recipe, 1) ? mine * (int64_t)sizeof(uint16_t) : 0;
     if (moe_model_has_fp8_copies(recipe))
         out->fp8_copies = moe_model_fp8_copy_bytes(cfg, cfg->num_local_experts / ep, skip);

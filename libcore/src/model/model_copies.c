@@ -156,7 +156,7 @@ static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
     }
 }
 
-void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *var,
+void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale) {
     const moe_param_table *t = &m->table;
     int64_t a = -1, b = -1; /* the run of equal decay being gathered: elements [a, b) */
@@ -175,9 +175,9 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, float *mom, float *va
             /* stale copies are all rewritten before the next forward: none written here */
             m->be->adamw(m->be, m->param_mem + a,
                          m->param16_mem && !m->copies_stale ? m->param16_mem + a : NULL,
-                         moe_model_grads(m) + a, mom + (a - lo), var + (a - lo), b - a, (float)lr,
-                         (float)o->beta1, (float)o->beta2, (float)o->eps, (float)wd_run, step,
-                         grad_scale);
+                         moe_model_grads(m) + a, moe_buf_at(mom, a - lo), moe_buf_at(var, a - lo),
+                         b - a, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                         (float)wd_run, step, grad_scale);
             a = -1;
         }
         if (i == t->n_params) break;

@@ -331,7 +331,7 @@ static void pr_add(const moe_backend *be, float *out, const float *a, const floa
 }
 
 static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                     float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                     moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                      float weight_decay, int64_t step, float grad_scale) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);

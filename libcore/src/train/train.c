@@ -39,7 +39,7 @@ typedef struct trainer {
      * (dslice [world + 1], absolute), this rank's experts [dense_elems, n_elems) over the dp
      * replicas of the shard (xslice [dp + 1], relative to dense_elems); this rank's AdamW
      * state covers its dense slice [dlo, dhi) and then its expert slice [xlo, xhi) */
-    float *m, *v; /* [(dhi - dlo) + (xhi - xlo)] dev, Adam moments */
+    moe_buf m, v; /* [(dhi - dlo) + (xhi - xlo)] dev, Adam moments of optim.moments' type */
     int64_t dlo, dhi, xlo, xhi, *dslice, *xslice;
     int32_t *tokens, *targets; /* [B_micro, T] host */
     float *weights;            /* [B_micro, T] host, NULL when no lower-case weighting */
@@ -167,23 +167,24 @@ static moe_status resume(trainer *t, const char *spec, moe_err *err) {
     uint64_t hash = moe_shardset_tokenizer(t->data)->vocab_hash;
     /* the moments of this rank's tensors arrive whole (from either layout, at any ep); this
      * rank keeps its slices */
-    size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
+    moe_dtype mdt = t->m.dt;
+    size_t es = moe_dtype_size(mdt), bytes = (size_t)t->model.table.n_elems * es;
     int whole = t->world == 1; /* one process owns every element: loaded in place */
-    float *m = whole ? t->m : t->be->alloc(t->be, bytes);
-    float *v = whole ? t->v : t->be->alloc(t->be, bytes);
+    moe_buf m = whole ? t->m : moe_buf_of(t->be->alloc(t->be, bytes), mdt);
+    moe_buf v = whole ? t->v : moe_buf_of(t->be->alloc(t->be, bytes), mdt);
     moe_status st =
-        m && v ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v, &t->ts, err)
-               : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+        m.p && v.p ? moe_train_load_checkpoint(dir, &t->cfg, hash, &t->model, m, v, &t->ts, err)
+                   : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
     if (st == MOE_OK && !whole) {
-        size_t dn = (size_t)(t->dhi - t->dlo), xn = (size_t)(t->xhi - t->xlo);
-        t->be->memcpy_d2d(t->be, t->m, m + t->dlo, dn * sizeof(float));
-        t->be->memcpy_d2d(t->be, t->v, v + t->dlo, dn * sizeof(float));
-        t->be->memcpy_d2d(t->be, t->m + dn, m + t->xlo, xn * sizeof(float));
-        t->be->memcpy_d2d(t->be, t->v + dn, v + t->xlo, xn * sizeof(float));
+        int64_t dn = t->dhi - t->dlo, xn = t->xhi - t->xlo;
+        t->be->memcpy_d2d(t->be, t->m.p, moe_buf_at(m, t->dlo).p, (size_t)dn * es);
+        t->be->memcpy_d2d(t->be, t->v.p, moe_buf_at(v, t->dlo).p, (size_t)dn * es);
+        t->be->memcpy_d2d(t->be, moe_buf_at(t->m, dn).p, moe_buf_at(m, t->xlo).p, (size_t)xn * es);
+        t->be->memcpy_d2d(t->be, moe_buf_at(t->v, dn).p, moe_buf_at(v, t->xlo).p, (size_t)xn * es);
     }
     if (!whole) {
-        t->be->free(t->be, m);
-        t->be->free(t->be, v);
+        t->be->free(t->be, m.p);
+        t->be->free(t->be, v.p);
     }
     if (st != MOE_OK) return st;
     if (t->ts.data_samples != t->dl.n_samples || t->ts.data_stream_tokens != t->dl.stream_tokens ||
@@ -308,14 +309,15 @@ static moe_status alloc_state(trainer *t, moe_err *err) {
         t->xslice[r] = xel * r / dp;
     t->dlo = t->dslice[t->rank], t->dhi = t->dslice[t->rank + 1];
     t->xlo = dense + t->xslice[d], t->xhi = dense + t->xslice[d + 1];
-    size_t bytes = (size_t)((t->dhi - t->dlo) + (t->xhi - t->xlo)) * sizeof(float);
-    t->m = t->be->alloc(t->be, bytes ? bytes : sizeof(float));
-    t->v = t->be->alloc(t->be, bytes ? bytes : sizeof(float));
-    if (!t->m || !t->v)
+    moe_dtype mdt = t->cfg.optim.moments; /* zero is 0 in either type */
+    size_t bytes = (size_t)((t->dhi - t->dlo) + (t->xhi - t->xlo)) * moe_dtype_size(mdt);
+    t->m = moe_buf_of(t->be->alloc(t->be, bytes ? bytes : sizeof(float)), mdt);
+    t->v = moe_buf_of(t->be->alloc(t->be, bytes ? bytes : sizeof(float)), mdt);
+    if (!t->m.p || !t->v.p)
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory for %lld parameters",
                            (long long)t->model.table.n_elems);
-    t->be->memset(t->be, t->m, 0, bytes);
-    t->be->memset(t->be, t->v, 0, bytes);
+    t->be->memset(t->be, t->m.p, 0, bytes);
+    t->be->memset(t->be, t->v.p, 0, bytes);
     return MOE_OK;
 }
 
@@ -418,8 +420,8 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (t->world > 1) moe_model_params_written(&t->model);
     if (!sm->bad) { /* this rank's slices */
         moe_model_adamw(&t->model, t->dlo, t->dhi, t->m, t->v, &c->optim, lr, step, scale);
-        moe_model_adamw(&t->model, t->xlo, t->xhi, t->m + dn, t->v + dn, &c->optim, lr, step,
-                        scale);
+        moe_model_adamw(&t->model, t->xlo, t->xhi, moe_buf_at(t->m, dn), moe_buf_at(t->v, dn),
+                        &c->optim, lr, step, scale);
     }
     st = t->be->synchronize(t->be, err);
     float *param = t->model.param_mem; /* every rank gets the new weights of its tensors */
@@ -511,18 +513,21 @@ static moe_status save(trainer *t, moe_err *err) {
     double t0 = moe_time_now();
     const moe_comm *c = t->comm;
     int64_t dense = t->model.table.dense_elems, dn = t->dhi - t->dlo;
-    size_t bytes = (size_t)t->model.table.n_elems * sizeof(float);
+    moe_dtype mdt = t->m.dt; /* the moments move in their own type: bf16 ones as 2-byte units */
+    moe_comm_dtype cdt = mdt == MOE_DTYPE_BF16 ? MOE_COMM_U16 : MOE_COMM_F32;
+    size_t bytes = (size_t)t->model.table.n_elems * moe_dtype_size(mdt);
     int writer = c->grank[MOE_COMM_DP] == 0, whole = t->world == 1;
-    float *m = whole ? t->m : writer ? t->be->alloc(t->be, bytes) : NULL;
-    float *v = whole ? t->v : writer ? t->be->alloc(t->be, bytes) : NULL;
+    moe_buf m = whole ? t->m : moe_buf_of(writer ? t->be->alloc(t->be, bytes) : NULL, mdt);
+    moe_buf v = whole ? t->v : moe_buf_of(writer ? t->be->alloc(t->be, bytes) : NULL, mdt);
     moe_status st = MOE_OK;
-    if (writer && (!m || !v)) st = moe_err_set(err, MOE_ERR_RUNTIME, t->run_dir, "out of memory");
+    if (writer && (!m.p || !v.p))
+        st = moe_err_set(err, MOE_ERR_RUNTIME, t->run_dir, "out of memory");
     for (int i = 0; i < 2 && st == MOE_OK && !whole; i++) {
-        float *full = i ? v : m, *own = i ? t->v : t->m;
-        st = moe_comm_gather(c, MOE_COMM_WORLD, full, own, t->dslice, 0, MOE_COMM_F32, err);
+        moe_buf full = i ? v : m, own = i ? t->v : t->m;
+        st = moe_comm_gather(c, MOE_COMM_WORLD, full.p, own.p, t->dslice, 0, cdt, err);
         if (st == MOE_OK)
-            st = moe_comm_gather(c, MOE_COMM_DP, full ? full + dense : NULL, own + dn, t->xslice, 0,
-                                 MOE_COMM_F32, err);
+            st = moe_comm_gather(c, MOE_COMM_DP, full.p ? moe_buf_at(full, dense).p : NULL,
+                                 moe_buf_at(own, dn).p, t->xslice, 0, cdt, err);
     }
     moe_ckpt_writer w;
     memset(&w, 0, sizeof w);
@@ -532,8 +537,8 @@ static moe_status save(trainer *t, moe_err *err) {
         st = moe_comm_broadcast(c, MOE_COMM_WORLD, w.tmp_dir, sizeof w.tmp_dir, MOE_COMM_BYTE, 0,
                                 err);
     if (st == MOE_OK && writer)
-        st = moe_train_write_shard(w.tmp_dir, c->grank[MOE_COMM_EP], t->ep, &t->model, m, v,
-                                   t->ts.step, err);
+        st = moe_train_write_shard(w.tmp_dir, c->grank[MOE_COMM_EP], t->ep, &t->model,
+                                   moe_cbuf_from(m), moe_cbuf_from(v), t->ts.step, err);
     if (st == MOE_OK) st = moe_comm_barrier(c, MOE_COMM_WORLD, err); /* every shard written */
     if (st == MOE_OK && t->rank == 0)
         st = moe_train_finish_checkpoint(&w, t->cfg.checkpoint.keep, &t->cfg,
@@ -544,8 +549,8 @@ static moe_status save(trainer *t, moe_err *err) {
         moe_log_debug("checkpoint of step %lld written in %.2f s", (long long)t->ts.step,
                       moe_time_now() - t0);
     if (!whole) {
-        t->be->free(t->be, m);
-        t->be->free(t->be, v);
+        t->be->free(t->be, m.p);
+        t->be->free(t->be, v.p);
     }
     return st;
 }
@@ -652,8 +657,8 @@ static moe_status loop(trainer *t, moe_err *err) {
 /* Releases what t holds; `failed`: the run ends in an error (NCCL communicators aborted). */
 static void trainer_free(trainer *t, int failed) {
     if (t->be) {
-        t->be->free(t->be, t->m);
-        t->be->free(t->be, t->v);
+        t->be->free(t->be, t->m.p);
+        t->be->free(t->be, t->v.p);
     }
     moe_model_free(&t->model);
     moe_comm_detach_backend(t->comm, failed); /* before the backend it lives on */

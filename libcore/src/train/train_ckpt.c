@@ -3,7 +3,8 @@
  *   config.yaml                  resolved config (moe_config_write_yaml)
  *   tokenizer.json               the data's tokenizer spec
  *   model.safetensors            fp32 master weights, Hugging Face names, metadata format=pt
- *   optimizer-rank0.safetensors  <param>.exp_avg and <param>.exp_avg_sq (fp32)
+ *   optimizer-rank0.safetensors  <param>.exp_avg and <param>.exp_avg_sq (fp32; a run with
+ *                                optim.moments bf16 writes its bf16 values widened exactly)
  *   trainer_state.json           step, tokens, data position, seed, last metrics
  *
  * Training with parallel.ep = 1 writes this single-file layout, with ep = N the
@@ -55,23 +56,64 @@ static moe_status write_params(const char *path, const moe_model *model, int den
     return st;
 }
 
+/* The moments m [n] (backend memory) as fp32 into host [n]: the checkpoint format is fp32
+ * whatever a run stores, so BF16 moments are widened (exactly) through stage [n] (host
+ * scratch, BF16 only). */
+static moe_status moments_to_host(const moe_backend *be, float *host, moe_cbuf m, int64_t n,
+                                  uint16_t *stage, moe_err *err) {
+    if (m.dt != MOE_DTYPE_BF16) {
+        be->memcpy_d2h(be, host, m.p, (size_t)n * sizeof(float));
+        return MOE_OK;
+    }
+    be->memcpy_d2h(be, stage, m.p, (size_t)n * sizeof(uint16_t));
+    return moe_convert(host, MOE_DTYPE_F32, stage, MOE_DTYPE_BF16, n, err);
+}
+
+/* The fp32 moments host [n] of a checkpoint into m [n] (backend memory): BF16 moments are
+ * rounded to nearest even through stage [n] (host scratch, BF16 only), which gives back
+ * exactly the values of a run that stored bf16 (it wrote them widened) and rounds the
+ * moments of an fp32 run once. */
+static moe_status moments_from_host(const moe_backend *be, moe_buf m, const float *host, int64_t n,
+                                    uint16_t *stage, moe_err *err) {
+    if (m.dt != MOE_DTYPE_BF16) {
+        be->memcpy_h2d(be, m.p, host, (size_t)n * sizeof(float));
+        return MOE_OK;
+    }
+    moe_status st = moe_convert(stage, MOE_DTYPE_BF16, host, MOE_DTYPE_F32, n, err);
+    if (st == MOE_OK) be->memcpy_h2d(be, m.p, stage, (size_t)n * sizeof(uint16_t));
+    return st;
+}
+
+/* Host scratch for moments_to_host/moments_from_host: n codes when m or v (types dm, dv) is
+ * BF16, else none (*stage NULL). */
+static moe_status moments_stage(moe_dtype dm, moe_dtype dv, int64_t n, uint16_t **stage,
+                                const char *dir, moe_err *err) {
+    *stage = NULL;
+    if (dm != MOE_DTYPE_BF16 && dv != MOE_DTYPE_BF16) return MOE_OK;
+    *stage = malloc(n ? (size_t)n * sizeof(uint16_t) : 1);
+    return *stage ? MOE_OK : moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+}
+
 moe_status moe_train_write_shard(const char *dir, int ep_rank, int ep, const moe_model *model,
-                                 const float *m, const float *v, int64_t step, moe_err *err) {
+                                 moe_cbuf m, moe_cbuf v, int64_t step, moe_err *err) {
     const moe_backend *be = model->be;
-    size_t bytes = (size_t)model->table.n_elems * sizeof(float);
+    int64_t n = model->table.n_elems;
+    size_t bytes = (size_t)n * sizeof(float);
     float *host = malloc(bytes ? bytes : 1), *host2 = malloc(bytes ? bytes : 1);
+    uint16_t *stage = NULL;
     char name[64], path[MOE_CKPT_PATH_MAX + 64];
     moe_status st = MOE_OK;
     if (!host || !host2) st = moe_err_set(err, MOE_ERR_RUNTIME, dir, "out of memory");
+    if (st == MOE_OK) st = moments_stage(m.dt, v.dt, n, &stage, dir, err);
     if (st == MOE_OK) {
         moe_model_copy_params_to_host(model, host);
         moe_ckpt_model_file(ep_rank, ep, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         st = write_params(path, model, ep_rank == 0, host, "", NULL, NULL, step, err);
     }
+    if (st == MOE_OK) st = moments_to_host(be, host, m, n, stage, err);
+    if (st == MOE_OK) st = moments_to_host(be, host2, v, n, stage, err);
     if (st == MOE_OK) {
-        be->memcpy_d2h(be, host, m, bytes);
-        be->memcpy_d2h(be, host2, v, bytes);
         moe_ckpt_optim_file(ep_rank, name, sizeof name);
         snprintf(path, sizeof path, "%s/%s", dir, name);
         st = write_params(path, model, ep_rank == 0, host, ".exp_avg", ".exp_avg_sq", host2, step,
@@ -79,6 +121,7 @@ moe_status moe_train_write_shard(const char *dir, int ep_rank, int ep, const moe
     }
     free(host);
     free(host2);
+    free(stage);
     return st;
 }
 
@@ -122,9 +165,8 @@ moe_status moe_train_finish_checkpoint(moe_ckpt_writer *w, int64_t keep, const m
 }
 
 moe_status moe_train_save_checkpoint(const char *run_dir, int64_t keep, const moe_config *cfg,
-                                     const char *tokenizer_json, const moe_model *model,
-                                     const float *m, const float *v, const moe_trainer_state *ts,
-                                     moe_err *err) {
+                                     const char *tokenizer_json, const moe_model *model, moe_cbuf m,
+                                     moe_cbuf v, const moe_trainer_state *ts, moe_err *err) {
     moe_ckpt_writer w;
     moe_status st = moe_ckpt_begin(&w, run_dir, ts->step, err);
     if (st != MOE_OK) return st;
@@ -218,7 +260,7 @@ static moe_status open_checked(moe_ckpt *ck, const char *ckpt_dir, unsigned flag
 }
 
 moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg,
-                                     uint64_t vocab_hash, moe_model *model, float *m, float *v,
+                                     uint64_t vocab_hash, moe_model *model, moe_buf m, moe_buf v,
                                      moe_trainer_state *ts, moe_err *err) {
     memset(ts, 0, sizeof *ts);
     /* Whatever the layout (single file or expert-parallel shards): the run's config wins,
@@ -228,18 +270,25 @@ moe_status moe_train_load_checkpoint(const char *ckpt_dir, const moe_config *cfg
                                  vocab_hash, err);
     if (st != MOE_OK) return st;
     const moe_backend *be = model->be;
-    size_t bytes = (size_t)model->table.n_elems * sizeof(float);
-    float *host = malloc(bytes ? bytes : 1);
+    int64_t n = model->table.n_elems;
+    float *host = malloc(n ? (size_t)n * sizeof(float) : 1);
+    uint16_t *stage = NULL;
     if (!host) st = moe_err_set(err, MOE_ERR_RUNTIME, ckpt_dir, "out of memory");
+    if (st == MOE_OK) st = moments_stage(m.dt, v.dt, n, &stage, ckpt_dir, err);
     if (st == MOE_OK && ck.weights_only)
         moe_log_info("%s holds weights only (an import): AdamW moments start at zero", ckpt_dir);
+    else if (st == MOE_OK && ck.cfg.optim.moments != m.dt) /* the config it was trained with */
+        moe_log_info("%s: AdamW moments were kept in %s there, in %s here (optim.moments): %s",
+                     ckpt_dir, moe_moments_name(ck.cfg.optim.moments), moe_moments_name(m.dt),
+                     m.dt == MOE_DTYPE_BF16 ? "rounded to bf16 once" : "widened exactly");
     if (st == MOE_OK) st = read_params(&ck, model, MOE_CKPT_WEIGHT, host, err);
     if (st == MOE_OK) moe_model_copy_params_from_host(model, host);
     if (st == MOE_OK) st = read_params(&ck, model, MOE_CKPT_EXP_AVG, host, err);
-    if (st == MOE_OK) be->memcpy_h2d(be, m, host, bytes);
+    if (st == MOE_OK) st = moments_from_host(be, m, host, n, stage, err);
     if (st == MOE_OK) st = read_params(&ck, model, MOE_CKPT_EXP_AVG_SQ, host, err);
-    if (st == MOE_OK) be->memcpy_h2d(be, v, host, bytes);
+    if (st == MOE_OK) st = moments_from_host(be, v, host, n, stage, err);
     free(host);
+    free(stage);
     if (st == MOE_OK) { /* the state's metrics text moves to *ts */
         *ts = ck.state;
         ck.state.last_metrics = NULL;

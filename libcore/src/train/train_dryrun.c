@@ -39,11 +39,13 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     }
     moe_model_memory mem;
     moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
-                              tc->seq_len, (int)cfg->parallel.ep, skip, &mem);
+                              tc->seq_len, (int)cfg->parallel.ep, skip, cfg->optim.moments, &mem);
     free(skip);
     /* ZeRO-1: the dense part's AdamW state is sharded over all ranks, the experts' over the
-     * dp replicas of the shard */
-    int64_t world = cfg->parallel.dp * cfg->parallel.ep, xopt = 2 * mem.expert_params;
+     * dp replicas of the shard (m and v of each expert parameter, optim.moments' bytes each) */
+    int64_t world = cfg->parallel.dp * cfg->parallel.ep;
+    int64_t xopt = 2 * (mem.expert_params / (int64_t)sizeof(float)) *
+                   (int64_t)moe_dtype_size(cfg->optim.moments);
     int64_t opt = (mem.optimizer - xopt) / world + xopt / cfg->parallel.dp;
     int64_t total_mem = mem.total - mem.optimizer + opt;
     char w[32], w16[64] = "", a[32], o[32], sum[32], gs[32], gt[32];
@@ -75,9 +77,10 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             " tokens, shared by %" PRId64 " rank(s); memory below is per rank\n",
             n_micro, micro_seqs, tc->seq_len, cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
-            "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (ZeRO-1 share) "
-            "+ activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
+            "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (%s, ZeRO-1 "
+            "share) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
             "backend scratch = %s peak\n",
-            w, w16, w, o, a, moe_recompute_name(tc->recompute), sum, gs, gt);
+            w, w16, w, o, moe_moments_name(cfg->optim.moments), a,
+            moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }

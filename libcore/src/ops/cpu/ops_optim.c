@@ -1,27 +1,46 @@
 /* ops_optim: AdamW, the bf16 cast of weight copies and the sum of squares (gradient norm) of
  * the CPU backend.
  *
- * AdamW is elementwise (trivially deterministic). sum_squares sums fixed chunks of
- * MOE_CPU_CHUNK elements in double and then the chunk sums in index order, so the global
- * grad norm - and with it clipping and every later step - is identical for any thread count. */
+ * AdamW is elementwise (trivially deterministic); its moments are F32 or BF16 (moe/ops.h),
+ * and every product and sum is rounded on its own (C11 without FP_CONTRACT: no fused
+ * multiply-add), which is what the CUDA backend repeats bit for bit for BF16 moments.
+ * sum_squares sums fixed chunks of MOE_CPU_CHUNK elements in double and then the chunk sums
+ * in index order, so the global grad norm - and with it clipping and every later step - is
+ * identical for any thread count. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "ops/cpu/cpu_ops.h"
 
+/* Stores the new moment x at b[i] and returns the value stored: x for F32, x rounded to
+ * nearest even for BF16. The update is computed from this value, not from x, so that the
+ * stored moments are the optimizer's whole state: every step reads only them (which is what
+ * exact resume needs: a checkpoint holds exactly them, see train_ckpt.c) and the update a
+ * step made follows from the moments it stored alone, on any backend. */
+static inline float adamw_store_moment(moe_buf b, int64_t i, float x) {
+    if (b.dt != MOE_DTYPE_BF16) {
+        ((float *)b.p)[i] = x;
+        return x;
+    }
+    uint16_t h = moe_f32_to_bf16(x);
+    ((uint16_t *)b.p)[i] = h;
+    return moe_bf16_to_f32(h);
+}
+
 void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                   float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                   moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                    float weight_decay, int64_t step, float grad_scale) {
     (void)be;
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     const float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    const moe_cbuf mr = moe_cbuf_from(m), vr = moe_cbuf_from(v);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
         float g = grad[i] * grad_scale;
-        float mi = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
+        float mi = beta1 * moe_cbuf_get(mr, i) + (1.0f - beta1) * g;
+        float vi = beta2 * moe_cbuf_get(vr, i) + (1.0f - beta2) * g * g;
+        mi = adamw_store_moment(m, i, mi);
+        vi = adamw_store_moment(v, i, vi);
         float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
         param[i] -= lr * (upd + weight_decay * param[i]);
         if (param16) param16[i] = moe_f32_to_bf16(param[i]);
