@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# bench/kernels/run_playgrounds.sh: build and run the kernel playgrounds of this folder in one
+# GPU call, each under a time limit (a playground kernel that deadlocks must not eat the
+# call), one log each under OUT_DIR. Each playground checks its own kernels before it prints
+# a rate (a FAIL line means the kernel is wrong and its rate is not printed).
+#
+#   bench/kernels/run_playgrounds.sh [OUT_DIR] [NAME ...]    (defaults: $OUT or ./playgrounds;
+#                                                             grouped_gemm quant_tiles adamw)
+#
+# Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). The
+# three compile at once, then run one after the other (each wants the whole GPU). Exit status
+# 1 when a build failed, a playground exited non-zero, ran past LIMIT_S (default 240) or printed
+# a FAIL line (grouped_gemm reports a failed check that way and still exits 0).
+set -uo pipefail
+out=${1:-${OUT:-playgrounds}}
+shift || true
+names=("$@")
+[ ${#names[@]} -gt 0 ] || names=(grouped_gemm quant_tiles adamw)
+limit=${LIMIT_S:-240}
+mkdir -p "$out"
+flags="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels"
+for n in "${names[@]}"; do
+    nvcc $flags -Xptxas -v "bench/kernels/$n.cu" -lcublasLt -o "/tmp/pg_$n" > "$out/$n.log" 2>&1 &
+done
+wait
+rc=0
+for n in "${names[@]}"; do
+    if [ ! -x "/tmp/pg_$n" ]; then
+        echo "$n: build failed ($out/$n.log)"
+        rc=1
+        continue
+    fi
+    echo "== $(date -u '+%H:%M:%S UTC') /tmp/pg_$n" >> "$out/$n.log"
+    timeout "$limit" "/tmp/pg_$n" >> "$out/$n.log" 2>&1
+    st=$?
+    [ $st -eq 124 ] && echo "$n: ran past ${limit} s (a hang?)" >> "$out/$n.log"
+    fails=$(grep -c FAIL "$out/$n.log")
+    echo "$n: exit $st, $fails FAIL line(s)"
+    [ $st -eq 0 ] && [ "$fails" -eq 0 ] || rc=1
+done
+exit $rc
