@@ -24,6 +24,11 @@ grep -q '^# parameters: [0-9]* total, [0-9]* active per token' dry.txt || fail "
 grep -q '^# training FLOPs: ' dry.txt || fail "dry-run: no FLOPs"
 grep -q '^# memory estimate: ' dry.txt || fail "dry-run: no memory estimate"
 grep -q '^  hidden_size: 64' dry.txt || fail "dry-run: resolved config missing"
+grep -q 'on a CUDA device + .* backend scratch = .* peak$' dry.txt || fail "dry-run: no CUDA peak"
+# mxfp8 runs on the CPU only: no CUDA peak for it, and the line says why
+moe-train -c "$src/configs/tiny.yaml" --data shards --dry-run -o run precision.recipe=mxfp8 > dry8.txt
+grep -q '; the CUDA backend does not run mxfp8 (the CPU emulates it)$' dry8.txt ||
+    fail "dry-run mxfp8: $(grep '^# memory estimate' dry8.txt)"
 [ ! -e run ] || fail "dry-run created the run directory"
 
 # 40 steps of 1024 tokens (about one epoch of the 40 kb training split).

@@ -1269,6 +1269,14 @@ static void check_supports_shapes(const moe_backend *gpu) {
     CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8));
     CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8_FLOOR));
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_FP8_BLOCK_POW2, NULL) == MOE_OK);
+    /* --dry-run's CUDA estimate exists for exactly the recipes supports() takes */
+    const moe_recipe all[] = {MOE_RECIPE_FP32,           MOE_RECIPE_BF16,  MOE_RECIPE_FP8_BLOCK,
+                              MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8, MOE_RECIPE_MXFP8_FLOOR};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        CHECK_MSG((moe_backend_scratch_estimate("cuda", &d, all[i]) >= 0) ==
+                      (gpu->supports(gpu, MOE_OP_MATMUL, NULL, all[i]) != 0),
+                  "recipe %s: the scratch estimate and supports() disagree",
+                  moe_recipe_name(all[i]));
     memset(&d, 0, sizeof d);
     d.B = 1, d.T = 64, d.C = 64, d.H = 4, d.KV = 2, d.D = 16, d.E = 4, d.K = 2, d.F = 96, d.V = 5;
     CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_FP8_BLOCK, NULL) == MOE_OK);

@@ -155,6 +155,11 @@ static void test_scratch_estimate(void) {
     CHECK(b16 > f32);
     CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_BF16), 0);
     CHECK_INT_EQ(moe_backend_scratch_estimate("tpu", &d, MOE_RECIPE_BF16), 0);
+    /* the CUDA backend does not run mxfp8 (either scale rule): no estimate; the CPU does */
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8), -1);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8_FLOOR), -1);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_MXFP8), 0);
+    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK) > b16);
     moe_model_memory mem;
     moe_model_memory_estimate(&c.model, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL,
                               MOE_DTYPE_F32, &mem);

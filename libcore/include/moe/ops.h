@@ -497,8 +497,9 @@ moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe
  * it is asked for, for the op calls of a training model of sizes dims under prec (the typed
  * operands the model passes: bf16 weight copies and activations under bf16): 0 for the CPU;
  * for CUDA the cuBLASLt workspace, the operand conversions left and reduction scratch (an
- * upper bound for those calls; fp32 operands under bf16 convert more). Needs no device
- * and works in every build (moe-train --dry-run prints it); unknown kinds give 0. */
+ * upper bound for those calls; fp32 operands under bf16 convert more); -1 when that backend
+ * does not run prec (CUDA and mxfp8). Needs no device and works in every build (moe-train
+ * --dry-run prints it); unknown kinds give 0. */
 int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec);
 
 /* The CPU reference backend (static, immutable table). */

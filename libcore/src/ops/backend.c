@@ -220,6 +220,9 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * table, [T][D / 2] cos and sin, or the Hopper attention backward's semaphores, [B, H, T / 64]
  * for dq and [B, KV, T / 128] for dK/dV). fp8-block adds its quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
+    /* the recipes kernels/backend_cuda.cu's supports() takes (gpu.backend_ops checks that
+     * the two agree): fp32, bf16 and fp8-block; mxfp8 has no products on sm_90 */
+    if (moe_recipe_format(prec) == MOE_RECIPE_MXFP8) return -1;
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
