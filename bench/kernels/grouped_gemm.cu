@@ -37,7 +37,10 @@
  * expert by expert, n-tile by n-tile, m-tile fastest (so neighbouring blocks share a weight tile
  * in L2), built in shared memory from the device offsets. Rows of the next expert that a tile
  * reads are multiplied but never stored; the consumers keep one wgmma group in flight
- * (wait_group 1) and release a stage when the group that read it has completed.
+ * (wait_group 1) and release a stage when the group that read it has completed. The TMA
+ * copies, the tile list and walk, the producer's stage ring, the bf16 store and the tensor-map
+ * encoder are in grouped_common.cuh, shared with grouped_fp8.cu (moved there on 2026-12-04:
+ * this program's device code compiles to the same cubin, byte for byte).
  *
  * Cooperative (k_grouped): both warpgroups on one 128 x 256 tile, 64 rows each (wgmma
  * m64n128k16 twice per 16 columns of K), 4 stages of 48 KB. At the end of a tile both drain
@@ -154,14 +157,9 @@
 #include <cstring>
 #include <vector>
 
-#include "playground.cuh"
-#include "sm90/wgmma.cuh"
-
-typedef __nv_bfloat16 bf16;
+#include "grouped_common.cuh"
 
 #define GG_BK 64 /* K per stage: one 128-byte swizzled column block */
-#define GG_MAXE 128
-#define GG_THREADS 288 /* two consumer warpgroups and the producer warp */
 /* the cooperative form: 128 x 256 tiles (64 rows a warpgroup), GG_NS stages */
 #define GG_BM 128
 #define GG_BN 256
@@ -184,28 +182,8 @@ typedef __nv_bfloat16 bf16;
 #define WG_STAGE_BYTES ((WG_BM + WG_BN) * GG_BK * 2)
 #define WG_NS ((224 << 10) / WG_STAGE_BYTES)
 
-/* one TMA box {64 columns, rows} of a 2D map at (col, row) into dst, completing on bar */
-__device__ __forceinline__ void gg_tma(uint32_t dst, const CUtensorMap *map, int col, int row,
-                                       uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
-                 : "memory");
-}
-/* the same for a 3D map at (col, row, c2) */
-__device__ __forceinline__ void gg_tma3(uint32_t dst, const CUtensorMap *map, int col, int row,
-                                        int c2, uint32_t bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(c2), "r"(bar)
-                 : "memory");
-}
-
 /* d [64 rows, 256] (+)= A [64, 16] B [16, 256], both from shared memory (K-major): d0 holds
  * columns [0, 128), d1 [128, 256) (m64n256's fragment is the two m64n128 ones side by side) */
-#define GG_F4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define GG_F16(d, j) GG_F4(d, j), GG_F4(d, j + 1), GG_F4(d, j + 2), GG_F4(d, j + 3)
-#define GG_F64(d) GG_F16(d, 0), GG_F16(d, 4), GG_F16(d, 8), GG_F16(d, 12)
 __device__ __forceinline__ void gg_mma_n256(float (&d0)[16][4], float (&d1)[16][4], uint64_t a,
                                             uint64_t b, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
@@ -252,81 +230,27 @@ __device__ __forceinline__ void gg_turn_pass(int wg) {
     asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
 }
 
-/* The tile list of bm x bn tiles (thread 0): s_off [E + 1] the row offsets, s_pref [E + 1]
- * the number of the first tile of each expert (s_pref[E] tiles in all) */
-__device__ __forceinline__ void gg_list(const int32_t *off, int E, int N, int bm, int bn,
-                                        int *s_off, int *s_pref) {
-    const int NT = (N + bn - 1) / bn;
-    s_pref[0] = 0;
-    for (int e = 0; e < E; e++) {
-        s_off[e] = off[e];
-        s_pref[e + 1] = s_pref[e] + (off[e + 1] - off[e] + bm - 1) / bm * NT;
-    }
-    s_off[E] = off[E];
-}
-/* Tile t of the list: expert e, first row r0 (global), the expert's end rend, first column
- * n0; 0 past the end. */
-struct gg_tile {
-    int e, r0, rend, n0;
-};
-__device__ __forceinline__ int gg_find(const int *pref, const int *off, int E, int t, int bm,
-                                       int bn, gg_tile *tl) {
-    if (t >= pref[E]) return 0;
-    int e = 0;
-    while (pref[e + 1] <= t)
-        e++;
-    const int mt_e = (off[e + 1] - off[e] + bm - 1) / bm, local = t - pref[e];
-    tl->e = e;
-    tl->r0 = off[e] + (local % mt_e) * bm;
-    tl->rend = off[e + 1];
-    tl->n0 = (local / mt_e) * bn;
-    return 1;
-}
-
-/* The producer (one thread): the A tile [BM][64] of x and the B tile of w of each K step of
- * each tile of the block's walk into stage it % NS, once the stage's last reader has released
- * it (mx, mw: the kernel's maps). TB 0 (the forward): B K-major, [BN][64] from w [E * N, K];
- * TB 1 (the dgrad, w [E, K, N] read over its rows): B N-major, BN / 64 boxes [64 rows of K][64
- * columns] from the 3D map of w, whose rows past K read as zeros. */
+/* The producer (one thread, gg_produce_walk's ring): the A tile [BM][64] of x and the B tile of
+ * w of each K step of each tile of the block's walk (mx, mw: the kernel's maps). TB 0 (the
+ * forward): B K-major, [BN][64] from w [E * N, K]; TB 1 (the dgrad, w [E, K, N] read over its
+ * rows): B N-major, BN / 64 boxes [64 rows of K][64 columns] from the 3D map of w, whose rows
+ * past K read as zeros. */
 template <int BM, int BN, int NS, int TB>
 __device__ __forceinline__ void
 gg_produce(const CUtensorMap *mx, const CUtensorMap *mw, const int *s_pref, const int *s_off, int E,
            int N, int KB, uint32_t sA, uint32_t sB, uint32_t bfull, uint32_t bempty) {
     constexpr uint32_t A_BYTES = BM * GG_BK * 2, B_BYTES = BN * GG_BK * 2;
-    gg_tile tl;
-    for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, BM, BN, &tl); t += gridDim.x)
-        for (int kb = 0; kb < KB; kb++, it++) {
-            const int s = it % NS;
-            if (it >= NS) fa3_bar_wait(bempty + 8 * s, ((it / NS) - 1) & 1);
-            fa3_bar_expect(bfull + 8 * s, A_BYTES + B_BYTES);
-            gg_tma(sA + s * A_BYTES, mx, kb * GG_BK, tl.r0, bfull + 8 * s);
-            if (TB == 0) {
-                gg_tma(sB + s * B_BYTES, mw, kb * GG_BK, tl.e * N + tl.n0, bfull + 8 * s);
-            } else {
+    auto load = [&](const gg_tile &tl, int kb, int s, uint32_t bar) {
+        gg_tma(sA + s * A_BYTES, mx, kb * GG_BK, tl.r0, bar);
+        if (TB == 0) {
+            gg_tma(sB + s * B_BYTES, mw, kb * GG_BK, tl.e * N + tl.n0, bar);
+        } else {
 #pragma unroll
-                for (int j = 0; j < BN / 64; j++)
-                    gg_tma3(sB + s * B_BYTES + j * GG_BOX, mw, tl.n0 + j * 64, kb * GG_BK, tl.e,
-                            bfull + 8 * s);
-            }
+            for (int j = 0; j < BN / 64; j++)
+                gg_tma3(sB + s * B_BYTES + j * GG_BOX, mw, tl.n0 + j * 64, kb * GG_BK, tl.e, bar);
         }
-}
-
-/* The epilogue of one warpgroup's accumulator block acc [64 rows, 128 columns] whose first
- * row is r and first column c in y [M, N]: thread rows r + warp * 16 + g and + 8, columns
- * nt * 8 + 2 tq (+1), as bf16; rows from rend (the expert's end) and columns from N are
- * left alone. */
-__device__ __forceinline__ void gg_store(bf16 *y, const float (&acc)[16][4], int r, int rend, int c,
-                                         int N) {
-    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    r += warp * 16 + (lane >> 2);
-    c += 2 * (lane & 3);
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-        const int col = c + nt * 8;
-        if (col >= N) continue;
-        if (r < rend) fa_st2(y + (int64_t)r * N + col, acc[nt][0], acc[nt][1]);
-        if (r + 8 < rend) fa_st2(y + (int64_t)(r + 8) * N + col, acc[nt][2], acc[nt][3]);
-    }
+    };
+    gg_produce_walk<BM, BN, NS>(s_pref, s_off, E, KB, A_BYTES + B_BYTES, bfull, bempty, load);
 }
 
 /* The fp32 epilogue (the backward's): as gg_store into y [rows, N] as float2, written (beta
@@ -709,25 +633,9 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
  * for boxes {64 columns, box_rows(, 1)} with the 128-byte swizzle; what lies past the dims
  * reads as zeros. */
 static CUtensorMap map_bf16(const bf16 *p, int rank, const int64_t *dims, int box_rows) {
-    static PFN_cuTensorMapEncodeTiled_v12000 enc;
-    if (!enc) {
-        cudaDriverEntryPointQueryResult res;
-        CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&enc, 12000,
-                                            cudaEnableDefault, &res));
-    }
-    CUtensorMap m;
-    const cuuint64_t d[3] = {(cuuint64_t)dims[0], (cuuint64_t)dims[1],
-                             (cuuint64_t)(rank > 2 ? dims[2] : 1)};
-    const cuuint64_t strides[2] = {(cuuint64_t)(dims[0] * 2), (cuuint64_t)(dims[0] * dims[1] * 2)};
-    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
-    CUresult r = enc(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)p, d, strides,
-                     box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) {
-        fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", (int)r);
-        exit(1);
-    }
-    return m;
+    const int64_t strides[2] = {dims[0] * 2, dims[0] * dims[1] * 2};
+    return gg_map(p, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, dims, strides, 64, box_rows,
+                  CU_TENSOR_MAP_SWIZZLE_128B);
 }
 /* The 2D map of a [rows, cols] bf16 row-major tensor for boxes {64 columns, box_rows}. */
 static CUtensorMap map2d(const bf16 *p, int64_t rows, int64_t cols, int box_rows) {

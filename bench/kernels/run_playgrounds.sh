@@ -5,19 +5,19 @@
 # a rate (a FAIL line means the kernel is wrong and its rate is not printed).
 #
 #   bench/kernels/run_playgrounds.sh [OUT_DIR] [NAME ...]    (defaults: $OUT or ./playgrounds;
-#                                                             grouped_gemm quant_tiles adamw)
+#                                                             grouped_gemm grouped_fp8 quant_tiles adamw)
 #
-# Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). The
-# three compile at once, then run one after the other (each wants the whole GPU), each under
-# LIMIT_S seconds (default 100; grouped_gemm's fwd, dgrad and wgrad parts each). Exit status
+# Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). They
+# compile at once, then run one after the other (each wants the whole GPU), each under
+# LIMIT_S seconds (default 90; grouped_gemm's fwd, dgrad and wgrad parts each). Exit status
 # 1 when a build failed, a playground exited non-zero, ran past its limit or printed
 # a FAIL line (grouped_gemm reports a failed check that way and still exits 0).
 set -uo pipefail
 out=${1:-${OUT:-playgrounds}}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(grouped_gemm quant_tiles adamw)
-limit=${LIMIT_S:-100}
+[ ${#names[@]} -gt 0 ] || names=(grouped_gemm grouped_fp8 quant_tiles adamw)
+limit=${LIMIT_S:-90}
 mkdir -p "$out"
 flags="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels"
 for n in "${names[@]}"; do
