@@ -319,19 +319,6 @@ __global__ void k_fill(float *__restrict__ p, float *__restrict__ g, typename M:
     }
 }
 
-/* *first = the smallest i < n with a[i] != b[i] (bytes), left as is when none. A thread
- * stops at its first difference (its smallest), so a wrong variant costs one atomic per
- * thread, not one per byte. */
-__global__ void k_first_diff(const uint8_t *__restrict__ a, const uint8_t *__restrict__ b, size_t n,
-                             unsigned long long *first) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        if (a[i] != b[i]) {
-            atomicMin(first, (unsigned long long)i);
-            return;
-        }
-}
-
 /* One AdamW state: weights p [n] fp32, gradients g [n], moments m, v [n] of M::T, bf16 copy
  * p16 [n]. */
 template <class M> struct state {
@@ -462,18 +449,6 @@ static adamw_hp hparams(float lr, float wd, int64_t step, float grad_scale) {
     return h;
 }
 
-/* First differing byte of a and b [bytes], or -1. */
-static long long first_diff(const void *a, const void *b, size_t bytes,
-                            unsigned long long *d_first) {
-    const unsigned long long none = ~0ull;
-    unsigned long long first;
-    CK(cudaMemcpy(d_first, &none, sizeof none, cudaMemcpyHostToDevice));
-    k_first_diff<<<4 * num_sms, 256>>>((const uint8_t *)a, (const uint8_t *)b, bytes, d_first);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(&first, d_first, sizeof first, cudaMemcpyDeviceToHost));
-    return first == none ? -1 : (long long)first;
-}
-
 /* Checks every config against the baseline after 3 steps (the test's hyperparameters) from
  * init; ok[c] = 0 for a config that differs (its first differing byte printed). */
 template <class M>
@@ -496,7 +471,8 @@ static void check(const char *mname, const state<M> *init, state<M> *ref, state<
                     {"v", ref->v, cand->v, sizeof(typename M::T)}};
         int same = 1;
         for (int a = 0; a < 4 && same; a++) {
-            long long d = first_diff(arr[a].a, arr[a].b, (size_t)n * arr[a].es, d_first);
+            long long d =
+                pg_first_diff(arr[a].a, arr[a].b, (size_t)n * arr[a].es, d_first, num_sms);
             if (d < 0) continue;
             uint8_t x, y;
             CK(cudaMemcpy(&x, (const uint8_t *)arr[a].a + d, 1, cudaMemcpyDeviceToHost));
@@ -514,11 +490,6 @@ static void check(const char *mname, const state<M> *init, state<M> *ref, state<
     }
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* Times every config that passed, the D2D copy and the read-only pass, taking turns, at the
  * perf harness's hyperparameters; prints GB/s of bytes_per * n. */
 template <class M>
@@ -528,43 +499,28 @@ static void timing(const char *mname, state<M> *s, int64_t n, double bytes_per, 
     const double bytes = bytes_per * (double)n;
     const size_t half = (size_t)(bytes / 2);
     const adamw_hp h = hparams(1e-9f, 0.0f, 10, 1.0f);
-    float ms[NK][ROUNDS];
     int read_grid = 0;
     CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&read_grid, k_read, 256, 0));
     read_grid *= num_sms;
-    /* a round is queued whole and then waited for: each kernel's start event runs as the
-     * previous one ends, so no launch latency is timed */
-    cudaEvent_t ev[NK][2];
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventCreate(&ev[k][0]));
-        CK(cudaEventCreate(&ev[k][1]));
-    }
-    for (int r = -WARM; r < ROUNDS; r++) {
-        for (int k = 0; k < NK; k++) {
-            if (k < NCONFIG && !ok[k]) continue;
-            CK(cudaEventRecord(ev[k][0]));
+    int on[NK];
+    for (int k = 0; k < NK; k++)
+        on[k] = k >= NCONFIG || ok[k];
+    float med[NK];
+    pg_time_turns(
+        NK, on, WARM, ROUNDS, [](int) {},
+        [&](int k) {
             if (k < NCONFIG)
                 step<M>(&configs[k], s, n, h);
             else if (k == NCONFIG)
                 CK(cudaMemcpyAsync(scratch + half, scratch, half, cudaMemcpyDeviceToDevice));
             else
                 k_read<<<read_grid, 256>>>((const uint4 *)scratch, (int64_t)(bytes / 16), d_out);
-            CK(cudaEventRecord(ev[k][1]));
-        }
-        CK(cudaDeviceSynchronize());
-        for (int k = 0; k < NK && r >= 0; k++)
-            if (k >= NCONFIG || ok[k]) CK(cudaEventElapsedTime(&ms[k][r], ev[k][0], ev[k][1]));
-    }
+        },
+        med);
     printf("\n  %s, n=%lld: %.0f bytes per parameter, %.2f GB per step; median of %d, "
            "taking turns\n",
            mname, (long long)n, bytes_per, bytes / 1e9, ROUNDS);
     printf("  %-32s %9s %9s %8s\n", "kernel", "ms", "GB/s", "of copy");
-    float med[NK];
-    for (int k = 0; k < NK; k++) {
-        if (k < NCONFIG && !ok[k]) continue;
-        qsort(ms[k], ROUNDS, sizeof(float), cmp_float);
-        med[k] = ms[k][ROUNDS / 2];
-    }
     for (int k = NCONFIG; k < NK; k++)
         printf("  %-32s %9.3f %9.0f %7.1f%%\n",
                k == NCONFIG ? "copy D2D (same bytes moved)" : "read-only (same bytes read)", med[k],
@@ -575,10 +531,6 @@ static void timing(const char *mname, state<M> *s, int64_t n, double bytes_per, 
         else
             printf("  %-32s %9.3f %9.0f %7.1f%%\n", configs[k].name, med[k], bytes / med[k] / 1e6,
                    100.0 * med[NCONFIG] / med[k]);
-    }
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventDestroy(ev[k][0]));
-        CK(cudaEventDestroy(ev[k][1]));
     }
 }
 

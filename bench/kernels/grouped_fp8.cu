@@ -421,14 +421,6 @@ static double e4m3_value(uint8_t b) {
     return s ? -v : v;
 }
 
-/* the largest power of two up to 256 that divides p's address */
-static int align_of(const void *p) {
-    int a = 256;
-    while ((uintptr_t)p % a)
-        a /= 2;
-    return a;
-}
-
 /* The cuBLASLt plan of y_e [rows, N] bf16 = x_e [rows, K] w_e [N, K]^T (e4m3), as
  * kernels/gemm_cublaslt.cu's gemm_fp8 builds it: the column-major view y^T = w_e x_e^T,
  * cuBLASLt's A is w_e (transposed, BLK128x128_32F scales swe [RB * KB4]) and its B is x_e
@@ -471,8 +463,8 @@ static int lt_make(cublasLtHandle_t lt, size_t wsb, int rows, int N, int K,
     LT(cublasLtMatrixLayoutCreate(&q->lc, CUDA_R_16BF, N, rows, N));
     cublasLtMatmulPreference_t p;
     LT(cublasLtMatmulPreferenceCreate(&p));
-    const uint32_t al[4] = {(uint32_t)align_of(w), (uint32_t)align_of(x), (uint32_t)align_of(y),
-                            (uint32_t)align_of(y)};
+    const uint32_t al[4] = {(uint32_t)pg_align_of(w), (uint32_t)pg_align_of(x),
+                            (uint32_t)pg_align_of(y), (uint32_t)pg_align_of(y)};
     const cublasLtMatmulPreferenceAttributes_t at[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};

@@ -816,14 +816,6 @@ template <typename F> static float time_ms(F f) {
     return ms / reps;
 }
 
-/* the largest power of two up to 256 that divides p's address */
-static int align_of(const void *p) {
-    int a = 256;
-    while ((uintptr_t)p % a)
-        a /= 2;
-    return a;
-}
-
 /* p [n] = a hash of (i, seed) in [-0.5, 0.5) as fp32: a gradient that beta 1 adds to */
 __global__ void gg_fill_f32(float *p, size_t n, unsigned seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
@@ -951,7 +943,8 @@ static void run_bwd(const char *name, const std::vector<int> &counts, int O, int
         if (counts[e] <= 0) continue;
         const bf16 *a = dy + (size_t)off[e] * O;
         const bf16 *b = wgrad ? xw + (size_t)off[e] * I : xw + (size_t)e * O * I;
-        const int al = std::min(std::min(align_of(a), align_of(b)), align_of(out0 + part[e]));
+        const int al =
+            std::min(std::min(pg_align_of(a), pg_align_of(b)), pg_align_of(out0 + part[e]));
         plans[e] = wgrad ? plan_make(lt, wsb, 1, 0, O, I, counts[e], CUDA_R_32F, al)
                          : plan_make(lt, wsb, 0, 0, counts[e], I, O, CUDA_R_32F, al);
     }

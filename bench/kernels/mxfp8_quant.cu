@@ -201,14 +201,6 @@ __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
     return lo | hi << 16;
 }
 
-/* 4 x 4 bytes: in[i] byte j -> out[j] byte i (4 rows of 4 columns -> 4 columns of 4 rows). */
-__device__ __forceinline__ void transpose4x4(const uint32_t in[4], uint32_t out[4]) {
-    const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[0], in[1], 0x7362),
-                   c = __byte_perm(in[2], in[3], 0x5140), d = __byte_perm(in[2], in[3], 0x7362);
-    out[0] = __byte_perm(a, c, 0x5410), out[1] = __byte_perm(a, c, 0x7632);
-    out[2] = __byte_perm(b, d, 0x5410), out[3] = __byte_perm(b, d, 0x7632);
-}
-
 /* Word (c, g) of the staged transposed tile: column c's tokens 4g .. 4g + 3. Column c's 8
  * words stay in 128-byte line c / 4, at a 32-byte slot permuted by c / 8 and words permuted by
  * c / 32 and c / 4: the 32 lanes of a word store (c = 8 lane + const) hit 32 banks and the 8
@@ -407,7 +399,7 @@ __global__ void __launch_bounds__(NT, MINB)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             uint32_t col[4];
-            transpose4x4(cw[h], col);
+            pg_transpose4x4(cw[h], col);
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 tt[tt_word(8 * lane + 4 * h + j, w)] = col[j];
@@ -770,14 +762,8 @@ static void explain(int cols, int64_t key, const host_out *h, const uint16_t *xb
     printf("\n");
 }
 
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 /* Times the variants that passed (ceil rule, pad 32; variant 0 also pad 128) and a D2D copy
- * moving pad 32's bytes, taking turns: 3 warm-up rounds, median of 21. A round is queued
- * whole and then waited for, so each timed operation starts as the previous one ends. */
+ * moving pad 32's bytes, taking turns: 3 warm-up rounds, median of 21. */
 static void timing(const shape *sh, const dev_bufs *d, int64_t M, uint8_t *scratch,
                    const int *var_ok) {
     enum { WARM = 3, ROUNDS = 21, NK = NVAR + 2 }; /* copy, variants at pad 32, variant 0 at 128 */
@@ -787,37 +773,25 @@ static void timing(const shape *sh, const dev_bufs *d, int64_t M, uint8_t *scrat
         var[k] = k == 0 ? -1 : k <= NVAR ? k - 1 : 0, pad[k] = k <= NVAR ? 32 : 128;
         on[k] = k == 0 || var_ok[var[k]];
     }
-    float ms[NK][ROUNDS];
-    cudaEvent_t ev[NK][2];
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventCreate(&ev[k][0]));
-        CK(cudaEventCreate(&ev[k][1]));
-    }
-    for (int r = -WARM; r < ROUNDS; r++) {
+    float med[NK];
+    pg_time_turns(
+        NK, on, WARM, ROUNDS,
         /* an untimed memset first, long enough for the host to queue the whole round behind
          * it, so that no timed operation waits for the host (and the L2 starts cold) */
-        CK(cudaMemsetAsync(scratch, r & 0xff, (size_t)(bytes32 / 2)));
-        for (int k = 0; k < NK; k++) {
-            if (!on[k]) continue;
-            CK(cudaEventRecord(ev[k][0]));
+        [&](int r) { CK(cudaMemsetAsync(scratch, r & 0xff, (size_t)(bytes32 / 2))); },
+        [&](int k) {
             if (k == 0)
                 CK(cudaMemcpyAsync(scratch, scratch + bytes32 / 2, (size_t)(bytes32 / 2),
                                    cudaMemcpyDeviceToDevice));
             else
                 launch(var[k], d, sh->E, sh->K, mx_cap(M, sh->E, pad[k]), pad[k], 0);
-            CK(cudaEventRecord(ev[k][1]));
-        }
-        CK(cudaDeviceSynchronize());
-        for (int k = 0; k < NK && r >= 0; k++)
-            if (on[k]) CK(cudaEventElapsedTime(&ms[k][r], ev[k][0], ev[k][1]));
-    }
+        },
+        med);
     printf("\n  %s: M %lld, K %d, E %d; median of %d, taking turns\n", sh->name, (long long)M,
            sh->K, sh->E, ROUNDS);
     printf("  %-40s %9s %9s %8s %8s\n", "", "MB moved", "us", "GB/s", "of copy");
-    float med[NK];
     for (int k = 0; k < NK; k++) {
         if (!on[k]) continue;
-        qsort(ms[k], ROUNDS, sizeof(float), cmp_float), med[k] = ms[k][ROUNDS / 2];
         const int64_t b = k == 0 ? bytes32 : bytes_moved(M, sh->E, sh->K, mx_cap(M, sh->E, pad[k]));
         char name[64];
         if (k == 0)
@@ -827,10 +801,6 @@ static void timing(const shape *sh, const dev_bufs *d, int64_t M, uint8_t *scrat
                      pad[k], grid_of(var[k], mx_cap(M, sh->E, pad[k]), sh->K));
         printf("  %-40s %9.1f %9.1f %8.0f %7.1f%%\n", name, b / 1e6, med[k] * 1e3, b / med[k] / 1e6,
                100.0 * (b / med[k]) / (bytes32 / med[0]));
-    }
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventDestroy(ev[k][0]));
-        CK(cudaEventDestroy(ev[k][1]));
     }
 }
 

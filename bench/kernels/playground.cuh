@@ -1,11 +1,14 @@
 /* playground.cuh: what the bench/kernels programs share - exit-on-error checks of CUDA and
- * cuBLAS calls, and bf16 test data from a hash (values in [-0.5, 0.5), different per seed). */
+ * cuBLAS calls, bf16 test data from a hash (values in [-0.5, 0.5), different per seed), the
+ * first differing byte of two device buffers, a 4 x 4 byte transpose, a pointer's alignment,
+ * and the timing of operations taking turns. */
 #ifndef MOE_BENCH_KERNELS_PLAYGROUND_CUH
 #define MOE_BENCH_KERNELS_PLAYGROUND_CUH
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -35,6 +38,91 @@ __global__ void pg_fill(__nv_bfloat16 *p, size_t n, unsigned seed) {
         h *= 0x5bd1e995u;
         p[i] = __float2bfloat16(((h >> 8) & 1023) / 1024.0f - 0.5f);
     }
+}
+
+/* *first = the smallest i < n with a[i] != b[i] (bytes), left as is when none. A thread
+ * stops at its first difference (its smallest), so a wrong variant costs one atomic per
+ * thread, not one per byte. */
+__global__ void pg_k_first_diff(const uint8_t *__restrict__ a, const uint8_t *__restrict__ b,
+                                size_t n, unsigned long long *first) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        if (a[i] != b[i]) {
+            atomicMin(first, (unsigned long long)i);
+            return;
+        }
+}
+
+/* First differing byte of device buffers a and b [bytes], or -1; d_first one device word,
+ * sms the device's SM count. */
+static inline long long pg_first_diff(const void *a, const void *b, size_t bytes,
+                                      unsigned long long *d_first, int sms) {
+    const unsigned long long none = ~0ull;
+    unsigned long long first;
+    CK(cudaMemcpy(d_first, &none, sizeof none, cudaMemcpyHostToDevice));
+    pg_k_first_diff<<<4 * sms, 256>>>((const uint8_t *)a, (const uint8_t *)b, bytes, d_first);
+    CK(cudaGetLastError());
+    CK(cudaMemcpy(&first, d_first, sizeof first, cudaMemcpyDeviceToHost));
+    return first == none ? -1 : (long long)first;
+}
+
+/* 4 x 4 bytes: in[i] byte j -> out[j] byte i (4 rows of 4 columns -> 4 columns of 4 rows). */
+__device__ __forceinline__ void pg_transpose4x4(const uint32_t in[4], uint32_t out[4]) {
+    const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[0], in[1], 0x7362),
+                   c = __byte_perm(in[2], in[3], 0x5140), d = __byte_perm(in[2], in[3], 0x7362);
+    out[0] = __byte_perm(a, c, 0x5410), out[1] = __byte_perm(a, c, 0x7632);
+    out[2] = __byte_perm(b, d, 0x5410), out[3] = __byte_perm(b, d, 0x7632);
+}
+
+/* the largest power of two up to 256 that divides p's address */
+static inline int pg_align_of(const void *p) {
+    int a = 256;
+    while ((uintptr_t)p % a)
+        a /= 2;
+    return a;
+}
+
+/* qsort's ascending order of floats */
+static inline int pg_cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Times nk operations taking turns: warm untimed rounds, then rounds timed ones. Round r
+ * (negative while warming up) queues round_start(r), then launch(k) between two events for
+ * every k with on[k], in order of k; med[k] = the median ms of operation k over the timed
+ * rounds (left alone where !on[k]). A round is queued whole and waited for once, so each
+ * operation's start event runs as the previous one ends (no launch latency is timed), and
+ * with every operation in every round a drift of the GPU's clock over the run falls on all
+ * operations alike. */
+template <class S, class F>
+static void pg_time_turns(int nk, const int *on, int warm, int rounds, S round_start, F launch,
+                          float *med) {
+    cudaEvent_t *ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * 2 * nk);
+    float *ms = (float *)malloc(sizeof(float) * nk * rounds); /* [nk][rounds] */
+    for (int k = 0; k < 2 * nk; k++)
+        CK(cudaEventCreate(&ev[k]));
+    for (int r = -warm; r < rounds; r++) {
+        round_start(r);
+        for (int k = 0; k < nk; k++) {
+            if (!on[k]) continue;
+            CK(cudaEventRecord(ev[2 * k]));
+            launch(k);
+            CK(cudaEventRecord(ev[2 * k + 1]));
+        }
+        CK(cudaDeviceSynchronize());
+        for (int k = 0; k < nk && r >= 0; k++)
+            if (on[k]) CK(cudaEventElapsedTime(&ms[k * rounds + r], ev[2 * k], ev[2 * k + 1]));
+    }
+    for (int k = 0; k < nk; k++) {
+        if (!on[k]) continue;
+        qsort(ms + k * rounds, rounds, sizeof(float), pg_cmp_float);
+        med[k] = ms[k * rounds + rounds / 2];
+    }
+    for (int k = 0; k < 2 * nk; k++)
+        CK(cudaEventDestroy(ev[k]));
+    free(ev);
+    free(ms);
 }
 
 #endif

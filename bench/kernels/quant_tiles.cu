@@ -173,14 +173,6 @@ __device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
     return lo | hi << 16;
 }
 
-/* 4 x 4 bytes: in[i] byte j -> out[j] byte i (4 rows of 4 columns -> 4 columns of 4 rows). */
-__device__ __forceinline__ void transpose4x4(const uint32_t in[4], uint32_t out[4]) {
-    const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[0], in[1], 0x7362),
-                   c = __byte_perm(in[2], in[3], 0x5140), d = __byte_perm(in[2], in[3], 0x7362);
-    out[0] = __byte_perm(a, c, 0x5410), out[1] = __byte_perm(a, c, 0x7632);
-    out[2] = __byte_perm(b, d, 0x5410), out[3] = __byte_perm(b, d, 0x7632);
-}
-
 /* The tile's amax from every thread's (NW warps): warp maxima to sh [NW], one barrier, then
  * every warp reduces the NW maxima again. The same value as moe_block_max (a maximum of
  * non-negative numbers, in any order), one barrier instead of two: the callers guarantee
@@ -207,7 +199,7 @@ __device__ __forceinline__ void put_patch(uint8_t *__restrict__ qe, uint32_t *__
         const int64_t r = r0 + 4 * g + i;
         if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
     }
-    transpose4x4(rw, cw);
+    pg_transpose4x4(rw, cw);
 #pragma unroll
     for (int j = 0; j < 4; j++)
         tt[(4 * tx + j) * 32 + (g ^ tx)] = cw[j];
@@ -454,19 +446,6 @@ __global__ void k_fill_w(float *__restrict__ w, int64_t E, int64_t R, int64_t K)
     }
 }
 
-/* *first = the smallest i < n with a[i] != b[i] (bytes), left as is when none. A thread
- * stops at its first difference (its smallest), so a wrong variant costs one atomic per
- * thread, not one per byte. */
-__global__ void k_first_diff(const uint8_t *__restrict__ a, const uint8_t *__restrict__ b, size_t n,
-                             unsigned long long *first) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x)
-        if (a[i] != b[i]) {
-            atomicMin(first, (unsigned long long)i);
-            return;
-        }
-}
-
 typedef struct {
     const char *name;
     int kind; /* 0 baseline, 1 reg, 2 pipe */
@@ -561,22 +540,6 @@ static void where(char *out, size_t cap, long long d, int scales, int64_t E, int
                  (long long)(d % tst), (long long)(d % tst / RB4), (long long)(d % tst % RB4));
 }
 
-static long long first_diff(const void *a, const void *b, size_t bytes,
-                            unsigned long long *d_first) {
-    const unsigned long long none = ~0ull;
-    unsigned long long first;
-    CK(cudaMemcpy(d_first, &none, sizeof none, cudaMemcpyHostToDevice));
-    k_first_diff<<<4 * num_sms, 256>>>((const uint8_t *)a, (const uint8_t *)b, bytes, d_first);
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(&first, d_first, sizeof first, cudaMemcpyDeviceToHost));
-    return first == none ? -1 : (long long)first;
-}
-
-static int cmp_float(const void *a, const void *b) {
-    float x = *(const float *)a, y = *(const float *)b;
-    return (x > y) - (x < y);
-}
-
 typedef struct {
     int64_t E, R, K;
     int timed;
@@ -600,8 +563,8 @@ static void check(const shape *sh, const float *w, uint8_t *qb, float *sb, uint8
             CK(cudaMemset(sc, 0xa5, sbytes));
             launch(&variants[v], qc, sc, w, E, R, K, pow2);
             CK(cudaDeviceSynchronize());
-            long long dq = first_diff(qb, qc, qbytes, d_first);
-            long long ds = dq < 0 ? first_diff(sb, sc, sbytes, d_first) : -1;
+            long long dq = pg_first_diff(qb, qc, qbytes, d_first, num_sms);
+            long long ds = dq < 0 ? pg_first_diff(sb, sc, sbytes, d_first, num_sms) : -1;
             if (dq < 0 && ds < 0) {
                 printf("  E%lld R%lld K%lld pow2 %d  %-22s q, qt, s, st identical  ok\n",
                        (long long)E, (long long)R, (long long)K, pow2, variants[v].name);
@@ -631,32 +594,19 @@ static void timing(const shape *sh, const float *w, uint8_t *qc, float *sc, uint
     enum { WARM = 3, ROUNDS = 21, NK = NVAR + 1 };
     const int64_t E = sh->E, R = sh->R, K = sh->K, n = E * R * K;
     const double bytes = 6.0 * (double)n;
-    float ms[NK][ROUNDS];
-    /* a round is queued whole and then waited for: each kernel's start event runs as the
-     * previous one ends, so no launch latency is timed */
-    cudaEvent_t ev[NK][2];
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventCreate(&ev[k][0]));
-        CK(cudaEventCreate(&ev[k][1]));
-    }
-    for (int r = -WARM; r < ROUNDS; r++) {
-        for (int k = 0; k < NK; k++) {
-            if (k < NVAR && !ok[k]) continue;
-            CK(cudaEventRecord(ev[k][0]));
+    int on[NK];
+    for (int k = 0; k < NK; k++)
+        on[k] = k == NVAR || ok[k];
+    float med[NK];
+    pg_time_turns(
+        NK, on, WARM, ROUNDS, [](int) {},
+        [&](int k) {
             if (k < NVAR)
                 launch(&variants[k], qc, sc, w, E, R, K, 0);
             else
                 CK(cudaMemcpyAsync(scratch, w, (size_t)(3 * n), cudaMemcpyDeviceToDevice));
-            CK(cudaEventRecord(ev[k][1]));
-        }
-        CK(cudaDeviceSynchronize());
-        for (int k = 0; k < NK && r >= 0; k++)
-            if (k == NVAR || ok[k]) CK(cudaEventElapsedTime(&ms[k][r], ev[k][0], ev[k][1]));
-    }
-    float med[NK];
-    for (int k = 0; k < NK; k++)
-        if (k == NVAR || ok[k])
-            qsort(ms[k], ROUNDS, sizeof(float), cmp_float), med[k] = ms[k][ROUNDS / 2];
+        },
+        med);
     printf(
         "\n  E%lld R%lld K%lld: %.2f GB moved a call (4 B read + 2 B written per weight); median "
         "of %d, taking turns\n",
@@ -673,10 +623,6 @@ static void timing(const shape *sh, const float *w, uint8_t *qc, float *sc, uint
         const double gbs = bytes / med[k] / 1e6;
         printf("  %-28s %8.3f %8.0f %7.1f%% %19.2f ms\n", variants[k].name, med[k], gbs,
                100.0 * med[NVAR] / med[k], 17.4e9 / gbs / 1e6);
-    }
-    for (int k = 0; k < NK; k++) {
-        CK(cudaEventDestroy(ev[k][0]));
-        CK(cudaEventDestroy(ev[k][1]));
     }
 }
 
