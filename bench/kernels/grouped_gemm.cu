@@ -42,7 +42,7 @@
  * encoder are in grouped_common.cuh, shared with grouped_fp8.cu (moved there on 2026-12-04:
  * this program's device code compiles to the same cubin, byte for byte).
  *
- * Cooperative (k_grouped): both warpgroups on one 128 x 256 tile, 64 rows each (wgmma
+ * Cooperative (k_grouped<0, bf16>): both warpgroups on one 128 x 256 tile, 64 rows each (wgmma
  * m64n128k16 twice per 16 columns of K), 4 stages of 48 KB. At the end of a tile both drain
  * their products and store their rows while the tensor cores wait for the next tile.
  *
@@ -97,7 +97,7 @@
  * "from the first 8 columns to the next 8 columns" (rows and columns of the 128-bit-element
  * picture, where MN runs along the rows), canonical ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)).
  *
- * dgrad (k_grouped_dgrad): the cooperative form with an N-major B: the forward's tile list,
+ * dgrad (k_grouped<1, float>): the cooperative form with an N-major B: the forward's tile list,
  * 128 x 256 tiles and 4 stages of 48 KB (dy [128][64] as the forward's x; w_e as four boxes
  * from a 3D map of w [E, O, I], so that rows past O read as zeros, not as the next expert's).
  * Cooperative because K = O is long (4,096 or 14,336: the epilogue is 5-20% of a tile) and
@@ -129,7 +129,7 @@
  *   maps written on the device, the offsets being there (tensormap.replace and a
  *   tensormap proxy fence before each expert's first load): more machinery for a cost that is
  *   already small.
- * ptxas (nvcc 13.0, sm_90a): k_grouped_dgrad 155 registers, k_grouped_wgrad 166, no spills,
+ * ptxas (nvcc 13.0, sm_90a): k_grouped<1, float> (dgrad) 155 registers, k_grouped_wgrad 166, no spills,
  * no serialised wgmma; the forward kernels' PTX is unchanged (up to register and label names).
  *
  * Prediction (2026-12-04, not measured; cuBLASLt per expert at 2,048 rows ran 790-842 TFLOP/s
@@ -327,52 +327,28 @@ __device__ __forceinline__ void gg_coop_tile(float (&acc0)[16][4], float (&acc1)
     fa3_bar_arrive(bempty + 8 * ((it - 1) % GG_NS));
 }
 
-/* The cooperative form: y = x W_e^T per expert; off on the device. */
-__global__ void __launch_bounds__(GG_THREADS, 1)
-    k_grouped(bf16 *__restrict__ y /* [M, N] */,
-              const __grid_constant__ CUtensorMap mx /* x [M, K], boxes of 128 rows */,
-              const __grid_constant__ CUtensorMap mw /* w [E * N, K], boxes of 256 rows */,
-              const int32_t *__restrict__ off /* [E + 1] */, int E, int N, int K) {
-    extern __shared__ __align__(16) unsigned char gg_smem[];
-    __shared__ int s_off[GG_MAXE + 1], s_pref[GG_MAXE + 1];
-    const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + GG_NS * GG_A_BYTES;
-    const uint32_t bfull = sB + GG_NS * GG_B_BYTES, bempty = bfull + 8 * GG_NS;
-    const int KB = (K + GG_BK - 1) / GG_BK;
-    if (threadIdx.x == 0) {
-        gg_list(off, E, N, GG_BM, GG_BN, s_off, s_pref);
-        for (int s = 0; s < GG_NS; s++) {
-            fa3_bar_init(bfull + 8 * s, 1);
-            fa3_bar_init(bempty + 8 * s, 2 * 128);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
-
-    if (threadIdx.x >= 256) { /* the producer warp: lane 0 issues every load */
-        if (threadIdx.x == 256)
-            gg_produce<GG_BM, GG_BN, GG_NS, 0>(&mx, &mw, s_pref, s_off, E, N, KB, sA, sB, bfull,
-                                               bempty);
-        return;
-    }
-
-    const int wg = threadIdx.x >> 7;
-    float acc0[16][4], acc1[16][4]; /* columns n0 + [0, 128) and n0 + [128, 256) */
-    gg_tile tl;
-    for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, GG_BM, GG_BN, &tl);
-         t += gridDim.x) {
-        gg_coop_tile<0>(acc0, acc1, sA, sB, bfull, bempty, KB, it, wg);
-        gg_store(y, acc0, tl.r0 + wg * 64, tl.rend, tl.n0, N);
-        gg_store(y, acc1, tl.r0 + wg * 64, tl.rend, tl.n0 + 128, N);
-    }
+/* A cooperative tile's epilogue: the forward's bf16 store, or the backward's fp32 one with its
+ * beta (the overload picks by the output's type). */
+__device__ __forceinline__ void gg_coop_out(bf16 *y, float (&acc)[16][4], int r, int rend, int c,
+                                            int N, int beta) {
+    (void)beta; /* the forward writes */
+    gg_store(y, acc, r, rend, c, N);
+}
+__device__ __forceinline__ void gg_coop_out(float *y, float (&acc)[16][4], int r, int rend, int c,
+                                            int N, int beta) {
+    gg_store_f32(y, acc, r, rend, c, N, beta);
 }
 
-/* The dgrad form (cooperative, see the header): dx (+)= dy W_e per expert (beta 0 or 1); off on
- * the device. Its tiles, stages and walk are the forward's with K = O and N = I. */
+/* The cooperative forms (see the header), per expert's rows, off on the device:
+ *   TB 0, T bf16: the forward, y = x W_e^T (mx: x [M, K], boxes of 128 rows; mw: w [E * N, K],
+ *     boxes of 256 rows; beta unused);
+ *   TB 1, T float: dgrad, y (+)= dy W_e (beta 0 or 1; mx: dy [M, K], boxes of 128 rows; mw:
+ *     w [E, K, N], boxes {64, 64, 1}): the forward's tiles, stages and walk with K = O, N = I. */
+template <int TB, class T>
 __global__ void __launch_bounds__(GG_THREADS, 1)
-    k_grouped_dgrad(float *__restrict__ dx /* [M, N] */,
-                    const __grid_constant__ CUtensorMap mdy /* dy [M, K], boxes of 128 rows */,
-                    const __grid_constant__ CUtensorMap mw /* w [E, K, N], boxes {64, 64, 1} */,
-                    const int32_t *__restrict__ off /* [E + 1] */, int E, int N, int K, int beta) {
+    k_grouped(T *__restrict__ y /* [M, N] */, const __grid_constant__ CUtensorMap mx,
+              const __grid_constant__ CUtensorMap mw, const int32_t *__restrict__ off /* [E + 1] */,
+              int E, int N, int K, int beta) {
     extern __shared__ __align__(16) unsigned char gg_smem[];
     __shared__ int s_off[GG_MAXE + 1], s_pref[GG_MAXE + 1];
     const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + GG_NS * GG_A_BYTES;
@@ -390,8 +366,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
 
     if (threadIdx.x >= 256) { /* the producer warp: lane 0 issues every load */
         if (threadIdx.x == 256)
-            gg_produce<GG_BM, GG_BN, GG_NS, 1>(&mdy, &mw, s_pref, s_off, E, N, KB, sA, sB, bfull,
-                                               bempty);
+            gg_produce<GG_BM, GG_BN, GG_NS, TB>(&mx, &mw, s_pref, s_off, E, N, KB, sA, sB, bfull,
+                                                bempty);
         return;
     }
 
@@ -400,9 +376,9 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     gg_tile tl;
     for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, GG_BM, GG_BN, &tl);
          t += gridDim.x) {
-        gg_coop_tile<1>(acc0, acc1, sA, sB, bfull, bempty, KB, it, wg);
-        gg_store_f32(dx, acc0, tl.r0 + wg * 64, tl.rend, tl.n0, N, beta);
-        gg_store_f32(dx, acc1, tl.r0 + wg * 64, tl.rend, tl.n0 + 128, N, beta);
+        gg_coop_tile<TB>(acc0, acc1, sA, sB, bfull, bempty, KB, it, wg);
+        gg_coop_out(y, acc0, tl.r0 + wg * 64, tl.rend, tl.n0, N, beta);
+        gg_coop_out(y, acc1, tl.r0 + wg * 64, tl.rend, tl.n0 + 128, N, beta);
     }
 }
 
@@ -658,7 +634,7 @@ static void grouped(bf16 *y, const bf16 *x, const bf16 *w, const int32_t *doff, 
                                           PP_NS(2) * PP_STAGE_BYTES(2) + 1024 + 16 * PP_NS(2)};
     static int once;
     if (!once++) {
-        CK(cudaFuncSetAttribute(k_grouped, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CK(cudaFuncSetAttribute(k_grouped<0, bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem[0]));
         CK(cudaFuncSetAttribute(k_grouped_pp<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem[1]));
@@ -668,7 +644,7 @@ static void grouped(bf16 *y, const bf16 *x, const bf16 *w, const int32_t *doff, 
     const int bm = form == 0 ? GG_BM : PP_BM(form), bn = form == 0 ? GG_BN : PP_BN(form);
     CUtensorMap mx = map2d(x, M, K, bm), mw = map2d(w, (int64_t)E * N, K, bn);
     if (form == 0)
-        k_grouped<<<sms, GG_THREADS, smem[0]>>>(y, mx, mw, doff, E, N, K);
+        k_grouped<0, bf16><<<sms, GG_THREADS, smem[0]>>>(y, mx, mw, doff, E, N, K, 0);
     else if (form == 1)
         k_grouped_pp<1><<<sms, GG_THREADS, smem[1]>>>(y, mx, mw, doff, E, N, K);
     else
@@ -685,7 +661,7 @@ static void grouped_bwd(int wgrad, float *out, const bf16 *dy, const bf16 *xw, c
     static const size_t smem_wg = WG_NS * WG_STAGE_BYTES + 1024 + 16 * WG_NS;
     static int once;
     if (!once++) {
-        CK(cudaFuncSetAttribute(k_grouped_dgrad, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CK(cudaFuncSetAttribute(k_grouped<1, float>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem_dg));
         CK(cudaFuncSetAttribute(k_grouped_wgrad, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)smem_wg));
@@ -696,7 +672,7 @@ static void grouped_bwd(int wgrad, float *out, const bf16 *dy, const bf16 *xw, c
     } else {
         const int64_t wdims[3] = {I, O, E};
         CUtensorMap mdy = map2d(dy, M, O, GG_BM), mw = map_bf16(xw, 3, wdims, 64);
-        k_grouped_dgrad<<<sms, GG_THREADS, smem_dg>>>(out, mdy, mw, doff, E, I, O, beta);
+        k_grouped<1, float><<<sms, GG_THREADS, smem_dg>>>(out, mdy, mw, doff, E, I, O, beta);
     }
     CK(cudaGetLastError());
 }
@@ -816,17 +792,6 @@ template <typename F> static float time_ms(F f) {
     return ms / reps;
 }
 
-/* p [n] = a hash of (i, seed) in [-0.5, 0.5) as fp32: a gradient that beta 1 adds to */
-__global__ void gg_fill_f32(float *p, size_t n, unsigned seed) {
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
-         i += (size_t)gridDim.x * blockDim.x) {
-        unsigned h = (unsigned)i * 2246822519u ^ seed;
-        h ^= h >> 15;
-        h *= 0x2c1b3c6du;
-        p[i] = ((h >> 8) & 1023) / 1024.0f - 0.5f;
-    }
-}
-
 static float bf(bf16 v) {
     return __bfloat162float(v);
 }
@@ -933,7 +898,7 @@ static void run_bwd(const char *name, const std::vector<int> &counts, int O, int
     CK(cudaMemcpy(doff, off.data(), (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
     pg_fill<<<1024, 256>>>(dy, (size_t)M * O, 3);
     pg_fill<<<1024, 256>>>(xw, nxw, 4);
-    gg_fill_f32<<<1024, 256>>>(start, nout, 5);
+    pg_fill<<<1024, 256>>>(start, nout, 5); /* the fp32 gradient that beta 1 adds to */
     CK(cudaGetLastError());
     /* the plans, and each expert's part of the output [part[e], part[e + 1]) */
     std::vector<plan> plans(E);

@@ -29,14 +29,14 @@
         }                                                                                          \
     } while (0)
 
-/* p [n] = a hash of (i, seed) as a bf16 in [-0.5, 0.5) */
-__global__ void pg_fill(__nv_bfloat16 *p, size_t n, unsigned seed) {
+/* p [n] = a hash of (i, seed) in [-0.5, 0.5) as bf16 or fp32 (T) */
+template <class T> __global__ void pg_fill(T *p, size_t n, unsigned seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x) {
         unsigned h = (unsigned)i * 2654435761u ^ seed;
         h ^= h >> 13;
         h *= 0x5bd1e995u;
-        p[i] = __float2bfloat16(((h >> 8) & 1023) / 1024.0f - 0.5f);
+        p[i] = T(((h >> 8) & 1023) / 1024.0f - 0.5f);
     }
 }
 

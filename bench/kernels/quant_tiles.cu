@@ -230,6 +230,38 @@ __device__ __forceinline__ void put_scales(float *s, float *st, float scale, int
     st[e * KB * RB4 + kb * RB4 + rb] = scale;
 }
 
+/* The larger of amax and the finite magnitudes of a patch's 4 rows x 4 columns. */
+__device__ __forceinline__ float patch_amax(const float4 (&x)[4], float amax) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        amax = fmaxf(fmaxf(amax, finite_abs(x[i].x)), finite_abs(x[i].y));
+        amax = fmaxf(fmaxf(amax, finite_abs(x[i].z)), finite_abs(x[i].w));
+    }
+    return amax;
+}
+
+/* Everything after a tile's values are in registers (reg and pipe alike): the tile's scale
+ * from the thread's amax, both scale layouts, the row-wise copy from the P patches x, and the
+ * transposed copy through tt (one barrier between; tile (e, rb, kb) of w [E, R, K]). */
+template <int NT, int P>
+__device__ __forceinline__ void put_tile(uint8_t *q, float *s, uint8_t *qt, float *st,
+                                         const float4 (&x)[P][4], float amax, float *sh, uint4 *tt,
+                                         int64_t e, int64_t rb, int64_t kb, int64_t RB, int64_t KB,
+                                         int64_t R, int64_t K, int pow2) {
+    constexpr int NW = NT / 32;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
+    const float scale = fp8_scale(tile_max<NW>(amax, sh), pow2);
+    if (threadIdx.x == 0) put_scales(s, st, scale, e, rb, kb, RB, KB);
+#pragma unroll
+    for (int p = 0; p < P; p++)
+        put_patch(q + e * R * K, (uint32_t *)tt, x[p], scale, tx, ty + NW * p, r0, k0, R, K);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < QB * QB / 16 / NT; u++)
+        put_qt(qt + e * R * K, tt, threadIdx.x + NT * u, kb * QB, r0, R, K);
+}
+
 /* ---- variant reg<NT, MINB>: one block of NT threads per tile, the tile in registers ---- */
 
 /* Grid and arguments as k_fp8_tiles (blockIdx.x = kb, .y = rb, .z = expert; q [E, R, K],
@@ -260,18 +292,11 @@ __global__ void __launch_bounds__(NT, MINB)
             const int64_t r = r0 + 4 * (ty + NW * p) + i;
             x[p][i] = k0 < K && r < R ? *(const float4 *)(we + r * K + k0)
                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].x)), finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].z)), finite_abs(x[p][i].w));
         }
-    const float scale = fp8_scale(tile_max<NW>(amax, sh), pow2);
-    if (threadIdx.x == 0) put_scales(s, st, scale, e, rb, kb, RB, KB);
 #pragma unroll
     for (int p = 0; p < P; p++)
-        put_patch(q + e * R * K, (uint32_t *)tt, x[p], scale, tx, ty + NW * p, r0, k0, R, K);
-    __syncthreads();
-#pragma unroll
-    for (int u = 0; u < QB * QB / 16 / NT; u++)
-        put_qt(qt + e * R * K, tt, threadIdx.x + NT * u, kb * QB, r0, R, K);
+        amax = patch_amax(x[p], amax);
+    put_tile<NT, P>(q, s, qt, st, x, amax, sh, tt, e, rb, kb, RB, KB, R, K, pow2);
 }
 
 /* ---- variant pipe<NT, NS>: persistent, the tiles staged by cp.async ---- */
@@ -367,26 +392,17 @@ __global__ void __launch_bounds__(NT, 1)
         __syncthreads();
         const float *S = stages + slot * QB * QB;
         const int64_t e = cur.e, rb = cur.rb, kb = cur.kb;
-        const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
         float4 x[P][4];
         float amax = 0.0f;
 #pragma unroll
         for (int p = 0; p < P; p++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < 4; i++)
                 x[p][i] = *(const float4 *)(S + (4 * (ty + NW * p) + i) * QB + 4 * tx);
-                amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].x)), finite_abs(x[p][i].y));
-                amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].z)), finite_abs(x[p][i].w));
-            }
-        const float scale = fp8_scale(tile_max<NW>(amax, sh), pow2);
-        if (threadIdx.x == 0) put_scales(s, st, scale, e, rb, kb, RB, KB);
 #pragma unroll
         for (int p = 0; p < P; p++)
-            put_patch(q + e * R * K, (uint32_t *)tt, x[p], scale, tx, ty + NW * p, r0, k0, R, K);
-        __syncthreads();
-#pragma unroll
-        for (int u = 0; u < QB * QB / 16 / NT; u++)
-            put_qt(qt + e * R * K, tt, threadIdx.x + NT * u, kb * QB, r0, R, K);
+            amax = patch_amax(x[p], amax);
+        put_tile<NT, P>(q, s, qt, st, x, amax, sh, tt, e, rb, kb, RB, KB, R, K, pow2);
         tile_step(&cur, g, ge, gr, gk, RB, KB);
     }
 }
