@@ -106,6 +106,16 @@ static inline unsigned moe_cuda_grid(const moe_cuda_ctx *c, int64_t n, int threa
     return (unsigned)blocks;
 }
 
+/* Blocks of `threads` for n items, one item per thread: no cap but the grid's (the kernel's
+ * grid-stride loop takes what is past it). For streaming kernels a flat grid keeps more
+ * loads in flight than a capped one walking the array (AdamW, 2026-12-04). */
+static inline unsigned moe_cuda_grid_flat(int64_t n, int threads) {
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks > INT32_MAX) blocks = INT32_MAX;
+    if (blocks < 1) blocks = 1;
+    return (unsigned)blocks;
+}
+
 /* ---- device helpers ---- */
 #ifdef __CUDACC__
 __device__ __forceinline__ float moe_warp_sum(float v) {
@@ -142,6 +152,13 @@ __device__ __forceinline__ float moe_block_max(float v, float *sh) {
     __syncthreads();
     float t = lane < nw ? sh[lane] : -INFINITY;
     return moe_warp_max(t);
+}
+/* 4 x 4 bytes: in[i] byte j -> out[j] byte i (4 rows of 4 columns -> 4 columns of 4 rows). */
+__device__ __forceinline__ void moe_transpose4x4_bytes(const uint32_t in[4], uint32_t out[4]) {
+    const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[0], in[1], 0x7362),
+                   c = __byte_perm(in[2], in[3], 0x5140), d = __byte_perm(in[2], in[3], 0x7362);
+    out[0] = __byte_perm(a, c, 0x5410), out[1] = __byte_perm(a, c, 0x7632);
+    out[2] = __byte_perm(b, d, 0x5410), out[3] = __byte_perm(b, d, 0x7632);
 }
 __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));

@@ -3,8 +3,8 @@
  *
  * A block's scale is amax / 448 over its finite values (1 for an all-zero block; with pow2,
  * the smallest power of two >= amax / 448: MOE_RECIPE_FP8_BLOCK_POW2) and each
- * value is e4m3(x / scale), rounded to nearest even and saturating (NaN stays NaN), in IEEE
- * fp32 arithmetic: the same values as libcore/src/num/quant.c, so a GPU product and the CPU
+ * value is e4m3(x / scale), rounded to nearest even and saturating (NaN stays NaN, sign included),
+ * in IEEE fp32 arithmetic: the same values as libcore/src/num/quant.c, so a GPU product and the CPU
  * emulation differ only in the order of their fp32 sums.
  *
  * The one thing a reader must know is cuBLASLt's scale layouts (sm_90, checked on an H200
@@ -25,8 +25,16 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
+/* The sign bit of x's e4m3 byte, moved left by `shift`, when x is a negative NaN, else 0: the
+ * conversion writes every NaN as 0x7f (and the division makes it positive first), the CPU
+ * keeps a NaN's sign (0xff for -NaN; measured on an H200, 2026-12-04). */
+__device__ __forceinline__ uint32_t neg_nan_bit(float x, int shift) {
+    return __float_as_uint(x) > 0xff800000u ? 0x80u << shift : 0u;
+}
+
 __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
-    return (uint8_t)__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3);
+    return (uint8_t)(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3) |
+                     neg_nan_bit(x, 0));
 }
 
 __device__ __forceinline__ float finite_abs(float x) {
@@ -86,70 +94,99 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
     if (kr < K) *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
 }
 
-/* One block of 256 threads, 32 x 8, per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z =
- * expert) of w [E, R, K] fp32, R and K multiples of 16: the row-wise copy q [E, R, K] with s
- * [E, RB * KB4] at rb * KB4 + kb, and the transposed copy qt [E, K, R] with st [E, KB * RB4]
- * at kb * RB4 + rb (the same scale values; moe/ops.h's fp8-block weight layout). The tile is
- * read once: thread (tx, ty) holds columns 4 tx .. 4 tx + 3 of rows ty + 8 i in registers
- * (one 16-byte load each: K % 4 == 0 and w 16-byte aligned, as the parameter table aligns
- * tensors), writes them row-wise as 4-byte stores, and the transposed tile goes out through
- * shared memory as 16-byte stores. */
-__global__ void __launch_bounds__(256)
+/* Four values at one scale as four e4m3 bytes (x.x in the low byte): fp8_of's bytes, two
+ * values to a conversion. */
+__device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+                       make_float2(__fdiv_rn(x.x, scale), __fdiv_rn(x.y, scale)), __NV_SATFINITE,
+                       __NV_E4M3),
+                   hi = __nv_cvt_float2_to_fp8x2(
+                       make_float2(__fdiv_rn(x.z, scale), __fdiv_rn(x.w, scale)), __NV_SATFINITE,
+                       __NV_E4M3);
+    return (lo | hi << 16) | neg_nan_bit(x.x, 0) | neg_nan_bit(x.y, 8) | neg_nan_bit(x.z, 16) |
+           neg_nan_bit(x.w, 24);
+}
+
+#define TILE_THREADS 512                            /* 16 warps a 128 x 128 tile */
+#define TILE_PATCHES (QB / 4 / (TILE_THREADS / 32)) /* 4 x 4 patches a thread: 2 */
+
+/* One block of 512 threads per 128 x 128 tile (blockIdx.x = kb, .y = rb, .z = expert) of
+ * w [E, R, K] fp32, R and K multiples of 16, w 16-byte aligned: the row-wise copy q [E, R, K]
+ * with s [E, RB * KB4] at rb * KB4 + kb, and the transposed copy qt [E, K, R] with st
+ * [E, KB * RB4] at kb * RB4 + rb (the same scale values; moe/ops.h's fp8-block weight
+ * layout). The tile is read once: warp ty, lane tx holds the 4 x 4 patches g = ty + 16 p
+ * (rows 4 g .. 4 g + 3 of columns 4 tx .. 4 tx + 3, one 16-byte load a row). Row-wise, a
+ * patch row leaves as one 4-byte store; transposed, a patch's 4 columns become 4 words (a
+ * byte transpose) in the shared tile tt [128 k][32 words], word (kl, g) kept at
+ * kl * 32 + (g ^ tx) so that a warp's 32 stores meet 32 banks, and go out as 16-byte words,
+ * each row's 8 chunks in 8 different bank groups. 2.6 -> 4.2 TB/s on an H200 against the
+ * one-byte transpose of 256 threads it replaced (docs/performance-gpu.md, 2026-12-04). */
+__global__ void __launch_bounds__(TILE_THREADS)
     k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
                 float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
                 int pow2) {
-    __shared__ float sh[32];
-    __shared__ uint8_t tile[QB][QB + 1]; /* [k][r], odd stride: no bank conflicts on store */
+    constexpr int NW = TILE_THREADS / 32;
+    __shared__ float sh[NW];
+    __shared__ uint4 tt[QB * QB / 16];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
     const int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
-    const int64_t k0 = kb * QB + tx * 4, r0 = rb * QB;
+    const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
     const float *we = w + e * R * K;
-    const bool kin = k0 < K; /* K % 4 == 0: the 4 columns are in or out together */
-    float v[QB / 8][4], amax = 0.0f;
+    float4 x[TILE_PATCHES][4];
+    float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < QB / 8; i++) {
-        int64_t r = r0 + ty + 8 * i;
-        const float4 f =
-            kin && r < R ? *(const float4 *)(we + r * K + k0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        v[i][0] = f.x, v[i][1] = f.y, v[i][2] = f.z, v[i][3] = f.w;
+    for (int p = 0; p < TILE_PATCHES; p++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            amax = fmaxf(amax, finite_abs(v[i][j]));
-    }
-    float scale = fp8_scale(moe_block_max(amax, sh), pow2);
+        for (int i = 0; i < 4; i++) {
+            const int64_t r = r0 + 4 * (ty + NW * p) + i;
+            x[p][i] = k0 < K && r < R ? *(const float4 *)(we + r * K + k0)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].x)), finite_abs(x[p][i].y));
+            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].z)), finite_abs(x[p][i].w));
+        }
+    /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is
+     * written once) */
+    amax = moe_warp_max(amax);
+    if (tx == 0) sh[ty] = amax;
+    __syncthreads();
+    const float scale = fp8_scale(moe_warp_max(sh[tx % NW]), pow2);
     if (threadIdx.x == 0) {
         const int64_t KB4 = (KB + 3) / 4 * 4, RB4 = (RB + 3) / 4 * 4;
         s[e * RB * KB4 + rb * KB4 + kb] = scale;
         st[e * KB * RB4 + kb * RB4 + rb] = scale;
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
+    uint32_t *tw = (uint32_t *)tt;
 #pragma unroll
-    for (int i = 0; i < QB / 8; i++) {
-        int64_t r = r0 + ty + 8 * i;
-        uint32_t packed = 0;
+    for (int p = 0; p < TILE_PATCHES; p++) {
+        const int g = ty + NW * p;
+        uint32_t rw[4], cw[4];
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            uint8_t b = fp8_of(v[i][j], scale);
-            packed |= (uint32_t)b << (8 * j);
-            tile[tx * 4 + j][ty + 8 * i] = b;
+        for (int i = 0; i < 4; i++) {
+            rw[i] = fp8x4_of(x[p][i], scale);
+            const int64_t r = r0 + 4 * g + i;
+            if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
         }
-        if (kin && r < R) *(uint32_t *)(qe + r * K + k0) = packed;
+        moe_transpose4x4_bytes(rw, cw);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            tw[(4 * tx + j) * 32 + (g ^ tx)] = cw[j];
     }
     __syncthreads();
-    /* qt [K, R]: thread t writes 64 bytes of row t / 2, as 16-byte stores (R % 16 == 0) */
-    const int kl = threadIdx.x / 2, half = threadIdx.x % 2;
-    const int64_t k = kb * QB + kl;
-    if (k >= K) return;
-    for (int u = 0; u < 4; u++) {
-        int rl = half * 64 + u * 16;
-        if (r0 + rl >= R) break;
-        uint32_t wv[4];
-        for (int b = 0; b < 4; b++)
-            wv[b] = (uint32_t)tile[kl][rl + 4 * b] | (uint32_t)tile[kl][rl + 4 * b + 1] << 8 |
-                    (uint32_t)tile[kl][rl + 4 * b + 2] << 16 |
-                    (uint32_t)tile[kl][rl + 4 * b + 3] << 24;
-        *(uint4 *)(qte + k * R + r0 + rl) = make_uint4(wv[0], wv[1], wv[2], wv[3]);
+    /* chunk c: 16 bytes, rows r0 + 16 (c % 8) .. + 15 of qt's row kb * QB + c / 8 (R % 16 ==
+     * 0: all in or all out); its words (x = kl / 4) are the 16 bytes at (c % 8) ^ (x / 4) of
+     * tt's row kl, word t at position t ^ (x % 4) */
+#pragma unroll
+    for (int u = 0; u < QB * QB / 16 / TILE_THREADS; u++) {
+        const int c = threadIdx.x + TILE_THREADS * u, kl = c / 8, m = c % 8, xs = kl / 4;
+        const int64_t k = kb * QB + kl, r = r0 + 16 * m;
+        if (k >= K || r >= R) continue;
+        uint4 a = tt[kl * 8 + (m ^ (xs / 4))];
+        uint32_t t;
+        if (xs & 1) t = a.x, a.x = a.y, a.y = t, t = a.z, a.z = a.w, a.w = t;
+        if (xs & 2) t = a.x, a.x = a.z, a.z = t, t = a.y, a.y = a.w, a.w = t;
+        *(uint4 *)(qte + k * R + r) = a;
     }
 }
 
@@ -193,7 +230,8 @@ void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const
         return;
     }
     dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
-    k_fp8_tiles<<<grid, 256, 0, c->stream>>>(q, s, q + E * O * I, s + E * moe_fp8_tile_scales(O, I),
-                                             w, O, I, prec == MOE_RECIPE_FP8_BLOCK_POW2);
+    k_fp8_tiles<<<grid, TILE_THREADS, 0, c->stream>>>(q, s, q + E * O * I,
+                                                      s + E * moe_fp8_tile_scales(O, I), w, O, I,
+                                                      prec == MOE_RECIPE_FP8_BLOCK_POW2);
     MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
 }

@@ -5,7 +5,10 @@
  * included), on the mixtral8x7b expert shapes (H 4096, F 14336, 8 experts, 16,384 rows) with
  * even and uneven counts. Goal (issue 14): >= 1,100 TFLOP/s.
  *
- * Status: written without a GPU on 2026-12-04, not yet run. Compiled here for sm_90a (nvcc
+ * Status: written without a GPU on 2026-12-04; its first run on an H200 (21:03 UTC) was an
+ * illegal instruction (a TMA box of the scales starting off 16 bytes: fixed, see the stage
+ * description), the second (21:14 UTC) passed every check, bit-identical to cuBLASLt, at
+ * 998-1,223 TFLOP/s (docs/performance-gpu.md). Compiled for sm_90a (nvcc
  * 13.0), no spills, no serialised wgmma (C7510-C7520): ptxas reports 168 registers for both
  * forms (the launch's share at 384 threads); the consumers run under setmaxnreg's 232, of
  * which they need 149 (NH 1) and 223 (NH 2) (the same code built unbounded at 256 threads).
@@ -45,8 +48,10 @@
  *   Stage (K step) = 128 columns of K = one scale block: A [128 rows][128 B] and B [BN rows][128
  *   B] e4m3 by TMA with the 128-byte swizzle (a row of e4m3 is exactly one swizzle row, so the
  *   K-major descriptors are the bf16 ones: start + 32 bytes per k32 slice, sbo 1024); the x
- *   scales of the tile's 128 rows at this kb (512 B, a TMA box {128, 1} of sx: its rows start
- *   anywhere, so a tensor map, not a 16-byte-aligned bulk copy); the w scales of each 128
+ *   scales of the tile's 128 rows at this kb (a TMA box {132, 1} of sx from row r0 & ~3: a
+ *   box's first element must be 16-byte aligned in global memory - an expert's first row at
+ *   r0 = 3 was an illegal instruction on the H200 - and a tile's rows start anywhere, so the
+ *   consumers read them from (r0 & 3) on); the w scales of each 128
  *   columns (16 B bulk copies of sw from kb & ~3: 16-byte aligned because KB4 is a multiple of
  *   4, which is why cuBLASLt's layout pads to it). All on the stage's one full barrier.
  *   Consumer, each stage, each 128 columns h of the tile: wgmma m64n128k32 e4m3 x4 into a
@@ -113,7 +118,7 @@
  * the row of a thread, sw's kb & 3 and the second half's rb), unwritten elements at the tile
  * list or the store (shared with the bf16 form that ran); cuBLASLt failing against the host
  * points at this harness's scale gather for it, not at the kernel; (2) a hang: the expect_tx
- * count (16,384 + 16,384 NH + 512 + 16 NH: a box counts whole, its out-of-bounds part
+ * count (16,384 + 16,384 NH + 528 + 16 NH: a box counts whole, its out-of-bounds part
  * included) or the setmaxnreg split; (3) the rates: NH 2 against 1,100 and the dense
  * cuBLASLt line; NH 1 close to NH 2 means the operand stream does not bind; NH 2 well below
  * NH 1 points at the consumers' 223 registers or the promotion's overlap, which an ncu of the
@@ -132,7 +137,9 @@
 #define GF_BN(NH) (128 * (NH))
 #define GF_A_BYTES (GF_BM * GF_BK)
 #define GF_B_BYTES(NH) (GF_BN(NH) * GF_BK)
-/* a stage's scales: the x scales of the tile's 128 rows (512 B), then 4 w scales (16 B, from
+#define GF_SX_BOX (GF_BM + 4) /* x scales a stage: 128 rows from r0 & ~3 */
+#define GF_SX_BYTES (GF_SX_BOX * 4)
+/* a stage's scales: the x scales of the tile's 128 rows (528 B), then 4 w scales (16 B, from
  * kb & ~3) for each 128 columns; 640 keeps every stage's box on 128 bytes */
 #define GF_SC_BYTES 640
 #define GF_NS(NH) ((192 << 10) / (GF_A_BYTES + GF_B_BYTES(NH)))
@@ -182,7 +189,7 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     k_grouped_fp8(bf16 *__restrict__ y /* [M, N] */,
                   const __grid_constant__ CUtensorMap mx /* xq [M, K] e4m3, boxes {128, 128} */,
                   const __grid_constant__ CUtensorMap mw /* wq [E * N, K] e4m3, boxes {128, BN} */,
-                  const __grid_constant__ CUtensorMap ms /* sx [KB, lds] fp32, boxes {128, 1} */,
+                  const __grid_constant__ CUtensorMap ms /* sx [KB, lds] fp32, boxes {132, 1} */,
                   const float *__restrict__ sw /* [E, RB * KB4] */,
                   const int32_t *__restrict__ off /* [E + 1] */, int E, int N, int K) {
     constexpr int BN = GF_BN(NH), NS = GF_NS(NH);
@@ -210,13 +217,13 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             const uint32_t sc = sS + s * GF_SC_BYTES;
             gg_tma(sA + s * GF_A_BYTES, &mx, kb * GF_BK, tl.r0, bar);
             gg_tma(sB + s * B_BYTES, &mw, kb * GF_BK, tl.e * N + tl.n0, bar);
-            gg_tma(sc, &ms, tl.r0, kb, bar);
+            gg_tma(sc, &ms, tl.r0 & ~3, kb, bar);
             const float *we = sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
 #pragma unroll
             for (int h = 0; h < NH; h++) /* columns past N: any tile's scales, not stored */
-                gf_bulk(sc + 512 + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16, bar);
+                gf_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16, bar);
         };
-        gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, KB, GF_A_BYTES + B_BYTES + 512 + 16 * NH,
+        gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, KB, GF_A_BYTES + B_BYTES + GF_SX_BYTES + 16 * NH,
                                        bfull, bempty, load);
         return;
     }
@@ -251,11 +258,11 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 if (h == 0) { /* the stage's scales, read under the first batch (their latency
                                  off the path from one batch to the next) and before the
                                  stage's release below */
-                    sa0 = gf_lds(sc + 4 * row);
-                    sa1 = gf_lds(sc + 4 * (row + 8));
+                    sa0 = gf_lds(sc + 4 * ((tl.r0 & 3) + row));
+                    sa1 = gf_lds(sc + 4 * ((tl.r0 & 3) + row + 8));
 #pragma unroll
                     for (int j = 0; j < NH; j++)
-                        sb[j] = gf_lds(sc + 512 + 16 * j + 4 * (kb & 3));
+                        sb[j] = gf_lds(sc + GF_SX_BYTES + 16 * j + 4 * (kb & 3));
                 }
                 fa3_wait<0>(); /* the promotion reads p: the batch must be done */
                 fa3_hold(p);
@@ -691,7 +698,7 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
                                              GF_BN(1), CU_TENSOR_MAP_SWIZZLE_128B),
                                       gg_map(wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dw, sxq, GF_BK,
                                              GF_BN(2), CU_TENSOR_MAP_SWIZZLE_128B)};
-    const CUtensorMap ms = gg_map(sx, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dsx, ssx, GF_BM, 1,
+    const CUtensorMap ms = gg_map(sx, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dsx, ssx, GF_SX_BOX, 1,
                                   CU_TENSOR_MAP_SWIZZLE_NONE);
 
     /* cuBLASLt's x scales: [KB, body] and [KB, 16] per expert, each on 128 bytes */

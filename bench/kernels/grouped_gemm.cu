@@ -13,8 +13,9 @@
  * 641-642 w1, 718-737 w2), against 746-828 for cuBLASLt per expert. A B-multicast form over
  * 2-CTA clusters ran correct and much slower (355-418) and was dropped (git show
  * 4d85b94:bench/kernels/grouped_gemm.cu). The two ping-pong forms were written without a GPU
- * on 2026-12-04 and have not run yet. The dgrad and wgrad forms (below) were written without a
- * GPU on 2026-12-04 and have not run yet. Each form checks its own output against cuBLASLt
+ * on 2026-12-04 and first ran on 2026-12-04 at 21:03 UTC, correct and slower than the
+ * cooperative form (557-676 TFLOP/s). The dgrad and wgrad forms (below), written without a
+ * GPU on 2026-12-04, ran correct at the same time (dgrad 690-756, wgrad 414-623). Each form checks its own output against cuBLASLt
  * before it is timed; a failed check prints FAILED and no rate (the kernel is wrong, not the
  * rate).
  *
@@ -1000,6 +1001,9 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     const std::vector<int> even(8, 2048);
     const std::vector<int> uneven = {2048, 1900, 2200, 100, 0, 3000, 1500, 5636};
+    /* as in a training step of bench_train_gpu (random-init router, ncu 2026-12-02): one expert
+     * with about half of the rows, some with a few dozen (bound by reading their weights) */
+    const std::vector<int> skewed = {8000, 40, 45, 3500, 0, 2000, 1800, 999};
     const std::vector<int> small = {1, 127, 129, 0, 255, 64, 3, 300};
     /* fewer tiles than blocks: blocks with one tile (the ping-pong's warpgroup 1 only passes
      * the first turn) and with none */
@@ -1013,6 +1017,8 @@ int main(int argc, char **argv) {
         run("w1 forward, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
         run("w2 forward, even", even, 4096, 14336, lt, ws, wsb, sms);
         run("w2 forward, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
+        run("w1 forward, skewed", skewed, 14336, 4096, lt, ws, wsb, sms);
+        run("w2 forward, skewed", skewed, 4096, 14336, lt, ws, wsb, sms);
         /* The plans above were timed on row counts cuBLASLt had seen (its own heuristic cache
          * answered). A training step meets new counts: the host time of a plan for 64 counts
          * never queried before, the first time and again. */

@@ -66,14 +66,6 @@ static inline long long pg_first_diff(const void *a, const void *b, size_t bytes
     return first == none ? -1 : (long long)first;
 }
 
-/* 4 x 4 bytes: in[i] byte j -> out[j] byte i (4 rows of 4 columns -> 4 columns of 4 rows). */
-__device__ __forceinline__ void pg_transpose4x4(const uint32_t in[4], uint32_t out[4]) {
-    const uint32_t a = __byte_perm(in[0], in[1], 0x5140), b = __byte_perm(in[0], in[1], 0x7362),
-                   c = __byte_perm(in[2], in[3], 0x5140), d = __byte_perm(in[2], in[3], 0x7362);
-    out[0] = __byte_perm(a, c, 0x5410), out[1] = __byte_perm(a, c, 0x7632);
-    out[2] = __byte_perm(b, d, 0x5410), out[3] = __byte_perm(b, d, 0x7632);
-}
-
 /* the largest power of two up to 256 that divides p's address */
 static inline int pg_align_of(const void *p) {
     int a = 256;

@@ -5,7 +5,7 @@
 # a rate (a FAIL line means the kernel is wrong and its rate is not printed).
 #
 #   bench/kernels/run_playgrounds.sh [OUT_DIR] [NAME ...]    (defaults: $OUT or ./playgrounds;
-#                                                             grouped_gemm grouped_fp8 quant_tiles adamw)
+#                                                             grouped_gemm grouped_fp8 mxfp8_quant)
 #
 # Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). They
 # compile at once, then run one after the other (each wants the whole GPU), each under
@@ -16,7 +16,7 @@ set -uo pipefail
 out=${1:-${OUT:-playgrounds}}
 shift || true
 names=("$@")
-[ ${#names[@]} -gt 0 ] || names=(grouped_gemm grouped_fp8 quant_tiles adamw mxfp8_quant)
+[ ${#names[@]} -gt 0 ] || names=(grouped_gemm grouped_fp8 mxfp8_quant)
 limit=${LIMIT_S:-80}
 mkdir -p "$out"
 flags="-O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels"
