@@ -373,6 +373,20 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
                            const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, int add);
 
+/* sm90/grouped_fp8.cu (MOE_HAVE_SM90A): the grouped block-scaled fp8 product, one launch
+ * over all experts: y[r] (+)= dequant(xq[r]) dequant(wq_e)^T for the rows r of expert e.
+ * supported: 1 on a compute capability 9.0 device for 2 <= E <= 128 and a 16-byte aligned
+ * weight copy and scales (the quantized activations are scratch, always aligned). y [M, N] dev,
+ * BF16 (written; beta must be 0) or F32 (beta 0 writes, 1 adds); xq [M, K] e4m3 with sx [ceil(K /
+ * 128), lds] (moe_cuda_fp8_rows with ls = lds, a multiple of 4); wq [E, N, K] e4m3 with sw [E,
+ * moe_fp8_tile_scales(N, K)] (a quantize_weight copy); offsets [E + 1] HOST; K and N multiples
+ * of 16. 0 after a recorded error. */
+int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *wq,
+                                   const float *sw);
+int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
+                         int64_t lds, const uint8_t *wq, const float *sw, const int32_t *offsets,
+                         int64_t E, int64_t N, int64_t K, const char *op);
+
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or
  * NULL, all device memory */

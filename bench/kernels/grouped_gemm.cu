@@ -15,12 +15,13 @@
  * 4d85b94:bench/kernels/grouped_gemm.cu). The two ping-pong forms were written without a GPU
  * on 2026-12-04 and first ran on 2026-12-04 at 21:03 UTC, correct and slower than the
  * cooperative form (557-676 TFLOP/s). The dgrad and wgrad forms (below), written without a
- * GPU on 2026-12-04, ran correct at the same time (dgrad 690-756, wgrad 414-623). Each form checks its own output against cuBLASLt
- * before it is timed; a failed check prints FAILED and no rate (the kernel is wrong, not the
- * rate).
+ * GPU on 2026-12-04, ran correct at the same time (dgrad 690-756, wgrad 414-623). Each form checks
+ * its own output against cuBLASLt before it is timed; a failed check prints FAILED and no rate (the
+ * kernel is wrong, not the rate).
  *
- *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src -Ikernels \
- *       bench/kernels/grouped_gemm.cu -lcublasLt -o /tmp/grouped_gemm && timeout 240 /tmp/grouped_gemm
+ *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -Ilibcore/include -Ilibcore/src
+ * -Ikernels \ bench/kernels/grouped_gemm.cu -lcublasLt -o /tmp/grouped_gemm && timeout 240
+ * /tmp/grouped_gemm
  *
  * (-Xptxas -v prints each kernel's registers and spills. The output is line-buffered, so a
  * kernel that hangs, which the timeout ends, still leaves every line printed before it.
@@ -130,8 +131,9 @@
  *   maps written on the device, the offsets being there (tensormap.replace and a
  *   tensormap proxy fence before each expert's first load): more machinery for a cost that is
  *   already small.
- * ptxas (nvcc 13.0, sm_90a): k_grouped<1, float> (dgrad) 155 registers, k_grouped_wgrad 166, no spills,
- * no serialised wgmma; the forward kernels' PTX is unchanged (up to register and label names).
+ * ptxas (nvcc 13.0, sm_90a): k_grouped<1, float> (dgrad) 155 registers, k_grouped_wgrad 166, no
+ * spills, no serialised wgmma; the forward kernels' PTX is unchanged (up to register and label
+ * names).
  *
  * Prediction (2026-12-04, not measured; cuBLASLt per expert at 2,048 rows ran 790-842 TFLOP/s
  * for the dgrad and 742-751 for the wgrad on 2026-12-02, docs/performance-gpu.md): dgrad w1 (K
@@ -254,40 +256,6 @@ gg_produce(const CUtensorMap *mx, const CUtensorMap *mw, const int *s_pref, cons
     gg_produce_walk<BM, BN, NS>(s_pref, s_off, E, KB, A_BYTES + B_BYTES, bfull, bempty, load);
 }
 
-/* The fp32 epilogue (the backward's): as gg_store into y [rows, N] as float2, written (beta
- * 0) or added (beta 1: every load of the block is issued before its first store). */
-__device__ __forceinline__ void gg_store_f32(float *y, float (&acc)[16][4], int r, int rend, int c,
-                                             int N, int beta) {
-    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-    r += warp * 16 + (lane >> 2);
-    c += 2 * (lane & 3);
-    float *y0 = y + (int64_t)r * N, *y1 = y0 + (int64_t)8 * N;
-    if (beta) {
-#pragma unroll
-        for (int nt = 0; nt < 16; nt++) {
-            const int col = c + nt * 8;
-            if (col >= N) continue;
-            if (r < rend) {
-                const float2 v = *reinterpret_cast<const float2 *>(y0 + col);
-                acc[nt][0] += v.x;
-                acc[nt][1] += v.y;
-            }
-            if (r + 8 < rend) {
-                const float2 v = *reinterpret_cast<const float2 *>(y1 + col);
-                acc[nt][2] += v.x;
-                acc[nt][3] += v.y;
-            }
-        }
-    }
-#pragma unroll
-    for (int nt = 0; nt < 16; nt++) {
-        const int col = c + nt * 8;
-        if (col >= N) continue;
-        if (r < rend) fa_st2(y0 + col, acc[nt][0], acc[nt][1]);
-        if (r + 8 < rend) fa_st2(y1 + col, acc[nt][2], acc[nt][3]);
-    }
-}
-
 /* The cooperative mainloop of one 128 x 256 tile: warpgroup wg's rows [64 wg, 64 wg + 64) of it
  * into acc0 (columns [0, 128)) and acc1 ([128, 256)) over the KB >= 1 stages from stage number
  * it on (it is left past them), each released once its products are done. A K-major as the
@@ -337,7 +305,7 @@ __device__ __forceinline__ void gg_coop_out(bf16 *y, float (&acc)[16][4], int r,
 }
 __device__ __forceinline__ void gg_coop_out(float *y, float (&acc)[16][4], int r, int rend, int c,
                                             int N, int beta) {
-    gg_store_f32(y, acc, r, rend, c, N, beta);
+    gg_store(y, acc, r, rend, c, N, beta);
 }
 
 /* The cooperative forms (see the header), per expert's rows, off on the device:
@@ -357,11 +325,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     const int KB = (K + GG_BK - 1) / GG_BK;
     if (threadIdx.x == 0) {
         gg_list(off, E, N, GG_BM, GG_BN, s_off, s_pref);
-        for (int s = 0; s < GG_NS; s++) {
-            fa3_bar_init(bfull + 8 * s, 1);
-            fa3_bar_init(bempty + 8 * s, 2 * 128);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        gg_ring_init(bfull, bempty, GG_NS, 2 * 128);
     }
     __syncthreads();
 
@@ -401,11 +365,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     const int KB = (K + GG_BK - 1) / GG_BK;
     if (threadIdx.x == 0) {
         gg_list(off, E, N, BM, BN, s_off, s_pref);
-        for (int s = 0; s < NS; s++) {
-            fa3_bar_init(bfull + 8 * s, 1);
-            fa3_bar_init(bempty + 8 * s, 128); /* a stage has one reader: its tile's warpgroup */
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        gg_ring_init(bfull, bempty, NS, 128); /* a stage has one reader: its tile's warpgroup */
     }
     __syncthreads();
 
@@ -525,11 +485,7 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
     if (threadIdx.x == 0) {
         for (int e = 0; e <= E; e++)
             s_off[e] = off[e];
-        for (int s = 0; s < WG_NS; s++) {
-            fa3_bar_init(bfull + 8 * s, 1);
-            fa3_bar_init(bempty + 8 * s, 128); /* a stage has one reader: its tile's warpgroup */
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        gg_ring_init(bfull, bempty, WG_NS, 128); /* a stage has one reader: its tile's warpgroup */
     }
     __syncthreads();
 
@@ -599,8 +555,8 @@ __global__ void __launch_bounds__(GG_THREADS, 1)
             continue; /* dw_e stays as it is */
         /* the store, while the other warpgroup's mainloop has the tensor cores */
         float *dwe = dw + (int64_t)w.e * O * I;
-        gg_store_f32(dwe, acc[0], w.m0, O, w.n0, I, beta);
-        gg_store_f32(dwe, acc[1], w.m0 + 64, O, w.n0, I, beta);
+        gg_store(dwe, acc[0], w.m0, O, w.n0, I, beta);
+        gg_store(dwe, acc[1], w.m0 + 64, O, w.n0, I, beta);
     }
 }
 
@@ -741,8 +697,8 @@ static void per_expert(cublasLtHandle_t lt, void *ws, size_t wsb, bf16 *y, const
         plan q = plans ? plans[e] : plan_make(lt, wsb, 0, 1, n, N, K, CUDA_R_16BF, 256);
         float one = 1.0f, zero = 0.0f;
         CB(cublasLtMatmul(lt, q.d, &one, w + (size_t)e * N * K, q.la, x + (size_t)off[e] * K, q.lb,
-                          &zero, y + (size_t)off[e] * N, q.lc, y + (size_t)off[e] * N, q.lc, &q.algo,
-                          ws, wsb, 0));
+                          &zero, y + (size_t)off[e] * N, q.lc, y + (size_t)off[e] * N, q.lc,
+                          &q.algo, ws, wsb, 0));
         if (!plans) plan_free(&q);
     }
 }
@@ -826,8 +782,8 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
     auto h0t = std::chrono::steady_clock::now();
     for (int e = 0; e < E; e++)
         if (counts[e] > 0) plans[e] = plan_make(lt, wsb, 0, 1, counts[e], N, K, CUDA_R_16BF, 256);
-    double us_plan = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0t)
-                         .count();
+    double us_plan =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0t).count();
     int nonempty = 0;
     for (int e = 0; e < E; e++)
         nonempty += counts[e] > 0;

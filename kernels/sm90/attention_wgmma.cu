@@ -190,11 +190,9 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
                      m1, l0, l1, row0, row1, T, qstride, t);
 }
 
-/* both fa3_map: a [B, T, NH, D] tensor of `esize`-byte elements of type dt, boxes of 128 bytes
- * of a row ({128 / esize columns, 1 head, rows, 1}) */
-static int fa3_map_as(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt,
-                      int esize, int64_t B, int64_t T, int64_t NH, int64_t D, int rows,
-                      const char *op) {
+int sm90_tmap(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt, int rank,
+              const int64_t *dims, const int64_t *strides, const int *box, CUtensorMapSwizzle sw,
+              const char *op) {
     if (!c->tmap_encode) {
         cudaDriverEntryPointQueryResult res;
         if (!moe_cuda_check(c,
@@ -204,19 +202,30 @@ static int fa3_map_as(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMa
                             op, "cuTensorMapEncodeTiled"))
             return 0;
     }
-    const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)NH, (cuuint64_t)T, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)(D * esize), (cuuint64_t)(NH * D * esize),
-                                   (cuuint64_t)(T * NH * D * esize)};
-    const cuuint32_t box[4] = {(cuuint32_t)(128 / esize), 1, (cuuint32_t)rows, 1};
-    const cuuint32_t estr[4] = {1, 1, 1, 1};
+    cuuint64_t d[5], st[4];
+    cuuint32_t bx[5], estr[5];
+    for (int i = 0; i < rank; i++) {
+        d[i] = (cuuint64_t)dims[i], bx[i] = (cuuint32_t)box[i], estr[i] = 1;
+        if (i + 1 < rank) st[i] = (cuuint64_t)strides[i];
+    }
     CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)c->tmap_encode)(
-        m, dt, 4, (void *)p, dims, strides, box, estr,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        m, dt, (cuuint32_t)rank, (void *)p, d, st, bx, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r == CUDA_SUCCESS) return 1;
     return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "tensor map B=%lld T=%lld NH=%lld D=%lld: CUresult %d", (long long)B,
-                          (long long)T, (long long)NH, (long long)D, (int)r);
+                          "tensor map of rank %d, dims %lld x %lld: CUresult %d", rank,
+                          (long long)dims[0], (long long)dims[1], (int)r);
+}
+
+/* both fa3_map: a [B, T, NH, D] tensor of `esize`-byte elements of type dt, boxes of 128 bytes
+ * of a row ({128 / esize columns, 1 head, rows, 1}) */
+static int fa3_map_as(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt,
+                      int esize, int64_t B, int64_t T, int64_t NH, int64_t D, int rows,
+                      const char *op) {
+    const int64_t dims[4] = {D, NH, T, B};
+    const int64_t strides[3] = {D * esize, NH * D * esize, T * NH * D * esize};
+    const int box[4] = {128 / esize, 1, rows, 1};
+    return sm90_tmap(c, m, p, dt, 4, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B, op);
 }
 
 int fa3_map(moe_cuda_ctx *c, CUtensorMap *m, const bf16 *p, int64_t B, int64_t T, int64_t NH,

@@ -249,6 +249,14 @@ __device__ __forceinline__ void fa3_fence_smem() {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
+/* The TMA map m of a row-major tensor p of `rank` (<= 5) dims of type dt: dims[0] the
+ * contiguous one, strides[i] the bytes from one index of dim i + 1 to the next (multiples of
+ * 16), boxes of box[0] x box[1] x ... elements with swizzle sw; what lies past the dims reads
+ * as zeros, and a box's first element must be 16-byte aligned. 1 on success, else 0 with the
+ * error recorded for op. */
+int sm90_tmap(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt, int rank,
+              const int64_t *dims, const int64_t *strides, const int *box, CUtensorMapSwizzle sw,
+              const char *op);
 /* The TMA map of a [B, T, NH, D] bf16 tensor p for boxes of {64 columns, 1 head, rows, 1}
  * with the 128-byte swizzle (rows past T read as zeros). 1 on success, else 0 with the error
  * recorded for op. */

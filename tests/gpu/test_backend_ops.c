@@ -1322,6 +1322,10 @@ static const pcase k_perf[] = {
     {"matmul bf16 N16384 I2048 O256 (lm_head)", MOE_OP_MATMUL, 0, {16384, 2048, 256}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048}},
+    /* s[4] 1: fp8-block, the weight's e4m3 copies (the forward and dgrad one grouped kernel on
+     * Hopper, wgrad per expert) */
+    {"grouped fp8 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048, 1}},
+    {"grouped fp8 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048, 1}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
@@ -1405,8 +1409,15 @@ static void run_perf(gctx *g, const pcase *pc) {
         M = off[s[0]];
         a = perf_buf(g, M * s[1]), b = perf_buf(g, s[0] * s[2] * s[1]), c = perf_buf(g, M * s[2]);
         if (pc->dir) d = perf_buf(g, M * s[1]), e = perf_buf(g, s[0] * s[2] * s[1]);
-        w16.p = perf_buf(g, (s[0] * s[2] * s[1] + 1) / 2);
-        be->cast_bf16(be, (uint16_t *)w16.p, b, s[0] * s[2] * s[1]);
+        if (s[4]) { /* fp8-block: the weight's e4m3 copies (2 bytes a weight) and scales */
+            float *sc = perf_buf(g, moe_fp8_weight_scales(s[0], s[2], s[1]));
+            uint8_t *q = (uint8_t *)perf_buf(g, s[0] * s[2] * s[1] / 2);
+            be->quantize_weight(be, q, sc, b, s[0], s[2], s[1], FP8B);
+            w16 = moe_cbuf_e4m3(q, sc);
+        } else {
+            w16.p = perf_buf(g, (s[0] * s[2] * s[1] + 1) / 2);
+            be->cast_bf16(be, (uint16_t *)w16.p, b, s[0] * s[2] * s[1]);
+        }
         a16.p = perf_buf(g, (M * s[1] + 1) / 2); /* the bf16 expert activations */
         be->cast_bf16(be, (uint16_t *)a16.p, a, M * s[1]);
         flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
@@ -1533,11 +1544,11 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
                     be->grouped_matmul_backward(be, d, e, moe_cbuf_of(c, MOE_DTYPE_BF16), a16, w16,
-                                                off, s[0], s[1], s[2], BF16, MOE_GRAD_ADD,
-                                                MOE_GRAD_ADD);
+                                                off, s[0], s[1], s[2], s[4] ? FP8B : BF16,
+                                                MOE_GRAD_ADD, MOE_GRAD_ADD);
                 else
                     be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
-                                               s[0], s[1], s[2], BF16);
+                                               s[0], s[1], s[2], s[4] ? FP8B : BF16);
                 break;
             case MOE_OP_ATTENTION:
                 if (pc->dir)

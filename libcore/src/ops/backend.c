@@ -247,7 +247,8 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
          * skipped: an upper bound) */
         int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
-        sa = MAX2(sa, rows + rows / 32 + 256);
+        /* (the Hopper grouped kernel's scales [W / 128, round_up(rows, 4)]: up to 3 rows more) */
+        sa = MAX2(sa, rows + rows / 32 + 16 * (W / 128 + 1) + 256);
         sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD));
         sc = MAX2(sc, padded + padded / 32 + 256);
         sd = MAX2(sd, padded + padded / 32 + 256);

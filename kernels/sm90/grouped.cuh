@@ -1,0 +1,163 @@
+/* grouped.cuh: what the grouped expert products of kernels/sm90/ share with their
+ * playgrounds (bench/kernels/grouped_gemm.cu, grouped_fp8.cu): the TMA copies, the wgmma
+ * accumulator operand lists, the tile list and walk (the scheduler: tiles expert by expert,
+ * n-tile by n-tile, m-tile fastest, built in shared memory from the row offsets), the
+ * producer's stage ring and the stores of a warpgroup's accumulators.
+ *
+ * The one thing a reader must know: a block is two consumer warpgroups and a producer, one
+ * thread of which fills stage it % NS of the ring for the it-th K step of the block's walk
+ * (tiles t = blockIdx.x, + gridDim.x, ...), waiting on the stage's empty mbarrier for the
+ * readers of its previous use; consumers walk the same tiles and wait on the full mbarrier
+ * with parity (it / NS) & 1. Rows of a tile past its expert's end (rend) belong to the next
+ * expert: they are multiplied, never stored. */
+#ifndef MOE_KERNELS_SM90_GROUPED_CUH
+#define MOE_KERNELS_SM90_GROUPED_CUH
+
+#include "wgmma.cuh"
+
+typedef __nv_bfloat16 bf16;
+
+#define GG_MAXE 128 /* experts the tile list holds */
+
+/* one TMA box of a 2D map at (col, row) (col: elements along the contiguous dim) into dst,
+ * completing on bar */
+__device__ __forceinline__ void gg_tma(uint32_t dst, const CUtensorMap *map, int col, int row,
+                                       uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(bar)
+                 : "memory");
+}
+/* the same for a 3D map at (col, row, c2) */
+__device__ __forceinline__ void gg_tma3(uint32_t dst, const CUtensorMap *map, int col, int row,
+                                        int c2, uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(col), "r"(row), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
+/* The operand list of a wgmma accumulator d [16][4] (64 registers: a warpgroup's 64 x 128
+ * fp32 block), for asm statements */
+#define GG_F4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define GG_F16(d, j) GG_F4(d, j), GG_F4(d, j + 1), GG_F4(d, j + 2), GG_F4(d, j + 3)
+#define GG_F64(d) GG_F16(d, 0), GG_F16(d, 4), GG_F16(d, 8), GG_F16(d, 12)
+
+/* The tile list of bm x bn tiles (thread 0): s_off [E + 1] the row offsets, s_pref [E + 1]
+ * the number of the first tile of each expert (s_pref[E] tiles in all) */
+__device__ __forceinline__ void gg_list(const int32_t *off, int E, int N, int bm, int bn,
+                                        int *s_off, int *s_pref) {
+    const int NT = (N + bn - 1) / bn;
+    s_pref[0] = 0;
+    for (int e = 0; e < E; e++) {
+        s_off[e] = off[e];
+        s_pref[e + 1] = s_pref[e] + (off[e + 1] - off[e] + bm - 1) / bm * NT;
+    }
+    s_off[E] = off[E];
+}
+/* Tile t of the list: expert e, first row r0 (global), the expert's end rend, first column
+ * n0; 0 past the end. */
+struct gg_tile {
+    int e, r0, rend, n0;
+};
+__device__ __forceinline__ int gg_find(const int *pref, const int *off, int E, int t, int bm,
+                                       int bn, gg_tile *tl) {
+    if (t >= pref[E]) return 0;
+    int e = 0;
+    while (pref[e + 1] <= t)
+        e++;
+    const int mt_e = (off[e + 1] - off[e] + bm - 1) / bm, local = t - pref[e];
+    tl->e = e;
+    tl->r0 = off[e] + (local % mt_e) * bm;
+    tl->rend = off[e + 1];
+    tl->n0 = (local / mt_e) * bn;
+    return 1;
+}
+
+/* The stage ring's barriers (thread 0, before the block's barrier): ns full ones (one arrival,
+ * the producer's expect_tx) and ns empty ones (`readers` arrivals: the threads that read a
+ * stage). */
+__device__ __forceinline__ void gg_ring_init(uint32_t bfull, uint32_t bempty, int ns, int readers) {
+    for (int s = 0; s < ns; s++) {
+        fa3_bar_init(bfull + 8 * s, 1);
+        fa3_bar_init(bempty + 8 * s, readers);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+/* The producer's walk (one thread): for the K steps kb < KB of each tile of the block's walk,
+ * stage s = it % NS once the readers of its previous use have released it: `bytes` expected on
+ * its full barrier bar, then load(tile, kb, s, bar) issues the copies that land them. */
+template <int BM, int BN, int NS, typename L>
+__device__ __forceinline__ void gg_produce_walk(const int *s_pref, const int *s_off, int E, int KB,
+                                                uint32_t bytes, uint32_t bfull, uint32_t bempty,
+                                                L load) {
+    gg_tile tl;
+    for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, BM, BN, &tl); t += gridDim.x)
+        for (int kb = 0; kb < KB; kb++, it++) {
+            const int s = it % NS;
+            if (it >= NS) fa3_bar_wait(bempty + 8 * s, ((it / NS) - 1) & 1);
+            fa3_bar_expect(bfull + 8 * s, bytes);
+            load(tl, kb, s, bfull + 8 * s);
+        }
+}
+
+/* The epilogue of one warpgroup's accumulator block acc [64 rows, 128 columns] whose first
+ * row is r and first column c in y [M, N]: thread rows r + warp * 16 + g and + 8, columns
+ * nt * 8 + 2 tq (+1), as bf16; rows from rend (the expert's end) and columns from N are
+ * left alone. */
+__device__ __forceinline__ void gg_store(bf16 *y, const float (&acc)[16][4], int r, int rend, int c,
+                                         int N) {
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    r += warp * 16 + (lane >> 2);
+    c += 2 * (lane & 3);
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        const int col = c + nt * 8;
+        if (col >= N) continue;
+        if (r < rend) fa_st2(y + (int64_t)r * N + col, acc[nt][0], acc[nt][1]);
+        if (r + 8 < rend) fa_st2(y + (int64_t)(r + 8) * N + col, acc[nt][2], acc[nt][3]);
+    }
+}
+
+/* The fp32 epilogue (the backward's): as gg_store into y [rows, N] as float2, written (beta
+ * 0) or added (beta 1: every load of the block is issued before its first store). */
+__device__ __forceinline__ void gg_store(float *y, float (&acc)[16][4], int r, int rend, int c,
+                                         int N, int beta) {
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    r += warp * 16 + (lane >> 2);
+    c += 2 * (lane & 3);
+    float *y0 = y + (int64_t)r * N, *y1 = y0 + (int64_t)8 * N;
+    if (beta) {
+#pragma unroll
+        for (int nt = 0; nt < 16; nt++) {
+            const int col = c + nt * 8;
+            if (col >= N) continue;
+            if (r < rend) {
+                const float2 v = *reinterpret_cast<const float2 *>(y0 + col);
+                acc[nt][0] += v.x;
+                acc[nt][1] += v.y;
+            }
+            if (r + 8 < rend) {
+                const float2 v = *reinterpret_cast<const float2 *>(y1 + col);
+                acc[nt][2] += v.x;
+                acc[nt][3] += v.y;
+            }
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 16; nt++) {
+        const int col = c + nt * 8;
+        if (col >= N) continue;
+        if (r < rend) fa_st2(y0 + col, acc[nt][0], acc[nt][1]);
+        if (r + 8 < rend) fa_st2(y1 + col, acc[nt][2], acc[nt][3]);
+    }
+}
+
+/* The row offsets of a grouped product's experts, passed by value (a kernel parameter: no
+ * device buffer, no copy to order): offsets[e] .. offsets[e + 1] are expert e's rows. */
+typedef struct {
+    int32_t o[GG_MAXE + 1];
+} gg_offsets;
+
+#endif
