@@ -240,13 +240,15 @@ static double e4m3_value(uint8_t b) {
     return s ? -v : v;
 }
 
-/* The cuBLASLt plan of y_e [rows, N] bf16 = x_e [rows, K] w_e [N, K]^T (e4m3), as
- * kernels/gemm_cublaslt.cu's gemm_fp8 builds it: the column-major view y^T = w_e x_e^T,
- * cuBLASLt's A is w_e (transposed, BLK128x128_32F scales swe [RB * KB4]) and its B is x_e
+/* The cuBLASLt plan of y_e [rows, N] (ct: bf16 or fp32) = x_e [rows, K] w_e [N, K]^T (e4m3,
+ * rows ld bytes apart), as kernels/gemm_cublaslt.cu's gemm_fp8 builds it: the column-major
+ * view y^T = w_e x_e^T, cuBLASLt's A is w_e (transposed; scales swe in mode wm: BLK128x128_32F
+ * [RB * KB4] for a weight, VEC128_32F [KB, N] for the wgrad's x^T) and its B is x_e
  * (VEC128_32F scales sxe [KB, rows]); the scale pointers set before the heuristic query (it
  * refuses block scaling without them); the pointers' alignments as minimum-alignment
  * preferences. 0 when cuBLASLt refuses (the plan is then unusable: this harness's check (b)
  * and cuBLASLt's time are skipped). */
+#define LT_TILES CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 struct lt_plan {
     cublasLtMatmulDesc_t d;
     cublasLtMatrixLayout_t la, lb, lc;
@@ -260,15 +262,15 @@ struct lt_plan {
             return 0;                                                                              \
         }                                                                                          \
     } while (0)
-static int lt_make(cublasLtHandle_t lt, size_t wsb, int rows, int N, int K,
-                   const uint8_t *x /* [rows, K] */, const float *sxe /* [KB, rows] */,
-                   const uint8_t *w /* [N, K] */, const float *swe /* [RB * KB4] */,
-                   const bf16 *y /* [rows, N] */, lt_plan *q) {
+static int lt_make(cublasLtHandle_t lt, size_t wsb, int rows, int N, int K, int64_t ld,
+                   cublasLtMatmulMatrixScale_t wm, cudaDataType ct,
+                   const uint8_t *x /* [rows, ld] */, const float *sxe /* [KB, rows] */,
+                   const uint8_t *w /* [N, ld] */, const float *swe, const void *y /* [rows, N] */,
+                   lt_plan *q) {
     memset(q, 0, sizeof *q);
     LT(cublasLtMatmulDescCreate(&q->d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    const cublasLtMatmulMatrixScale_t ma = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                                      mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const cublasLtMatmulMatrixScale_t ma = wm, mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     LT(cublasLtMatmulDescSetAttribute(q->d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
     LT(cublasLtMatmulDescSetAttribute(q->d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     LT(cublasLtMatmulDescSetAttribute(q->d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
@@ -277,9 +279,9 @@ static int lt_make(cublasLtHandle_t lt, size_t wsb, int rows, int N, int K,
                                       sizeof swe));
     LT(cublasLtMatmulDescSetAttribute(q->d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sxe,
                                       sizeof sxe));
-    LT(cublasLtMatrixLayoutCreate(&q->la, CUDA_R_8F_E4M3, K, N, K));
-    LT(cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_8F_E4M3, K, rows, K));
-    LT(cublasLtMatrixLayoutCreate(&q->lc, CUDA_R_16BF, N, rows, N));
+    LT(cublasLtMatrixLayoutCreate(&q->la, CUDA_R_8F_E4M3, K, N, ld));
+    LT(cublasLtMatrixLayoutCreate(&q->lb, CUDA_R_8F_E4M3, K, rows, ld));
+    LT(cublasLtMatrixLayoutCreate(&q->lc, ct, N, rows, N));
     cublasLtMatmulPreference_t p;
     LT(cublasLtMatmulPreferenceCreate(&p));
     const uint32_t al[4] = {(uint32_t)pg_align_of(w), (uint32_t)pg_align_of(x),
@@ -311,10 +313,10 @@ static void lt_free(lt_plan *q) {
     if (q->d) cublasLtMatmulDescDestroy(q->d);
 }
 static void lt_run(cublasLtHandle_t lt, void *ws, size_t wsb, const lt_plan &q,
-                   const uint8_t *x /* [rows, K] */, const uint8_t *w /* [N, K] */,
-                   bf16 *y /* [rows, N] */) {
-    const float one = 1.0f, zero = 0.0f;
-    CB(cublasLtMatmul(lt, q.d, &one, w, q.la, x, q.lb, &zero, y, q.lc, y, q.lc, &q.algo, ws, wsb,
+                   const uint8_t *x /* [rows, ld] */, const uint8_t *w /* [N, ld] */,
+                   void *y /* [rows, N] */, float beta = 0.0f) {
+    const float one = 1.0f;
+    CB(cublasLtMatmul(lt, q.d, &one, w, q.la, x, q.lb, &beta, y, q.lc, y, q.lc, &q.algo, ws, wsb,
                       0));
 }
 
@@ -537,13 +539,14 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
         const float *swe = sw + (size_t)e * RB * KB4;
         if (body > 0) {
             gf_gather<<<256, 256>>>(sxl + so[2 * e], sx, lds, M, r0, body, KB);
-            L.ok = lt_make(lt, wsb, body, N, K, xq + (size_t)r0 * K, sxl + so[2 * e], w, swe,
-                           y0 + (size_t)r0 * N, &L.plans[2 * e]);
+            L.ok = lt_make(lt, wsb, body, N, K, K, LT_TILES, CUDA_R_16BF, xq + (size_t)r0 * K,
+                           sxl + so[2 * e], w, swe, y0 + (size_t)r0 * N, &L.plans[2 * e]);
         }
         if (L.ok && counts[e] > body) {
             gf_gather<<<256, 256>>>(sxl + so[2 * e + 1], sx, lds, M, r0 + body, 16, KB);
-            L.ok = lt_make(lt, wsb, 16, N, K, xq + (size_t)(r0 + body) * K, sxl + so[2 * e + 1], w,
-                           swe, yt, &L.plans[2 * e + 1]);
+            L.ok =
+                lt_make(lt, wsb, 16, N, K, K, LT_TILES, CUDA_R_16BF, xq + (size_t)(r0 + body) * K,
+                        sxl + so[2 * e + 1], w, swe, yt, &L.plans[2 * e + 1]);
         }
     }
     CK(cudaGetLastError());
@@ -634,7 +637,7 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
     }
     if (M % 16 == 0) { /* sx is then [KB, M]: cuBLASLt's layout for all rows */
         lt_plan dense;
-        if (lt_make(lt, wsb, (int)M, N, K, xq, sx, wq, sw, y0, &dense)) {
+        if (lt_make(lt, wsb, (int)M, N, K, K, LT_TILES, CUDA_R_16BF, xq, sx, wq, sw, y0, &dense)) {
             const float msd = median_ms([&] { lt_run(lt, ws, wsb, dense, xq, wq, y0); });
             printf("    cuBLASLt dense, all rows x expert 0's weight (the same flops): %.3f ms "
                    "%5.0f TFLOP/s\n",
@@ -657,7 +660,438 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
     CK(cudaFree(dnan));
 }
 
-int main() {
+/* ---- the grouped wgrad: dW_e [O, I] (+)= dy_e^T x_e, written 2026-12-04 without a GPU ----
+ *
+ * Why: the fp8-block backward runs at 602 TFLOP/s (op harness, H200, 2026-12-04) against the
+ * forward's 1,087: dgrad is the grouped kernel above, but wgrad is a cuBLASLt call per expert
+ * with 1 x 128 scales on both operands (about 460 TFLOP/s, by subtraction). The operands are
+ * the backend's (quant_fp8.cu's k_fp8_cols_t), in one layout for all experts instead of one
+ * array per expert (the change integration makes; cuBLASLt reads the same bytes with ld =
+ * Mpad):
+ *   dyt [O, Mpad] e4m3: column p0_e + t is token t of expert e (t < n_e; zeros up to np_e =
+ *       round_up(n_e, 128)), Mpad = the sum of np_e; ds [Mpad / 128, O]: the scale of the 128
+ *       tokens from p0_e + 128 kb of row o at ds[(p0_e / 128 + kb) O + o];
+ *   xt [I, Mpad] and xs [Mpad / 128, I] the same for x.
+ * So both operands are K-major with per-row 1 x 128 scales, the reduction (an expert's padded
+ * tokens) has its own length per expert, and the tile's scale factor differs per element:
+ * scale_dy[row] x scale_x[column].
+ * Design: the forward's (grouped_fp8.cuh: 384 threads, producer warpgroup, cooperative 128 x
+ * 128 NH tiles, wgmma e4m3 per 128-token block into p, promoted by the CUDA cores), with:
+ *   tiles: every expert with tokens has ceil(O / 128) x ceil(I / BN) of them (m fastest), its
+ *     K steps np_e / 128 (the producer's and consumers' walks count them per tile);
+ *   a stage: the A box {128 tokens, 128 rows of dyt}, the B box {128 tokens, BN rows of xt},
+ *     and the two scale vectors as bulk copies (ds's 128 of this block's rows, xs's BN: rows
+ *     and columns past O and I not copied, their products never stored);
+ *   the promotion: acc += (sa[row] sb[col]) p with sb read as float2 per 8 columns (16 shared
+ *     loads, 64 multiplies and 64 FMAs a thread a 128-column batch, twice the forward's), the
+ *     stage released after the last batch's promotion (sb is read from it);
+ *   the epilogue: fp32 into dW_e, written (beta 0) or added (beta 1); experts without tokens
+ *     are not touched (the backend zeroes them under SET).
+ * Prediction: about 1,000 TFLOP/s at NH 2 on the mixtral shapes (the forward's 998-1,223
+ * less the heavier promotion, if the other warpgroup's batch still hides it), so -2 ms a
+ * product against cuBLASLt's ~4 ms, about -12 ms a mixtral8x7b-2L fp8 step (6 products). */
+#define GW_SC_BYTES(NH) (512 * (1 + (NH))) /* a stage's scales: 128 of ds, 128 NH of xs */
+#define GW_SMEM(NH) (GF_NS(NH) * (GF_A_BYTES + GF_B_BYTES(NH) + GW_SC_BYTES(NH) + 16) + 1024)
+
+/* two floats from shared address a (8-byte aligned), as gf_lds */
+__device__ __forceinline__ float2 gw_lds2(uint32_t a) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+}
+
+/* The wgrad's tile t: expert e (its padded tokens from p0, ks K steps), rows m0 of O, columns
+ * n0 of I; 0 past the end. pref [E + 1]: the first tile of each expert. */
+struct gw_tile {
+    int e, p0, ks, m0, n0;
+};
+__device__ __forceinline__ int gw_find(const int *pref, const int *poff, int E, int t, int MT,
+                                       int BN, gw_tile *tl) {
+    if (t >= pref[E]) return 0;
+    int e = 0;
+    while (pref[e + 1] <= t)
+        e++;
+    const int local = t - pref[e];
+    tl->e = e, tl->p0 = poff[e], tl->ks = (poff[e + 1] - poff[e]) / 128;
+    tl->m0 = (local % MT) * 128, tl->n0 = (local / MT) * BN;
+    return 1;
+}
+
+/* dw [E, O, I] fp32 (+)= per expert dyt_e xt_e^T (see above); poff [E + 1] the padded token
+ * offsets (multiples of 128), by value; maps: mdy dyt [O, Mpad] boxes {128, 128}, mx xt
+ * [I, Mpad] boxes {128, BN}, both e4m3 with the 128-byte swizzle. */
+template <int NH>
+__global__ void __launch_bounds__(GF_THREADS, 1)
+    k_grouped_fp8_wgrad(float *__restrict__ dw /* [E, O, I] */,
+                        const __grid_constant__ CUtensorMap mdy,
+                        const __grid_constant__ CUtensorMap mx,
+                        const float *__restrict__ ds /* [Mpad / 128, O] */,
+                        const float *__restrict__ xs /* [Mpad / 128, I] */,
+                        const __grid_constant__ gg_offsets poff, int E, int O, int I, int beta) {
+    constexpr int BN = GF_BN(NH), NS = GF_NS(NH);
+    constexpr uint32_t B_BYTES = GF_B_BYTES(NH), SC = GW_SC_BYTES(NH);
+    extern __shared__ __align__(16) unsigned char gg_smem[];
+    __shared__ int s_pref[GG_MAXE + 1], s_poff[GG_MAXE + 1];
+    const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + NS * GF_A_BYTES;
+    const uint32_t sS = sB + NS * B_BYTES, bfull = sS + NS * SC, bempty = bfull + 8 * NS;
+    const int MT = (O + 127) / 128, NT = (I + BN - 1) / BN;
+    if (threadIdx.x == 0) {
+        s_pref[0] = 0;
+        for (int e = 0; e < E; e++) {
+            s_poff[e] = poff.o[e];
+            s_pref[e + 1] = s_pref[e] + (poff.o[e + 1] > poff.o[e] ? MT * NT : 0);
+        }
+        s_poff[E] = poff.o[E];
+        gg_ring_init(bfull, bempty, NS, 256);
+    }
+    __syncthreads();
+
+    gw_tile tl;
+    if (threadIdx.x >= 256) { /* the producer warpgroup: thread 256 issues every load */
+        fa3_regs_dec<40>();
+        if (threadIdx.x != 256) return;
+        for (int t = blockIdx.x, it = 0; gw_find(s_pref, s_poff, E, t, MT, BN, &tl);
+             t += gridDim.x) {
+            const uint32_t na = 4u * min(128, O - tl.m0), nb = 4u * min(BN, I - tl.n0);
+            for (int k = 0; k < tl.ks; k++, it++) {
+                const int s = it % NS;
+                const uint32_t bar = bfull + 8 * s, sc = sS + s * SC;
+                const int64_t blk = tl.p0 / 128 + k; /* the token block's row of ds and xs */
+                if (it >= NS) fa3_bar_wait(bempty + 8 * s, ((it / NS) - 1) & 1);
+                fa3_bar_expect(bar, GF_A_BYTES + B_BYTES + na + nb);
+                gg_tma(sA + s * GF_A_BYTES, &mdy, tl.p0 + 128 * k, tl.m0, bar);
+                gg_tma(sB + s * B_BYTES, &mx, tl.p0 + 128 * k, tl.n0, bar);
+                gf_bulk(sc, ds + blk * O + tl.m0, na, bar);
+                gf_bulk(sc + 512, xs + blk * I + tl.n0, nb, bar);
+            }
+        }
+        return;
+    }
+
+    fa3_regs_inc<232>();
+    const int wg = threadIdx.x >> 7;
+    const int row = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + ((threadIdx.x & 31) >> 2);
+    const int cq = 2 * (threadIdx.x & 3); /* this thread's first column of each 8 */
+    float acc[NH][16][4];
+    float p[16][4];
+    for (int t = blockIdx.x, it = 0; gw_find(s_pref, s_poff, E, t, MT, BN, &tl); t += gridDim.x) {
+#pragma unroll
+        for (int h = 0; h < NH; h++)
+            fa_zero<16>(acc[h]);
+        for (int k = 0; k < tl.ks; k++, it++) {
+            const int s = it % NS;
+            const uint32_t sc = sS + s * SC;
+            fa3_bar_wait(bfull + 8 * s, (it / NS) & 1);
+            const uint32_t a = sA + s * GF_A_BYTES + wg * 64 * 128, b = sB + s * B_BYTES;
+            float sa0, sa1;
+#pragma unroll
+            for (int h = 0; h < NH; h++) {
+                fa3_hold(p);
+                fa3_fence();
+#pragma unroll
+                for (int kk = 0; kk < GF_BK / 32; kk++)
+                    gf_mma(p, fa3_desc(a + kk * 32, 16, 1024),
+                           fa3_desc(b + h * 128 * 128 + kk * 32, 16, 1024), kk);
+                fa3_commit();
+                if (h == 0) {
+                    sa0 = gf_lds(sc + 4 * row);
+                    sa1 = gf_lds(sc + 4 * (row + 8));
+                }
+                fa3_wait<0>();
+                fa3_hold(p);
+#pragma unroll
+                for (int nt = 0; nt < 16; nt++) {
+                    const float2 sb = gw_lds2(sc + 512 + 4 * (128 * h + 8 * nt + cq));
+                    acc[h][nt][0] = fmaf(sa0 * sb.x, p[nt][0], acc[h][nt][0]);
+                    acc[h][nt][1] = fmaf(sa0 * sb.y, p[nt][1], acc[h][nt][1]);
+                    acc[h][nt][2] = fmaf(sa1 * sb.x, p[nt][2], acc[h][nt][2]);
+                    acc[h][nt][3] = fmaf(sa1 * sb.y, p[nt][3], acc[h][nt][3]);
+                }
+            }
+            fa3_bar_arrive(bempty + 8 * s); /* after the last read of the stage's scales */
+        }
+        float *dwe = dw + (int64_t)tl.e * O * I;
+#pragma unroll
+        for (int h = 0; h < NH; h++)
+            gg_store(dwe, acc[h], tl.m0 + wg * 64, O, tl.n0 + 128 * h, I, beta);
+    }
+}
+
+/* The wgrad's operands from gf_val (dy: seed 3, x: seed 4, powers of two varying with the row
+ * and the token block as gf_x's): q [K, Mpad] e4m3 and s [Mpad / 128, K] as the backend's
+ * column quantizer lays out each expert (amax over the 128 tokens of a block, padding tokens
+ * zero), one thread per (row k, token block). poff/off [E + 1] on the device. */
+__global__ void gw_quant_cols(uint8_t *__restrict__ q, float *__restrict__ sq, int K, int64_t Mpad,
+                              const int32_t *__restrict__ off, const int32_t *__restrict__ poff,
+                              int E, uint64_t seed) {
+    const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nblk = Mpad / 128;
+    if (i >= (int64_t)K * nblk) return;
+    const int k = (int)(i / nblk);
+    const int64_t blk = i % nblk;
+    int e = 0;
+    while (e + 1 < E && poff[e + 1] <= blk * 128)
+        e++;
+    const int64_t t0 = blk * 128 - poff[e], n = off[e + 1] - off[e];
+    float v[128], amax = 0.0f;
+    for (int j = 0; j < 128; j++) {
+        const int64_t t = t0 + j; /* the expert's token */
+        v[j] = t < n ? ldexpf(gf_val(seed, (uint64_t)(off[e] + t) * K + k),
+                              (int)(((off[e] + t) * 5 + k * 3 + blk) % 9) - 4)
+                     : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
+    const float sc = gf_scale(amax);
+    sq[blk * K + k] = sc;
+    for (int j = 0; j < 128; j++)
+        q[(int64_t)k * Mpad + blk * 128 + j] = gf_e4m3(v[j], sc);
+}
+
+/* per expert over dW [E, O * I]: acc [E, 2] += (sum of (a - b)^2, sum of b^2) where both are
+ * finite; unw [2] += the non-finite elements of a and of b. Grid (blocks, E). */
+__global__ void __launch_bounds__(256)
+    gw_compare(const float *__restrict__ a, const float *__restrict__ b, int64_t per,
+               double *__restrict__ acc, unsigned long long *__restrict__ unw) {
+    const int e = blockIdx.y;
+    double d = 0.0, r = 0.0;
+    unsigned long long na = 0, nb = 0;
+    for (int64_t i = blockIdx.x * 256 + threadIdx.x; i < per; i += (int64_t)gridDim.x * 256) {
+        const float x = a[e * per + i], y = b[e * per + i];
+        na += !isfinite(x), nb += !isfinite(y);
+        if (isfinite(x) && isfinite(y)) d += ((double)x - y) * ((double)x - y), r += (double)y * y;
+    }
+    atomicAdd(&acc[2 * e], d);
+    atomicAdd(&acc[2 * e + 1], r);
+    atomicAdd(&unw[0], na);
+    atomicAdd(&unw[1], nb);
+}
+
+/* One wgrad case: E experts with these token counts, dW [E, O, I] = dy_e^T x_e. The operands;
+ * cuBLASLt per expert (the backend's way, with ld = Mpad) checked against a double-precision
+ * host product on sampled rows of dW; then each tile width: beta 0 (dW starts NaN: every
+ * element of an expert with tokens written, those without left NaN) against the host and
+ * cuBLASLt, beta 1 (dW starts at 0.186 on both sides) against cuBLASLt, then its time. */
+static void run_wgrad(const char *name, const std::vector<int> &counts, int O, int I,
+                      cublasLtHandle_t lt, void *ws, size_t wsb, int sms) {
+    const int E = (int)counts.size();
+    std::vector<int> off(E + 1, 0), poff(E + 1, 0);
+    for (int e = 0; e < E; e++) {
+        off[e + 1] = off[e] + counts[e];
+        poff[e + 1] = poff[e] + (counts[e] + 127) / 128 * 128;
+    }
+    const int64_t Mpad = poff[E], M = off[E], nblk = Mpad / 128;
+    printf("%s: O=%d I=%d, tokens %lld (padded %lld), counts", name, O, I, (long long)M,
+           (long long)Mpad);
+    for (int e = 0; e < E; e++)
+        printf(" %d", counts[e]);
+    printf("\n");
+    uint8_t *dyt, *xt;
+    float *ds, *xs, *w0, *w1;
+    int32_t *doff;
+    double *dacc;
+    unsigned long long *dnan;
+    const size_t nw = (size_t)E * O * I;
+    CK(cudaMalloc(&dyt, std::max<size_t>((size_t)O * Mpad, 16)));
+    CK(cudaMalloc(&xt, std::max<size_t>((size_t)I * Mpad, 16)));
+    CK(cudaMalloc(&ds, std::max<size_t>((size_t)nblk * O, 4) * sizeof(float)));
+    CK(cudaMalloc(&xs, std::max<size_t>((size_t)nblk * I, 4) * sizeof(float)));
+    CK(cudaMalloc(&w0, nw * sizeof(float)));
+    CK(cudaMalloc(&w1, nw * sizeof(float)));
+    CK(cudaMalloc(&doff, 2 * (E + 1) * sizeof(int32_t)));
+    CK(cudaMalloc(&dacc, 2 * E * sizeof(double)));
+    CK(cudaMalloc(&dnan, 2 * sizeof(unsigned long long)));
+    CK(cudaMemcpy(doff, off.data(), (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(doff + E + 1, poff.data(), (E + 1) * sizeof(int32_t), cudaMemcpyHostToDevice));
+    gw_quant_cols<<<(unsigned)((O * nblk + 127) / 128), 128>>>(dyt, ds, O, Mpad, doff, doff + E + 1,
+                                                               E, 3);
+    gw_quant_cols<<<(unsigned)((I * nblk + 127) / 128), 128>>>(xt, xs, I, Mpad, doff, doff + E + 1,
+                                                               E, 4);
+    CK(cudaGetLastError());
+    gg_offsets gpoff;
+    std::copy(poff.begin(), poff.end(), gpoff.o);
+    const int64_t ddy[2] = {Mpad, O}, dxt[2] = {Mpad, I}, sld[1] = {Mpad};
+    const CUtensorMap mdy = gg_map(dyt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, ddy, sld, 128, GF_BM,
+                                   CU_TENSOR_MAP_SWIZZLE_128B);
+    const CUtensorMap mx[GF_FORMS] = {gg_map(xt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dxt, sld, 128,
+                                             GF_BN(1), CU_TENSOR_MAP_SWIZZLE_128B),
+                                      gg_map(xt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dxt, sld, 128,
+                                             GF_BN(2), CU_TENSOR_MAP_SWIZZLE_128B)};
+    auto grouped = [&](int f, float *dw, int beta) {
+        if (f == 0)
+            k_grouped_fp8_wgrad<1>
+                <<<sms, GF_THREADS, GW_SMEM(1)>>>(dw, mdy, mx[0], ds, xs, gpoff, E, O, I, beta);
+        else
+            k_grouped_fp8_wgrad<2>
+                <<<sms, GF_THREADS, GW_SMEM(2)>>>(dw, mdy, mx[1], ds, xs, gpoff, E, O, I, beta);
+        CK(cudaGetLastError());
+    };
+    CK(cudaFuncSetAttribute(k_grouped_fp8_wgrad<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            GW_SMEM(1)));
+    CK(cudaFuncSetAttribute(k_grouped_fp8_wgrad<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            GW_SMEM(2)));
+
+    /* cuBLASLt per expert: dW_e [O, I] = dyt_e [O, np] xt_e [I, np]^T, ld Mpad */
+    std::vector<lt_plan> plans(E);
+    bool lt_ok = true;
+    for (int e = 0; e < E && lt_ok; e++) {
+        const int np = poff[e + 1] - poff[e];
+        if (np > 0)
+            lt_ok = lt_make(lt, wsb, O, I, np, Mpad, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                            CUDA_R_32F, dyt + poff[e], ds + (size_t)poff[e] / 128 * O, xt + poff[e],
+                            xs + (size_t)poff[e] / 128 * I, w0 + (size_t)e * O * I, &plans[e]);
+    }
+    auto lt_all = [&](float beta) {
+        for (int e = 0; e < E; e++)
+            if (poff[e + 1] > poff[e])
+                lt_run(lt, ws, wsb, plans[e], dyt + poff[e], xt + poff[e], w0 + (size_t)e * O * I,
+                       beta);
+    };
+
+    /* the host's reference: rows 0, O - 1 and two others of each expert with tokens, all I
+     * columns, in double precision from the same bytes and scales */
+    std::vector<uint8_t> hdy((size_t)O * Mpad), hx((size_t)I * Mpad);
+    std::vector<float> hds((size_t)nblk * O), hxs((size_t)nblk * I);
+    CK(cudaMemcpy(hdy.data(), dyt, hdy.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hx.data(), xt, hx.size(), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hds.data(), ds, hds.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hxs.data(), xs, hxs.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double lut[256];
+    for (int b = 0; b < 256; b++)
+        lut[b] = e4m3_value((uint8_t)b);
+    std::vector<int> re, ro; /* sampled (expert, row) */
+    for (int e = 0; e < E; e++) {
+        if (poff[e + 1] == poff[e]) continue;
+        const int cand[4] = {0, O - 1, (e * 37 + 11) % O, (e * 101 + 64) % O};
+        for (int c = 0; c < 4; c++)
+            re.push_back(e), ro.push_back(cand[c]);
+    }
+    std::vector<double> ref(re.size() * I, 0.0);
+    {
+        const unsigned nt = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+        std::vector<std::thread> th;
+        for (unsigned t = 0; t < nt; t++)
+            th.emplace_back([&, t] {
+                for (size_t j = t; j < re.size(); j += nt) {
+                    const int e = re[j], o = ro[j];
+                    for (int i = 0; i < I; i++) {
+                        double tot = 0.0;
+                        for (int64_t b = poff[e] / 128; b < poff[e + 1] / 128; b++) {
+                            double part = 0.0;
+                            for (int u = 0; u < 128; u++)
+                                part += lut[hdy[(size_t)o * Mpad + b * 128 + u]] *
+                                        lut[hx[(size_t)i * Mpad + b * 128 + u]];
+                            tot += part * hds[b * O + o] * hxs[b * I + i];
+                        }
+                        ref[j * I + i] = tot;
+                    }
+                }
+            });
+        for (auto &x : th)
+            x.join();
+    }
+    /* the worst expert's NMSE of the sampled rows of dw against ref (a NaN sticks) */
+    auto vs_host = [&](const float *dw) {
+        std::vector<double> num(E, 0.0), den(E, 0.0);
+        std::vector<float> h(I);
+        for (size_t j = 0; j < re.size(); j++) {
+            CK(cudaMemcpy(h.data(), dw + ((size_t)re[j] * O + ro[j]) * I, I * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+            for (int i = 0; i < I; i++) {
+                const double d = h[i] - ref[j * I + i];
+                num[re[j]] += d * d, den[re[j]] += ref[j * I + i] * ref[j * I + i];
+            }
+        }
+        double worst = 0.0;
+        for (int e = 0; e < E; e++) {
+            const double v = den[e] > 0 ? num[e] / den[e] : num[e];
+            if (!(v <= worst)) worst = v;
+        }
+        return worst;
+    };
+    /* the worst expert's NMSE of a against b over every element, and the non-finite counts
+     * (a's, b's) over the experts with tokens */
+    auto vs_all = [&](const float *a, const float *b, unsigned long long *bad) {
+        CK(cudaMemset(dacc, 0, 2 * E * sizeof(double)));
+        CK(cudaMemset(dnan, 0, 2 * sizeof(unsigned long long)));
+        gw_compare<<<dim3(64, E), 256>>>(a, b, (int64_t)O * I, dacc, dnan);
+        CK(cudaGetLastError());
+        std::vector<double> h(2 * E);
+        CK(cudaMemcpy(h.data(), dacc, 2 * E * sizeof(double), cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(bad, dnan, 2 * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        for (int e = 0; e < E; e++) {
+            const double v = h[2 * e + 1] > 0 ? h[2 * e] / h[2 * e + 1] : h[2 * e];
+            if (!(v <= worst)) worst = v;
+        }
+        return worst;
+    };
+    /* the experts without tokens hold O * I NaN each after a beta-0 run from NaN */
+    unsigned long long idle = 0;
+    for (int e = 0; e < E; e++)
+        idle += poff[e + 1] == poff[e] ? (unsigned long long)O * I : 0;
+    bool lt_good = false;
+    if (lt_ok) {
+        CK(cudaMemset(w0, 0xff, nw * sizeof(float)));
+        lt_all(0.0f);
+        CK(cudaDeviceSynchronize());
+        const double nm = vs_host(w0);
+        lt_good = nm <= GF_TOL;
+        printf("    cuBLASLt per expert against the host (%zu sampled rows): worst expert nmse "
+               "%.2e%s\n",
+               re.size(), nm, lt_good ? "" : " - cuBLASLt FAILED, its comparison skipped");
+    }
+    const double fl = 2.0 * M * O * I; /* the tokens' flops, not the padding's */
+    for (int f = 0; f < GF_FORMS; f++) {
+        unsigned long long bad[2];
+        CK(cudaMemset(w1, 0xff, nw * sizeof(float)));
+        grouped(f, w1, 0);
+        CK(cudaDeviceSynchronize());
+        const double nh = vs_host(w1);
+        double nl = lt_good ? vs_all(w1, w0, bad) : 0.0;
+        if (!lt_good) vs_all(w1, w1, bad);
+        bool ok = nh <= GF_TOL && bad[0] == idle && nl <= GF_TOL;
+        /* beta 1: both from the bytes 0x3e (0.186 each float) */
+        double n1 = 0.0;
+        if (lt_good) {
+            CK(cudaMemset(w0, 0x3e, nw * sizeof(float)));
+            CK(cudaMemset(w1, 0x3e, nw * sizeof(float)));
+            lt_all(1.0f);
+            grouped(f, w1, 1);
+            unsigned long long b1[2];
+            n1 = vs_all(w1, w0, b1);
+            ok = ok && n1 <= GF_TOL && b1[0] == 0;
+        }
+        printf("    grouped fp8 wgrad, 128 x %d tiles, %d stages: check %s (worst expert nmse: "
+               "host %.2e, cuBLASLt %.2e, beta 1 %.2e; %llu non-finite, %llu expected)",
+               GF_BN(f + 1), GF_NS(f + 1), ok ? "ok" : "FAILED", nh, nl, n1, bad[0], idle);
+        if (!ok) {
+            printf(", not timed\n");
+            continue;
+        }
+        const float t = median_ms([&] { grouped(f, w1, 0); });
+        printf(" %.3f ms %5.0f TFLOP/s\n", t, fl / t / 1e9);
+    }
+    if (lt_ok) {
+        const float t = median_ms([&] { lt_all(0.0f); });
+        printf("    cuBLASLt per expert (1 x 128 scales on both, the backend's wgrad): %.3f ms "
+               "%5.0f TFLOP/s\n",
+               t, fl / t / 1e9);
+    }
+    for (auto &q : plans)
+        lt_free(&q);
+    CK(cudaFree(dyt));
+    CK(cudaFree(xt));
+    CK(cudaFree(ds));
+    CK(cudaFree(xs));
+    CK(cudaFree(w0));
+    CK(cudaFree(w1));
+    CK(cudaFree(doff));
+    CK(cudaFree(dacc));
+    CK(cudaFree(dnan));
+}
+
+int main(int argc, char **argv) {
+    /* `wgrad` runs the weight-gradient part, else the forward's */
+    const bool wgrad = argc > 1 && !strcmp(argv[1], "wgrad");
     /* each line out at once: a kernel that hangs leaves the lines before it */
     setvbuf(stdout, NULL, _IOLBF, 0);
     cublasLtHandle_t lt;
@@ -671,11 +1105,22 @@ int main() {
     const std::vector<int> small = {1, 127, 129, 0, 255, 64, 3, 300};
     const std::vector<int> even(8, 2048);
     const std::vector<int> uneven = {2047, 1901, 2203, 97, 0, 3001, 1499, 5636};
-    run("tiny (check)", tiny, 256, 256, lt, ws, wsb, sms);
-    run("small (check)", small, 384, 400, lt, ws, wsb, sms);
-    run("w1 forward, even", even, 14336, 4096, lt, ws, wsb, sms);
-    run("w1 forward, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
-    run("w2 forward, even", even, 4096, 14336, lt, ws, wsb, sms);
-    run("w2 forward, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
+    if (!wgrad) {
+        run("tiny (check)", tiny, 256, 256, lt, ws, wsb, sms);
+        run("small (check)", small, 384, 400, lt, ws, wsb, sms);
+        run("w1 forward, even", even, 14336, 4096, lt, ws, wsb, sms);
+        run("w1 forward, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
+        run("w2 forward, even", even, 4096, 14336, lt, ws, wsb, sms);
+        run("w2 forward, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
+        return 0;
+    }
+    /* wgrad (O: the forward's output width, I: its input's): tiny, small (O 272 and I 400: a
+     * half-used 128-row and 256-column tile), then w1's (O = F, I = H) and w2's products */
+    run_wgrad("wgrad tiny (check)", tiny, 256, 384, lt, ws, wsb, sms);
+    run_wgrad("wgrad small (check)", small, 272, 400, lt, ws, wsb, sms);
+    run_wgrad("w1 wgrad, even", even, 14336, 4096, lt, ws, wsb, sms);
+    run_wgrad("w1 wgrad, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
+    run_wgrad("w2 wgrad, even", even, 4096, 14336, lt, ws, wsb, sms);
+    run_wgrad("w2 wgrad, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
     return 0;
 }

@@ -9,7 +9,8 @@
 #
 # Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). They
 # compile at once, then run one after the other (each wants the whole GPU), each under
-# LIMIT_S seconds (default 80; grouped_gemm's fwd, dgrad and wgrad parts each). Exit status
+# LIMIT_S seconds (default 80; grouped_gemm's fwd, dgrad and wgrad parts each, grouped_fp8's
+# fwd and wgrad). Exit status
 # 1 when a build failed, a playground exited non-zero, ran past its limit or printed
 # a FAIL line (grouped_gemm reports a failed check that way and still exits 0).
 set -uo pipefail
@@ -40,9 +41,11 @@ for n in "${names[@]}"; do
         rc=1
         continue
     fi
-    # grouped_gemm's three products run as three processes: a hang in one hides no other
+    # grouped_gemm's three products and grouped_fp8's two run as processes of their own: a
+    # hang in one hides no other
     parts=("")
     [ "$n" = grouped_gemm ] && parts=(fwd dgrad wgrad)
+    [ "$n" = grouped_fp8 ] && parts=(fwd wgrad)
     for part in "${parts[@]}"; do
         echo "== $(date -u '+%H:%M:%S UTC') /tmp/pg_$n $part" >> "$out/$n.log"
         timeout "$limit" "/tmp/pg_$n" $part >> "$out/$n.log" 2>&1
