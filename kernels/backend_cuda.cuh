@@ -383,9 +383,12 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
  * of 16. 0 after a recorded error. */
 int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *wq,
                                    const float *sw);
-int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
-                         int64_t lds, const uint8_t *wq, const float *sw, const int32_t *offsets,
-                         int64_t E, int64_t N, int64_t K, const char *op);
+int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
+                         const uint8_t *xq /* [M, K] */, const float *sx /* [KB, lds] */,
+                         int64_t lds, const uint8_t *wq /* [E, N, K] */,
+                         const float *sw /* [E, moe_fp8_tile_scales(N, K)] */,
+                         const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N, int64_t K,
+                         const char *op);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or

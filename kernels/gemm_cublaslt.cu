@@ -526,9 +526,11 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
  * W_e^T per group, with all of a's rows quantized at once into slot A (no per-group bodies
  * and tails) and one launch over the groups; wq [E, N, K] and ws a weight copy and its
  * scales. 0 after a recorded error. */
-static int fp8_grouped_sm90(moe_cuda_ctx *c, const char *op, moe_buf y, float beta, moe_cbuf a,
-                            const uint8_t *wq, const float *ws, const int32_t *offsets, int64_t E,
-                            int64_t N, int64_t K, int pow2) {
+static int fp8_grouped_sm90(moe_cuda_ctx *c, const char *op, moe_buf y /* [M, N] */, float beta,
+                            moe_cbuf a /* [M, K] */, const uint8_t *wq /* [E, N, K] */,
+                            const float *ws /* [E, moe_fp8_tile_scales(N, K)] */,
+                            const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N,
+                            int64_t K, int pow2) {
     const int64_t M = offsets[E], lds = (M + 3) / 4 * 4, KB = (K + 127) / 128;
     fp8_operand ao;
     return fp8_scratch(c, MOE_CUDA_SCRATCH_A, M * K, KB * lds, &ao, op) &&
@@ -569,9 +571,11 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
 /* dx [M, I] (+)= dy W_e per group (beta bx: 1 adds, 0 writes), dy [M, O], W_e^T the
  * transposed copy wtq [E, I, O] with its scales wts: one cuBLASLt product per group. 0 after
  * a recorded error. */
-static int fp8_dgrad_per_group(moe_cuda_ctx *c, const char *op, float *dx, moe_cbuf dy,
-                               const uint8_t *wtq, const float *wts, const int32_t *offsets,
-                               int64_t E, int64_t I, int64_t O, int pow2, float bx) {
+static int fp8_dgrad_per_group(moe_cuda_ctx *c, const char *op, float *dx /* [M, I] */,
+                               moe_cbuf dy /* [M, O] */, const uint8_t *wtq /* [E, I, O] */,
+                               const float *wts /* [E, moe_fp8_tile_scales(I, O)] */,
+                               const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t I,
+                               int64_t O, int pow2, float bx) {
     int64_t M = offsets[E], KB = (O + 127) / 128, ts = moe_fp8_tile_scales(I, O);
     fp8_operand dyo;
     if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * O, fp8_group_scales(offsets, E, KB),
