@@ -1105,22 +1105,23 @@ int main(int argc, char **argv) {
     const std::vector<int> small = {1, 127, 129, 0, 255, 64, 3, 300};
     const std::vector<int> even(8, 2048);
     const std::vector<int> uneven = {2047, 1901, 2203, 97, 0, 3001, 1499, 5636};
-    if (!wgrad) {
-        run("tiny (check)", tiny, 256, 256, lt, ws, wsb, sms);
-        run("small (check)", small, 384, 400, lt, ws, wsb, sms);
-        run("w1 forward, even", even, 14336, 4096, lt, ws, wsb, sms);
-        run("w1 forward, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
-        run("w2 forward, even", even, 4096, 14336, lt, ws, wsb, sms);
-        run("w2 forward, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
-        return 0;
-    }
-    /* wgrad (O: the forward's output width, I: its input's): tiny, small (O 272 and I 400: a
-     * half-used 128-row and 256-column tile), then w1's (O = F, I = H) and w2's products */
-    run_wgrad("wgrad tiny (check)", tiny, 256, 384, lt, ws, wsb, sms);
-    run_wgrad("wgrad small (check)", small, 272, 400, lt, ws, wsb, sms);
-    run_wgrad("w1 wgrad, even", even, 14336, 4096, lt, ws, wsb, sms);
-    run_wgrad("w1 wgrad, uneven", uneven, 14336, 4096, lt, ws, wsb, sms);
-    run_wgrad("w2 wgrad, even", even, 4096, 14336, lt, ws, wsb, sms);
-    run_wgrad("w2 wgrad, uneven", uneven, 4096, 14336, lt, ws, wsb, sms);
+    /* the forward's (N, K) and the wgrad's (O: the forward's output width, I: its input's):
+     * tiny, small (wgrad: O 272 and I 400, a half-used 128-row and 256-column tile), then
+     * w1's and w2's products */
+    const struct {
+        const char *fwd, *wg;
+        const std::vector<int> *counts;
+        int fn, fk, o, i;
+    } cases[] = {{"tiny (check)", "wgrad tiny (check)", &tiny, 256, 256, 256, 384},
+                 {"small (check)", "wgrad small (check)", &small, 384, 400, 272, 400},
+                 {"w1 forward, even", "w1 wgrad, even", &even, 14336, 4096, 14336, 4096},
+                 {"w1 forward, uneven", "w1 wgrad, uneven", &uneven, 14336, 4096, 14336, 4096},
+                 {"w2 forward, even", "w2 wgrad, even", &even, 4096, 14336, 4096, 14336},
+                 {"w2 forward, uneven", "w2 wgrad, uneven", &uneven, 4096, 14336, 4096, 14336}};
+    for (const auto &c : cases)
+        if (wgrad)
+            run_wgrad(c.wg, *c.counts, c.o, c.i, lt, ws, wsb, sms);
+        else
+            run(c.fwd, *c.counts, c.fn, c.fk, lt, ws, wsb, sms);
     return 0;
 }
