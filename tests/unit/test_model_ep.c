@@ -8,7 +8,7 @@
  * Cases: random routing with every activation kept; all tokens routed to experts 0 and 1
  * (a zero gate: ties go to the lower index) so rank 1 receives no rows and experts 2, 3 none,
  * under train.recompute=full (the exchanges run again in the backward); bf16 with
- * recompute=moe. */
+ * recompute=moe; mxfp8, whose expert rows travel as MXFP8 values and scales. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -97,6 +97,8 @@ static double max_abs(const float *a, int64_t n) {
 static void run_case(const char *name, moe_recipe recipe, moe_recompute rc, int zero_gate,
                      double tol) {
     moe_model_config cfg = config();
+    if (recipe == MOE_RECIPE_MXFP8) /* whole blocks of 32: the expert rows travel as MXFP8 */
+        cfg.hidden_size = 32, cfg.intermediate_size = 64;
     moe_err err;
     moe_err_clear(&err);
     int32_t tok[P][B * T], tgt[P][B * T];
@@ -193,5 +195,6 @@ int main(void) {
     run_case("fp32 random routing", MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, 0, 1e-5);
     run_case("fp32 all to rank 0, recompute full", MOE_RECIPE_FP32, MOE_RECOMPUTE_FULL, 1, 1e-5);
     run_case("bf16 recompute moe", MOE_RECIPE_BF16, MOE_RECOMPUTE_MOE, 0, 1e-3);
+    run_case("mxfp8", MOE_RECIPE_MXFP8, MOE_RECOMPUTE_NONE, 0, 1e-3);
     return test_summary("model_ep");
 }

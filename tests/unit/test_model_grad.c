@@ -420,23 +420,25 @@ static void test_logprobs(int tied) {
 }
 
 /* precision.skip_layers: a layer it names runs its products as under bf16. With every layer
- * skipped, fp8-block computes exactly what bf16 computes (loss and gradients, bit for bit:
- * the same bf16 weight values, read from a copy or converted at the product); with one
- * layer skipped it differs from both. */
+ * skipped, fp8-block and mxfp8 compute exactly what bf16 computes (loss and gradients, bit
+ * for bit: the same bf16 weight values, read from a copy or converted at the product, and
+ * under mxfp8 the expert activations stored in bf16 again); with one layer skipped fp8-block
+ * differs from both. */
 static void test_skip_layers(void) {
     moe_model_config cfg = test_tiny_config(0);
     cfg.hidden_size = 128, cfg.intermediate_size = 128; /* whole fp8 blocks */
-    const moe_recipe rs[3] = {MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK};
+    const moe_recipe rs[5] = {MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK,
+                              MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_MXFP8};
     const uint8_t all[2] = {1, 1}, first[2] = {1, 0};
-    const uint8_t *skips[4] = {NULL, all, first, NULL};
-    double loss[4];
-    float *grads[4];
+    const uint8_t *skips[5] = {NULL, all, first, NULL, all};
+    double loss[5];
+    float *grads[5];
     moe_err err;
-    for (int r = 0; r < 4; r++) {
+    for (int r = 0; r < 5; r++) {
         moe_model m;
         moe_err_clear(&err);
-        CHECK(moe_model_create(&m, &cfg, r < 3 ? rs[r] : MOE_RECIPE_FP8_BLOCK, MOE_RECOMPUTE_NONE,
-                               moe_backend_cpu(), B, T, &err) == MOE_OK);
+        CHECK(moe_model_create(&m, &cfg, rs[r], MOE_RECOMPUTE_NONE, moe_backend_cpu(), B, T,
+                               &err) == MOE_OK);
         CHECK(moe_model_set_skip_layers(&m, skips[r], &err) == MOE_OK);
         moe_model_init_weights(&m, 3);
         moe_step_stats st;
@@ -445,17 +447,18 @@ static void test_skip_layers(void) {
         loss[r] = st.loss;
         grads[r] = malloc((size_t)m.table.n_elems * sizeof(float));
         moe_model_copy_grads_to_host(&m, grads[r]);
-        if (r == 3) { /* same sizes for every model: compare here */
+        if (r == 4) { /* same sizes for every model: compare here */
             size_t bytes = (size_t)m.table.n_elems * sizeof(float);
-            CHECK_MSG(loss[1] == loss[0] && memcmp(grads[1], grads[0], bytes) == 0,
-                      "fp8-block with every layer skipped: loss %.17g vs bf16 %.17g", loss[1],
-                      loss[0]);
+            for (int k = 1; k < 5; k += 3)
+                CHECK_MSG(loss[k] == loss[0] && memcmp(grads[k], grads[0], bytes) == 0,
+                          "%s with every layer skipped: loss %.17g vs bf16 %.17g",
+                          moe_recipe_name(rs[k]), loss[k], loss[0]);
             CHECK(loss[2] != loss[0] && loss[2] != loss[3]);
             CHECK(loss[3] != loss[0]);
         }
         moe_model_free(&m);
     }
-    for (int r = 0; r < 4; r++)
+    for (int r = 0; r < 5; r++)
         free(grads[r]);
 }
 

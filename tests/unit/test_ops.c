@@ -15,6 +15,7 @@
 
 #include "gradcheck.h"
 #include "moe/ops.h"
+#include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
 #include "testlib.h"
 
@@ -598,6 +599,80 @@ static void test_bf16_activations(void) {
     free(x), free(w1), free(w2), free(tw), free(dy);
 }
 
+/* MXFP8 activations (what the model stores under mxfp8, moe_buf_mxfp8): each op that writes
+ * one stores the encoding (moe_mxfp8_encode) of the bf16 output it writes given the same
+ * input values - permute, the grouped forward, swiglu both ways (in place, over its
+ * inputs, as the model runs it) - and the grouped backward reads one as its values. */
+static int mx_is(const uint8_t *q, const uint8_t *mx, const uint16_t *ref16, int64_t n) {
+    float *v = malloc((size_t)n * sizeof(float));
+    uint8_t *rq = malloc((size_t)n), *rmx = malloc((size_t)n / 32);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_bf16_to_f32(ref16[i]);
+    moe_mxfp8_encode(rq, rmx, v, n);
+    int same = memcmp(rq, q, (size_t)n) == 0 && memcmp(rmx, mx, (size_t)n / 32) == 0;
+    free(v), free(rq), free(rmx);
+    return same;
+}
+
+/* q [n] + its scales after it: a malloc'ed MXFP8 activation; values decoded into a new F32 */
+static float *mx_values(const uint8_t *q, int64_t n) {
+    float *v = malloc((size_t)n * sizeof(float));
+    moe_mxfp8_decode(v, q, q + n, n);
+    return v;
+}
+
+static void test_mxfp8_activations(void) {
+    enum { N = 5, K = 2, C = 32, F = 64, E = 3, NK = N * K };
+    const moe_recipe mx = MOE_RECIPE_MXFP8;
+    const int32_t idx[NK] = {0, 2, 1, 0, 2, 1, 0, 2, 0, 1};
+    float *x = gc_buf(N * C, 70, -1, 1), *w1 = gc_buf(E * F * C, 71, -1, 1);
+    float *w3 = gc_buf(E * F * C, 72, -1, 1), *dg = gc_buf(NK * F, 73, -1, 1);
+    x[7] = 40.0f, x[40] = 0.0f; /* an outlier in one block */
+    for (int64_t i = 0; i < N * C; i++)
+        x[i] = moe_round_bf16(x[i]);
+    int32_t src[NK], slot[NK], off[E + 1];
+    uint8_t *xp = calloc(NK * C + NK * C / 32, 1), *h1 = calloc(NK * F + NK * F / 32, 1);
+    uint8_t *h3 = calloc(NK * F + NK * F / 32, 1), *g = calloc(NK * F + NK * F / 32, 1);
+    uint16_t *r16 = calloc(NK * F, 2), *r16b = calloc(NK * F, 2);
+    moe_buf xpb = moe_buf_mxfp8(xp, xp + NK * C), h1b = moe_buf_mxfp8(h1, h1 + NK * F);
+    moe_buf h3b = moe_buf_mxfp8(h3, h3 + NK * F), gb = moe_buf_mxfp8(g, g + NK * F);
+    be->permute_forward(be, xpb, src, slot, off, moe_cbuf_f32(x), idx, N, C, E, K);
+    be->permute_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), src, slot, off, moe_cbuf_f32(x), idx,
+                        N, C, E, K);
+    CHECK_MSG(mx_is(xp, xp + NK * C, r16, NK * C), "permute into MXFP8");
+    float *xv = mx_values(xp, NK * C);
+    be->grouped_matmul_forward(be, h1b, moe_cbuf_from(xpb), moe_cbuf_f32(w1), off, E, C, F, mx);
+    be->grouped_matmul_forward(be, h3b, moe_cbuf_from(xpb), moe_cbuf_f32(w3), off, E, C, F, mx);
+    be->grouped_matmul_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_cbuf_f32(xv),
+                               moe_cbuf_f32(w1), off, E, C, F, mx);
+    CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F), "grouped forward into MXFP8");
+    float *h1v = mx_values(h1, NK * F), *h3v = mx_values(h3, NK * F);
+    be->swiglu_forward(be, gb, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F, MOE_RECIPE_BF16);
+    be->swiglu_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v),
+                       NK * F, MOE_RECIPE_BF16);
+    CHECK_MSG(mx_is(g, g + NK * F, r16, NK * F), "swiglu forward into MXFP8");
+    /* the weight gradients read MXFP8 operands as their values */
+    float *dw[2] = {gc_buf(E * F * C, 0, 0, 0), gc_buf(E * F * C, 0, 0, 0)};
+    float *dx[2] = {gc_buf(NK * C, 0, 0, 0), gc_buf(NK * C, 0, 0, 0)};
+    float *gv = mx_values(g, NK * F);
+    be->grouped_matmul_backward(be, dx[0], dw[0], moe_cbuf_from(gb), moe_cbuf_from(xpb),
+                                moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
+    be->grouped_matmul_backward(be, dx[1], dw[1], moe_cbuf_f32(gv), moe_cbuf_f32(xv),
+                                moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
+    CHECK(memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0);
+    CHECK(memcmp(dx[0], dx[1], (size_t)(NK * C) * 4) == 0);
+    /* swiglu backward in place over its MXFP8 inputs */
+    be->swiglu_backward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_buf_of(r16b, MOE_DTYPE_BF16), dg,
+                        moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F);
+    be->swiglu_backward(be, h1b, h3b, dg, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F);
+    CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F) && mx_is(h3, h3 + NK * F, r16b, NK * F),
+              "swiglu backward in place into MXFP8");
+    free(x), free(w1), free(w3), free(dg), free(xp), free(h1), free(h3), free(g), free(r16);
+    free(r16b), free(xv), free(h1v), free(h3v), free(gv);
+    for (int k = 0; k < 2; k++)
+        free(dw[k]), free(dx[k]);
+}
+
 /* The fp8 recipes' emulated products (ops_fp8.c) stay close to fp32 (E4M3 with block scales:
  * nmse about 1e-3), store bf16 forward outputs, leave an expert without rows untouched, and
  * are not just bf16 (they differ from it). */
@@ -683,6 +758,7 @@ static void test_bf16(void) {
     CHECK_MSG(maxref < 4e-2, "bf16 matmul vs reference: %g", maxref);
     test_bf16_weights();
     test_bf16_activations();
+    test_mxfp8_activations();
     test_fp8_products();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
     be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);

@@ -4,7 +4,8 @@
  * the normal range of its block, mxfp8's two scale rules (ceil: powers of two and nothing
  * saturates; ocp-floor: 2^(floor(log2 amax) - 8)), blocks that do not straddle the end of a
  * vector, strided (column) vectors, 128 x 128 tiles that keep a small tile small next to a
- * large one, and the same bits for any thread count. */
+ * large one, and the same bits for any thread count; the stored MXFP8 form (encode, decode:
+ * the fake quantization's values, and encoding them again keeps them). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -167,10 +168,44 @@ static void test_blocks_strides_tiles(void) {
     free(w), free(wq), free(wt), free(wtq), free(a), free(b);
 }
 
+/* The stored MXFP8 form (moe_mxfp8_encode/decode): decoding gives exactly mxfp8's fake
+ * quantization in blocks of 32 (outliers, an all-zero block with scale code 127, E4M3
+ * subnormals, NaN kept in its slot, values past 448 x scale impossible under ceil), and
+ * encoding decoded values returns the same values (what the model's re-stores rely on). */
+static void test_mxfp8_stored(void) {
+    enum { n = 32 * 40 };
+    float x[n], fake[n], dec[n], dec2[n];
+    uint8_t q[n], mx[n / 32], q2[n], mx2[n / 32];
+    uint64_t s = 9;
+    for (int i = 0; i < n; i++)
+        x[i] = urand(&s) * (i % 97 == 5 ? 3e4f : 1.0f); /* outliers */
+    for (int i = 64; i < 96; i++)
+        x[i] = 0.0f; /* block 2: all zero */
+    for (int i = 96; i < 128; i++)
+        x[i] = i == 96 ? 1.0f : 1e-5f; /* block 3: E4M3 subnormals under a scale of 2^-8 */
+    x[200] = NAN, x[201] = -1e-30f, x[202] = -0.0f;
+    moe_quant_fake_vectors(fake, x, 1, n, n, 1, &MX);
+    moe_mxfp8_encode(q, mx, x, n);
+    moe_mxfp8_decode(dec, q, mx, n);
+    int same = 1;
+    for (int i = 0; i < n; i++)
+        same &= i == 200 ? isnan(dec[i]) : dec[i] == fake[i];
+    CHECK_MSG(same, "decoded MXFP8 differs from the fake quantization");
+    CHECK(mx[2] == 127 && mx[3] == 127 - 8);
+    CHECK(dec[100] != 0.0f && dec[100] < 0x1.0p-14f); /* a subnormal E4M3 x 2^-8, kept */
+    moe_mxfp8_encode(q2, mx2, dec, n);
+    moe_mxfp8_decode(dec2, q2, mx2, n);
+    same = 1;
+    for (int i = 0; i < n; i++)
+        same &= i == 200 ? isnan(dec2[i]) : dec2[i] == dec[i];
+    CHECK_MSG(same, "encoding decoded MXFP8 values changed them");
+}
+
 int main(void) {
     test_exact_and_special();
     test_error_and_rules();
     test_blocks_strides_tiles();
+    test_mxfp8_stored();
     CHECK(moe_quant_block(&FP8) == 128 && moe_quant_block(&MX) == 32);
     return test_summary("test_quant");
 }

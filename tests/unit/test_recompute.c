@@ -1,15 +1,17 @@
 /* test_recompute: train.recompute (none/attn/moe/full) and the memory estimate.
  *
  * 1. Gradients, losses and router statistics of every recompute mode are BIT-identical to
- *    recompute none, for the fp32 and bf16 recipes, tied and untied lm_head, over two
- *    accumulated micro-batches of different shapes (the second smaller than the buffers).
+ *    recompute none, for the fp32, bf16 and mxfp8 (MXFP8 expert activations) recipes, tied
+ *    and untied lm_head, over two accumulated micro-batches of different shapes (the second
+ *    smaller than the buffers).
  * 2. Each mode's activation plan is smaller than the one before it (none > attn, moe > full >
  *    forward-only), and a forward-only model gives the same hidden states as a training one.
  * 3. moe_model_memory_estimate is exact: a counting wrapper around the CPU backend's
  *    alloc/free sums what the model (and the AdamW moments a trainer adds) really allocate
  *    through the backend, and forward/backward allocate nothing more (fp32, bf16, and
- *    fp8-block, whose weight copies the first pass makes, with and without a layer in
- *    skip_layers; fp32 and bf16 AdamW moments); also for one rank of
+ *    fp8-block, whose weight copies the first pass makes, and mxfp8, whose expert
+ *    activations are MXFP8 and laid out again for a skipped layer, each with and without a
+ *    layer in skip_layers; fp32 and bf16 AdamW moments); also for one rank of
  *    an expert-parallel group (its experts, its worst-case expert-side buffers).
  * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
  * recomputed forward runs the same deterministic ops on the same inputs. */
@@ -139,10 +141,11 @@ static void test_bit_identical(void) {
         tgt[i] = i % 11 == 3 ? -1 : (int32_t)gc_uniform(&s, 0, 37);
         w[i] = (float)gc_uniform(&s, 0.2, 1.0);
     }
-    const moe_recipe recipes[2] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16};
+    const moe_recipe recipes[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_MXFP8};
     for (int tied = 0; tied < 2; tied++)
-        for (int r = 0; r < 2; r++) {
+        for (int r = 0; r < 3; r++) {
             moe_model_config cfg = config(tied);
+            if (recipes[r] == MOE_RECIPE_MXFP8) cfg.intermediate_size = 64; /* MXFP8 storage */
             run_out ref = run(&cfg, recipes[r], MOE_RECOMPUTE_NONE, tok, tgt, w);
             if (!ref.grads) return;
             double gmax = 0.0;
@@ -252,13 +255,16 @@ static void test_estimate_exact(void) {
         tok[i] = (int32_t)((i * 7) % 37);
     for (int tied = 0; tied < 2; tied++)
         for (int rc = 0; rc < 4; rc++)
-            for (int r = 0; r < 4; r++) {
-                /* fp8-block twice: every layer quantized, then layer 1 in skip_layers */
-                const moe_recipe rs[4] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK,
-                                          MOE_RECIPE_FP8_BLOCK};
-                const uint8_t skip1[3] = {0, 1, 0}, *skip = r == 3 ? skip1 : NULL;
+            for (int r = 0; r < 6; r++) {
+                /* fp8-block and mxfp8 twice: every layer quantized, then layer 1 in
+                 * skip_layers (under mxfp8 its expert activations are bf16: a new layout) */
+                const moe_recipe rs[6] = {MOE_RECIPE_FP32,      MOE_RECIPE_BF16,
+                                          MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK,
+                                          MOE_RECIPE_MXFP8,     MOE_RECIPE_MXFP8};
+                const uint8_t skip1[3] = {0, 1, 0}, *skip = r % 2 && r > 1 ? skip1 : NULL;
                 moe_recipe recipe = rs[r];
                 moe_model_config cfg = config(tied);
+                cfg.intermediate_size = r >= 4 ? 64 : cfg.intermediate_size;
                 counter cnt;
                 moe_backend cbe = counting_backend(&cnt);
                 moe_model m;
@@ -294,8 +300,19 @@ static void test_estimate_exact(void) {
                 CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
                 CHECK_INT_EQ(est.params, (int64_t)pb);
                 CHECK_INT_EQ(est.optimizer, 2 * (int64_t)mb);
-                CHECK(est.gpu_scratch > 0);
-                CHECK((est.fp8_copies > 0) == (r >= 2) && (m.param8_mem != NULL) == (r >= 2));
+                CHECK(r >= 4 ? est.gpu_scratch == -1 : est.gpu_scratch > 0); /* CUDA: no mxfp8 */
+                CHECK((est.fp8_copies > 0) == (r == 2 || r == 3) &&
+                      (m.param8_mem != NULL) == (r == 2 || r == 3));
+                if (r >= 4) { /* MXFP8 expert activations: less than bf16's, more with a skip */
+                    moe_model_memory b16, mx;
+                    moe_model_memory_estimate(&cfg, MOE_RECIPE_BF16, (moe_recompute)rc, B, T, 1,
+                                              NULL, mdt, &b16);
+                    moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
+                                              &mx);
+                    CHECK(mx.activations < b16.activations);
+                    CHECK(r == 4 ||
+                          (est.activations > mx.activations && est.activations <= b16.activations));
+                }
                 if (r == 3) { /* the skipped layer's copies are left out */
                     moe_model_memory all;
                     moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,

@@ -150,7 +150,9 @@ moe_status moe_model_create_forward_only(moe_model *m, const moe_model_config *c
 /* Keeps the products of the layers with skip[l] = 1 (skip [layers] host, or NULL for none)
  * unquantized - run as under bf16 - when the recipe is an fp8 one (precision.skip_layers);
  * no effect under fp32 and bf16. Under fp8-block those layers get no fp8 weight copies (the
- * copies are laid out again by the next pass). Out of host memory: MOE_ERR_RUNTIME. */
+ * copies are laid out again by the next pass); under mxfp8 the activations are laid out
+ * again at once (those layers' expert activations are bf16, the others' MXFP8), so what a
+ * forward left for its backward is gone. Out of memory: MOE_ERR_RUNTIME. */
 moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err *err);
 /* normal(0, initializer_range) for matrices and the embedding, ones for norms; Philox
  * keyed by seed, each tensor its own stream: same result for any thread count. */
@@ -271,7 +273,8 @@ void moe_model_count_params(const moe_model_config *cfg, int64_t *total, int64_t
 double moe_model_flops_per_token(const moe_model_config *cfg, int64_t seq);
 /* Bytes of the one activation allocation (saved activations, the shared recompute set and
  * the activation-gradient scratch) moe_model_create makes for batch x seq tokens under this
- * recompute mode. Exact: the same plan function sizes the allocation. */
+ * recompute mode and recipe (mxfp8: every layer's expert path MXFP8, none skipped). Exact:
+ * the same plan function sizes the allocation. */
 int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
                                    moe_recompute recompute, int64_t batch, int64_t seq);
 
@@ -296,7 +299,8 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d);
 /* What a training run allocates on one rank of an expert group of ep ranks (1: every
  * expert; moe_model_create_ep's tensors and expert-side buffers, and the fp8-block copies of
- * its first pass, without the layers skip [layers] names, NULL for none): total exactly for
+ * its first pass, without the layers skip [layers] names, NULL for none; under mxfp8 those
+ * layers' expert activations are bf16, the others' MXFP8): total exactly for
  * any backend, with AdamW moments of type moments (MOE_DTYPE_F32 or MOE_DTYPE_BF16:
  * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share); add
  * gpu_scratch for the peak device memory of the CUDA backend. */

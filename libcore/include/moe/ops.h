@@ -64,6 +64,15 @@
  *    costs 4 bytes per 16384 values. The products quantize only their activations and
  *    gradients per call; an F32 weight under fp8-block is refused. mxfp8 weights stay F32
  *    (quantized per call by the CPU emulation).
+ *  - MXFP8 activations (moe_buf_mxfp8: E4M3 values with an e8m0 scale per 32 consecutive
+ *    elements, in their own array `mx`): under mxfp8 the model stores the expert path so
+ *    (permute's output, the grouped matmul's input and output, swiglu's inputs and output
+ *    both ways, the dh1/dh3 written over them). An op writing one stores the encoding of
+ *    the BF16 value it would write (moe_mxfp8_encode of the bf16 rounding, ceil scale rule
+ *    whatever precision.fp8_scale says: that rule is the products'); an op reading one reads
+ *    its values. Their element counts are multiples of 32 (the model uses them only when
+ *    hidden and expert widths are). The CPU backend runs them; the CUDA backend refuses
+ *    mxfp8 and never sees one.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -123,27 +132,37 @@ static inline float moe_grad_beta(moe_grad_store st) {
 }
 
 /* A read-only operand in backend memory with the type of its elements; s: the block scales
- * of an E4M3 operand (the fp8-block weight copies above), NULL for every other type. */
+ * of an E4M3 weight (the fp8-block weight copies above), mx: the scales of an MXFP8
+ * activation (E4M3 values, one e8m0 scale per 32 consecutive elements: element i is
+ * e4m3(p[i]) * 2^(mx[i / 32] - 127)); NULL for every other operand. */
 typedef struct moe_cbuf {
     const void *p;
     moe_dtype dt;
     const float *s;
+    const uint8_t *mx;
 } moe_cbuf;
 
-/* A writable operand in backend memory with the type of its elements. */
+/* A writable operand in backend memory with the type of its elements (mx as above). */
 typedef struct moe_buf {
     void *p;
     moe_dtype dt;
+    uint8_t *mx;
 } moe_buf;
 
 static inline moe_cbuf moe_cbuf_of(const void *p, moe_dtype dt) {
-    moe_cbuf b = {p, dt, NULL};
+    moe_cbuf b = {p, dt, NULL, NULL};
     return b;
 }
 /* The E4M3 weight operand of fp8-block: q [2 E O I] e4m3 and s [moe_fp8_weight_scales]
  * as quantize_weight writes them. */
 static inline moe_cbuf moe_cbuf_e4m3(const uint8_t *q, const float *s) {
-    moe_cbuf b = {q, MOE_DTYPE_E4M3, s};
+    moe_cbuf b = {q, MOE_DTYPE_E4M3, s, NULL};
+    return b;
+}
+/* An MXFP8 activation of n elements (n a multiple of 32): q [n] e4m3, mx [n / 32] e8m0
+ * scales, written by the ops with the ceil rule (moe_mxfp8_encode, moe/quant.h). */
+static inline moe_buf moe_buf_mxfp8(uint8_t *q, uint8_t *mx) {
+    moe_buf b = {q, MOE_DTYPE_E4M3, mx};
     return b;
 }
 /* Scales of one [R, K] matrix in 128 x 128 tiles, cuBLASLt's BLK128x128_32F layout: tile
@@ -161,27 +180,33 @@ static inline moe_cbuf moe_cbuf_f32(const float *p) {
     return moe_cbuf_of(p, MOE_DTYPE_F32);
 }
 static inline moe_buf moe_buf_of(void *p, moe_dtype dt) {
-    moe_buf b = {p, dt};
+    moe_buf b = {p, dt, NULL};
     return b;
 }
 static inline moe_buf moe_buf_f32(float *p) {
     return moe_buf_of(p, MOE_DTYPE_F32);
 }
 static inline moe_cbuf moe_cbuf_from(moe_buf b) {
-    return moe_cbuf_of(b.p, b.dt);
+    moe_cbuf c = {b.p, b.dt, NULL, b.mx};
+    return c;
 }
-/* b advanced by n elements of its own type. */
+/* b advanced by n elements of its own type (an MXFP8 operand by a multiple of 32). */
 static inline moe_buf moe_buf_at(moe_buf b, int64_t n) {
     b.p = (char *)b.p + (size_t)n * moe_dtype_size(b.dt);
+    if (b.mx) b.mx += n / 32;
     return b;
 }
-/* b advanced by n elements (of its own type; not for E4M3 operands, whose scales are tiled). */
+/* b advanced by n elements (of its own type, an MXFP8 operand by a multiple of 32; not for
+ * the fp8-block weights, whose scales are tiled). */
 static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
     b.p = (const char *)b.p + (size_t)n * moe_dtype_size(b.dt);
+    if (b.mx) b.mx += n / 32;
     return b;
 }
-/* Host access for the CPU backend: element i as fp32; a store, rounded when BF16. */
+/* Host access for the CPU backend: element i as fp32 (F32, BF16 or MXFP8); a store, rounded
+ * when BF16 (an MXFP8 operand is written 32 values at a time: moe_mxfp8_encode). */
 static inline float moe_cbuf_get(moe_cbuf b, int64_t i) {
+    if (b.mx) return moe_e4m3_to_f32(((const uint8_t *)b.p)[i]) * moe_e8m0_to_f32(b.mx[i / 32]);
     return b.dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(((const uint16_t *)b.p)[i])
                                   : ((const float *)b.p)[i];
 }

@@ -5,12 +5,12 @@
  * fp8-block: E4M3 values, one fp32 scale per block of 128 consecutive elements along a
  * vector (activations and gradients: 1 x 128 along the reduction dimension) or per 128 x 128
  * tile of a matrix (weights); scale = amax / 448 (amax over the block's finite values; 1 for
- * an all-zero block), or with the pow2 rule the smallest power of two >= amax / 448. mxfp8 (OCP MX v1.0): E4M3 values, one E8M0 power-of-two scale per 32
- * consecutive elements; the `ceil` rule takes the smallest 2^k >= amax / 448 (no element
- * saturates; NVIDIA's MXFP8 recipe, the default), `ocp-floor` 2^(floor(log2 amax) - 8).
- * Encoding saturates (|x| above 448 scale gives 448 scale), NaN stays NaN. The one thing to
- * know: a block never straddles the end of a vector (the last block of a vector may be
- * short), so an expert's rows are quantized as their own group. */
+ * an all-zero block), or with the pow2 rule the smallest power of two >= amax / 448. mxfp8 (OCP MX
+ * v1.0): E4M3 values, one E8M0 power-of-two scale per 32 consecutive elements; the `ceil` rule
+ * takes the smallest 2^k >= amax / 448 (no element saturates; NVIDIA's MXFP8 recipe, the default),
+ * `ocp-floor` 2^(floor(log2 amax) - 8). Encoding saturates (|x| above 448 scale gives 448 scale),
+ * NaN stays NaN. The one thing to know: a block never straddles the end of a vector (the last block
+ * of a vector may be short), so an expert's rows are quantized as their own group. */
 #ifndef MOE_QUANT_H
 #define MOE_QUANT_H
 
@@ -56,6 +56,15 @@ void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const fl
  * e4m3(q) * scale, or with transpose dst [K, R] (the matrix q is the transpose of). */
 void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_t R, int64_t K,
                             int transpose);
+
+/* The stored MXFP8 activations (moe/ops.h's moe_buf_mxfp8, kept under the mxfp8 recipe): n
+ * values (n a multiple of 32) as q [n] e4m3 and mx [n / 32] e8m0, each block of 32 with the
+ * ceil rule's scale (an all-zero block 1, code 127), values e4m3(x / scale) saturating, NaN
+ * kept: decoding gives moe_quant_fake_vectors's values for blocks of 32 under mxfp8's default
+ * rule. Encoding what a decode gave returns the same values. q may not alias src. */
+void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n);
+/* dst [n] = the values of q [n], mx [n / 32]. */
+void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n);
 
 #ifdef __cplusplus
 }

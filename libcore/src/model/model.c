@@ -46,21 +46,44 @@ int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep
     return ep > 1 ? ep * N * (K < El ? K : El) : N * K;
 }
 
+int moe_model_layer_mx(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l) {
+    return moe_recipe_format(recipe) == MOE_RECIPE_MXFP8 && !(skip && skip[l]) &&
+           cfg->hidden_size % 32 == 0 && cfg->intermediate_size % 32 == 0;
+}
+
+/* Bytes of an activation of n elements: MXFP8 (n e4m3 values, then n / 32 e8m0 scales) or n
+ * elements of ef bytes. */
+static size_t act_bytes(int64_t n, int mx, size_t ef) {
+    return mx ? (size_t)(n + n / 32) : (size_t)n * ef;
+}
+
 /* The expert activations of one layer, or of the shared set (see moe_layer_acts): the
- * expert side gets cap rows, and its own xe/ye only with expert parallelism (own). g is not
- * among them: it lives in the region of moe_acts_plan's phases. */
+ * expert side gets cap rows, and its own xe/ye only with expert parallelism (own); xp, xe,
+ * h1 and h3 in MXFP8 when mx (yp and ye stay ef). g is not among them: it lives in the
+ * region of moe_acts_plan's phases. */
 static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t NK, int64_t cap,
-                          int own, int64_t C, int64_t F, size_t ef) {
-    la->xp = carve(off, base, (size_t)(NK * C) * ef);
-    la->h1 = carve(off, base, (size_t)(cap * F) * ef);
-    la->h3 = carve(off, base, (size_t)(cap * F) * ef);
+                          int own, int64_t C, int64_t F, size_t ef, int mx) {
+    la->xp = carve(off, base, act_bytes(NK * C, mx, ef));
+    la->h1 = carve(off, base, act_bytes(cap * F, mx, ef));
+    la->h3 = carve(off, base, act_bytes(cap * F, mx, ef));
     la->yp = carve(off, base, (size_t)(NK * C) * ef);
-    la->xe = own ? carve(off, base, (size_t)(cap * C) * ef) : la->xp;
+    la->xe = own ? carve(off, base, act_bytes(cap * C, mx, ef)) : la->xp;
     la->ye = own ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
 }
 
+/* The MXFP8 scales of a layer whose expert path is stored so: each after its buffer's
+ * values (a buffer sized for ef bytes an element has room for them too); else NULL. */
+static void expert_scales(moe_layer_acts *la, int64_t NK, int64_t cap, int64_t C, int64_t F,
+                          int mx) {
+    la->xp_mx = mx ? (uint8_t *)la->xp + NK * C : NULL;
+    la->xe_mx = mx ? (uint8_t *)la->xe + cap * C : NULL;
+    la->h1_mx = mx ? (uint8_t *)la->h1 + cap * F : NULL;
+    la->h3_mx = mx ? (uint8_t *)la->h3 + cap * F : NULL;
+    la->g_mx = mx ? (uint8_t *)la->g + cap * F : NULL;
+}
+
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recipe recipe, int ep,
-                     struct moe_acts *a, char *base) {
+                     const uint8_t *skip, struct moe_acts *a, char *base) {
     int64_t C = cfg->hidden_size, V = cfg->vocab_size, F = cfg->intermediate_size;
     int64_t E = cfg->num_local_experts, K = cfg->num_experts_per_tok;
     int64_t D = cfg->hidden_size / cfg->num_attention_heads;
@@ -71,6 +94,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
+    int all_mx = 1; /* every layer's expert path in MXFP8: the shared buffers sized so too */
+    for (int l = 0; l < (int)L; l++)
+        all_mx &= moe_model_layer_mx(cfg, recipe, skip, l);
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
@@ -94,7 +120,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.row_src = carve(&off, base, (size_t)NK * i4);
         sh.slot_row = carve(&off, base, (size_t)NK * i4);
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        carve_experts(&sh, &off, base, NK, cap, own, C, F, ef);
+        carve_experts(&sh, &off, base, NK, cap, own, C, F, ef, all_mx);
     }
     /* router statistics of every layer, read after the whole forward in one copy each */
     int32_t *counts_all = carve(&off, base, (size_t)(L * E) * i4);
@@ -130,7 +156,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            carve_experts(la, &off, base, NK, cap, own, C, F, ef);
+            carve_experts(la, &off, base, NK, cap, own, C, F, ef,
+                          moe_model_layer_mx(cfg, recipe, skip, (int)l));
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = counts_all ? counts_all + l * E : NULL;
@@ -155,11 +182,14 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
      * has read g; dxe and dxp once SwiGLU's backward has read dg; the attention gradients
      * once permute's backward has read dxp. Forward-only plans hold g alone. */
     size_t u = off, uend = off;
-    void *g = carve(&u, base, (size_t)(cap * F) * (train ? f : ef));
+    void *g = carve(&u, base, train ? (size_t)(cap * F) * f : act_bytes(cap * F, all_mx, ef));
     p->dg = train ? (float *)g : NULL;
     if (base)
-        for (int64_t l = 0; l < L; l++)
+        for (int64_t l = 0; l < L; l++) {
             a->layer[l].g = g;
+            expert_scales(&a->layer[l], NK, cap, C, F,
+                          moe_model_layer_mx(cfg, recipe, skip, (int)l));
+        }
     if (!train) return u; /* hidden states only: no logits, losses or gradients */
     uend = u, u = off;
     float *dxe = own ? carve(&u, base, (size_t)(cap * C) * f) : NULL;
@@ -322,14 +352,14 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
     /* zero weights, zero copies: right, but training models say so once */
     m->copies_stale = !m->weights16_only;
     a->max_tokens = N;
-    a->bytes = moe_acts_plan(cfg, N, plan, recipe, P, a, NULL);
+    a->bytes = moe_acts_plan(cfg, N, plan, recipe, P, NULL, a, NULL);
     a->mem = be->alloc(be, a->bytes);
     if (!a->mem) goto oom;
-    moe_acts_plan(cfg, N, plan, recipe, P, a, a->mem);
+    moe_acts_plan(cfg, N, plan, recipe, P, NULL, a, a->mem);
     return MOE_OK;
 oom:;
     size_t pbytes = (size_t)(m->weights16_only ? m->param_elems : m->table.n_elems) * sizeof(float);
-    size_t abytes = moe_acts_plan(cfg, N, plan, recipe, P, NULL, NULL);
+    size_t abytes = moe_acts_plan(cfg, N, plan, recipe, P, NULL, NULL, NULL);
     int copies16 = m->weights16_only || moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
     size_t cbytes = copies16 ? (size_t)m->table.n_elems * sizeof(uint16_t) : 0;
     size_t gbytes = plan == MOE_PLAN_FORWARD ? 0 : (size_t)m->table.n_elems * sizeof(float);
@@ -379,6 +409,25 @@ moe_status moe_model_set_document_separator(moe_model *m, int32_t sep, moe_err *
         return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
                            "a forward-only model has no document mask (one sequence per row)");
     m->doc_sep = sep;
+    return MOE_OK;
+}
+
+moe_status moe_model_replan_acts(moe_model *m, moe_err *err) {
+    struct moe_acts *a = m->acts;
+    if (moe_recipe_format(m->recipe) != MOE_RECIPE_MXFP8 || !a || !a->mem) return MOE_OK;
+    const moe_backend *be = m->be;
+    be->free(be, a->mem);
+    a->bytes =
+        moe_acts_plan(&m->cfg, a->max_tokens, a->plan, m->recipe, a->ep, m->skip_quant, a, NULL);
+    a->mem = be->alloc(be, a->bytes);
+    if (!a->mem) {
+        moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of %s memory for %.1f MiB of activations",
+                    be->name, a->bytes / 1048576.0);
+        moe_err_hint(err, "use a smaller micro batch (train.micro_batch_tokens) or "
+                          "train.recompute=full");
+        return MOE_ERR_RUNTIME;
+    }
+    moe_acts_plan(&m->cfg, a->max_tokens, a->plan, m->recipe, a->ep, m->skip_quant, a, a->mem);
     return MOE_OK;
 }
 
@@ -538,7 +587,7 @@ double moe_model_flops_per_token(const moe_model_config *c, int64_t seq) {
 int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recipe,
                                    moe_recompute recompute, int64_t batch, int64_t seq) {
     if (cfg->num_attention_heads <= 0) return 0;
-    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, 1, NULL, NULL);
+    return (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, 1, NULL, NULL, NULL);
 }
 
 void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, moe_op_dims *d) {
@@ -574,7 +623,7 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
         out->fp8_copies = moe_model_fp8_copy_bytes(cfg, cfg->num_local_experts / ep, skip);
     if (cfg->num_attention_heads > 0)
         out->activations =
-            (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, NULL, NULL);
+            (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, skip, NULL, NULL);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);

@@ -104,12 +104,12 @@ moe_status moe_model_set_skip_layers(moe_model *m, const uint8_t *skip, moe_err 
     free(m->skip_quant);
     m->skip_quant = NULL;
     drop_fp8_copies(m); /* laid out for the old set of layers */
-    if (!skip) return MOE_OK;
+    if (!skip) return moe_model_replan_acts(m, err);
     size_t L = (size_t)m->cfg.num_hidden_layers;
     m->skip_quant = malloc(L ? L : 1);
     if (!m->skip_quant) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of host memory");
     memcpy(m->skip_quant, skip, L);
-    return MOE_OK;
+    return moe_model_replan_acts(m, err);
 }
 
 /* Writes the fp8 copies of weight j (layer_weights's order) of layer l from its master. */

@@ -54,6 +54,10 @@ typedef struct moe_layer_acts {
                  region (recomputed in the backward, dg over it) */
     void *ye; /* [cap, C] the local experts' outputs, rows as xe (= yp at ep 1) */
     void *yp; /* [N*K, C] expert outputs (unweighted) */
+    /* Under mxfp8 (moe_model_layer_mx) xp, xe, h1, h3 and g are MXFP8 (E4M3 values, the
+     * dh1/dh3 written over h1/h3 too) with their e8m0 scales here, [rows, C / 32] or
+     * [rows, F / 32] after each buffer's values; NULL when the layer stores them as adt */
+    uint8_t *xp_mx, *xe_mx, *h1_mx, *h3_mx, *g_mx;
 } moe_layer_acts;
 
 struct moe_acts {
@@ -122,11 +126,21 @@ struct moe_acts {
  * without. Never dropping a token costs this worst case. */
 int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep);
 /* Lays the activation buffers for max_tokens tokens, plan (moe_recompute value or
- * MOE_PLAN_FORWARD), recipe and ep ranks per expert group out in memory at base (NULL: only
- * measure). a->layer must hold cfg->num_hidden_layers entries when base is non-NULL.
- * Returns the bytes needed. */
+ * MOE_PLAN_FORWARD), recipe, ep ranks per expert group and the layers skip names
+ * (precision.skip_layers, [L] host or NULL: their expert path is not MXFP8) out in memory
+ * at base (NULL: only measure). a->layer must hold cfg->num_hidden_layers entries when base
+ * is non-NULL. Returns the bytes needed. */
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
-                     int ep, struct moe_acts *a, char *base);
+                     int ep, const uint8_t *skip, struct moe_acts *a, char *base);
+/* Lays m's activations out again for its skip_quant when their layout depends on it
+ * (mxfp8: the skipped layers' expert path is not MXFP8); a no-op otherwise. Releases the
+ * old allocation first; out of memory: MOE_ERR_RUNTIME with a hint. What the buffers held
+ * is gone: call it between passes only (moe_model_set_skip_layers). */
+moe_status moe_model_replan_acts(moe_model *m, moe_err *err);
+/* 1 when layer l stores its expert path (xp, xe, h1, h3, g) in MXFP8: under mxfp8, for a
+ * layer skip does not name, when hidden_size and intermediate_size are multiples of 32 (a
+ * scale block never spans two rows); else those buffers hold adt. */
+int moe_model_layer_mx(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l);
 /* The element type of the stored activations that the recipe rounds (norm outputs, q/k/v,
  * attention output, expert activations) under recipe: BF16 under bf16 (they hold bf16
  * values anyway), else F32. The same on every backend. */

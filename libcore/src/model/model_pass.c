@@ -30,6 +30,12 @@ static const int32_t *doc_positions(const moe_model *m) {
     return m->acts->doc_masked ? m->acts->positions : NULL;
 }
 
+/* An activation buffer as an operand: MXFP8 when it has scales mx (the layer's expert path
+ * under mxfp8, model_internal.h), else of type adt. */
+static moe_buf act(void *p, uint8_t *mx, moe_dtype adt) {
+    return mx ? moe_buf_mxfp8(p, mx) : moe_buf_of(p, adt);
+}
+
 void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -83,24 +89,29 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
-    be->permute_forward(be, moe_buf_of(la->xp, adt), la->row_src, la->slot_row, la->offsets, ln2,
-                        la->topk_idx, N, C, E, K);
+    be->permute_forward(be, act(la->xp, la->xp_mx, adt), la->row_src, la->slot_row, la->offsets,
+                        ln2, la->topk_idx, N, C, E, K);
     be->memcpy_d2h(be, a->h_offsets + (int64_t)l * (E + 1), la->offsets,
                    (size_t)(E + 1) * sizeof(int32_t));
-    /* expert parallelism: the rows to their experts' owners (xp -> xe), back after (ye -> yp) */
+    /* expert parallelism: the rows to their experts' owners (xp -> xe; MXFP8 rows with their
+     * scales), back after (ye -> yp) */
     size_t row_bytes = (size_t)C * moe_dtype_size(adt);
-    if (a->ep > 1) moe_model_ep_dispatch(m, l, la->xp, la->xe, row_bytes, 1);
+    if (a->ep > 1 && la->xp_mx) {
+        moe_model_ep_dispatch(m, l, la->xp, la->xe, (size_t)C, 1);
+        moe_model_ep_dispatch(m, l, la->xp_mx, la->xe_mx, (size_t)C / 32, 0);
+    } else if (a->ep > 1) {
+        moe_model_ep_dispatch(m, l, la->xp, la->xe, row_bytes, 1);
+    }
     int64_t El, R;
     const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-    moe_cbuf xe = moe_cbuf_of(la->xe, adt), h1 = moe_cbuf_of(la->h1, adt);
-    moe_cbuf h3 = moe_cbuf_of(la->h3, adt), g = moe_cbuf_of(la->g, adt);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h1, adt), xe, moe_model_weight(m, li->w1), eoff,
-                               El, C, F, prec);
-    be->grouped_matmul_forward(be, moe_buf_of(la->h3, adt), xe, moe_model_weight(m, li->w3), eoff,
-                               El, C, F, prec);
-    be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, R * F, p16);
-    be->grouped_matmul_forward(be, moe_buf_of(la->ye, adt), g, moe_model_weight(m, li->w2), eoff,
-                               El, F, C, prec);
+    moe_buf h1 = act(la->h1, la->h1_mx, adt), h3 = act(la->h3, la->h3_mx, adt);
+    moe_buf g = act(la->g, la->g_mx, adt);
+    moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+    be->grouped_matmul_forward(be, h1, xe, moe_model_weight(m, li->w1), eoff, El, C, F, prec);
+    be->grouped_matmul_forward(be, h3, xe, moe_model_weight(m, li->w3), eoff, El, C, F, prec);
+    be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
+    be->grouped_matmul_forward(be, moe_buf_of(la->ye, adt), moe_cbuf_from(g),
+                               moe_model_weight(m, li->w2), eoff, El, F, C, prec);
     if (a->ep > 1) moe_model_ep_combine(m, l, la->ye, la->yp, row_bytes);
     if (!with_residual) return;
     float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
@@ -333,7 +344,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (!a->keep_moe) moe_model_moe_block(m, l, B, T, 0);
         /* MoE block: x_out = x_mid + unpermute(experts(permute(ln2))) */
         /* dyp over yp, dh1/dh3 over h1/h3: in place, each op their last reader */
-        void *dyp = la->yp, *dye = a->ep > 1 ? a->dye : dyp, *dh1 = la->h1, *dh3 = la->h3;
+        void *dyp = la->yp, *dye = a->ep > 1 ? a->dye : dyp;
         be->unpermute_backward(be, moe_buf_of(dyp, adt), a->dtw, a->dres, moe_cbuf_of(la->yp, adt),
                                la->topk_w, la->slot_row, N, C, K, MOE_GRAD_SET);
         /* expert parallelism: dyp goes the way xp went (-> dye), dxe comes back as ye did */
@@ -343,20 +354,24 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         /* g shares its region with dg (moe_acts_plan): the later layers' backward ran over
          * it, so it is made again from h1 and h3 (unless the MoE block was just recomputed),
          * read by w2's weight gradient, and then overwritten by dg */
-        moe_cbuf h1 = moe_cbuf_of(la->h1, adt), h3 = moe_cbuf_of(la->h3, adt);
-        moe_cbuf g = moe_cbuf_of(la->g, adt), w2 = moe_model_weight(m, li->w2);
-        if (a->keep_moe) be->swiglu_forward(be, moe_buf_of(la->g, adt), h1, h3, R * F, p16);
+        moe_buf h1 = act(la->h1, la->h1_mx, adt), h3 = act(la->h3, la->h3_mx, adt);
+        moe_buf gb = act(la->g, la->g_mx, adt);
+        moe_cbuf g = moe_cbuf_from(gb), w2 = moe_model_weight(m, li->w2);
+        moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+        if (a->keep_moe)
+            be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
         be->grouped_matmul_backward(be, NULL, P[li->w2].grad, moe_cbuf_of(dye, adt), g, w2, eoff,
                                     El, F, C, prec, MOE_GRAD_SET, gw);
         be->grouped_matmul_backward(be, a->dg, NULL, moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C,
                                     prec, MOE_GRAD_SET, gw);
-        be->swiglu_backward(be, moe_buf_of(dh1, adt), moe_buf_of(dh3, adt), a->dg, h1, h3, R * F);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_of(dh1, adt),
-                                    moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w1), eoff, El,
-                                    C, F, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_of(dh3, adt),
-                                    moe_cbuf_of(la->xe, adt), moe_model_weight(m, li->w3), eoff, El,
-                                    C, F, prec, MOE_GRAD_ADD, gw);
+        moe_buf dh1 = h1, dh3 = h3; /* written over them, of their type */
+        be->swiglu_backward(be, dh1, dh3, a->dg, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F);
+        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_from(dh1), xe,
+                                    moe_model_weight(m, li->w1), eoff, El, C, F, prec, MOE_GRAD_SET,
+                                    gw);
+        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_from(dh3), xe,
+                                    moe_model_weight(m, li->w3), eoff, El, C, F, prec, MOE_GRAD_ADD,
+                                    gw);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
         ZERO(a->drl, N * E);

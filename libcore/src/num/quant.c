@@ -109,3 +109,24 @@ void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_
             dst[transpose ? k * R + r : r * K + k] = v;
         }
 }
+
+void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n) {
+    const moe_quant_opts o = {MOE_RECIPE_MXFP8, 0, 0};
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n / 32; b++) {
+        const float *s = src + b * 32;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (isfinite(s[j])) amax = fmaxf(amax, fabsf(s[j]));
+        float scale = block_scale(amax, &o);
+        mx[b] = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
+        for (int j = 0; j < 32; j++)
+            q[b * 32 + j] = moe_f32_to_e4m3(s[j] / scale, 1);
+    }
+}
+
+void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = moe_e4m3_to_f32(q[i]) * moe_e8m0_to_f32(mx[i / 32]);
+}

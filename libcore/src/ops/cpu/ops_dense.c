@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
 
 #ifdef MOE_HAVE_CBLAS
@@ -53,19 +54,35 @@ float *moe_cpu_output(moe_buf y, int64_t n) {
 
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n) {
     if (y.dt == MOE_DTYPE_F32) return;
+    if (y.mx) {
+        moe_cpu_round_bf16_inplace(scratch, n);
+        moe_mxfp8_encode(y.p, y.mx, scratch, n);
+    } else {
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        moe_buf_set(y, i, scratch[i]);
+        for (int64_t i = 0; i < n; i++)
+            moe_buf_set(y, i, scratch[i]);
+    }
     free(scratch);
 }
 
+void moe_cpu_store_block(moe_buf y, int64_t i0, const float *v, int64_t cnt) {
+    if (y.mx) {
+        float r[32];
+        for (int j = 0; j < 32; j++)
+            r[j] = moe_round_bf16(v[j]);
+        moe_mxfp8_encode((uint8_t *)y.p + i0, y.mx + i0 / 32, r, 32);
+        return;
+    }
+    for (int64_t j = 0; j < cnt; j++)
+        moe_buf_set(y, i0 + j, v[j]);
+}
+
 const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec) {
-    if (w.dt != MOE_DTYPE_BF16) return moe_cpu_operand(w.p, n, prec);
-    const uint16_t *h = w.p;
+    if (w.dt != MOE_DTYPE_BF16 && !w.mx) return moe_cpu_operand(w.p, n, prec);
     float *c = xmalloc((size_t)n * sizeof(float));
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        c[i] = moe_bf16_to_f32(h[i]);
+        c[i] = moe_cbuf_get(w, i);
     return c;
 }
 

@@ -13,7 +13,8 @@
  * GEMM runs in the order it always did. Under mxfp8 the weight is the fp32 master with
  * row-wise (forward) and column-wise (dgrad) vectors quantized per call. In the grouped
  * products each expert's rows are their own group: the wgrad blocks along N start at the
- * expert's first row. */
+ * expert's first row. The expert activations may be MXFP8 operands (the model stores them so
+ * under mxfp8): read as their values; an MXFP8 output holds the encoding of the bf16 output. */
 #include <stdio.h>
 #include <stdlib.h>
 

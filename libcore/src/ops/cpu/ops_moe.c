@@ -138,13 +138,18 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < N * K; r++) {
         int64_t src = (int64_t)(row_src[r] / K) * C;
-        if (xp.dt == x.dt) {
+        if (xp.dt == x.dt && !xp.mx && !x.mx) {
             size_t es = moe_dtype_size(x.dt);
             memcpy((char *)xp.p + (size_t)(r * C) * es, (const char *)x.p + (size_t)src * es,
                    (size_t)C * es);
-        } else {
-            for (int64_t c = 0; c < C; c++)
-                moe_buf_set(xp, r * C + c, moe_cbuf_get(x, src + c));
+        } else { /* converted 32 values at a time: an MXFP8 xp (C a multiple of 32) by blocks */
+            float v[32];
+            for (int64_t c0 = 0; c0 < C; c0 += 32) {
+                int64_t cnt = C - c0 < 32 ? C - c0 : 32;
+                for (int64_t j = 0; j < cnt; j++)
+                    v[j] = moe_cbuf_get(x, src + c0 + j);
+                moe_cpu_store_block(xp, r * C + c0, v, cnt);
+            }
         }
     }
 }

@@ -131,15 +131,25 @@ void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos,
     rope_apply(moe_buf_f32(dx), pos, 0, B, T, NH, D, theta, -1.0f);
 }
 
+/* Both directions run over blocks of 32 elements, so that an MXFP8 output is encoded a block
+ * at a time (moe_cpu_store_block) after its block's inputs were read: in place is safe. */
+enum { SWIGLU_BLOCK = 32 };
+
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                             moe_recipe prec) {
     (void)be;
+    const int round = prec == MOE_RECIPE_BF16;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float ai = moe_cbuf_get(a, i);
-        float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
-        float v = ai * s * moe_cbuf_get(b, i);
-        moe_buf_set(out, i, prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v);
+    for (int64_t i0 = 0; i0 < n; i0 += SWIGLU_BLOCK) {
+        int64_t cnt = n - i0 < SWIGLU_BLOCK ? n - i0 : SWIGLU_BLOCK;
+        float v[SWIGLU_BLOCK];
+        for (int64_t j = 0; j < cnt; j++) {
+            float ai = moe_cbuf_get(a, i0 + j);
+            float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
+            v[j] = ai * s * moe_cbuf_get(b, i0 + j);
+            if (round) v[j] = moe_round_bf16(v[j]);
+        }
+        moe_cpu_store_block(out, i0, v, cnt);
     }
 }
 
@@ -147,13 +157,19 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, cons
                              moe_cbuf a, moe_cbuf b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) {
-        float ai = moe_cbuf_get(a, i);
-        float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
-        float silu = ai * s;
-        float ga = dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s)), gb = dout[i] * silu;
-        moe_buf_set(da, i, ga);
-        moe_buf_set(db, i, gb);
+    for (int64_t i0 = 0; i0 < n; i0 += SWIGLU_BLOCK) {
+        int64_t cnt = n - i0 < SWIGLU_BLOCK ? n - i0 : SWIGLU_BLOCK;
+        float ga[SWIGLU_BLOCK], gb[SWIGLU_BLOCK];
+        for (int64_t j = 0; j < cnt; j++) {
+            int64_t i = i0 + j;
+            float ai = moe_cbuf_get(a, i);
+            float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
+            float silu = ai * s;
+            ga[j] = dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s));
+            gb[j] = dout[i] * silu;
+        }
+        moe_cpu_store_block(da, i0, ga, cnt);
+        moe_cpu_store_block(db, i0, gb, cnt);
     }
 }
 
