@@ -1206,6 +1206,11 @@ static const tcase k_cases[] = {
     {"grouped E4 I80 O48 fp8 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8B, 1e-5, 1},
     {"grouped E6 I128 O272 fp8", MOE_OP_GROUPED_MATMUL, {6, 128, 272, 300}, FP8B, 1e-5, 0},
     {"grouped E4 I80 O48 fp8 pow2 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8P, 1e-5, 1},
+    /* the grouped fp8 kernel's stage ring (4 stages at 128 x 256 tiles) wrapping: inside a
+     * tile (5 K blocks of 128 both ways), and from tile to tile of a block's walk (about 200
+     * tiles for 132 SMs) */
+    {"grouped E4 I640 O640 fp8 typed", MOE_OP_GROUPED_MATMUL, {4, 640, 640, 200}, FP8B, 1e-5, 1},
+    {"grouped E8 I640 O1280 fp8", MOE_OP_GROUPED_MATMUL, {8, 640, 1280, 600}, FP8B, 1e-5, 0},
     {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
     {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
     {"swiglu n100003 bf16 typed", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 1},
