@@ -103,7 +103,7 @@ static moe_status resolve(const tcp_meet *m, int passive, struct addrinfo **res,
 
 typedef struct tcp_peer {
     int fd, rank;
-    char from[80]; /* "address port" of the connection */
+    char from[96]; /* "address port" of the connection: host[64] + " port " + serv[16] */
 } tcp_peer;
 
 /* sa with its address replaced by the wildcard of its family (the port kept). */
