@@ -63,6 +63,9 @@ void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_
  * kept: decoding gives moe_quant_fake_vectors's values for blocks of 32 under mxfp8's default
  * rule. Encoding what a decode gave returns the same values. q may not alias src. */
 void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n);
+/* One block: q [32], *mx from src [32]; serial (moe_mxfp8_encode runs it over OpenMP threads;
+ * callers inside a parallel loop call it directly). */
+void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src);
 /* dst [n] = the values of q [n], mx [n / 32]. */
 void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n);
 

@@ -2,12 +2,19 @@
  * finite values, its scale by the recipe's rule, then every element through E4M3 (saturating)
  * and back, times the scale. Blocks are independent: OpenMP over vectors, bit-identical for
  * any thread count. */
+#include <float.h>
 #include <math.h>
 
 #include "moe/dtype.h"
 #include "moe/quant.h"
 
 #define FP8_MAX 448.0f /* largest finite E4M3 */
+
+/* max(m, |v|) over finite v: NaN and +-Inf fail the comparison (no libm call in the loops) */
+static inline float amax_step(float m, float v) {
+    float a = fabsf(v);
+    return a <= FLT_MAX && a > m ? a : m;
+}
 
 moe_quant_opts moe_quant_opts_of(moe_recipe r) {
     moe_quant_opts o = {moe_recipe_format(r), r == MOE_RECIPE_MXFP8_FLOOR,
@@ -44,7 +51,7 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
             int64_t b1 = b0 + bs < len ? b0 + bs : len;
             float amax = 0.0f;
             for (int64_t j = b0; j < b1; j++)
-                if (isfinite(s[j * estride])) amax = fmaxf(amax, fabsf(s[j * estride]));
+                amax = amax_step(amax, s[j * estride]);
             float scale = block_scale(amax, o);
             for (int64_t j = b0; j < b1; j++)
                 d[j * estride] = fake(s[j * estride], scale);
@@ -58,7 +65,7 @@ static float tile_scale(const float *src, int64_t K, int64_t r0, int64_t r1, int
     float amax = 0.0f;
     for (int64_t r = r0; r < r1; r++)
         for (int64_t k = k0; k < k1; k++)
-            if (isfinite(src[r * K + k])) amax = fmaxf(amax, fabsf(src[r * K + k]));
+            amax = amax_step(amax, src[r * K + k]);
     return block_scale(amax, o);
 }
 
@@ -110,19 +117,21 @@ void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_
         }
 }
 
+void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src) {
+    static const moe_quant_opts o = {MOE_RECIPE_MXFP8, 0, 0};
+    float amax = 0.0f;
+    for (int j = 0; j < 32; j++)
+        amax = amax_step(amax, src[j]);
+    float scale = block_scale(amax, &o);
+    *mx = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
+    for (int j = 0; j < 32; j++)
+        q[j] = moe_f32_to_e4m3(src[j] / scale, 1);
+}
+
 void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n) {
-    const moe_quant_opts o = {MOE_RECIPE_MXFP8, 0, 0};
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n / 32; b++) {
-        const float *s = src + b * 32;
-        float amax = 0.0f;
-        for (int j = 0; j < 32; j++)
-            if (isfinite(s[j])) amax = fmaxf(amax, fabsf(s[j]));
-        float scale = block_scale(amax, &o);
-        mx[b] = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
-        for (int j = 0; j < 32; j++)
-            q[b * 32 + j] = moe_f32_to_e4m3(s[j] / scale, 1);
-    }
+    for (int64_t b = 0; b < n / 32; b++)
+        moe_mxfp8_encode_block(q + b * 32, mx + b, src + b * 32);
 }
 
 void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n) {
