@@ -185,6 +185,16 @@ static void test_plans_and_forward_only(void) {
     CHECK(by[MOE_RECOMPUTE_FULL] < by[MOE_RECOMPUTE_MOE]);
     /* the MoE block (N k rows of width C and 3F) outweighs attention in this config */
     CHECK(by[MOE_RECOMPUTE_MOE] < by[MOE_RECOMPUTE_ATTN]);
+    /* mxfp8 stores MXFP8 expert activations only with whole blocks of 32 in a row: not with
+     * this config's intermediate_size 24 (bf16's plan), with 64 (smaller) */
+    CHECK(!moe_model_layer_mx(&cfg, MOE_RECIPE_MXFP8, NULL, 0));
+    CHECK(moe_model_activation_bytes(&cfg, MOE_RECIPE_MXFP8, MOE_RECOMPUTE_NONE, B, T) ==
+          moe_model_activation_bytes(&cfg, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, B, T));
+    moe_model_config c64 = cfg;
+    c64.intermediate_size = 64;
+    CHECK(moe_model_layer_mx(&c64, MOE_RECIPE_MXFP8, NULL, 2) &&
+          moe_model_layer_mx(&c64, MOE_RECIPE_MXFP8_FLOOR, NULL, 2) &&
+          !moe_model_layer_mx(&c64, MOE_RECIPE_FP8_BLOCK, NULL, 2));
 
     counter cnt;
     moe_backend cbe = counting_backend(&cnt);
