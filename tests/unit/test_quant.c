@@ -136,6 +136,31 @@ static void test_blocks_strides_tiles(void) {
         for (int c = 0; c < 3; c++)
             same &= mq[r * 3 + c] == tq[c * 4 + r];
     CHECK(same);
+    /* the same at size: [300, 600] (more than one chunk of columns, a short last block of
+     * rows), outliers, NaN, both formats */
+    enum { CR = 300, CK = 600 };
+    float *cm = malloc(CR * CK * 4), *ct = malloc(CR * CK * 4), *cq = malloc(CR * CK * 4),
+          *ctq = malloc(CR * CK * 4);
+    for (int i = 0; i < CR * CK; i++)
+        cm[i] = urand(&s) * (i % 61 == 7 ? 5e3f : 1.0f);
+    cm[1234] = NAN, cm[4321] = INFINITY;
+    for (int r = 0; r < CR; r++)
+        for (int c = 0; c < CK; c++)
+            ct[c * CR + r] = cm[r * CK + c];
+    const moe_quant_opts *fm[2] = {&FP8, &MX};
+    for (int f = 0; f < 2; f++) {
+        moe_quant_fake_vectors(cq, cm, CK, 1, CR, CK, fm[f]);
+        moe_quant_fake_vectors(ctq, ct, CK, CR, CR, 1, fm[f]);
+        int csame = 1;
+        for (int r = 0; r < CR; r++)
+            for (int c = 0; c < CK; c++) {
+                float a = cq[r * CK + c], b = ctq[c * CR + r];
+                csame &= a == b || (isnan(a) && isnan(b));
+            }
+        CHECK_MSG(csame, "columns differ from the transpose's rows (%s)",
+                  f ? "mxfp8" : "fp8-block");
+    }
+    free(cm), free(ct), free(cq), free(ctq);
     /* tiles: a [256, 256] matrix with 1e-3 in its first tile and 1e3 elsewhere keeps the small
      * tile to E4M3 precision; its transpose gives the transposed values */
     int64_t R = 256, K = 256;
