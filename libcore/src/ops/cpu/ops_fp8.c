@@ -63,13 +63,17 @@ static float *weight_copy(moe_cbuf w, int64_t E, int64_t e, int64_t O, int64_t I
 /* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
  * malloc'ed fp32 copy quantized along rows (Q_ROWS, the product reduces over K), columns
  * (Q_COLS, over R), or as an mxfp8 weight whose product reduces over K (Q_WEIGHT_ROWS) or R
- * (Q_WEIGHT_COLS). */
+ * (Q_WEIGHT_COLS). An MXFP8 operand read along its rows under mxfp8's ceil rule is already
+ * what that quantization gives (its blocks of 32 are the rows' when K is a multiple of 32,
+ * and re-quantizing MXFP8 values returns them: unit.quant), so its values are used as
+ * they are. */
 static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec) {
     float *c = scratch(R * K);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < R * K; i++)
         c[i] = moe_cbuf_get(m, i);
     const moe_quant_opts o = moe_quant_opts_of(prec);
+    if (m.mx && how == Q_ROWS && prec == MOE_RECIPE_MXFP8 && K % 32 == 0) return c;
     if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
         moe_quant_fake_vectors(c, c, R, K, K, 1, &o);
     else
