@@ -4,7 +4,8 @@
 # fp8-block and mxfp8; the final validation loss of each fp8 recipe within 2% of bf16's and
 # every logged loss finite. Also: fp8 runs are deterministic (the same recipe twice gives the
 # same checkpoint bytes over a short run), precision.skip_layers is applied and logged, and
-# --dry-run accepts the recipes.
+# --dry-run accepts the recipes and shows mxfp8's smaller activations (MXFP8 expert
+# activations).
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/lambda_1kb.sh"
@@ -51,4 +52,11 @@ grep -q "precision: layers 0,1 stay bf16 under mxfp8" skip.log \
     || { cat skip.log; fail "no skip_layers log line"; }
 moe-train -c "$src/configs/tiny.yaml" --dry-run precision.recipe=fp8-block > dry.txt
 grep -q "recipe: fp8-block" dry.txt || fail "--dry-run does not show the fp8-block recipe"
+# mxfp8 stores the expert activations in MXFP8: --dry-run's activations below bf16's
+acts() { moe-train -c "$src/configs/tiny.yaml" --dry-run precision.recipe=$1 |
+    sed -n 's/.* activations \([0-9.]*\) MiB .*/\1/p'; }
+a16=$(acts bf16) a8=$(acts mxfp8)
+[ -n "$a16" ] && [ -n "$a8" ] || fail "no activations in MiB in --dry-run's estimate"
+awk -v a="$a8" -v b="$a16" 'BEGIN { exit !(a < 0.9 * b) }' ||
+    fail "mxfp8 activations $a8 MiB are not below bf16's $a16 MiB"
 echo "train_fp8_cpu: ok"
