@@ -2,7 +2,8 @@
 # e2e.train_resume: exact resume on the CPU. A run of 2N steps and the same run stopped with
 # --stop-at N and continued with --resume auto end with bit-identical weights and optimizer
 # state and the same per-step losses (also under fp8-block, whose weight copies the resumed
-# run makes again, and with bf16 AdamW moments, which the checkpoint holds widened to fp32);
+# run makes again, under mxfp8, and with bf16 AdamW moments, which the checkpoint holds
+# widened to fp32);
 # --resume DIR restarts from an older checkpoint and
 # reaches the same bytes again; a checkpoint with a flipped byte is refused naming the file.
 set -euo pipefail
@@ -13,7 +14,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBL
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards full split older full8 split8 full16 split16
+rm -rf shards full split older full8 split8 full16 split16 full32 split32
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 # 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
 # and checkpoints at odd places, a cosine schedule that depends on train.steps.
@@ -63,6 +64,9 @@ resumes_exactly() {
 # fp8-block (pow2 scales, the last layer kept in bf16): the e4m3 weight copies are not in the
 # checkpoint, the resumed run quantizes them again from the restored masters; the same bytes.
 resumes_exactly 8 fp8-block precision.recipe=fp8-block precision.fp8_scale=pow2 precision.skip_layers=-1
+# mxfp8 (its expert activations stored in MXFP8, the last layer's in bf16: the skip lays the
+# activations out again at start-up, resumed or not): the same bytes.
+resumes_exactly 32 mxfp8 precision.recipe=mxfp8 precision.skip_layers=-1
 
 # optim.moments=bf16: the moments live as bf16 values, the checkpoint holds them widened to
 # fp32 and the resumed run rounds them back to the same values: the same bytes and losses.
