@@ -434,9 +434,10 @@ int moe_cuda_attention_shape_ok(int64_t B, int64_t T, int64_t H, int64_t KV, int
 static int fa_shape_ok(moe_cuda_ctx *c, const char *op, int64_t B, int64_t T, int64_t H, int64_t KV,
                        int64_t D, moe_recipe prec) {
     if (prec != MOE_RECIPE_BF16) {
-        moe_cuda_check(c, cudaErrorNotSupported, op,
-                       "B=%lld T=%lld H=%lld KV=%lld D=%lld: fp8 recipes are not available in this build",
-                       (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
+        moe_cuda_check(
+            c, cudaErrorNotSupported, op,
+            "B=%lld T=%lld H=%lld KV=%lld D=%lld: fp8 recipes are not available in this build",
+            (long long)B, (long long)T, (long long)H, (long long)KV, (long long)D);
         return 0;
     }
     if (!moe_cuda_attention_shape_ok(B, T, H, KV, D, prec)) {

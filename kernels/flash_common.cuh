@@ -184,10 +184,9 @@ __device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)
  * query sees a key when it is < T, not before the key and its document starts at or before
  * the key; without `mask` every pair counts. */
 template <int NQ>
-__device__ __forceinline__ void fa_probs_cols(float (*pt)[4], const float (*s)[4], int64_t q0,
-                                              int64_t key0, int64_t key1, const float *sL,
-                                              const int32_t *sS, int64_t T, float sl2, int t,
-                                              bool mask) {
+__device__ __forceinline__ void
+fa_probs_cols(float (*pt)[4], const float (*s)[4], int64_t q0, int64_t key0, int64_t key1,
+              const float *sL, const int32_t *sS, int64_t T, float sl2, int t, bool mask) {
 #pragma unroll
     for (int nt = 0; nt < NQ / 8; nt++) {
         const int c = nt * 8 + 2 * t;

@@ -76,8 +76,10 @@ static void bench(const char *name, int ta, int tb, long M, long N, long K, cuda
 static void *dev(size_t bytes, int bf16) {
     void *p;
     CK(cudaMalloc(&p, bytes));
-    if (bf16) pg_fill<<<1024, 256>>>((__nv_bfloat16 *)p, bytes / 2, 1);
-    else CK(cudaMemset(p, 0, bytes));
+    if (bf16)
+        pg_fill<<<1024, 256>>>((__nv_bfloat16 *)p, bytes / 2, 1);
+    else
+        CK(cudaMemset(p, 0, bytes));
     return p;
 }
 

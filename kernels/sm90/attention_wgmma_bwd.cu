@@ -188,8 +188,8 @@ __device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[NT][4
         const uint32_t c = (((ns & 3) * 2 + (t >> 1)) ^ x) * 16 + (t & 1) * 8;
         const float v0 = lo ? d[nt][0] : d[np][0], v1 = lo ? d[nt][1] : d[np][1];
         const float v2 = lo ? d[nt][2] : d[np][2], v3 = lo ? d[nt][3] : d[np][3];
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + r * 128 + c),
-                     "f"(v0 * scale), "f"(v1 * scale)
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + r * 128 + c), "f"(v0 * scale),
+                     "f"(v1 * scale)
                      : "memory");
         asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(box + (r + 8) * 128 + c),
                      "f"(v2 * scale), "f"(v3 * scale)
