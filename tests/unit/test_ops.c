@@ -15,7 +15,6 @@
 
 #include "gradcheck.h"
 #include "moe/ops.h"
-#include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
 #include "testlib.h"
 
@@ -600,7 +599,7 @@ static void test_bf16_activations(void) {
 }
 
 /* MXFP8 activations (what the model stores under mxfp8, moe_buf_mxfp8): each op that writes
- * one stores the encoding (moe_mxfp8_encode) of the bf16 output it writes given the same
+ * one stores the encoding (moe_mxfp8_encode_block) of the bf16 output it writes given the same
  * input values - permute, the grouped forward, swiglu both ways (in place, over its
  * inputs, as the model runs it) - and the grouped backward reads one as its values. */
 static int mx_is(const uint8_t *q, const uint8_t *mx, const uint16_t *ref16, int64_t n) {
@@ -608,7 +607,7 @@ static int mx_is(const uint8_t *q, const uint8_t *mx, const uint16_t *ref16, int
     uint8_t *rq = malloc((size_t)n), *rmx = malloc((size_t)n / 32);
     for (int64_t i = 0; i < n; i++)
         v[i] = moe_bf16_to_f32(ref16[i]);
-    moe_mxfp8_encode(rq, rmx, v, n);
+    test_mxfp8_encode(rq, rmx, v, n);
     int same = memcmp(rq, q, (size_t)n) == 0 && memcmp(rmx, mx, (size_t)n / 32) == 0;
     free(v), free(rq), free(rmx);
     return same;
@@ -617,7 +616,7 @@ static int mx_is(const uint8_t *q, const uint8_t *mx, const uint16_t *ref16, int
 /* q [n] + its scales after it: a malloc'ed MXFP8 activation; values decoded into a new F32 */
 static float *mx_values(const uint8_t *q, int64_t n) {
     float *v = malloc((size_t)n * sizeof(float));
-    moe_mxfp8_decode(v, q, q + n, n);
+    test_mxfp8_decode(v, q, q + n, n);
     return v;
 }
 

@@ -193,9 +193,9 @@ static void test_blocks_strides_tiles(void) {
     free(w), free(wq), free(wt), free(wtq), free(a), free(b);
 }
 
-/* The stored MXFP8 form (moe_mxfp8_encode/decode): decoding gives exactly mxfp8's fake
- * quantization in blocks of 32 (outliers, an all-zero block with scale code 127, E4M3
- * subnormals, NaN kept in its slot, values past 448 x scale impossible under ceil), and
+/* The stored MXFP8 form (moe_mxfp8_encode_block, decoded as moe_cbuf_get reads it): decoding gives
+ * exactly mxfp8's fake quantization in blocks of 32 (outliers, an all-zero block with scale code
+ * 127, E4M3 subnormals, NaN kept in its slot, values past 448 x scale impossible under ceil), and
  * encoding decoded values returns the same values (what the model's re-stores rely on). */
 static void test_mxfp8_stored(void) {
     enum { n = 32 * 40 };
@@ -210,16 +210,16 @@ static void test_mxfp8_stored(void) {
         x[i] = i == 96 ? 1.0f : 1e-5f; /* block 3: E4M3 subnormals under a scale of 2^-8 */
     x[200] = NAN, x[201] = -1e-30f, x[202] = -0.0f;
     moe_quant_fake_vectors(fake, x, 1, n, n, 1, &MX);
-    moe_mxfp8_encode(q, mx, x, n);
-    moe_mxfp8_decode(dec, q, mx, n);
+    test_mxfp8_encode(q, mx, x, n);
+    test_mxfp8_decode(dec, q, mx, n);
     int same = 1;
     for (int i = 0; i < n; i++)
         same &= i == 200 ? isnan(dec[i]) : dec[i] == fake[i];
     CHECK_MSG(same, "decoded MXFP8 differs from the fake quantization");
     CHECK(mx[2] == 127 && mx[3] == 127 - 8);
     CHECK(dec[100] != 0.0f && dec[100] < 0x1.0p-14f); /* a subnormal E4M3 x 2^-8, kept */
-    moe_mxfp8_encode(q2, mx2, dec, n);
-    moe_mxfp8_decode(dec2, q2, mx2, n);
+    test_mxfp8_encode(q2, mx2, dec, n);
+    test_mxfp8_decode(dec2, q2, mx2, n);
     same = 1;
     for (int i = 0; i < n; i++)
         same &= i == 200 ? isnan(dec2[i]) : dec2[i] == dec[i];

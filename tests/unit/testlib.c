@@ -5,6 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "moe/ops.h"
+#include "moe/quant.h"
+
 int test_failures = 0;
 int test_checks = 0;
 
@@ -69,4 +72,15 @@ moe_optim_config test_optim(double wd) {
     o.weight_decay = wd;
     o.decay_norms_and_embeddings = true;
     return o;
+}
+
+void test_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n) {
+    for (int64_t b = 0; b < n / 32; b++)
+        moe_mxfp8_encode_block(q + 32 * b, mx + b, src + 32 * b);
+}
+
+void test_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n) {
+    moe_cbuf c = {q, MOE_DTYPE_E4M3, NULL, mx};
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = moe_cbuf_get(c, i);
 }

@@ -24,31 +24,35 @@ moe_optim_config test_optim(double wd);
  * (2 kv heads) and 4 experts (top 2) of width 12, 32 positions, strong router losses (aux
  * 0.5, z 0.1), init range 0.3; tied embeddings when tied. */
 moe_model_config test_tiny_config(int tied);
+/* The stored MXFP8 form of src [n] (n a multiple of 32) into q [n], mx [n / 32], block by
+ * block (moe_mxfp8_encode_block); and the values of such a pair into dst [n] (moe_cbuf_get). */
+void test_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n);
+void test_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n);
 /* Returns 0 when no check failed, 1 otherwise, after printing a summary line. */
 int test_summary(const char *name);
 
-#define CHECK(cond)                                                                            \
-    do {                                                                                       \
-        test_checks++;                                                                         \
-        if (!(cond)) test_fail(__FILE__, __LINE__, "%s", #cond);                               \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        test_checks++;                                                                             \
+        if (!(cond)) test_fail(__FILE__, __LINE__, "%s", #cond);                                   \
     } while (0)
-#define CHECK_MSG(cond, ...)                                                                   \
-    do {                                                                                       \
-        test_checks++;                                                                         \
-        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                               \
+#define CHECK_MSG(cond, ...)                                                                       \
+    do {                                                                                           \
+        test_checks++;                                                                             \
+        if (!(cond)) test_fail(__FILE__, __LINE__, __VA_ARGS__);                                   \
     } while (0)
-#define CHECK_INT_EQ(a, b)                                                                     \
-    do {                                                                                       \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                                  \
-        test_checks++;                                                                         \
+#define CHECK_INT_EQ(a, b)                                                                         \
+    do {                                                                                           \
+        long long va_ = (long long)(a), vb_ = (long long)(b);                                      \
+        test_checks++;                                                                             \
         if (va_ != vb_) test_fail(__FILE__, __LINE__, "%s == %s: %lld != %lld", #a, #b, va_, vb_); \
     } while (0)
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        double va_ = (double)(a), vb_ = (double)(b);                                           \
-        test_checks++;                                                                         \
-        if (!(va_ - vb_ <= (tol) && vb_ - va_ <= (tol)))                                       \
-            test_fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b, va_, vb_,   \
-                      (double)(tol));                                                          \
+#define CHECK_NEAR(a, b, tol)                                                                      \
+    do {                                                                                           \
+        double va_ = (double)(a), vb_ = (double)(b);                                               \
+        test_checks++;                                                                             \
+        if (!(va_ - vb_ <= (tol) && vb_ - va_ <= (tol)))                                           \
+            test_fail(__FILE__, __LINE__, "%s ~ %s: %.9g vs %.9g (tol %g)", #a, #b, va_, vb_,      \
+                      (double)(tol));                                                              \
     } while (0)
 #endif

@@ -68,7 +68,7 @@
  *    elements, in their own array `mx`): under mxfp8 the model stores the expert path so
  *    (permute's output, the grouped matmul's input and output, swiglu's inputs and output
  *    both ways, the dh1/dh3 written over them). An op writing one stores the encoding of
- *    the BF16 value it would write (moe_mxfp8_encode of the bf16 rounding, ceil scale rule
+ *    the BF16 value it would write (moe_mxfp8_encode_block of the bf16 rounding, ceil scale rule
  *    whatever precision.fp8_scale says: that rule is the products'); an op reading one reads
  *    its values. Their element counts are multiples of 32 (the model uses them only when
  *    hidden and expert widths are). The CPU backend runs them; the CUDA backend refuses
@@ -160,7 +160,7 @@ static inline moe_cbuf moe_cbuf_e4m3(const uint8_t *q, const float *s) {
     return b;
 }
 /* An MXFP8 activation of n elements (n a multiple of 32): q [n] e4m3, mx [n / 32] e8m0
- * scales, written by the ops with the ceil rule (moe_mxfp8_encode, moe/quant.h). */
+ * scales, written by the ops with the ceil rule (moe_mxfp8_encode_block, moe/quant.h). */
 static inline moe_buf moe_buf_mxfp8(uint8_t *q, uint8_t *mx) {
     moe_buf b = {q, MOE_DTYPE_E4M3, mx};
     return b;
@@ -204,7 +204,7 @@ static inline moe_cbuf moe_cbuf_at(moe_cbuf b, int64_t n) {
     return b;
 }
 /* Host access for the CPU backend: element i as fp32 (F32, BF16 or MXFP8); a store, rounded
- * when BF16 (an MXFP8 operand is written 32 values at a time: moe_mxfp8_encode). */
+ * when BF16 (an MXFP8 operand is written 32 values at a time: moe_mxfp8_encode_block). */
 static inline float moe_cbuf_get(moe_cbuf b, int64_t i) {
     if (b.mx) return moe_e4m3_to_f32(((const uint8_t *)b.p)[i]) * moe_e8m0_to_f32(b.mx[i / 32]);
     return b.dt == MOE_DTYPE_BF16 ? moe_bf16_to_f32(((const uint16_t *)b.p)[i])

@@ -57,17 +57,12 @@ void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const fl
 void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_t R, int64_t K,
                             int transpose);
 
-/* The stored MXFP8 activations (moe/ops.h's moe_buf_mxfp8, kept under the mxfp8 recipe): n
- * values (n a multiple of 32) as q [n] e4m3 and mx [n / 32] e8m0, each block of 32 with the
- * ceil rule's scale (an all-zero block 1, code 127), values e4m3(x / scale) saturating, NaN
- * kept: decoding gives moe_quant_fake_vectors's values for blocks of 32 under mxfp8's default
- * rule. Encoding what a decode gave returns the same values. q may not alias src. */
-void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n);
-/* One block: q [32], *mx from src [32]; serial (moe_mxfp8_encode runs it over OpenMP threads;
- * callers inside a parallel loop call it directly). */
+/* One block of the stored MXFP8 activations (moe/ops.h's moe_buf_mxfp8, kept under the mxfp8
+ * recipe): src [32] as q [32] e4m3 and *mx e8m0, with the ceil rule's scale (an all-zero block
+ * 1, code 127), values e4m3(x / scale) saturating, NaN kept: decoding (moe_cbuf_get) gives
+ * moe_quant_fake_vectors's values for a block of 32 under mxfp8's default rule, and encoding
+ * what a decode gave returns the same values. Serial: the ops call it inside their loops. */
 void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src);
-/* dst [n] = the values of q [n], mx [n / 32]. */
-void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -157,15 +157,3 @@ void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src) {
     for (int j = 0; j < 32; j++)
         q[j] = moe_f32_to_e4m3(src[j] / scale, 1);
 }
-
-void moe_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n) {
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n / 32; b++)
-        moe_mxfp8_encode_block(q + b * 32, mx + b, src + b * 32);
-}
-
-void moe_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n) {
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++)
-        dst[i] = moe_e4m3_to_f32(q[i]) * moe_e8m0_to_f32(mx[i / 32]);
-}

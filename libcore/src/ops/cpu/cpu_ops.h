@@ -54,13 +54,13 @@ void moe_cpu_operand_free(const float *copy, const float *orig);
 const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
 /* An fp32 buffer for a typed output y of n elements: y itself when F32, else a malloc'ed
  * scratch that moe_cpu_output_store(y, scratch, n) stores (rounded to BF16, or encoded as
- * MXFP8) and frees. An MXFP8 store encodes each value's bf16 rounding (what a BF16 output
- * would hold), here and in moe_cpu_store_block. */
+ * MXFP8 by moe_cpu_store_block) and frees. */
 float *moe_cpu_output(moe_buf y, int64_t n);
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 /* Stores v [cnt] at elements [i0, i0 + cnt) of y: elementwise (rounded when BF16), or for
- * an MXFP8 y one block (i0 a multiple of 32, cnt 32). The elementwise ops write 32 values at
- * a time through it, so that every output type takes the same loop. */
+ * an MXFP8 y one block (i0 a multiple of 32, cnt 32), encoding each value's bf16 rounding
+ * (what a BF16 output would hold): the one place that rule lives. The elementwise ops write
+ * 32 values at a time through it, so that every output type takes the same loop. */
 void moe_cpu_store_block(moe_buf y, int64_t i0, const float *v, int64_t cnt);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
 

@@ -55,8 +55,9 @@ float *moe_cpu_output(moe_buf y, int64_t n) {
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n) {
     if (y.dt == MOE_DTYPE_F32) return;
     if (y.mx) {
-        moe_cpu_round_bf16_inplace(scratch, n);
-        moe_mxfp8_encode(y.p, y.mx, scratch, n);
+#pragma omp parallel for schedule(static)
+        for (int64_t b = 0; b < n / 32; b++)
+            moe_cpu_store_block(y, 32 * b, scratch + 32 * b, 32);
     } else {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < n; i++)
