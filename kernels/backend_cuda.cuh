@@ -97,15 +97,6 @@ float *moe_cuda_f32_operand(moe_cuda_ctx *c, int slot, const __nv_bfloat16 *src,
 __nv_bfloat16 *moe_cuda_bf16_operand(moe_cuda_ctx *c, int slot, const float *src, int64_t n,
                                      const char *op);
 
-/* Grid size for a grid-stride elementwise loop over n items with `threads` per block. */
-static inline unsigned moe_cuda_grid(const moe_cuda_ctx *c, int64_t n, int threads) {
-    int64_t blocks = (n + threads - 1) / threads;
-    int64_t cap = (int64_t)c->num_sms * 16;
-    if (blocks > cap) blocks = cap;
-    if (blocks < 1) blocks = 1;
-    return (unsigned)blocks;
-}
-
 /* Blocks of `threads` for n items, one item per thread: no cap but the grid's (the kernel's
  * grid-stride loop takes what is past it). For streaming kernels a flat grid keeps more
  * loads in flight than a capped one walking the array (AdamW, 2026-12-04). */
@@ -114,6 +105,13 @@ static inline unsigned moe_cuda_grid_flat(int64_t n, int threads) {
     if (blocks > INT32_MAX) blocks = INT32_MAX;
     if (blocks < 1) blocks = 1;
     return (unsigned)blocks;
+}
+
+/* Grid size for a grid-stride elementwise loop over n items with `threads` per block: the
+ * flat grid capped at 16 blocks a SM. */
+static inline unsigned moe_cuda_grid(const moe_cuda_ctx *c, int64_t n, int threads) {
+    const unsigned blocks = moe_cuda_grid_flat(n, threads), cap = (unsigned)c->num_sms * 16u;
+    return blocks < cap ? blocks : cap;
 }
 
 /* ---- device helpers ---- */

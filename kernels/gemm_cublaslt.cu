@@ -521,73 +521,47 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
     return MOE_CUDA_LAUNCHED(c, op, "fp8 tail of %lld rows", (long long)tail);
 }
 
-#if MOE_HAVE_SM90A
-/* The Hopper path of a grouped fp8 product (sm90/grouped_fp8.cu): y [M, N] (+)= a [M, K]
- * W_e^T per group, with all of a's rows quantized at once into slot A (no per-group bodies
- * and tails) and one launch over the groups; wq [E, N, K] and ws a weight copy and its
- * scales. 0 after a recorded error. */
-static int fp8_grouped_sm90(moe_cuda_ctx *c, const char *op, moe_buf y /* [M, N] */, float beta,
-                            moe_cbuf a /* [M, K] */, const uint8_t *wq /* [E, N, K] */,
-                            const float *ws /* [E, moe_fp8_tile_scales(N, K)] */,
-                            const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N,
-                            int64_t K, int pow2) {
-    const int64_t M = offsets[E], lds = (M + 3) / 4 * 4, KB = (K + 127) / 128;
+/* y [M, N] (+)= a [M, K] W_e^T per group (beta: 1 adds, 0 writes; a bf16 y is written), wq
+ * [E, N, K] and ws a weight copy and its scales. On Hopper one launch over the groups
+ * (sm90/grouped_fp8.cu) with all of a's rows quantized at once into slot A; elsewhere one
+ * cuBLASLt product per group (bodies and 16-row tails). 0 after a recorded error. */
+static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M, N] */, float beta,
+                               moe_cbuf a /* [M, K] */, const uint8_t *wq /* [E, N, K] */,
+                               const float *ws /* [E, moe_fp8_tile_scales(N, K)] */,
+                               const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N,
+                               int64_t K, int pow2) {
+    const int64_t M = offsets[E], KB = (K + 127) / 128;
     fp8_operand ao;
-    return fp8_scratch(c, MOE_CUDA_SCRATCH_A, M * K, KB * lds, &ao, op) &&
-           moe_cuda_fp8_rows(c, ao.q, ao.s, a, M, K, lds, pow2, op) &&
-           moe_cuda_grouped_fp8(c, y, beta, ao.q, ao.s, lds, wq, ws, offsets, E, N, K, op);
-}
-#endif
-
-/* y [M, O] (ct) = x [M, I] W_e^T per group, w [E, O, I]; fp32 outputs rounded to bf16. */
-static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
-                                const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
-    int64_t M = offsets[E], KB = (I + 127) / 128, ts = moe_fp8_tile_scales(O, I);
-    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    size_t cs = esize(ct);
-    if (!fp8_dims_ok(c, I, O, w, op)) return;
-    const uint8_t *wq = (const uint8_t *)w.p; /* the row-wise copy [E, O, I] */
 #if MOE_HAVE_SM90A
-    if (moe_cuda_grouped_fp8_supported(c, E, wq, w.s)) {
-        if (fp8_grouped_sm90(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I, pow2) &&
-            ct == CUDA_R_32F)
-            moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
-        return;
+    if (moe_cuda_grouped_fp8_supported(c, E, wq, ws)) {
+        const int64_t lds = (M + 3) / 4 * 4;
+        return fp8_scratch(c, MOE_CUDA_SCRATCH_A, M * K, KB * lds, &ao, op) &&
+               moe_cuda_fp8_rows(c, ao.q, ao.s, a, M, K, lds, pow2, op) &&
+               moe_cuda_grouped_fp8(c, y, beta, ao.q, ao.s, lds, wq, ws, offsets, E, N, K, op);
     }
 #endif
-    fp8_operand xo;
-    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * I, fp8_group_scales(offsets, E, KB),
-                     &xo, op) ||
-        !fp8_rows_grouped(c, &xo, x, offsets, E, I, pow2, op))
-        return;
-    for (int64_t e = 0; e < E; e++)
-        if (offsets[e + 1] > offsets[e] &&
-            !fp8_group_product(c, op, &xo, offsets, e, O, I, wq + e * O * I, w.s + e * ts, 0.0f,
-                               (char *)y.p + (size_t)(offsets[e] * O) * cs, ct))
-            return;
-    if (ct == CUDA_R_32F) moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
-}
-
-/* dx [M, I] (+)= dy W_e per group (beta bx: 1 adds, 0 writes), dy [M, O], W_e^T the
- * transposed copy wtq [E, I, O] with its scales wts: one cuBLASLt product per group. 0 after
- * a recorded error. */
-static int fp8_dgrad_per_group(moe_cuda_ctx *c, const char *op, float *dx /* [M, I] */,
-                               moe_cbuf dy /* [M, O] */, const uint8_t *wtq /* [E, I, O] */,
-                               const float *wts /* [E, moe_fp8_tile_scales(I, O)] */,
-                               const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t I,
-                               int64_t O, int pow2, float bx) {
-    int64_t M = offsets[E], KB = (O + 127) / 128, ts = moe_fp8_tile_scales(I, O);
-    fp8_operand dyo;
-    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * O, fp8_group_scales(offsets, E, KB),
-                     &dyo, op) ||
-        !fp8_rows_grouped(c, &dyo, dy, offsets, E, O, pow2, op))
+    const cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const int64_t ts = moe_fp8_tile_scales(N, K);
+    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, (M + FP8_ROWS) * K, fp8_group_scales(offsets, E, KB),
+                     &ao, op) ||
+        !fp8_rows_grouped(c, &ao, a, offsets, E, K, pow2, op))
         return 0;
     for (int64_t e = 0; e < E; e++)
         if (offsets[e + 1] > offsets[e] &&
-            !fp8_group_product(c, op, &dyo, offsets, e, I, O, wtq + e * O * I, wts + e * ts, bx,
-                               dx + offsets[e] * I, CUDA_R_32F))
+            !fp8_group_product(c, op, &ao, offsets, e, N, K, wq + e * N * K, ws + e * ts, beta,
+                               (char *)y.p + (size_t)(offsets[e] * N) * esize(ct), ct))
             return 0;
     return 1;
+}
+
+/* y [M, O] = x [M, I] W_e^T per group, w [E, O, I] (its row-wise copy); fp32 outputs rounded
+ * to bf16. */
+static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
+                                const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
+    if (fp8_dims_ok(c, I, O, w, op) &&
+        fp8_grouped_product(c, op, y, 0.0f, x, (const uint8_t *)w.p, w.s, offsets, E, O, I, pow2) &&
+        y.dt == MOE_DTYPE_F32)
+        moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
 }
 
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (+)= dy^T x per group (either may be NULL; betas bx,
@@ -600,14 +574,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
         const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
         const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
-        int ok;
-#if MOE_HAVE_SM90A
-        if (moe_cuda_grouped_fp8_supported(c, E, wtq, wts))
-            ok = fp8_grouped_sm90(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O, pow2);
-        else
-#endif
-            ok = fp8_dgrad_per_group(c, op, dx, dy, wtq, wts, offsets, E, I, O, pow2, bx);
-        if (!ok) return;
+        if (!fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O, pow2))
+            return;
     }
     if (!dw) return;
     int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */

@@ -707,10 +707,8 @@ struct gw_tile {
 };
 __device__ __forceinline__ int gw_find(const int *pref, const int *poff, int E, int t, int MT,
                                        int BN, gw_tile *tl) {
-    if (t >= pref[E]) return 0;
-    int e = 0;
-    while (pref[e + 1] <= t)
-        e++;
+    const int e = gg_tile_expert(pref, E, t);
+    if (e < 0) return 0;
     const int local = t - pref[e];
     tl->e = e, tl->p0 = poff[e], tl->ks = (poff[e + 1] - poff[e]) / 128;
     tl->m0 = (local % MT) * 128, tl->n0 = (local / MT) * BN;

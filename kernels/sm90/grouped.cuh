@@ -55,6 +55,15 @@ __device__ __forceinline__ void gg_list(const int32_t *off, int E, int N, int bm
     }
     s_off[E] = off[E];
 }
+/* The expert of tile t of a list whose experts' first tiles are pref [E + 1] (pref[E] tiles
+ * in all); -1 past the end. */
+__device__ __forceinline__ int gg_tile_expert(const int *pref, int E, int t) {
+    if (t >= pref[E]) return -1;
+    int e = 0;
+    while (pref[e + 1] <= t)
+        e++;
+    return e;
+}
 /* Tile t of the list: expert e, first row r0 (global), the expert's end rend, first column
  * n0; 0 past the end. */
 struct gg_tile {
@@ -62,10 +71,8 @@ struct gg_tile {
 };
 __device__ __forceinline__ int gg_find(const int *pref, const int *off, int E, int t, int bm,
                                        int bn, gg_tile *tl) {
-    if (t >= pref[E]) return 0;
-    int e = 0;
-    while (pref[e + 1] <= t)
-        e++;
+    const int e = gg_tile_expert(pref, E, t);
+    if (e < 0) return 0;
     const int mt_e = (off[e + 1] - off[e] + bm - 1) / bm, local = t - pref[e];
     tl->e = e;
     tl->r0 = off[e] + (local % mt_e) * bm;
