@@ -672,6 +672,41 @@ static void test_mxfp8_activations(void) {
         free(dw[k]), free(dx[k]);
 }
 
+/* ln1 under mxfp8: RMSNorm stores the encoding of its bf16 output, and the attention
+ * projections read that operand as its values - the forward's row-wise quantization keeps
+ * them (the same bits as the decoded values), the weight gradient quantizes them again along
+ * the tokens. */
+static void test_mxfp8_norm_output(void) {
+    enum { N = 6, C = 64, O = 96 };
+    const moe_recipe mx = MOE_RECIPE_MXFP8;
+    float *x = gc_buf(N * C, 80, -2, 2), *w = gc_buf(C, 81, 0.5f, 1.5f);
+    float *wq = gc_buf(O * C, 82, -1, 1), *dy = gc_buf(N * O, 83, -1, 1), rstd[N];
+    x[9] = 90.0f; /* an outlier in one block */
+    uint8_t *ln = calloc(N * C + N * C / 32, 1);
+    uint16_t *r16 = calloc(N * C, 2);
+    moe_buf lnb = moe_buf_mxfp8(ln, ln + N * C);
+    be->rmsnorm_forward(be, lnb, rstd, x, w, N, C, 1e-5f, MOE_RECIPE_BF16);
+    be->rmsnorm_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), rstd, x, w, N, C, 1e-5f,
+                        MOE_RECIPE_BF16);
+    CHECK_MSG(mx_is(ln, ln + N * C, r16, N * C), "rmsnorm into MXFP8");
+    float *lv = mx_values(ln, N * C);
+    float *y[2], *dx[2], *dw[2];
+    for (int k = 0; k < 2; k++) {
+        moe_cbuf xin = k ? moe_cbuf_f32(lv) : moe_cbuf_from(lnb);
+        y[k] = gc_buf(N * O, 0, 0, 0), dx[k] = gc_buf(N * C, 0, 0, 0),
+        dw[k] = gc_buf(O * C, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y[k]), xin, moe_cbuf_f32(wq), N, C, O, mx);
+        be->matmul_backward(be, dx[k], dw[k], dy, xin, moe_cbuf_f32(wq), N, C, O, mx, MOE_GRAD_SET,
+                            MOE_GRAD_SET);
+    }
+    CHECK(memcmp(y[0], y[1], (size_t)(N * O) * 4) == 0);
+    CHECK(memcmp(dx[0], dx[1], (size_t)(N * C) * 4) == 0);
+    CHECK(memcmp(dw[0], dw[1], (size_t)(O * C) * 4) == 0);
+    free(x), free(w), free(wq), free(dy), free(ln), free(r16), free(lv);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(dx[k]), free(dw[k]);
+}
+
 /* The fp8 recipes' emulated products (ops_fp8.c) stay close to fp32 (E4M3 with block scales:
  * nmse about 1e-3), store bf16 forward outputs, leave an expert without rows untouched, and
  * are not just bf16 (they differ from it). */
@@ -758,6 +793,7 @@ static void test_bf16(void) {
     test_bf16_weights();
     test_bf16_activations();
     test_mxfp8_activations();
+    test_mxfp8_norm_output();
     test_fp8_products();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
     be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);

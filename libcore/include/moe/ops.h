@@ -65,8 +65,8 @@
  *    gradients per call; an F32 weight under fp8-block is refused. mxfp8 weights stay F32
  *    (quantized per call by the CPU emulation).
  *  - MXFP8 activations (moe_buf_mxfp8: E4M3 values with an e8m0 scale per 32 consecutive
- *    elements, in their own array `mx`): under mxfp8 the model stores the expert path so
- *    (permute's output, the grouped matmul's input and output, swiglu's inputs and output
+ *    elements, in their own array `mx`): under mxfp8 the model stores the first norm's output
+ *    (rmsnorm's output, the q/k/v matmuls' input) and the expert path so (permute's output, the grouped matmul's input and output, swiglu's inputs and output
  *    both ways, the dh1/dh3 written over them). An op writing one stores the encoding of
  *    the BF16 value it would write (moe_mxfp8_encode_block of the bf16 rounding, ceil scale rule
  *    whatever precision.fp8_scale says: that rule is the products'); an op reading one reads

@@ -166,7 +166,8 @@ const moe_cfg_key moe_cfg_keys[] = {
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md; mxfp8 also "
-     "stores the expert activations in MXFP8). The CPU runs all four (the fp8 ones emulated, "
+     "stores ln1 and the expert activations in MXFP8). The CPU runs all four (the fp8 ones "
+     "emulated, "
      "slowly); the CUDA backend fp32, bf16 and fp8-block."},
     {"precision.fp8_scale", MOE_CFG_ENUM, FIELD(precision.fp8_scale), "default", 0, 0, 0,
      fp8_scale_names,

@@ -71,10 +71,11 @@ static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t N
     la->ye = own ? carve(off, base, (size_t)(cap * C) * ef) : la->yp;
 }
 
-/* The MXFP8 scales of a layer whose expert path is stored so: each after its buffer's
- * values (a buffer sized for ef bytes an element has room for them too); else NULL. */
-static void expert_scales(moe_layer_acts *la, int64_t NK, int64_t cap, int64_t C, int64_t F,
-                          int mx) {
+/* The MXFP8 scales of a layer whose ln1 and expert path are stored so: each after its
+ * buffer's values (a buffer sized for ef bytes an element has room for them too); else NULL. */
+static void act_scales(moe_layer_acts *la, int64_t N, int64_t NK, int64_t cap, int64_t C, int64_t F,
+                       int mx) {
+    la->ln1_mx = mx ? (uint8_t *)la->ln1 + N * C : NULL;
     la->xp_mx = mx ? (uint8_t *)la->xp + NK * C : NULL;
     la->xe_mx = mx ? (uint8_t *)la->xe + cap * C : NULL;
     la->h1_mx = mx ? (uint8_t *)la->h1 + cap * F : NULL;
@@ -100,7 +101,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
-        sh.ln1 = carve(&off, base, (size_t)(N * C) * ef);
+        sh.ln1 = carve(&off, base, act_bytes(N * C, all_mx, ef));
         sh.rstd1 = carve(&off, base, (size_t)N * f);
         sh.q = carve(&off, base, (size_t)(N * HD) * ef);
         sh.k = carve(&off, base, (size_t)(N * KVD) * ef);
@@ -133,10 +134,11 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     }
     for (int64_t l = 0; l < L; l++) {
         moe_layer_acts tmp, *la = base ? &a->layer[l] : &tmp;
+        const int mx = moe_model_layer_mx(cfg, recipe, skip, (int)l);
         *la = sh;
         la->x_in = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[l & 1];
         if (keep_attn) {
-            la->ln1 = carve(&off, base, (size_t)(N * C) * ef);
+            la->ln1 = carve(&off, base, act_bytes(N * C, mx, ef));
             la->rstd1 = carve(&off, base, (size_t)N * f);
             la->q = carve(&off, base, (size_t)(N * HD) * ef);
             la->k = carve(&off, base, (size_t)(N * KVD) * ef);
@@ -156,8 +158,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            carve_experts(la, &off, base, NK, cap, own, C, F, ef,
-                          moe_model_layer_mx(cfg, recipe, skip, (int)l));
+            carve_experts(la, &off, base, NK, cap, own, C, F, ef, mx);
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = counts_all ? counts_all + l * E : NULL;
@@ -187,8 +188,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     if (base)
         for (int64_t l = 0; l < L; l++) {
             a->layer[l].g = g;
-            expert_scales(&a->layer[l], NK, cap, C, F,
-                          moe_model_layer_mx(cfg, recipe, skip, (int)l));
+            act_scales(&a->layer[l], N, NK, cap, C, F,
+                       moe_model_layer_mx(cfg, recipe, skip, (int)l));
         }
     if (!train) return u; /* hidden states only: no logits, losses or gradients */
     uend = u, u = off;

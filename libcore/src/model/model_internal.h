@@ -54,10 +54,10 @@ typedef struct moe_layer_acts {
                  region (recomputed in the backward, dg over it) */
     void *ye; /* [cap, C] the local experts' outputs, rows as xe (= yp at ep 1) */
     void *yp; /* [N*K, C] expert outputs (unweighted) */
-    /* Under mxfp8 (moe_model_layer_mx) xp, xe, h1, h3 and g are MXFP8 (E4M3 values, the
+    /* Under mxfp8 (moe_model_layer_mx) ln1, xp, xe, h1, h3 and g are MXFP8 (E4M3 values, the
      * dh1/dh3 written over h1/h3 too) with their e8m0 scales here, [rows, C / 32] or
      * [rows, F / 32] after each buffer's values; NULL when the layer stores them as adt */
-    uint8_t *xp_mx, *xe_mx, *h1_mx, *h3_mx, *g_mx;
+    uint8_t *ln1_mx, *xp_mx, *xe_mx, *h1_mx, *h3_mx, *g_mx;
 } moe_layer_acts;
 
 struct moe_acts {

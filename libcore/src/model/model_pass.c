@@ -30,8 +30,8 @@ static const int32_t *doc_positions(const moe_model *m) {
     return m->acts->doc_masked ? m->acts->positions : NULL;
 }
 
-/* An activation buffer as an operand: MXFP8 when it has scales mx (the layer's expert path
- * under mxfp8, model_internal.h), else of type adt. */
+/* An activation buffer as an operand: MXFP8 when it has scales mx (the layer's ln1 and
+ * expert path under mxfp8, model_internal.h), else of type adt. */
 static moe_buf act(void *p, uint8_t *mx, moe_dtype adt) {
     return mx ? moe_buf_mxfp8(p, mx) : moe_buf_of(p, adt);
 }
@@ -47,8 +47,9 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     moe_layer_acts *la = &a->layer[l];
     const moe_param_layer *li = &m->table.layer[l];
     const moe_dtype adt = a->adt;
-    moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
-    be->rmsnorm_forward(be, moe_buf_of(la->ln1, adt), la->rstd1, la->x_in, P[li->ln1].data, N, C,
+    moe_buf ln1b = act(la->ln1, la->ln1_mx, adt);
+    moe_cbuf ln1 = moe_cbuf_from(ln1b);
+    be->rmsnorm_forward(be, ln1b, la->rstd1, la->x_in, P[li->ln1].data, N, C,
                         (float)c->rms_norm_eps, p16);
     moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
@@ -391,7 +392,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                p16, MOE_GRAD_SET);
         be->rope_backward(be, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
         be->rope_backward(be, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
-        moe_cbuf ln1 = moe_cbuf_of(la->ln1, adt);
+        moe_cbuf ln1 = moe_cbuf_from(act(la->ln1, la->ln1_mx, adt));
         be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, ln1, moe_model_weight(m, li->q), N, C,
                             H * D, prec, MOE_GRAD_SET, gw);
         be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, ln1, moe_model_weight(m, li->k), N, C,

@@ -40,6 +40,10 @@ void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float 
     }
 }
 
+/* The output is stored 32 values at a time (moe_cpu_store_block): an MXFP8 output (C a
+ * multiple of 32) is encoded a block at a time. */
+enum { NORM_BLOCK = 32 };
+
 void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     (void)be;
@@ -51,9 +55,14 @@ void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, co
             ss += xn[c] * xn[c];
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
-        for (int64_t c = 0; c < C; c++) {
-            float v = xn[c] * r * w[c];
-            moe_buf_set(out, n * C + c, prec == MOE_RECIPE_BF16 ? moe_round_bf16(v) : v);
+        for (int64_t c0 = 0; c0 < C; c0 += NORM_BLOCK) {
+            int64_t cnt = C - c0 < NORM_BLOCK ? C - c0 : NORM_BLOCK;
+            float v[NORM_BLOCK];
+            for (int64_t j = 0; j < cnt; j++) {
+                v[j] = xn[c0 + j] * r * w[c0 + j];
+                if (prec == MOE_RECIPE_BF16) v[j] = moe_round_bf16(v[j]);
+            }
+            moe_cpu_store_block(out, n * C + c0, v, cnt);
         }
     }
 }
