@@ -63,6 +63,14 @@ int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op) {
                           moe_dtype_name(dt));
 }
 
+int moe_cuda_f32_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op) {
+    if (dt == MOE_DTYPE_F32) return 1;
+    return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                          "operand of type %s (f32 expected: bf16 here comes with mxfp8, which "
+                          "this backend does not run)",
+                          moe_dtype_name(dt));
+}
+
 void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op) {
     if (bytes == 0) bytes = 16;
     if (c->scratch_bytes[slot] >= bytes) return c->scratch[slot];
@@ -304,9 +312,13 @@ template <int V> __global__ void k_add(float *out, const float *a, const float *
     }
 }
 
-void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+void moe_cuda_add(const moe_backend *be, moe_buf outb, moe_cbuf ab, const float *b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (n <= 0 || moe_cuda_failed(c)) return;
+    if (n <= 0 || moe_cuda_failed(c) || !moe_cuda_f32_ok(c, outb.dt, "add") ||
+        !moe_cuda_f32_ok(c, ab.dt, "add"))
+        return;
+    float *out = (float *)outb.p;
+    const float *a = (const float *)ab.p;
     if (moe_cuda_vec_ok(n, out, a, b))
         k_add<MOE_VEC><<<moe_cuda_grid(c, n / MOE_VEC, 256), 256, 0, c->stream>>>(out, a, b, n);
     else

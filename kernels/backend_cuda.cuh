@@ -259,6 +259,10 @@ static inline int moe_cuda_vec_ok(int64_t n, const void *p0, const void *p1 = NU
 /* 1 for the element types typed operands may have (F32, BF16), else 0 after recording an
  * error naming the op. */
 int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
+/* 1 when an operand that is BF16 only under mxfp8 (the residual stream: embedding's output,
+ * add's, rmsnorm's input; SwiGLU's incoming gradient dg) is F32; else records the error and
+ * returns 0 */
+int moe_cuda_f32_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
 
 /* ---- fp8-block operands (quant_fp8.cu): e4m3 values q and fp32 scales s in cuBLASLt's
  * layouts (see there); the same bytes as moe/quant.h's CPU emulation ---- */
@@ -314,29 +318,28 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
 void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                      const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                      moe_recipe prec);
-void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dx, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                       moe_grad_store dw_st);
 
-void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+void moe_cuda_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C);
 void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                  const int32_t *tokens, int64_t N, int64_t C, int64_t V);
-void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
+void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
-                               const float *x, const float *w, const float *rstd, int64_t N,
-                               int64_t C);
+                               moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
                            int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                             int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec);
-void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
+void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                               moe_cbuf a, moe_cbuf b, int64_t n);
-void moe_cuda_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n);
 void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                            int64_t B, int64_t T, int64_t C, int max);
 

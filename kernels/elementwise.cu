@@ -49,11 +49,13 @@ __global__ void k_embedding_bwd_grouped(float *__restrict__ dwte, const float *_
     dwte[v * C + col] = acc;
 }
 
-void moe_cuda_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+void moe_cuda_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    k_embedding_fwd<<<moe_cuda_grid(c, N * C, 256), 256, 0, c->stream>>>(out, tokens, wte, N, C);
+    if (moe_cuda_failed(c) || !moe_cuda_f32_ok(c, out.dt, "embedding_forward") || N <= 0 || C <= 0)
+        return;
+    k_embedding_fwd<<<moe_cuda_grid(c, N * C, 256), 256, 0, c->stream>>>((float *)out.p, tokens,
+                                                                         wte, N, C);
     MOE_CUDA_LAUNCHED(c, "embedding_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
@@ -209,11 +211,13 @@ static void rmsnorm_fwd_vec(moe_cuda_ctx *c, TO *out, float *rstd, const float *
         rmsnorm_fwd_launch<1>(c, out, rstd, x, w, N, C, eps, rb);
 }
 
-void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
+void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf xb,
                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "rmsnorm_forward") || N <= 0 || C <= 0)
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "rmsnorm_forward") ||
+        !moe_cuda_f32_ok(c, xb.dt, "rmsnorm_forward") || N <= 0 || C <= 0)
         return;
+    const float *x = (const float *)xb.p;
     int rb = prec == MOE_RECIPE_BF16;
     if (out.dt == MOE_DTYPE_BF16)
         rmsnorm_fwd_vec(c, (__nv_bfloat16 *)out.p, rstd, x, w, N, C, eps, rb);
@@ -264,11 +268,12 @@ static int rmsnorm_bwd_vec(moe_cuda_ctx *c, float *dx, float *part, const float 
 }
 
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
-                               const float *x, const float *w, const float *rstd, int64_t N,
+                               moe_cbuf xb, const float *w, const float *rstd, int64_t N,
                                int64_t C) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "rmsnorm_backward";
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
+    if (moe_cuda_failed(c) || !moe_cuda_f32_ok(c, xb.dt, op) || N <= 0 || C <= 0) return;
+    const float *x = (const float *)xb.p;
     int64_t nparts = (N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS;
     float *part = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
                                             (size_t)(nparts * C) * sizeof(float), op);
@@ -482,13 +487,14 @@ static void swiglu_bwd_types(moe_cuda_ctx *c, moe_buf da, moe_buf db, const floa
         swiglu_bwd_launch<V, float, float>(c, da, db, dout, a, b, n);
 }
 
-void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
+void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf doutb,
                               moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_backward";
     if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, a.dt, op) ||
-        !moe_cuda_typed_ok(c, da.dt, op))
+        !moe_cuda_typed_ok(c, da.dt, op) || !moe_cuda_f32_ok(c, doutb.dt, op))
         return;
+    const float *dout = (const float *)doutb.p;
     if (a.dt != b.dt || da.dt != db.dt) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "pairs of two types (%s, %s; %s, %s)",
                        moe_dtype_name(a.dt), moe_dtype_name(b.dt), moe_dtype_name(da.dt),

@@ -702,13 +702,14 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
         moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
 }
 
-void moe_cuda_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                       moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_f32_ok(c, dxb.dt, op)) return;
+    float *dx = (float *)dxb.p;
     for (int64_t e = 0; dw && e < E; e++) /* the experts with no rows */
         if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
             return;

@@ -353,10 +353,10 @@ static void run_embedding(gctx *g, const tcase *tc) {
     for (int64_t i = 0; i < N; i++)
         tok[i] = (int32_t)rng_int(V);
     float *wte = frand(V * C, -1, 1), *out = xmalloc(F(N * C));
-    g->cpu->embedding_forward(g->cpu, out, tok, wte, N, C);
+    g->cpu->embedding_forward(g->cpu, moe_buf_f32(out), tok, wte, N, C);
     int32_t *dtok = dup_dev(g, "tokens", tok, I32(N));
     float *dwte = dup_dev(g, "wte", wte, F(V * C)), *dout = dup_dev(g, "out", NULL, F(N * C));
-    g->gpu->embedding_forward(g->gpu, dout, dtok, dwte, N, C);
+    g->gpu->embedding_forward(g->gpu, moe_buf_f32(dout), dtok, dwte, N, C);
     check_sync_guards(g, "embedding_forward");
     cmp_f32(g, "out", dout, out, N * C, tc->tol);
     float *gy = frand(N * C, -1, 1), *dw = frand(V * C, -1, 1);
@@ -373,19 +373,20 @@ static void run_rmsnorm(gctx *g, const tcase *tc) {
     float eps = 1e-5f;
     float *x = frand(N * C, -2, 2), *w = frand(C, 0.5f, 1.5f);
     float *out = xmalloc(F(N * C)), *rstd = xmalloc(F(N));
-    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, x, w, N, C, eps, tc->prec);
+    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, moe_cbuf_f32(x), w, N, C, eps,
+                            tc->prec);
     float *dx_ = dup_dev(g, "x", x, F(N * C)), *dw_ = dup_dev(g, "w", w, F(C));
     moe_buf dout = dev_typed(g, tc, "out", NULL, N * C);
     float *drstd = dup_dev(g, "rstd", NULL, F(N));
-    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, tc->prec);
+    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, moe_cbuf_f32(dx_), dw_, N, C, eps, tc->prec);
     check_sync_guards(g, "rmsnorm_forward");
     cmp_typed(g, "out", dout, out, N * C, tc->tol);
     cmp_f32(g, "rstd", drstd, rstd, N, tc->tol);
     float *gy = frand(N * C, -1, 1), *gx = frand(N * C, -1, 1), *gw = frand(C, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(N * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
     float *dgw = dup_dev(g, "dw", gw, F(C)), *drs = dup_dev(g, "rstd_ref", rstd, F(N));
-    g->cpu->rmsnorm_backward(g->cpu, gx, gw, gy, x, w, rstd, N, C);
-    g->gpu->rmsnorm_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, drs, N, C);
+    g->cpu->rmsnorm_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), w, rstd, N, C);
+    g->gpu->rmsnorm_backward(g->gpu, dgx, dgw, dgy, moe_cbuf_f32(dx_), dw_, drs, N, C);
     check_sync_guards(g, "rmsnorm_backward");
     cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
     cmp_f32(g, "dw", dgw, gw, C, tc->tol);
@@ -729,10 +730,10 @@ static void run_grouped(gctx *g, const tcase *tc) {
     float *dgx = dup_dev(g, "dx", gx, F(M * I));
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, off, E,
-                                    I, O, tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
-    g->gpu->grouped_matmul_backward(g->gpu, dgx, dgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
-                                    MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
+                                    cw, off, E, I, O, tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(dgx), dgw, dgy, dx_, gw_, off, E, I, O,
+                                    tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_sync_guards(g, "grouped_matmul_backward");
     check_changed(g, "dx", gx, gx0, M * I, 0.9);
     /* expert 1 has no rows: its weight gradient must stay exactly as it was */
@@ -744,12 +745,12 @@ static void run_grouped(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, M * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, E * O * I, tc->tol);
     /* written gradients (MOE_GRAD_SET) into poisoned buffers: expert 1's dw becomes zeros */
-    g->cpu->grouped_matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, off, E,
-                                    I, O, tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
+                                    cw, off, E, I, O, tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     float *sgx = dup_dev(g, "dx (SET)", NULL, F(M * I));
     float *sgw = dup_dev(g, "dw (SET)", NULL, F(E * O * I));
-    g->gpu->grouped_matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
-                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(sgx), sgw, dgy, dx_, gw_, off, E, I, O,
+                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward SET");
     float *sw1 = down(g, sgw + O * I, F(O * I));
     int zeros = 1;
@@ -763,10 +764,10 @@ static void run_grouped(gctx *g, const tcase *tc) {
     /* the model's w2 backward: the weight gradient alone (dx NULL), then dx alone (dw NULL) */
     float *ogx = dup_dev(g, "dx (dx only)", NULL, F(M * I));
     float *ogw = dup_dev(g, "dw (dw only)", NULL, F(E * O * I));
-    g->gpu->grouped_matmul_backward(g->gpu, NULL, ogw, dgy, dx_, gw_, off, E, I, O, tc->prec,
-                                    MOE_GRAD_SET, MOE_GRAD_SET);
-    g->gpu->grouped_matmul_backward(g->gpu, ogx, NULL, dgy, dx_, gw_, off, E, I, O, tc->prec,
-                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(NULL), ogw, dgy, dx_, gw_, off, E, I, O,
+                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(ogx), NULL, dgy, dx_, gw_, off, E, I, O,
+                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward dw only, dx only");
     cmp_f32(g, "dx (dx only)", ogx, gx, M * I, tc->tol);
     cmp_f32(g, "dw (dw only)", ogw, gw, E * O * I, tc->tol);
@@ -789,16 +790,17 @@ static void run_swiglu(gctx *g, const tcase *tc) {
     if (tc->typed) round_host(ga, n), round_host(gb, n);
     float *dgy = dup_dev(g, "dout", gy, F(n));
     moe_buf dga = dev_typed(g, tc, "da", ga, n), dgb = dev_typed(g, tc, "db", gb, n);
-    g->cpu->swiglu_backward(g->cpu, moe_buf_f32(ga), moe_buf_f32(gb), gy, moe_cbuf_f32(a),
-                            moe_cbuf_f32(b), n);
-    g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n);
+    g->cpu->swiglu_backward(g->cpu, moe_buf_f32(ga), moe_buf_f32(gb), moe_cbuf_f32(gy),
+                            moe_cbuf_f32(a), moe_cbuf_f32(b), n);
+    g->gpu->swiglu_backward(g->gpu, dga, dgb, moe_cbuf_f32(dgy), da_, db_, n);
     check_sync_guards(g, "swiglu_backward");
     cmp_typed(g, "da", dga, ga, n, tol_stored(tc));
     cmp_typed(g, "db", dgb, gb, n, tol_stored(tc));
     /* in place, as the model runs it: da over a, db over b */
     moe_buf ia = dev_typed(g, tc, "a (in place)", a, n),
             ib = dev_typed(g, tc, "b (in place)", b, n);
-    g->gpu->swiglu_backward(g->gpu, ia, ib, dgy, moe_cbuf_from(ia), moe_cbuf_from(ib), n);
+    g->gpu->swiglu_backward(g->gpu, ia, ib, moe_cbuf_f32(dgy), moe_cbuf_from(ia), moe_cbuf_from(ib),
+                            n);
     check_sync_guards(g, "swiglu_backward in place");
     cmp_typed(g, "da (in place)", ia, ga, n, tol_stored(tc));
     cmp_typed(g, "db (in place)", ib, gb, n, tol_stored(tc));
@@ -861,13 +863,14 @@ static void run_xent(gctx *g, const tcase *tc) {
 static void run_add(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *o = xmalloc(F(n));
-    g->cpu->add(g->cpu, o, a, b, n);
+    g->cpu->add(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), b, n);
     float *da_ = dup_dev(g, "a", a, F(n)), *db_ = dup_dev(g, "b", b, F(n));
     float *do_ = dup_dev(g, "out", NULL, F(n));
-    g->gpu->add(g->gpu, do_, da_, db_, n);
+    g->gpu->add(g->gpu, moe_buf_f32(do_), moe_cbuf_f32(da_), db_, n);
     check_sync_guards(g, "add");
     cmp_f32(g, "out", do_, o, n, tc->tol);
-    g->gpu->add(g->gpu, da_, da_, db_, n); /* out aliases a (a residual add) */
+    g->gpu->add(g->gpu, moe_buf_f32(da_), moe_cbuf_f32(da_), db_,
+                n); /* out aliases a (a residual add) */
     check_sync_guards(g, "add in place");
     cmp_f32(g, "out (aliased)", da_, o, n, tc->tol);
     free(a), free(b), free(o);
@@ -1457,7 +1460,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_RMSNORM:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[1]), c = perf_buf(g, s[0] * s[1]);
         d = perf_buf(g, s[0]), e = perf_buf(g, s[0] * s[1]);
-        be->rmsnorm_forward(be, moe_buf_f32(c), d, a, b, s[0], s[1], 1e-5f, BF16);
+        be->rmsnorm_forward(be, moe_buf_f32(c), d, moe_cbuf_f32(a), b, s[0], s[1], 1e-5f, BF16);
         bytes = (pc->dir ? 4.0 : 2.0) * 4.0 * (double)s[0] * s[1];
         break;
     case MOE_OP_SWIGLU:
@@ -1548,9 +1551,9 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
-                    be->grouped_matmul_backward(be, d, e, moe_cbuf_of(c, MOE_DTYPE_BF16), a16, w16,
-                                                off, s[0], s[1], s[2], s[4] ? FP8B : BF16,
-                                                MOE_GRAD_ADD, MOE_GRAD_ADD);
+                    be->grouped_matmul_backward(
+                        be, moe_buf_f32(d), e, moe_cbuf_of(c, MOE_DTYPE_BF16), a16, w16, off, s[0],
+                        s[1], s[2], s[4] ? FP8B : BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
                 else
                     be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
                                                s[0], s[1], s[2], s[4] ? FP8B : BF16);
@@ -1566,14 +1569,16 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_RMSNORM:
                 if (pc->dir)
-                    be->rmsnorm_backward(be, e, b, c, a, b, d, s[0], s[1]);
+                    be->rmsnorm_backward(be, e, b, c, moe_cbuf_f32(a), b, d, s[0], s[1]);
                 else
-                    be->rmsnorm_forward(be, moe_buf_f32(c), d, a, b, s[0], s[1], 1e-5f, BF16);
+                    be->rmsnorm_forward(be, moe_buf_f32(c), d, moe_cbuf_f32(a), b, s[0], s[1],
+                                        1e-5f, BF16);
                 break;
             case MOE_OP_SWIGLU:
                 if (pc->dir)
                     be->swiglu_backward(be, moe_buf_of(c, MOE_DTYPE_BF16),
-                                        moe_buf_of(b, MOE_DTYPE_BF16), a, a16, b16, s[0]);
+                                        moe_buf_of(b, MOE_DTYPE_BF16), moe_cbuf_f32(a), a16, b16,
+                                        s[0]);
                 else
                     be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
                 break;

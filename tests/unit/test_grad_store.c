@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "gradcheck.h"
-#include "moe/ops.h"
 #include "moe/config.h"
+#include "moe/ops.h"
 #include "testlib.h"
 
 static const moe_backend *be;
@@ -37,10 +37,10 @@ static void test_grad_store(void) {
                   moe_recipe_name(rs[r]));
         memset(dxa, 0, (size_t)(N * I) * 4), memset(dwa, 0, (size_t)(E * O * I) * 4);
         gc_fill(dxs, N * I, 85, -9, 9), gc_fill(dws, E * O * I, 86, -9, 9);
-        be->grouped_matmul_backward(be, dxa, dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
-                                    O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
-        be->grouped_matmul_backward(be, dxs, dws, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
-                                    O, rs[r], MOE_GRAD_SET, MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxa), dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    wE, off, E, I, O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxs), dws, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    wE, off, E, I, O, rs[r], MOE_GRAD_SET, MOE_GRAD_SET);
         /* expert 1's weight gradient: zeros under SET (ADD left the zeros it had) */
         CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, E * O * I),
                   "%s: grouped matmul SET != ADD into 0", moe_recipe_name(rs[r]));
@@ -91,10 +91,10 @@ static void test_grad_store(void) {
     /* swiglu backward in place (da over a, db over b) gives the bytes of separate outputs */
     float *sa = gc_buf(N * C, 95, -4, 4), *sb = gc_buf(N * C, 96, -2, 2);
     float *da = gc_buf(N * C, 0, 0, 0), *db = gc_buf(N * C, 0, 0, 0);
-    be->swiglu_backward(be, moe_buf_f32(da), moe_buf_f32(db), g, moe_cbuf_f32(sa), moe_cbuf_f32(sb),
-                        N * C);
-    be->swiglu_backward(be, moe_buf_f32(sa), moe_buf_f32(sb), g, moe_cbuf_f32(sa), moe_cbuf_f32(sb),
-                        N * C);
+    be->swiglu_backward(be, moe_buf_f32(da), moe_buf_f32(db), moe_cbuf_f32(g), moe_cbuf_f32(sa),
+                        moe_cbuf_f32(sb), N * C);
+    be->swiglu_backward(be, moe_buf_f32(sa), moe_buf_f32(sb), moe_cbuf_f32(g), moe_cbuf_f32(sa),
+                        moe_cbuf_f32(sb), N * C);
     CHECK_MSG(same(da, sa, N * C) && same(db, sb, N * C), "swiglu_backward in place");
     free(sa), free(sb), free(da), free(db);
     /* attention backward (GQA 4/2, a document mask): SET into garbage = ADD into zeros */

@@ -462,6 +462,51 @@ static void test_skip_layers(void) {
         free(grads[r]);
 }
 
+/* mxfp8 keeps the residual stream of its MXFP8 layers in bf16 (training plans): layer 1's
+ * input holds bf16 values, and moe_model_hidden reads them as they are; a skipped layer
+ * keeps fp32 (layer 0's input is the embedding, exact), as bf16 does everywhere. */
+static int all_bf16(const float *x, int64_t n) {
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        k += x[i] == moe_round_bf16(x[i]);
+    return k == n;
+}
+
+static void test_mxfp8_residual(void) {
+    moe_model_config cfg = test_tiny_config(0);
+    cfg.hidden_size = 128, cfg.intermediate_size = 128; /* whole MXFP8 blocks */
+    const int64_t n = (int64_t)B * T * cfg.hidden_size;
+    const uint8_t first[2] = {1, 0};
+    float *h0 = malloc((size_t)n * 4), *h1 = malloc((size_t)n * 4);
+    for (int r = 0; r < 3; r++) {
+        moe_model m;
+        moe_err err;
+        moe_err_clear(&err);
+        CHECK(moe_model_create(&m, &cfg, r ? MOE_RECIPE_MXFP8 : MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE,
+                               moe_backend_cpu(), B, T, &err) == MOE_OK);
+        if (r == 2) CHECK(moe_model_set_skip_layers(&m, first, &err) == MOE_OK);
+        moe_model_init_weights(&m, 5);
+        CHECK(moe_model_hidden(&m, tokens, B, T, 0, h0, &err) == MOE_OK);
+        CHECK(moe_model_hidden(&m, tokens, B, T, 1, h1, &err) == MOE_OK);
+        moe_dtype want0 = r == 1 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        CHECK_MSG(m.acts->layer[0].rdt == want0 &&
+                      m.acts->layer[1].rdt == (r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
+                  "recipe %d: residual types %d %d", r, (int)m.acts->layer[0].rdt,
+                  (int)m.acts->layer[1].rdt);
+        CHECK(all_bf16(h0, n) == (r == 1)); /* the embedding, rounded where layer 0 is MXFP8 */
+        CHECK(all_bf16(h1, n) == (r != 0)); /* bf16's fp32 residual is not all bf16 */
+        if (r == 1) {
+            const uint16_t *x1 = m.acts->layer[1].x_in;
+            int same = 1;
+            for (int64_t i = 0; i < n; i++)
+                same &= h1[i] == moe_bf16_to_f32(x1[i]);
+            CHECK(same);
+        }
+        moe_model_free(&m);
+    }
+    free(h0), free(h1);
+}
+
 int main(void) {
     make_batch();
     test_threads_big();
@@ -471,6 +516,7 @@ int main(void) {
     test_hidden_init_sizes_errors();
     test_initial_loss();
     test_skip_layers();
+    test_mxfp8_residual();
     test_logprobs(0);
     test_logprobs(1);
     return test_summary("test_model_grad");

@@ -31,7 +31,7 @@ typedef struct {
 } emb_st;
 static double emb_loss(void *p) {
     emb_st *s = p;
-    be->embedding_forward(be, s->out, s->tok, s->wte, s->N, s->C);
+    be->embedding_forward(be, moe_buf_f32(s->out), s->tok, s->wte, s->N, s->C);
     return gc_dot(s->out, s->r, s->N * s->C);
 }
 static void test_embedding(void) {
@@ -54,8 +54,8 @@ typedef struct {
 } rms_st;
 static double rms_loss(void *p) {
     rms_st *s = p;
-    be->rmsnorm_forward(be, moe_buf_f32(s->out), s->rstd, s->x, s->w, s->N, s->C, 1e-5f,
-                        MOE_RECIPE_FP32);
+    be->rmsnorm_forward(be, moe_buf_f32(s->out), s->rstd, moe_cbuf_f32(s->x), s->w, s->N, s->C,
+                        1e-5f, MOE_RECIPE_FP32);
     return gc_dot(s->out, s->r, s->N * s->C);
 }
 static void test_rmsnorm(void) {
@@ -72,7 +72,7 @@ static void test_rmsnorm(void) {
     for (int c = 0; c < s.C; c++)
         ss += (double)s.x[c] * s.x[c];
     CHECK_NEAR(s.out[5], s.x[5] / sqrt(ss / s.C + 1e-5) * s.w[5], 1e-5);
-    be->rmsnorm_backward(be, gx, gw, s.r, s.x, s.w, s.rstd, s.N, s.C);
+    be->rmsnorm_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), s.w, s.rstd, s.N, s.C);
     gc_check("rmsnorm dx", &s, rms_loss, s.x, gx, s.N * s.C, 120, 1e-2, ATOL, RTOL);
     gc_check("rmsnorm dw", &s, rms_loss, s.w, gw, s.C, 70, 1e-2, ATOL, RTOL);
     free(s.x), free(s.w), free(s.out), free(s.rstd), free(s.r), free(gx), free(gw);
@@ -193,8 +193,9 @@ static void test_grouped_matmul(void) {
         ref += (double)s.x[5 * s.I + i] * s.w[(2 * s.O + 1) * s.I + i];
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = gc_buf(M * s.I, 0, 0, 0), *gw = gc_buf(s.E * s.O * s.I, 0, 0, 0);
-    be->grouped_matmul_backward(be, gx, gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x), moe_cbuf_f32(s.w),
-                                s.off, s.E, s.I, s.O, MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->grouped_matmul_backward(be, moe_buf_f32(gx), gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x),
+                                moe_cbuf_f32(s.w), s.off, s.E, s.I, s.O, MOE_RECIPE_FP32,
+                                MOE_GRAD_ADD, MOE_GRAD_ADD);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -224,7 +225,7 @@ static void test_swiglu(void) {
     sw_loss(&s);
     CHECK_NEAR(s.out[3], s.a[3] / (1.0 + exp(-s.a[3])) * s.b[3], 1e-6);
     float *ga = gc_buf(s.n, 0, 0, 0), *gb = gc_buf(s.n, 0, 0, 0);
-    be->swiglu_backward(be, moe_buf_f32(ga), moe_buf_f32(gb), s.r, moe_cbuf_f32(s.a),
+    be->swiglu_backward(be, moe_buf_f32(ga), moe_buf_f32(gb), moe_cbuf_f32(s.r), moe_cbuf_f32(s.a),
                         moe_cbuf_f32(s.b), s.n);
     gc_check("swiglu da", &s, sw_loss, s.a, ga, s.n, 40, 1e-3, ATOL, RTOL);
     gc_check("swiglu db", &s, sw_loss, s.b, gb, s.n, 40, 1e-3, ATOL, RTOL);
@@ -436,7 +437,7 @@ static void test_attention_grad(const int32_t *ds) {
 /* ---------------- add, sum_squares ---------------- */
 static void test_add_sumsq(void) {
     float a[5] = {1, 2, 3, 4, 5}, b[5] = {0.5f, -1, 2, 0, 1};
-    be->add(be, a, a, b, 5);
+    be->add(be, moe_buf_f32(a), moe_cbuf_f32(a), b, 5);
     CHECK(a[0] == 1.5f && a[1] == 1.0f && a[4] == 6.0f);
 
     int64_t ns = 3 * MOE_CPU_CHUNK + 77;
@@ -533,8 +534,9 @@ static void test_bf16_weights(void) {
                             MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
-        be->grouped_matmul_backward(be, r[k][4], r[k][5], moe_cbuf_f32(dy), moe_cbuf_f32(x), wk[k],
-                                    off, E, I, O, MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][4]), r[k][5], moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wk[k], off, E, I, O, MOE_RECIPE_BF16,
+                                    MOE_GRAD_ADD, MOE_GRAD_ADD);
     }
     for (int j = 0; j < 6; j++) {
         CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
@@ -580,14 +582,14 @@ static void test_bf16_activations(void) {
         be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
         be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
                                N, C, K, MOE_GRAD_ADD);
-        be->grouped_matmul_backward(be, dg, r[k][4], moe_cbuf_of(dyp, dt), moe_cbuf_of(g, dt),
-                                    moe_cbuf_f32(w2), off, E, F, C, MOE_RECIPE_BF16, MOE_GRAD_ADD,
-                                    MOE_GRAD_ADD);
-        be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), dg, moe_cbuf_of(h, dt),
-                            moe_cbuf_of(h, dt), NK * F);
-        be->grouped_matmul_backward(be, r[k][1], r[k][3], moe_cbuf_of(dh, dt), moe_cbuf_of(xp, dt),
-                                    moe_cbuf_f32(w1), off, E, C, F, MOE_RECIPE_BF16, MOE_GRAD_ADD,
-                                    MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(dg), r[k][4], moe_cbuf_of(dyp, dt),
+                                    moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off, E, F, C,
+                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), moe_cbuf_f32(dg),
+                            moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][1]), r[k][3], moe_cbuf_of(dh, dt),
+                                    moe_cbuf_of(xp, dt), moe_cbuf_f32(w1), off, E, C, F,
+                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
     }
     for (int j = 0; j < 5; j++) {
@@ -654,16 +656,18 @@ static void test_mxfp8_activations(void) {
     float *dw[2] = {gc_buf(E * F * C, 0, 0, 0), gc_buf(E * F * C, 0, 0, 0)};
     float *dx[2] = {gc_buf(NK * C, 0, 0, 0), gc_buf(NK * C, 0, 0, 0)};
     float *gv = mx_values(g, NK * F);
-    be->grouped_matmul_backward(be, dx[0], dw[0], moe_cbuf_from(gb), moe_cbuf_from(xpb),
-                                moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
-    be->grouped_matmul_backward(be, dx[1], dw[1], moe_cbuf_f32(gv), moe_cbuf_f32(xv),
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[0]), dw[0], moe_cbuf_from(gb),
+                                moe_cbuf_from(xpb), moe_cbuf_f32(w1), off, E, C, F, mx,
+                                MOE_GRAD_SET, MOE_GRAD_SET);
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[1]), dw[1], moe_cbuf_f32(gv), moe_cbuf_f32(xv),
                                 moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
     CHECK(memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0);
     CHECK(memcmp(dx[0], dx[1], (size_t)(NK * C) * 4) == 0);
     /* swiglu backward in place over its MXFP8 inputs */
-    be->swiglu_backward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_buf_of(r16b, MOE_DTYPE_BF16), dg,
-                        moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F);
-    be->swiglu_backward(be, h1b, h3b, dg, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F);
+    be->swiglu_backward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_buf_of(r16b, MOE_DTYPE_BF16),
+                        moe_cbuf_f32(dg), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F);
+    be->swiglu_backward(be, h1b, h3b, moe_cbuf_f32(dg), moe_cbuf_from(h1b), moe_cbuf_from(h3b),
+                        NK * F);
     CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F) && mx_is(h3, h3 + NK * F, r16b, NK * F),
               "swiglu backward in place into MXFP8");
     free(x), free(w1), free(w3), free(dg), free(xp), free(h1), free(h3), free(g), free(r16);
@@ -685,8 +689,8 @@ static void test_mxfp8_norm_output(void) {
     uint8_t *ln = calloc(N * C + N * C / 32, 1);
     uint16_t *r16 = calloc(N * C, 2);
     moe_buf lnb = moe_buf_mxfp8(ln, ln + N * C);
-    be->rmsnorm_forward(be, lnb, rstd, x, w, N, C, 1e-5f, MOE_RECIPE_BF16);
-    be->rmsnorm_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), rstd, x, w, N, C, 1e-5f,
+    be->rmsnorm_forward(be, lnb, rstd, moe_cbuf_f32(x), w, N, C, 1e-5f, MOE_RECIPE_BF16);
+    be->rmsnorm_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), rstd, moe_cbuf_f32(x), w, N, C, 1e-5f,
                         MOE_RECIPE_BF16);
     CHECK_MSG(mx_is(ln, ln + N * C, r16, N * C), "rmsnorm into MXFP8");
     float *lv = mx_values(ln, N * C);
@@ -750,8 +754,8 @@ static void test_fp8_products(void) {
         for (int64_t i = O * I; i < 2 * O * I; i++)
             gdw[i] = 7.0f; /* expert 1's gradient must stay as it is */
         be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), wE, off, E, I, O, rs[r]);
-        be->grouped_matmul_backward(be, gdx, gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I,
-                                    O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(gdx), gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    wE, off, E, I, O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
         int kept = 1;
         for (int64_t i = O * I; i < 2 * O * I; i++)
             kept &= gdw[i] == 7.0f;

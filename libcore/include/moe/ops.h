@@ -49,8 +49,10 @@
  *    Gradients stay F32, except the ones whose only reader is a matrix product that rounds
  *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
  *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
- *    sum. RoPE on BF16 rounds its result: the values attention reads. AdamW's moments m and
- *    v are typed too, whatever the recipe: BF16 under `optim.moments: bf16` (see adamw).
+ *    sum; and under mxfp8 SwiGLU's incoming gradient dg (w2's grouped dx, swiglu_backward's
+ *    dout), whose products quantize what SwiGLU's backward makes of it: BF16 (F32 only on
+ *    the CUDA backend). RoPE on BF16 rounds its result: the values attention reads. AdamW's moments
+ * m and v are typed too, whatever the recipe: BF16 under `optim.moments: bf16` (see adamw).
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
  *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
@@ -66,13 +68,17 @@
  *    (quantized per call by the CPU emulation).
  *  - MXFP8 activations (moe_buf_mxfp8: E4M3 values with an e8m0 scale per 32 consecutive
  *    elements, in their own array `mx`): under mxfp8 the model stores the first norm's output
- *    (rmsnorm's output, the q/k/v matmuls' input) and the expert path so (permute's output, the grouped matmul's input and output, swiglu's inputs and output
- *    both ways, the dh1/dh3 written over them). An op writing one stores the encoding of
- *    the BF16 value it would write (moe_mxfp8_encode_block of the bf16 rounding, ceil scale rule
- *    whatever precision.fp8_scale says: that rule is the products'); an op reading one reads
- *    its values. Their element counts are multiples of 32 (the model uses them only when
- *    hidden and expert widths are). The CPU backend runs them; the CUDA backend refuses
- *    mxfp8 and never sees one.
+ *    (rmsnorm's output, the q/k/v matmuls' input) and the expert path so (permute's output, the
+ * grouped matmul's input and output, swiglu's inputs and output both ways, the dh1/dh3 written over
+ * them). An op writing one stores the encoding of the BF16 value it would write
+ * (moe_mxfp8_encode_block of the bf16 rounding, ceil scale rule whatever precision.fp8_scale says:
+ * that rule is the products'); an op reading one reads its values. Their element counts are
+ * multiples of 32 (the model uses them only when hidden and expert widths are). The CPU backend
+ * runs them; the CUDA backend refuses mxfp8 and never sees one.
+ *  - The residual stream (embedding's output, add's out and a, rmsnorm's input x in both
+ *    directions) is F32, or BF16 where the model keeps it so (training, the layers that
+ *    store MXFP8 under mxfp8: Megatron-Core's bf16 residual): add sums in fp32 and stores
+ *    the sum rounded; rmsnorm reads the values. The CUDA backend takes F32 only there.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -246,9 +252,9 @@ struct moe_backend {
     moe_status (*synchronize)(const moe_backend *be, moe_err *err);
 
     /* ---- embedding: out[n,:] = wte[tokens[n],:] ---- */
-    void (*embedding_forward)(const moe_backend *be, float *out, /* [N, C] dev */
-                              const int32_t *tokens,             /* [N] dev, each in [0, V) */
-                              const float *wte,                  /* [V, C] dev */
+    void (*embedding_forward)(const moe_backend *be, moe_buf out, /* [N, C] dev, F32|BF16 */
+                              const int32_t *tokens,              /* [N] dev, each in [0, V) */
+                              const float *wte,                   /* [V, C] dev */
                               int64_t N, int64_t C);
     void (*embedding_backward)(const moe_backend *be, float *dwte, /* [V, C] dev, += */
                                const float *dout,                  /* [N, C] dev */
@@ -258,13 +264,13 @@ struct moe_backend {
     /* ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ---- */
     void (*rmsnorm_forward)(const moe_backend *be, moe_buf out, /* [N, C] dev, F32|BF16 */
                             float *rstd,                        /* [N] dev, saved for backward */
-                            const float *x,                     /* [N, C] dev */
+                            moe_cbuf x,                         /* [N, C] dev, F32|BF16 */
                             const float *w,                     /* [C] dev */
                             int64_t N, int64_t C, float eps, moe_recipe prec);
     void (*rmsnorm_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
                              float *dw,                        /* [C] dev, += */
                              const float *dout,                /* [N, C] dev */
-                             const float *x,                   /* [N, C] dev */
+                             moe_cbuf x,                       /* [N, C] dev, F32|BF16 */
                              const float *w,                   /* [C] dev */
                              const float *rstd,                /* [N] dev */
                              int64_t N, int64_t C);
@@ -404,8 +410,8 @@ struct moe_backend {
                                    const int32_t *offsets, /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
     /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say
-     * (either may be NULL: not computed, and x not read without dw) */
-    void (*grouped_matmul_backward)(const moe_backend *be, float *dx, /* [M, I] dev, may be NULL */
+     * (dx.p or dw may be NULL: not computed, and x not read without dw) */
+    void (*grouped_matmul_backward)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
                                     float *dw,              /* [E, O, I] dev, may be NULL */
                                     moe_cbuf dy,            /* [M, O] dev, F32 or BF16 */
                                     moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
@@ -423,7 +429,7 @@ struct moe_backend {
      * In place allowed: da may be a and db b (each element read before it is written). */
     void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, F32|BF16 */
                             moe_buf db,                        /* [n] dev, of da's type */
-                            const float *dout,                 /* [n] dev */
+                            moe_cbuf dout,                     /* [n] dev, F32|BF16 */
                             moe_cbuf a,                        /* [n] dev, F32|BF16 */
                             moe_cbuf b,                        /* [n] dev, F32|BF16 */
                             int64_t n);
@@ -445,8 +451,12 @@ struct moe_backend {
                                    const float *weights,                  /* [N] dev or NULL */
                                    float dloss, int64_t N, int64_t V);
 
-    /* ---- elementwise add: out = a + b; out may alias a or b (residuals, grad sums) ---- */
-    void (*add)(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+    /* ---- elementwise add: out = a + b, summed in fp32 and stored in out's type; out may
+     * alias a or b (the residual adds) ---- */
+    void (*add)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16 */
+                moe_cbuf a,                         /* [n] dev, F32|BF16 */
+                const float *b,                     /* [n] dev */
+                int64_t n);
 
     /* ---- AdamW, fp32 arithmetic, decoupled weight decay, bias correction; step counts
      * from 1: g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2, each new

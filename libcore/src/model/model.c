@@ -95,9 +95,12 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
-    int all_mx = 1; /* every layer's expert path in MXFP8: the shared buffers sized so too */
-    for (int l = 0; l < (int)L; l++)
+    /* all_mx: every layer stores MXFP8 (the shared buffers are sized so too); any_mx: one does */
+    int all_mx = 1, any_mx = 0;
+    for (int l = 0; l < (int)L; l++) {
         all_mx &= moe_model_layer_mx(cfg, recipe, skip, l);
+        any_mx |= moe_model_layer_mx(cfg, recipe, skip, l);
+    }
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
@@ -109,7 +112,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.att = carve(&off, base, (size_t)(N * HD) * ef);
         sh.att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
     }
-    if (!keep_mid) sh.x_mid = carve(&off, base, (size_t)(N * C) * f);
+    if (!keep_mid) /* of the layers' residual type: BF16 when all store MXFP8 (training) */
+        sh.x_mid = carve(&off, base, (size_t)(N * C) * (train && all_mx ? sizeof(uint16_t) : f));
     if (!keep_moe) {
         sh.ln2 = carve(&off, base, (size_t)(N * C) * ef);
         sh.rstd2 = carve(&off, base, (size_t)N * f);
@@ -123,6 +127,10 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
         carve_experts(&sh, &off, base, NK, cap, own, C, F, ef, all_mx);
     }
+    /* A training layer that stores MXFP8 keeps no ln2 of its own: the backward makes it again
+     * from x_mid for the router's weight gradient, its one reader there (the same op on the
+     * same input: the same bits). */
+    void *ln2_again = train && keep_moe && any_mx ? carve(&off, base, (size_t)(N * C) * ef) : NULL;
     /* router statistics of every layer, read after the whole forward in one copy each */
     int32_t *counts_all = carve(&off, base, (size_t)(L * E) * i4);
     float *rstats_all = carve(&off, base, (size_t)(L * (E + 2)) * f);
@@ -136,7 +144,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         moe_layer_acts tmp, *la = base ? &a->layer[l] : &tmp;
         const int mx = moe_model_layer_mx(cfg, recipe, skip, (int)l);
         *la = sh;
-        la->x_in = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[l & 1];
+        la->rdt = train && mx ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        size_t rbytes = (size_t)(N * C) * moe_dtype_size(la->rdt);
+        la->x_in = train ? carve(&off, base, rbytes) : xbuf[l & 1];
         if (keep_attn) {
             la->ln1 = carve(&off, base, act_bytes(N * C, mx, ef));
             la->rstd1 = carve(&off, base, (size_t)N * f);
@@ -146,9 +156,10 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->att = carve(&off, base, (size_t)(N * HD) * ef);
             la->att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
         }
-        if (keep_mid) la->x_mid = carve(&off, base, (size_t)(N * C) * f);
+        if (keep_mid) la->x_mid = carve(&off, base, rbytes);
         if (keep_moe) {
-            la->ln2 = carve(&off, base, (size_t)(N * C) * ef);
+            la->remake_ln2 = train && mx;
+            la->ln2 = la->remake_ln2 ? ln2_again : carve(&off, base, (size_t)(N * C) * ef);
             la->rstd2 = carve(&off, base, (size_t)N * f);
             la->rlogits = carve(&off, base, (size_t)(N * E) * f);
             la->probs = carve(&off, base, (size_t)(N * E) * f);
@@ -183,8 +194,10 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
      * has read g; dxe and dxp once SwiGLU's backward has read dg; the attention gradients
      * once permute's backward has read dxp. Forward-only plans hold g alone. */
     size_t u = off, uend = off;
-    void *g = carve(&u, base, train ? (size_t)(cap * F) * f : act_bytes(cap * F, all_mx, ef));
-    p->dg = train ? (float *)g : NULL;
+    /* dg: fp32, or bf16 when every layer stores MXFP8 (the layers' rdt); g fits either */
+    size_t dgf = all_mx ? sizeof(uint16_t) : f;
+    void *g = carve(&u, base, train ? (size_t)(cap * F) * dgf : act_bytes(cap * F, all_mx, ef));
+    p->dg = train ? g : NULL;
     if (base)
         for (int64_t l = 0; l < L; l++) {
             a->layer[l].g = g;

@@ -23,7 +23,11 @@ enum { MOE_PLAN_FORWARD = 4 };
 /* dev memory; a group not kept points at the shared set. The void * buffers hold the
  * activations the bf16 recipe rounds anyway, of element type moe_acts.adt. */
 typedef struct moe_layer_acts {
-    float *x_in;       /* [N, C] residual stream entering the layer */
+    /* F32, or BF16 in a training plan's layer that stores MXFP8 (moe_model_layer_mx): the
+     * type of the residual stream x_in and x_mid (Megatron-Core's bf16 residual) and of the
+     * layer's dg in the backward (moe_acts.dg) */
+    moe_dtype rdt;
+    void *x_in;        /* [N, C] residual stream entering the layer */
     void *ln1;         /* [N, C] */
     float *rstd1;      /* [N] */
     void *q;           /* [N, H*D] after RoPE */
@@ -31,8 +35,9 @@ typedef struct moe_layer_acts {
     void *v;           /* [N, KV*D] */
     void *att;         /* [N, H*D] attention output (before o_proj) */
     float *att_lse;    /* [B, H, T] */
-    float *x_mid;      /* [N, C] residual after attention */
+    void *x_mid;       /* [N, C] residual after attention */
     void *ln2;         /* [N, C] */
+    int remake_ln2;    /* ln2 is shared: the backward makes it again from x_mid (mxfp8) */
     float *rstd2;      /* [N] */
     float *rlogits;    /* [N, E] router logits */
     float *probs;      /* [N, E] */
@@ -104,7 +109,8 @@ struct moe_acts {
                          (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
                          the w2 / w1 / w3 products) are written over the layer's yp, h1
                          and h3 */
-    float *dg;        /* [cap, F], over g once w2's weight gradient has read it */
+    void *dg;         /* [cap, F], over g once w2's weight gradient has read it; of the
+                         layer's rdt */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */
     int32_t *doc_start;   /* [N] first position of each position's document in its row */

@@ -49,7 +49,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     const moe_dtype adt = a->adt;
     moe_buf ln1b = act(la->ln1, la->ln1_mx, adt);
     moe_cbuf ln1 = moe_cbuf_from(ln1b);
-    be->rmsnorm_forward(be, ln1b, la->rstd1, la->x_in, P[li->ln1].data, N, C,
+    be->rmsnorm_forward(be, ln1b, la->rstd1, moe_cbuf_of(la->x_in, la->rdt), P[li->ln1].data, N, C,
                         (float)c->rms_norm_eps, p16);
     moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
@@ -67,7 +67,19 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     if (!with_residual) return;
     be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
                        moe_model_weight(m, li->o), N, H * D, C, prec);
-    be->add(be, la->x_mid, la->x_in, a->tmp, N * C);
+    be->add(be, moe_buf_of(la->x_mid, la->rdt), moe_cbuf_of(la->x_in, la->rdt), a->tmp, N * C);
+}
+
+/* Layer l's second norm, ln2 and rstd2 from x_mid: in the MoE block's forward, and again in
+ * the backward of a layer that keeps no ln2 (remake_ln2: the same bits). */
+static void ln2_forward(moe_model *m, int l, int64_t N) {
+    const moe_backend *be = m->be;
+    moe_layer_acts *la = &m->acts->layer[l];
+    int64_t C = m->cfg.hidden_size;
+    be->rmsnorm_forward(
+        be, moe_buf_of(la->ln2, m->acts->adt), la->rstd2, moe_cbuf_of(la->x_mid, la->rdt),
+        m->table.params[m->table.layer[l].ln2].data, N, C, (float)m->cfg.rms_norm_eps,
+        moe_recipe_unquantized(moe_model_layer_recipe(m, l)));
 }
 
 void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
@@ -84,8 +96,7 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     /* the router (gate matmul included) runs in fp32 */
     const moe_dtype adt = a->adt;
     moe_cbuf ln2 = moe_cbuf_of(la->ln2, adt);
-    be->rmsnorm_forward(be, moe_buf_of(la->ln2, adt), la->rstd2, la->x_mid, P[li->ln2].data, N, C,
-                        (float)c->rms_norm_eps, p16);
+    ln2_forward(m, l, N);
     be->matmul_forward(be, moe_buf_f32(la->rlogits), ln2, moe_cbuf_f32(P[li->gate].data), N, C, E,
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
@@ -115,9 +126,10 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                                moe_model_weight(m, li->w2), eoff, El, F, C, prec);
     if (a->ep > 1) moe_model_ep_combine(m, l, la->ye, la->yp, row_bytes);
     if (!with_residual) return;
-    float *x_out = l + 1 < L ? a->layer[l + 1].x_in : a->x_final;
+    moe_buf x_out =
+        l + 1 < L ? moe_buf_of(a->layer[l + 1].x_in, a->layer[l + 1].rdt) : moe_buf_f32(a->x_final);
     be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
-    be->add(be, x_out, la->x_mid, a->tmp, N * C);
+    be->add(be, x_out, moe_cbuf_of(la->x_mid, la->rdt), a->tmp, N * C);
 }
 
 void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int upto) {
@@ -137,7 +149,7 @@ void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int
         be->memcpy_h2d(be, a->doc_start, start, (size_t)N * sizeof(int32_t));
         be->memcpy_h2d(be, a->positions, pos, (size_t)N * sizeof(int32_t));
     }
-    float *x0 = L > 0 ? a->layer[0].x_in : a->x_final;
+    moe_buf x0 = L > 0 ? moe_buf_of(a->layer[0].x_in, a->layer[0].rdt) : moe_buf_f32(a->x_final);
     moe_model_refresh_copies(m);
     be->embedding_forward(be, x0, a->tokens, m->table.params[m->table.p_embed].data, N, C);
     for (int l = 0; l < upto && l < L; l++) {
@@ -195,7 +207,7 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
+    be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, moe_cbuf_f32(a->x_final),
                         m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
                         moe_recipe_unquantized(m->recipe));
     be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_f32(a->lnf),
@@ -323,7 +335,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, moe_cbuf_f32(a->lnf),
                         moe_model_weight(m, m->table.p_lm_head), N, C, V, p16, MOE_GRAD_SET, gw);
     ZERO(a->dres, N * C);
-    be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, a->x_final,
+    be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, moe_cbuf_f32(a->x_final),
                          P[m->table.p_norm].data, a->rstdf, N, C);
     /* router loss derivatives: aux = mean_l E sum_e f_e P_e, z = mean_l mean_n lse^2 */
     float *dprob = malloc((size_t)(L * E) * sizeof(float));
@@ -361,28 +373,30 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
         if (a->keep_moe)
             be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
-        be->grouped_matmul_backward(be, NULL, P[li->w2].grad, moe_cbuf_of(dye, adt), g, w2, eoff,
-                                    El, F, C, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, a->dg, NULL, moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C,
-                                    prec, MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(NULL), P[li->w2].grad, moe_cbuf_of(dye, adt), g,
+                                    w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->rdt), NULL, moe_cbuf_of(dye, adt), g,
+                                    w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
         moe_buf dh1 = h1, dh3 = h3; /* written over them, of their type */
-        be->swiglu_backward(be, dh1, dh3, a->dg, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w1].grad, moe_cbuf_from(dh1), xe,
+        be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),
+                            moe_cbuf_from(h3), R * F);
+        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), P[li->w1].grad, moe_cbuf_from(dh1), xe,
                                     moe_model_weight(m, li->w1), eoff, El, C, F, prec, MOE_GRAD_SET,
                                     gw);
-        be->grouped_matmul_backward(be, a->dxe, P[li->w3].grad, moe_cbuf_from(dh3), xe,
+        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), P[li->w3].grad, moe_cbuf_from(dh3), xe,
                                     moe_model_weight(m, li->w3), eoff, El, C, F, prec, MOE_GRAD_ADD,
                                     gw);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
+        if (la->remake_ln2) ln2_forward(m, l, N);
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob + l * E, dz, la->probs, la->rlse,
                             la->topk_idx, la->topk_w, N, E, K);
         be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, moe_cbuf_of(la->ln2, adt),
                             moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32, MOE_GRAD_ADD,
                             gw);
-        be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, la->x_mid, P[li->ln2].data,
-                             la->rstd2, N, C);
+        be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, moe_cbuf_of(la->x_mid, la->rdt),
+                             P[li->ln2].data, la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
         be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, moe_cbuf_of(la->att, adt),
                             moe_model_weight(m, li->o), N, H * D, C, prec, MOE_GRAD_SET, gw);
@@ -399,8 +413,8 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                             KV * D, prec, MOE_GRAD_ADD, gw);
         be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, ln1, moe_model_weight(m, li->v), N, C,
                             KV * D, prec, MOE_GRAD_ADD, gw);
-        be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, la->x_in, P[li->ln1].data,
-                             la->rstd1, N, C);
+        be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, moe_cbuf_of(la->x_in, la->rdt),
+                             P[li->ln1].data, la->rstd1, N, C);
     }
     be->embedding_backward(be, P[m->table.p_embed].grad, a->dres, a->tokens, N, C, V);
     /* the logits buffer now holds gradients: a second backward needs a new forward */
@@ -430,12 +444,18 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     int64_t N = (int64_t)B * T, C = c->hidden_size;
     moe_model_run_layers(m, tokens, B, T, layer);
     if (layer == L) {
-        be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, a->x_final,
+        be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, moe_cbuf_f32(a->x_final),
                             m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
                             moe_recipe_unquantized(m->recipe));
         *src = a->lnf;
-    } else {
+    } else if (a->layer[layer].rdt == MOE_DTYPE_F32) {
         *src = a->layer[layer].x_in;
+    } else { /* a bf16 residual (training under mxfp8): its values into dln (+ zeros in dres),
+              * two gradient buffers the next backward writes again */
+        ZERO(a->dres, N * C);
+        be->add(be, moe_buf_f32(a->dln), moe_cbuf_of(a->layer[layer].x_in, MOE_DTYPE_BF16), a->dres,
+                N * C);
+        *src = a->dln;
     }
     m->last_B = 0;
     a->has_targets = 0;

@@ -115,7 +115,7 @@ static void pr_memset(const moe_backend *be, void *dst, int byte, size_t n) {
 
 /* ---- ops ---- */
 
-static void pr_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+static void pr_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                  const float *wte, int64_t N, int64_t C) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -131,7 +131,7 @@ static void pr_embedding_backward(const moe_backend *be, float *dwte, const floa
     prof_end_op(p, t0, MOE_OP_EMBEDDING, 1);
 }
 
-static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
+static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
                                const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -140,7 +140,7 @@ static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, 
 }
 
 static void pr_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
-                                const float *x, const float *w, const float *rstd, int64_t N,
+                                moe_cbuf x, const float *w, const float *rstd, int64_t N,
                                 int64_t C) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -270,7 +270,7 @@ static void pr_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 0);
 }
 
-static void pr_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
+static void pr_grouped_matmul_backward(const moe_backend *be, moe_buf dx, float *dw, moe_cbuf dy,
                                        moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                        int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                        moe_grad_store dw_st) {
@@ -289,7 +289,7 @@ static void pr_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, mo
     prof_end_op(p, t0, MOE_OP_SWIGLU, 0);
 }
 
-static void pr_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
+static void pr_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                                moe_cbuf a, moe_cbuf b, int64_t n) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
@@ -297,8 +297,8 @@ static void pr_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, co
     prof_end_op(p, t0, MOE_OP_SWIGLU, 1);
 }
 
-static void pr_pool_forward(const moe_backend *be, float *out, const float *x,
-                            const int32_t *range, int64_t B, int64_t T, int64_t C, int max) {
+static void pr_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
+                            int64_t B, int64_t T, int64_t C, int max) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->pool_forward(p->inner, out, x, range, B, T, C, max);
@@ -323,7 +323,7 @@ static void pr_cross_entropy_backward(const moe_backend *be, float *dlogits, con
     prof_end_op(p, t0, MOE_OP_CROSS_ENTROPY, 1);
 }
 
-static void pr_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+static void pr_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->add(p->inner, out, a, b, n);

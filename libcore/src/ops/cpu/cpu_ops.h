@@ -56,6 +56,9 @@ const float *moe_cpu_operand_typed(moe_cbuf w, int64_t n, moe_recipe prec);
  * scratch that moe_cpu_output_store(y, scratch, n) stores (rounded to BF16, or encoded as
  * MXFP8 by moe_cpu_store_block) and frees. */
 float *moe_cpu_output(moe_buf y, int64_t n);
+/* The same for a gradient output the op adds into or writes as st says: under MOE_GRAD_ADD
+ * the scratch starts with y's values. */
+float *moe_cpu_grad_output(moe_buf y, int64_t n, moe_grad_store st);
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 /* Stores v [cnt] at elements [i0, i0 + cnt) of y: elementwise (rounded when BF16), or for
  * an MXFP8 y one block (i0 a multiple of 32, cnt 32), encoding each value's bf16 rounding
@@ -73,7 +76,7 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dx, float *dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st);
@@ -96,24 +99,23 @@ void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const 
                              int64_t O, int64_t I, moe_recipe prec);
 
 /* ops_norm.c */
-void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+void moe_cpu_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                const float *wte, int64_t N, int64_t C);
 void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V);
-void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
+void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
-                              const float *x, const float *w, const float *rstd, int64_t N,
-                              int64_t C);
+                              moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
                            int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                             moe_recipe prec);
-void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
+void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n);
-void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n);
+void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n);
 void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                           int64_t B, int64_t T, int64_t C, int max);
 

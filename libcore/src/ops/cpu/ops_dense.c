@@ -52,6 +52,17 @@ float *moe_cpu_output(moe_buf y, int64_t n) {
     return y.dt == MOE_DTYPE_F32 ? y.p : xmalloc((size_t)n * sizeof(float));
 }
 
+float *moe_cpu_grad_output(moe_buf y, int64_t n, moe_grad_store st) {
+    float *g = moe_cpu_output(y, n);
+    if (g != y.p && st == MOE_GRAD_ADD) {
+        moe_cbuf c = moe_cbuf_from(y);
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            g[i] = moe_cbuf_get(c, i);
+    }
+    return g;
+}
+
 void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n) {
     if (y.dt == MOE_DTYPE_F32) return;
     if (y.mx) {
@@ -221,20 +232,22 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
     moe_cpu_operand_free(xr, x.p);
 }
 
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy,
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
+    int64_t M = offsets[E];
     if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] <= offsets[e])
                 memset(dw + e * O * I, 0, (size_t)(O * I) * sizeof(float));
+    float *dx = dxb.p ? moe_cpu_grad_output(dxb, M * I, dx_st) : NULL;
     if (moe_cpu_is_fp8(prec)) {
         moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
+        if (dx) moe_cpu_output_store(dxb, dx, M * I);
         return;
     }
-    int64_t M = offsets[E];
     const float *dyr = moe_cpu_operand_typed(dy, M * O, prec);
     const float *xr = dw ? moe_cpu_operand_typed(x, M * I, prec) : NULL;
     for (int64_t e = 0; e < E; e++) {
@@ -252,4 +265,5 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, float *dx, float *dw
     }
     moe_cpu_operand_free(dyr, dy.p);
     if (xr) moe_cpu_operand_free(xr, x.p);
+    if (dx) moe_cpu_output_store(dxb, dx, M * I);
 }

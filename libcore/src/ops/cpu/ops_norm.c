@@ -10,14 +10,14 @@
 
 #define COL_SLAB 64 /* columns per task in column-parallel reductions */
 
-void moe_cpu_embedding_forward(const moe_backend *be, float *out, const int32_t *tokens,
+void moe_cpu_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                const float *wte, int64_t N, int64_t C) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const float *src = wte + (int64_t)tokens[n] * C;
         for (int64_t c = 0; c < C; c++)
-            out[n * C + c] = src[c];
+            moe_buf_set(out, n * C + c, src[c]);
     }
 }
 
@@ -44,22 +44,24 @@ void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float 
  * multiple of 32) is encoded a block at a time. */
 enum { NORM_BLOCK = 32 };
 
-void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, const float *x,
+void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        const float *xn = x + n * C;
+        moe_cbuf xn = moe_cbuf_at(x, n * C);
         float ss = 0.0f;
-        for (int64_t c = 0; c < C; c++)
-            ss += xn[c] * xn[c];
+        for (int64_t c = 0; c < C; c++) {
+            float xc = moe_cbuf_get(xn, c);
+            ss += xc * xc;
+        }
         float r = 1.0f / sqrtf(ss / (float)C + eps);
         rstd[n] = r;
         for (int64_t c0 = 0; c0 < C; c0 += NORM_BLOCK) {
             int64_t cnt = C - c0 < NORM_BLOCK ? C - c0 : NORM_BLOCK;
             float v[NORM_BLOCK];
             for (int64_t j = 0; j < cnt; j++) {
-                v[j] = xn[c0 + j] * r * w[c0 + j];
+                v[j] = moe_cbuf_get(xn, c0 + j) * r * w[c0 + j];
                 if (prec == MOE_RECIPE_BF16) v[j] = moe_round_bf16(v[j]);
             }
             moe_cpu_store_block(out, n * C + c0, v, cnt);
@@ -68,29 +70,29 @@ void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, co
 }
 
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
-                              const float *x, const float *w, const float *rstd, int64_t N,
-                              int64_t C) {
+                              moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
-        const float *xn = x + n * C, *gn = dout + n * C;
+        moe_cbuf xn = moe_cbuf_at(x, n * C);
+        const float *gn = dout + n * C;
         float r = rstd[n], dot = 0.0f;
         for (int64_t c = 0; c < C; c++)
-            dot += gn[c] * w[c] * xn[c];
+            dot += gn[c] * w[c] * moe_cbuf_get(xn, c);
         float k = dot * r * r * r / (float)C;
         float *dxn = dx + n * C;
         for (int64_t c = 0; c < C; c++)
-            dxn[c] += gn[c] * w[c] * r - xn[c] * k;
+            dxn[c] += gn[c] * w[c] * r - moe_cbuf_get(xn, c) * k;
     }
     int64_t nslab = (C + COL_SLAB - 1) / COL_SLAB;
 #pragma omp parallel for schedule(static)
     for (int64_t s = 0; s < nslab; s++) {
         int64_t c0 = s * COL_SLAB, c1 = c0 + COL_SLAB < C ? c0 + COL_SLAB : C;
         for (int64_t n = 0; n < N; n++) {
-            const float *xn = x + n * C, *gn = dout + n * C;
+            const float *gn = dout + n * C;
             float r = rstd[n];
             for (int64_t c = c0; c < c1; c++)
-                dw[c] += gn[c] * xn[c] * r;
+                dw[c] += gn[c] * moe_cbuf_get(x, n * C + c) * r;
         }
     }
 }
@@ -162,7 +164,7 @@ void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_
     }
 }
 
-void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, const float *dout,
+void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
@@ -174,19 +176,20 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, cons
             float ai = moe_cbuf_get(a, i);
             float s = 1.0f / (1.0f + moe_cpu_expf(-ai));
             float silu = ai * s;
-            ga[j] = dout[i] * moe_cbuf_get(b, i) * (s + silu * (1.0f - s));
-            gb[j] = dout[i] * silu;
+            float d = moe_cbuf_get(dout, i);
+            ga[j] = d * moe_cbuf_get(b, i) * (s + silu * (1.0f - s));
+            gb[j] = d * silu;
         }
         moe_cpu_store_block(da, i0, ga, cnt);
         moe_cpu_store_block(db, i0, gb, cnt);
     }
 }
 
-void moe_cpu_add(const moe_backend *be, float *out, const float *a, const float *b, int64_t n) {
+void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        out[i] = a[i] + b[i];
+        moe_buf_set(out, i, moe_cbuf_get(a, i) + b[i]);
 }
 
 void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
