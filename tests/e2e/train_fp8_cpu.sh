@@ -3,9 +3,9 @@
 # bf16: configs/tiny.yaml on lambda (1 kb records, 20% held out) for 300 steps under bf16,
 # fp8-block and mxfp8; the final validation loss of each fp8 recipe within 2% of bf16's and
 # every logged loss finite. Also: fp8 runs are deterministic (the same recipe twice gives the
-# same checkpoint bytes over a short run), precision.skip_layers is applied and logged, and
-# --dry-run accepts the recipes and shows mxfp8's smaller activations (MXFP8 expert
-# activations).
+# same checkpoint bytes over a short run), precision.skip_layers is applied and logged, mxfp8
+# says at start-up what it does, and --dry-run accepts the recipes and shows mxfp8's smaller
+# activations.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/lambda_1kb.sh"
@@ -50,6 +50,8 @@ moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0
     2> skip.log
 grep -q "precision: layers 0,1 stay bf16 under mxfp8" skip.log \
     || { cat skip.log; fail "no skip_layers log line"; }
+grep -q "precision: mxfp8 runs its products on E4M3 values .*(emulated by the cpu backend)" \
+    skip.log || { cat skip.log; fail "no mxfp8 start-up line"; }
 moe-train -c "$src/configs/tiny.yaml" --dry-run precision.recipe=fp8-block > dry.txt
 grep -q "recipe: fp8-block" dry.txt || fail "--dry-run does not show the fp8-block recipe"
 # mxfp8 stores the expert activations in MXFP8: --dry-run's activations below bf16's
