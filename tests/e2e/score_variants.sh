@@ -11,7 +11,8 @@
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind;
-# POS 0, NUL bytes in a record; a VCF with nothing to score passes through.
+# POS 0, NUL bytes in a record; a VCF with nothing to score passes through; FILTER and INFO
+# tags the header does not define are written back as they were.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
 if [ -z "$PY" ]; then echo "SKIP: no python3 with numpy (apt install python3-numpy)"; exit 77; fi
@@ -171,6 +172,13 @@ grep -q "record 14: lambda:6000: REF .*does not match the reference" err.txt
 moe-score variants -m "$CKPT" -f ref.fa --window $W calls.vcf --check-ref warn -o warn.vcf 2>log.txt
 grep -q "1 REF mismatches" log.txt
 [ "$(bcftools query -f '%POS\t%INFO/MOE_LLR\n' -i 'POS=6000' warn.vcf)" = "$(printf '6000\t.')" ]
+# FILTER and INFO tags the header does not define (htslib defines them while it reads): each
+# record is written with its own tags (one header to read and write with)
+awk -F'\t' 'BEGIN { OFS = "\t" } !/^#/ && $2 == 500 { $7 = "LowQual"; $8 = "DP=7" } { print }' \
+    good.vcf > undef.vcf
+sc undef.vcf -o undef.out.vcf 2>/dev/null
+grep -qP '^lambda\t500\tv0\t.*\tLowQual\tDP=7;MOE_LLR=-?[0-9]' undef.out.vcf ||
+    { echo "FAIL: undefined tags:"; grep -v '^##' undef.out.vcf | head -3; exit 1; }
 # contig named differently: the chr-prefix hint
 sed 's/^lambda\t/chrlambda\t/; s/ID=lambda,/ID=chrlambda,/' good.vcf > chr.vcf
 expect2 sc chr.vcf

@@ -29,14 +29,14 @@ typedef struct vwin { /* one tokenized window of one strand */
 typedef struct vsite {
     bcf1_t *rec;
     int n_alt, strands;
-    int *status;  /* [n_alt] ALT_* */
-    vwin ref[2];  /* the REF window per strand (ids NULL when the record is skipped) */
-    float *lp[2]; /* [ref n - first] REF log-probabilities per strand */
-    vwin *alt;    /* [n_alt * 2] ALT a, strand r at 2a + r */
-    float *llr;   /* [n_alt] out (NaN = not scored) */
+    int *status;   /* [n_alt] ALT_* */
+    vwin ref[2];   /* the REF window per strand (ids NULL when the record is skipped) */
+    float *lp[2];  /* [ref n - first] REF log-probabilities per strand */
+    vwin *alt;     /* [n_alt * 2] ALT a, strand r at 2a + r */
+    float *llr;    /* [n_alt] out (NaN = not scored) */
     int64_t start; /* 0-based start of the REF window on the contig */
     int64_t root;  /* the site of the chunk whose REF windows (equal to this one's) are run */
-    int need_ref; /* root: some ALT of its group is scored */
+    int need_ref;  /* root: some ALT of its group is scored */
 } vsite;
 
 typedef struct vcf_sites { /* the input and the checked sites of the current chunk */
@@ -91,14 +91,14 @@ typedef struct vcf_out {
     moe_outfile file; /* the final name; htslib writes a duplicate of its descriptor */
     int file_open;
     htsFile *hts;
-    bcf_hdr_t *hdr;          /* the input header + MOE_LLR + ##moe_score (owned) */
-    const bcf_hdr_t *in_hdr; /* for the TSV's contig names */
-    float *vals;             /* [cap_vals] INFO values of one record */
+    bcf_hdr_t *hdr; /* the input header itself; for a VCF, MOE_LLR + ##moe_score appended to
+                       it (score_vcf_out.c: one header to read and write with) */
+    float *vals;    /* [cap_vals] INFO values of one record */
     int64_t cap_vals;
 } vcf_out;
 
 /* Opens the output (o->output, o->format, o->tsv) and writes its header. */
-moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, const bcf_hdr_t *in,
+moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, bcf_hdr_t *in,
                               const vcf_meta *meta, moe_err *err);
 /* Writes rec (read with the input header) with llr [n_alt] (NaN = not scored; a record with
  * no score gets no MOE_LLR). */

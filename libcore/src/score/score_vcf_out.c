@@ -18,10 +18,11 @@
 #include "score/score_internal.h"
 #include "score/score_vcf.h"
 
-/* The header line, its values quoted where they may hold commas or spaces. */
-static moe_status add_header(vcf_out *w, const bcf_hdr_t *in, const vcf_meta *meta, moe_err *err) {
-    w->hdr = bcf_hdr_dup(in);
-    if (!w->hdr) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+/* The header lines, their values quoted where they may hold commas or spaces, appended to the
+ * input header itself (w->hdr): the records are read and written with that one header, so a
+ * FILTER, INFO or contig that htslib defines while reading (one the header lacks) keeps its
+ * ID when written; with a copy made before the records, that ID named another tag or none. */
+static moe_status add_header(vcf_out *w, const vcf_meta *meta, moe_err *err) {
     int id = bcf_hdr_id2int(w->hdr, BCF_DT_ID, "MOE_LLR");
     int have = bcf_hdr_idinfo_exists(w->hdr, BCF_HL_INFO, id); /* scored before: overwritten */
     kstring_t line = {0, 0, NULL};
@@ -49,11 +50,11 @@ static moe_status add_header(vcf_out *w, const bcf_hdr_t *in, const vcf_meta *me
     return MOE_OK;
 }
 
-moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, const bcf_hdr_t *in,
+moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, bcf_hdr_t *in,
                               const vcf_meta *meta, moe_err *err) {
     memset(w, 0, sizeof *w);
     w->tsv = o->tsv;
-    w->in_hdr = in;
+    w->hdr = in;
     const char *path = o->output ? o->output : "-";
     moe_status st = moe_outfile_open(&w->file, path, err);
     if (st != MOE_OK) return st;
@@ -63,7 +64,7 @@ moe_status score_vcf_out_open(vcf_out *w, const moe_score_vcf_opts *o, const bcf
         st = moe_outfile_write(&w->file, meta->pg, strlen(meta->pg), err);
         return st == MOE_OK ? moe_outfile_write(&w->file, h, strlen(h), err) : st;
     }
-    st = add_header(w, in, meta, err);
+    st = add_header(w, meta, err);
     if (st != MOE_OK) return st;
     char mode[4] = {'w', o->format == 'z' ? 'z' : o->format == 'b' ? 'b' : '\0', '\0', '\0'};
     fflush(w->file.fp);
@@ -88,9 +89,9 @@ moe_status score_vcf_out_record(vcf_out *w, bcf1_t *rec, const float *llr, int n
         int bad = 0;
         for (int a = 0; a < n_alt; a++) {
             line.l = 0;
-            bad |= ksprintf(&line, "%s\t%" PRId64 "\t%s\t%s\t%s\t",
-                            bcf_seqname_safe(w->in_hdr, rec), (int64_t)rec->pos + 1, rec->d.id,
-                            rec->d.allele[0], rec->d.allele[a + 1]) < 0;
+            bad |= ksprintf(&line, "%s\t%" PRId64 "\t%s\t%s\t%s\t", bcf_seqname_safe(w->hdr, rec),
+                            (int64_t)rec->pos + 1, rec->d.id, rec->d.allele[0],
+                            rec->d.allele[a + 1]) < 0;
             bad |= (isnan(llr[a]) ? kputs(".\n", &line)
                                   : ksprintf(&line, "%.6g\n", (double)llr[a])) < 0;
             if (bad || moe_outfile_write(&w->file, line.s, line.l, err) != MOE_OK) break;
@@ -141,8 +142,7 @@ void score_vcf_out_abort(vcf_out *w) {
     w->hts = NULL;
     if (w->file_open) moe_outfile_abort(&w->file);
     w->file_open = 0;
-    if (w->hdr) bcf_hdr_destroy(w->hdr);
-    w->hdr = NULL;
+    w->hdr = NULL; /* the input's: not ours to free */
     free(w->vals);
     w->vals = NULL;
     w->cap_vals = 0;
