@@ -11,8 +11,8 @@
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind;
-# POS 0, NUL bytes in a record; a VCF with nothing to score passes through; FILTER and INFO
-# tags the header does not define are written back as they were.
+# POS 0, NUL bytes in a record, a record of fewer than 8 columns; a VCF with nothing to score
+# passes through; FILTER and INFO tags the header does not define are written back as they were.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
 if [ -z "$PY" ]; then echo "SKIP: no python3 with numpy (apt install python3-numpy)"; exit 77; fi
@@ -179,6 +179,10 @@ awk -F'\t' 'BEGIN { OFS = "\t" } !/^#/ && $2 == 500 { $7 = "LowQual"; $8 = "DP=7
 sc undef.vcf -o undef.out.vcf 2>/dev/null
 grep -qP '^lambda\t500\tv0\t.*\tLowQual\tDP=7;MOE_LLR=-?[0-9]' undef.out.vcf ||
     { echo "FAIL: undefined tags:"; grep -v '^##' undef.out.vcf | head -3; exit 1; }
+# a record of fewer than 8 columns: exit 2 naming it (htslib reads it without an error)
+awk -F'\t' 'BEGIN { OFS = "\t" } !/^#/ && $2 == 700 { NF = 4 } { print }' good.vcf > short.vcf
+expect2 sc short.vcf -o short.out.vcf
+grep -q "record 2: 4 tab-separated columns; a VCF record has at least 8" err.txt
 # contig named differently: the chr-prefix hint
 sed 's/^lambda\t/chrlambda\t/; s/ID=lambda,/ID=chrlambda,/' good.vcf > chr.vcf
 expect2 sc chr.vcf

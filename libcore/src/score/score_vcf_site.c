@@ -317,10 +317,29 @@ moe_status score_vcf_sites_model(vcf_sites *v, const score_model *sm, moe_err *e
     return MOE_OK;
 }
 
+/* The tab-separated columns of the VCF text line htslib read last (its line buffer, where
+ * parsing wrote a NUL over each tab it split at). */
+static int vcf_columns(const htsFile *in) {
+    int n = 1;
+    for (size_t i = 0; i < in->line.l; i++)
+        n += in->line.s[i] == '\t' || in->line.s[i] == '\0';
+    return n;
+}
+
 int score_vcf_sites_next(vcf_sites *v, moe_err *err) {
     int rc;
     while ((rc = bcf_read(v->in, v->hdr, v->rec)) == 0) {
         v->rec_no++;
+        /* htslib reads a text line of fewer than 8 columns without an error, and the record it
+         * makes has no FILTER or INFO bytes, which writing it then reads past */
+        int ncol = v->in->format.format == vcf ? vcf_columns(v->in) : 8;
+        if (ncol < 8) {
+            moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
+                        "%d tab-separated columns; a VCF record has at least 8 (CHROM to INFO)",
+                        ncol);
+            moe_err_at_record(err, v->rec_no);
+            return -1;
+        }
         if (in_regions(v, v->rec)) return add_site(v, v->rec, err) == MOE_OK ? 1 : -1;
     }
     if (rc >= -1) return 0;
