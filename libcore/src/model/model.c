@@ -98,9 +98,12 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     /* all_mx: every layer stores MXFP8 (the shared buffers are sized so too); any_mx: one does */
     int all_mx = 1, any_mx = 0;
     for (int l = 0; l < (int)L; l++) {
-        all_mx &= moe_model_layer_mx(cfg, recipe, skip, l);
-        any_mx |= moe_model_layer_mx(cfg, recipe, skip, l);
+        const int mx = moe_model_layer_mx(cfg, recipe, skip, l);
+        all_mx &= mx, any_mx |= mx;
     }
+    /* bytes an element of the shared buffers of the layers' rdt type (x_mid when not kept, dg):
+     * bf16 when every layer trains with a bf16 residual, else fp32 */
+    const size_t rf = train && all_mx ? sizeof(uint16_t) : f;
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
@@ -112,8 +115,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.att = carve(&off, base, (size_t)(N * HD) * ef);
         sh.att_lse = carve(&off, base, (size_t)(N * cfg->num_attention_heads) * f);
     }
-    if (!keep_mid) /* of the layers' residual type: BF16 when all store MXFP8 (training) */
-        sh.x_mid = carve(&off, base, (size_t)(N * C) * (train && all_mx ? sizeof(uint16_t) : f));
+    if (!keep_mid) sh.x_mid = carve(&off, base, (size_t)(N * C) * rf);
     if (!keep_moe) {
         sh.ln2 = carve(&off, base, (size_t)(N * C) * ef);
         sh.rstd2 = carve(&off, base, (size_t)N * f);
@@ -194,9 +196,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
      * has read g; dxe and dxp once SwiGLU's backward has read dg; the attention gradients
      * once permute's backward has read dxp. Forward-only plans hold g alone. */
     size_t u = off, uend = off;
-    /* dg: fp32, or bf16 when every layer stores MXFP8 (the layers' rdt); g fits either */
-    size_t dgf = all_mx ? sizeof(uint16_t) : f;
-    void *g = carve(&u, base, train ? (size_t)(cap * F) * dgf : act_bytes(cap * F, all_mx, ef));
+    void *g = carve(&u, base,
+                    train ? (size_t)(cap * F) * rf /* dg; g fits */
+                          : act_bytes(cap * F, all_mx, ef));
     p->dg = train ? g : NULL;
     if (base)
         for (int64_t l = 0; l < L; l++) {

@@ -232,22 +232,12 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
     moe_cpu_operand_free(xr, x.p);
 }
 
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
-                                     moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                     int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
-                                     moe_grad_store dw_st) {
-    (void)be;
+/* The fp32 / bf16 products of the grouped backward: dx [M, I] (+)= dy W_e, dw [E, O, I] (+)=
+ * dy_e^T x_e per expert with rows (dx or dw NULL: not computed). */
+static void dense_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                   const int32_t *offsets, int64_t E, int64_t I, int64_t O,
+                                   moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
     int64_t M = offsets[E];
-    if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
-        for (int64_t e = 0; e < E; e++)
-            if (offsets[e + 1] <= offsets[e])
-                memset(dw + e * O * I, 0, (size_t)(O * I) * sizeof(float));
-    float *dx = dxb.p ? moe_cpu_grad_output(dxb, M * I, dx_st) : NULL;
-    if (moe_cpu_is_fp8(prec)) {
-        moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
-        if (dx) moe_cpu_output_store(dxb, dx, M * I);
-        return;
-    }
     const float *dyr = moe_cpu_operand_typed(dy, M * O, prec);
     const float *xr = dw ? moe_cpu_operand_typed(x, M * I, prec) : NULL;
     for (int64_t e = 0; e < E; e++) {
@@ -265,5 +255,22 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *
     }
     moe_cpu_operand_free(dyr, dy.p);
     if (xr) moe_cpu_operand_free(xr, x.p);
+}
+
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
+                                     moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
+                                     int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
+                                     moe_grad_store dw_st) {
+    (void)be;
+    int64_t M = offsets[E];
+    if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
+        for (int64_t e = 0; e < E; e++)
+            if (offsets[e + 1] <= offsets[e])
+                memset(dw + e * O * I, 0, (size_t)(O * I) * sizeof(float));
+    float *dx = dxb.p ? moe_cpu_grad_output(dxb, M * I, dx_st) : NULL; /* fp32 (or dxb) */
+    if (moe_cpu_is_fp8(prec))
+        moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
+    else
+        dense_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
     if (dx) moe_cpu_output_store(dxb, dx, M * I);
 }
