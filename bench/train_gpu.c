@@ -13,11 +13,14 @@
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
  * fp32 master weights and fp32 moments, or bf16 ones with the environment variable
  * MOMENTS=bf16 as optim.moments bf16 stores them) on random tokens, no recomputation, under
- * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block). Pass 1,
+ * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
+ * Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
  * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
  * moe_model_flops_per_token), MFU against 790 TFLOP/s (the bf16 GEMM rate measured on this
- * GPU) and the peak device memory the backend held. Pass 2: PROF_STEPS more steps (default 2,
+ * GPU) and the peak device memory the backend held, with the RESULT line's act_gib (the
+ * activations the model allocated, exact) and scratch_est_gib (--dry-run's bound on the
+ * backend's scratch). Pass 2: PROF_STEPS more steps (default 2,
  * 0 = none) through the profiling wrapper (moe/backend_prof.h), which waits for the GPU
  * around every op; its per-kind table gives the split, not the throughput. The one thing to
  * know: no data loading or checkpoint I/O is included, so the figure is the model's compute
@@ -108,12 +111,17 @@ int main(int argc, char **argv) {
     }
     moe_recipe recipe = MOE_RECIPE_BF16;
     const char *rname = getenv("RECIPE");
-    if (rname && strcmp(rname, moe_recipe_name(MOE_RECIPE_BF16)) != 0) {
-        if (strcmp(rname, moe_recipe_name(MOE_RECIPE_FP8_BLOCK)) != 0) {
-            fprintf(stderr, "bench_train_gpu: RECIPE=%s: expected bf16 or fp8-block\n", rname);
+    if (rname) {
+        const moe_recipe known[] = {MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_MXFP8};
+        size_t i = 0;
+        while (i < 3 && strcmp(rname, moe_recipe_name(known[i])) != 0)
+            i++;
+        if (i == 3) {
+            fprintf(stderr, "bench_train_gpu: RECIPE=%s: expected bf16, fp8-block or mxfp8\n",
+                    rname);
             return 2;
         }
-        recipe = MOE_RECIPE_FP8_BLOCK;
+        recipe = known[i];
     }
     const char *mname = getenv("MOMENTS");
     moe_dtype mdt = mname && strcmp(mname, "bf16") == 0 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
@@ -199,12 +207,18 @@ int main(int argc, char **argv) {
         "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
         p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B, T, med * 1e3,
         tps, tflops, 100.0 * tflops / 790.0, peak_gib, t_init, loss);
+    /* the activations the model allocated (exact) and what the backend held beyond all its
+     * be->alloc buffers at the peak: its scratch */
+    moe_model_memory mem;
+    moe_model_memory_estimate(&c, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, &mem);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("RESULT preset=%s mode=%s recipe=%s moments=%s params=%lld tokens_per_step=%d "
            "step_ms=%.2f tokens_per_s=%.0f "
-           "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f steps=%d loss=%.4f\n",
+           "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
+           "steps=%d loss=%.4f\n",
            p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
-           (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, steps,
-           loss);
+           (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           (double)mem.activations / gib, (double)mem.gpu_scratch / gib, steps, loss);
     fflush(stdout);
 
     if (prof_steps > 0) {
@@ -216,8 +230,8 @@ int main(int argc, char **argv) {
         double a = now_s();
         for (int st = 0; st < prof_steps; st++)
             if ((fwd ? forward_step(&m, tok, B, T, out, &err)
-                     : train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss,
-                                  &err)) != MOE_OK)
+                     : train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss, &err)) !=
+                MOE_OK)
                 return fail(&err);
         double wall = now_s() - a;
         m.be = be;

@@ -63,14 +63,6 @@ int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op) {
                           moe_dtype_name(dt));
 }
 
-int moe_cuda_f32_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op) {
-    if (dt == MOE_DTYPE_F32) return 1;
-    return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "operand of type %s (f32 expected: bf16 here comes with mxfp8, which "
-                          "this backend does not run)",
-                          moe_dtype_name(dt));
-}
-
 void *moe_cuda_scratch(moe_cuda_ctx *c, int slot, size_t bytes, const char *op) {
     if (bytes == 0) bytes = 16;
     if (c->scratch_bytes[slot] >= bytes) return c->scratch[slot];
@@ -274,6 +266,9 @@ static int cu_supports(const moe_backend *be, moe_op op, const moe_op_dims *d, m
         if (d && op == MOE_OP_GROUPED_MATMUL) return moe_cuda_fp8_shape_ok(d->C, d->F);
         prec = MOE_RECIPE_BF16;
     }
+    /* mxfp8: its products on bf16 tiles of the quantized values (mxfp8.cu), any shape; the
+     * rest bf16 */
+    if (moe_recipe_format(prec) == MOE_RECIPE_MXFP8) prec = MOE_RECIPE_BF16;
     if (prec != MOE_RECIPE_BF16 && prec != MOE_RECIPE_FP32) return 0;
     if (!d) return 1;
     switch (op) {
@@ -299,7 +294,8 @@ static void cu_memory(const moe_backend *be, size_t *current, size_t *peak) {
 /* ------------------------------------------------------------------------------------------
  * add, AdamW, sum of squares */
 
-template <int V> __global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+template <int V, typename TO, typename TA>
+__global__ void k_add(TO *out, const TA *a, const float *b, int64_t n) { /* out may be a or b */
     int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
         float av[V], bv[V];
@@ -312,17 +308,30 @@ template <int V> __global__ void k_add(float *out, const float *a, const float *
     }
 }
 
-void moe_cuda_add(const moe_backend *be, moe_buf outb, moe_cbuf ab, const float *b, int64_t n) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (n <= 0 || moe_cuda_failed(c) || !moe_cuda_f32_ok(c, outb.dt, "add") ||
-        !moe_cuda_f32_ok(c, ab.dt, "add"))
-        return;
-    float *out = (float *)outb.p;
-    const float *a = (const float *)ab.p;
-    if (moe_cuda_vec_ok(n, out, a, b))
-        k_add<MOE_VEC><<<moe_cuda_grid(c, n / MOE_VEC, 256), 256, 0, c->stream>>>(out, a, b, n);
+template <typename TO, typename TA>
+static void add_launch(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
+    if (moe_cuda_vec_ok(n, out.p, a.p, b))
+        k_add<MOE_VEC><<<moe_cuda_grid(c, n / MOE_VEC, 256), 256, 0, c->stream>>>(
+            (TO *)out.p, (const TA *)a.p, b, n);
     else
-        k_add<1><<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(out, a, b, n);
+        k_add<1>
+            <<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>((TO *)out.p, (const TA *)a.p, b, n);
+}
+
+void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (n <= 0 || moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "add") ||
+        !moe_cuda_typed_ok(c, a.dt, "add"))
+        return;
+    typedef __nv_bfloat16 bf;
+    if (out.dt == MOE_DTYPE_BF16 && a.dt == MOE_DTYPE_BF16)
+        add_launch<bf, bf>(c, out, a, b, n);
+    else if (out.dt == MOE_DTYPE_BF16)
+        add_launch<bf, float>(c, out, a, b, n);
+    else if (a.dt == MOE_DTYPE_BF16)
+        add_launch<float, bf>(c, out, a, b, n);
+    else
+        add_launch<float, float>(c, out, a, b, n);
     MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
 }
 

@@ -259,10 +259,25 @@ static inline int moe_cuda_vec_ok(int64_t n, const void *p0, const void *p1 = NU
 /* 1 for the element types typed operands may have (F32, BF16), else 0 after recording an
  * error naming the op. */
 int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
-/* 1 when an operand that is BF16 only under mxfp8 (the residual stream: embedding's output,
- * add's, rmsnorm's input; SwiGLU's incoming gradient dg) is F32; else records the error and
- * returns 0 */
-int moe_cuda_f32_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
+/* ---- MXFP8 activations and the mxfp8 recipe's product operands (mxfp8.cu; the values of
+ * moe/quant.h's CPU emulation) ---- */
+/* x [n] as an op's kernels read it: an MXFP8 x (x.mx set) decoded to bf16 into scratch slot
+ * `slot` (exact), an F32 or BF16 x as it is. .p NULL after a recorded error. */
+moe_cbuf moe_cuda_mx_read(moe_cuda_ctx *c, int slot, moe_cbuf x, int64_t n, const char *op);
+/* Where an op's kernels write out [n]: for an MXFP8 out a bf16 stand-in in scratch slot
+ * `slot`, which moe_cuda_mx_write then encodes into out; an F32 or BF16 out itself. .p NULL
+ * after a recorded error. */
+moe_buf moe_cuda_mx_stage(moe_cuda_ctx *c, int slot, moe_buf out, int64_t n, const char *op);
+/* out [n] = the MXFP8 encoding (ceil rule) of staged's bf16 values when out is MXFP8; else
+ * nothing (staged was out). 0 after a recorded error. */
+int moe_cuda_mx_write(moe_cuda_ctx *c, moe_buf out, moe_buf staged, int64_t n, const char *op);
+/* dst [R, K] bf16 = x [R, K] (F32, BF16 or MXFP8) fake-quantized as an mxfp8 product
+ * operand: blocks of 32 along each row (group 0: the product reduces over K) or along the
+ * columns, in blocks of 32 rows that start afresh every `group` rows (the product reduces
+ * over R: a weight's experts of `group` rows each, or one expert's tokens); floor_rule: OCP's
+ * scale rule (MOE_RECIPE_MXFP8_FLOOR) instead of ceil. 0 after a recorded error. */
+int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_t R, int64_t K,
+                         int64_t group, int floor_rule, const char *op);
 
 /* ---- fp8-block operands (quant_fp8.cu): e4m3 values q and fp32 scales s in cuBLASLt's
  * layouts (see there); the same bytes as moe/quant.h's CPU emulation ---- */

@@ -15,12 +15,13 @@
 /* ------------------------------------------------------------------------------------------
  * embedding */
 
-__global__ void k_embedding_fwd(float *__restrict__ out, const int32_t *__restrict__ tokens,
+template <typename TO>
+__global__ void k_embedding_fwd(TO *__restrict__ out, const int32_t *__restrict__ tokens,
                                 const float *__restrict__ wte, int64_t N, int64_t C) {
     int64_t total = N * C, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += stride) {
         int64_t n = i / C, col = i - n * C;
-        out[i] = wte[(int64_t)tokens[n] * C + col];
+        moe_st(out, i, wte[(int64_t)tokens[n] * C + col]);
     }
 }
 
@@ -52,10 +53,14 @@ __global__ void k_embedding_bwd_grouped(float *__restrict__ dwte, const float *_
 void moe_cuda_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || !moe_cuda_f32_ok(c, out.dt, "embedding_forward") || N <= 0 || C <= 0)
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "embedding_forward") || N <= 0 ||
+        C <= 0)
         return;
-    k_embedding_fwd<<<moe_cuda_grid(c, N * C, 256), 256, 0, c->stream>>>((float *)out.p, tokens,
-                                                                         wte, N, C);
+    const unsigned grid = moe_cuda_grid(c, N * C, 256);
+    if (out.dt == MOE_DTYPE_BF16)
+        k_embedding_fwd<<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)out.p, tokens, wte, N, C);
+    else
+        k_embedding_fwd<<<grid, 256, 0, c->stream>>>((float *)out.p, tokens, wte, N, C);
     MOE_CUDA_LAUNCHED(c, "embedding_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
@@ -81,13 +86,13 @@ void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float
 /* ------------------------------------------------------------------------------------------
  * RMSNorm: one block per row */
 
-template <int V, typename TO>
+template <int V, typename TO, typename TX>
 __global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
-                              const float *__restrict__ x, const float *__restrict__ w, int64_t C,
+                              const TX *__restrict__ x, const float *__restrict__ w, int64_t C,
                               float eps, int round_bf16) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *xn = x + n * C;
+    const TX *xn = x + n * C;
     float ss = 0.0f;
     for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
         float xv[V];
@@ -118,9 +123,9 @@ __global__ void k_rmsnorm_fwd(TO *__restrict__ out, float *__restrict__ rstd,
  * g < G: per row dx[n] += dout w r - x k (k = dot(dout w, x) r^3 / C), and the block's
  * partial weight gradient part[block, c] = sum over its rows (ascending) of dout x r, kept in
  * registers: dout and x are read once from memory for both gradients. */
-template <int V, int G>
+template <int V, int G, typename TX>
 __global__ void k_rmsnorm_bwd(float *__restrict__ dx, float *__restrict__ part,
-                              const float *__restrict__ dout, const float *__restrict__ x,
+                              const float *__restrict__ dout, const TX *__restrict__ x,
                               const float *__restrict__ w, const float *__restrict__ rstd,
                               int64_t N, int64_t C) {
     __shared__ float sh[32];
@@ -195,15 +200,15 @@ static int row_threads(int64_t C) {
     return C >= 1024 ? 512 : C >= 256 ? 256 : 128;
 }
 
-template <int V, typename TO>
-static void rmsnorm_fwd_launch(moe_cuda_ctx *c, TO *out, float *rstd, const float *x,
-                               const float *w, int64_t N, int64_t C, float eps, int rb) {
+template <int V, typename TO, typename TX>
+static void rmsnorm_fwd_launch(moe_cuda_ctx *c, TO *out, float *rstd, const TX *x, const float *w,
+                               int64_t N, int64_t C, float eps, int rb) {
     k_rmsnorm_fwd<V>
         <<<(unsigned)N, row_threads(C / V), 0, c->stream>>>(out, rstd, x, w, C, eps, rb);
 }
 
-template <typename TO>
-static void rmsnorm_fwd_vec(moe_cuda_ctx *c, TO *out, float *rstd, const float *x, const float *w,
+template <typename TO, typename TX>
+static void rmsnorm_fwd_vec(moe_cuda_ctx *c, TO *out, float *rstd, const TX *x, const float *w,
                             int64_t N, int64_t C, float eps, int rb) {
     if (moe_cuda_vec_ok(C, out, x, w))
         rmsnorm_fwd_launch<MOE_VEC>(c, out, rstd, x, w, N, C, eps, rb);
@@ -211,25 +216,36 @@ static void rmsnorm_fwd_vec(moe_cuda_ctx *c, TO *out, float *rstd, const float *
         rmsnorm_fwd_launch<1>(c, out, rstd, x, w, N, C, eps, rb);
 }
 
-void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf xb,
-                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "rmsnorm_forward") ||
-        !moe_cuda_f32_ok(c, xb.dt, "rmsnorm_forward") || N <= 0 || C <= 0)
-        return;
-    const float *x = (const float *)xb.p;
-    int rb = prec == MOE_RECIPE_BF16;
+template <typename TX>
+static void rmsnorm_fwd_out(moe_cuda_ctx *c, moe_buf out, float *rstd, const TX *x, const float *w,
+                            int64_t N, int64_t C, float eps, int rb) {
     if (out.dt == MOE_DTYPE_BF16)
         rmsnorm_fwd_vec(c, (__nv_bfloat16 *)out.p, rstd, x, w, N, C, eps, rb);
     else
         rmsnorm_fwd_vec(c, (float *)out.p, rstd, x, w, N, C, eps, rb);
-    MOE_CUDA_LAUNCHED(c, "rmsnorm_forward", "N=%lld C=%lld", (long long)N, (long long)C);
 }
 
-template <int V, int G>
+void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf xb,
+                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "rmsnorm_forward";
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, xb.dt, op) || N <= 0 || C <= 0) return;
+    /* an MXFP8 out: normalised in bf16, then encoded */
+    moe_buf os = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_A, out, N * C, op);
+    if (!os.p) return;
+    int rb = prec == MOE_RECIPE_BF16;
+    if (xb.dt == MOE_DTYPE_BF16)
+        rmsnorm_fwd_out(c, os, rstd, (const __nv_bfloat16 *)xb.p, w, N, C, eps, rb);
+    else
+        rmsnorm_fwd_out(c, os, rstd, (const float *)xb.p, w, N, C, eps, rb);
+    if (MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C))
+        moe_cuda_mx_write(c, out, os, N * C, op);
+}
+
+template <int V, int G, typename TX>
 static void rmsnorm_bwd_launch(moe_cuda_ctx *c, float *dx, float *part, const float *dout,
-                               const float *x, const float *w, const float *rstd, int64_t N,
-                               int64_t C, unsigned threads) {
+                               const TX *x, const float *w, const float *rstd, int64_t N, int64_t C,
+                               unsigned threads) {
     k_rmsnorm_bwd<V, G>
         <<<(unsigned)((N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS), threads, 0, c->stream>>>(
             dx, part, dout, x, w, rstd, N, C);
@@ -237,10 +253,9 @@ static void rmsnorm_bwd_launch(moe_cuda_ctx *c, float *dx, float *part, const fl
 
 /* The backward's launch for V elements a thread access: threads enough for the row in G
  * groups of 1024 at most (G a power of two up to 16); 0 when C is larger than that. */
-template <int V>
-static int rmsnorm_bwd_vec(moe_cuda_ctx *c, float *dx, float *part, const float *dout,
-                           const float *x, const float *w, const float *rstd, int64_t N,
-                           int64_t C) {
+template <int V, typename TX>
+static int rmsnorm_bwd_vec(moe_cuda_ctx *c, float *dx, float *part, const float *dout, const TX *x,
+                           const float *w, const float *rstd, int64_t N, int64_t C) {
     const int64_t vecs = (C + V - 1) / V;
     int64_t G = 1;
     while (G < 16 && G * 1024 < vecs)
@@ -267,20 +282,27 @@ static int rmsnorm_bwd_vec(moe_cuda_ctx *c, float *dx, float *part, const float 
     return 1;
 }
 
+template <typename TX>
+static int rmsnorm_bwd_x(moe_cuda_ctx *c, float *dx, float *part, const float *dout, const TX *x,
+                         const float *w, const float *rstd, int64_t N, int64_t C) {
+    return moe_cuda_vec_ok(C, dx, dout, x, w, part)
+               ? rmsnorm_bwd_vec<MOE_VEC>(c, dx, part, dout, x, w, rstd, N, C)
+               : rmsnorm_bwd_vec<1>(c, dx, part, dout, x, w, rstd, N, C);
+}
+
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                moe_cbuf xb, const float *w, const float *rstd, int64_t N,
                                int64_t C) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "rmsnorm_backward";
-    if (moe_cuda_failed(c) || !moe_cuda_f32_ok(c, xb.dt, op) || N <= 0 || C <= 0) return;
-    const float *x = (const float *)xb.p;
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, xb.dt, op) || N <= 0 || C <= 0) return;
     int64_t nparts = (N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS;
     float *part = (float *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
                                             (size_t)(nparts * C) * sizeof(float), op);
     if (!part) return;
-    int ok = moe_cuda_vec_ok(C, dx, dout, x, w, part)
-                 ? rmsnorm_bwd_vec<MOE_VEC>(c, dx, part, dout, x, w, rstd, N, C)
-                 : rmsnorm_bwd_vec<1>(c, dx, part, dout, x, w, rstd, N, C);
+    int ok = xb.dt == MOE_DTYPE_BF16
+                 ? rmsnorm_bwd_x(c, dx, part, dout, (const __nv_bfloat16 *)xb.p, w, rstd, N, C)
+                 : rmsnorm_bwd_x(c, dx, part, dout, (const float *)xb.p, w, rstd, N, C);
     if (!ok) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "C=%lld: wider than 16 x 1024 vectors a row",
                        (long long)C);
@@ -403,9 +425,9 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
     }
 }
 
-template <int V, typename TI, typename TG>
-__global__ void k_swiglu_bwd(TG *da, TG *db, const float *__restrict__ dout, const TI *a,
-                             const TI *b, int64_t n) { /* da may be a, db b: in place */
+template <int V, typename TI, typename TG, typename TD>
+__global__ void k_swiglu_bwd(TG *da, TG *db, const TD *__restrict__ dout, const TI *a, const TI *b,
+                             int64_t n) { /* da may be a, db b: in place */
     int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
         float av[V], bv[V], g[V], dav[V], dbv[V];
@@ -445,67 +467,88 @@ static void swiglu_fwd_types(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf 
         swiglu_fwd_launch<V, float, float>(c, out, a, b, n, rb);
 }
 
-/* The inputs share one type (both are expert activations); the output may differ. */
+/* 1 when x and y are of one type (MXFP8 counting as its own), else 0 after recording it. */
+static int same_type(moe_cuda_ctx *c, moe_cbuf x, moe_cbuf y, const char *op) {
+    if (x.dt == y.dt && !x.mx == !y.mx) return 1;
+    return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                          "a pair of operands of two types (%s%s, %s%s)", moe_dtype_name(x.dt),
+                          x.mx ? " MXFP8" : "", moe_dtype_name(y.dt), y.mx ? " MXFP8" : "");
+}
+
+/* The inputs share one type (both are expert activations); the output may differ. MXFP8
+ * inputs are read as their bf16 values (decoded first), an MXFP8 output written in bf16 and
+ * then encoded. */
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_forward";
-    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, out.dt, op) ||
-        !moe_cuda_typed_ok(c, a.dt, op))
-        return;
-    if (a.dt != b.dt) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "inputs of two types (%s, %s)",
-                       moe_dtype_name(a.dt), moe_dtype_name(b.dt));
-        return;
-    }
+    if (moe_cuda_failed(c) || n <= 0 || !same_type(c, a, b, op)) return;
+    moe_cbuf ar = moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_A, a, n, op);
+    moe_cbuf br = ar.p ? moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_B, b, n, op) : ar;
+    moe_buf os = br.p ? moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, out, n, op) : moe_buf_f32(NULL);
+    if (!os.p) return;
     int rb = prec == MOE_RECIPE_BF16;
-    if (moe_cuda_vec_ok(n, out.p, a.p, b.p))
-        swiglu_fwd_types<MOE_VEC>(c, out, a, b, n, rb);
+    if (moe_cuda_vec_ok(n, os.p, ar.p, br.p))
+        swiglu_fwd_types<MOE_VEC>(c, os, ar, br, n, rb);
     else
-        swiglu_fwd_types<1>(c, out, a, b, n, rb);
-    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
+        swiglu_fwd_types<1>(c, os, ar, br, n, rb);
+    if (MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n)) moe_cuda_mx_write(c, out, os, n, op);
 }
 
-template <int V, typename TI, typename TG>
-static void swiglu_bwd_launch(moe_cuda_ctx *c, moe_buf da, moe_buf db, const float *dout,
-                              moe_cbuf a, moe_cbuf b, int64_t n) {
+template <int V, typename TI, typename TG, typename TD>
+static void swiglu_bwd_launch(moe_cuda_ctx *c, moe_buf da, moe_buf db, moe_cbuf dout, moe_cbuf a,
+                              moe_cbuf b, int64_t n) {
     k_swiglu_bwd<V><<<moe_cuda_grid(c, n / V, 256), 256, 0, c->stream>>>(
-        (TG *)da.p, (TG *)db.p, dout, (const TI *)a.p, (const TI *)b.p, n);
+        (TG *)da.p, (TG *)db.p, (const TD *)dout.p, (const TI *)a.p, (const TI *)b.p, n);
 }
 
-template <int V>
-static void swiglu_bwd_types(moe_cuda_ctx *c, moe_buf da, moe_buf db, const float *dout, moe_cbuf a,
+template <int V, typename TD>
+static void swiglu_bwd_types(moe_cuda_ctx *c, moe_buf da, moe_buf db, moe_cbuf dout, moe_cbuf a,
                              moe_cbuf b, int64_t n) {
     typedef __nv_bfloat16 bf;
     if (a.dt == MOE_DTYPE_BF16 && da.dt == MOE_DTYPE_BF16)
-        swiglu_bwd_launch<V, bf, bf>(c, da, db, dout, a, b, n);
+        swiglu_bwd_launch<V, bf, bf, TD>(c, da, db, dout, a, b, n);
     else if (a.dt == MOE_DTYPE_BF16)
-        swiglu_bwd_launch<V, bf, float>(c, da, db, dout, a, b, n);
+        swiglu_bwd_launch<V, bf, float, TD>(c, da, db, dout, a, b, n);
     else if (da.dt == MOE_DTYPE_BF16)
-        swiglu_bwd_launch<V, float, bf>(c, da, db, dout, a, b, n);
+        swiglu_bwd_launch<V, float, bf, TD>(c, da, db, dout, a, b, n);
     else
-        swiglu_bwd_launch<V, float, float>(c, da, db, dout, a, b, n);
+        swiglu_bwd_launch<V, float, float, TD>(c, da, db, dout, a, b, n);
 }
 
-void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf doutb,
+template <int V>
+static void swiglu_bwd_dout(moe_cuda_ctx *c, moe_buf da, moe_buf db, moe_cbuf dout, moe_cbuf a,
+                            moe_cbuf b, int64_t n) {
+    if (dout.dt == MOE_DTYPE_BF16)
+        swiglu_bwd_types<V, __nv_bfloat16>(c, da, db, dout, a, b, n);
+    else
+        swiglu_bwd_types<V, float>(c, da, db, dout, a, b, n);
+}
+
+/* MXFP8 a and b are decoded to bf16 first; an MXFP8 da (db) is written in bf16 over that copy
+ * of a (b), in place as the kernel allows, and then encoded. */
+void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                               moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_backward";
-    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, a.dt, op) ||
-        !moe_cuda_typed_ok(c, da.dt, op) || !moe_cuda_f32_ok(c, doutb.dt, op))
+    if (moe_cuda_failed(c) || n <= 0 || !same_type(c, a, b, op) ||
+        !same_type(c, moe_cbuf_from(da), moe_cbuf_from(db), op) ||
+        !moe_cuda_typed_ok(c, dout.dt, op))
         return;
-    const float *dout = (const float *)doutb.p;
-    if (a.dt != b.dt || da.dt != db.dt) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "pairs of two types (%s, %s; %s, %s)",
-                       moe_dtype_name(a.dt), moe_dtype_name(b.dt), moe_dtype_name(da.dt),
-                       moe_dtype_name(db.dt));
-        return;
-    }
-    if (moe_cuda_vec_ok(n, da.p, db.p, dout, a.p, b.p))
-        swiglu_bwd_types<MOE_VEC>(c, da, db, dout, a, b, n);
+    moe_cbuf ar = moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_A, a, n, op);
+    moe_cbuf br = ar.p ? moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_B, b, n, op) : ar;
+    if (!br.p) return;
+    moe_buf das = da.mx && a.mx ? moe_buf_of((void *)ar.p, MOE_DTYPE_BF16)
+                                : moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, da, n, op);
+    moe_buf dbs = db.mx && b.mx ? moe_buf_of((void *)br.p, MOE_DTYPE_BF16)
+                                : moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_D, db, n, op);
+    if (!das.p || !dbs.p) return;
+    if (moe_cuda_vec_ok(n, das.p, dbs.p, dout.p, ar.p, br.p))
+        swiglu_bwd_dout<MOE_VEC>(c, das, dbs, dout, ar, br, n);
     else
-        swiglu_bwd_types<1>(c, da, db, dout, a, b, n);
-    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
+        swiglu_bwd_dout<1>(c, das, dbs, dout, ar, br, n);
+    if (MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n) && moe_cuda_mx_write(c, da, das, n, op))
+        moe_cuda_mx_write(c, db, dbs, n, op);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@
  * weight operand is read as it is, fp32 tensors are converted into scratch buffers first
  * (activations; weights given as F32), and forward outputs are
  * rounded to bf16 afterwards, exactly what the CPU backend emulates; under fp32 the
- * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32).
+ * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32). Under mxfp8 the operands are bf16
+ * tiles of the values the recipe quantizes to (below), and the products are the bf16 ones.
  *
  * The one thing a reader must know: cuBLASLt is column-major, so a row-major C = op(A) op(B)
  * is computed as the column-major C^T = op(B)^T op(A)^T (operands swapped, nothing copied).
@@ -393,14 +394,60 @@ static const void *typed_operand(moe_cuda_ctx *c, int slot, moe_cbuf w, int64_t 
 }
 
 static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
-    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32 ||
-        moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK)
-        return 1;
-    moe_cuda_check(c, cudaErrorNotSupported, op,
-                   "recipe %d (mxfp8 is emulated by the CPU backend only: sm_90 has no MXFP8 "
-                   "GEMM)",
-                   (int)prec);
+    if (prec == MOE_RECIPE_BF16 || prec == MOE_RECIPE_FP32 || moe_recipe_is_fp8(prec)) return 1;
+    moe_cuda_check(c, cudaErrorNotSupported, op, "recipe %d", (int)prec);
     return 0;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * mxfp8 products (docs/dtypes.md): bf16 tiles of each operand's values quantized in blocks
+ * of 32 along the product's reduction (mxfp8.cu), as the CPU emulation quantizes them
+ * (libcore/src/ops/cpu/ops_fp8.c): forward x and W along their rows (over I); dgrad dy along
+ * its rows and W along its columns (over O, each expert's matrix on its own); wgrad dy and x
+ * along their columns (over the tokens, each expert's rows their own group). The weight is
+ * the fp32 master, quantized at each call (sm_90 has no MXFP8 product to read a stored one). */
+
+static int is_mx(moe_recipe prec) {
+    return moe_recipe_format(prec) == MOE_RECIPE_MXFP8;
+}
+
+/* x [R, K] as a product's operand under prec in scratch slot `slot`: under mxfp8 quantized
+ * along rows (group 0) or columns in groups of `group` rows (moe_cuda_mx_quantize), bf16;
+ * under bf16 and fp32 as typed_operand makes it (group unused). NULL after a recorded error. */
+static const void *product_operand(moe_cuda_ctx *c, int slot, moe_cbuf x, int64_t R, int64_t K,
+                                   int64_t group, moe_recipe prec, const char *op) {
+    if (!is_mx(prec)) return typed_operand(c, slot, x, R * K, prec, op);
+    __nv_bfloat16 *d = (__nv_bfloat16 *)moe_cuda_scratch(c, slot, (size_t)(R * K) * 2, op);
+    if (!d || !moe_cuda_mx_quantize(c, d, x, R, K, group, prec == MOE_RECIPE_MXFP8_FLOOR, op))
+        return NULL;
+    return d;
+}
+
+/* x [M, K] as the wgrad operand of grouped rows (offsets [E + 1] host): under mxfp8 each
+ * group's rows quantized along the columns on their own; else as product_operand. */
+static const char *grouped_cols_operand(moe_cuda_ctx *c, int slot, moe_cbuf x,
+                                        const int32_t *offsets, int64_t E, int64_t K,
+                                        moe_recipe prec, const char *op) {
+    const int64_t M = offsets[E];
+    if (!is_mx(prec)) return (const char *)product_operand(c, slot, x, M, K, M, prec, op);
+    __nv_bfloat16 *d = (__nv_bfloat16 *)moe_cuda_scratch(c, slot, (size_t)(M * K) * 2, op);
+    if (!d) return NULL;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n > 0 && !moe_cuda_mx_quantize(c, d + r0 * K, moe_cbuf_at(x, r0 * K), n, K, n,
+                                           prec == MOE_RECIPE_MXFP8_FLOOR, op))
+            return NULL;
+    }
+    return (const char *)d;
+}
+
+/* cuBLASLt's element type of a product's operands under prec (fp32, or bf16 for bf16 and
+ * mxfp8) and of a typed output. */
+static cudaDataType operand_type(moe_recipe prec) {
+    return prec == MOE_RECIPE_FP32 ? CUDA_R_32F : CUDA_R_16BF;
+}
+static cudaDataType output_type(moe_dtype dt) {
+    return dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -606,22 +653,24 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
                              int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op) || N <= 0 ||
-        O <= 0)
-        return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
+        if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         const int32_t rows[2] = {0, (int32_t)N};
         fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
-    cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F; /* written by the GEMM */
-    const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_A, x, N * I, prec, op);
-    const void *wa = xa ? typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op) : NULL;
+    cudaDataType dt = operand_type(prec);
+    moe_buf ys = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, y, N * O, op); /* an MXFP8 y in bf16 */
+    const void *xa = ys.p ? product_operand(c, MOE_CUDA_SCRATCH_A, x, N, I, 0, prec, op) : NULL;
+    const void *wa = xa ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, 0, prec, op) : NULL;
     if (!wa) return;
-    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, y.p, ct, GEMM_EXACT)) return;
-    if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
-        moe_cuda_round_bf16(c, (float *)y.p, N * O, op);
+    cudaDataType ct = output_type(ys.dt); /* written by the GEMM */
+    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, ys.p, ct, GEMM_EXACT)) return;
+    if (prec != MOE_RECIPE_FP32 && ct == CUDA_R_32F &&
+        !moe_cuda_round_bf16(c, (float *)ys.p, N * O, op))
+        return;
+    moe_cuda_mx_write(c, y, ys, N * O, op);
 }
 
 /* Under SET, dw [n] fp32 of a product with no rows is written as zeros. */
@@ -649,17 +698,20 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
                              moe_grad_beta(dw_st));
         return;
     }
-    cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const void *dya = operand(c, MOE_CUDA_SCRATCH_A, dy, N * O, prec, op);
-    if (!dya) return;
+    cudaDataType dt = operand_type(prec);
+    const moe_cbuf dyb = moe_cbuf_f32(dy);
+    const void *dya = NULL;
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
-        const void *wa = typed_operand(c, MOE_CUDA_SCRATCH_B, w, O * I, prec, op);
+        dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, 0, prec, op);
+        const void *wa = dya ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, O, prec, op) : NULL;
         if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx,
                             CUDA_R_32F, GEMM_EXACT))
             return;
     }
-    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I] */
-        const void *xa = typed_operand(c, MOE_CUDA_SCRATCH_C, x, N * I, prec, op);
+    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I]; under mxfp8 dy quantized again, along N */
+        if (!dya || is_mx(prec))
+            dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, N, prec, op);
+        const void *xa = dya ? product_operand(c, MOE_CUDA_SCRATCH_C, x, N, I, N, prec, op) : NULL;
         if (!xa) return;
         gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F,
                 GEMM_EXACT);
@@ -675,31 +727,36 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
                                      moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_forward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, y.dt, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
+        if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
         return;
     }
-    cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    /* a BF16 output is written by the GEMM itself (no rounding pass) */
-    cudaDataType ct = y.dt == MOE_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    const char *xa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, x, M * I, prec, op);
+    cudaDataType dt = operand_type(prec);
+    moe_buf ys = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, y, M * O, op); /* an MXFP8 y in bf16 */
+    const char *xa =
+        ys.p ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, x, M, I, 0, prec, op) : NULL;
     const char *wa =
-        xa ? (const char *)typed_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op) : NULL;
+        xa ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, 0, prec, op) : NULL;
     if (!wa) return;
+    /* a BF16 output is written by the GEMM itself (no rounding pass) */
+    cudaDataType ct = output_type(ys.dt);
     size_t es = esize(dt), cs = esize(ct);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
         if (!gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
-                     wa + (size_t)(e * O * I) * es, dt, 0.0f, (char *)y.p + (size_t)(r0 * O) * cs,
+                     wa + (size_t)(e * O * I) * es, dt, 0.0f, (char *)ys.p + (size_t)(r0 * O) * cs,
                      ct, GEMM_VARY_M))
             return;
     }
-    if (prec == MOE_RECIPE_BF16 && ct == CUDA_R_32F)
-        moe_cuda_round_bf16(c, (float *)y.p, M * O, op);
+    if (prec != MOE_RECIPE_FP32 && ct == CUDA_R_32F &&
+        !moe_cuda_round_bf16(c, (float *)ys.p, M * O, op))
+        return;
+    moe_cuda_mx_write(c, y, ys, M * O, op);
 }
 
 void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
@@ -708,7 +765,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
                                       moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_f32_ok(c, dxb.dt, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dxb.dt, op)) return;
     float *dx = (float *)dxb.p;
     for (int64_t e = 0; dw && e < E; e++) /* the experts with no rows */
         if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
@@ -717,32 +774,42 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
     if (M <= 0) return;
     const float bx = moe_grad_beta(dx_st), bw = moe_grad_beta(dw_st);
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
+        if (dxb.dt != MOE_DTYPE_F32) {
+            moe_cuda_check(c, cudaErrorInvalidValue, op, "a %s dx under fp8-block (f32 expected)",
+                           moe_dtype_name(dxb.dt));
+            return;
+        }
         fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);
         return;
     }
-    cudaDataType dt = prec == MOE_RECIPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
-    size_t es = esize(dt);
-    const char *dya = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_A, dy, M * O, prec, op);
-    if (!dya) return;
-    const char *xa = NULL;
-    if (dw) {
-        xa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_C, x, M * I, prec, op);
-        if (!xa) return;
-    }
-    const char *wa = NULL;
-    if (dx) {
-        wa = (const char *)typed_operand(c, MOE_CUDA_SCRATCH_B, w, E * O * I, prec, op);
+    cudaDataType dt = operand_type(prec), ct = output_type(dxb.dt);
+    size_t es = esize(dt), cs = esize(ct);
+    const char *dya = NULL;
+    if (dx) { /* dx (+)= dy W_e: dy along its rows, each W_e along its columns (over O) */
+        dya = (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, dy, M, O, 0, prec, op);
+        const char *wa =
+            dya ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, O, prec, op)
+                : NULL;
         if (!wa) return;
+        for (int64_t e = 0; e < E; e++) {
+            int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+            if (n > 0 && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
+                                  wa + (size_t)(e * O * I) * es, dt, bx,
+                                  (char *)dx + (size_t)(r0 * I) * cs, ct, GEMM_VARY_M))
+                return;
+        }
     }
+    if (!dw) return;
+    /* dw[e] (+)= dy_e^T x_e: under mxfp8 both along the tokens, each expert's on their own */
+    if (!dya || is_mx(prec))
+        dya = grouped_cols_operand(c, MOE_CUDA_SCRATCH_A, dy, offsets, E, O, prec, op);
+    const char *xa =
+        dya ? grouped_cols_operand(c, MOE_CUDA_SCRATCH_C, x, offsets, E, I, prec, op) : NULL;
+    if (!xa) return;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n <= 0) continue;
-        if (dx &&
-            !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
-                     wa + (size_t)(e * O * I) * es, dt, bx, dx + r0 * I, CUDA_R_32F, GEMM_VARY_M))
-            return;
-        if (dw &&
+        if (n > 0 &&
             !gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
                      xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
             return;

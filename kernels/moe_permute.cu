@@ -161,17 +161,21 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "permute_forward";
-    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, xp.dt, op)) return;
+    if (moe_cuda_failed(c)) return;
     int64_t NK = N * K;
     if (!moe_cuda_group_by_key(c, row_src, slot_row, offsets, topk_idx, NK, E, op)) return;
     if (C <= 0 || NK <= 0) return;
     if (!moe_cuda_typed_ok(c, x.dt, op)) return;
-    if (moe_cuda_vec_ok(C, xp.p, x.p))
-        perm_gather<MOE_VEC>(c, xp, x, row_src, NK, C, K);
+    /* an MXFP8 xp: gathered in bf16, then encoded */
+    moe_buf xs = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_A, xp, NK * C, op);
+    if (!xs.p) return;
+    if (moe_cuda_vec_ok(C, xs.p, x.p))
+        perm_gather<MOE_VEC>(c, xs, x, row_src, NK, C, K);
     else
-        perm_gather<1>(c, xp, x, row_src, NK, C, K);
-    MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
-                      (long long)C);
+        perm_gather<1>(c, xs, x, row_src, NK, C, K);
+    if (MOE_CUDA_LAUNCHED(c, op, "N=%lld K=%lld C=%lld (gather)", (long long)N, (long long)K,
+                          (long long)C))
+        moe_cuda_mx_write(c, xp, xs, NK * C, op);
 }
 
 /* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] (k in order; add: 1 adds into dx, 0 writes it),

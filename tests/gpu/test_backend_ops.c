@@ -10,6 +10,12 @@
  * any NaN in a GPU output fails. Accumulated (+=) gradients start from the same random
  * values on both sides, so accumulation is tested too.
  *
+ * Operands are fp32, or of the types the model passes: bf16 under the bf16 recipe (TYPED
+ * cases) and, per operand role, what a case sets (the mxfp8 recipe's bf16 residual and MXFP8
+ * activations: e4m3 values and e8m0 scales in two guarded buffers, both poisoned when
+ * written). The CPU gets fp32 inputs holding the same values; a typed output is compared with
+ * the CPU's result as its type stores it (bf16 rounding; MXFP8 encoding, compared decoded).
+ *
  *   gpu_test_backend_ops [--seed N] [--only NAME]   compare mode (ctest gpu.backend_ops)
  *   gpu_test_backend_ops --perf [--only NAME]       GPU timings of large cases, TFLOP/s or GB/s
  *
@@ -77,6 +83,7 @@ typedef struct dbuf {
     unsigned char *base;
     size_t bytes;
     const char *name;
+    const char *part; /* "" or " scales" (the second buffer of an MXFP8 operand) */
 } dbuf;
 
 typedef struct gctx {
@@ -112,6 +119,7 @@ static void *dup_dev(gctx *g, const char *name, const void *host, size_t bytes) 
     g->bufs[g->nbufs].base = base;
     g->bufs[g->nbufs].bytes = bytes;
     g->bufs[g->nbufs].name = name;
+    g->bufs[g->nbufs].part = "";
     g->nbufs++;
     return base + GUARD;
 }
@@ -138,8 +146,8 @@ static void check_sync_guards(gctx *g, const char *after) {
         int bad = 0;
         for (size_t j = 0; j < GUARD; j++)
             bad |= h[j] != GUARD_BYTE || h[GUARD + b->bytes + j] != GUARD_BYTE;
-        CHECK_MSG(!bad, "%s: %s: guard bytes of '%s' overwritten (out-of-bounds write)", g->label,
-                  after, b->name);
+        CHECK_MSG(!bad, "%s: %s: guard bytes of '%s%s' overwritten (out-of-bounds write)", g->label,
+                  after, b->name, b->part);
         if (bad) g->fails++;
         free(h);
     }
@@ -201,6 +209,16 @@ static void cmp_i32(gctx *g, const char *what, const int32_t *dev, const int32_t
     free(h);
 }
 
+/* 1 when the device bytes dev equal host ref [bytes]; prints and counts a difference. */
+static int same_bytes(gctx *g, const char *what, const void *dev, const void *ref, size_t bytes) {
+    void *h = down(g, dev, bytes);
+    int same = memcmp(h, ref, bytes) == 0;
+    free(h);
+    CHECK_MSG(same, "%s: %s differs from the CPU's bytes", g->label, what);
+    if (!same) g->fails++;
+    return same;
+}
+
 /* An accumulated (+=) output that equals its initial values would make a comparison
  * vacuous (both backends doing nothing agree): the reference must have changed most of it. */
 static void check_changed(gctx *g, const char *what, const float *ref, const float *init, int64_t n,
@@ -225,16 +243,42 @@ static float *fdup(const float *x, int64_t n) {
 /* ------------------------------------------------------------------------------------------
  * cases */
 
+/* The operand roles, as each runner reads them: ROLE_X the forward's activation input (matmul
+ * and grouped x, rmsnorm x, permute x, swiglu a and b, add a); ROLE_Y the forward's output
+ * (matmul and grouped y, rmsnorm out, permute xp, swiglu out, add out, embedding out); ROLE_DY
+ * the backward's incoming gradient (grouped dy, swiglu dout); ROLE_DX the activation gradient
+ * written (grouped dx under MOE_GRAD_SET, swiglu da and db). */
+enum { ROLE_X, ROLE_Y, ROLE_DY, ROLE_DX };
+
+/* tcase.types: TYPED, and the type of a role's operands where the case sets one (two bits a
+ * role: the model's operands under mxfp8); the others take the runner's default, fp32 or
+ * (TYPED) bf16. MXFP8: e4m3 values and an e8m0 scale per 32 (moe_buf_mxfp8). */
+enum {
+    TYPED = 1, /* the GPU's typed operands are bf16, as the model passes them under the bf16
+                  recipe: weights as bf16 copies (cast_bf16 of them), expert activations in
+                  bf16 (permute's xp, grouped in and out, swiglu in and out, unpermute's yp) */
+    X_F32 = 1 << 1,
+    X_BF16 = 2 << 1,
+    X_MXFP8 = 3 << 1,
+    Y_F32 = 1 << 3,
+    Y_BF16 = 2 << 3,
+    Y_MXFP8 = 3 << 3,
+    DY_F32 = 1 << 5,
+    DY_BF16 = 2 << 5,
+    DY_MXFP8 = 3 << 5,
+    DX_F32 = 1 << 7,
+    DX_BF16 = 2 << 7,
+    DX_MXFP8 = 3 << 7
+};
+
 typedef struct tcase {
     const char *name;
     moe_op op;
     int64_t s[7];
     moe_recipe prec;
     double tol; /* NMSE bound for float outputs */
-    int typed;  /* the GPU's typed operands are bf16, as the model passes them under the bf16
-                   recipe: weights as bf16 copies (cast_bf16 of them), expert activations in
-                   bf16 (permute's xp, grouped in and out, swiglu in and out, unpermute's yp);
-                   the CPU gets fp32 inputs holding the same (rounded) values */
+    int types;  /* TYPED and role types (above); the CPU always gets fp32 inputs holding the
+                   same values as the GPU's operands (bf16-rounded, MXFP8-encoded) */
 } tcase;
 
 /* x[i] = round_bf16(x[i]): the values a bf16 operand can hold, so both sides see them. */
@@ -243,10 +287,60 @@ static void round_host(float *x, int64_t n) {
         x[i] = moe_round_bf16(x[i]);
 }
 
-/* A device copy of host [n] as a typed operand: fp32, or (typed cases) bf16 of the values
- * (the caller rounded them first). host NULL: a poisoned output buffer. */
-static moe_buf dev_typed(gctx *g, const tcase *tc, const char *name, const float *host, int64_t n) {
-    if (!tc->typed) return moe_buf_f32(dup_dev(g, name, host, F(n)));
+/* bf16 where a TYPED case makes the operand so, else fp32. */
+static moe_dtype typed_dt(const tcase *tc) {
+    return tc->types & TYPED ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+}
+
+/* The type of case tc's operands of role `role`: the case's choice, or dflt (the runner's:
+ * typed_dt for an operand that TYPED cases make bf16, fp32 for one they do not). MXFP8 is
+ * MOE_DTYPE_E4M3 here: the harness's E4M3 activations always carry their scales. */
+static moe_dtype role_dt(const tcase *tc, int role, moe_dtype dflt) {
+    static const moe_dtype k_dt[4] = {MOE_DTYPE_F32, MOE_DTYPE_F32, MOE_DTYPE_BF16, MOE_DTYPE_E4M3};
+    const int t = tc->types >> (1 + 2 * role) & 3;
+    return t ? k_dt[t] : dflt;
+}
+
+/* The MXFP8 form of x [n] (n a multiple of 32) as the ops store it: each value's bf16 rounding
+ * encoded 32 at a time (moe_mxfp8_encode_block), q [n] followed by the scales [n / 32] in one
+ * malloc'ed block. */
+static uint8_t *mx_encode(const float *x, int64_t n) {
+    float *r = fdup(x, n);
+    round_host(r, n);
+    uint8_t *q = xmalloc((size_t)(n + n / 32));
+    test_mxfp8_encode(q, q + n, r, n);
+    free(r);
+    return q;
+}
+
+/* x[i] = the value an operand of type dt holds after x [n] is stored in it: x itself (F32), its
+ * bf16 rounding (BF16), or the decoded MXFP8 encoding of that rounding (E4M3). Inputs made so
+ * hold the same values on both sides; a reference made so is what the GPU's output must hold. */
+static void as_stored(float *x, int64_t n, moe_dtype dt) {
+    if (dt == MOE_DTYPE_F32) return;
+    if (dt == MOE_DTYPE_BF16) {
+        round_host(x, n);
+        return;
+    }
+    uint8_t *q = mx_encode(x, n);
+    test_mxfp8_decode(x, q, q + n, n);
+    free(q);
+}
+
+/* A device copy of host [n] as an operand of type dt: fp32, bf16 (of values the caller
+ * rounded) or MXFP8 (of values the caller made so with as_stored: the encoding in one guarded
+ * buffer, its scales in another). host NULL: a poisoned output, 0xFF bytes (NaN in each type,
+ * the e4m3 values and the e8m0 scales alike). */
+static moe_buf dev_operand(gctx *g, moe_dtype dt, const char *name, const float *host, int64_t n) {
+    if (dt == MOE_DTYPE_F32) return moe_buf_f32(dup_dev(g, name, host, F(n)));
+    if (dt == MOE_DTYPE_E4M3) {
+        uint8_t *h = host ? mx_encode(host, n) : NULL;
+        uint8_t *q = dup_dev(g, name, h, (size_t)n);
+        uint8_t *mx = dup_dev(g, name, h ? h + n : NULL, (size_t)(n / 32));
+        g->bufs[g->nbufs - 1].part = " scales";
+        free(h);
+        return moe_buf_mxfp8(q, mx);
+    }
     uint16_t *h = NULL;
     if (host) {
         h = xmalloc((size_t)n * sizeof(uint16_t));
@@ -258,20 +352,24 @@ static moe_buf dev_typed(gctx *g, const tcase *tc, const char *name, const float
     return b;
 }
 
-static void cmp_host(gctx *g, const char *what, const float *h, const float *ref, int64_t n,
-                     double tol);
-
-/* The bound for an accumulated (+=) output that a typed case stores in bf16: the GPU's sum
- * is rounded once more than the CPU's fp32 one (nmse about 1e-6). */
-static double tol_stored(const tcase *tc) {
-    return tc->typed ? 1e-5 : tc->tol;
+/* The bound for an output stored in bf16 or MXFP8 whose value the GPU computes in another
+ * order than the CPU (a gradient, an accumulated sum): one at a rounding boundary rounds the
+ * other way (nmse about 1e-9; 1e-5 also covers the cases whose tol asks for exact copies). */
+static double tol_stored(const tcase *tc, moe_dtype dt) {
+    return dt == MOE_DTYPE_F32 ? tc->tol : fmax(tc->tol, 1e-5);
 }
 
-/* cmp_f32 for a typed device buffer (bf16 widened to fp32 first). */
+/* cmp_host of a typed device output [n] (bf16 widened, MXFP8 decoded) against the CPU's fp32
+ * result as that type stores it (as_stored): an MXFP8 output differs from its fp32 value by
+ * e4m3's rounding (nmse about 1e-3), which the GPU's output must reproduce, not be near. */
 static void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, int64_t n,
                       double tol) {
-    float *h = xmalloc(F(n));
-    if (dev.dt == MOE_DTYPE_BF16) {
+    float *h = xmalloc(F(n)), *r = fdup(ref, n);
+    if (dev.mx) {
+        uint8_t *q = down(g, dev.p, (size_t)n), *mx = down(g, dev.mx, (size_t)(n / 32));
+        test_mxfp8_decode(h, q, mx, n);
+        free(q), free(mx);
+    } else if (dev.dt == MOE_DTYPE_BF16) {
         uint16_t *h16 = down(g, dev.p, (size_t)n * sizeof(uint16_t));
         for (int64_t i = 0; i < n; i++)
             h[i] = moe_bf16_to_f32(h16[i]);
@@ -279,8 +377,9 @@ static void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, 
     } else {
         g->gpu->memcpy_d2h(g->gpu, h, dev.p, F(n));
     }
-    cmp_host(g, what, h, ref, n, tol);
-    free(h);
+    as_stored(r, n, dev.dt);
+    cmp_host(g, what, h, r, n, tol);
+    free(h), free(r);
 }
 
 /* The GPU's weight operand for case tc, the weight [E, O, I] at dw_ dev: dw_ itself, its bf16
@@ -300,7 +399,7 @@ static moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t E
         g->gpu->quantize_weight(g->gpu, q, sc, dw_, E, O, I, tc->prec);
         return moe_cbuf_e4m3(q, sc);
     }
-    if (!tc->typed || moe_recipe_is_fp8(tc->prec)) return moe_cbuf_f32(dw_);
+    if (typed_dt(tc) == MOE_DTYPE_F32 || moe_recipe_is_fp8(tc->prec)) return moe_cbuf_f32(dw_);
     uint16_t *d16 = dup_dev(g, "w16", NULL, (size_t)n * sizeof(uint16_t));
     g->gpu->cast_bf16(g->gpu, d16, dw_, n);
     return moe_cbuf_of(d16, MOE_DTYPE_BF16);
@@ -355,10 +454,12 @@ static void run_embedding(gctx *g, const tcase *tc) {
     float *wte = frand(V * C, -1, 1), *out = xmalloc(F(N * C));
     g->cpu->embedding_forward(g->cpu, moe_buf_f32(out), tok, wte, N, C);
     int32_t *dtok = dup_dev(g, "tokens", tok, I32(N));
-    float *dwte = dup_dev(g, "wte", wte, F(V * C)), *dout = dup_dev(g, "out", NULL, F(N * C));
-    g->gpu->embedding_forward(g->gpu, moe_buf_f32(dout), dtok, dwte, N, C);
+    float *dwte = dup_dev(g, "wte", wte, F(V * C));
+    /* a bf16 out (the residual stream under mxfp8) holds the rounded rows: exactly */
+    moe_buf dout = dev_operand(g, role_dt(tc, ROLE_Y, MOE_DTYPE_F32), "out", NULL, N * C);
+    g->gpu->embedding_forward(g->gpu, dout, dtok, dwte, N, C);
     check_sync_guards(g, "embedding_forward");
-    cmp_f32(g, "out", dout, out, N * C, tc->tol);
+    cmp_typed(g, "out", dout, out, N * C, tc->tol);
     float *gy = frand(N * C, -1, 1), *dw = frand(V * C, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(N * C)), *ddw = dup_dev(g, "dwte", dw, F(V * C));
     g->cpu->embedding_backward(g->cpu, dw, gy, tok, N, C, V);
@@ -371,14 +472,18 @@ static void run_embedding(gctx *g, const tcase *tc) {
 static void run_rmsnorm(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], C = tc->s[1];
     float eps = 1e-5f;
+    /* x: the residual stream, fp32 or (under mxfp8) bf16; out: ln1 MXFP8 or ln2 bf16 there */
+    const moe_dtype xdt = role_dt(tc, ROLE_X, MOE_DTYPE_F32);
+    const moe_recipe p16 = moe_recipe_unquantized(tc->prec); /* the norms', as the model says */
     float *x = frand(N * C, -2, 2), *w = frand(C, 0.5f, 1.5f);
     float *out = xmalloc(F(N * C)), *rstd = xmalloc(F(N));
-    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, moe_cbuf_f32(x), w, N, C, eps,
-                            tc->prec);
-    float *dx_ = dup_dev(g, "x", x, F(N * C)), *dw_ = dup_dev(g, "w", w, F(C));
-    moe_buf dout = dev_typed(g, tc, "out", NULL, N * C);
+    as_stored(x, N * C, xdt);
+    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, moe_cbuf_f32(x), w, N, C, eps, p16);
+    moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, N * C));
+    float *dw_ = dup_dev(g, "w", w, F(C));
+    moe_buf dout = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "out", NULL, N * C);
     float *drstd = dup_dev(g, "rstd", NULL, F(N));
-    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, moe_cbuf_f32(dx_), dw_, N, C, eps, tc->prec);
+    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, p16);
     check_sync_guards(g, "rmsnorm_forward");
     cmp_typed(g, "out", dout, out, N * C, tc->tol);
     cmp_f32(g, "rstd", drstd, rstd, N, tc->tol);
@@ -386,7 +491,7 @@ static void run_rmsnorm(gctx *g, const tcase *tc) {
     float *dgy = dup_dev(g, "dout", gy, F(N * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
     float *dgw = dup_dev(g, "dw", gw, F(C)), *drs = dup_dev(g, "rstd_ref", rstd, F(N));
     g->cpu->rmsnorm_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), w, rstd, N, C);
-    g->gpu->rmsnorm_backward(g->gpu, dgx, dgw, dgy, moe_cbuf_f32(dx_), dw_, drs, N, C);
+    g->gpu->rmsnorm_backward(g->gpu, dgx, dgw, dgy, dx_, dw_, drs, N, C);
     check_sync_guards(g, "rmsnorm_backward");
     cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
     cmp_f32(g, "dw", dgw, gw, C, tc->tol);
@@ -399,8 +504,8 @@ static void run_rope(gctx *g, const tcase *tc) {
     double theta = (double)tc->s[4];
     int64_t n = B * T * NH * D;
     float *x = frand(n, -1, 1);
-    if (tc->typed) round_host(x, n);
-    moe_buf dx_ = dev_typed(g, tc, "x", x, n);
+    as_stored(x, n, typed_dt(tc));
+    moe_buf dx_ = dev_operand(g, typed_dt(tc), "x", x, n);
     int32_t *pos = doc_starts(B, T, tc->s[5]), *dpos = NULL; /* positions inside documents */
     for (int64_t i = 0; pos && i < B * T; i++)
         pos[i] = (int32_t)(i % T) - pos[i];
@@ -435,16 +540,16 @@ static void run_attention(gctx *g, const tcase *tc) {
     int64_t B = tc->s[0], T = tc->s[1], H = tc->s[2], KV = tc->s[3], D = tc->s[4];
     int64_t Tk = T + tc->s[6], nq = B * T * H * D, nk = B * Tk * KV * D;
     float *q = frand(nq, -2, 2), *k = frand(nk, -2, 2), *v = frand(nk, -1, 1);
-    if (tc->typed) round_host(q, nq), round_host(k, nk), round_host(v, nk);
+    as_stored(q, nq, typed_dt(tc)), as_stored(k, nk, typed_dt(tc)), as_stored(v, nk, typed_dt(tc));
     float *out = xmalloc(F(nq)), *lse = xmalloc(F(B * H * T));
     int32_t *ds = doc_starts_last(B, T, Tk, tc->s[5]);
     const int32_t *dds = ds ? dup_dev(g, "doc_start", ds, I32(B * T)) : NULL;
     g->cpu->attention_forward(g->cpu, moe_buf_f32(out), lse, moe_cbuf_f32(q), moe_cbuf_f32(k),
                               moe_cbuf_f32(v), ds, B, T, Tk, H, KV, D, tc->prec);
-    moe_cbuf dq_ = moe_cbuf_from(dev_typed(g, tc, "q", q, nq));
-    moe_cbuf dk_ = moe_cbuf_from(dev_typed(g, tc, "k", k, nk));
-    moe_cbuf dv_ = moe_cbuf_from(dev_typed(g, tc, "v", v, nk));
-    moe_buf dout = dev_typed(g, tc, "out", NULL, nq);
+    moe_cbuf dq_ = moe_cbuf_from(dev_operand(g, typed_dt(tc), "q", q, nq));
+    moe_cbuf dk_ = moe_cbuf_from(dev_operand(g, typed_dt(tc), "k", k, nk));
+    moe_cbuf dv_ = moe_cbuf_from(dev_operand(g, typed_dt(tc), "v", v, nk));
+    moe_buf dout = dev_operand(g, typed_dt(tc), "out", NULL, nq);
     float *dlse = dup_dev(g, "lse", NULL, F(B * H * T));
     g->gpu->attention_forward(g->gpu, dout, dlse, dq_, dk_, dv_, dds, B, T, Tk, H, KV, D, tc->prec);
     check_sync_guards(g, "attention_forward");
@@ -459,7 +564,7 @@ static void run_attention(gctx *g, const tcase *tc) {
     float *gv = frand(nk, -1, 1);
     float *dgy = dup_dev(g, "dout", gy, F(nq)), *dgq = dup_dev(g, "dq", gq, F(nq));
     float *dgk = dup_dev(g, "dk", gk, F(nk)), *dgv = dup_dev(g, "dv", gv, F(nk));
-    moe_cbuf dor = moe_cbuf_from(dev_typed(g, tc, "out_ref", out, nq));
+    moe_cbuf dor = moe_cbuf_from(dev_operand(g, typed_dt(tc), "out_ref", out, nq));
     float *dlr = dup_dev(g, "lse_ref", lse, F(B * H * T));
     float *gq0 = fdup(gq, nq), *gk0 = fdup(gk, nk);
     g->cpu->attention_backward(g->cpu, gq, gk, gv, gy, moe_cbuf_f32(q), moe_cbuf_f32(k),
@@ -511,20 +616,50 @@ static void run_attention(gctx *g, const tcase *tc) {
     free(ds);
 }
 
+/* Under mxfp8, x [R, I], w [E, O, I] and dy [R, O] of a product spread over 2^+-16: x[r, i] *=
+ * a_r b_i, w[e, o, i] /= b_i c_o, dy[r, o] *= c_o / a_r, powers of two a per row, b per input
+ * and c per output in [2^-8, 2^8]. Each product then sums terms of one size along its
+ * reduction while a block of an operand spans up to 2^16 (values 2^14 below a block's largest
+ * round to e4m3 subnormals or zero), so a product quantizing along the wrong dimension, or in
+ * blocks that cross an expert's first row, changes its sums visibly. Uniform values would give
+ * almost every block of 32 one power-of-two scale, and e4m3 rounds a normal value the same
+ * under any of them: quantized in any blocks, or not at all, they would give the same values. */
+static void mx_spread(const tcase *tc, float *x, float *w, float *dy, int64_t R, int64_t E,
+                      int64_t I, int64_t O) {
+    if (moe_recipe_format(tc->prec) != MOE_RECIPE_MXFP8) return;
+    float *a = xmalloc(F(R + I + O)), *b = a + R, *c = b + I;
+    for (int64_t j = 0; j < R + I + O; j++)
+        a[j] = ldexpf(1.0f, (int)rng_int(17) - 8);
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t i = 0; i < I; i++)
+            x[r * I + i] *= a[r] * b[i];
+        for (int64_t o = 0; o < O; o++)
+            dy[r * O + o] *= c[o] / a[r];
+    }
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t o = 0; o < O; o++)
+            for (int64_t i = 0; i < I; i++)
+                w[(e * O + o) * I + i] /= b[i] * c[o];
+    free(a);
+}
+
 static void run_matmul(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], I = tc->s[1], O = tc->s[2];
-    float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *y = xmalloc(F(N * O));
-    if (tc->typed) round_host(x, N * I);
+    const moe_dtype xdt = role_dt(tc, ROLE_X, typed_dt(tc));
+    float *x = frand(N * I, -1, 1), *w = frand(O * I, -1, 1), *gy = frand(N * O, -1, 1);
+    float *y = xmalloc(F(N * O));
+    mx_spread(tc, x, w, gy, N, 1, I, O);
+    as_stored(x, N * I, xdt);
     moe_cbuf cw = cpu_weight(g, tc, w, 1, O, I);
     g->cpu->matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), cw, N, I, O, tc->prec);
-    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, N * I));
+    moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, N * I));
     float *dw_ = dup_dev(g, "w", w, F(O * I));
-    moe_buf dy_ = dev_typed(g, tc, "y", NULL, N * O);
+    moe_buf dy_ = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "y", NULL, N * O);
     moe_cbuf gw_ = gpu_weight(g, tc, dw_, 1, O, I);
     g->gpu->matmul_forward(g->gpu, dy_, dx_, gw_, N, I, O, tc->prec);
     check_sync_guards(g, "matmul_forward");
     cmp_typed(g, "y", dy_, y, N * O, tc->tol);
-    float *gy = frand(N * O, -1, 1), *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
+    float *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
     float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
@@ -637,19 +772,28 @@ static int32_t *random_topk(int64_t N, int64_t E, int64_t K) {
 
 static void run_permute(gctx *g, const tcase *tc) {
     int64_t N = tc->s[0], C = tc->s[1], E = tc->s[2], K = tc->s[3], M = N * K;
+    const moe_dtype xdt = role_dt(tc, ROLE_X, typed_dt(tc));
     int32_t *ti = random_topk(N, E, K);
     float *x = frand(N * C, -1, 1), *xp = xmalloc(F(M * C));
-    if (tc->typed) round_host(x, N * C);
+    as_stored(x, N * C, xdt);
     int32_t *rs = xmalloc(I32(M)), *sr = xmalloc(I32(M)), *off = xmalloc(I32(E + 1));
     g->cpu->permute_forward(g->cpu, moe_buf_f32(xp), rs, sr, off, moe_cbuf_f32(x), ti, N, C, E, K);
-    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, N * C));
-    moe_buf dxp = dev_typed(g, tc, "xp", NULL, M * C);
+    moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, N * C));
+    moe_buf dxp = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "xp", NULL, M * C);
     int32_t *dti = dup_dev(g, "topk_idx", ti, I32(M)), *drs = dup_dev(g, "row_src", NULL, I32(M));
     int32_t *dsr = dup_dev(g, "slot_row", NULL, I32(M)),
             *doff = dup_dev(g, "offsets", NULL, I32(E + 1));
     g->gpu->permute_forward(g->gpu, dxp, drs, dsr, doff, dx_, dti, N, C, E, K);
     check_sync_guards(g, "permute_forward");
     cmp_typed(g, "xp", dxp, xp, M * C, tc->tol);
+    if (dxp.mx) { /* rows of the same bf16 values, encoded by one rule: the CPU's very bytes */
+        uint8_t *q = mx_encode(xp, M * C);
+        int same = same_bytes(g, "xp e4m3 values", dxp.p, q, (size_t)(M * C));
+        same &= same_bytes(g, "xp scales", dxp.mx, q + M * C, (size_t)(M * C / 32));
+        printf("  %-28s %-16s n=%-9lld values and scales %s %s\n", g->label, "xp bytes",
+               (long long)(M * C), same ? "identical" : "DIFFER", same ? "ok" : "FAIL");
+        free(q);
+    }
     cmp_i32(g, "row_src", drs, rs, M);
     cmp_i32(g, "slot_row", dsr, sr, M);
     cmp_i32(g, "offsets", doff, off, E + 1);
@@ -667,39 +811,39 @@ static void run_permute(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx (SET)", sgx, gx, N * C, tc->tol);
     /* unpermute with the same routing */
     float *tw = frand(N * K, 0, 1), *yp = frand(M * C, -1, 1), *y = xmalloc(F(N * C));
-    if (tc->typed) round_host(yp, M * C);
+    as_stored(yp, M * C, typed_dt(tc));
     g->cpu->unpermute_forward(g->cpu, y, moe_cbuf_f32(yp), tw, sr, N, C, K);
     float *dtw = dup_dev(g, "topk_w", tw, F(N * K));
-    moe_cbuf dyp = moe_cbuf_from(dev_typed(g, tc, "yp", yp, M * C));
+    moe_cbuf dyp = moe_cbuf_from(dev_operand(g, typed_dt(tc), "yp", yp, M * C));
     float *dy = dup_dev(g, "y", NULL, F(N * C));
     g->gpu->unpermute_forward(g->gpu, dy, dyp, dtw, dsrr, N, C, K);
     check_sync_guards(g, "unpermute_forward");
     cmp_f32(g, "unpermute y", dy, y, N * C, tc->tol);
     float *gy = frand(N * C, -1, 1), *gyp = frand(M * C, -1, 1), *gtw = frand(N * K, -1, 1);
-    if (tc->typed) round_host(gyp, M * C);
+    as_stored(gyp, M * C, typed_dt(tc));
     float *dgy = dup_dev(g, "dy", gy, F(N * C));
-    moe_buf dgyp = dev_typed(g, tc, "dyp", gyp, M * C);
+    moe_buf dgyp = dev_operand(g, typed_dt(tc), "dyp", gyp, M * C);
     float *dgtw = dup_dev(g, "dtopk_w", gtw, F(N * K));
     g->cpu->unpermute_backward(g->cpu, moe_buf_f32(gyp), gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C, K,
                                MOE_GRAD_ADD);
     g->gpu->unpermute_backward(g->gpu, dgyp, dgtw, dgy, dyp, dtw, dsrr, N, C, K, MOE_GRAD_ADD);
     check_sync_guards(g, "unpermute_backward");
-    cmp_typed(g, "unpermute dyp", dgyp, gyp, M * C, tol_stored(tc));
+    cmp_typed(g, "unpermute dyp", dgyp, gyp, M * C, tol_stored(tc, dgyp.dt));
     cmp_f32(g, "unpermute dtopk_w", dgtw, gtw, N * K, tc->tol);
-    moe_buf sgyp = dev_typed(g, tc, "dyp (SET)", NULL, M * C); /* written: poisoned */
+    moe_buf sgyp = dev_operand(g, typed_dt(tc), "dyp (SET)", NULL, M * C); /* written: poisoned */
     float *sgtw = dup_dev(g, "dtopk_w (SET)", NULL, F(N * K));
     g->cpu->unpermute_backward(g->cpu, moe_buf_f32(gyp), gtw, gy, moe_cbuf_f32(yp), tw, sr, N, C, K,
                                MOE_GRAD_SET);
     g->gpu->unpermute_backward(g->gpu, sgyp, sgtw, dgy, dyp, dtw, dsrr, N, C, K, MOE_GRAD_SET);
     check_sync_guards(g, "unpermute_backward SET");
-    cmp_typed(g, "unpermute dyp (SET)", sgyp, gyp, M * C, tol_stored(tc));
+    cmp_typed(g, "unpermute dyp (SET)", sgyp, gyp, M * C, tol_stored(tc, sgyp.dt));
     cmp_f32(g, "unpermute dtopk_w (SET)", sgtw, gtw, N * K, tc->tol);
     /* in place, as the model runs it: dyp over yp */
-    moe_buf iyp = dev_typed(g, tc, "yp (in place)", yp, M * C);
+    moe_buf iyp = dev_operand(g, typed_dt(tc), "yp (in place)", yp, M * C);
     g->gpu->unpermute_backward(g->gpu, iyp, sgtw, dgy, moe_cbuf_from(iyp), dtw, dsrr, N, C, K,
                                MOE_GRAD_SET);
     check_sync_guards(g, "unpermute_backward in place");
-    cmp_typed(g, "unpermute dyp (in place)", iyp, gyp, M * C, tol_stored(tc));
+    cmp_typed(g, "unpermute dyp (in place)", iyp, gyp, M * C, tol_stored(tc, iyp.dt));
     cmp_f32(g, "unpermute dtopk_w (in place)", sgtw, gtw, N * K, tc->tol);
     free(ti), free(x), free(xp), free(rs), free(sr), free(off), free(gxp), free(gx), free(tw);
     free(yp), free(y), free(gy), free(gyp), free(gtw);
@@ -712,21 +856,28 @@ static void run_grouped(gctx *g, const tcase *tc) {
     for (int64_t e = 0; e < E; e++) /* expert 1 gets no rows: its weight grad stays as is */
         off[e + 1] = off[e] + (e == 1 ? 0 : (int32_t)(avg / 2 + rng_int(avg + 1)));
     int64_t M = off[E];
-    float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *y = xmalloc(F(M * O));
-    if (tc->typed) round_host(x, M * I);
+    /* under mxfp8 x is MXFP8 (xe, g), y MXFP8 (h1, h3) or bf16 (ye), dy MXFP8 (dh1, dh3) or
+     * bf16 (dye), a written dx bf16 (dg) or fp32 (dxe); the accumulated dx stays fp32 */
+    const moe_dtype xdt = role_dt(tc, ROLE_X, typed_dt(tc)),
+                    dydt = role_dt(tc, ROLE_DY, typed_dt(tc));
+    const moe_dtype dxdt = role_dt(tc, ROLE_DX, MOE_DTYPE_F32);
+    float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *gy = frand(M * O, -1, 1);
+    float *y = xmalloc(F(M * O));
+    mx_spread(tc, x, w, gy, M, E, I, O);
+    as_stored(x, M * I, xdt);
     moe_cbuf cw = cpu_weight(g, tc, w, E, O, I);
     g->cpu->grouped_matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), cw, off, E, I, O,
                                    tc->prec);
-    moe_cbuf dx_ = moe_cbuf_from(dev_typed(g, tc, "x", x, M * I));
+    moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, M * I));
     float *dw_ = dup_dev(g, "w", w, F(E * O * I));
-    moe_buf dy_ = dev_typed(g, tc, "y", NULL, M * O);
+    moe_buf dy_ = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "y", NULL, M * O);
     moe_cbuf gw_ = gpu_weight(g, tc, dw_, E, O, I);
     g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_forward");
     cmp_typed(g, "y", dy_, y, M * O, tc->tol);
-    float *gy = frand(M * O, -1, 1), *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
-    if (tc->typed) round_host(gy, M * O); /* a bf16 dy, as the model's dh1/dh3/dyp */
-    moe_cbuf dgy = moe_cbuf_from(dev_typed(g, tc, "dy", gy, M * O));
+    float *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
+    as_stored(gy, M * O, dydt);
+    moe_cbuf dgy = moe_cbuf_from(dev_operand(g, dydt, "dy", gy, M * O));
     float *dgx = dup_dev(g, "dx", gx, F(M * I));
     float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
@@ -747,10 +898,10 @@ static void run_grouped(gctx *g, const tcase *tc) {
     /* written gradients (MOE_GRAD_SET) into poisoned buffers: expert 1's dw becomes zeros */
     g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
                                     cw, off, E, I, O, tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
-    float *sgx = dup_dev(g, "dx (SET)", NULL, F(M * I));
+    moe_buf sgx = dev_operand(g, dxdt, "dx (SET)", NULL, M * I);
     float *sgw = dup_dev(g, "dw (SET)", NULL, F(E * O * I));
-    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(sgx), sgw, dgy, dx_, gw_, off, E, I, O,
-                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward SET");
     float *sw1 = down(g, sgw + O * I, F(O * I));
     int zeros = 1;
@@ -759,17 +910,17 @@ static void run_grouped(gctx *g, const tcase *tc) {
     CHECK_MSG(zeros, "%s: SET left the weight gradient of an expert with no rows unzeroed",
               g->label);
     free(sw1);
-    cmp_f32(g, "dx (SET)", sgx, gx, M * I, tc->tol);
+    cmp_typed(g, "dx (SET)", sgx, gx, M * I, tol_stored(tc, dxdt));
     cmp_f32(g, "dw (SET)", sgw, gw, E * O * I, tc->tol);
     /* the model's w2 backward: the weight gradient alone (dx NULL), then dx alone (dw NULL) */
-    float *ogx = dup_dev(g, "dx (dx only)", NULL, F(M * I));
+    moe_buf ogx = dev_operand(g, dxdt, "dx (dx only)", NULL, M * I);
     float *ogw = dup_dev(g, "dw (dw only)", NULL, F(E * O * I));
     g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(NULL), ogw, dgy, dx_, gw_, off, E, I, O,
                                     tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
-    g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(ogx), NULL, dgy, dx_, gw_, off, E, I, O,
-                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, ogx, NULL, dgy, dx_, gw_, off, E, I, O, tc->prec,
+                                    MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward dw only, dx only");
-    cmp_f32(g, "dx (dx only)", ogx, gx, M * I, tc->tol);
+    cmp_typed(g, "dx (dx only)", ogx, gx, M * I, tol_stored(tc, dxdt));
     cmp_f32(g, "dw (dw only)", ogw, gw, E * O * I, tc->tol);
     free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
     gc_weight_free(cw);
@@ -777,33 +928,39 @@ static void run_grouped(gctx *g, const tcase *tc) {
 
 static void run_swiglu(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
+    /* a, b and out: h1, h3 and g (MXFP8 under mxfp8); dout: dg (fp32, or bf16 under mxfp8);
+     * da, db: dh1, dh3 (of h1's type where the model writes them over h1 and h3) */
+    const moe_dtype adt = role_dt(tc, ROLE_X, typed_dt(tc)),
+                    gdt = role_dt(tc, ROLE_DY, MOE_DTYPE_F32);
+    const moe_dtype ddt = role_dt(tc, ROLE_DX, typed_dt(tc));
+    const moe_recipe p16 = moe_recipe_unquantized(tc->prec); /* SwiGLU's, as the model says */
     float *a = frand(n, -4, 4), *b = frand(n, -2, 2), *o = xmalloc(F(n));
-    if (tc->typed) round_host(a, n), round_host(b, n);
-    g->cpu->swiglu_forward(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n, tc->prec);
-    moe_cbuf da_ = moe_cbuf_from(dev_typed(g, tc, "a", a, n));
-    moe_cbuf db_ = moe_cbuf_from(dev_typed(g, tc, "b", b, n));
-    moe_buf do_ = dev_typed(g, tc, "out", NULL, n);
-    g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, tc->prec);
+    as_stored(a, n, adt), as_stored(b, n, adt);
+    g->cpu->swiglu_forward(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n, p16);
+    moe_cbuf da_ = moe_cbuf_from(dev_operand(g, adt, "a", a, n));
+    moe_cbuf db_ = moe_cbuf_from(dev_operand(g, adt, "b", b, n));
+    moe_buf do_ = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "out", NULL, n);
+    g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, p16);
     check_sync_guards(g, "swiglu_forward");
     cmp_typed(g, "out", do_, o, n, tc->tol);
-    float *gy = frand(n, -1, 1), *ga = frand(n, -1, 1), *gb = frand(n, -1, 1);
-    if (tc->typed) round_host(ga, n), round_host(gb, n);
-    float *dgy = dup_dev(g, "dout", gy, F(n));
-    moe_buf dga = dev_typed(g, tc, "da", ga, n), dgb = dev_typed(g, tc, "db", gb, n);
+    float *gy = frand(n, -1, 1), *ga = xmalloc(F(n)), *gb = xmalloc(F(n));
+    as_stored(gy, n, gdt);
+    moe_cbuf dgy = moe_cbuf_from(dev_operand(g, gdt, "dout", gy, n));
+    /* written, not accumulated: poisoned */
+    moe_buf dga = dev_operand(g, ddt, "da", NULL, n), dgb = dev_operand(g, ddt, "db", NULL, n);
     g->cpu->swiglu_backward(g->cpu, moe_buf_f32(ga), moe_buf_f32(gb), moe_cbuf_f32(gy),
                             moe_cbuf_f32(a), moe_cbuf_f32(b), n);
-    g->gpu->swiglu_backward(g->gpu, dga, dgb, moe_cbuf_f32(dgy), da_, db_, n);
+    g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n);
     check_sync_guards(g, "swiglu_backward");
-    cmp_typed(g, "da", dga, ga, n, tol_stored(tc));
-    cmp_typed(g, "db", dgb, gb, n, tol_stored(tc));
+    cmp_typed(g, "da", dga, ga, n, tol_stored(tc, ddt));
+    cmp_typed(g, "db", dgb, gb, n, tol_stored(tc, ddt));
     /* in place, as the model runs it: da over a, db over b */
-    moe_buf ia = dev_typed(g, tc, "a (in place)", a, n),
-            ib = dev_typed(g, tc, "b (in place)", b, n);
-    g->gpu->swiglu_backward(g->gpu, ia, ib, moe_cbuf_f32(dgy), moe_cbuf_from(ia), moe_cbuf_from(ib),
-                            n);
+    moe_buf ia = dev_operand(g, adt, "a (in place)", a, n),
+            ib = dev_operand(g, adt, "b (in place)", b, n);
+    g->gpu->swiglu_backward(g->gpu, ia, ib, dgy, moe_cbuf_from(ia), moe_cbuf_from(ib), n);
     check_sync_guards(g, "swiglu_backward in place");
-    cmp_typed(g, "da (in place)", ia, ga, n, tol_stored(tc));
-    cmp_typed(g, "db (in place)", ib, gb, n, tol_stored(tc));
+    cmp_typed(g, "da (in place)", ia, ga, n, tol_stored(tc, adt));
+    cmp_typed(g, "db (in place)", ib, gb, n, tol_stored(tc, adt));
     free(a), free(b), free(o), free(gy), free(ga), free(gb);
 }
 
@@ -860,19 +1017,25 @@ static void run_xent(gctx *g, const tcase *tc) {
     free(z), free(w), free(t), free(loss), free(lse), free(gz);
 }
 
+/* a and out: the residual stream, fp32 or bf16 (one fp32 sum on both sides, so a bf16 out
+ * holds exactly the CPU's sum rounded); in place where they share a type */
 static void run_add(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
+    const moe_dtype adt = role_dt(tc, ROLE_X, MOE_DTYPE_F32),
+                    odt = role_dt(tc, ROLE_Y, MOE_DTYPE_F32);
     float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *o = xmalloc(F(n));
+    as_stored(a, n, adt);
     g->cpu->add(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), b, n);
-    float *da_ = dup_dev(g, "a", a, F(n)), *db_ = dup_dev(g, "b", b, F(n));
-    float *do_ = dup_dev(g, "out", NULL, F(n));
-    g->gpu->add(g->gpu, moe_buf_f32(do_), moe_cbuf_f32(da_), db_, n);
+    moe_buf da_ = dev_operand(g, adt, "a", a, n), do_ = dev_operand(g, odt, "out", NULL, n);
+    float *db_ = dup_dev(g, "b", b, F(n));
+    g->gpu->add(g->gpu, do_, moe_cbuf_from(da_), db_, n);
     check_sync_guards(g, "add");
-    cmp_f32(g, "out", do_, o, n, tc->tol);
-    g->gpu->add(g->gpu, moe_buf_f32(da_), moe_cbuf_f32(da_), db_,
-                n); /* out aliases a (a residual add) */
-    check_sync_guards(g, "add in place");
-    cmp_f32(g, "out (aliased)", da_, o, n, tc->tol);
+    cmp_typed(g, "out", do_, o, n, tc->tol);
+    if (adt == odt) { /* out aliases a (a residual add) */
+        g->gpu->add(g->gpu, da_, moe_cbuf_from(da_), db_, n);
+        check_sync_guards(g, "add in place");
+        cmp_typed(g, "out (aliased)", da_, o, n, tc->tol);
+    }
     free(a), free(b), free(o);
 }
 
@@ -887,16 +1050,6 @@ static void *host_typed(const float *x, int64_t n, moe_dtype dt) {
     return h;
 }
 
-/* 1 when the device bytes dev equal host ref [bytes]; prints and counts a difference. */
-static int same_bytes(gctx *g, const char *what, const void *dev, const void *ref, size_t bytes) {
-    void *h = down(g, dev, bytes);
-    int same = memcmp(h, ref, bytes) == 0;
-    free(h);
-    CHECK_MSG(same, "%s: %s differs from the CPU's bytes", g->label, what);
-    if (!same) g->fails++;
-    return same;
-}
-
 /* AdamW with its bf16 copy, three steps over different ranges so that every path of the
  * kernel runs: the whole array (16-byte vectors and a scalar tail), [1, n) (a scalar head
  * first), and the moments shifted by one element against the weights (no vectors at all);
@@ -906,16 +1059,16 @@ static int same_bytes(gctx *g, const char *what, const void *dev, const void *re
  * multiply-adds). */
 static void run_adamw(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
-    moe_dtype mdt = tc->typed ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    moe_dtype mdt = typed_dt(tc);
     size_t mbytes = (size_t)n * moe_dtype_size(mdt);
     float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m0 = frand(n, -0.1f, 0.1f);
     float *v0 = frand(n, 0, 0.01f);
-    if (tc->typed) round_host(m0, n), round_host(v0, n);
+    as_stored(m0, n, mdt), as_stored(v0, n, mdt);
     moe_buf m = moe_buf_of(host_typed(m0, n, mdt), mdt),
             v = moe_buf_of(host_typed(v0, n, mdt), mdt);
     uint16_t *p16 = xmalloc((size_t)n * sizeof(uint16_t));
     float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
-    moe_buf dm = dev_typed(g, tc, "m", m0, n), dv = dev_typed(g, tc, "v", v0, n);
+    moe_buf dm = dev_operand(g, mdt, "m", m0, n), dv = dev_operand(g, mdt, "v", v0, n);
     uint16_t *dp16 = dup_dev(g, "param16", NULL, (size_t)n * sizeof(uint16_t));
     const int64_t at[3] = {0, 1, 0}, shift[3] = {0, 0, 1}, len[3] = {n, n - 1, n - 1};
     int exact = 1;
@@ -934,14 +1087,14 @@ static void run_adamw(gctx *g, const tcase *tc) {
         CHECK_MSG(bad == 0, "%s step %lld: %lld bf16 copies differ from the rounded weight",
                   g->label, (long long)step, (long long)bad);
         free(hp), free(h16);
-        if (tc->typed) {
+        if (mdt == MOE_DTYPE_BF16) {
             exact &= same_bytes(g, "param", dp, p, F(n));
             exact &= same_bytes(g, "param16", dp16 + a, p16 + a, (size_t)ln * sizeof(uint16_t));
             exact &= same_bytes(g, "m", dm.p, m.p, mbytes);
             exact &= same_bytes(g, "v", dv.p, v.p, mbytes);
         }
     }
-    if (tc->typed) {
+    if (mdt == MOE_DTYPE_BF16) {
         printf("  %-28s %-16s n=%-9lld param, copy, m, v after 3 steps %s %s\n", g->label,
                "bf16 moments", (long long)n, exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
     } else {
@@ -1074,17 +1227,36 @@ static runner_fn runner_for(moe_op op) {
 #define BF16 MOE_RECIPE_BF16
 #define FP8B MOE_RECIPE_FP8_BLOCK
 #define FP8P MOE_RECIPE_FP8_BLOCK_POW2
+#define MX8 MOE_RECIPE_MXFP8
+#define MX8F MOE_RECIPE_MXFP8_FLOOR
 
 /* Tolerances: fp32 ops differ only in libm ulps and summation order (measured <= 2e-13);
  * bf16 outputs can round the other way at a boundary (measured <= 1.5e-9, attention's
  * bf16 probabilities and score gradients included: <= 8e-9 on an H200, 2026-11-29).
  * Attention's bf16 cases allow 4e-6: the Hopper forward (kernels/sm90) walks 128-key blocks
  * where the CPU reference walks 64, so its probabilities round at other running maxima
- * (measured <= 9.0e-7 for out, 2026-12-01; a wrong kernel gives 1e-3 and more). */
+ * (measured <= 9.0e-7 for out, 2026-12-01; a wrong kernel gives 1e-3 and more).
+ * mxfp8 (1e-5): both sides multiply the same quantized values (MXFP8 inputs made here, fp32
+ * weights and bf16 operands quantized per call by the same rule), so the products differ in
+ * the fp32 sums' order only: a bf16 output may round the other way at a boundary and an MXFP8
+ * one then move by an e4m3 step (estimated nmse <= 1e-6; quantizing a wrong way: 1e-3). */
 static const tcase k_cases[] = {
     {"embedding N1000 C256 V300", MOE_OP_EMBEDDING, {1000, 256, 300}, FP32, 1e-12, 0},
     {"embedding N4000 C128 V5 (DNA)", MOE_OP_EMBEDDING, {4000, 128, 5}, FP32, 1e-12, 0},
     {"embedding N500 C64 V3000", MOE_OP_EMBEDDING, {500, 64, 3000}, FP32, 1e-12, 0},
+    /* the bf16 residual stream of mxfp8 training (its first value; C100: a scalar tail) */
+    {"embedding N1000 C256 V300 mxfp8 bf16-out",
+     MOE_OP_EMBEDDING,
+     {1000, 256, 300},
+     MX8,
+     1e-12,
+     Y_BF16},
+    {"embedding N333 C100 V64 mxfp8 bf16-out",
+     MOE_OP_EMBEDDING,
+     {333, 100, 64},
+     MX8,
+     1e-12,
+     Y_BF16},
     {"rmsnorm N513 C1024 fp32", MOE_OP_RMSNORM, {513, 1024}, FP32, 1e-10, 0},
     {"rmsnorm N300 C320 bf16", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 0},
     {"rmsnorm N300 C320 bf16 typed", MOE_OP_RMSNORM, {300, 320}, BF16, 1e-6, 1},
@@ -1092,9 +1264,28 @@ static const tcase k_cases[] = {
      * elementwise kernels (every other case here moves 8 elements at a time) */
     {"rmsnorm N200 C100 fp32", MOE_OP_RMSNORM, {200, 100}, FP32, 1e-10, 0},
     {"rmsnorm N200 C100 bf16 typed", MOE_OP_RMSNORM, {200, 100}, BF16, 1e-6, 1},
+    /* under mxfp8: the bf16 residual in, ln1 out as MXFP8 (compared decoded) or ln2 as bf16 */
+    {"rmsnorm N300 C320 mxfp8 bf16-in mx-out",
+     MOE_OP_RMSNORM,
+     {300, 320},
+     MX8,
+     1e-5,
+     X_BF16 | Y_MXFP8},
+    {"rmsnorm N513 C1024 mxfp8 bf16-in mx-out",
+     MOE_OP_RMSNORM,
+     {513, 1024},
+     MX8,
+     1e-5,
+     X_BF16 | Y_MXFP8},
+    {"rmsnorm N300 C320 mxfp8 bf16-in bf16-out",
+     MOE_OP_RMSNORM,
+     {300, 320},
+     MX8,
+     1e-5,
+     X_BF16 | Y_BF16},
     {"rope B2 T100 NH6 D64", MOE_OP_ROPE, {2, 100, 6, 64, 10000}, FP32, 1e-10, 0},
     {"rope B1 T300 NH2 D128 1e6", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, FP32, 1e-10, 0},
-    /* bf16 storage rounds the rotated values: nmse about 1e-6 against the fp32 rotation */
+    /* bf16 storage rounds the rotated values (the CPU's fp32 ones rounded to compare with) */
     {"rope B1 T300 NH2 D128 typed", MOE_OP_ROPE, {1, 300, 2, 128, 1000000}, BF16, 1e-5, 1},
     {"rope docs B2 T333 NH4 D64", MOE_OP_ROPE, {2, 333, 4, 64, 10000, 1}, FP32, 1e-10, 0},
     {"rope docs B2 T300 NH2 D128 typed", MOE_OP_ROPE, {2, 300, 2, 128, 1000000, 2}, BF16, 1e-5, 1},
@@ -1194,12 +1385,60 @@ static const tcase k_cases[] = {
     {"matmul N77 I208 O144 fp8 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8B, 1e-5, 1},
     {"matmul N300 I64 O32 fp8 typed", MOE_OP_MATMUL, {300, 64, 32}, FP8B, 1e-5, 1},
     {"matmul N77 I208 O144 fp8 pow2 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8P, 1e-5, 1},
+    /* mxfp8 against the CPU emulation: the q/k/v projections (x MXFP8 ln1, y bf16), the
+     * o-projection (x bf16, y fp32) and I208 (a bf16 x: rows ending in a block of 16); N not a
+     * multiple of 32 (the weight gradient's blocks along N end short), O32 (one block for
+     * dgrad's rows), the floor rule (the MXFP8 x quantized again under it) */
+    {"matmul N300 I256 O384 mxfp8 mx-in",
+     MOE_OP_MATMUL,
+     {300, 256, 384},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_BF16},
+    {"matmul N77 I128 O96 mxfp8 mx-in", MOE_OP_MATMUL, {77, 128, 96}, MX8, 1e-5, X_MXFP8 | Y_BF16},
+    {"matmul N1000 I256 O32 mxfp8 mx-in",
+     MOE_OP_MATMUL,
+     {1000, 256, 32},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_BF16},
+    {"matmul N300 I384 O256 mxfp8 bf16-in f32-out",
+     MOE_OP_MATMUL,
+     {300, 384, 256},
+     MX8,
+     1e-5,
+     X_BF16 | Y_F32},
+    {"matmul N77 I208 O144 mxfp8 bf16-in",
+     MOE_OP_MATMUL,
+     {77, 208, 144},
+     MX8,
+     1e-5,
+     X_BF16 | Y_BF16},
+    {"matmul N300 I256 O384 mxfp8-floor mx-in",
+     MOE_OP_MATMUL,
+     {300, 256, 384},
+     MX8F,
+     1e-5,
+     X_MXFP8 | Y_BF16},
     {"router N1000 E8 K2", MOE_OP_ROUTER, {1000, 8, 2}, FP32, 1e-10, 0},
     {"router N300 E64 K6", MOE_OP_ROUTER, {300, 64, 6}, FP32, 1e-10, 0},
     {"permute N1000 C96 E8 K2", MOE_OP_PERMUTE, {1000, 96, 8, 2}, FP32, 1e-12, 0},
     {"permute N1000 C96 E8 K2 typed", MOE_OP_PERMUTE, {1000, 96, 8, 2}, BF16, 1e-12, 1},
     {"permute N3000 C40 E64 K4", MOE_OP_PERMUTE, {3000, 40, 64, 4}, FP32, 1e-12, 0},
     {"permute N500 C36 E8 K2 typed", MOE_OP_PERMUTE, {500, 36, 8, 2}, BF16, 1e-12, 1},
+    /* mxfp8: xp MXFP8 from the bf16 ln2 (the same bytes as the CPU's); unpermute on bf16 */
+    {"permute N1000 C96 E8 K2 mxfp8 mx-out",
+     MOE_OP_PERMUTE,
+     {1000, 96, 8, 2},
+     MX8,
+     1e-12,
+     TYPED | Y_MXFP8},
+    {"permute N700 C256 E6 K2 mxfp8 mx-out",
+     MOE_OP_PERMUTE,
+     {700, 256, 6, 2},
+     MX8,
+     1e-12,
+     TYPED | Y_MXFP8},
     {"grouped E8 I256 O384 fp32", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, FP32, 1e-10, 0},
     {"grouped E8 I256 O384 bf16", MOE_OP_GROUPED_MATMUL, {8, 256, 384, 120}, BF16, 1e-6, 0},
     {"grouped E4 I72 O40 bf16", MOE_OP_GROUPED_MATMUL, {4, 72, 40, 33}, BF16, 1e-6, 0},
@@ -1214,15 +1453,65 @@ static const tcase k_cases[] = {
      * tiles for 132 SMs) */
     {"grouped E4 I640 O640 fp8 typed", MOE_OP_GROUPED_MATMUL, {4, 640, 640, 200}, FP8B, 1e-5, 1},
     {"grouped E8 I640 O1280 fp8", MOE_OP_GROUPED_MATMUL, {8, 640, 1280, 600}, FP8B, 1e-5, 0},
+    /* mxfp8 as the model runs the experts of hidden 256 (128), width 384 (96): w1/w3 (x xe,
+     * y h1, dy dh1 all MXFP8; dx dxe fp32), w2 (x g MXFP8, y ye and dy dye bf16, dx dg bf16
+     * written); each expert's rows their own blocks along the tokens in the weight gradient:
+     * uneven counts, an expert of none, and experts shorter than one block (s[3] 20) */
+    {"grouped E6 I256 O384 mxfp8 mx-in mx-out",
+     MOE_OP_GROUPED_MATMUL,
+     {6, 256, 384, 100},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_MXFP8 | DY_MXFP8 | DX_F32},
+    {"grouped E6 I384 O256 mxfp8 mx-in bf16-out",
+     MOE_OP_GROUPED_MATMUL,
+     {6, 384, 256, 100},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_BF16 | DY_BF16 | DX_BF16},
+    {"grouped E8 I128 O96 mxfp8 mx-in mx-out",
+     MOE_OP_GROUPED_MATMUL,
+     {8, 128, 96, 70},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_MXFP8 | DY_MXFP8 | DX_BF16},
+    {"grouped E8 I96 O128 mxfp8 mx-in bf16-out",
+     MOE_OP_GROUPED_MATMUL,
+     {8, 96, 128, 70},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_BF16 | DY_BF16 | DX_BF16},
+    {"grouped E4 I256 O384 mxfp8 mx short experts",
+     MOE_OP_GROUPED_MATMUL,
+     {4, 256, 384, 20},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_MXFP8 | DY_MXFP8 | DX_F32},
     {"swiglu n100003 fp32", MOE_OP_SWIGLU, {100003}, FP32, 1e-10, 0},
     {"swiglu n100003 bf16", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 0},
     {"swiglu n100003 bf16 typed", MOE_OP_SWIGLU, {100003}, BF16, 1e-6, 1},
     {"swiglu n100000 fp32", MOE_OP_SWIGLU, {100000}, FP32, 1e-10, 0},
     {"swiglu n100000 bf16 typed", MOE_OP_SWIGLU, {100000}, BF16, 1e-6, 1},
+    /* mxfp8: h1, h3 and g MXFP8, dg bf16, dh1 and dh3 MXFP8 (also over h1 and h3) */
+    {"swiglu n100000 mxfp8 mx",
+     MOE_OP_SWIGLU,
+     {100000},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_MXFP8 | DY_BF16 | DX_MXFP8},
+    {"swiglu n96032 mxfp8 mx",
+     MOE_OP_SWIGLU,
+     {96032},
+     MX8,
+     1e-5,
+     X_MXFP8 | Y_MXFP8 | DY_BF16 | DX_MXFP8},
     {"xent N300 V1000 weights", MOE_OP_CROSS_ENTROPY, {300, 1000, 1}, FP32, 1e-10, 0},
     {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10, 0},
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
     {"add n12344", MOE_OP_ADD, {12344}, FP32, 0.0, 0},
+    /* the bf16 residual of mxfp8 training (in place), and its last read into fp32 */
+    {"add n12344 mxfp8 bf16 residual", MOE_OP_ADD, {12344}, MX8, 0.0, X_BF16 | Y_BF16},
+    {"add n12345 mxfp8 bf16-in f32-out", MOE_OP_ADD, {12345}, MX8, 0.0, X_BF16 | Y_F32},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
     {"adamw n10007 3 steps bf16 m v", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1},
     /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
@@ -1291,17 +1580,18 @@ static void check_supports_shapes(const moe_backend *gpu) {
     moe_err_clear(&err);
     CHECK(moe_backend_check(gpu, &d, MOE_RECIPE_FP32, &err) == MOE_ERR_INPUT);
     CHECK_MSG(strstr(err.msg, "permute") && strstr(err.msg, "E=2000"), "message: %s", err.msg);
-    /* fp8-block: every op (the unquantized ones as bf16); its products want multiples of 16 */
+    /* fp8-block and mxfp8, either scale rule: every op (the unquantized ones as bf16);
+     * fp8-block's products want multiples of 16 */
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_FP8_BLOCK, NULL) == MOE_OK);
-    CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8));
-    CHECK(!gpu->supports(gpu, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8_FLOOR));
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_FP8_BLOCK_POW2, NULL) == MOE_OK);
-    /* --dry-run's CUDA estimate exists for exactly the recipes supports() takes */
+    CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_MXFP8, NULL) == MOE_OK);
+    CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_MXFP8_FLOOR, NULL) == MOE_OK);
+    /* --dry-run's CUDA estimate exists for exactly the recipes the backend runs (every op) */
     const moe_recipe all[] = {MOE_RECIPE_FP32,           MOE_RECIPE_BF16,  MOE_RECIPE_FP8_BLOCK,
                               MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8, MOE_RECIPE_MXFP8_FLOOR};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         CHECK_MSG((moe_backend_scratch_estimate("cuda", &d, all[i]) >= 0) ==
-                      (gpu->supports(gpu, MOE_OP_MATMUL, NULL, all[i]) != 0),
+                      (moe_backend_check(gpu, NULL, all[i], NULL) == MOE_OK),
                   "recipe %s: the scratch estimate and supports() disagree",
                   moe_recipe_name(all[i]));
     memset(&d, 0, sizeof d);
@@ -1379,6 +1669,7 @@ static float *perf_buf(gctx *g, int64_t n) {
     for (int64_t i = 0; i < n; i += blk)
         g->gpu->memcpy_h2d(g->gpu, d + i, src, F(n - i < blk ? n - i : blk));
     g->bufs[g->nbufs].base = (unsigned char *)d, g->bufs[g->nbufs].bytes = F(n);
+    g->bufs[g->nbufs].part = "";
     g->bufs[g->nbufs++].name = "perf";
     return d;
 }

@@ -1,7 +1,7 @@
 /* test_memory_estimate: the --dry-run memory estimate against the measured peak on a GPU.
  *
  * For configs/L0_sanity.yaml (one micro-batch = train.global_batch_tokens, 64 x 256 tokens),
- * under the fp32 recipe (fp32 AdamW moments) and the bf16 one (bf16 moments, optim.moments
+ * under the fp32 recipe (fp32 AdamW moments), the bf16 one and mxfp8 (bf16 moments, optim.moments
  * bf16) and every train.recompute mode, a fresh CUDA backend
  * builds the model, runs one forward + backward + AdamW step, and its peak device memory
  * (be->memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
@@ -92,8 +92,8 @@ int main(void) {
         CHECK_MSG(0, "config: %s", err.msg);
         return test_summary("test_memory_estimate");
     }
-    const moe_recipe recipes[2] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16};
-    for (int r = 0; r < 2; r++) {
+    const moe_recipe recipes[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_MXFP8};
+    for (int r = 0; r < 3; r++) {
         moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* optim.moments with the recipe */
         size_t peaks[4] = {0, 0, 0, 0};
         float *ref = NULL;

@@ -290,8 +290,7 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the six above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace,
-                                     operand conversions and quantized activations; upper bound;
-                                     -1 when the CUDA backend does not run the recipe):
+                                     operand conversions and quantized activations; upper bound):
                                      moe_backend_scratch_estimate("cuda", ...) */
 } moe_model_memory;
 /* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what

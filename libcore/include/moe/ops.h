@@ -50,8 +50,7 @@
  *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
  *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
  *    sum; and under mxfp8 SwiGLU's incoming gradient dg (w2's grouped dx, swiglu_backward's
- *    dout), whose products quantize what SwiGLU's backward makes of it: BF16 (F32 only on
- *    the CUDA backend). RoPE on BF16 rounds its result: the values attention reads. AdamW's moments
+ *    dout), whose products quantize what SwiGLU's backward makes of it: BF16. RoPE on BF16 rounds its result: the values attention reads. AdamW's moments
  * m and v are typed too, whatever the recipe: BF16 under `optim.moments: bf16` (see adamw).
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
@@ -65,7 +64,7 @@
  *    operand's scales in that operand's own tile order and row padding, and the second copy
  *    costs 4 bytes per 16384 values. The products quantize only their activations and
  *    gradients per call; an F32 weight under fp8-block is refused. mxfp8 weights stay F32
- *    (quantized per call by the CPU emulation).
+ *    (quantized per call, by the CPU emulation and by the CUDA backend alike).
  *  - MXFP8 activations (moe_buf_mxfp8: E4M3 values with an e8m0 scale per 32 consecutive
  *    elements, in their own array `mx`): under mxfp8 the model stores the first norm's output
  *    (rmsnorm's output, the q/k/v matmuls' input) and the expert path so (permute's output, the
@@ -73,12 +72,13 @@
  * them). An op writing one stores the encoding of the BF16 value it would write
  * (moe_mxfp8_encode_block of the bf16 rounding, ceil scale rule whatever precision.fp8_scale says:
  * that rule is the products'); an op reading one reads its values. Their element counts are
- * multiples of 32 (the model uses them only when hidden and expert widths are). The CPU backend
- * runs them; the CUDA backend refuses mxfp8 and never sees one.
+ * multiples of 32 (the model uses them only when hidden and expert widths are). Both backends
+ * run them; the CUDA backend's products multiply bf16 tiles of the quantized values (sm_90 has
+ * no MXFP8 product), the same values as the CPU's.
  *  - The residual stream (embedding's output, add's out and a, rmsnorm's input x in both
  *    directions) is F32, or BF16 where the model keeps it so (training, the layers that
  *    store MXFP8 under mxfp8: Megatron-Core's bf16 residual): add sums in fp32 and stores
- *    the sum rounded; rmsnorm reads the values. The CUDA backend takes F32 only there.
+ *    the sum rounded; rmsnorm reads the values.
  *
  * Sizes: N tokens (= B*T), C hidden, H query heads, KV key/value heads, D head dim (C/H),
  * V vocabulary, E experts, K experts per token, F expert intermediate size, M = N*K rows
@@ -532,9 +532,9 @@ moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe
  * it is asked for, for the op calls of a training model of sizes dims under prec (the typed
  * operands the model passes: bf16 weight copies and activations under bf16): 0 for the CPU;
  * for CUDA the cuBLASLt workspace, the operand conversions left and reduction scratch (an
- * upper bound for those calls; fp32 operands under bf16 convert more); -1 when that backend
- * does not run prec (CUDA and mxfp8). Needs no device and works in every build (moe-train
- * --dry-run prints it); unknown kinds give 0. */
+ * upper bound for those calls; fp32 operands under bf16 convert more; the fp8 recipes'
+ * quantized operands). Needs no device and works in every build (moe-train --dry-run prints
+ * it); unknown kinds give 0. */
 int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec);
 
 /* The CPU reference backend (static, immutable table). */

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include "moe/dtype.h"
 #include "moe/recipe.h"
 
 #ifdef __cplusplus
@@ -27,6 +28,17 @@ typedef struct moe_quant_opts {
     int mx_floor;      /* mxfp8: the ocp-floor scale rule instead of ceil */
     int pow2;          /* fp8-block: amax / 448 rounded up to a power of two (as E8M0 ceil) */
 } moe_quant_opts;
+
+/* The E8M0 scale of an MXFP8 block whose finite values have magnitude at most amax: the
+ * smallest 2^k >= amax / 448 (ceil, the default rule), or with floor_rule OCP's
+ * 2^(floor(log2 amax) - 8) (code 0 at least); 1 for a block with nothing finite but zeros.
+ * MOE_HD: the CUDA backend's MXFP8 kernels compute the same scales (kernels/mxfp8.cu). */
+MOE_HD float moe_mx_block_scale(float amax, int floor_rule) {
+    if (!(amax > 0.0f)) return 1.0f;
+    if (!floor_rule) return moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / 448.0f));
+    int code = (int)moe_f32_to_e8m0_floor(amax) - 8; /* emax of E4M3 is 8 */
+    return moe_e8m0_to_f32((uint8_t)(code < 0 ? 0 : code));
+}
 
 /* The quantizer options of an fp8 recipe (any of moe_recipe_is_fp8's). */
 moe_quant_opts moe_quant_opts_of(moe_recipe r);

@@ -14,7 +14,8 @@ typedef enum moe_recipe {
     MOE_RECIPE_FP8_BLOCK, /* e4m3, 128x128 / 1x128 block scales (moe/quant.h): the CPU
                              emulates it, the CUDA backend runs it through cuBLASLt */
     MOE_RECIPE_MXFP8,     /* e4m3, e8m0 scale per 32 values: the CPU emulates it; the CUDA
-                             backend refuses it (sm_90 has no MXFP8 GEMM) */
+                             backend multiplies bf16 tiles of the quantized values (sm_90 has
+                             no MXFP8 GEMM) */
     /* the same two formats under their other scale rule (precision.fp8_scale); what the
      * model hands to the ops, never a precision.recipe value of its own: */
     MOE_RECIPE_FP8_BLOCK_POW2, /* fp8-block, each scale rounded up to a power of two */

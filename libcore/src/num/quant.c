@@ -31,9 +31,7 @@ static float block_scale(float amax, const moe_quant_opts *o) {
     if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
     if (o->recipe != MOE_RECIPE_MXFP8)
         return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX)) : amax / FP8_MAX;
-    if (!o->mx_floor) return moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX));
-    int code = (int)moe_f32_to_e8m0_floor(amax) - 8; /* emax of E4M3 is 8 */
-    return moe_e8m0_to_f32((uint8_t)(code < 0 ? 0 : code));
+    return moe_mx_block_scale(amax, o->mx_floor);
 }
 
 static float fake(float x, float scale) {

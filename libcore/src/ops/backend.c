@@ -218,11 +218,10 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * Small: attention lse/delta, expert grouping, cross-entropy partials, the reduction slot
  * (RMSNorm backward's partials, one [C] per MOE_CUDA_RMS_ROWS rows) and slot F (the RoPE
  * table, [T][D / 2] cos and sin, or the Hopper attention backward's semaphores, [B, H, T / 64]
- * for dq and [B, KV, T / 128] for dK/dV). fp8-block adds its quantized operands (below). */
+ * for dq and [B, KV, T / 128] for dK/dV). fp8-block and mxfp8 add their quantized operands
+ * (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
-    /* the recipes kernels/backend_cuda.cu's supports() takes (gpu.backend_ops checks that
-     * the two agree): fp32, bf16 and fp8-block; mxfp8 has no products on sm_90 */
-    if (moe_recipe_format(prec) == MOE_RECIPE_MXFP8) return -1;
+    /* every recipe runs there (gpu.backend_ops checks that this and supports() agree) */
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
@@ -234,7 +233,8 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
                       (d->B * d->H * ((d->T + 63) / 64) + d->B * d->KV * ((d->T + 127) / 128)) * 4;
     small += MOE_CUDA_SCRATCH_GROW(MAX2(rope, sems)); /* slot F */
     int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
-    if (prec != MOE_RECIPE_BF16 && !fp8_block) return ws + small;
+    int mx = moe_recipe_format(prec) == MOE_RECIPE_MXFP8;
+    if (prec != MOE_RECIPE_BF16 && !fp8_block && !mx) return ws + small;
     int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
     int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
     if (fp8_block) {
@@ -252,6 +252,21 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
         sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD));
         sc = MAX2(sc, padded + padded / 32 + 256);
         sd = MAX2(sd, padded + padded / 32 + 256);
+    }
+    if (mx) {
+        /* its products' bf16 operands of quantized values (kernels/mxfp8.cu): slot A the
+         * activation or gradient [rows, W] (either way), slot C the wgrad's x [rows, W] or an
+         * MXFP8 output staged in bf16 before its encoding, slot B the weight [E, F, C] (its
+         * fp32 master, quantized at each call; lm_head's [V, C] conversion under bf16) or
+         * SwiGLU's second input decoded ([NK, F], larger than the experts' weights where few
+         * experts meet many tokens: L0_sanity's 4 x 384 x 1536 against 32768 x 1536,
+         * gpu.memory_estimate, 2026-12-05); its first input decodes into A, writers stage in
+         * A or C. */
+        int64_t NK = N * d->K, W = MAX2(MAX2(d->C, d->F), HD);
+        int64_t rows = 2 * MAX2(NK, N) * W;
+        sa = MAX2(sa, rows);
+        sb = MAX2(MAX2(2 * V * C, 2 * NK * d->F), 2 * MAX2(d->E * C * d->F, C * HD));
+        sc = MAX2(sc, rows);
     }
 #undef MAX2
     return ws + small + MOE_CUDA_SCRATCH_GROW(sa + sb + sc + sd);

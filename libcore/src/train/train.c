@@ -771,10 +771,12 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                      (long long)t.accum, (long long)(t.B_micro * t.T));
         if (moe_recipe_format(t.cfg.precision.recipe) == MOE_RECIPE_MXFP8)
             moe_log_info("precision: mxfp8 runs its products on E4M3 values with an E8M0 scale per "
-                         "32 (emulated by the %s backend); the layers not in "
-                         "precision.skip_layers store ln1 and the expert activations in MXFP8 "
-                         "and keep a bf16 residual stream (docs/dtypes.md)",
-                         t.be->name);
+                         "32 (%s); the layers not in precision.skip_layers store ln1 and the "
+                         "expert activations in MXFP8 and keep a bf16 residual stream "
+                         "(docs/dtypes.md)",
+                         t.be->bf16_native ? "as bf16 products of their decoded values: the GPU "
+                                             "has no MXFP8 product before sm_100"
+                                           : "emulated by the cpu backend");
         if (t.ts.step >= t.end_step)
             moe_log_info("nothing to do: the run is at step %lld of %lld", (long long)t.ts.step,
                          (long long)t.end_step);

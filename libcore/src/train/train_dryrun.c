@@ -63,15 +63,11 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     human_bytes(o, sizeof o, (double)opt);
     human_bytes(a, sizeof a, (double)mem.activations);
     human_bytes(sum, sizeof sum, (double)total_mem);
-    /* the peak on a CUDA device, or why there is none */
+    /* the peak on a CUDA device */
     char gpu[160];
     human_bytes(gs, sizeof gs, (double)mem.gpu_scratch);
     human_bytes(gt, sizeof gt, (double)(total_mem + mem.gpu_scratch));
-    if (mem.gpu_scratch >= 0)
-        snprintf(gpu, sizeof gpu, "on a CUDA device + %s backend scratch = %s peak", gs, gt);
-    else
-        snprintf(gpu, sizeof gpu, "the CUDA backend does not run %s (the CPU emulates it)",
-                 moe_recipe_name(cfg->precision.recipe));
+    snprintf(gpu, sizeof gpu, "on a CUDA device + %s backend scratch = %s peak", gs, gt);
     fprintf(out, "\n# --dry-run summary\n");
     fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
     fprintf(out,
