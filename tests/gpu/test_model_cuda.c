@@ -8,8 +8,11 @@
  * fp32 recipe, one step's loss and gradients to fp32 noise; with a document mask, one step
  * under both recipes, the mask changing the loss; under mxfp8, one step: its MXFP8 activations,
  * bf16 residual and quantized products against the CPU emulation, where a value that the two
- * summation orders put on either side of an e4m3 rounding boundary moves by a whole fp8 step,
- * so its tolerances are 5e-3); repeating a
+ * summation orders put on either side of an e4m3 rounding boundary moves by a whole fp8 step:
+ * on an H200 (2026-12-05) the loss agreed to 1.3e-4 relative and the gradients to NMSE 4.0e-3
+ * at worst (layer 0's q_proj: the product's own quantization noise, as the two sides quantize
+ * slightly different dq), 1.5e-3 over all, so its bounds are 1e-3 and 2e-2; op by op
+ * gpu.backend_ops holds mxfp8 to 1e-5); repeating a
  * step on the GPU must give bit-identical loss and gradients (no float atomics anywhere).
  * Differences come only from summation order and the bf16 rounding-boundary flips it causes, which
  * compound through the layers: measured on an H200 (2026-11-29), the loss agrees to 2e-5 relative,
@@ -206,7 +209,7 @@ int main(void) {
     pack_documents(tokens, 1, dtok, dtgt);
     double masked = check_step(cpu, gpu, &cfg, MOE_RECIPE_FP32, 1, dtok, dtgt, 1e-5, 1e-8);
     check_step(cpu, gpu, &cfg, MOE_RECIPE_BF16, 1, dtok, dtgt, 1e-3, 1e-3);
-    check_step(cpu, gpu, &cfg, MOE_RECIPE_MXFP8, -1, tokens, targets, 5e-3, 5e-3);
+    check_step(cpu, gpu, &cfg, MOE_RECIPE_MXFP8, -1, tokens, targets, 1e-3, 2e-2);
     double unmasked = check_step(cpu, gpu, &cfg, MOE_RECIPE_FP32, -1, dtok, dtgt, 1e-5, 1e-8);
     printf("packed batch: loss %.6f with the mask, %.6f without (plain batch %.6f)\n", masked,
            unmasked, plain);
