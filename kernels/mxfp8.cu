@@ -8,14 +8,16 @@
  * cuBLASLt's bf16 product accumulates them in fp32 as the CPU's fp32 GEMM does. Decoding into
  * bf16 is exact: an E4M3 value (4 significant bits) times a power of two is a bf16 value,
  * bar results below bf16's smallest subnormal (2^-133). The stored MXFP8 activations (the
- * layer's ln1 and expert path) are encoded from the bf16 value the op would have written, in a
- * pass of its own after the op (RMSNorm, permute, the grouped products), and read by the
- * products' quantization passes here and by SwiGLU's one-pass kernels (elementwise.cu).
+ * layer's ln1 and expert path) are encoded from the bf16 value the op would have written, and
+ * decoded to bf16 for the ops that read them; neither pass is fused into its op yet.
  *
  * The one thing a reader must know: every scale and value comes from moe/dtype.h's and
  * moe/quant.h's MOE_HD functions (the CPU's own code), in IEEE fp32 arithmetic, so a block
  * gets the CPU's bytes; non-finite values are left out of a block's amax, and NaN stays NaN. */
 #include "backend_cuda.cuh"
+extern "C" {
+#include "moe/quant.h"
+}
 
 #define MX 32 /* elements a block */
 
@@ -39,6 +41,10 @@ struct ld_mx {
     }
 };
 
+__device__ __forceinline__ float mx_finite_abs(float v) {
+    return isfinite(v) ? fabsf(v) : 0.0f;
+}
+
 /* What the block's encoding of v decodes to, under the block's scale. */
 __device__ __forceinline__ float mx_fake(float v, float scale) {
     return moe_e4m3_to_f32(moe_f32_to_e4m3(v / scale, 1)) * scale;
@@ -56,7 +62,7 @@ __global__ void k_mx_fake_rows(__nv_bfloat16 *__restrict__ dst, L x, int64_t R, 
          b += warps) {
         const int64_t r = b / KB, k = b % KB * MX + lane, i = r * K + k;
         const float v = k < K ? x(i) : 0.0f;
-        const float scale = moe_mx_block_scale(moe_warp_max(moe_finite_abs(v)), floor_rule);
+        const float scale = moe_mx_block_scale(moe_warp_max(mx_finite_abs(v)), floor_rule);
         if (k < K) dst[i] = __float2bfloat16_rn(mx_fake(v, scale));
     }
 }
@@ -75,55 +81,69 @@ __global__ void k_mx_fake_cols(__nv_bfloat16 *__restrict__ dst, L x, int64_t R, 
         const int64_t r1 = r0 + MX < gend ? r0 + MX : gend;
         float amax = 0.0f;
         for (int64_t r = r0; r < r1; r++)
-            amax = fmaxf(amax, moe_finite_abs(x(r * K + col)));
+            amax = fmaxf(amax, mx_finite_abs(x(r * K + col)));
         const float scale = moe_mx_block_scale(amax, floor_rule);
         for (int64_t r = r0; r < r1; r++)
             dst[r * K + col] = __float2bfloat16_rn(mx_fake(x(r * K + col), scale));
     }
 }
 
-/* MXFP8 encoding of src [n] (n % 32 == 0) with the ceil rule (moe_mxfp8_encode_block): a warp
- * 4 blocks at a time, 4 values a lane (moe_mx_encode4); q 4-byte aligned. */
+/* MXFP8 encoding of src [n] (n % 32 == 0) with the ceil rule (moe_mxfp8_encode_block): one
+ * warp a block. */
 __global__ void k_mx_encode(uint8_t *__restrict__ q, uint8_t *__restrict__ mx,
                             const __nv_bfloat16 *__restrict__ src, int64_t n) {
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    const int64_t nblk = n / MX, warps = (int64_t)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x & 31;
-    for (int64_t base = (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * 4 * MX;
-         base < n; base += warps * 4 * MX) { /* warp-uniform: every lane shuffles */
-        const int64_t i = base + lane * 4;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (i < n) moe_ldv<4>(src, i, v);
-        uint8_t code;
-        const uint32_t w = moe_mx_encode4(v, &code);
-        if (i >= n) continue;
-        *reinterpret_cast<uint32_t *>(q + i) = w;
-        if (lane % 8 == 0) mx[i / MX] = code;
+    for (int64_t b = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32; b < nblk;
+         b += warps) {
+        const int64_t i = b * MX + lane;
+        const float v = __bfloat162float(src[i]);
+        const float scale = moe_mx_block_scale(moe_warp_max(mx_finite_abs(v)), 0);
+        q[i] = moe_f32_to_e4m3(v / scale, 1);
+        if (lane == 0) mx[b] = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
     }
+}
+
+/* dst [n] bf16 = the values of MXFP8 x [n] (exact). */
+__global__ void k_mx_decode(__nv_bfloat16 *__restrict__ dst, ld_mx x, int64_t n) {
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = __float2bfloat16_rn(x(i));
 }
 
 /* ------------------------------------------------------------------------------------------ */
 
-/* 1 when an MXFP8 operand of n elements at q suits the kernels (n a multiple of 32, q 4-byte
- * aligned), else 0 after recording the error. */
-static int mx_ok(moe_cuda_ctx *c, const void *q, int64_t n, const char *op) {
-    if (n % MX == 0 && (uintptr_t)q % 4 == 0) return 1;
+static int mx_len_ok(moe_cuda_ctx *c, int64_t n, const char *op) {
+    if (n % MX == 0) return 1;
     return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "an MXFP8 operand of %lld elements at %p (a multiple of 32 at a 4-byte "
-                          "boundary expected)",
-                          (long long)n, q);
+                          "an MXFP8 operand of %lld elements (a multiple of 32 expected)",
+                          (long long)n);
+}
+
+moe_cbuf moe_cuda_mx_read(moe_cuda_ctx *c, int slot, moe_cbuf x, int64_t n, const char *op) {
+    moe_cbuf none = moe_cbuf_of(NULL, MOE_DTYPE_BF16);
+    if (!x.mx) return moe_cuda_typed_ok(c, x.dt, op) ? x : none;
+    if (!mx_len_ok(c, n, op)) return none;
+    __nv_bfloat16 *d = (__nv_bfloat16 *)moe_cuda_scratch(c, slot, (size_t)n * 2, op);
+    if (!d) return none;
+    ld_mx l = {(const uint8_t *)x.p, x.mx};
+    k_mx_decode<<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>(d, l, n);
+    if (!MOE_CUDA_LAUNCHED(c, op, "MXFP8 decode n=%lld", (long long)n)) return none;
+    return moe_cbuf_of(d, MOE_DTYPE_BF16);
 }
 
 moe_buf moe_cuda_mx_stage(moe_cuda_ctx *c, int slot, moe_buf out, int64_t n, const char *op) {
     moe_buf none = moe_buf_of(NULL, MOE_DTYPE_BF16);
     if (!out.mx) return moe_cuda_typed_ok(c, out.dt, op) ? out : none;
-    if (!mx_ok(c, out.p, n, op)) return none;
+    if (!mx_len_ok(c, n, op)) return none;
     void *d = moe_cuda_scratch(c, slot, (size_t)n * 2, op);
     return d ? moe_buf_of(d, MOE_DTYPE_BF16) : none;
 }
 
 int moe_cuda_mx_write(moe_cuda_ctx *c, moe_buf out, moe_buf staged, int64_t n, const char *op) {
     if (!out.mx || n <= 0) return 1;
-    k_mx_encode<<<moe_cuda_grid(c, n / 4, 256), 256, 0, c->stream>>>(
+    const int64_t warps = n / MX, threads = 256;
+    k_mx_encode<<<moe_cuda_grid(c, warps * 32, threads), threads, 0, c->stream>>>(
         (uint8_t *)out.p, out.mx, (const __nv_bfloat16 *)staged.p, n);
     return MOE_CUDA_LAUNCHED(c, op, "MXFP8 encode n=%lld", (long long)n);
 }
@@ -143,7 +163,7 @@ int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_
                          int64_t group, int floor_rule, const char *op) {
     if (R <= 0 || K <= 0) return 1;
     if (x.mx) {
-        if (!mx_ok(c, x.p, R * K, op)) return 0;
+        if (!mx_len_ok(c, R * K, op)) return 0;
         mx_quantize(c, dst, ld_mx{(const uint8_t *)x.p, x.mx}, R, K, group, floor_rule);
     } else if (x.dt == MOE_DTYPE_BF16) {
         mx_quantize(c, dst, ld_bf16{(const __nv_bfloat16 *)x.p}, R, K, group, floor_rule);

@@ -37,6 +37,10 @@ __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
                      neg_nan_bit(x, 0));
 }
 
+__device__ __forceinline__ float finite_abs(float x) {
+    return isfinite(x) ? fabsf(x) : 0.0f;
+}
+
 /* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
 template <typename T>
 __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
@@ -49,7 +53,7 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const
     float v[4], amax = 0.0f;
     for (int t = 0; t < 4; t++) {
         v[t] = j0 + t < K ? moe_ld(x, r * K + j0 + t) : 0.0f;
-        amax = fmaxf(amax, moe_finite_abs(v[t]));
+        amax = fmaxf(amax, finite_abs(v[t]));
     }
     float scale = fp8_scale(moe_warp_max(amax), pow2);
     for (int t = 0; t < 4; t++)
@@ -72,7 +76,7 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
     for (int i = 0; i < QB / 8; i++) {
         int64_t m = m0 + ty + 8 * i;
         v[i] = m < n && k < K ? moe_ld(x, m * K + k) : 0.0f;
-        amax = fmaxf(amax, moe_finite_abs(v[i]));
+        amax = fmaxf(amax, finite_abs(v[i]));
     }
     red[ty][tx] = amax;
     __syncthreads();
@@ -138,8 +142,8 @@ __global__ void __launch_bounds__(TILE_THREADS)
             const int64_t r = r0 + 4 * (ty + NW * p) + i;
             x[p][i] = k0 < K && r < R ? *(const float4 *)(we + r * K + k0)
                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
+            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].x)), finite_abs(x[p][i].y));
+            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].z)), finite_abs(x[p][i].w));
         }
     /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is
      * written once) */
