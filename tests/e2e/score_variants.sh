@@ -11,7 +11,8 @@
 # line and the ##moe_score line name the checkpoint as moe-embed does; and every bad input of the
 # issue: REF mismatch (exit 2, naming the record; --check-ref warn skips and counts),
 # missing contig with the chr-prefix hint, gzip FASTA without .fai, no output left behind;
-# POS 0, NUL bytes in a record, a record of fewer than 8 columns; a VCF with nothing to score
+# POS 0, NUL bytes in a record, a record of fewer than 8 columns or of fewer than its header's
+# samples ask for, a POS or QUAL that is not a number, an empty ALT allele; a VCF with nothing to score
 # passes through; FILTER and INFO tags the header does not define are written back as they were.
 set -euo pipefail
 source "$MOE_SRC_DIR/tests/interop/tiny_ckpt.sh"
@@ -183,6 +184,27 @@ grep -qP '^lambda\t500\tv0\t.*\tLowQual\tDP=7;MOE_LLR=-?[0-9]' undef.out.vcf ||
 awk -F'\t' 'BEGIN { OFS = "\t" } !/^#/ && $2 == 700 { NF = 4 } { print }' good.vcf > short.vcf
 expect2 sc short.vcf -o short.out.vcf
 grep -q "record 2: 4 tab-separated columns; a VCF record has at least 8" err.txt
+# what htslib reads without an error but would write back changed: exit 2 naming the record
+# and the column (POS text read as 0, QUAL text written back as 0, an empty ALT allele as
+# "."), and a record short of the header's sample columns (writing it failed, exit 1)
+for bad in '2 x700 POS .x700. is not a number' '6 abc QUAL .abc. is neither a number' \
+           '5 C, ALT .C,. has an empty allele' '5 ,C ALT .,C. has an empty allele' \
+           '5 A,,C ALT .A,,C. has an empty allele'; do
+    set -- $bad
+    awk -F'\t' -v c="$1" -v t="$2" 'BEGIN { OFS = "\t" } !/^#/ && $2 == 700 { $c = t } { print }' \
+        good.vcf > field.vcf
+    expect2 sc field.vcf -o field.out.vcf
+    shift 2
+    grep -q "field.vcf: record 2: $*" err.txt || { cat err.txt >&2; exit 1; }
+    [ ! -e field.out.vcf ]
+done
+# (without FORMAT htslib reads it; with too few samples it refuses it, saying why)
+for short in '' '\tGT\t0/1'; do
+    awk -F'\t' -v s="$short" 'BEGIN { OFS = "\t" } /^#CHROM/ { $0 = $0 "\tFORMAT\tS1\tS2" }
+        !/^#/ { $0 = $0 ($2 == 700 ? s : "\tGT\t0/1\t1/1") } { print }' good.vcf > samples.vcf
+    expect2 sc samples.vcf -o samples.out.vcf
+    grep -q "record 2: 8 tab-separated columns; the header names 2 samples, so a record has 11\|record 2: htslib cannot read this record" err.txt || { cat err.txt >&2; exit 1; }
+done
 # contig named differently: the chr-prefix hint
 sed 's/^lambda\t/chrlambda\t/; s/ID=lambda,/ID=chrlambda,/' good.vcf > chr.vcf
 expect2 sc chr.vcf
@@ -205,7 +227,7 @@ grep -q "pos0.vcf: record 1: lambda: POS 0 is not a position" err.txt || { cat e
 # (fuzz_vcf: a NULL allele array was read)
 { grep '^#' good.vcf; printf 'lambda\t50\t.\0\0\0\tG\tA\t.\tPASS\t.\n'; } > nul.vcf
 expect2 sc nul.vcf
-grep -q "nul.vcf: record 1: record 1 has no REF allele" err.txt || { cat err.txt >&2; exit 1; }
+grep -q "nul.vcf: record 1: " err.txt && grep -q "no NUL bytes" err.txt || { cat err.txt >&2; exit 1; }
 # -r keeps only the records in the region
 sc good.vcf --tsv -r lambda:1-1500 > reg.tsv
 [ "$(tail -n +3 reg.tsv | cut -f2 | sort -u | tr '\n' ' ')" = "1000 50 500 700 " ]

@@ -145,8 +145,7 @@ static moe_status add_site(vcf_sites *v, bcf1_t *rec, moe_err *err) {
         return moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "record %" PRId64 " cannot be parsed",
                            v->rec_no);
     if (rec->n_allele < 1) { /* htslib leaves a line it could not split without alleles */
-        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "record %" PRId64 " has no REF allele",
-                    v->rec_no);
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "no REF allele");
         moe_err_at_record(err, v->rec_no);
         moe_err_hint(err, "the record is malformed: check its columns (tab-separated, no NUL "
                           "bytes)");
@@ -317,33 +316,73 @@ moe_status score_vcf_sites_model(vcf_sites *v, const score_model *sm, moe_err *e
     return MOE_OK;
 }
 
-/* The tab-separated columns of the VCF text line htslib read last (its line buffer, where
- * parsing wrote a NUL over each tab it split at). */
-static int vcf_columns(const htsFile *in) {
-    int n = 1;
-    for (size_t i = 0; i < in->line.l; i++)
-        n += in->line.s[i] == '\t' || in->line.s[i] == '\0';
-    return n;
+/* What htslib reads from a VCF text line without an error (and without setting the record's
+ * errcode, which flags only contigs and tags the header lacks, and which it then defines), but
+ * would write back changed or read past: fewer than 8 columns (a record without FILTER and
+ * INFO bytes, which writing it then reads past), fewer than the header's samples ask for
+ * (writing it fails), a POS that is not a number (read as 0), a
+ * QUAL that is not one (written back as 0), an empty ALT allele (written back as "."). Fields
+ * come from htslib's line buffer, where parsing wrote a NUL over each tab it split at.
+ * MOE_OK, or MOE_ERR_INPUT naming the column. */
+static moe_status vcf_text_check(const vcf_sites *v, moe_err *err) {
+    const char *s = v->in->line.s, *end = s + v->in->line.l, *f[8];
+    int n = 0;
+    for (const char *p = s; n < 8; p++) { /* each column's start: f[0] .. f[n - 1] */
+        if (p == s || p[-1] == '\t' || p[-1] == '\0') f[n++] = p;
+        if (p == end) break;
+    }
+    int cols = 1, ns = bcf_hdr_nsamples(v->hdr);
+    for (const char *p = s; p < end; p++)
+        cols += *p == '\t' || *p == '\0';
+    if (n < 8) {
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
+                    "%d tab-separated columns; a VCF record has at least 8 (CHROM to INFO)", cols);
+        return MOE_ERR_INPUT;
+    }
+    if (ns > 0 && cols < 9 + ns) { /* written back, it fails in htslib: "cannot write" */
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
+                    "%d tab-separated columns; the header names %d sample%s, so a record has %d "
+                    "(CHROM to INFO, FORMAT, one per sample)",
+                    cols, ns, ns == 1 ? "" : "s", 9 + ns);
+        return MOE_ERR_INPUT;
+    }
+    size_t pos_len = strcspn(f[1], "\t"), alt_len = strcspn(f[4], "\t"),
+           qual_len = strcspn(f[5], "\t");
+    int empty_allele = alt_len == 0 || f[4][0] == ',' || f[4][alt_len - 1] == ',';
+    for (size_t i = 1; i < alt_len; i++)
+        empty_allele |= f[4][i] == ',' && f[4][i - 1] == ',';
+    char *qend = NULL;
+    if (pos_len == 0 || strspn(f[1], "0123456789") != pos_len)
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "POS '%.*s' is not a number", (int)pos_len,
+                    f[1]);
+    else if (!(qual_len == 1 && f[5][0] == '.') &&
+             (qual_len == 0 || (strtod(f[5], &qend), qend != f[5] + qual_len)))
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "QUAL '%.*s' is neither a number nor '.'",
+                    (int)qual_len, f[5]);
+    else if (empty_allele)
+        moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "ALT '%.*s' has an empty allele", (int)alt_len,
+                    f[4]);
+    else
+        return MOE_OK;
+    moe_err_hint(err, "the record is malformed (VCF 4.x: columns separated by single tabs, no "
+                      "NUL bytes; POS an integer, QUAL a number or '.', ALT alleles separated by "
+                      "single commas)");
+    return MOE_ERR_INPUT;
 }
 
 int score_vcf_sites_next(vcf_sites *v, moe_err *err) {
     int rc;
     while ((rc = bcf_read(v->in, v->hdr, v->rec)) == 0) {
         v->rec_no++;
-        /* htslib reads a text line of fewer than 8 columns without an error, and the record it
-         * makes has no FILTER or INFO bytes, which writing it then reads past */
-        int ncol = v->in->format.format == vcf ? vcf_columns(v->in) : 8;
-        if (ncol < 8) {
-            moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
-                        "%d tab-separated columns; a VCF record has at least 8 (CHROM to INFO)",
-                        ncol);
+        if (v->in->format.format == vcf && vcf_text_check(v, err) != MOE_OK) {
             moe_err_at_record(err, v->rec_no);
             return -1;
         }
         if (in_regions(v, v->rec)) return add_site(v, v->rec, err) == MOE_OK ? 1 : -1;
     }
     if (rc >= -1) return 0;
-    moe_err_set(err, MOE_ERR_INPUT, v->o->vcf, "record %" PRId64 " cannot be read", v->rec_no + 1);
+    moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
+                "htslib cannot read this record (its message above says why)");
     moe_err_at_record(err, v->rec_no + 1);
     return -1;
 }
