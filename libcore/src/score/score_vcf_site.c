@@ -326,15 +326,13 @@ moe_status score_vcf_sites_model(vcf_sites *v, const score_model *sm, moe_err *e
  * MOE_OK, or MOE_ERR_INPUT naming the column. */
 static moe_status vcf_text_check(const vcf_sites *v, moe_err *err) {
     const char *s = v->in->line.s, *end = s + v->in->line.l, *f[8];
-    int n = 0;
-    for (const char *p = s; n < 8; p++) { /* each column's start: f[0] .. f[n - 1] */
-        if (p == s || p[-1] == '\t' || p[-1] == '\0') f[n++] = p;
-        if (p == end) break;
-    }
-    int cols = 1, ns = bcf_hdr_nsamples(v->hdr);
-    for (const char *p = s; p < end; p++)
-        cols += *p == '\t' || *p == '\0';
-    if (n < 8) {
+    int cols = 0, ns = bcf_hdr_nsamples(v->hdr);
+    for (const char *p = s; p <= end; p++) /* the columns, and the first 8's starts */
+        if (p == s || p[-1] == '\t' || p[-1] == '\0') {
+            if (cols < 8) f[cols] = p;
+            cols++;
+        }
+    if (cols < 8) {
         moe_err_set(err, MOE_ERR_INPUT, v->o->vcf,
                     "%d tab-separated columns; a VCF record has at least 8 (CHROM to INFO)", cols);
         return MOE_ERR_INPUT;

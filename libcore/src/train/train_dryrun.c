@@ -63,11 +63,8 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     human_bytes(o, sizeof o, (double)opt);
     human_bytes(a, sizeof a, (double)mem.activations);
     human_bytes(sum, sizeof sum, (double)total_mem);
-    /* the peak on a CUDA device */
-    char gpu[160];
-    human_bytes(gs, sizeof gs, (double)mem.gpu_scratch);
+    human_bytes(gs, sizeof gs, (double)mem.gpu_scratch); /* the peak on a CUDA device */
     human_bytes(gt, sizeof gt, (double)(total_mem + mem.gpu_scratch));
-    snprintf(gpu, sizeof gpu, "on a CUDA device + %s backend scratch = %s peak", gs, gt);
     fprintf(out, "\n# --dry-run summary\n");
     fprintf(out, "# parameters: %" PRId64 " total, %" PRId64 " active per token\n", total, active);
     fprintf(out,
@@ -81,8 +78,9 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             n_micro, micro_seqs, tc->seq_len, cfg->parallel.dp * cfg->parallel.ep);
     fprintf(out,
             "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (%s, ZeRO-1 "
-            "share) + activations %s (train.recompute %s) = %s per rank; %s\n",
+            "share) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
+            "backend scratch = %s peak\n",
             w, w16, w, o, moe_moments_name(cfg->optim.moments), a,
-            moe_recompute_name(tc->recompute), sum, gpu);
+            moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }
