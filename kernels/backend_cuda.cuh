@@ -12,12 +12,14 @@
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 extern "C" {
 #include "moe/err.h"
 #include "moe/ops.h"
+#include "moe/quant.h"
 }
 
 /* Scratch slots: an op may hold several at once (e.g. attention backward converts q, k, v
@@ -161,6 +163,55 @@ __device__ __forceinline__ void moe_transpose4x4_bytes(const uint32_t in[4], uin
 __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
+/* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
+__device__ __forceinline__ float moe_finite_abs(float x) {
+    return isfinite(x) ? fabsf(x) : 0.0f;
+}
+/* An MXFP8 block of 32 held in registers by 8 consecutive lanes (lanes 8g .. 8g + 7 of the
+ * warp), 4 consecutive values each, its 4 e4m3 bytes in one little-endian word. Decoding:
+ * v[j] = e4m3(byte j of q4) * 2^(scale - 127), exact. */
+__device__ __forceinline__ void moe_mx_decode4(uint32_t q4, uint8_t scale, float v[4]) {
+    const float s = moe_e8m0_to_f32(scale);
+#pragma unroll
+    for (int j = 0; j < 4; j += 2) {
+        const float2 f = __half22float2(
+            __half2(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(q4 >> 8 * j), __NV_E4M3)));
+        v[j] = f.x * s, v[j + 1] = f.y * s;
+    }
+}
+/* The sign bit of x's e4m3 byte when x is a negative NaN, else 0: the hardware conversion writes
+ * every NaN as 0x7f, the CPU keeps a NaN's sign (0xff for -NaN; measured on an H200,
+ * 2026-12-04). */
+__device__ __forceinline__ uint32_t moe_e4m3_neg_nan(float x) {
+    return __float_as_uint(x) > 0xff800000u ? 0x80u : 0u;
+}
+/* The e4m3 byte of x / scale for a power-of-two scale, inv = 1 / scale (exact, so x * inv is
+ * the division's value): round to nearest even, saturating, NaN kept with its sign: the byte
+ * of the CPU's moe_f32_to_e4m3(x / scale, 1). */
+__device__ __forceinline__ uint32_t moe_e4m3_scaled(float x, float inv) {
+    return (uint32_t)__nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3) |
+           moe_e4m3_neg_nan(x);
+}
+/* Encoding such a block of values v (their bf16 roundings, as an op stores an MXFP8 output)
+ * by the ceil rule, the bytes of moe_mxfp8_encode_block: returns the lane's 4 e4m3 bytes and
+ * sets *code to the block's e8m0 scale. Every lane of the warp calls it together (the
+ * block's amax crosses its 8 lanes by shuffles, which also order every lane's reads of the
+ * block before any write: an in-place update is safe). */
+__device__ __forceinline__ uint32_t moe_mx_encode4(const float v[4], uint8_t *code) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        amax = fmaxf(amax, moe_finite_abs(v[j]));
+    for (int o = 1; o < 8; o <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float scale = moe_mx_block_scale(amax, 0), inv = 1.0f / scale;
+    *code = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
+    uint32_t q = 0;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        q |= moe_e4m3_scaled(v[j], inv) << 8 * j;
+    return q;
+}
 /* Loads and stores of the two element types of typed operands (moe_cbuf / moe_buf), so that
  * one kernel template serves both: fp32 values, bf16 rounded to nearest even on store. */
 __device__ __forceinline__ float moe_ld(const float *p, int64_t i) {
@@ -261,9 +312,6 @@ static inline int moe_cuda_vec_ok(int64_t n, const void *p0, const void *p1 = NU
 int moe_cuda_typed_ok(moe_cuda_ctx *c, moe_dtype dt, const char *op);
 /* ---- MXFP8 activations and the mxfp8 recipe's product operands (mxfp8.cu; the values of
  * moe/quant.h's CPU emulation) ---- */
-/* x [n] as an op's kernels read it: an MXFP8 x (x.mx set) decoded to bf16 into scratch slot
- * `slot` (exact), an F32 or BF16 x as it is. .p NULL after a recorded error. */
-moe_cbuf moe_cuda_mx_read(moe_cuda_ctx *c, int slot, moe_cbuf x, int64_t n, const char *op);
 /* Where an op's kernels write out [n]: for an MXFP8 out a bf16 stand-in in scratch slot
  * `slot`, which moe_cuda_mx_write then encodes into out; an F32 or BF16 out itself. .p NULL
  * after a recorded error. */

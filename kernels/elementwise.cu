@@ -407,6 +407,17 @@ void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos
 /* ------------------------------------------------------------------------------------------
  * SwiGLU: out = silu(a) * b */
 
+/* SwiGLU's value and gradients at one element: the formulas of every kernel below. */
+__device__ __forceinline__ float swiglu_val(float a, float b) {
+    const float s = 1.0f / (1.0f + expf(-a));
+    return a * s * b;
+}
+__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
+    const float s = 1.0f / (1.0f + expf(-a)), silu = a * s;
+    *da = g * b * (s + silu * (1.0f - s));
+    *db = g * silu;
+}
+
 template <int V, typename TI, typename TO>
 __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
                              const TI *__restrict__ b, int64_t n, int round_bf16) {
@@ -417,8 +428,7 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
         moe_ldv<V>(b, i, bv);
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            float s = 1.0f / (1.0f + expf(-av[j]));
-            float v = av[j] * s * bv[j];
+            const float v = swiglu_val(av[j], bv[j]);
             o[j] = round_bf16 ? moe_dev_round_bf16(v) : v;
         }
         moe_stv<V>(out, i, o);
@@ -435,15 +445,87 @@ __global__ void k_swiglu_bwd(TG *da, TG *db, const TD *__restrict__ dout, const 
         moe_ldv<V>(b, i, bv);
         moe_ldv<V>(dout, i, g);
 #pragma unroll
-        for (int j = 0; j < V; j++) {
-            float s = 1.0f / (1.0f + expf(-av[j]));
-            float silu = av[j] * s;
-            dav[j] = g[j] * bv[j] * (s + silu * (1.0f - s));
-            dbv[j] = g[j] * silu;
-        }
+        for (int j = 0; j < V; j++)
+            swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
         moe_stv<V>(da, i, dav);
         moe_stv<V>(db, i, dbv);
     }
+}
+
+/* The mxfp8 recipe's SwiGLU in one pass: MXFP8 a, b [n] (h1, h3) read and MXFP8 outputs
+ * written directly, 4 values a lane and a warp 4 blocks of 32 at a time (moe_mx_decode4,
+ * moe_mx_encode4), each output the encoding of its bf16 rounding: the values of decoding,
+ * running the kernels above into bf16 and encoding, in one pass instead of four. Loops are
+ * warp-uniform (every lane takes part in the encodings' shuffles). */
+#define SWIGLU_MX_WARP 128 /* elements a warp takes at a time: 4 blocks of 32 */
+
+__device__ __forceinline__ void swiglu_mx_load(const uint8_t *q, const uint8_t *mx, int64_t i,
+                                               float v[4]) {
+    moe_mx_decode4(*reinterpret_cast<const uint32_t *>(q + i), mx[i / 32], v);
+}
+__device__ __forceinline__ void swiglu_mx_store(uint8_t *q, uint8_t *mx, int64_t i, uint32_t w,
+                                                uint8_t code) {
+    *reinterpret_cast<uint32_t *>(q + i) = w;
+    if ((threadIdx.x & 7) == 0) mx[i / 32] = code;
+}
+
+__global__ void k_swiglu_fwd_mx(uint8_t *oq, uint8_t *omx, const uint8_t *aq, const uint8_t *amx,
+                                const uint8_t *bq, const uint8_t *bmx, int64_t n) {
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t base =
+             (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * SWIGLU_MX_WARP;
+         base < n; base += warps * SWIGLU_MX_WARP) {
+        const int64_t i = base + (threadIdx.x & 31) * 4;
+        float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i < n) {
+            float av[4], bv[4];
+            swiglu_mx_load(aq, amx, i, av);
+            swiglu_mx_load(bq, bmx, i, bv);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                o[j] = moe_dev_round_bf16(swiglu_val(av[j], bv[j]));
+        }
+        uint8_t code;
+        const uint32_t w = moe_mx_encode4(o, &code);
+        if (i < n) swiglu_mx_store(oq, omx, i, w, code);
+    }
+}
+
+/* da, db may be a, b (in place: a block's reads come before its writes, moe_mx_encode4) */
+template <typename TD>
+__global__ void k_swiglu_bwd_mx(uint8_t *daq, uint8_t *damx, uint8_t *dbq, uint8_t *dbmx,
+                                const TD *__restrict__ dout, const uint8_t *aq, const uint8_t *amx,
+                                const uint8_t *bq, const uint8_t *bmx, int64_t n) {
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t base =
+             (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * SWIGLU_MX_WARP;
+         base < n; base += warps * SWIGLU_MX_WARP) {
+        const int64_t i = base + (threadIdx.x & 31) * 4;
+        float dav[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dbv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i < n) {
+            float av[4], bv[4], g[4];
+            swiglu_mx_load(aq, amx, i, av);
+            swiglu_mx_load(bq, bmx, i, bv);
+            moe_ldv<4>(dout, i, g);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
+                dav[j] = moe_dev_round_bf16(dav[j]), dbv[j] = moe_dev_round_bf16(dbv[j]);
+            }
+        }
+        uint8_t ca, cb;
+        const uint32_t wa = moe_mx_encode4(dav, &ca), wb = moe_mx_encode4(dbv, &cb);
+        if (i < n) swiglu_mx_store(daq, damx, i, wa, ca), swiglu_mx_store(dbq, dbmx, i, wb, cb);
+    }
+}
+
+/* 1 when every operand is MXFP8 at a 4-byte boundary and n % 32 == 0: the one-pass kernels
+ * above run. */
+static int swiglu_mx_fused(int64_t n, moe_cbuf p0, moe_cbuf p1, moe_cbuf p2, moe_cbuf p3) {
+    const moe_cbuf ps[4] = {p0, p1, p2, p3};
+    for (int i = 0; i < 4; i++)
+        if (!ps[i].mx || (uintptr_t)ps[i].p % 4) return 0;
+    return n % 32 == 0;
 }
 
 template <int V, typename TI, typename TO>
@@ -467,32 +549,31 @@ static void swiglu_fwd_types(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf 
         swiglu_fwd_launch<V, float, float>(c, out, a, b, n, rb);
 }
 
-/* 1 when x and y are of one type (MXFP8 counting as its own), else 0 after recording it. */
-static int same_type(moe_cuda_ctx *c, moe_cbuf x, moe_cbuf y, const char *op) {
-    if (x.dt == y.dt && !x.mx == !y.mx) return 1;
-    return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "a pair of operands of two types (%s%s, %s%s)", moe_dtype_name(x.dt),
-                          x.mx ? " MXFP8" : "", moe_dtype_name(y.dt), y.mx ? " MXFP8" : "");
-}
-
-/* The inputs share one type (both are expert activations); the output may differ. MXFP8
- * inputs are read as their bf16 values (decoded first), an MXFP8 output written in bf16 and
- * then encoded. */
+/* The inputs share one type (both are expert activations); the output may differ. The mxfp8
+ * recipe's h1, h3 and g: all three MXFP8, in one pass (k_swiglu_fwd_mx). */
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_forward";
-    if (moe_cuda_failed(c) || n <= 0 || !same_type(c, a, b, op)) return;
-    moe_cbuf ar = moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_A, a, n, op);
-    moe_cbuf br = ar.p ? moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_B, b, n, op) : ar;
-    moe_buf os = br.p ? moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, out, n, op) : moe_buf_f32(NULL);
-    if (!os.p) return;
+    if (moe_cuda_failed(c) || n <= 0) return;
+    if (swiglu_mx_fused(n, a, b, moe_cbuf_from(out), moe_cbuf_from(out))) {
+        k_swiglu_fwd_mx<<<moe_cuda_grid(c, n / 4, 256), 256, 0, c->stream>>>(
+            (uint8_t *)out.p, out.mx, (const uint8_t *)a.p, a.mx, (const uint8_t *)b.p, b.mx, n);
+        MOE_CUDA_LAUNCHED(c, op, "n=%lld (MXFP8)", (long long)n);
+        return;
+    }
+    if (!moe_cuda_typed_ok(c, out.dt, op) || !moe_cuda_typed_ok(c, a.dt, op)) return;
+    if (a.dt != b.dt) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "inputs of two types (%s, %s)",
+                       moe_dtype_name(a.dt), moe_dtype_name(b.dt));
+        return;
+    }
     int rb = prec == MOE_RECIPE_BF16;
-    if (moe_cuda_vec_ok(n, os.p, ar.p, br.p))
-        swiglu_fwd_types<MOE_VEC>(c, os, ar, br, n, rb);
+    if (moe_cuda_vec_ok(n, out.p, a.p, b.p))
+        swiglu_fwd_types<MOE_VEC>(c, out, a, b, n, rb);
     else
-        swiglu_fwd_types<1>(c, os, ar, br, n, rb);
-    if (MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n)) moe_cuda_mx_write(c, out, os, n, op);
+        swiglu_fwd_types<1>(c, out, a, b, n, rb);
+    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 
 template <int V, typename TI, typename TG, typename TD>
@@ -525,30 +606,39 @@ static void swiglu_bwd_dout(moe_cuda_ctx *c, moe_buf da, moe_buf db, moe_cbuf do
         swiglu_bwd_types<V, float>(c, da, db, dout, a, b, n);
 }
 
-/* MXFP8 a and b are decoded to bf16 first; an MXFP8 da (db) is written in bf16 over that copy
- * of a (b), in place as the kernel allows, and then encoded. */
+/* The mxfp8 recipe's dh1, dh3 over h1, h3: all four MXFP8, in one pass (k_swiglu_bwd_mx). */
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                               moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_backward";
-    if (moe_cuda_failed(c) || n <= 0 || !same_type(c, a, b, op) ||
-        !same_type(c, moe_cbuf_from(da), moe_cbuf_from(db), op) ||
-        !moe_cuda_typed_ok(c, dout.dt, op))
+    if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, dout.dt, op)) return;
+    /* (an fp32 dout is read 4 values at a time: 16-byte aligned) */
+    if (swiglu_mx_fused(n, a, b, moe_cbuf_from(da), moe_cbuf_from(db)) &&
+        (dout.dt == MOE_DTYPE_BF16 || (uintptr_t)dout.p % 16 == 0)) {
+        const unsigned grid = moe_cuda_grid(c, n / 4, 256);
+        uint8_t *daq = (uint8_t *)da.p, *dbq = (uint8_t *)db.p;
+        const uint8_t *aq = (const uint8_t *)a.p, *bq = (const uint8_t *)b.p;
+        if (dout.dt == MOE_DTYPE_BF16)
+            k_swiglu_bwd_mx<<<grid, 256, 0, c->stream>>>(
+                daq, da.mx, dbq, db.mx, (const __nv_bfloat16 *)dout.p, aq, a.mx, bq, b.mx, n);
+        else
+            k_swiglu_bwd_mx<<<grid, 256, 0, c->stream>>>(
+                daq, da.mx, dbq, db.mx, (const float *)dout.p, aq, a.mx, bq, b.mx, n);
+        MOE_CUDA_LAUNCHED(c, op, "n=%lld (MXFP8)", (long long)n);
         return;
-    moe_cbuf ar = moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_A, a, n, op);
-    moe_cbuf br = ar.p ? moe_cuda_mx_read(c, MOE_CUDA_SCRATCH_B, b, n, op) : ar;
-    if (!br.p) return;
-    moe_buf das = da.mx && a.mx ? moe_buf_of((void *)ar.p, MOE_DTYPE_BF16)
-                                : moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, da, n, op);
-    moe_buf dbs = db.mx && b.mx ? moe_buf_of((void *)br.p, MOE_DTYPE_BF16)
-                                : moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_D, db, n, op);
-    if (!das.p || !dbs.p) return;
-    if (moe_cuda_vec_ok(n, das.p, dbs.p, dout.p, ar.p, br.p))
-        swiglu_bwd_dout<MOE_VEC>(c, das, dbs, dout, ar, br, n);
+    }
+    if (!moe_cuda_typed_ok(c, a.dt, op) || !moe_cuda_typed_ok(c, da.dt, op)) return;
+    if (a.dt != b.dt || da.dt != db.dt) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "pairs of two types (%s, %s; %s, %s)",
+                       moe_dtype_name(a.dt), moe_dtype_name(b.dt), moe_dtype_name(da.dt),
+                       moe_dtype_name(db.dt));
+        return;
+    }
+    if (moe_cuda_vec_ok(n, da.p, db.p, dout.p, a.p, b.p))
+        swiglu_bwd_dout<MOE_VEC>(c, da, db, dout, a, b, n);
     else
-        swiglu_bwd_dout<1>(c, das, dbs, dout, ar, br, n);
-    if (MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n) && moe_cuda_mx_write(c, da, das, n, op))
-        moe_cuda_mx_write(c, db, dbs, n, op);
+        swiglu_bwd_dout<1>(c, da, db, dout, a, b, n);
+    MOE_CUDA_LAUNCHED(c, op, "n=%lld", (long long)n);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -25,20 +25,9 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-/* The sign bit of x's e4m3 byte, moved left by `shift`, when x is a negative NaN, else 0: the
- * conversion writes every NaN as 0x7f (and the division makes it positive first), the CPU
- * keeps a NaN's sign (0xff for -NaN; measured on an H200, 2026-12-04). */
-__device__ __forceinline__ uint32_t neg_nan_bit(float x, int shift) {
-    return __float_as_uint(x) > 0xff800000u ? 0x80u << shift : 0u;
-}
-
 __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
     return (uint8_t)(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3) |
-                     neg_nan_bit(x, 0));
-}
-
-__device__ __forceinline__ float finite_abs(float x) {
-    return isfinite(x) ? fabsf(x) : 0.0f;
+                     moe_e4m3_neg_nan(x));
 }
 
 /* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
@@ -53,7 +42,7 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const
     float v[4], amax = 0.0f;
     for (int t = 0; t < 4; t++) {
         v[t] = j0 + t < K ? moe_ld(x, r * K + j0 + t) : 0.0f;
-        amax = fmaxf(amax, finite_abs(v[t]));
+        amax = fmaxf(amax, moe_finite_abs(v[t]));
     }
     float scale = fp8_scale(moe_warp_max(amax), pow2);
     for (int t = 0; t < 4; t++)
@@ -76,7 +65,7 @@ __global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
     for (int i = 0; i < QB / 8; i++) {
         int64_t m = m0 + ty + 8 * i;
         v[i] = m < n && k < K ? moe_ld(x, m * K + k) : 0.0f;
-        amax = fmaxf(amax, finite_abs(v[i]));
+        amax = fmaxf(amax, moe_finite_abs(v[i]));
     }
     red[ty][tx] = amax;
     __syncthreads();
@@ -103,8 +92,8 @@ __device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
                    hi = __nv_cvt_float2_to_fp8x2(
                        make_float2(__fdiv_rn(x.z, scale), __fdiv_rn(x.w, scale)), __NV_SATFINITE,
                        __NV_E4M3);
-    return (lo | hi << 16) | neg_nan_bit(x.x, 0) | neg_nan_bit(x.y, 8) | neg_nan_bit(x.z, 16) |
-           neg_nan_bit(x.w, 24);
+    return (lo | hi << 16) | moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 |
+           moe_e4m3_neg_nan(x.z) << 16 | moe_e4m3_neg_nan(x.w) << 24;
 }
 
 #define TILE_THREADS 512                            /* 16 warps a 128 x 128 tile */
@@ -142,8 +131,8 @@ __global__ void __launch_bounds__(TILE_THREADS)
             const int64_t r = r0 + 4 * (ty + NW * p) + i;
             x[p][i] = k0 < K && r < R ? *(const float4 *)(we + r * K + k0)
                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].x)), finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, finite_abs(x[p][i].z)), finite_abs(x[p][i].w));
+            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
+            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
         }
     /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is
      * written once) */

@@ -255,17 +255,15 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     }
     if (mx) {
         /* its products' bf16 operands of quantized values (kernels/mxfp8.cu): slot A the
-         * activation or gradient [rows, W] (either way), slot C the wgrad's x [rows, W] or an
-         * MXFP8 output staged in bf16 before its encoding, slot B the weight [E, F, C] (its
-         * fp32 master, quantized at each call; lm_head's [V, C] conversion under bf16) or
-         * SwiGLU's second input decoded ([NK, F], larger than the experts' weights where few
-         * experts meet many tokens: L0_sanity's 4 x 384 x 1536 against 32768 x 1536,
-         * gpu.memory_estimate, 2026-12-05); its first input decodes into A, writers stage in
-         * A or C. */
+         * activation or gradient [rows, W] (either way), slot C the wgrad's x [rows, W] or a
+         * product's MXFP8 output staged in bf16 before its encoding, slot B the weight
+         * [E, F, C] (its fp32 master, quantized at each call; lm_head's [V, C] conversion
+         * under bf16). RMSNorm and permute stage their MXFP8 outputs in A; SwiGLU reads and
+         * writes MXFP8 in one pass, with no scratch. */
         int64_t NK = N * d->K, W = MAX2(MAX2(d->C, d->F), HD);
         int64_t rows = 2 * MAX2(NK, N) * W;
         sa = MAX2(sa, rows);
-        sb = MAX2(MAX2(2 * V * C, 2 * NK * d->F), 2 * MAX2(d->E * C * d->F, C * HD));
+        sb = MAX2(2 * V * C, 2 * MAX2(d->E * C * d->F, C * HD));
         sc = MAX2(sc, rows);
     }
 #undef MAX2
