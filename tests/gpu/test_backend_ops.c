@@ -1626,6 +1626,29 @@ static const pcase k_perf[] = {
     {"matmul bf16 N16384 I2048 O256 (lm_head)", MOE_OP_MATMUL, 0, {16384, 2048, 256}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048}},
+    /* issue 12's comparison with torch._grouped_mm (bench/grouped_gpu.sh runs both): the two
+     * presets' forward products, w1 and w3 as one gate-up product as torch's comparison fuses
+     * them, then the down product; s[5] 1: the uneven counts of k_uneven */
+    {"grouped bf16 E8 M16384 I4096 O28672", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 28672, 2048}},
+    {"grouped bf16 E8 M16384 I4096 O28672 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     0,
+     {8, 4096, 28672, 2048, 0, 1}},
+    {"grouped bf16 E8 M16384 I14336 O4096", MOE_OP_GROUPED_MATMUL, 0, {8, 14336, 4096, 2048}},
+    {"grouped bf16 E8 M16384 I14336 O4096 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     0,
+     {8, 14336, 4096, 2048, 0, 1}},
+    {"grouped bf16 E8 M32768 I2048 O8192", MOE_OP_GROUPED_MATMUL, 0, {8, 2048, 8192, 4096}},
+    {"grouped bf16 E8 M32768 I2048 O8192 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     0,
+     {8, 2048, 8192, 4096, 0, 1}},
+    {"grouped bf16 E8 M32768 I4096 O2048", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 2048, 4096}},
+    {"grouped bf16 E8 M32768 I4096 O2048 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     0,
+     {8, 4096, 2048, 4096, 0, 1}},
     /* s[4] 1: fp8-block, the weight's e4m3 copies (the forward and dgrad one grouped kernel on
      * Hopper, wgrad per expert) */
     {"grouped fp8 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048, 1}},
@@ -1661,6 +1684,22 @@ static const pcase k_perf[] = {
     {"quantize_weight E8 O14336 I4096", MOE_OP_QUANTIZE, 0, {8, 14336, 4096}},
 };
 enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
+
+/* The uneven expert counts of the grouped perf cases: expert e gets k_uneven[e] / 100 of the
+ * M rows, rounded down to a multiple of 16, the last expert the rest (a spread like the
+ * Dirichlet(2) draws of ../shared/anchors/anchors_turn2.py, fixed so that torch can be given
+ * the same counts: the case prints them). */
+static const int k_uneven[8] = {22, 6, 15, 9, 18, 3, 17, 10};
+
+/* offsets [E + 1] of M = E * per rows: even, or uneven as k_uneven (E = 8) */
+static void perf_offsets(int32_t *off, int64_t E, int64_t per, int uneven) {
+    const int64_t M = E * per;
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++)
+        off[e + 1] = (int32_t)(!uneven     ? (e + 1) * per
+                               : e + 1 < E ? off[e] + M * k_uneven[e] / 100 / 16 * 16
+                                           : M);
+}
 
 /* a device buffer of n random floats in [-1, 1] (a 1M-value block repeated) */
 static float *perf_buf(gctx *g, int64_t n) {
@@ -1708,9 +1747,12 @@ static void run_perf(gctx *g, const pcase *pc) {
         flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
         break;
     case MOE_OP_GROUPED_MATMUL:
+        if (s[5] && s[0] != (int64_t)(sizeof k_uneven / sizeof k_uneven[0])) {
+            fprintf(stderr, "perf: uneven counts are defined for 8 experts\n");
+            exit(1);
+        }
         off = xmalloc(I32(s[0] + 1));
-        for (int64_t i = 0; i <= s[0]; i++)
-            off[i] = (int32_t)(i * s[3]);
+        perf_offsets(off, s[0], s[3], (int)s[5]);
         M = off[s[0]];
         a = perf_buf(g, M * s[1]), b = perf_buf(g, s[0] * s[2] * s[1]), c = perf_buf(g, M * s[2]);
         if (pc->dir) d = perf_buf(g, M * s[1]), e = perf_buf(g, s[0] * s[2] * s[1]);
@@ -1922,6 +1964,12 @@ static void run_perf(gctx *g, const pcase *pc) {
     else
         printf("  %-44s %-3s %9.3f ms  %8.1f GB/s\n", pc->name, pc->dir ? "bwd" : "fwd", med * 1e3,
                bytes / med * 1e-9);
+    if (pc->op == MOE_OP_GROUPED_MATMUL) { /* the counts, for a peer given the same ones */
+        printf("    counts");
+        for (int64_t x = 0; x < s[0]; x++)
+            printf("%c%d", x ? ',' : ' ', off[x + 1] - off[x]);
+        printf("\n");
+    }
     fflush(stdout);
     for (int i = 0; i < g->nbufs; i++)
         be->free(be, g->bufs[i].base);
