@@ -440,12 +440,12 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
 /* sm90/grouped_fp8.cu (MOE_HAVE_SM90A): the grouped block-scaled fp8 product, one launch
  * over all experts: y[r] (+)= dequant(xq[r]) dequant(wq_e)^T for the rows r of expert e.
  * supported: 1 on a compute capability 9.0 device for 2 <= E <= 128 and a 16-byte aligned
- * weight copy and scales (the quantized activations are scratch, always aligned). y [M, N] dev,
- * BF16 (written; beta must be 0) or F32 (beta 0 writes, 1 adds); xq [M, K] e4m3 with sx [ceil(K /
- * 128), lds] (moe_cuda_fp8_rows with ls = lds, a multiple of 4); wq [E, N, K] e4m3 with sw [E,
- * moe_fp8_tile_scales(N, K)] (a quantize_weight copy); offsets [E + 1] HOST; K and N multiples
- * of 16. 0 after a recorded error. */
-int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *wq,
+ * output, weight copy and scales (the quantized activations are scratch, always aligned). y [M, N]
+ * dev, BF16 (written; beta must be 0) or F32 (beta 0 writes, 1 adds); xq [M, K] e4m3 with sx
+ * [ceil(K / 128), lds] (moe_cuda_fp8_rows with ls = lds, a multiple of 4); wq [E, N, K] e4m3 with
+ * sw [E, moe_fp8_tile_scales(N, K)] (a quantize_weight copy); offsets [E + 1] HOST; K and N
+ * multiples of 16. 0 after a recorded error. */
+int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
                                    const float *sw);
 int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const uint8_t *xq /* [M, K] */, const float *sx /* [KB, lds] */,

@@ -580,7 +580,7 @@ static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M,
     const int64_t M = offsets[E], KB = (K + 127) / 128;
     fp8_operand ao;
 #if MOE_HAVE_SM90A
-    if (moe_cuda_grouped_fp8_supported(c, E, wq, ws)) {
+    if (moe_cuda_grouped_fp8_supported(c, E, y.p, wq, ws)) {
         const int64_t lds = (M + 3) / 4 * 4;
         return fp8_scratch(c, MOE_CUDA_SCRATCH_A, M * K, KB * lds, &ao, op) &&
                moe_cuda_fp8_rows(c, ao.q, ao.s, a, M, K, lds, pow2, op) &&

@@ -127,6 +127,68 @@ __device__ __forceinline__ void gg_store(bf16 *y, const float (&acc)[16][4], int
     }
 }
 
+/* gg_store through shared memory, for bf16 (written) and fp32 (written, or added with beta 1)
+ * outputs: st is this warpgroup's buffer (GG_ST_WG bytes, 16-byte aligned) and bar its named
+ * barrier (128 threads). The block goes out in passes of 128 bytes of each row (64 bf16 or 32
+ * fp32 columns): written into st in the accumulator's layout (a row every P bytes, P chosen so
+ * that a warp's stores meet every bank once: 4-byte stores of 8 rows at 144, 8-byte stores of 4
+ * rows a half-warp at 160), then read back 16 bytes a thread and stored as whole 128-byte row
+ * segments, 8 threads a row, where gg_store's 4- or 8-byte stores touch 8 rows an instruction.
+ * y 16-byte aligned, N a multiple of 8; rows from rend and columns from N are left alone. */
+#define GG_ST_WG (64 * 160)
+template <typename T>
+__device__ __forceinline__ void gg_store_staged(T *y, const float (&acc)[16][4], int r, int rend,
+                                                int c, int N, int beta, uint32_t st, int bar) {
+    constexpr int B2 = sizeof(T) == 2, P = B2 ? 144 : 160, CP = 128 / sizeof(T), NT = CP / 8;
+    const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
+    const uint32_t w0 = st + (warp * 16 + (lane >> 2)) * P + 2 * sizeof(T) * (lane & 3);
+#pragma unroll
+    for (int pass = 0; pass < 128 / CP; pass++) {
+        /* the reads of the last pass (or the last tile's) are done */
+        asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+            const float *a = acc[NT * pass + j];
+            const uint32_t w = w0 + 16 * (2 - B2) * j; /* 16 or 32 bytes an 8-column block */
+            if constexpr (B2) {
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(w), "r"(pack_bf16(a[0], a[1]))
+                             : "memory");
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(w + 8 * P),
+                             "r"(pack_bf16(a[2], a[3]))
+                             : "memory");
+            } else {
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(w), "f"(a[0]), "f"(a[1])
+                             : "memory");
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(w + 8 * P), "f"(a[2]),
+                             "f"(a[3])
+                             : "memory");
+            }
+        }
+        asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int q = t + 128 * i, row = q >> 3, ch = q & 7;
+            const int col = c + CP * pass + ch * (CP / 8);
+            uint4 v;
+            asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "r"(st + row * P + 16 * ch)
+                         : "memory");
+            if (r + row >= rend || col >= N) continue;
+            uint4 *p = reinterpret_cast<uint4 *>(y + (int64_t)(r + row) * N + col);
+            if constexpr (!B2)
+                if (beta) {
+                    const float4 o = *reinterpret_cast<const float4 *>(p);
+                    v.x = __float_as_uint(__uint_as_float(v.x) + o.x);
+                    v.y = __float_as_uint(__uint_as_float(v.y) + o.y);
+                    v.z = __float_as_uint(__uint_as_float(v.z) + o.z);
+                    v.w = __float_as_uint(__uint_as_float(v.w) + o.w);
+                }
+            *p = v;
+        }
+    }
+}
+
 /* The fp32 epilogue (the backward's): as gg_store into y [rows, N] as float2, written (beta
  * 0) or added (beta 1: every load of the block is issued before its first store). */
 __device__ __forceinline__ void gg_store(float *y, float (&acc)[16][4], int r, int rend, int c,

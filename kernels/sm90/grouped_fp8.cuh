@@ -34,14 +34,15 @@
  *   temporary p [64 x 128], commit; under the first batch the stage's scales are read into
  *   registers; wait for the batch, then acc_h += (sx[row] sw[h]) p. The stage is released
  *   after its last batch. While one warpgroup promotes, the other's batch runs.
- *   Epilogue: gg_store from the registers (rows past the expert's end and columns past N
- *   left alone).
+ *   Epilogue: gg_store_staged, each warpgroup's block through its own shared buffer
+ *   (GG_ST_WG bytes after the ring) and out as whole 128-byte row segments (rows past the
+ *   expert's end and columns past N left alone): the w1 forward with uneven counts 993 ->
+ *   1,086 TFLOP/s, the step -1 ms against gg_store's 4-byte stores from the registers (H200,
+ *   2026-12-05, docs/performance-gpu.md).
  * Measured on an H200 (2026-12-04, the playground): bit-identical to cuBLASLt's block-scaled
  * product per expert, 998-1,223 TFLOP/s on the mixtral expert shapes (docs/performance-gpu.md). */
 #ifndef MOE_KERNELS_SM90_GROUPED_FP8_CUH
 #define MOE_KERNELS_SM90_GROUPED_FP8_CUH
-
-#include <type_traits>
 
 #include "grouped.cuh"
 
@@ -56,7 +57,8 @@
  * kb & ~3) for each 128 columns; 640 keeps every stage's box on 128 bytes */
 #define GF_SC_BYTES 640
 #define GF_NS(NH) ((192 << 10) / (GF_A_BYTES + GF_B_BYTES(NH)))
-#define GF_SMEM(NH) (GF_NS(NH) * (GF_A_BYTES + GF_B_BYTES(NH) + GF_SC_BYTES + 16) + 1024)
+#define GF_SMEM(NH)                                                                                \
+    (GF_NS(NH) * (GF_A_BYTES + GF_B_BYTES(NH) + GF_SC_BYTES + 16) + 1024 + 2 * GG_ST_WG + 16)
 /* two consumer warpgroups and a producer warpgroup (one thread loads): a whole producer
  * warpgroup, so that setmaxnreg can hand its registers to the consumers (at 288 threads ptxas
  * caps a thread at 168, below NH 2's 128 + 64 accumulators and what the loop needs) */
@@ -110,6 +112,7 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     __shared__ int s_off[GG_MAXE + 1], s_pref[GG_MAXE + 1];
     const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + NS * GF_A_BYTES;
     const uint32_t sS = sB + NS * B_BYTES, bfull = sS + NS * GF_SC_BYTES, bempty = bfull + 8 * NS;
+    const uint32_t sT = (bempty + 8 * NS + 15) & ~15u; /* the staged epilogue's 2 buffers */
     const int KB = (K + GF_BK - 1) / GF_BK;
     if (threadIdx.x == 0) {
         gg_list(off.o, E, N, GF_BM, BN, s_off, s_pref);
@@ -189,10 +192,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
         }
 #pragma unroll
         for (int h = 0; h < NH; h++)
-            if constexpr (std::is_same<TO, float>::value)
-                gg_store(y, acc[h], tl.r0 + wg * 64, tl.rend, tl.n0 + 128 * h, N, beta);
-            else /* bf16 outputs are written */
-                gg_store(y, acc[h], tl.r0 + wg * 64, tl.rend, tl.n0 + 128 * h, N);
+            gg_store_staged(y, acc[h], tl.r0 + wg * 64, tl.rend, tl.n0 + 128 * h, N, beta,
+                            sT + wg * GG_ST_WG, 3 + wg);
     }
 }
 
