@@ -7,7 +7,9 @@
 #   bench/train_gpu.sh [BUILD_DIR]          (default build-gpu; run from the checkout root)
 #
 # Environment: STEPS (timed unprofiled steps, default 5), PROF_STEPS (profiled steps, 2),
-# PRESETS (default "mixtral8x7b-2L og2-8x1b"), HF_IMPLS (experts implementations for the
+# PRESETS (default "mixtral8x7b-2L og2-8x1b"), RECIPES (precision recipes, default bf16; e.g.
+# "bf16 fp8-block mxfp8" adds each recipe's ratio to our bf16: issue 14's table; MOMENTS is
+# passed through to bench_train_gpu), HF_IMPLS (experts implementations for the
 # baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
 # .anchors/hf_moe_baseline.py, else ../shared/anchors/hf_moe_baseline.py; the baseline is
 # skipped with a message when neither exists or python3 has no torch).
@@ -18,6 +20,7 @@ build=${1:-build-gpu}
 steps=${STEPS:-5}
 prof_steps=${PROF_STEPS:-2}
 presets=${PRESETS:-"mixtral8x7b-2L og2-8x1b"}
+recipes=${RECIPES:-bf16}
 hf_impls=${HF_IMPLS:-grouped_mm}
 hf=${HF_SCRIPT:-}
 if [ -z "$hf" ]; then
@@ -38,12 +41,14 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
     echo "(nvidia-smi not available)"
 rc=0
 for p in $presets; do
-    echo
-    echo "== bench_train_gpu $p $steps $prof_steps"
-    "$bin" "$p" "$steps" "$prof_steps" | tee "$tmp/ours-$p.log"
-    st=${PIPESTATUS[0]}
-    [ "$st" -eq 77 ] && { echo "train_gpu.sh: no CUDA device, nothing measured"; exit 77; }
-    [ "$st" -ne 0 ] && { echo "train_gpu.sh: bench_train_gpu $p failed (exit $st)"; rc=1; }
+    for r in $recipes; do
+        echo
+        echo "== RECIPE=$r bench_train_gpu $p $steps $prof_steps"
+        RECIPE=$r "$bin" "$p" "$steps" "$prof_steps" | tee "$tmp/ours-$p-$r.log"
+        st=${PIPESTATUS[0]}
+        [ "$st" -eq 77 ] && { echo "train_gpu.sh: no CUDA device, nothing measured"; exit 77; }
+        [ "$st" -ne 0 ] && { echo "train_gpu.sh: bench_train_gpu $p ($r) failed (exit $st)"; rc=1; }
+    done
 done
 
 echo
@@ -58,18 +63,19 @@ fi
 
 echo
 echo "== summary (same call, same GPU)"
-python3 - "$tmp" $presets <<'PY'
+python3 - "$tmp" "$recipes" $presets <<'PY'
 import json, os, re, sys
-tmp, presets = sys.argv[1], sys.argv[2:]
-ours, prof, hf = {}, {}, {}
+tmp, recipes, presets = sys.argv[1], sys.argv[2].split(), sys.argv[3:]
+ours, prof, hf = {}, {}, {}  # keyed by (preset, recipe)
 for p in presets:
-    f = os.path.join(tmp, f"ours-{p}.log")
-    if not os.path.exists(f):
-        continue
-    for line in open(f):
-        if line.startswith("RESULT ") or line.startswith("PROF "):
-            kv = dict(t.split("=", 1) for t in line.split()[1:])
-            (ours if line.startswith("RESULT") else prof)[p] = kv
+    for rc in recipes:
+        f = os.path.join(tmp, f"ours-{p}-{rc}.log")
+        if not os.path.exists(f):
+            continue
+        for line in open(f):
+            if line.startswith("RESULT ") or line.startswith("PROF "):
+                kv = dict(t.split("=", 1) for t in line.split()[1:])
+                (ours if line.startswith("RESULT") else prof)[(p, rc)] = kv
 hl = os.path.join(tmp, "hf.log")
 if os.path.exists(hl):
     for line in open(hl):
@@ -80,34 +86,38 @@ if os.path.exists(hl):
                 continue
             if "tokens_per_s" in r:
                 hf.setdefault(r["config"], []).append(r)
-print("| preset | tokens/step | ours tokens/s | ours TFLOP/s | ours MFU | ours peak GiB | HF impl | HF tokens/s | HF TFLOP/s | HF peak GiB | ours/HF |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| preset | recipe | tokens/step | ours tokens/s | / our bf16 | ours TFLOP/s | ours MFU | ours peak GiB | activations GiB | HF impl | HF tokens/s | HF TFLOP/s | HF peak GiB | ours/HF |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in presets:
-    o = ours.get(p)
-    if not o:
-        print(f"| {p} | failed | | | | | | | | | |")
-        continue
-    rows = hf.get(p) or [None]
-    for r in rows:
-        tail = "| - | - | - | - | - |" if r is None else (
-            f"| {r['impl']} | {r['tokens_per_s']:,} | {r['model_tflops']} | {r['peak_mem_GiB']} | "
-            f"{float(o['tokens_per_s']) / r['tokens_per_s']:.2f}x |")
-        print(f"| {p} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | "
-              f"{o['model_tflops']} | {o['mfu_pct']}% | {o['peak_gib']} " + tail)
+    base = ours.get((p, "bf16"))
+    for rc in recipes:
+        o = ours.get((p, rc))
+        if not o:
+            print(f"| {p} | {rc} | failed | | | | | | | | | | | |")
+            continue
+        vs = f"{float(o['tokens_per_s']) / float(base['tokens_per_s']):.2f}x" if base else "-"
+        rows = hf.get(p) or [None]
+        for r in rows:
+            tail = "| - | - | - | - | - |" if r is None else (
+                f"| {r['impl']} | {r['tokens_per_s']:,} | {r['model_tflops']} | {r['peak_mem_GiB']} | "
+                f"{float(o['tokens_per_s']) / r['tokens_per_s']:.2f}x |")
+            print(f"| {p} | {rc} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | {vs} | "
+                  f"{o['model_tflops']} | {o['mfu_pct']}% | {o['peak_gib']} | {o.get('act_gib', '-')} " + tail)
 if prof:
     names = ["attention", "expert GEMMs", "dense GEMMs", "other ops", "memory"]
     print()
-    print("| preset | profiled step ms | " + " | ".join(names) + " | host |")
-    print("|---|---|" + "---|" * (len(names) + 1))
+    print("| preset | recipe | profiled step ms | " + " | ".join(names) + " | host |")
+    print("|---|---|---|" + "---|" * (len(names) + 1))
     for p in presets:
-        k = prof.get(p)
-        if not k:
-            continue
-        step = float(k["profiled_step_ms"])
-        ms = [float(k[f"kind{i}_ms"]) for i in range(len(names))]
-        cells = [f"{v:.1f} ({100 * v / step:.0f}%)" for v in ms]
-        host = step - sum(ms)
-        print(f"| {p} | {step:.1f} | " + " | ".join(cells) + f" | {host:.1f} ({100 * host / step:.0f}%) |")
+        for rc in recipes:
+            k = prof.get((p, rc))
+            if not k:
+                continue
+            step = float(k["profiled_step_ms"])
+            ms = [float(k[f"kind{i}_ms"]) for i in range(len(names))]
+            cells = [f"{v:.1f} ({100 * v / step:.0f}%)" for v in ms]
+            host = step - sum(ms)
+            print(f"| {p} | {rc} | {step:.1f} | " + " | ".join(cells) + f" | {host:.1f} ({100 * host / step:.0f}%) |")
     print("\n(profiled steps synchronise the GPU around every op; throughput above is unprofiled)")
 PY
 exit $rc
