@@ -1057,6 +1057,11 @@ static void run_wgrad(const char *name, const std::vector<int> &counts, int O, i
             unsigned long long b1[2];
             n1 = vs_all(w1, w0, b1);
             ok = ok && n1 <= GF_TOL && b1[0] == 0;
+            /* w0 back to cuBLASLt's beta-0 product, the next form's reference (without this
+             * the 128 x 256 form was compared with the beta-1 sums: its "failure" on the
+             * small case, 2026-12-05, was this harness's, not the kernel's) */
+            CK(cudaMemset(w0, 0xff, nw * sizeof(float)));
+            lt_all(0.0f);
         }
         printf("    grouped fp8 wgrad, 128 x %d tiles, %d stages: check %s (worst expert nmse: "
                "host %.2e, cuBLASLt %.2e, beta 1 %.2e; %llu non-finite, %llu expected)",
