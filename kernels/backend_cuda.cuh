@@ -192,25 +192,52 @@ __device__ __forceinline__ uint32_t moe_e4m3_scaled(float x, float inv) {
     return (uint32_t)__nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3) |
            moe_e4m3_neg_nan(x);
 }
-/* Encoding such a block of values v (their bf16 roundings, as an op stores an MXFP8 output)
- * by the ceil rule, the bytes of moe_mxfp8_encode_block: returns the lane's 4 e4m3 bytes and
- * sets *code to the block's e8m0 scale. Every lane of the warp calls it together (the
- * block's amax crosses its 8 lanes by shuffles, which also order every lane's reads of the
- * block before any write: an in-place update is safe). */
-__device__ __forceinline__ uint32_t moe_mx_encode4(const float v[4], uint8_t *code) {
+/* The amax of such a block over its finite values, from the lane's 4 values v: every lane of
+ * the warp calls it together (the shuffles cross the block's 8 lanes, and order every lane's
+ * reads of the block before any write: an in-place update is safe). */
+__device__ __forceinline__ float moe_mx_amax4(const float v[4]) {
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < 4; j++)
         amax = fmaxf(amax, moe_finite_abs(v[j]));
     for (int o = 1; o < 8; o <<= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float scale = moe_mx_block_scale(amax, 0), inv = 1.0f / scale;
+    return amax;
+}
+/* Encoding such a block of values v (their bf16 roundings, as an op stores an MXFP8 output)
+ * by the ceil rule, the bytes of moe_mxfp8_encode_block: returns the lane's 4 e4m3 bytes and
+ * sets *code to the block's e8m0 scale. Every lane of the warp calls it together
+ * (moe_mx_amax4). */
+__device__ __forceinline__ uint32_t moe_mx_encode4(const float v[4], uint8_t *code) {
+    const float scale = moe_mx_block_scale(moe_mx_amax4(v), 0), inv = 1.0f / scale;
     *code = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
     uint32_t q = 0;
 #pragma unroll
     for (int j = 0; j < 4; j++)
         q |= moe_e4m3_scaled(v[j], inv) << 8 * j;
     return q;
+}
+/* The lane's 4 values of an MXFP8 array q [n] (scales mx [n / 32]) from element i (a multiple
+ * of 4), and the store of its 4 encoded bytes w with the block's scale code (by the block's
+ * first lane). */
+__device__ __forceinline__ void moe_mx_load4(const uint8_t *q, const uint8_t *mx, int64_t i,
+                                             float v[4]) {
+    moe_mx_decode4(*reinterpret_cast<const uint32_t *>(q + i), mx[i / 32], v);
+}
+__device__ __forceinline__ void moe_mx_store4(uint8_t *q, uint8_t *mx, int64_t i, uint32_t w,
+                                              uint8_t code) {
+    *reinterpret_cast<uint32_t *>(q + i) = w;
+    if ((threadIdx.x & 7) == 0) mx[i / 32] = code;
+}
+/* The walk of the kernels that take MXFP8 blocks 4 values a lane: a warp takes 128 elements
+ * (4 blocks of 32) of [0, n) at a time, grid-stride, and f(i) runs with i the lane's first
+ * element. The walk is warp-uniform: lanes past n (i >= n) still call f, so that every lane
+ * takes part in a block's shuffles (moe_mx_amax4). */
+template <typename F> __device__ __forceinline__ void moe_mx_walk(int64_t n, F f) {
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
+    for (int64_t base = (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * 128;
+         base < n; base += warps * 128)
+        f(base + (threadIdx.x & 31) * 4);
 }
 /* Loads and stores of the two element types of typed operands (moe_cbuf / moe_buf), so that
  * one kernel template serves both: fp32 values, bf16 rounded to nearest even on store. */

@@ -453,42 +453,25 @@ __global__ void k_swiglu_bwd(TG *da, TG *db, const TD *__restrict__ dout, const 
 }
 
 /* The mxfp8 recipe's SwiGLU in one pass: MXFP8 a, b [n] (h1, h3) read and MXFP8 outputs
- * written directly, 4 values a lane and a warp 4 blocks of 32 at a time (moe_mx_decode4,
- * moe_mx_encode4), each output the encoding of its bf16 rounding: the values of decoding,
- * running the kernels above into bf16 and encoding, in one pass instead of four. Loops are
- * warp-uniform (every lane takes part in the encodings' shuffles). */
-#define SWIGLU_MX_WARP 128 /* elements a warp takes at a time: 4 blocks of 32 */
-
-__device__ __forceinline__ void swiglu_mx_load(const uint8_t *q, const uint8_t *mx, int64_t i,
-                                               float v[4]) {
-    moe_mx_decode4(*reinterpret_cast<const uint32_t *>(q + i), mx[i / 32], v);
-}
-__device__ __forceinline__ void swiglu_mx_store(uint8_t *q, uint8_t *mx, int64_t i, uint32_t w,
-                                                uint8_t code) {
-    *reinterpret_cast<uint32_t *>(q + i) = w;
-    if ((threadIdx.x & 7) == 0) mx[i / 32] = code;
-}
-
+ * written directly, 4 values a lane and a warp 4 blocks of 32 at a time (moe_mx_walk,
+ * moe_mx_load4, moe_mx_encode4), each output the encoding of its bf16 rounding: the values of
+ * decoding, running the kernels above into bf16 and encoding, in one pass instead of four. */
 __global__ void k_swiglu_fwd_mx(uint8_t *oq, uint8_t *omx, const uint8_t *aq, const uint8_t *amx,
                                 const uint8_t *bq, const uint8_t *bmx, int64_t n) {
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t base =
-             (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * SWIGLU_MX_WARP;
-         base < n; base += warps * SWIGLU_MX_WARP) {
-        const int64_t i = base + (threadIdx.x & 31) * 4;
+    moe_mx_walk(n, [&](int64_t i) {
         float o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (i < n) {
             float av[4], bv[4];
-            swiglu_mx_load(aq, amx, i, av);
-            swiglu_mx_load(bq, bmx, i, bv);
+            moe_mx_load4(aq, amx, i, av);
+            moe_mx_load4(bq, bmx, i, bv);
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 o[j] = moe_dev_round_bf16(swiglu_val(av[j], bv[j]));
         }
         uint8_t code;
         const uint32_t w = moe_mx_encode4(o, &code);
-        if (i < n) swiglu_mx_store(oq, omx, i, w, code);
-    }
+        if (i < n) moe_mx_store4(oq, omx, i, w, code);
+    });
 }
 
 /* da, db may be a, b (in place: a block's reads come before its writes, moe_mx_encode4) */
@@ -496,16 +479,12 @@ template <typename TD>
 __global__ void k_swiglu_bwd_mx(uint8_t *daq, uint8_t *damx, uint8_t *dbq, uint8_t *dbmx,
                                 const TD *__restrict__ dout, const uint8_t *aq, const uint8_t *amx,
                                 const uint8_t *bq, const uint8_t *bmx, int64_t n) {
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t base =
-             (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * SWIGLU_MX_WARP;
-         base < n; base += warps * SWIGLU_MX_WARP) {
-        const int64_t i = base + (threadIdx.x & 31) * 4;
+    moe_mx_walk(n, [&](int64_t i) {
         float dav[4] = {0.0f, 0.0f, 0.0f, 0.0f}, dbv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (i < n) {
             float av[4], bv[4], g[4];
-            swiglu_mx_load(aq, amx, i, av);
-            swiglu_mx_load(bq, bmx, i, bv);
+            moe_mx_load4(aq, amx, i, av);
+            moe_mx_load4(bq, bmx, i, bv);
             moe_ldv<4>(dout, i, g);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -515,8 +494,8 @@ __global__ void k_swiglu_bwd_mx(uint8_t *daq, uint8_t *damx, uint8_t *dbq, uint8
         }
         uint8_t ca, cb;
         const uint32_t wa = moe_mx_encode4(dav, &ca), wb = moe_mx_encode4(dbv, &cb);
-        if (i < n) swiglu_mx_store(daq, damx, i, wa, ca), swiglu_mx_store(dbq, dbmx, i, wb, cb);
-    }
+        if (i < n) moe_mx_store4(daq, damx, i, wa, ca), moe_mx_store4(dbq, dbmx, i, wb, cb);
+    });
 }
 
 /* 1 when every operand is MXFP8 at a 4-byte boundary and n % 32 == 0: the one-pass kernels

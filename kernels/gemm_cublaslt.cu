@@ -766,7 +766,6 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dxb.dt, op)) return;
-    float *dx = (float *)dxb.p;
     for (int64_t e = 0; dw && e < E; e++) /* the experts with no rows */
         if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
             return;
@@ -779,14 +778,14 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
                            moe_dtype_name(dxb.dt));
             return;
         }
-        fp8_grouped_backward(c, op, dx, dw, dy, x, w, offsets, E, I, O,
+        fp8_grouped_backward(c, op, (float *)dxb.p, dw, dy, x, w, offsets, E, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);
         return;
     }
     cudaDataType dt = operand_type(prec), ct = output_type(dxb.dt);
     size_t es = esize(dt), cs = esize(ct);
     const char *dya = NULL;
-    if (dx) { /* dx (+)= dy W_e: dy along its rows, each W_e along its columns (over O) */
+    if (dxb.p) { /* dx (+)= dy W_e: dy along its rows, each W_e along its columns (over O) */
         dya = (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, dy, M, O, 0, prec, op);
         const char *wa =
             dya ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, O, prec, op)
@@ -796,7 +795,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
             int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
             if (n > 0 && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
                                   wa + (size_t)(e * O * I) * es, dt, bx,
-                                  (char *)dx + (size_t)(r0 * I) * cs, ct, GEMM_VARY_M))
+                                  (char *)dxb.p + (size_t)(r0 * I) * cs, ct, GEMM_VARY_M))
                 return;
         }
     }

@@ -69,28 +69,22 @@ __global__ void k_mx_fake_rows(__nv_bfloat16 *__restrict__ dst, L x, int64_t R, 
 }
 
 /* The same for K % 32 == 0, where the blocks of 32 are consecutive in memory: a warp 4 blocks
- * at a time, 4 values a lane (8 lanes a block), dst [n] bf16 for x [n]. */
+ * at a time, 4 values a lane (moe_mx_walk), dst [n] bf16 for x [n]. */
 template <typename L>
 __global__ void k_mx_fake_flat(__nv_bfloat16 *__restrict__ dst, L x, int64_t n, int floor_rule) {
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    for (int64_t base = (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * 4 * MX;
-         base < n; base += warps * 4 * MX) { /* warp-uniform: every lane shuffles */
-        const int64_t i = base + (threadIdx.x & 31) * 4;
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}, amax = 0.0f;
-        if (i < n) {
+    moe_mx_walk(n, [&](int64_t i) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i < n)
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                v[j] = x(i + j), amax = fmaxf(amax, moe_finite_abs(v[j]));
-        }
-        for (int o = 1; o < 8; o <<= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float scale = moe_mx_block_scale(amax, floor_rule), inv = 1.0f / scale;
-        if (i >= n) continue;
+                v[j] = x(i + j);
+        const float scale = moe_mx_block_scale(moe_mx_amax4(v), floor_rule), inv = 1.0f / scale;
+        if (i >= n) return;
 #pragma unroll
         for (int j = 0; j < 4; j++)
             v[j] = mx_fake(v[j], scale, inv);
         moe_stv<4>(dst, i, v);
-    }
+    });
 }
 
 /* Blocks of 32 along the columns of x [R, K], starting afresh every `group` rows (a short
@@ -118,22 +112,16 @@ __global__ void k_mx_fake_cols(__nv_bfloat16 *__restrict__ dst, L x, int64_t R, 
 }
 
 /* MXFP8 encoding of src [n] (n % 32 == 0) with the ceil rule (moe_mxfp8_encode_block): a warp
- * 4 blocks at a time, 4 values a lane (moe_mx_encode4); q 4-byte aligned. */
+ * 4 blocks at a time, 4 values a lane (moe_mx_walk, moe_mx_encode4); q 4-byte aligned. */
 __global__ void k_mx_encode(uint8_t *__restrict__ q, uint8_t *__restrict__ mx,
                             const __nv_bfloat16 *__restrict__ src, int64_t n) {
-    const int64_t warps = (int64_t)gridDim.x * (blockDim.x / 32);
-    const int lane = threadIdx.x & 31;
-    for (int64_t base = (blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32) * 4 * MX;
-         base < n; base += warps * 4 * MX) { /* warp-uniform: every lane shuffles */
-        const int64_t i = base + lane * 4;
+    moe_mx_walk(n, [&](int64_t i) {
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (i < n) moe_ldv<4>(src, i, v);
         uint8_t code;
         const uint32_t w = moe_mx_encode4(v, &code);
-        if (i >= n) continue;
-        *reinterpret_cast<uint32_t *>(q + i) = w;
-        if (lane % 8 == 0) mx[i / MX] = code;
-    }
+        if (i < n) moe_mx_store4(q, mx, i, w, code);
+    });
 }
 
 /* ------------------------------------------------------------------------------------------ */
