@@ -113,10 +113,11 @@ int main(int argc, char **argv) {
     const char *rname = getenv("RECIPE");
     if (rname) {
         const moe_recipe known[] = {MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_MXFP8};
+        const size_t nk = sizeof known / sizeof known[0];
         size_t i = 0;
-        while (i < 3 && strcmp(rname, moe_recipe_name(known[i])) != 0)
+        while (i < nk && strcmp(rname, moe_recipe_name(known[i])) != 0)
             i++;
-        if (i == 3) {
+        if (i == nk) {
             fprintf(stderr, "bench_train_gpu: RECIPE=%s: expected bf16, fp8-block or mxfp8\n",
                     rname);
             return 2;
