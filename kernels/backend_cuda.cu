@@ -712,6 +712,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     if (ok)
         ok = moe_cuda_check(c, cudaMallocHost((void **)&c->host_red, sizeof(double)), "init",
                             "pinned host word");
+    if (ok) c->mx_native = moe_cuda_mx_probe(c);
     if (!ok) {
         if (err && err->status == MOE_OK) *err = c->err;
         moe_cuda_ctx_release(c);
@@ -721,6 +722,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->name = "cuda";
     be->ctx = c;
     be->bf16_native = 1;
+    be->mx_native = c->mx_native;
     be->supports = cu_supports;
     be->destroy = cu_destroy;
     be->memory = cu_memory;

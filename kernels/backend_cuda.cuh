@@ -51,6 +51,7 @@ typedef struct moe_cuda_ctx {
     double *host_red; /* pinned host word for sum_squares results */
     struct moe_gemm_cache *gemm_cache;
     void *tmap_encode; /* the driver's cuTensorMapEncodeTiled, looked up on first use */
+    int mx_native;     /* cuBLASLt multiplies MXFP8 here (sm_100+: moe_cuda_mx_probe) */
     /* memory accounting: live allocations of be->alloc (pointer, size), plus scratch and
      * workspace, for moe_backend_cuda_memory */
     void **alloc_ptr;
@@ -204,12 +205,13 @@ __device__ __forceinline__ float moe_mx_amax4(const float v[4]) {
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     return amax;
 }
-/* Encoding such a block of values v (their bf16 roundings, as an op stores an MXFP8 output)
- * by the ceil rule, the bytes of moe_mxfp8_encode_block: returns the lane's 4 e4m3 bytes and
- * sets *code to the block's e8m0 scale. Every lane of the warp calls it together
- * (moe_mx_amax4). */
-__device__ __forceinline__ uint32_t moe_mx_encode4(const float v[4], uint8_t *code) {
-    const float scale = moe_mx_block_scale(moe_mx_amax4(v), 0), inv = 1.0f / scale;
+/* Encoding such a block of values v (their bf16 roundings where an op stores an MXFP8 output,
+ * with the ceil rule, floor_rule 0) by the rule, the bytes of moe_mxfp8_encode_block: returns
+ * the lane's 4 e4m3 bytes and sets *code to the block's e8m0 scale. Every lane of the warp
+ * calls it together (moe_mx_amax4). */
+__device__ __forceinline__ uint32_t moe_mx_encode4(const float v[4], int floor_rule,
+                                                   uint8_t *code) {
+    const float scale = moe_mx_block_scale(moe_mx_amax4(v), floor_rule), inv = 1.0f / scale;
     *code = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
     uint32_t q = 0;
 #pragma unroll
@@ -354,6 +356,26 @@ int moe_cuda_mx_write(moe_cuda_ctx *c, moe_buf out, moe_buf staged, int64_t n, c
 int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_t R, int64_t K,
                          int64_t group, int floor_rule, const char *op);
 
+/* The native MXFP8 operands of mxfp8's products on MXFP8 tensor cores (cuBLASLt's
+ * VEC32_UE8M0, sm_100+; mxfp8.cu), the bytes of moe_mx_encode_tiled (moe/quant.h): grouped
+ * rows x [M, K] (offsets [E + 1] host; K a multiple of 32) quantized by floor_rule, each group
+ * its own tiles, the groups one after another in q and sc: along the rows, group e's q [n, K]
+ * and its scales moe_mx_tiled_bytes(n, K); with transpose, along the rows of each column, group
+ * e's qt [K, moe_mx_pad(n)] (zeros past n) and moe_mx_tiled_bytes(K, moe_mx_pad(n)) of scales.
+ * q and sc 16-byte aligned, sized by moe_mx_groups_of. 0 after a recorded error. */
+typedef struct moe_mx_groups {
+    int64_t q, sc; /* bytes */
+} moe_mx_groups;
+static inline moe_mx_groups moe_mx_group_bytes(int64_t n, int64_t K, int transpose) {
+    moe_mx_groups g;
+    g.q = transpose ? K * moe_mx_pad(n) : n * K;
+    g.sc = transpose ? moe_mx_tiled_bytes(K, moe_mx_pad(n)) : moe_mx_tiled_bytes(n, K);
+    return g;
+}
+moe_mx_groups moe_mx_groups_of(const int32_t *offsets, int64_t E, int64_t K, int transpose);
+int moe_cuda_mx_native(moe_cuda_ctx *c, uint8_t *q, uint8_t *sc, moe_cbuf x, const int32_t *offsets,
+                       int64_t E, int64_t K, int transpose, int floor_rule, const char *op);
+
 /* ---- fp8-block operands (quant_fp8.cu): e4m3 values q and fp32 scales s in cuBLASLt's
  * layouts (see there); the same bytes as moe/quant.h's CPU emulation ---- */
 
@@ -399,6 +421,9 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 
 /* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
 void moe_gemm_cache_free(moe_cuda_ctx *c);
+/* 1 when cuBLASLt offers an MXFP8 product (VEC32_UE8M0 scales) on this GPU (sm_100 and later;
+ * it refuses on sm_90), asked once at start-up without recording an error. */
+int moe_cuda_mx_probe(moe_cuda_ctx *c);
 
 void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                              int64_t I, int64_t O, moe_recipe prec);

@@ -469,7 +469,7 @@ __global__ void k_swiglu_fwd_mx(uint8_t *oq, uint8_t *omx, const uint8_t *aq, co
                 o[j] = moe_dev_round_bf16(swiglu_val(av[j], bv[j]));
         }
         uint8_t code;
-        const uint32_t w = moe_mx_encode4(o, &code);
+        const uint32_t w = moe_mx_encode4(o, 0, &code);
         if (i < n) moe_mx_store4(oq, omx, i, w, code);
     });
 }
@@ -493,7 +493,7 @@ __global__ void k_swiglu_bwd_mx(uint8_t *daq, uint8_t *damx, uint8_t *dbq, uint8
             }
         }
         uint8_t ca, cb;
-        const uint32_t wa = moe_mx_encode4(dav, &ca), wb = moe_mx_encode4(dbv, &cb);
+        const uint32_t wa = moe_mx_encode4(dav, 0, &ca), wb = moe_mx_encode4(dbv, 0, &cb);
         if (i < n) moe_mx_store4(daq, damx, i, wa, ca), moe_mx_store4(dbq, dbmx, i, wb, cb);
     });
 }

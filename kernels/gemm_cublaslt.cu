@@ -125,7 +125,7 @@ static const char *dtype_name(int dt) {
 /* The block-scale pointers of an fp8 product on desc (cuBLASLt's A is our B): set per call,
  * and before the heuristic query, which refuses block scaling without them. 0 after a
  * recorded error. */
-static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const float *as, const float *bs,
+static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const void *as, const void *bs,
                       const char *op, const moe_gemm_key *key) {
     return moe_cublas_check(c,
                             cublasLtMatmulDescSetAttribute(
@@ -157,8 +157,8 @@ static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K)
 
 /* Builds (or finds) the plan for key; NULL after recording an error. as/bs: an fp8 key's
  * scales of A and B (NULL otherwise). */
-static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const float *as,
-                               const float *bs, const char *op) {
+static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const void *as,
+                               const void *bs, const char *op) {
     if (!c->gemm_cache) {
         c->gemm_cache = (struct moe_gemm_cache *)calloc(1, sizeof *c->gemm_cache);
         if (!c->gemm_cache) {
@@ -353,19 +353,24 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
     return run_plan(c, op, p, &key, alpha, A, B, beta, C);
 }
 
+/* Scale modes of block-scaled operands: fp8-block's 1 x 128 blocks and 128 x 128 tiles of fp32
+ * scales (quant_fp8.cu's layouts), mxfp8's e8m0 per 32 in the 128 x 4 tiled layout
+ * (moe_mx_tiled_index). */
+#define SC_VEC128 CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+#define SC_TILES CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+#define SC_MX CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+
 /* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
- * their scales as quant_fp8.cu lays them out: 1 x 128 blocks, or 128 x 128 tiles where
- * *_tiles is set. C of ctype (fp32, or bf16 with beta = 0), accumulated in fp32. */
+ * their scales as and bs in the modes ma and mb (SC_*). C of ctype (fp32, or bf16 with
+ * beta = 0), accumulated in fp32. */
 static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K,
-                    const uint8_t *A, const float *as, int a_tiles, const uint8_t *B,
-                    const float *bs, int b_tiles, float beta, void *C, cudaDataType ctype,
-                    int vary) {
+                    const uint8_t *A, const void *as, cublasLtMatmulMatrixScale_t ma,
+                    const uint8_t *B, const void *bs, cublasLtMatmulMatrixScale_t mb, float beta,
+                    void *C, cudaDataType ctype, int vary) {
     if (M <= 0 || N <= 0 || K <= 0) return 1;
     moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype, vary);
-    key.scale_a = 1 + (a_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
-    key.scale_b = 1 + (b_tiles ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F);
+    key.scale_a = 1 + (int)ma;
+    key.scale_b = 1 + (int)mb;
     moe_gemm_key pk = plan_key(key);
     moe_gemm_plan *p = plan_get(c, &pk, as, bs, op);
     /* the scales are per call: set on the cached descriptor right before the product */
@@ -549,14 +554,14 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
     int64_t body = n - n % FP8_ROWS, tail = n - body;
     const float *s = a->s + fp8_group_scales(offsets, e, KB);
     size_t cs = esize(ct);
-    if (body > 0 &&
-        !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, 0, bq, bs, 1, beta, C, ct, GEMM_VARY_M))
+    if (body > 0 && !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, SC_VEC128, bq, bs, SC_TILES,
+                              beta, C, ct, GEMM_VARY_M))
         return 0;
     if (tail == 0) return 1;
     void *t = moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(FP8_ROWS * N) * cs, op);
     char *dst = (char *)C + (size_t)(body * N) * cs;
-    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB), 0,
-                        bq, bs, 1, 0.0f, t, ct, GEMM_EXACT))
+    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB),
+                        SC_VEC128, bq, bs, SC_TILES, 0.0f, t, ct, GEMM_EXACT))
         return 0;
     if (beta == 0.0f)
         return moe_cuda_check(
@@ -639,11 +644,162 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
         if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, pow2, op) ||
             !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, pow2, op) ||
-            !gemm_fp8(c, op, O, I, np, dq, ds, 0, xq, xs, 0, bw, dw + e * O * I, CUDA_R_32F,
-                      GEMM_VARY_K))
+            !gemm_fp8(c, op, O, I, np, dq, ds, SC_VEC128, xq, xs, SC_VEC128, bw, dw + e * O * I,
+                      CUDA_R_32F, GEMM_VARY_K))
             return;
         p0 += np;
     }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * mxfp8 on MXFP8 tensor cores (sm_100+, c->mx_native): each operand quantized as the
+ * emulation above quantizes it (the same blocks of 32, scales and e4m3 values, now kept as
+ * bytes: moe_cuda_mx_native) and multiplied by cuBLASLt's VEC32_UE8M0 products, so both forms
+ * multiply the same values and differ in the order of their fp32 sums. Each group's operand
+ * has its own scale tiles of 128 rows; the wgrad's tokens are padded to 128 with zeros
+ * (Transformer Engine's grouped MXFP8 product failed on counts not a multiple of 32: its issue
+ * #2966). Products with a dimension I or O not a multiple of 128 keep the bf16 form.
+ * NOT RUN: the GPUs this was written beside (H100, H200) are sm_90, where cuBLASLt refuses
+ * VEC32_UE8M0 (moe_cuda_mx_probe says so at start-up and these functions are never called);
+ * gpu.mx_native checks the operands' bytes there, and on an sm_100 GPU gpu.backend_ops's mxfp8
+ * cases would check these products against the CPU emulation. */
+
+static int use_native(const moe_cuda_ctx *c, moe_recipe prec, int64_t I, int64_t O) {
+    return is_mx(prec) && c->mx_native && I % 128 == 0 && O % 128 == 0;
+}
+
+int moe_cuda_mx_probe(moe_cuda_ctx *c) {
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    const cublasLtMatmulMatrixScale_t mode = SC_MX;
+    const void *sc = c->workspace; /* any device address: the query asks for the pointers */
+    const uint64_t ws = c->workspace_bytes;
+    cublasLtMatmulDesc_t desc = NULL;
+    cublasLtMatrixLayout_t lay[3] = {NULL, NULL, NULL};
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    memset(&res, 0, sizeof res);
+#define LT_OK(call) ((call) == CUBLAS_STATUS_SUCCESS)
+    int ok =
+        LT_OK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode,
+                                             sizeof mode)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode,
+                                             sizeof mode)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sc,
+                                             sizeof sc)) &&
+        LT_OK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sc,
+                                             sizeof sc));
+    for (int l = 0; l < 3 && ok; l++) /* 256 x 256 x 256, e4m3 in, bf16 out */
+        ok = LT_OK(cublasLtMatrixLayoutCreate(&lay[l], l == 2 ? CUDA_R_16BF : CUDA_R_8F_E4M3, 256,
+                                              256, 256));
+    ok = ok && LT_OK(cublasLtMatmulPreferenceCreate(&pref)) &&
+         LT_OK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws)) &&
+         LT_OK(cublasLtMatmulAlgoGetHeuristic(c->lt, desc, lay[0], lay[1], lay[2], lay[2], pref, 1,
+                                              &res, &found)) &&
+         found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+#undef LT_OK
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    for (int l = 0; l < 3; l++)
+        if (lay[l]) cublasLtMatrixLayoutDestroy(lay[l]);
+    if (desc) cublasLtMatmulDescDestroy(desc);
+    return ok;
+}
+
+/* A native MXFP8 operand: e4m3 bytes q and the e8m0 scales sc of its groups. */
+typedef struct mx_operand {
+    uint8_t *q, *sc;
+} mx_operand;
+
+/* x [M, K]'s native operand over groups offsets [E + 1] (moe_cuda_mx_native) in scratch slot
+ * `slot`: the bytes, then the scales at the next 256-byte boundary. 0 after a recorded error. */
+static int mx_native_operand(moe_cuda_ctx *c, int slot, mx_operand *o, moe_cbuf x,
+                             const int32_t *offsets, int64_t E, int64_t K, int transpose,
+                             moe_recipe prec, const char *op) {
+    const moe_mx_groups g = moe_mx_groups_of(offsets, E, K, transpose);
+    const int64_t qb = (g.q + 255) / 256 * 256;
+    uint8_t *p = (uint8_t *)moe_cuda_scratch(c, slot, (size_t)(qb + g.sc), op);
+    if (!p) return 0;
+    o->q = p, o->sc = p + qb;
+    return moe_cuda_mx_native(c, o->q, o->sc, x, offsets, E, K, transpose,
+                              prec == MOE_RECIPE_MXFP8_FLOOR, op);
+}
+
+/* y [M, O] = x [M, I] W_e^T per group, w [E, O, I]; y F32 or BF16, written by the products. */
+static int mx_native_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
+                             const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t I,
+                             int64_t O, moe_recipe prec) {
+    /* w as one group of E * O rows: O % 128 == 0, so expert e's tiles are whole, the e-th */
+    const int32_t wrows[2] = {0, (int32_t)(E * O)};
+    mx_operand xa, wa;
+    if (!mx_native_operand(c, MOE_CUDA_SCRATCH_A, &xa, x, offsets, E, I, 0, prec, op) ||
+        !mx_native_operand(c, MOE_CUDA_SCRATCH_B, &wa, w, wrows, 1, I, 0, prec, op))
+        return 0;
+    const cudaDataType ct = output_type(y.dt);
+    moe_mx_groups at = {0, 0};
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+        if (n > 0 && !gemm_fp8(c, op, n, O, I, xa.q + at.q, xa.sc + at.sc, SC_MX, wa.q + e * O * I,
+                               wa.sc + e * moe_mx_tiled_bytes(O, I), SC_MX, 0.0f,
+                               (char *)y.p + (size_t)(r0 * O) * esize(ct), ct, GEMM_VARY_M))
+            return 0;
+        const moe_mx_groups g = moe_mx_group_bytes(n, I, 0);
+        at.q += g.q, at.sc += g.sc;
+    }
+    return 1;
+}
+
+/* dx [M, I] (+)= dy W_e (dx.p NULL: none) and dw [E, O, I] (+)= dy^T x per group (NULL: none),
+ * betas bx, bw (1 adds, 0 writes); dy [M, O]. 0 after a recorded error. */
+static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float *dw, moe_cbuf dy,
+                              moe_cbuf x, moe_cbuf w, const int32_t *offsets /* [E + 1] host */,
+                              int64_t E, int64_t I, int64_t O, moe_recipe prec, float bx,
+                              float bw) {
+    if (dx.p) { /* dy along its rows, each W_e transposed along O: [I, O], no padding */
+        int32_t *wo = (int32_t *)malloc((size_t)(E + 1) * sizeof *wo);
+        for (int64_t e = 0; wo && e <= E; e++)
+            wo[e] = (int32_t)(e * O);
+        mx_operand da, wt;
+        const int ok =
+            wo ? mx_native_operand(c, MOE_CUDA_SCRATCH_A, &da, dy, offsets, E, O, 0, prec, op) &&
+                     mx_native_operand(c, MOE_CUDA_SCRATCH_B, &wt, w, wo, E, I, 1, prec, op)
+               : moe_cuda_check(c, cudaErrorMemoryAllocation, op,
+                                "%lld expert offsets (host memory)", (long long)E);
+        free(wo);
+        if (!ok) return 0;
+        const cudaDataType ct = output_type(dx.dt);
+        moe_mx_groups at = {0, 0};
+        for (int64_t e = 0; e < E; e++) {
+            const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+            if (n > 0 &&
+                !gemm_fp8(c, op, n, I, O, da.q + at.q, da.sc + at.sc, SC_MX, wt.q + e * I * O,
+                          wt.sc + e * moe_mx_tiled_bytes(I, O), SC_MX, bx,
+                          (char *)dx.p + (size_t)(r0 * I) * esize(ct), ct, GEMM_VARY_M))
+                return 0;
+            const moe_mx_groups g = moe_mx_group_bytes(n, O, 0);
+            at.q += g.q, at.sc += g.sc;
+        }
+    }
+    if (!dw) return 1;
+    /* dy and x transposed along each group's tokens, padded to 128 */
+    mx_operand dyt, xt;
+    if (!mx_native_operand(c, MOE_CUDA_SCRATCH_A, &dyt, dy, offsets, E, O, 1, prec, op) ||
+        !mx_native_operand(c, MOE_CUDA_SCRATCH_C, &xt, x, offsets, E, I, 1, prec, op))
+        return 0;
+    moe_mx_groups ad = {0, 0}, ax = {0, 0};
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = offsets[e + 1] - offsets[e];
+        if (n > 0 &&
+            !gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX, xt.q + ax.q,
+                      xt.sc + ax.sc, SC_MX, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
+            return 0;
+        const moe_mx_groups gd = moe_mx_group_bytes(n, O, 1), gx = moe_mx_group_bytes(n, I, 1);
+        ad.q += gd.q, ad.sc += gd.sc, ax.q += gx.q, ax.sc += gx.sc;
+    }
+    return 1;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -662,11 +818,17 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     }
     cudaDataType dt = operand_type(prec);
     moe_buf ys = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, y, N * O, op); /* an MXFP8 y in bf16 */
-    const void *xa = ys.p ? product_operand(c, MOE_CUDA_SCRATCH_A, x, N, I, 0, prec, op) : NULL;
-    const void *wa = xa ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, 0, prec, op) : NULL;
-    if (!wa) return;
+    if (!ys.p) return;
     cudaDataType ct = output_type(ys.dt); /* written by the GEMM */
-    if (!gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, ys.p, ct, GEMM_EXACT)) return;
+    if (use_native(c, prec, I, O)) {
+        const int32_t rows[2] = {0, (int32_t)N};
+        if (!mx_native_forward(c, op, ys, x, w, rows, 1, I, O, prec)) return;
+    } else {
+        const void *xa = product_operand(c, MOE_CUDA_SCRATCH_A, x, N, I, 0, prec, op);
+        const void *wa = xa ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, 0, prec, op) : NULL;
+        if (!wa || !gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, ys.p, ct, GEMM_EXACT))
+            return;
+    }
     if (prec != MOE_RECIPE_FP32 && ct == CUDA_R_32F &&
         !moe_cuda_round_bf16(c, (float *)ys.p, N * O, op))
         return;
@@ -698,8 +860,14 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
                              moe_grad_beta(dw_st));
         return;
     }
-    cudaDataType dt = operand_type(prec);
     const moe_cbuf dyb = moe_cbuf_f32(dy);
+    if (use_native(c, prec, I, O)) {
+        const int32_t rows[2] = {0, (int32_t)N};
+        mx_native_backward(c, op, moe_buf_f32(dx), dw, dyb, x, w, rows, 1, I, O, prec,
+                           moe_grad_beta(dx_st), moe_grad_beta(dw_st));
+        return;
+    }
+    cudaDataType dt = operand_type(prec);
     const void *dya = NULL;
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, 0, prec, op);
@@ -737,21 +905,25 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     }
     cudaDataType dt = operand_type(prec);
     moe_buf ys = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_C, y, M * O, op); /* an MXFP8 y in bf16 */
-    const char *xa =
-        ys.p ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, x, M, I, 0, prec, op) : NULL;
-    const char *wa =
-        xa ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, 0, prec, op) : NULL;
-    if (!wa) return;
+    if (!ys.p) return;
     /* a BF16 output is written by the GEMM itself (no rounding pass) */
     cudaDataType ct = output_type(ys.dt);
-    size_t es = esize(dt), cs = esize(ct);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n <= 0) continue;
-        if (!gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
-                     wa + (size_t)(e * O * I) * es, dt, 0.0f, (char *)ys.p + (size_t)(r0 * O) * cs,
-                     ct, GEMM_VARY_M))
-            return;
+    if (use_native(c, prec, I, O)) {
+        if (!mx_native_forward(c, op, ys, x, w, offsets, E, I, O, prec)) return;
+    } else {
+        const char *xa = (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, x, M, I, 0, prec, op);
+        const char *wa =
+            xa ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, 0, prec, op)
+               : NULL;
+        if (!wa) return;
+        size_t es = esize(dt), cs = esize(ct);
+        for (int64_t e = 0; e < E; e++) {
+            int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+            if (n > 0 && !gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
+                                  wa + (size_t)(e * O * I) * es, dt, 0.0f,
+                                  (char *)ys.p + (size_t)(r0 * O) * cs, ct, GEMM_VARY_M))
+                return;
+        }
     }
     if (prec != MOE_RECIPE_FP32 && ct == CUDA_R_32F &&
         !moe_cuda_round_bf16(c, (float *)ys.p, M * O, op))
@@ -780,6 +952,10 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
         }
         fp8_grouped_backward(c, op, (float *)dxb.p, dw, dy, x, w, offsets, E, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);
+        return;
+    }
+    if (use_native(c, prec, I, O)) {
+        mx_native_backward(c, op, dxb, dw, dy, x, w, offsets, E, I, O, prec, bx, bw);
         return;
     }
     cudaDataType dt = operand_type(prec), ct = output_type(dxb.dt);

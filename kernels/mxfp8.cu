@@ -19,6 +19,10 @@
  * of a block's amax, and NaN stays NaN. */
 #include "backend_cuda.cuh"
 
+extern "C" {
+#include "moe/backend_cuda.h"
+}
+
 #define MX 32 /* elements a block */
 
 /* Element i of an operand as fp32: the loaders of the three element types. */
@@ -119,7 +123,7 @@ __global__ void k_mx_encode(uint8_t *__restrict__ q, uint8_t *__restrict__ mx,
         float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (i < n) moe_ldv<4>(src, i, v);
         uint8_t code;
-        const uint32_t w = moe_mx_encode4(v, &code);
+        const uint32_t w = moe_mx_encode4(v, 0, &code);
         if (i < n) moe_mx_store4(q, mx, i, w, code);
     });
 }
@@ -165,21 +169,137 @@ static void mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, L x, int64_t R, int
                          0, c->stream>>>(dst, x, R, K, group, floor_rule);
 }
 
-int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_t R, int64_t K,
-                         int64_t group, int floor_rule, const char *op) {
-    if (R <= 0 || K <= 0) return 1;
+/* f(loader) with the loader of x [n] (MXFP8, BF16 or F32): 1, or 0 after recording the error of
+ * another type or of an MXFP8 x the kernels cannot read. */
+template <typename F>
+static int with_loader(moe_cuda_ctx *c, moe_cbuf x, int64_t n, const char *op, F f) {
     if (x.mx) {
-        if (!mx_ok(c, x.p, R * K, op)) return 0;
-        mx_quantize(c, dst, ld_mx{(const uint8_t *)x.p, x.mx}, R, K, group, floor_rule);
+        if (!mx_ok(c, x.p, n, op)) return 0;
+        f(ld_mx{(const uint8_t *)x.p, x.mx});
     } else if (x.dt == MOE_DTYPE_BF16) {
-        mx_quantize(c, dst, ld_bf16{(const __nv_bfloat16 *)x.p}, R, K, group, floor_rule);
+        f(ld_bf16{(const __nv_bfloat16 *)x.p});
     } else if (x.dt == MOE_DTYPE_F32) {
-        mx_quantize(c, dst, ld_f32{(const float *)x.p}, R, K, group, floor_rule);
+        f(ld_f32{(const float *)x.p});
     } else {
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
                               "an mxfp8 product operand of type %s (f32, bf16 or MXFP8 expected)",
                               moe_dtype_name(x.dt));
     }
+    return 1;
+}
+
+int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_t R, int64_t K,
+                         int64_t group, int floor_rule, const char *op) {
+    if (R <= 0 || K <= 0) return 1;
+    if (!with_loader(c, x, R * K, op,
+                     [&](auto ld) { mx_quantize(c, dst, ld, R, K, group, floor_rule); }))
+        return 0;
     return MOE_CUDA_LAUNCHED(c, op, "MXFP8 operand R=%lld K=%lld group=%lld", (long long)R,
                              (long long)K, (long long)group);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The operands of MXFP8 tensor-core products (cuBLASLt's VEC32_UE8M0, sm_100+): e4m3 bytes
+ * and e8m0 scales in the 128 x 4 tiled layout, the bytes of moe_mx_encode_tiled (moe/quant.h).
+ * Neither kernel is specific to sm_100: they run (and are checked) on any GPU. */
+
+/* Rows: group rows x [n, K] from element i0 (K % 32 == 0) along K into q [n, K] and the
+ * group's scales sc in the tiled layout: a warp 4 blocks at a time (moe_mx_walk). */
+template <typename L>
+__global__ void k_mx_native_rows(uint8_t *__restrict__ q, uint8_t *__restrict__ sc, L x, int64_t i0,
+                                 int64_t n, int64_t K, int floor_rule) {
+    moe_mx_walk(n * K, [&](int64_t i) {
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (i < n * K)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                v[j] = x(i0 + i + j);
+        uint8_t code;
+        const uint32_t w = moe_mx_encode4(v, floor_rule, &code);
+        if (i >= n * K) return;
+        *reinterpret_cast<uint32_t *>(q + i) = w;
+        if ((threadIdx.x & 7) == 0) sc[moe_mx_tiled_index(i / K, i % K / MX, K)] = code;
+    });
+}
+
+/* Columns: group rows x [n, K] from element i0 quantized along the rows, transposed: qt
+ * [K, np] (np = moe_mx_pad(n), zeros past n) and the scales of that [K, np] operand in the
+ * tiled layout. One thread a (column, block of 32 rows), columns fastest (coalesced reads),
+ * its 32 bytes written as two 16-byte stores (qt 16-byte aligned). */
+template <typename L>
+__global__ void k_mx_native_cols(uint8_t *__restrict__ qt, uint8_t *__restrict__ sc, L x,
+                                 int64_t i0, int64_t n, int64_t K, int floor_rule) {
+    const int64_t np = moe_mx_pad(n), total = np / MX * K;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < total; t += stride) {
+        const int64_t col = t % K, b = t / K, r0 = b * MX;
+        float v[MX], amax = 0.0f;
+#pragma unroll
+        for (int j = 0; j < MX; j++) {
+            v[j] = r0 + j < n ? x(i0 + (r0 + j) * K + col) : 0.0f;
+            amax = fmaxf(amax, moe_finite_abs(v[j]));
+        }
+        const float scale = moe_mx_block_scale(amax, floor_rule), inv = 1.0f / scale;
+        uint32_t w[MX / 4] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int j = 0; j < MX; j++)
+            w[j / 4] |= moe_e4m3_scaled(v[j], inv) << 8 * (j % 4);
+        uint4 *dst = reinterpret_cast<uint4 *>(qt + col * np + r0);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        sc[moe_mx_tiled_index(col, b, np)] = moe_f32_to_e8m0_ceil(scale); /* exact */
+    }
+}
+
+moe_mx_groups moe_mx_groups_of(const int32_t *offsets, int64_t E, int64_t K, int transpose) {
+    moe_mx_groups all = {0, 0};
+    for (int64_t e = 0; e < E; e++) {
+        const moe_mx_groups g = moe_mx_group_bytes(offsets[e + 1] - offsets[e], K, transpose);
+        all.q += g.q, all.sc += g.sc;
+    }
+    return all;
+}
+
+int moe_cuda_mx_native(moe_cuda_ctx *c, uint8_t *q, uint8_t *sc, moe_cbuf x, const int32_t *offsets,
+                       int64_t E, int64_t K, int transpose, int floor_rule, const char *op) {
+    const int64_t M = offsets[E];
+    const moe_mx_groups all = moe_mx_groups_of(offsets, E, K, transpose);
+    if (M <= 0) return 1;
+    if (K % MX != 0 || (uintptr_t)q % 16 != 0 || (uintptr_t)sc % 16 != 0)
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "a native MXFP8 operand K=%lld at %p, scales at %p (K a multiple "
+                              "of 32, both 16-byte aligned expected)",
+                              (long long)K, (void *)q, (void *)sc);
+    /* padding scales 127 (2^0): a product never reads a NaN scale in a tile's unused slots */
+    if (!moe_cuda_check(c, cudaMemsetAsync(sc, 127, (size_t)all.sc, c->stream), op,
+                        "MXFP8 scales %lld bytes", (long long)all.sc))
+        return 0;
+    return with_loader(c, x, M * K, op,
+                       [&](auto ld) {
+                           moe_mx_groups at = {0, 0};
+                           for (int64_t e = 0; e < E; e++) {
+                               const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
+                               if (n <= 0) continue;
+                               if (!transpose)
+                                   k_mx_native_rows<<<moe_cuda_grid(c, n * K / 4, 256), 256, 0,
+                                                      c->stream>>>(q + at.q, sc + at.sc, ld, r0 * K,
+                                                                   n, K, floor_rule);
+                               else
+                                   k_mx_native_cols<<<moe_cuda_grid(c, moe_mx_pad(n) / MX * K, 256),
+                                                      256, 0, c->stream>>>(
+                                       q + at.q, sc + at.sc, ld, r0 * K, n, K, floor_rule);
+                               const moe_mx_groups g = moe_mx_group_bytes(n, K, transpose);
+                               at.q += g.q, at.sc += g.sc;
+                           }
+                       }) &&
+           MOE_CUDA_LAUNCHED(c, op, "native MXFP8 operand M=%lld K=%lld E=%lld%s", (long long)M,
+                             (long long)K, (long long)E, transpose ? " transposed" : "");
+}
+
+extern "C" void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc,
+                                           moe_cbuf x, const int32_t *offsets, int64_t E, int64_t K,
+                                           int transpose, int floor_rule) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (!moe_cuda_failed(c))
+        moe_cuda_mx_native(c, q, sc, x, offsets, E, K, transpose, floor_rule, "mx_native_operand");
 }

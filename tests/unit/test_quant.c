@@ -226,11 +226,90 @@ static void test_mxfp8_stored(void) {
     CHECK_MSG(same, "encoding decoded MXFP8 values changed them");
 }
 
+/* The 128 x 4 scale layout of MXFP8 tensor-core operands (moe_mx_tiled_index): the offsets
+ * nvmath-python documents for cuBLASLt (get_block_scale_offset: an operand of 128 rows and 8
+ * scale columns, row 5's scales 2 and 5 at 82 and 593), and the whole layout against its
+ * construction as PyTorch's to_blocked writes it (the padded [R, KB] scales cut into 128 x 4
+ * tiles taken row-major, each tile's rows interleaved as [32][4 row groups][4]), for a shape
+ * with padding in both directions. Then moe_mx_encode_tiled: along the rows, each block's bytes
+ * and scale as the stored form encodes them and decoding gives the fake quantization under
+ * either rule; transposed, the columns quantized along the rows (zeros past R), padding scales
+ * 127. */
+static void test_mx_tiled(void) {
+    CHECK(moe_mx_tiled_index(5, 2, 8 * 32) == 82 && moe_mx_tiled_index(5, 5, 8 * 32) == 593);
+    CHECK(moe_mx_tiled_bytes(128, 8 * 32) == 1024 && moe_mx_tiled_bytes(129, 32) == 1024);
+    CHECK(moe_mx_pad(0) == 0 && moe_mx_pad(1) == 128 && moe_mx_pad(256) == 256);
+    enum { R = 300, KB = 6, RP = 384, KBP = 8 };
+    static int64_t where[RP * KBP];
+    int64_t pos = 0;
+    for (int64_t rt = 0; rt < RP / 128; rt++)
+        for (int64_t ct = 0; ct < KBP / 4; ct++)
+            for (int64_t i = 0; i < 32; i++)
+                for (int64_t g = 0; g < 4; g++)
+                    for (int64_t j = 0; j < 4; j++)
+                        where[(rt * 128 + g * 32 + i) * KBP + ct * 4 + j] = pos++;
+    int same = pos == moe_mx_tiled_bytes(R, KB * 32);
+    for (int64_t r = 0; r < RP; r++)
+        for (int64_t kb = 0; kb < KBP; kb++)
+            same &= moe_mx_tiled_index(r, kb, KB * 32) == where[r * KBP + kb];
+    CHECK_MSG(same, "the tiled scale layout differs from its to_blocked construction");
+
+    enum { M = 70, K = 96 }; /* 3 blocks a row; transposed: 96 rows of 128 tokens (70 real) */
+    float x[M * K], fake[M * K], dec[32];
+    uint8_t q[K * 128], sc[1024], qb[32], code;
+    uint64_t s = 17;
+    for (int i = 0; i < M * K; i++)
+        x[i] = urand(&s) * (i % 89 == 3 ? 5e3f : 1.0f);
+    x[7] = NAN, x[K + 40] = -INFINITY;
+    for (int rule = 0; rule < 2; rule++) {
+        const moe_quant_opts *o = rule ? &MXF : &MX;
+        moe_mx_encode_tiled(q, sc, x, M, K, rule, 0);
+        moe_quant_fake_vectors(fake, x, M, K, K, 1, o);
+        same = 1;
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t kb = 0; kb < K / 32; kb++) {
+                moe_mxfp8_encode_block(qb, &code, x + r * K + kb * 32, rule);
+                same &= memcmp(qb, q + r * K + kb * 32, 32) == 0 &&
+                        sc[moe_mx_tiled_index(r, kb, K)] == code;
+                for (int j = 0; j < 32; j++) {
+                    const float d = moe_e4m3_to_f32(qb[j]) * moe_e8m0_to_f32(code);
+                    const float f = fake[r * K + kb * 32 + j];
+                    same &= isnan(f) ? isnan(d) : d == f;
+                }
+            }
+        for (int64_t r = M; r < 128; r++) /* padding rows of the tile */
+            same &=
+                sc[moe_mx_tiled_index(r, 0, K)] == 127 && sc[moe_mx_tiled_index(r, 3, K)] == 127;
+        CHECK_MSG(same, "rows: moe_mx_encode_tiled differs from the block encoding (rule %d)",
+                  rule);
+        moe_mx_encode_tiled(q, sc, x, M, K, rule, 1);
+        moe_quant_fake_vectors(fake, x, K, 1, M, K, o); /* the columns, along the rows */
+        same = 1;
+        for (int64_t c = 0; c < K; c++)
+            for (int64_t tb = 0; tb < 4; tb++) { /* 128 tokens: 70 real, then zeros */
+                code = sc[moe_mx_tiled_index(c, tb, 128)];
+                for (int j = 0; j < 32; j++) {
+                    const int64_t t = tb * 32 + j;
+                    dec[j] = moe_e4m3_to_f32(q[c * 128 + t]) * moe_e8m0_to_f32(code);
+                    same &=
+                        t < M ? (isnan(fake[t * K + c]) ? isnan(dec[j]) : dec[j] == fake[t * K + c])
+                              : q[c * 128 + t] == 0;
+                }
+                same &= tb < 3 || code == 127; /* tokens 96..127: padding only */
+            }
+        CHECK_MSG(same,
+                  "transposed: moe_mx_encode_tiled differs from the fake quantization of "
+                  "the columns (rule %d)",
+                  rule);
+    }
+}
+
 int main(void) {
     test_exact_and_special();
     test_error_and_rules();
     test_blocks_strides_tiles();
     test_mxfp8_stored();
+    test_mx_tiled();
     CHECK(moe_quant_block(&FP8) == 128 && moe_quant_block(&MX) == 32);
     return test_summary("test_quant");
 }

@@ -76,7 +76,7 @@ moe_optim_config test_optim(double wd) {
 
 void test_mxfp8_encode(uint8_t *q, uint8_t *mx, const float *src, int64_t n) {
     for (int64_t b = 0; b < n / 32; b++)
-        moe_mxfp8_encode_block(q + 32 * b, mx + b, src + 32 * b);
+        moe_mxfp8_encode_block(q + 32 * b, mx + b, src + 32 * b, 0);
 }
 
 void test_mxfp8_decode(float *dst, const uint8_t *q, const uint8_t *mx, int64_t n) {

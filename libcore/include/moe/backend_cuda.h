@@ -30,6 +30,17 @@ const moe_backend *moe_backend_cuda_on(int device, moe_err *err);
 /* Number of CUDA devices visible to this process (0 when none, no driver, or any error; the
  * CUDA error state is reset then, so later calls start clean). */
 int moe_cuda_device_count(void);
+/* The native MXFP8 operand that mxfp8's products read on MXFP8 tensor cores (be->mx_native,
+ * sm_100+): x [M, K] (device; F32, BF16 or MXFP8; K a multiple of 32) in groups of rows
+ * (offsets [E + 1], host) quantized by the rule floor_rule into q and sc (device, 16-byte
+ * aligned), each group as moe_mx_encode_tiled (moe/quant.h) lays out its rows (transpose 0:
+ * q [n, K], moe_mx_tiled_bytes(n, K) of scales) or its columns (transpose 1: q [K,
+ * moe_mx_pad(n)], moe_mx_tiled_bytes(K, moe_mx_pad(n))), the groups one after another. The
+ * kernels run on any GPU (gpu.mx_native checks their bytes); errors as be->synchronize
+ * reports them. */
+void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc, moe_cbuf x,
+                                const int32_t *offsets, int64_t E, int64_t K, int transpose,
+                                int floor_rule);
 
 #ifdef __cplusplus
 }

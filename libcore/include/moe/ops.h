@@ -50,8 +50,9 @@
  *    them anyway (the expert path's dyp, dh1, dh3: unpermute's and swiglu's backward outputs,
  *    the grouped matmul's dy): BF16 there, and "+=" into a BF16 output stores the rounded
  *    sum; and under mxfp8 SwiGLU's incoming gradient dg (w2's grouped dx, swiglu_backward's
- *    dout), whose products quantize what SwiGLU's backward makes of it: BF16. RoPE on BF16 rounds its result: the values attention reads. AdamW's moments
- * m and v are typed too, whatever the recipe: BF16 under `optim.moments: bf16` (see adamw).
+ *    dout), whose products quantize what SwiGLU's backward makes of it: BF16. RoPE on BF16 rounds
+ * its result: the values attention reads. AdamW's moments m and v are typed too, whatever the
+ * recipe: BF16 under `optim.moments: bf16` (see adamw).
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
  *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
@@ -229,6 +230,9 @@ struct moe_backend {
     void *ctx;        /* backend state (streams, handles); NULL for the CPU backend */
     int bf16_native;  /* 1: bf16 matrix products run natively, faster than fp32 (a GPU);
                          0: bf16 is emulated by rounding (the CPU), fp32 is the fast recipe */
+    int mx_native;    /* 1: mxfp8's products run on MXFP8 tensor cores (cuBLASLt's VEC32_UE8M0,
+                         sm_100+); 0: as bf16 products of the quantized values (sm_90) or
+                         emulated (the CPU) */
 
     /* 1 when the backend implements op (both directions) at precision prec for calls of
      * sizes dims, else 0. dims NULL asks about the recipe alone (some sizes work). */

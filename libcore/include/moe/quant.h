@@ -70,11 +70,38 @@ void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_
                             int transpose);
 
 /* One block of the stored MXFP8 activations (moe/ops.h's moe_buf_mxfp8, kept under the mxfp8
- * recipe): src [32] as q [32] e4m3 and *mx e8m0, with the ceil rule's scale (an all-zero block
- * 1, code 127), values e4m3(x / scale) saturating, NaN kept: decoding (moe_cbuf_get) gives
- * moe_quant_fake_vectors's values for a block of 32 under mxfp8's default rule, and encoding
- * what a decode gave returns the same values. Serial: the ops call it inside their loops. */
-void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src);
+ * recipe; floor_rule 0, the ceil rule) or of a product's operand: src [32] as q [32] e4m3 and
+ * *mx e8m0, with the rule's scale (moe_mx_block_scale; an all-zero block 1, code 127), values
+ * e4m3(x / scale) saturating, NaN kept: decoding (moe_cbuf_get) gives moe_quant_fake_vectors's
+ * values for a block of 32 under the same rule, and encoding what a decode gave returns the same
+ * values. Serial: the ops call it inside their loops. */
+void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src, int floor_rule);
+
+/* ---- the operands of MXFP8 tensor-core products (cuBLASLt's VEC32_UE8M0, sm_100+) ----
+ * An operand [R, K] is K-contiguous e4m3 (one block of 32 along K a scale) with its e8m0
+ * scales in the "128 x 4" tiled layout (cuDNN's and Transformer Engine's name): tiles of 128
+ * rows x 4 scales (512 bytes), row-major over (ceil(R / 128), ceil(K / 128)); inside a tile,
+ * row r's scale j at (r % 32) * 16 + (r % 128) / 32 * 4 + j. Rows past R and scales past K in
+ * the last tiles are padding. The byte of row r's block kb for K columns: */
+MOE_HD int64_t moe_mx_tiled_index(int64_t r, int64_t kb, int64_t K) {
+    return ((r / 128) * ((K + 127) / 128) + kb / 4) * 512 + (r % 32) * 16 + (r % 128) / 32 * 4 +
+           kb % 4;
+}
+/* The bytes of those scales for R rows (whole tiles). */
+MOE_HD int64_t moe_mx_tiled_bytes(int64_t R, int64_t K) {
+    return (R + 127) / 128 * ((K + 127) / 128) * 512;
+}
+/* R rounded up to whole 128-row tiles: the tokens of a group quantized along them (wgrad). */
+MOE_HD int64_t moe_mx_pad(int64_t R) {
+    return (R + 127) / 128 * 128;
+}
+/* The reference of those operands, from x [R, K] (K a multiple of 32) by the rule floor_rule
+ * (as moe_mx_block_scale): along the rows, q [R, K] and sc [moe_mx_tiled_bytes(R, K)]; with
+ * transpose, along the columns, q [K, moe_mx_pad(R)] (x's columns, zeros past R) and sc
+ * [moe_mx_tiled_bytes(K, moe_mx_pad(R))]. Padding scales are 127 (2^0), so a product reads no
+ * NaN there. The CUDA backend's kernels write the same bytes (kernels/mxfp8.cu). */
+void moe_mx_encode_tiled(uint8_t *q, uint8_t *sc, const float *x, int64_t R, int64_t K,
+                         int floor_rule, int transpose);
 
 #ifdef __cplusplus
 }

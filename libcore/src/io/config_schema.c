@@ -168,7 +168,8 @@ const moe_cfg_key moe_cfg_keys[] = {
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md; mxfp8 also "
      "stores ln1 and the expert activations in MXFP8 and trains with a bf16 residual). The CPU "
      "runs all four (the fp8 ones emulated, slowly), and so does the CUDA backend (mxfp8's "
-     "products as bf16 products of the quantized values: no MXFP8 product before sm_100)."},
+     "products on sm_90 as bf16 products of the quantized values; on sm_100+ through cuBLASLt's "
+     "MXFP8 product, which no GPU of this project's tests has run)."},
     {"precision.fp8_scale", MOE_CFG_ENUM, FIELD(precision.fp8_scale), "default", 0, 0, 0,
      fp8_scale_names,
      "Scale rule of the fp8 recipes: default (fp8-block amax / 448, mxfp8 the E8M0 ceil of "

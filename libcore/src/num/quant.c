@@ -4,6 +4,7 @@
  * any thread count. */
 #include <float.h>
 #include <math.h>
+#include <string.h>
 
 #include "moe/dtype.h"
 #include "moe/quant.h"
@@ -145,8 +146,8 @@ void moe_quant_tiles_decode(float *dst, const uint8_t *q, const float *s, int64_
         }
 }
 
-void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src) {
-    static const moe_quant_opts o = {MOE_RECIPE_MXFP8, 0, 0};
+void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src, int floor_rule) {
+    const moe_quant_opts o = {MOE_RECIPE_MXFP8, floor_rule, 0};
     float amax = 0.0f;
     for (int j = 0; j < 32; j++)
         amax = amax_step(amax, src[j]);
@@ -154,4 +155,20 @@ void moe_mxfp8_encode_block(uint8_t *q, uint8_t *mx, const float *src) {
     *mx = moe_f32_to_e8m0_ceil(scale); /* a power of two: exact */
     for (int j = 0; j < 32; j++)
         q[j] = moe_f32_to_e4m3(src[j] / scale, 1);
+}
+
+void moe_mx_encode_tiled(uint8_t *q, uint8_t *sc, const float *x, int64_t R, int64_t K,
+                         int floor_rule, int transpose) {
+    const int64_t rows = transpose ? K : R, cols = transpose ? moe_mx_pad(R) : K;
+    memset(sc, 127, (size_t)moe_mx_tiled_bytes(rows, cols));
+    float v[32];
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t kb = 0; kb < cols / 32; kb++) {
+            for (int j = 0; j < 32; j++) { /* element j of block kb of the operand's row r */
+                const int64_t k = kb * 32 + j;
+                v[j] = !transpose ? x[r * K + k] : k < R ? x[k * K + r] : 0.0f;
+            }
+            moe_mxfp8_encode_block(q + r * cols + kb * 32, sc + moe_mx_tiled_index(r, kb, cols), v,
+                                   floor_rule);
+        }
 }

@@ -259,7 +259,9 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
          * product's MXFP8 output staged in bf16 before its encoding, slot B the weight
          * [E, F, C] (its fp32 master, quantized at each call; lm_head's [V, C] conversion
          * under bf16). RMSNorm and permute stage their MXFP8 outputs in A; SwiGLU reads and
-         * writes MXFP8 in one pass, with no scratch. */
+         * writes MXFP8 in one pass, with no scratch. On sm_100+ the products' native MXFP8
+         * operands (one byte a value, tiled scales, each expert's tokens padded to 128 for
+         * wgrad; docs/dtypes.md) take the same slots and fit them when 132 E <= 0.97 NK. */
         int64_t NK = N * d->K, W = MAX2(MAX2(d->C, d->F), HD);
         int64_t rows = 2 * MAX2(NK, N) * W;
         sa = MAX2(sa, rows);

@@ -378,6 +378,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->name = inner->name;
     t->ctx = p;
     t->bf16_native = inner->bf16_native;
+    t->mx_native = inner->mx_native;
     t->supports = pr_supports;
     t->destroy = moe_backend_prof_free; /* the wrapper only: the inner backend is the caller's */
     t->memory = pr_memory;

@@ -774,9 +774,12 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                          "32 (%s); the layers not in precision.skip_layers store ln1 and the "
                          "expert activations in MXFP8 and keep a bf16 residual stream "
                          "(docs/dtypes.md)",
-                         t.be->bf16_native ? "as bf16 products of their decoded values: the GPU "
-                                             "has no MXFP8 product before sm_100"
-                                           : "emulated by the cpu backend");
+                         t.be->mx_native     ? "on the GPU's MXFP8 tensor cores, bar products with "
+                                               "a dimension not a multiple of 128, which run as "
+                                               "bf16 products of their decoded values"
+                         : t.be->bf16_native ? "as bf16 products of their decoded values: the GPU "
+                                               "has no MXFP8 product before sm_100"
+                                             : "emulated by the cpu backend");
         if (t.ts.step >= t.end_step)
             moe_log_info("nothing to do: the run is at step %lld of %lld", (long long)t.ts.step,
                          (long long)t.end_step);

@@ -70,6 +70,7 @@ static const moe_backend cpu_backend = {
     .name = "cpu",
     .ctx = NULL,
     .bf16_native = 0,
+    .mx_native = 0,
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .memory = cpu_memory,

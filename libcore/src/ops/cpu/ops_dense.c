@@ -82,7 +82,7 @@ void moe_cpu_store_block(moe_buf y, int64_t i0, const float *v, int64_t cnt) {
         float r[32];
         for (int j = 0; j < 32; j++)
             r[j] = moe_round_bf16(v[j]);
-        moe_mxfp8_encode_block((uint8_t *)y.p + i0, y.mx + i0 / 32, r);
+        moe_mxfp8_encode_block((uint8_t *)y.p + i0, y.mx + i0 / 32, r, 0);
         return;
     }
     for (int64_t j = 0; j < cnt; j++)
