@@ -1227,6 +1227,9 @@ static runner_fn runner_for(moe_op op) {
 #define BF16 MOE_RECIPE_BF16
 #define FP8B MOE_RECIPE_FP8_BLOCK
 #define FP8P MOE_RECIPE_FP8_BLOCK_POW2
+/* mxfp8: on a GPU whose cuBLASLt multiplies MXFP8 (be->mx_native, sm_100+) the product cases
+ * with I and O multiples of 128 run the native products, the others the bf16 form that sm_90
+ * runs for all (gemm_cublaslt.cu) */
 #define MX8 MOE_RECIPE_MXFP8
 #define MX8F MOE_RECIPE_MXFP8_FLOOR
 
