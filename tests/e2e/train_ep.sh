@@ -98,15 +98,19 @@ RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
 grep -q "mpirun -np 2" bad.err && grep -q "srun --mpi=pmix" bad.err ||
     { cat bad.err; fail "no mpirun/srun hint"; }
 [ ! -e bad ] || fail "a refused launch made its run directory"
-# GPU ranks need a GPU each (expert parallelism on GPUs itself: e2e.train_nccl_gpu): with
-# fewer than 2 visible, rank 1 has none of its own (or there is none at all), a clear error
-gpus=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU ' || true)
-if [ "${gpus:-0}" -lt 2 ]; then
-    rc=0
-    mpi 2 moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
-    [ "$rc" = 2 ] && grep -Eq "this process sees 1 GPU |was requested but" bad.err ||
-        { cat bad.err; fail "parallel.ep=2 device=cuda on $gpus GPUs: exit $rc"; }
-fi
+# expert parallelism on the GPU backend: refused (data parallelism only over NCCL); on a node
+# with one GPU, rank 1's local rank has no GPU of its own, which is an error of its own
+rc=0
+mpi 2 moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
+[ "$rc" = 2 ] && grep -Eq "expert parallelism runs on the CPU backend|this process sees 1 GPU " bad.err ||
+    { cat bad.err; fail "parallel.ep=2 device=cuda: exit $rc"; }
+# ... and so are torchrun-style GPU ranks, each on the GPU of its LOCAL_RANK
+rc=0
+RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 \
+    moe-train "${args[@]}" -o bad parallel.ep=2 device=cuda 2> bad.err || rc=$?
+[ "$rc" = 2 ] && grep -q "expert parallelism runs on the CPU backend" bad.err &&
+    grep -q "this rank: cuda:0" bad.err && grep -q "set parallel.ep=1 parallel.dp=2" bad.err ||
+    { cat bad.err; fail "torchrun-style device=cuda: exit $rc"; }
 # inconsistent environments: half a torchrun set; torchrun variables that contradict MPI
 rc=0
 WORLD_SIZE=2 moe-train "${args[@]}" -o bad 2> bad.err || rc=$?

@@ -15,11 +15,7 @@
 # step; bf16 copies that the all-gather left stale would move the loss by more); a dp=2 run
 # stopped at step 3 and resumed ends with the uninterrupted run's checkpoint bytes; then one of
 # the two torchrun-style ranks stopped (SIGSTOP: a hang) makes the other exit non-zero within
-# parallel.timeout_s with a message naming the NCCL operation and its group; parallel.ep=2
-# (half the experts on each GPU, token rows exchanged by NCCL all-to-all) by both launches
-# follows the single-GPU run within the same tolerances, writes the expert-parallel layout, and
-# its step-3 checkpoint resumed on one GPU (ep=1) gives the ep=2 run's next losses (fp32,
-# 1e-5). Skipped (77)
+# parallel.timeout_s with a message naming the NCCL operation and its group. Skipped (77)
 # where no NVIDIA GPU is visible, as in CI. Passed on one H200 (2026-12-02; the 2-GPU half
 # skipped): not yet run on 2 GPUs.
 set -euo pipefail
@@ -101,28 +97,6 @@ for recipe in fp32 bf16; do
             fail "dp=2 by mpirun and by torchrun-style ranks differ"
     fi
 done
-for recipe in fp32 bf16; do
-    tol=1e-5
-    [ $recipe = bf16 ] && tol=2e-3
-    echo "== parallel.ep=2 on 2 GPUs (half the experts each), precision.recipe=$recipe"
-    torchrun 2 run-ep2-$recipe precision.recipe=$recipe parallel.ep=2
-    near run-one-$recipe run-ep2-$recipe $tol
-    for f in model-ep00000-of-00002.safetensors model-ep00001-of-00002.safetensors; do
-        [ -f run-ep2-$recipe/ckpt-00000006/$f ] || fail "the ep=2 checkpoint has no $f"
-    done
-    if command -v mpirun > /dev/null; then
-        timeout 300 mpirun -np 2 moe-train "${common[@]}" precision.recipe=$recipe parallel.ep=2 \
-            -o run-mpiep2-$recipe 2> mpiep2.err || { cat mpiep2.err; fail "mpirun -np 2 ep=2"; }
-        near run-one-$recipe run-mpiep2-$recipe $tol
-    fi
-done
-echo "== an ep=2 checkpoint (step 3) resumed on one GPU: the ep=2 run's next losses"
-torchrun 2 run-epsplit precision.recipe=fp32 parallel.ep=2 --stop-at 3
-moe-train "${common[@]}" precision.recipe=fp32 -o run-epsplit --resume auto
-paste <(loss run-ep2-fp32 | tail -3) <(loss run-epsplit | tail -3) | awk '
-    {d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * $1) bad++; n++}
-    END {if (n != 3 || bad) {print "FAIL: the resumed losses differ from the ep=2 run"; exit 1}}'
-
 echo "== parallel.dp=2 stopped at step 3 and resumed: the uninterrupted run's bytes"
 torchrun 2 run-split precision.recipe=bf16 parallel.dp=2 --stop-at 3
 torchrun 2 run-split precision.recipe=bf16 parallel.dp=2 --resume auto

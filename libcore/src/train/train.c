@@ -59,9 +59,8 @@ typedef struct trainer {
 /* The device this rank opens into t->device: cpu, cuda, or auto = the first GPU when one is
  * usable, else the CPU (moe_backend_open). Several ranks: auto means cpu (data and expert
  * parallelism over MPI); cuda means the rank's GPU by local rank (moe_backend_rank_device),
- * data and expert parallelism over NCCL (open_backend attaches it: the token rows' all-to-all
- * takes device buffers, the counts' host ones go over MPI or NCCL's staging); the CPU refuses
- * a torchrun-style launch, which starts no MPI (moe_comm_check_host). */
+ * data-parallel over NCCL (open_backend attaches it), expert parallelism refused there; the
+ * CPU refuses a torchrun-style launch, which starts no MPI (moe_comm_check_host). */
 static moe_status choose_device(trainer *t, moe_err *err) {
     const char *device = moe_device_name(t->cfg.device);
     snprintf(t->device, sizeof t->device, "%s", device);
@@ -71,7 +70,17 @@ static moe_status choose_device(trainer *t, moe_err *err) {
                                             t->device, sizeof t->device, err);
     if (st != MOE_OK) return st;
     if (strcmp(t->device, "cpu") == 0) return moe_comm_check_host(t->comm, err);
-    return MOE_OK;
+    if (t->ep == 1) return MOE_OK;
+    moe_err_set(err, MOE_ERR_INPUT, NULL,
+                "parallel.ep=%d with device=cuda (this rank: %s): GPU ranks train data-parallel "
+                "over NCCL; expert parallelism runs on the CPU backend over MPI in this version "
+                "(the all-to-all of token rows between GPUs is not in yet)",
+                t->ep, t->device);
+    moe_err_hint(err,
+                 "set parallel.ep=1 parallel.dp=%d for data parallelism on %d GPUs, or "
+                 "device=cpu with mpirun or srun for expert parallelism",
+                 t->world, t->world);
+    return MOE_ERR_INPUT;
 }
 
 /* The rank's backend; the run's collectives then take its buffers (NCCL for a GPU's, when a
