@@ -1108,6 +1108,10 @@ int main(int argc, char **argv) {
     const std::vector<int> small = {1, 127, 129, 0, 255, 64, 3, 300};
     const std::vector<int> even(8, 2048);
     const std::vector<int> uneven = {2047, 1901, 2203, 97, 0, 3001, 1499, 5636};
+    /* as the training step's router sends a layer's 16,384 rows at random initialisation
+     * (mixtral8x7b-2L, ncu, 2026-12-05): most to three experts, a few dozen to the others,
+     * whose products are weight reads (forward) or fp32 gradient writes (wgrad) */
+    const std::vector<int> skewed = {4704, 3904, 7456, 48, 64, 32, 80, 96};
     /* the forward's (N, K) and the wgrad's (O: the forward's output width, I: its input's):
      * tiny, small (wgrad: O 272 and I 400, a half-used 128-row and 256-column tile), then
      * w1's and w2's products */
@@ -1120,7 +1124,9 @@ int main(int argc, char **argv) {
                  {"w1 forward, even", "w1 wgrad, even", &even, 14336, 4096, 14336, 4096},
                  {"w1 forward, uneven", "w1 wgrad, uneven", &uneven, 14336, 4096, 14336, 4096},
                  {"w2 forward, even", "w2 wgrad, even", &even, 4096, 14336, 4096, 14336},
-                 {"w2 forward, uneven", "w2 wgrad, uneven", &uneven, 4096, 14336, 4096, 14336}};
+                 {"w2 forward, uneven", "w2 wgrad, uneven", &uneven, 4096, 14336, 4096, 14336},
+                 {"w1 forward, skewed", "w1 wgrad, skewed", &skewed, 14336, 4096, 14336, 4096},
+                 {"w2 forward, skewed", "w2 wgrad, skewed", &skewed, 4096, 14336, 4096, 14336}};
     for (const auto &c : cases)
         if (wgrad)
             run_wgrad(c.wg, *c.counts, c.o, c.i, lt, ws, wsb, sms);

@@ -1656,6 +1656,15 @@ static const pcase k_perf[] = {
      * Hopper, wgrad per expert) */
     {"grouped fp8 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048, 1}},
     {"grouped fp8 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048, 1}},
+    /* uneven: 4 of the 8 experts end in a tile of at most 64 rows */
+    {"grouped fp8 E8 M16384 I4096 O14336 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     0,
+     {8, 4096, 14336, 2048, 1, 1}},
+    {"grouped fp8 E8 M16384 I4096 O14336 uneven",
+     MOE_OP_GROUPED_MATMUL,
+     1,
+     {8, 4096, 14336, 2048, 1, 1}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
