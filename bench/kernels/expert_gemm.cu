@@ -4,7 +4,10 @@
  * wgrad of both) for one expert of n rows, with every algorithm cuBLASLt's heuristic offers
  * (up to 16), and prints the heuristic's first choice (what kernels/gemm_cublaslt.cu runs)
  * beside the fastest; then the same products on all experts' rows at once (one dense product,
- * the rate a grouped kernel could aim at). Row-major shapes as gemm_cublaslt.cu phrases them.
+ * the rate a grouped kernel could aim at); then the attention projections of the step (8,192
+ * tokens: q and o 4096 -> 4096, k and v 4096 -> 1024), whose products ran at about 520
+ * TFLOP/s inside the mixtral8x7b-2L step (docs/performance-gpu.md): does the heuristic's first
+ * choice lose there? Row-major shapes as gemm_cublaslt.cu phrases them.
  *
  *   nvcc -O2 -std=c++17 -arch=sm_90 bench/kernels/expert_gemm.cu -lcublasLt -o /tmp/expert_gemm
  *   /tmp/expert_gemm [n ...]        (default: 2048 1900 2200; H 4096, F 14336)
@@ -102,6 +105,25 @@ static void layer(long n, const char *tag) {
         CK(cudaFree(b));
 }
 
+/* The attention projections of n tokens (H 4096 -> q, o 4096, k, v 1024), as the model runs
+ * them under bf16: forward bf16 out, dgrad fp32 out (k's and v's added into q's), wgrad fp32. */
+static void projections(long n) {
+    const long H = 4096, KV = 1024;
+    void *x = dev(2 * n * H, 1), *wq = dev(2 * H * H, 1), *wk = dev(2 * KV * H, 1),
+         *dq = dev(2 * n * H, 1), *dk = dev(2 * n * KV, 1);
+    void *cH = dev(4 * n * H, 0), *cW = dev(4 * H * H, 0);
+    printf("-- attention projections: n = %ld tokens\n", n);
+    bench("fwd q/o (x Wq^T)", 0, 1, n, H, H, CUDA_R_16BF, 0, x, wq, cH);
+    bench("fwd k/v (x Wk^T)", 0, 1, n, KV, H, CUDA_R_16BF, 0, x, wk, cH);
+    bench("dgrad q/o (dq Wq)", 0, 0, n, H, H, CUDA_R_32F, 0, dq, wq, cH);
+    bench("dgrad k/v (dk Wk, +=)", 0, 0, n, H, KV, CUDA_R_32F, 1, dk, wk, cH);
+    bench("wgrad q/o (dq^T x)", 1, 0, H, H, n, CUDA_R_32F, 0, dq, x, cW);
+    bench("wgrad k/v (dk^T x)", 1, 0, KV, H, n, CUDA_R_32F, 0, dk, x, cW);
+    void *bufs[] = {x, wq, wk, dq, dk, cH, cW};
+    for (void *b : bufs)
+        CK(cudaFree(b));
+}
+
 int main(int argc, char **argv) {
     CB(cublasLtCreate(&lt));
     CK(cudaMalloc(&ws, WS));
@@ -114,5 +136,6 @@ int main(int argc, char **argv) {
             layer(atol(argv[i]), "one expert");
     }
     layer(16384, "all 8 experts' rows as one product");
+    projections(8192);
     return 0;
 }
