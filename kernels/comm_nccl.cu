@@ -26,7 +26,9 @@ struct moe_nccl {
     const char *group;     /* "world", ... for messages */
     double timeout_s;      /* deadline of every wait; 0 = none */
     const moe_backend *be; /* device and stream */
+    cudaEvent_t start;     /* recorded before each operation (its staging copies included) */
     cudaEvent_t done;      /* recorded after each operation's queued work */
+    double last_s;         /* the last operation's time on the stream, start to done */
     void *stage;           /* [stage_bytes] dev, host buffers travel through it */
     size_t stage_bytes;
     int failed; /* an operation failed or timed out: the communicator was aborted */
@@ -201,10 +203,12 @@ static moe_nccl *shell(const moe_backend *be, int who, double timeout_s, const c
     }
     c->rank = c->who = who, c->be = be, c->group = group, c->timeout_s = timeout_s;
     cudaError_t e = cudaSetDevice(cx->device);
-    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->done, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreate(&c->start);
+    if (e == cudaSuccess) e = cudaEventCreate(&c->done);
     if (e != cudaSuccess) {
         moe_err_set(err, MOE_ERR_RUNTIME, NULL, "rank %d: NCCL communicator on device %d: %s", who,
                     cx->device, cudaGetErrorString(e));
+        if (c->start) cudaEventDestroy(c->start);
         free(c);
         return NULL;
     }
@@ -214,7 +218,8 @@ static moe_nccl *shell(const moe_backend *be, int who, double timeout_s, const c
 /* Frees c's host and CUDA resources (its communicator already destroyed or aborted). */
 static void free_shell(moe_nccl *c) {
     c->be->free(c->be, c->stage);
-    cudaEventDestroy(c->done);
+    if (c->start) cudaEventDestroy(c->start);
+    if (c->done) cudaEventDestroy(c->done);
     free(c);
 }
 
@@ -306,6 +311,11 @@ typedef ncclResult_t (*issue_fn)(moe_nccl *c, void *buf, const void *in, void *c
 static moe_status run_op(moe_nccl *c, const char *what, moe_comm_dtype dt, op_args a,
                          issue_fn issue, void *ctx, moe_err *err) {
     if (check_live(c, what, err) != MOE_OK) return MOE_ERR_RUNTIME;
+    c->last_s = 0.0;
+    if (cudaEventRecord(c->start, stream_of(c)) != cudaSuccess)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "rank %d: CUDA event before %s over the %s group", c->who, what,
+                           c->group);
     int host = (a.buf && !moe_nccl_is_device(a.buf)) || (a.in && !moe_nccl_is_device(a.in));
     void *buf = a.buf;
     const void *in = a.in;
@@ -323,6 +333,9 @@ static moe_status run_op(moe_nccl *c, const char *what, moe_comm_dtype dt, op_ar
     }
     moe_status st = settle(c, issue(c, buf, in, ctx), what, err);
     if (st == MOE_OK) st = wait_done(c, what, err);
+    float ms = 0.0f;
+    if (st == MOE_OK && cudaEventElapsedTime(&ms, c->start, c->done) == cudaSuccess)
+        c->last_s = ms / 1e3;
     if (st == MOE_OK && host && a.buf && a.buf_out) st = copy(c, a.buf, buf, bb, 1, err);
     return st;
 }
@@ -488,4 +501,8 @@ extern "C" moe_status moe_nccl_alltoallv(moe_nccl *c, const void *send, const in
     red_ctx x = {0, dt, 0, NULL, send_counts, recv_counts};
     op_args a = {recv, send, rn, sn, -1, 0, 1};
     return run_op(c, "all-to-all", dt, a, issue_alltoallv, &x, err);
+}
+
+extern "C" double moe_nccl_last_seconds(const moe_nccl *c) {
+    return c->last_s;
 }

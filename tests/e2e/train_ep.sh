@@ -5,7 +5,8 @@
 # per-step losses within 1e-6 relative (measured 5e-9), the global per-expert load equal,
 # weights within 5e-5 of each tensor's largest value (measured 1.1e-5, as dp=2 alone: AdamW
 # amplifies the last bits of tiny gradients) and the AdamW moments within 1e-4 (measured
-# 3e-6); the ep=2 checkpoint is the expert-parallel layout. (e) An ep=2 run stopped at step 5
+# 3e-6); the ep=2 checkpoint is the expert-parallel layout; metrics.jsonl reports rank 0's
+# time in collectives and in the expert all-to-alls with their bandwidth (none for one process). (e) An ep=2 run stopped at step 5
 # and resumed at ep=2 ends with the same bytes; resumed at ep=1 (one process) and at ep=4,
 # directly and after moe-convert reshard --ep 4, its next losses equal the uninterrupted
 # run's. (c) torchrun-style variables for CPU ranks are refused (exit 2, mpirun/srun hint),
@@ -64,9 +65,13 @@ def rel(a, b):
 one = metrics("one")
 w1 = tensors("one/ckpt-00000010/model.safetensors")
 o1 = tensors("one/ckpt-00000010/optimizer-rank0.safetensors")
+assert all("comm_s" not in one[s] for s in one) # one process: no collectives to report
 for d in ("ep2", "d2e2"):
     m = metrics(d)
     assert sorted(m) == list(range(1, 11)), (d, sorted(m))
+    for s in m: # rank 0's collectives of the step, of which the expert all-to-alls
+        c, a, bw = m[s]["comm_s"], m[s]["alltoall_s"], m[s]["alltoall_GBps"]
+        assert c > 0 and 0 < a <= c and bw > 0, (d, s, c, a, bw)
     worst = max(rel(one[s]["loss"], m[s]["loss"]) for s in m)
     assert worst < 1e-6, (d, worst)
     for s in m:

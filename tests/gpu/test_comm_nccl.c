@@ -172,8 +172,15 @@ static void check_exchange(const moe_comm *c, moe_comm_group g, const moe_backen
     CHECK(ds && dr);
     if (ds && dr) {
         be->memcpy_h2d(be, ds, hs, (size_t)sn);
+        (void)moe_comm_stats_take((moe_comm *)c);
         CHECK_MSG(moe_comm_alltoallv(c, g, ds, sc, dr, rc, MOE_COMM_BYTE, &err) == MOE_OK, "%s",
                   err.msg);
+        /* timed by CUDA events around the NCCL operation: positive, and counted once */
+        const moe_comm_stats st = moe_comm_stats_take((moe_comm *)c);
+        CHECK_MSG(st.calls[g] == 1 && st.a2a_seconds > 0 && st.a2a_seconds == st.seconds[g] &&
+                      st.a2a_bytes == sn - sc[me],
+                  "all-to-all over group %d: stats calls %lld, %g s of %g, %lld bytes", g,
+                  (long long)st.calls[g], st.a2a_seconds, st.seconds[g], (long long)st.a2a_bytes);
         be->memcpy_d2h(be, hr, dr, (size_t)rn);
         CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "%s", err.msg);
         int64_t o = 0, bad = 0;

@@ -97,8 +97,7 @@ static void test_slices(const moe_comm *c) {
     uint16_t *mine16 = malloc((size_t)(off[r + 1] - off[r] + 1) * sizeof *mine16);
     for (int64_t i = 0; i < off[r + 1] - off[r]; i++)
         mine16[i] = (uint16_t)(0x3f80 + 256 * r + i);
-    CHECK(moe_comm_gather(c, MOE_COMM_WORLD, full16, mine16, off, 0, MOE_COMM_U16, &err) ==
-          MOE_OK);
+    CHECK(moe_comm_gather(c, MOE_COMM_WORLD, full16, mine16, off, 0, MOE_COMM_U16, &err) == MOE_OK);
     for (int s = 0; full16 && s < W; s++)
         for (int64_t i = 0; i < off[s + 1] - off[s]; i++)
             CHECK_INT_EQ(full16[off[s] + i], (uint16_t)(0x3f80 + 256 * s + i));
@@ -181,6 +180,32 @@ static void test_share_blob(const moe_comm *c) {
         CHECK_INT_EQ(blob[i], (unsigned char)(5 * i + 2));
 }
 
+/* moe_comm_stats: each operation counted once in its group; the all-to-alls' bytes are the
+ * ones sent to the other ranks (here every rank sends q + 1 elements to rank q). */
+static void test_stats(moe_comm *c) {
+    moe_err err;
+    moe_err_clear(&err);
+    (void)moe_comm_stats_take(c);
+    double v = 1.0;
+    CHECK(moe_comm_allreduce(c, MOE_COMM_WORLD, &v, 1, MOE_COMM_F64, &err) == MOE_OK);
+    const int n = c->gsize[MOE_COMM_EP], me = c->grank[MOE_COMM_EP];
+    int64_t sc[64], rc[64], buf[64 * 65], out[64 * 65], sent = 0;
+    for (int q = 0; q < n && n <= 64; q++) {
+        sc[q] = q + 1, rc[q] = me + 1;
+        if (q != me) sent += (q + 1) * (int64_t)sizeof(int64_t);
+    }
+    memset(buf, 0, sizeof buf);
+    CHECK(moe_comm_alltoallv(c, MOE_COMM_EP, buf, sc, out, rc, MOE_COMM_I64, &err) == MOE_OK);
+    const moe_comm_stats st = moe_comm_stats_take(c);
+    CHECK_INT_EQ(st.calls[MOE_COMM_WORLD], 1);
+    CHECK_INT_EQ(st.calls[MOE_COMM_EP], 1);
+    CHECK_INT_EQ(st.calls[MOE_COMM_DP], 0);
+    CHECK(st.a2a_bytes == sent);
+    CHECK(st.a2a_seconds >= 0 && st.a2a_seconds <= st.seconds[MOE_COMM_EP]);
+    const moe_comm_stats none = moe_comm_stats_take(c); /* taken: zero again */
+    CHECK(none.calls[MOE_COMM_WORLD] == 0 && none.a2a_bytes == 0 && none.seconds[0] == 0);
+}
+
 int main(int argc, char **argv) {
     moe_comm c;
     moe_err err;
@@ -203,6 +228,7 @@ int main(int argc, char **argv) {
         test_broadcast_barrier(&c);
     }
     test_share_blob(&c);
+    test_stats(&c);
     char name[32];
     snprintf(name, sizeof name, "comm[rank %d of %d]", c.rank, c.world);
     int rc = test_summary(name);

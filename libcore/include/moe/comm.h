@@ -68,6 +68,19 @@ typedef enum moe_comm_dtype {
     MOE_COMM_U16,  /* 2-byte elements moved as they are (bf16 AdamW moments); no sums */
 } moe_comm_dtype;
 
+/* What the collectives cost this rank since the last moe_comm_stats_take, per group: seconds
+ * in them (over MPI the blocking call's wall time; over NCCL the operation's own time on the
+ * stream between CUDA events around it, so GPU work queued before it does not count) and
+ * calls; of which the all-to-alls (the expert exchanges): seconds and the bytes this rank sent
+ * to the other ranks. Every exchange waits for its completion (none overlaps compute), so
+ * this time is all exposed. */
+typedef struct moe_comm_stats {
+    double seconds[MOE_COMM_N_GROUPS];
+    int64_t calls[MOE_COMM_N_GROUPS];
+    double a2a_seconds;
+    int64_t a2a_bytes;
+} moe_comm_stats;
+
 typedef struct moe_comm {
     int rank, world, local_rank;
     int dp, ep;                   /* the layout (1 x world until moe_comm_split) */
@@ -81,6 +94,7 @@ typedef struct moe_comm {
     int master_port;              /* unset: world 1 needs no rendezvous) */
     struct moe_comm_impl *impl;   /* MPI's handles; NULL: no MPI (one process, torchrun) */
     struct moe_comm_dev *dev;     /* NCCL's (moe_comm_attach_backend); NULL: host buffers only */
+    moe_comm_stats stats;         /* the one field the (const) collectives write */
 } moe_comm;
 
 struct moe_backend;
@@ -121,6 +135,9 @@ void moe_comm_abort(const moe_comm *c, int code);
  * (comm_tcp.c), nothing for one process; within moe_comm.timeout_s (set by moe_comm_split).
  * Every rank calls it once with the same len. */
 moe_status moe_comm_share_blob(const moe_comm *c, void *blob, size_t len, moe_err *err);
+
+/* c's statistics since the last call (or the start), which start again from zero. */
+moe_comm_stats moe_comm_stats_take(moe_comm *c);
 
 /* Size in bytes of one element of dt. */
 size_t moe_comm_dtype_size(moe_comm_dtype dt);

@@ -69,6 +69,9 @@ moe_status moe_nccl_broadcast(moe_nccl *c, void *buf, int64_t n, moe_comm_dtype 
                               moe_err *err);
 /* Returns once every rank has reached it (an all-reduce of one word). */
 moe_status moe_nccl_barrier(moe_nccl *c, moe_err *err);
+/* The last operation's time on the backend's stream (CUDA events before and after it, so
+ * work queued before it does not count; host staging copies do), seconds; 0 after a failure. */
+double moe_nccl_last_seconds(const moe_nccl *c);
 /* Releases the communicator: ncclCommFinalize and ncclCommDestroy, or ncclCommAbort when
  * abort is set, an operation of it failed or the finalize misses the deadline (another rank
  * gone). NULL is a no-op. */

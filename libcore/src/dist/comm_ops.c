@@ -12,6 +12,7 @@
 
 #include "dist/comm_internal.h"
 #include "moe/comm.h"
+#include "moe/log.h"
 
 static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
     return (char *)buf + (size_t)i * moe_comm_dtype_size(dt);
@@ -119,8 +120,8 @@ static void int_slices(const int64_t *offsets, int n, int *cnt, int *dsp) {
 }
 #endif
 
-moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
-                              moe_comm_dtype dt, moe_err *err) {
+static moe_status allreduce_op(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                               moe_comm_dtype dt, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, buf);
     if (nc) return moe_nccl_allreduce(nc, buf, n, dt, err);
@@ -170,8 +171,8 @@ static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const i
 }
 #endif
 
-moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
-                                   const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+static moe_status reduce_scatter_op(const moe_comm *c, moe_comm_group g, void *buf,
+                                    const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, buf);
     if (nc) return moe_nccl_reduce_scatter(nc, buf, offsets, dt, err);
@@ -184,8 +185,8 @@ moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *bu
     return MOE_OK;
 }
 
-moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
-                              const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+static moe_status allgather_op(const moe_comm *c, moe_comm_group g, void *buf,
+                               const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, buf);
     if (nc) return moe_nccl_allgather(nc, buf, offsets, dt, err);
@@ -198,8 +199,8 @@ moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
     return MOE_OK;
 }
 
-moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
-                           const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
+static moe_status gather_op(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
+                            const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, mine);
     if (nc) return moe_nccl_gather(nc, full, mine, offsets, root, dt, err);
@@ -232,9 +233,9 @@ moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, cons
 #endif
 }
 
-moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
-                              const int64_t *send_counts, void *recv, const int64_t *recv_counts,
-                              moe_comm_dtype dt, moe_err *err) {
+static moe_status alltoallv_op(const moe_comm *c, moe_comm_group g, const void *send,
+                               const int64_t *send_counts, void *recv, const int64_t *recv_counts,
+                               moe_comm_dtype dt, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, send);
     if (nc) return moe_nccl_alltoallv(nc, send, send_counts, recv, recv_counts, dt, err);
@@ -277,8 +278,8 @@ moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *s
 #endif
 }
 
-moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
-                              moe_comm_dtype dt, int root, moe_err *err) {
+static moe_status broadcast_op(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                               moe_comm_dtype dt, int root, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, buf);
     if (nc) return moe_nccl_broadcast(nc, buf, n, dt, root, err);
@@ -291,7 +292,7 @@ moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, in
     return MOE_OK;
 }
 
-moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
+static moe_status barrier_op(const moe_comm *c, moe_comm_group g, moe_err *err) {
 #ifdef MOE_HAVE_NCCL
     moe_nccl *nc = moe_comm_dev_route(c, g, NULL);
     if (nc) return moe_nccl_barrier(nc, err);
@@ -307,4 +308,89 @@ moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
     (void)c, (void)g, (void)err;
     return MOE_OK;
 #endif
+}
+
+/* ---- the public operations: each timed into c's statistics (moe_comm_stats) ---- */
+
+/* Adds one operation over g begun at t0 (moe_time_now) to c's statistics: the NCCL
+ * operation's own time when it went over NCCL (the route of buffer p, as the operation chose
+ * it), else the wall time since t0; a2a_bytes > 0 or a2a: an all-to-all. */
+static void stats_add(const moe_comm *c, moe_comm_group g, double t0, const void *p, int a2a,
+                      int64_t a2a_bytes) {
+    moe_comm_stats *s = (moe_comm_stats *)&c->stats; /* c itself is never const */
+    double dt = moe_time_now() - t0;
+#ifdef MOE_HAVE_NCCL
+    moe_nccl *nc = moe_comm_dev_route(c, g, p);
+    if (nc) dt = moe_nccl_last_seconds(nc);
+#else
+    (void)p;
+#endif
+    s->seconds[g] += dt;
+    s->calls[g]++;
+    if (a2a) s->a2a_seconds += dt, s->a2a_bytes += a2a_bytes;
+}
+
+moe_comm_stats moe_comm_stats_take(moe_comm *c) {
+    moe_comm_stats s = c->stats;
+    memset(&c->stats, 0, sizeof c->stats);
+    return s;
+}
+
+moe_status moe_comm_allreduce(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = allreduce_op(c, g, buf, n, dt, err);
+    stats_add(c, g, t0, buf, 0, 0);
+    return st;
+}
+
+moe_status moe_comm_reduce_scatter(const moe_comm *c, moe_comm_group g, void *buf,
+                                   const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = reduce_scatter_op(c, g, buf, offsets, dt, err);
+    stats_add(c, g, t0, buf, 0, 0);
+    return st;
+}
+
+moe_status moe_comm_allgather(const moe_comm *c, moe_comm_group g, void *buf,
+                              const int64_t *offsets, moe_comm_dtype dt, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = allgather_op(c, g, buf, offsets, dt, err);
+    stats_add(c, g, t0, buf, 0, 0);
+    return st;
+}
+
+moe_status moe_comm_gather(const moe_comm *c, moe_comm_group g, void *full, const void *mine,
+                           const int64_t *offsets, int root, moe_comm_dtype dt, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = gather_op(c, g, full, mine, offsets, root, dt, err);
+    stats_add(c, g, t0, mine, 0, 0);
+    return st;
+}
+
+moe_status moe_comm_alltoallv(const moe_comm *c, moe_comm_group g, const void *send,
+                              const int64_t *send_counts, void *recv, const int64_t *recv_counts,
+                              moe_comm_dtype dt, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = alltoallv_op(c, g, send, send_counts, recv, recv_counts, dt, err);
+    int64_t sent = 0; /* to the other ranks */
+    for (int r = 0; r < c->gsize[g]; r++)
+        if (r != c->grank[g]) sent += send_counts[r];
+    stats_add(c, g, t0, send, 1, sent * (int64_t)moe_comm_dtype_size(dt));
+    return st;
+}
+
+moe_status moe_comm_broadcast(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
+                              moe_comm_dtype dt, int root, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = broadcast_op(c, g, buf, n, dt, root, err);
+    stats_add(c, g, t0, buf, 0, 0);
+    return st;
+}
+
+moe_status moe_comm_barrier(const moe_comm *c, moe_comm_group g, moe_err *err) {
+    const double t0 = moe_time_now();
+    moe_status st = barrier_op(c, g, err);
+    stats_add(c, g, t0, NULL, 0, 0);
+    return st;
 }

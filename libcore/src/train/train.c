@@ -325,8 +325,9 @@ static moe_status alloc_state(trainer *t, moe_err *err) {
 
 typedef struct step_metrics {
     double loss, ce, aux, z, entropy, grad_norm, lr, seconds, val_loss;
-    double *load; /* [layers] max/mean tokens per expert */
-    int bad;      /* non-finite loss or gradient norm: the update was skipped */
+    double *load;        /* [layers] max/mean tokens per expert */
+    int bad;             /* non-finite loss or gradient norm: the update was skipped */
+    moe_comm_stats comm; /* this rank's collectives during the step */
 } step_metrics;
 
 static moe_status evaluate(trainer *t, double *val_loss, moe_err *err) {
@@ -360,6 +361,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     double ce_sum = 0, w_sum = 0, aux = 0, z = 0, ent = 0;
     int64_t *load = calloc((size_t)(L * E), sizeof *load);
     if (!load) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    (void)moe_comm_stats_take(t->comm); /* the step's own collectives from here */
     moe_status st = MOE_OK;
     for (int64_t k = 0; k < t->accum && st == MOE_OK; k++) {
         if (k % t->world != t->rank) { /* another rank's micro-batch: not read here */
@@ -446,6 +448,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     }
     free(load);
     sm->seconds = moe_time_now() - t0;
+    sm->comm = moe_comm_stats_take(t->comm);
     return st;
 }
 
@@ -470,6 +473,17 @@ static char *metrics_line(const trainer *t, int64_t step, const step_metrics *sm
     double tps = sm->seconds > 0 ? (double)(t->accum * t->B_micro * t->T) / sm->seconds : 0;
     json_object_set_new(o, "tokens_per_s", json_real(tps));
     json_object_set_new(o, "step_time_s", json_real(sm->seconds));
+    if (t->world > 1) { /* rank 0's collectives: all of them, then the expert all-to-alls */
+        double comm = 0.0;
+        for (int g = 0; g < MOE_COMM_N_GROUPS; g++)
+            comm += sm->comm.seconds[g];
+        json_object_set_new(o, "comm_s", json_real(comm));
+        json_object_set_new(o, "alltoall_s", json_real(sm->comm.a2a_seconds));
+        json_object_set_new(o, "alltoall_GBps",
+                            json_real(sm->comm.a2a_seconds > 0
+                                          ? (double)sm->comm.a2a_bytes / sm->comm.a2a_seconds / 1e9
+                                          : 0.0));
+    }
     char now[32];
     moe_time_iso8601(now, sizeof now);
     json_object_set_new(o, "time", json_string(now));
