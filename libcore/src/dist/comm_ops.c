@@ -314,7 +314,7 @@ static moe_status barrier_op(const moe_comm *c, moe_comm_group g, moe_err *err) 
 
 /* Adds one operation over g begun at t0 (moe_time_now) to c's statistics: the NCCL
  * operation's own time when it went over NCCL (the route of buffer p, as the operation chose
- * it), else the wall time since t0; a2a_bytes > 0 or a2a: an all-to-all. */
+ * it), else the wall time since t0; a2a: an all-to-all, which sent a2a_bytes to other ranks. */
 static void stats_add(const moe_comm *c, moe_comm_group g, double t0, const void *p, int a2a,
                       int64_t a2a_bytes) {
     moe_comm_stats *s = (moe_comm_stats *)&c->stats; /* c itself is never const */
