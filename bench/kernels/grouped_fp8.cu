@@ -687,11 +687,33 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
  *     stage released after the last batch's promotion (sb is read from it);
  *   the epilogue: fp32 into dW_e, written (beta 0) or added (beta 1); experts without tokens
  *     are not touched (the backend zeroes them under SET).
- * Prediction: about 1,000 TFLOP/s at NH 2 on the mixtral shapes (the forward's 998-1,223
- * less the heavier promotion, if the other warpgroup's batch still hides it), so -2 ms a
- * product against cuBLASLt's ~4 ms, about -12 ms a mixtral8x7b-2L fp8 step (6 products). */
+ * Prediction (2026-12-04): about 1,000 TFLOP/s at NH 2 on the mixtral shapes (the forward's
+ * 998-1,223 less the heavier promotion, if the other warpgroup's batch still hides it).
+ * Measured (H200, 2026-12-05 03:22 UTC): 128 x 256 735 / 666 (w1 even / uneven), 739 / 753 (w2),
+ * against cuBLASLt per expert 750 / 756 and 774 / 804: below it everywhere.
+ * Where the difference goes (2026-12-05, by arithmetic): at 2,048 tokens an expert a 128 x 256
+ * tile is 16 K steps, about 15.5 us at the forward's main-loop rate, then writes 128 KB of fp32
+ * (the forward's w1 tile 64 KB of bf16 after 32 steps: 4x the epilogue a step); with all SMs
+ * in their epilogues together that is about 5 us at the memory's 3.5 TB/s, during which the
+ * tensor cores idle. So the epilogue forms below: the staged one halves the store
+ * instructions' cost (expected w1 735 -> ~780), the TMA one takes the writes off the consumers'
+ * path: each warpgroup writes a 64 x 32 box into shared memory and goes on, the TMA unit
+ * drains it while the next tile's main loop runs (expected ~850-900 at w1 and w2, above
+ * cuBLASLt's 750-804; beta 1 as fast as beta 0: the adds happen in L2, where the register
+ * form read every element first). Not run yet. */
 #define GW_SC_BYTES(NH) (512 * (1 + (NH))) /* a stage's scales: 128 of ds, 128 NH of xs */
-#define GW_SMEM(NH) (GF_NS(NH) * (GF_A_BYTES + GF_B_BYTES(NH) + GW_SC_BYTES(NH) + 16) + 1024)
+/* The epilogues the playground compares (2026-12-05): GW_REGS, gg_store's 8-byte stores from
+ * the registers (the form that ran: 735 / 666 TFLOP/s at w1's shape, even / uneven, against
+ * cuBLASLt's 750 / 756); GW_STAGED, gg_store_staged (the forward's since 2026-12-05: whole
+ * 128-byte row segments, +9% on w1's forward); GW_TMA, gw_store_tma below: the block leaves
+ * by TMA stores (beta 0) or TMA reduce-adds (beta 1) and the consumers go on to the next
+ * tile's main loop while it drains. */
+enum { GW_REGS, GW_STAGED, GW_TMA };
+#define GW_TMA_BYTES (64 * 128) /* a warpgroup's TMA box: 64 rows of 32 fp32 */
+#define GW_EPI_BYTES(EPI)                                                                          \
+    ((EPI) == GW_STAGED ? 2 * GG_ST_WG + 16 : (EPI) == GW_TMA ? 2 * GW_TMA_BYTES + 1024 : 0)
+#define GW_SMEM(NH, EPI)                                                                           \
+    (GF_NS(NH) * (GF_A_BYTES + GF_B_BYTES(NH) + GW_SC_BYTES(NH) + 16) + 1024 + GW_EPI_BYTES(EPI))
 
 /* two floats from shared address a (8-byte aligned), as gf_lds */
 __device__ __forceinline__ float2 gw_lds2(uint32_t a) {
@@ -715,14 +737,69 @@ __device__ __forceinline__ int gw_find(const int *pref, const int *poff, int E, 
     return 1;
 }
 
+/* GW_TMA's epilogue of one warpgroup's accumulators acc [NH][64 rows, 128 columns] (rows r..,
+ * columns c.. of expert e's dW through mdw: [E, O, I] fp32, boxes {32, 64, 1} with the
+ * 128-byte swizzle; rows past O and columns past I are dropped by the TMA unit): in boxes of
+ * 32 columns through this warpgroup's buffer buf (GW_TMA_BYTES, 1024-byte aligned; named
+ * barrier bar, 128 threads), each stored (add 0) or added in L2 (add 1) by its thread 0 and
+ * left to drain: the thread waits only for the box's reads of buf before the next box
+ * overwrites it. A box row is 128 bytes: the 16-byte chunk q of row y sits at q ^ (y & 7)
+ * (the swizzle), and the lanes t >= 2 of a quad store the column block j ^ 2 where the lanes
+ * t < 2 store j (attention's dQ store, fb_store_dq: a half-warp's 8-byte stores then meet 8
+ * different chunks). */
+template <int NH>
+__device__ __forceinline__ void gw_store_tma(const CUtensorMap *mdw, const float (&acc)[NH][16][4],
+                                             int e, int r, int c, int add, uint32_t buf, int bar) {
+    const int t = threadIdx.x & 127, lane = t & 31, y = (t >> 5) * 16 + (lane >> 2), q = lane & 3;
+    const bool lo = q < 2;
+#pragma unroll
+    for (int h = 0; h < NH; h++)
+#pragma unroll
+        for (int box = 0; box < 4; box++) {
+            if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+            asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory"); /* buf is free */
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                /* the column block this lane stores, chosen by value: an index that depends
+                 * on the lane would put acc in local memory */
+                const int js = lo ? j : j ^ 2;
+                const float *a = acc[h][4 * box + j], *b = acc[h][4 * box + (j ^ 2)];
+                const uint32_t o = ((((uint32_t)js * 2 + (q >> 1)) ^ (y & 7)) << 4) + 8 * (q & 1);
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + y * 128 + o),
+                             "f"(lo ? a[0] : b[0]), "f"(lo ? a[1] : b[1])
+                             : "memory");
+                asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(buf + (y + 8) * 128 + o),
+                             "f"(lo ? a[2] : b[2]), "f"(lo ? a[3] : b[3])
+                             : "memory");
+            }
+            fa3_fence_smem(); /* the writes before the TMA unit's reads */
+            asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
+            if (t != 0) continue;
+            const int col = c + 128 * h + 32 * box;
+            if (add)
+                asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+                             " [%0, {%1, %2, %3}], [%4];\n" ::"l"((uint64_t)mdw),
+                             "r"(col), "r"(r), "r"(e), "r"(buf)
+                             : "memory");
+            else
+                asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group"
+                             " [%0, {%1, %2, %3}], [%4];\n" ::"l"((uint64_t)mdw),
+                             "r"(col), "r"(r), "r"(e), "r"(buf)
+                             : "memory");
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+}
+
 /* dw [E, O, I] fp32 (+)= per expert dyt_e xt_e^T (see above); poff [E + 1] the padded token
  * offsets (multiples of 128), by value; maps: mdy dyt [O, Mpad] boxes {128, 128}, mx xt
- * [I, Mpad] boxes {128, BN}, both e4m3 with the 128-byte swizzle. */
-template <int NH>
+ * [I, Mpad] boxes {128, BN}, both e4m3 with the 128-byte swizzle; mdw dw for GW_TMA's stores
+ * (gw_store_tma; the other epilogues write through dw). */
+template <int NH, int EPI>
 __global__ void __launch_bounds__(GF_THREADS, 1)
     k_grouped_fp8_wgrad(float *__restrict__ dw /* [E, O, I] */,
                         const __grid_constant__ CUtensorMap mdy,
                         const __grid_constant__ CUtensorMap mx,
+                        const __grid_constant__ CUtensorMap mdw,
                         const float *__restrict__ ds /* [Mpad / 128, O] */,
                         const float *__restrict__ xs /* [Mpad / 128, I] */,
                         const __grid_constant__ gg_offsets poff, int E, int O, int I, int beta) {
@@ -732,6 +809,9 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     __shared__ int s_pref[GG_MAXE + 1], s_poff[GG_MAXE + 1];
     const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + NS * GF_A_BYTES;
     const uint32_t sS = sB + NS * B_BYTES, bfull = sS + NS * SC, bempty = bfull + 8 * NS;
+    /* the epilogue's two buffers (GW_STAGED, GW_TMA), one a warpgroup */
+    const uint32_t sT =
+        EPI == GW_TMA ? (bempty + 8 * NS + 1023) & ~1023u : (bempty + 8 * NS + 15) & ~15u;
     const int MT = (O + 127) / 128, NT = (I + BN - 1) / BN;
     if (threadIdx.x == 0) {
         s_pref[0] = 0;
@@ -809,10 +889,20 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             fa3_bar_arrive(bempty + 8 * s); /* after the last read of the stage's scales */
         }
         float *dwe = dw + (int64_t)tl.e * O * I;
+        if constexpr (EPI == GW_TMA)
+            gw_store_tma<NH>(&mdw, acc, tl.e, tl.m0 + wg * 64, tl.n0, beta, sT + wg * GW_TMA_BYTES,
+                             3 + wg);
+        else
 #pragma unroll
-        for (int h = 0; h < NH; h++)
-            gg_store(dwe, acc[h], tl.m0 + wg * 64, O, tl.n0 + 128 * h, I, beta);
+            for (int h = 0; h < NH; h++)
+                if constexpr (EPI == GW_STAGED)
+                    gg_store_staged(dwe, acc[h], tl.m0 + wg * 64, O, tl.n0 + 128 * h, I, beta,
+                                    sT + wg * GG_ST_WG, 3 + wg);
+                else
+                    gg_store(dwe, acc[h], tl.m0 + wg * 64, O, tl.n0 + 128 * h, I, beta);
     }
+    /* the last boxes are performed before the block's shared memory goes */
+    if (EPI == GW_TMA && (threadIdx.x & 127) == 0) fa3_bulk_wait();
 }
 
 /* The wgrad's operands from gf_val (dy: seed 3, x: seed 4, powers of two varying with the row
@@ -913,19 +1003,31 @@ static void run_wgrad(const char *name, const std::vector<int> &counts, int O, i
                                              GF_BN(1), CU_TENSOR_MAP_SWIZZLE_128B),
                                       gg_map(xt, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dxt, sld, 128,
                                              GF_BN(2), CU_TENSOR_MAP_SWIZZLE_128B)};
-    auto grouped = [&](int f, float *dw, int beta) {
-        if (f == 0)
-            k_grouped_fp8_wgrad<1>
-                <<<sms, GF_THREADS, GW_SMEM(1)>>>(dw, mdy, mx[0], ds, xs, gpoff, E, O, I, beta);
-        else
-            k_grouped_fp8_wgrad<2>
-                <<<sms, GF_THREADS, GW_SMEM(2)>>>(dw, mdy, mx[1], ds, xs, gpoff, E, O, I, beta);
+    /* the forms, each a kernel instance, its tile width and epilogue */
+    struct gw_form {
+        void (*k)(float *, CUtensorMap, CUtensorMap, CUtensorMap, const float *, const float *,
+                  gg_offsets, int, int, int, int);
+        int nh, smem;
+        const char *epi;
+    };
+    const gw_form forms[] = {
+        {k_grouped_fp8_wgrad<1, GW_REGS>, 1, GW_SMEM(1, GW_REGS), "registers"},
+        {k_grouped_fp8_wgrad<2, GW_REGS>, 2, GW_SMEM(2, GW_REGS), "registers"},
+        {k_grouped_fp8_wgrad<2, GW_STAGED>, 2, GW_SMEM(2, GW_STAGED), "staged"},
+        {k_grouped_fp8_wgrad<2, GW_TMA>, 2, GW_SMEM(2, GW_TMA), "TMA stores"}};
+    const int nforms = (int)(sizeof forms / sizeof forms[0]);
+    /* w1 [E, O, I] for the TMA stores: boxes of 32 columns, 64 rows, one expert */
+    const int64_t ddw[3] = {I, O, E}, sdw[2] = {(int64_t)I * 4, (int64_t)O * I * 4};
+    const CUtensorMap mdw = gg_map(w1, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, ddw, sdw, 32, 64,
+                                   CU_TENSOR_MAP_SWIZZLE_128B);
+    /* form f into w1 */
+    auto grouped = [&](int f, int beta) {
+        const gw_form &g = forms[f];
+        g.k<<<sms, GF_THREADS, g.smem>>>(w1, mdy, mx[g.nh - 1], mdw, ds, xs, gpoff, E, O, I, beta);
         CK(cudaGetLastError());
     };
-    CK(cudaFuncSetAttribute(k_grouped_fp8_wgrad<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            GW_SMEM(1)));
-    CK(cudaFuncSetAttribute(k_grouped_fp8_wgrad<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            GW_SMEM(2)));
+    for (const gw_form &g : forms)
+        CK(cudaFuncSetAttribute(g.k, cudaFuncAttributeMaxDynamicSharedMemorySize, g.smem));
 
     /* cuBLASLt per expert: dW_e [O, I] = dyt_e [O, np] xt_e [I, np]^T, ld Mpad */
     std::vector<lt_plan> plans(E);
@@ -1038,10 +1140,10 @@ static void run_wgrad(const char *name, const std::vector<int> &counts, int O, i
                re.size(), nm, lt_good ? "" : " - cuBLASLt FAILED, its comparison skipped");
     }
     const double fl = 2.0 * M * O * I; /* the tokens' flops, not the padding's */
-    for (int f = 0; f < GF_FORMS; f++) {
+    for (int f = 0; f < nforms; f++) {
         unsigned long long bad[2];
         CK(cudaMemset(w1, 0xff, nw * sizeof(float)));
-        grouped(f, w1, 0);
+        grouped(f, 0);
         CK(cudaDeviceSynchronize());
         const double nh = vs_host(w1);
         double nl = lt_good ? vs_all(w1, w0, bad) : 0.0;
@@ -1053,7 +1155,7 @@ static void run_wgrad(const char *name, const std::vector<int> &counts, int O, i
             CK(cudaMemset(w0, 0x3e, nw * sizeof(float)));
             CK(cudaMemset(w1, 0x3e, nw * sizeof(float)));
             lt_all(1.0f);
-            grouped(f, w1, 1);
+            grouped(f, 1);
             unsigned long long b1[2];
             n1 = vs_all(w1, w0, b1);
             ok = ok && n1 <= GF_TOL && b1[0] == 0;
@@ -1063,21 +1165,23 @@ static void run_wgrad(const char *name, const std::vector<int> &counts, int O, i
             CK(cudaMemset(w0, 0xff, nw * sizeof(float)));
             lt_all(0.0f);
         }
-        printf("    grouped fp8 wgrad, 128 x %d tiles, %d stages: check %s (worst expert nmse: "
-               "host %.2e, cuBLASLt %.2e, beta 1 %.2e; %llu non-finite, %llu expected)",
-               GF_BN(f + 1), GF_NS(f + 1), ok ? "ok" : "FAILED", nh, nl, n1, bad[0], idle);
+        printf("    grouped fp8 wgrad, 128 x %d tiles, %d stages, %s: check %s (worst expert "
+               "nmse: host %.2e, cuBLASLt %.2e, beta 1 %.2e; %llu non-finite, %llu expected)",
+               GF_BN(forms[f].nh), GF_NS(forms[f].nh), forms[f].epi, ok ? "ok" : "FAILED", nh, nl,
+               n1, bad[0], idle);
         if (!ok) {
             printf(", not timed\n");
             continue;
         }
-        const float t = median_ms([&] { grouped(f, w1, 0); });
-        printf(" %.3f ms %5.0f TFLOP/s\n", t, fl / t / 1e9);
+        const float t = median_ms([&] { grouped(f, 0); }), t1 = median_ms([&] { grouped(f, 1); });
+        printf(" %.3f ms %5.0f TFLOP/s; beta 1 %.3f ms %5.0f\n", t, fl / t / 1e9, t1,
+               fl / t1 / 1e9);
     }
     if (lt_ok) {
-        const float t = median_ms([&] { lt_all(0.0f); });
+        const float t = median_ms([&] { lt_all(0.0f); }), t1 = median_ms([&] { lt_all(1.0f); });
         printf("    cuBLASLt per expert (1 x 128 scales on both, the backend's wgrad): %.3f ms "
-               "%5.0f TFLOP/s\n",
-               t, fl / t / 1e9);
+               "%5.0f TFLOP/s; beta 1 %.3f ms %5.0f\n",
+               t, fl / t / 1e9, t1, fl / t1 / 1e9);
     }
     for (auto &q : plans)
         lt_free(&q);
