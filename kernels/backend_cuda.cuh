@@ -390,11 +390,10 @@ static inline int64_t moe_cuda_fp8_pad(int64_t n) {
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
                       int64_t ls, int pow2, const char *op);
 /* Each group's rows of x [M, K] (rows offsets[e] .. offsets[e + 1], offsets [E + 1] host)
- * transposed, in 1 x 128 blocks along the tokens, in one launch for up to 128 groups, into
- * q [K, Mpad] (Mpad = the groups' np_e = moe_cuda_fp8_pad(n_e) summed): group e's tokens in
- * columns p_e .. p_e + n_e (p_e the earlier groups' np summed), zeros up to p_e + np_e; its
- * scales [np_e / 128, K] at s + p_e / 128 K (so s [Mpad / 128, K]). K even, x and q 16-byte
- * aligned. */
+ * transposed, in 1 x 128 blocks along the tokens, in one launch for up to 128 groups: group e
+ * into q_e [K, np_e] (np_e = moe_cuda_fp8_pad(n_e), zero past n_e) at q + p_e K, p_e the
+ * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. K even, x and
+ * q 16-byte aligned. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
                         int64_t E, int64_t K, int pow2, const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
@@ -517,21 +516,6 @@ int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const float *sw /* [E, moe_fp8_tile_scales(N, K)] */,
                          const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N, int64_t K,
                          const char *op);
-
-/* sm90/grouped_fp8_wgrad.cu (MOE_HAVE_SM90A): the fp8-block experts' weight gradient in one
- * launch, dw[e] (+)= dequant(dyt_e) dequant(xt_e)^T for the experts with rows. supported: 1 on
- * a compute capability 9.0 device for 2 <= E <= 128 and a 16-byte aligned dw. dw [E, O, I]
- * fp32 dev (beta 0 writes, 1 adds; the experts without rows are left alone); dyt [O, Mpad] with
- * ds [Mpad / 128, O] and xt [I, Mpad] with xs [Mpad / 128, I]: moe_cuda_fp8_cols_t of dy and x
- * over the same offsets [E + 1] HOST; O and I multiples of 16. 0 after a recorded error. */
-int moe_cuda_grouped_fp8_wgrad_supported(const moe_cuda_ctx *c, int64_t E, const float *dw);
-int moe_cuda_grouped_fp8_wgrad(moe_cuda_ctx *c, float *dw /* [E, O, I] */, float beta,
-                               const uint8_t *dyt /* [O, Mpad] */,
-                               const float *ds /* [Mpad / 128, O] */,
-                               const uint8_t *xt /* [I, Mpad] */,
-                               const float *xs /* [Mpad / 128, I] */,
-                               const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t O,
-                               int64_t I, const char *op);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or

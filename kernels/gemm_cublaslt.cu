@@ -40,8 +40,6 @@ typedef struct moe_gemm_key {
     int beta_nonzero;
     int align_a, align_b, align_c; /* bytes, power of two, <= 256 */
     int vary;                      /* GEMM_VARY_*: M or K holds rows_bucket of the count */
-    int64_t ld; /* the row stride of A and B in elements when it is not K (0: K); only with
-                   vary, and not part of a plan's identity: run_plan sets it per call */
 } moe_gemm_key;
 
 typedef struct moe_gemm_plan {
@@ -141,13 +139,12 @@ static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const void *as
 
 /* The column-major layouts of row-major C[M,N] = op(A) op(B) (the top of this file):
  * cuBLASLt's A is op(B)^T (layout 0), its B is op(A)^T (1), its C is C^T (2); each is
- * rows[i] x cols[i] with leading dimension ld[i]: rows[i], or for A and B the key's ld. */
+ * rows[i] x cols[i] with leading dimension rows[i]. */
 typedef struct gemm_layouts {
     uint64_t rows[3], cols[3];
-    int64_t ld[3];
 } gemm_layouts;
 
-static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t ld) {
+static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K) {
     gemm_layouts d;
     d.rows[0] = (uint64_t)(tb ? K : N);
     d.cols[0] = (uint64_t)(tb ? N : K);
@@ -155,8 +152,6 @@ static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K,
     d.cols[1] = (uint64_t)(ta ? K : M);
     d.rows[2] = (uint64_t)N;
     d.cols[2] = (uint64_t)M;
-    for (int l = 0; l < 3; l++)
-        d.ld[l] = l < 2 && ld ? ld : (int64_t)d.rows[l];
     return d;
 }
 
@@ -184,7 +179,7 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const v
     /* column-major: D^T[N,M] = op(B)^T [N,K] * op(A)^T [K,M] */
     cublasOperation_t opa = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on B */
     cublasOperation_t opb = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on A */
-    gemm_layouts d = layout_dims(key->ta, key->tb, key->M, key->N, key->K, key->ld);
+    gemm_layouts d = layout_dims(key->ta, key->tb, key->M, key->N, key->K);
     int ok = moe_cublas_check(c, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                               op, SHAPE_FMT, SHAPE_ARGS(key));
     if (ok)
@@ -202,7 +197,7 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const v
         ok = moe_cublas_check(c,
                               cublasLtMatrixLayoutCreate(lay[l],
                                                          l == 2 ? (cudaDataType)key->cdtype : dt,
-                                                         d.rows[l], d.cols[l], d.ld[l]),
+                                                         d.rows[l], d.cols[l], (int64_t)d.rows[l]),
                               op, SHAPE_FMT, SHAPE_ARGS(key));
     if (ok && key->scale_a) { /* cuBLASLt's A is our B (see the top of this file) */
         cublasLtMatmulMatrixScale_t ma = (cublasLtMatmulMatrixScale_t)(key->scale_b - 1);
@@ -285,15 +280,16 @@ static size_t esize(cudaDataType dt) {
 static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, const moe_gemm_key *k,
                     float alpha, const void *A, const void *B, float beta, void *C) {
     if (p->key.vary != GEMM_EXACT) {
-        gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K, k->ld);
+        gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K);
         cublasLtMatrixLayout_t lay[3] = {p->la, p->lb, p->lc};
         for (int l = 0; l < 3; l++) {
-            /* rows, cols and the leading dimension, each a 64-bit attribute */
+            /* rows, cols and the leading dimension (= rows), each a 64-bit attribute */
             const cublasLtMatrixLayoutAttribute_t at[3] = {CUBLASLT_MATRIX_LAYOUT_ROWS,
                                                            CUBLASLT_MATRIX_LAYOUT_COLS,
                                                            CUBLASLT_MATRIX_LAYOUT_LD};
             const uint64_t rows = d.rows[l], cols = d.cols[l];
-            const void *val[3] = {&rows, &cols, &d.ld[l]};
+            const int64_t ld = (int64_t)rows;
+            const void *val[3] = {&rows, &cols, &ld};
             for (int a = 0; a < 3; a++)
                 if (!moe_cublas_check(
                         c, cublasLtMatrixLayoutSetAttribute(lay[l], at[a], val[a], sizeof rows), op,
@@ -330,12 +326,10 @@ static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cu
     return key;
 }
 
-/* The key a plan is cached under: the exact key with its varying dimension bucketed (and its
- * operands packed: run_plan sets the exact layouts). */
+/* The key a plan is cached under: the exact key with its varying dimension bucketed. */
 static moe_gemm_key plan_key(moe_gemm_key k) {
     if (k.vary == GEMM_VARY_M) k.M = rows_bucket(k.M);
     if (k.vary == GEMM_VARY_K) k.K = rows_bucket(k.K);
-    k.ld = 0;
     return k;
 }
 
@@ -366,16 +360,15 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
 #define SC_TILES CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 #define SC_MX CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
 
-/* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3, their rows
- * ld elements apart: 0 for K, otherwise only with a vary) with their scales as and bs in the
- * modes ma and mb (SC_*). C of ctype (fp32, or bf16 with beta = 0), accumulated in fp32. */
-static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K, int64_t ld,
+/* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
+ * their scales as and bs in the modes ma and mb (SC_*). C of ctype (fp32, or bf16 with
+ * beta = 0), accumulated in fp32. */
+static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K,
                     const uint8_t *A, const void *as, cublasLtMatmulMatrixScale_t ma,
                     const uint8_t *B, const void *bs, cublasLtMatmulMatrixScale_t mb, float beta,
                     void *C, cudaDataType ctype, int vary) {
     if (M <= 0 || N <= 0 || K <= 0) return 1;
     moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype, vary);
-    key.ld = ld;
     key.scale_a = 1 + (int)ma;
     key.scale_b = 1 + (int)mb;
     moe_gemm_key pk = plan_key(key);
@@ -561,13 +554,13 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
     int64_t body = n - n % FP8_ROWS, tail = n - body;
     const float *s = a->s + fp8_group_scales(offsets, e, KB);
     size_t cs = esize(ct);
-    if (body > 0 && !gemm_fp8(c, op, body, N, K, 0, a->q + r0 * K, s, SC_VEC128, bq, bs, SC_TILES,
+    if (body > 0 && !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, SC_VEC128, bq, bs, SC_TILES,
                               beta, C, ct, GEMM_VARY_M))
         return 0;
     if (tail == 0) return 1;
     void *t = moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(FP8_ROWS * N) * cs, op);
     char *dst = (char *)C + (size_t)(body * N) * cs;
-    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, 0, a->q + (r0 + body) * K, s + round32(body * KB),
+    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB),
                         SC_VEC128, bq, bs, SC_TILES, 0.0f, t, ct, GEMM_EXACT))
         return 0;
     if (beta == 0.0f)
@@ -624,9 +617,7 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
 }
 
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (+)= dy^T x per group (either may be NULL; betas bx,
- * bw: 1 adds, 0 writes); dy [M, O]. The wgrad's operands are dy and x transposed in 1 x 128
- * blocks along each group's tokens (one launch each); on Hopper one launch multiplies them for
- * all groups (sm90/grouped_fp8_wgrad.cu), elsewhere one cuBLASLt product per group. */
+ * bw: 1 adds, 0 writes); dy [M, O]. */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw, moe_cbuf dy,
                                  moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                  int64_t I, int64_t O, int pow2, float bx, float bw) {
@@ -648,18 +639,12 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op) ||
         !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, op))
         return;
-#if MOE_HAVE_SM90A
-    if (moe_cuda_grouped_fp8_wgrad_supported(c, E, dw)) {
-        moe_cuda_grouped_fp8_wgrad(c, dw, bw, dyt.q, dyt.s, xt.q, xt.s, offsets, E, O, I, op);
-        return;
-    }
-#endif
-    /* one cuBLASLt product per group: its np columns of dyt and xt, rows Mpad apart */
     for (int64_t e = 0, p0 = 0; e < E; e++) {
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         if (np <= 0) continue;
-        if (!gemm_fp8(c, op, O, I, np, Mpad, dyt.q + p0, dyt.s + p0 / 128 * O, SC_VEC128, xt.q + p0,
-                      xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
+        if (!gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
+                      xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I, CUDA_R_32F,
+                      GEMM_VARY_K))
             return;
         p0 += np;
     }
@@ -756,8 +741,8 @@ static int mx_native_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbu
     moe_mx_groups at = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n > 0 && !gemm_fp8(c, op, n, O, I, 0, xa.q + at.q, xa.sc + at.sc, SC_MX,
-                               wa.q + e * O * I, wa.sc + e * moe_mx_tiled_bytes(O, I), SC_MX, 0.0f,
+        if (n > 0 && !gemm_fp8(c, op, n, O, I, xa.q + at.q, xa.sc + at.sc, SC_MX, wa.q + e * O * I,
+                               wa.sc + e * moe_mx_tiled_bytes(O, I), SC_MX, 0.0f,
                                (char *)y.p + (size_t)(r0 * O) * esize(ct), ct, GEMM_VARY_M))
             return 0;
         const moe_mx_groups g = moe_mx_group_bytes(n, I, 0);
@@ -789,7 +774,7 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
         for (int64_t e = 0; e < E; e++) {
             const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
             if (n > 0 &&
-                !gemm_fp8(c, op, n, I, O, 0, da.q + at.q, da.sc + at.sc, SC_MX, wt.q + e * I * O,
+                !gemm_fp8(c, op, n, I, O, da.q + at.q, da.sc + at.sc, SC_MX, wt.q + e * I * O,
                           wt.sc + e * moe_mx_tiled_bytes(I, O), SC_MX, bx,
                           (char *)dx.p + (size_t)(r0 * I) * esize(ct), ct, GEMM_VARY_M))
                 return 0;
@@ -806,9 +791,9 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
     moe_mx_groups ad = {0, 0}, ax = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t n = offsets[e + 1] - offsets[e];
-        if (n > 0 && !gemm_fp8(c, op, O, I, moe_mx_pad(n), 0, dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
-                               xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw, dw + e * O * I, CUDA_R_32F,
-                               GEMM_VARY_K))
+        if (n > 0 &&
+            !gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX, xt.q + ax.q,
+                      xt.sc + ax.sc, SC_MX, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
             return 0;
         const moe_mx_groups gd = moe_mx_group_bytes(n, O, 1), gx = moe_mx_group_bytes(n, I, 1);
         ad.q += gd.q, ad.sc += gd.sc, ax.q += gx.q, ax.sc += gx.sc;

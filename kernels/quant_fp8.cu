@@ -81,8 +81,8 @@ typedef struct {
     int32_t off[FP8_COLS_MAXE + 1], pb[FP8_COLS_MAXE + 1];
 } fp8_groups;
 
-/* Each group's rows of x [M, K] transposed into columns 128 pb[e] .. 128 pb[e + 1] of q [K, ld]
- * (group e's n_e tokens, then zeros up to np_e = 128 (pb[e + 1] - pb[e])), one scale per
+/* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
+ * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
  * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
  * s[b * K + k]. One block of 256 threads a tile of 128 tokens (a padded block b, blockIdx.y) by
  * 64 features (blockIdx.x): thread (tx, ty) reads features 2 tx, 2 tx + 1 of tokens 16 ty ..
@@ -94,7 +94,7 @@ typedef struct {
 template <typename T>
 __global__ void __launch_bounds__(256)
     k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int64_t K,
-                 int64_t ld, const __grid_constant__ fp8_groups g, int E, int pow2) {
+                 const __grid_constant__ fp8_groups g, int E, int pow2) {
     __shared__ float red[8][64];
     __shared__ uint4 tt[64][8];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, b = blockIdx.y;
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(256)
     while (e + 1 < E && g.pb[e + 1] <= b)
         e++;
     const int64_t m0 = (int64_t)(b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
-    const int64_t k0 = (int64_t)blockIdx.x * 64;
+    const int64_t np = (int64_t)(g.pb[e + 1] - g.pb[e]) * QB, k0 = (int64_t)blockIdx.x * 64;
     const int64_t k = k0 + 2 * tx;
     const T *xs = x + (g.off[e] + m0 + 16 * ty) * K + k;
     float v[2][16], amax[2] = {0.0f, 0.0f};
@@ -139,12 +139,12 @@ __global__ void __launch_bounds__(256)
         tt[2 * tx + f][ty ^ (tx & 7)] = w;
     }
     __syncthreads();
-    uint8_t *qb = q + (int64_t)b * QB; /* this block's 128 columns */
+    uint8_t *qe = q + (int64_t)g.pb[e] * QB * K + m0;
 #pragma unroll
     for (int u = threadIdx.x; u < 64 * 8; u += 256) {
         const int row = u / 8, ch = u % 8;
         if (k0 + row < K)
-            *(uint4 *)(qb + (k0 + row) * ld + 16 * ch) = tt[row][ch ^ ((row / 2) & 7)];
+            *(uint4 *)(qe + (k0 + row) * np + 16 * ch) = tt[row][ch ^ ((row / 2) & 7)];
     }
 }
 
@@ -335,11 +335,7 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
                               "fp8 columns: an even K (%lld) and 16-byte aligned buffers expected",
                               (long long)K);
-    int64_t ld = 0; /* Mpad: every group's padded tokens */
-    for (int64_t e = 0; e < E; e++)
-        ld += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
-    /* FP8_COLS_MAXE groups a launch; each launch's q and s start at its first group's column
-     * and block */
+    /* FP8_COLS_MAXE groups a launch; each launch's q and s start at its first group's */
     for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
         const int ne = (int)(E - e0 < FP8_COLS_MAXE ? E - e0 : FP8_COLS_MAXE);
         fp8_groups g;
@@ -351,14 +347,13 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         if (g.pb[ne] > 0) {
             dim3 grid((unsigned)((K + 63) / 64), (unsigned)g.pb[ne]);
             if (x.dt == MOE_DTYPE_BF16)
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, K, ld,
-                                                          g, ne, pow2);
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, K, g,
+                                                          ne, pow2);
             else
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, K, ld, g, ne,
-                                                          pow2);
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, K, g, ne, pow2);
             if (!MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K)) return 0;
         }
-        q += (int64_t)g.pb[ne] * QB;
+        q += (int64_t)g.pb[ne] * QB * K;
         s += (int64_t)g.pb[ne] * K;
     }
     return 1;
