@@ -14,7 +14,6 @@
  * (BLK128x128_32F) at s[rb * round_up(ceil(K / 128), 4) + kb]. */
 #include <cuda_fp8.h>
 
-#include "adamw.cuh"
 #include "backend_cuda.cuh"
 
 #define QB 128 /* elements per block, tiles are QB x QB */
@@ -161,42 +160,31 @@ __global__ void __launch_bounds__(256)
  * byte transpose) in the shared tile tt [128 k][32 words], word (kl, g) kept at
  * kl * 32 + (g ^ tx) so that a warp's 32 stores meet 32 banks, and go out as 16-byte words,
  * each row's 8 chunks in 8 different bank groups. 2.6 -> 4.2 TB/s on an H200 against the
- * one-byte transpose of 256 threads it replaced (docs/performance-gpu.md, 2026-12-04).
- * The tile's element (row r, columns k0 .. k0 + 3) of this thread's patch p, row i: */
-struct fp8_tile_at {
-    int64_t R, K, r0, k0, e;
-    int ty;
-    __device__ __forceinline__ int64_t row(int p, int i) const {
-        return r0 + 4 * (ty + TILE_THREADS / 32 * p) + i;
-    }
-    __device__ __forceinline__ bool in(int p, int i) const {
-        return k0 < K && row(p, i) < R;
-    }
-    /* the element index in [E, R, K] */
-    __device__ __forceinline__ int64_t at(int p, int i) const {
-        return (e * R + row(p, i)) * K + k0;
-    }
-};
-
-__device__ __forceinline__ fp8_tile_at fp8_tile_of(int64_t R, int64_t K) {
-    fp8_tile_at t;
-    t.R = R, t.K = K, t.e = blockIdx.z, t.ty = threadIdx.x / 32;
-    t.r0 = (int64_t)blockIdx.y * QB, t.k0 = (int64_t)blockIdx.x * QB + 4 * (threadIdx.x % 32);
-    return t;
-}
-
-/* The copies of the tile whose values this thread holds in x (see above; zeros outside w),
- * amax the maximum of their finite magnitudes. */
-__device__ __forceinline__ void fp8_tile_out(uint8_t *__restrict__ q, float *__restrict__ s,
-                                             uint8_t *__restrict__ qt, float *__restrict__ st,
-                                             const float4 (&x)[TILE_PATCHES][4], float amax,
-                                             const fp8_tile_at &ta, int pow2) {
+ * one-byte transpose of 256 threads it replaced (docs/performance-gpu.md, 2026-12-04). */
+__global__ void __launch_bounds__(TILE_THREADS)
+    k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
+                float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
+                int pow2) {
     constexpr int NW = TILE_THREADS / 32;
     __shared__ float sh[NW];
     __shared__ uint4 tt[QB * QB / 16];
-    const int tx = threadIdx.x % 32, ty = ta.ty;
-    const int64_t R = ta.R, K = ta.K, RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
-    const int64_t kb = blockIdx.x, rb = blockIdx.y, e = ta.e, k0 = ta.k0, r0 = ta.r0;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
+    const int64_t kb = blockIdx.x, rb = blockIdx.y, e = blockIdx.z;
+    const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
+    const float *we = w + e * R * K;
+    float4 x[TILE_PATCHES][4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int p = 0; p < TILE_PATCHES; p++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int64_t r = r0 + 4 * (ty + NW * p) + i;
+            x[p][i] = k0 < K && r < R ? *(const float4 *)(we + r * K + k0)
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
+            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
+        }
     /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is
      * written once) */
     amax = moe_warp_max(amax);
@@ -240,76 +228,6 @@ __device__ __forceinline__ void fp8_tile_out(uint8_t *__restrict__ q, float *__r
         if (xs & 2) t = a.x, a.x = a.z, a.z = t, t = a.y, a.y = a.w, a.w = t;
         *(uint4 *)(qte + k * R + r) = a;
     }
-}
-
-__global__ void __launch_bounds__(TILE_THREADS)
-    k_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
-                float *__restrict__ st, const float *__restrict__ w, int64_t R, int64_t K,
-                int pow2) {
-    const fp8_tile_at ta = fp8_tile_of(R, K);
-    const float *we = w + ta.e * R * K;
-    float4 x[TILE_PATCHES][4];
-    float amax = 0.0f;
-#pragma unroll
-    for (int p = 0; p < TILE_PATCHES; p++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int64_t r = ta.row(p, i);
-            x[p][i] = ta.k0 < K && r < R ? *(const float4 *)(we + r * K + ta.k0)
-                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
-        }
-    fp8_tile_out(q, s, qt, st, x, amax, ta, pow2);
-}
-
-/* The same tiles with AdamW first (adamw_quantize_weight): each value of w is updated with
- * its gradient g and moments m, v (M: their type and arithmetic, adamw.cuh's, as the flat
- * kernel's) and written back, and the copies are of the new values. A patch's 4 rows of all
- * four arrays are loaded before any is updated or stored (streamed, 192 bytes a thread in
- * flight with bf16 moments), one patch after the other: the first fused form updated one row
- * at a time and ran at 2.1 TB/s (docs/performance-gpu.md, 2026-12-02). w, g 16-byte aligned,
- * m and v aligned to M's 4-moment access. */
-template <class M>
-__global__ void __launch_bounds__(TILE_THREADS)
-    k_adamw_fp8_tiles(uint8_t *__restrict__ q, float *__restrict__ s, uint8_t *__restrict__ qt,
-                      float *__restrict__ st, float *__restrict__ w, const float *__restrict__ g,
-                      typename M::T *__restrict__ m, typename M::T *__restrict__ v, adamw_hp h,
-                      int64_t R, int64_t K, int pow2) {
-    const fp8_tile_at ta = fp8_tile_of(R, K);
-    float4 x[TILE_PATCHES][4];
-    float amax = 0.0f;
-#pragma unroll
-    for (int p = 0; p < TILE_PATCHES; p++) {
-        float4 gg[4], mm[4], vv[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            x[p][i] = gg[i] = mm[i] = vv[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            if (!ta.in(p, i)) continue;
-            const int64_t at = ta.at(p, i);
-            x[p][i] = __ldcs((const float4 *)(w + at));
-            gg[i] = __ldcs((const float4 *)(g + at));
-            mm[i] = M::ld4(m, at / 4);
-            vv[i] = M::ld4(v, at / 4);
-        }
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            if (!ta.in(p, i)) continue;
-            float *pp = &x[p][i].x, *g4 = &gg[i].x, *m4 = &mm[i].x, *v4 = &vv[i].x;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                adamw_moments<M>(g4[j], m4 + j, v4 + j, h);
-                pp[j] = adamw_update<M>(pp[j], m4[j], v4[j], h);
-            }
-            const int64_t at = ta.at(p, i);
-            __stcs((float4 *)(w + at), x[p][i]);
-            M::st4(m, at / 4, mm[i]);
-            M::st4(v, at / 4, vv[i]);
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
-        }
-    }
-    fp8_tile_out(q, s, qt, st, x, amax, ta, pow2);
 }
 
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
@@ -359,62 +277,22 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
     return 1;
 }
 
-/* 1 when w [E, O, I] can have fp8-block tile copies under prec (O and I multiples of 16, w
- * 16-byte aligned), else 0 after recording the error. */
-static int tiles_ok(moe_cuda_ctx *c, const float *w, int64_t E, int64_t O, int64_t I,
-                    moe_recipe prec, const char *op) {
-    if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK && moe_cuda_fp8_shape_ok(I, O) &&
-        (uintptr_t)w % 16 == 0)
-        return 1;
-    return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "E=%lld O=%lld I=%lld recipe %d (fp8-block, multiples of 16 and a "
-                          "16-byte aligned weight expected)",
-                          (long long)E, (long long)O, (long long)I, (int)prec);
-}
-
-static dim3 tiles_grid(int64_t E, int64_t O, int64_t I) {
-    return dim3((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
-}
-
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
                               int64_t E, int64_t O, int64_t I, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "quantize_weight";
-    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0 || !tiles_ok(c, w, E, O, I, prec, op))
-        return;
-    k_fp8_tiles<<<tiles_grid(E, O, I), TILE_THREADS, 0, c->stream>>>(
-        q, s, q + E * O * I, s + E * moe_fp8_tile_scales(O, I), w, O, I,
-        prec == MOE_RECIPE_FP8_BLOCK_POW2);
-    MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
-}
-
-void moe_cuda_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, moe_buf m,
-                                    moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O,
-                                    int64_t I, moe_recipe prec, float lr, float beta1, float beta2,
-                                    float eps, float weight_decay, int64_t step, float grad_scale) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    const char *op = "adamw_quantize_weight";
-    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0 || !tiles_ok(c, w, E, O, I, prec, op))
-        return;
-    const int bf16 = m.dt == MOE_DTYPE_BF16;
-    const uintptr_t mv = (uintptr_t)m.p | (uintptr_t)v.p;
-    if (m.dt != v.dt || (m.dt != MOE_DTYPE_F32 && !bf16) || (uintptr_t)grad % 16 != 0 ||
-        mv % (bf16 ? 8 : 16) != 0) { /* what the tiles cannot read: the two passes */
-        moe_cuda_adamw(be, w, NULL, grad, m, v, E * O * I, lr, beta1, beta2, eps, weight_decay,
-                       step, grad_scale);
-        moe_cuda_quantize_weight(be, q, s, w, E, O, I, prec);
+    if (moe_cuda_failed(c) || E <= 0 || O <= 0 || I <= 0) return;
+    if (moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK || !moe_cuda_fp8_shape_ok(I, O) ||
+        (uintptr_t)w % 16 != 0) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "E=%lld O=%lld I=%lld recipe %d (fp8-block, multiples of 16 and a "
+                       "16-byte aligned weight expected)",
+                       (long long)E, (long long)O, (long long)I, (int)prec);
         return;
     }
-    const adamw_hp h = adamw_hp_of(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
-    uint8_t *qt = q + E * O * I;
-    float *st = s + E * moe_fp8_tile_scales(O, I);
-    const int pow2 = prec == MOE_RECIPE_FP8_BLOCK_POW2;
-    if (bf16)
-        k_adamw_fp8_tiles<adamw_bf16><<<tiles_grid(E, O, I), TILE_THREADS, 0, c->stream>>>(
-            q, s, qt, st, w, grad, (uint16_t *)m.p, (uint16_t *)v.p, h, O, I, pow2);
-    else
-        k_adamw_fp8_tiles<adamw_f32><<<tiles_grid(E, O, I), TILE_THREADS, 0, c->stream>>>(
-            q, s, qt, st, w, grad, (float *)m.p, (float *)v.p, h, O, I, pow2);
-    MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld moments %s", (long long)E, (long long)O,
-                      (long long)I, moe_dtype_name(m.dt));
+    dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
+    k_fp8_tiles<<<grid, TILE_THREADS, 0, c->stream>>>(q, s, q + E * O * I,
+                                                      s + E * moe_fp8_tile_scales(O, I), w, O, I,
+                                                      prec == MOE_RECIPE_FP8_BLOCK_POW2);
+    MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
 }

@@ -268,8 +268,7 @@ enum {
     DY_MXFP8 = 3 << 5,
     DX_F32 = 1 << 7,
     DX_BF16 = 2 << 7,
-    DX_MXFP8 = 3 << 7,
-    FUSED = 1 << 9 /* MOE_OP_QUANTIZE: adamw_quantize_weight (else adamw, then quantize_weight) */
+    DX_MXFP8 = 3 << 7
 };
 
 typedef struct tcase {
@@ -1120,24 +1119,15 @@ static void run_adamw(gctx *g, const tcase *tc) {
  * and transposed values, both scale layouts; the scales' padding zero on both sides). A tile
  * of zeros that stays zero (scale 1), two outliers and the special values planted before the
  * copies exercise the scale rule's and the conversion's edges. */
-/* AdamW's inputs for a weight [E, O, I] of the fp8 cases: a random master, gradient and
- * moments, expert 0's first tile all zeros (it stays zero: scale 1) and two outliers. */
-static void fp8_adamw_inputs(int64_t E, int64_t O, int64_t I, float **p, float **gr, float **m,
-                             float **v) {
-    const int64_t n = E * O * I;
-    *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
-    *v = frand(n, 0, 0.01f);
-    for (int64_t r = 0; r < 128 && r < O; r++)
-        for (int64_t k = 0; k < 128 && k < I; k++)
-            (*p)[r * I + k] = (*gr)[r * I + k] = (*m)[r * I + k] = (*v)[r * I + k] = 0.0f;
-    (*p)[n / 2] = 300.0f, (*p)[n - 1] = -1e4f;
-}
-
 static void run_adamw_fp8(gctx *g, const tcase *tc) {
     int64_t E = tc->s[0], O = tc->s[1], I = tc->s[2], n = E * O * I;
     int64_t ns = moe_fp8_weight_scales(E, O, I);
-    float *p, *gr, *m, *v;
-    fp8_adamw_inputs(E, O, I, &p, &gr, &m, &v);
+    float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m = frand(n, -0.1f, 0.1f);
+    float *v = frand(n, 0, 0.01f);
+    for (int64_t r = 0; r < 128 && r < O; r++) /* expert 0's first tile: zeros, no gradient */
+        for (int64_t k = 0; k < 128 && k < I; k++)
+            p[r * I + k] = gr[r * I + k] = m[r * I + k] = v[r * I + k] = 0.0f;
+    p[n / 2] = 300.0f, p[n - 1] = -1e4f;
     float *zeros = calloc((size_t)ns, sizeof(float));
     float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
@@ -1176,62 +1166,6 @@ static void run_adamw_fp8(gctx *g, const tcase *tc) {
     free(p), free(gr), free(m), free(v), free(zeros), free(hp), free(hs), free(hq), free(cq);
 }
 
-/* adamw_quantize_weight (one pass on the GPU: AdamW on each 128 x 128 tile, then its copies)
- * against the CPU's adamw then quantize_weight: the new master and moments as run_adamw
- * compares them (identical bytes with bf16 moments, typed cases; within tol with fp32 ones),
- * and the copies byte for byte against the CPU's quantize_weight of the GPU's new master.
- * Two steps: the second from the first's stored moments. */
-static void run_adamw_fp8_fused(gctx *g, const tcase *tc) {
-    int64_t E = tc->s[0], O = tc->s[1], I = tc->s[2], n = E * O * I;
-    int64_t ns = moe_fp8_weight_scales(E, O, I);
-    moe_dtype mdt = typed_dt(tc);
-    size_t mbytes = (size_t)n * moe_dtype_size(mdt);
-    float *p, *gr, *m0, *v0;
-    fp8_adamw_inputs(E, O, I, &p, &gr, &m0, &v0);
-    as_stored(m0, n, mdt), as_stored(v0, n, mdt);
-    moe_buf m = moe_buf_of(host_typed(m0, n, mdt), mdt),
-            v = moe_buf_of(host_typed(v0, n, mdt), mdt);
-    float *zeros = calloc((size_t)ns, sizeof(float));
-    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
-    moe_buf dm = dev_operand(g, mdt, "m", m0, n), dv = dev_operand(g, mdt, "v", v0, n);
-    uint8_t *dq = dup_dev(g, "e4m3 copies", NULL, (size_t)(2 * n));
-    float *ds = dup_dev(g, "scales", zeros, F(ns));
-    uint8_t *cq = xmalloc((size_t)(2 * n));
-    int same = 1, exact = 1;
-    for (int64_t step = 1; step <= 2; step++) {
-        g->cpu->adamw(g->cpu, p, NULL, gr, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw_quantize_weight(g->gpu, dp, dg, dm, dv, dq, ds, E, O, I, tc->prec, 1e-3f,
-                                      0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
-        check_sync_guards(g, "adamw_quantize_weight");
-        float *hp = down(g, dp, F(n)), *hs = down(g, ds, F(ns));
-        uint8_t *hq = down(g, dq, (size_t)(2 * n));
-        memset(zeros, 0, F(ns));
-        g->cpu->quantize_weight(g->cpu, cq, zeros, hp, E, O, I, tc->prec);
-        same &= memcmp(hq, cq, (size_t)(2 * n)) == 0 && memcmp(hs, zeros, F(ns)) == 0;
-        if (mdt == MOE_DTYPE_BF16) {
-            exact &= same_bytes(g, "param", dp, p, F(n));
-            exact &= same_bytes(g, "m", dm.p, m.p, mbytes);
-            exact &= same_bytes(g, "v", dv.p, v.p, mbytes);
-        }
-        free(hp), free(hs), free(hq);
-    }
-    if (mdt != MOE_DTYPE_BF16) {
-        cmp_f32(g, "param", dp, p, n, tc->tol);
-        cmp_f32(g, "m", dm.p, m.p, n, tc->tol);
-        cmp_f32(g, "v", dv.p, v.p, n, tc->tol);
-    }
-    printf("  %-28s %-16s n=%-9lld copies %s, param and moments %s %s\n", g->label,
-           "fused fp8 copies", (long long)n, same ? "identical" : "DIFFER",
-           mdt != MOE_DTYPE_BF16 ? "within tol"
-           : exact               ? "identical"
-                                 : "DIFFER",
-           same && exact ? "ok" : "FAIL");
-    CHECK_MSG(same, "%s: the fused step's fp8 copies differ from the CPU's quantize(master)",
-              g->label);
-    CHECK_MSG(exact, "%s: the fused step's master or bf16 moments differ from the CPU's", g->label);
-    free(p), free(gr), free(m0), free(v0), free(m.p), free(v.p), free(zeros), free(cq);
-}
-
 static void run_sum_squares(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     float *x = frand(n, -3, 3);
@@ -1248,8 +1182,8 @@ static void run_sum_squares(gctx *g, const tcase *tc) {
     free(x);
 }
 
-static runner_fn runner_for(const tcase *tc) {
-    switch (tc->op) {
+static runner_fn runner_for(moe_op op) {
+    switch (op) {
     case MOE_OP_EMBEDDING:
         return run_embedding;
     case MOE_OP_RMSNORM:
@@ -1279,7 +1213,7 @@ static runner_fn runner_for(const tcase *tc) {
     case MOE_OP_CAST:
         return run_adamw;
     case MOE_OP_QUANTIZE:
-        return tc->types & FUSED ? run_adamw_fp8_fused : run_adamw_fp8;
+        return run_adamw_fp8;
     case MOE_OP_SUM_SQUARES:
         return run_sum_squares;
     case MOE_OP_POOL:
@@ -1592,20 +1526,6 @@ static const tcase k_cases[] = {
     /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
     {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
     {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},
-    /* fused: the fp8-block tiles' AdamW (bf16 moments exact, fp32 ones within tol) */
-    {"adamw fp8 fused E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, FUSED},
-    {"adamw fp8 fused bf16 m v E3 O272 I144",
-     MOE_OP_QUANTIZE,
-     {3, 272, 144},
-     FP8B,
-     0.0,
-     FUSED | TYPED},
-    {"adamw fp8 fused pow2 bf16 m v E2 O384 I656",
-     MOE_OP_QUANTIZE,
-     {2, 384, 656},
-     FP8P,
-     0.0,
-     FUSED | TYPED},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
     {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},
     {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13, 0},
@@ -1774,9 +1694,6 @@ static const pcase k_perf[] = {
     {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
     /* the fp8-block weight copies of one mixtral w1 (both layouts), as after each AdamW */
     {"quantize_weight E8 O14336 I4096", MOE_OP_QUANTIZE, 0, {8, 14336, 4096}},
-    /* the same after AdamW (bf16 moments), as two passes and as adamw_quantize_weight's one */
-    {"adamw+quantize E8 O14336 I4096 two passes", MOE_OP_QUANTIZE, 0, {8, 14336, 4096, 1}},
-    {"adamw+quantize E8 O14336 I4096 fused", MOE_OP_QUANTIZE, 0, {8, 14336, 4096, 2}},
 };
 enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
 
@@ -1961,10 +1878,6 @@ static void run_perf(gctx *g, const pcase *pc) {
         a = perf_buf(g, n), b = perf_buf(g, n / 2); /* w; q and qt: 2 n bytes */
         c = perf_buf(g, moe_fp8_weight_scales(s[0], s[1], s[2]));
         bytes = 6.0 * (double)n; /* read 4 bytes a weight, write 2 */
-        if (s[3]) {              /* with AdamW first (bf16 moments): its 20 bytes, 16 when fused */
-            d = perf_buf(g, n), e = perf_buf(g, n / 2), f = perf_buf(g, n / 2);
-            bytes += (s[3] == 1 ? 20.0 : 16.0) * (double)n;
-        }
         break;
     }
     default:
@@ -2042,18 +1955,9 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_SUM_SQUARES:
                 (void)be->sum_squares(be, a, s[0]);
                 break;
-            case MOE_OP_QUANTIZE: {
-                const moe_buf bm = moe_buf_of(e, MOE_DTYPE_BF16),
-                              bv = moe_buf_of(f, MOE_DTYPE_BF16);
-                if (s[3] == 2)
-                    be->adamw_quantize_weight(be, a, d, bm, bv, (uint8_t *)b, c, s[0], s[1], s[2],
-                                              FP8B, 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, 1.0f);
-                if (s[3] == 1)
-                    be->adamw(be, a, NULL, d, bm, bv, s[0] * s[1] * s[2], 1e-9f, 0.9f, 0.95f, 1e-8f,
-                              0.0f, 10, 1.0f);
-                if (s[3] != 2) be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
+            case MOE_OP_QUANTIZE:
+                be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
                 break;
-            }
             default:
                 break;
             }
@@ -2130,7 +2034,7 @@ int main(int argc, char **argv) {
                 CHECK_MSG(0, "%s: cuda backend does not support %s", tc->name, moe_op_name(tc->op));
                 continue;
             }
-            runner_for(tc)(&g, tc);
+            runner_for(tc->op)(&g, tc);
             free_bufs(&g);
             run++;
             failed_cases += g.fails > 0;
