@@ -149,18 +149,6 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     float p[16][4];       /* one batch's product: 128 columns of K, not yet scaled */
     gg_tile tl;
     for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, GF_BM, BN, &tl); t += gridDim.x) {
-        /* an expert's last tile with at most 64 rows: the second warpgroup's rows are all past
-         * the expert's end, so it multiplies nothing and stores nothing; it still waits for
-         * each stage and releases it (it cannot run a ring ahead of the first) */
-        const bool idle = tl.r0 + wg * 64 >= tl.rend;
-        if (idle) {
-            for (int kb = 0; kb < KB; kb++, it++) {
-                const int s = it % NS;
-                fa3_bar_wait(bfull + 8 * s, (it / NS) & 1);
-                fa3_bar_arrive(bempty + 8 * s);
-            }
-            continue;
-        }
 #pragma unroll
         for (int h = 0; h < NH; h++)
             fa_zero<16>(acc[h]);
