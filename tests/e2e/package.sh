@@ -51,8 +51,10 @@ check_tree() {
     # man finds the page by name, and it is the tool's (its synopsis and an option).
     MANPATH=$root/share/man man -w moe-train | grep -q "^$root/share/man/man1/moe-train.1" ||
         fail "man -w moe-train does not find $root/share/man/man1/moe-train.1"
-    MANPATH=$root/share/man MANWIDTH=100 man moe-train 2>/dev/null | grep -q -- '--resume WHAT' ||
-        fail "man moe-train does not show its options"
+    # (grep reads to the end: with -q it stops at the match and under pipefail man's SIGPIPE
+    # on the rest of the page would fail the check)
+    MANPATH=$root/share/man MANWIDTH=100 man moe-train 2>/dev/null |
+        grep -- '--resume WHAT' > /dev/null || fail "man moe-train does not show its options"
 }
 
 # check_completion ROOT: the completion lists a program's options and subcommands.
@@ -91,11 +93,12 @@ check_completion "$PWD/stage"
 # No installed file names the checkout or the build tree (debug info aside: .rodata/.data).
 for f in stage/usr/bin/*; do
     for sec in .rodata .data .dynstr; do
-        if readelf -p "$sec" "$f" 2>/dev/null | grep -q -e "$src" -e "$bin"; then
+        # (not grep -q: a SIGPIPE to readelf after an early match would hide the match)
+        if readelf -p "$sec" "$f" 2>/dev/null | grep -e "$src" -e "$bin" > /dev/null; then
             fail "$f: $sec names the build or source directory"
         fi
     done
-    if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -q -e "$src" -e "$bin"; then
+    if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -e "$src" -e "$bin" > /dev/null; then
         fail "$f has a RUNPATH into the build tree"
     fi
 done

@@ -196,7 +196,7 @@ for s in lambda:1 parts:5; do
 done
 [ "$(awk -F'\t' 'NR > 2 { print $1 }' results/scores/parts.ll.tsv | tr '\n' ' ')" = "part1 part2 part3 part4 part5 " ] ||
     fail "parts.ll.tsv: not one row per record in order"
-bcftools view -h results/scores/calls.vcf.gz | grep -q '^##moe_score=<model="results/run/'"$ckpt"'",step=20,' ||
+bcftools view -h results/scores/calls.vcf.gz | grep '^##moe_score=<model="results/run/'"$ckpt"'",step=20,' > /dev/null ||
     fail "calls.vcf.gz: no ##moe_score line for results/run/$ckpt"
 [ "$(bcftools query -f '%ID:%INFO/MOE_LLR\n' results/scores/calls.vcf.gz | awk -F: '$2 != "." { n++ } END { print n }')" = 5 ] ||
     fail "calls.vcf.gz: not every ALT has a MOE_LLR: $(bcftools query -f '%ID:%INFO/MOE_LLR ' results/scores/calls.vcf.gz)"

@@ -134,15 +134,20 @@ RANK=3 WORLD_SIZE=2 mpi 2 moe-train "${args[@]}" -o bad parallel.ep=2 2> bad.err
 # (d) a rank that dies, a rank that hangs: the run ends with an error within the timeout
 long=("${args[@]}" parallel.ep=2 train.steps=100000 optim.warmup_steps=10 checkpoint.every=0
       train.eval_every=0 parallel.timeout_s=5)
-# start_rank1 DIR: starts the long run in the background, sets rank1 to rank 1's pid
+# start_rank1 DIR: starts the long run in the background, sets rank1 to rank 1's pid; until
+# the run is waited for, leaving the script (a failed check) ends it, so that a failure does
+# not leave two ranks training for 100,000 steps
 start_rank1() {
     ASAN_OPTIONS="$mpi_asan" mpirun -np 2 moe-train "${long[@]}" -o "$1" > "$1.out" 2> "$1.err" &
-    mpid=$!
+    mpid=$! rank1=
+    trap 'if [ -n "$rank1" ]; then kill -CONT "$rank1" 2> /dev/null || true; fi
+          kill "$mpid" 2> /dev/null || true' EXIT
     for _ in $(seq 200); do [ -s "$1/metrics.jsonl" ] && break; sleep 0.1; done
     [ -s "$1/metrics.jsonl" ] || { cat "$1.err"; fail "$1: the run did not start"; }
-    rank1=
+    # grep reads the environment itself: `tr | grep -q` under pipefail failed when grep
+    # stopped at the match and tr died writing the rest (SIGPIPE; seen under load, 2026-12-05)
     for p in $(pgrep -P "$mpid" -x moe-train); do
-        tr '\0' '\n' < /proc/"$p"/environ | grep -qx OMPI_COMM_WORLD_RANK=1 && rank1=$p
+        grep -qxz OMPI_COMM_WORLD_RANK=1 /proc/"$p"/environ && rank1=$p
     done
     [ -n "$rank1" ] || fail "$1: rank 1 not found"
 }
@@ -153,6 +158,7 @@ ends() {
     t0=$(date +%s)
     kill -"$2" "$rank1"
     wait "$mpid" || rc=$?
+    trap - EXIT
     local took=$(($(date +%s) - t0))
     [ "$rc" != 0 ] || fail "$1: the run exited 0 after rank 1 got SIG$2"
     [ "$took" -le 25 ] || fail "$1: the run took $took s to end after SIG$2"
