@@ -384,14 +384,18 @@ static inline int64_t moe_cuda_fp8_pad(int64_t n) {
     return (n + 127) / 128 * 128;
 }
 /* Every quantizer takes pow2: the scales rounded up to powers of two (fp8-block's pow2 rule).
- * x [R, K] (f32 or bf16) in 1 x 128 blocks along K: q [R, K], the scale of block kb of row r
- * at s[kb * ls + r] (ls >= R; cuBLASLt reads ls = the product's row count). */
+ * x [R, K] (f32 or bf16; K a multiple of 8, x 16-byte aligned) in 1 x 128 blocks along K: q
+ * [R, K], the scale of block kb of row r at s[kb * ls + r] (ls >= R; cuBLASLt reads ls = the
+ * product's row count). */
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
                       int64_t ls, int pow2, const char *op);
-/* x [n, K] transposed, in 1 x 128 blocks along n: q [K, moe_cuda_fp8_pad(n)] (zero past n),
- * s [moe_cuda_fp8_pad(n) / 128 * K]. */
-int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
-                        int pow2, const char *op);
+/* Each group's rows of x [M, K] (rows offsets[e] .. offsets[e + 1], offsets [E + 1] host)
+ * transposed, in 1 x 128 blocks along the tokens, in one launch for up to 128 groups: group e
+ * into q_e [K, np_e] (np_e = moe_cuda_fp8_pad(n_e), zero past n_e) at q + p_e K, p_e the
+ * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. K even, x and
+ * q 16-byte aligned. */
+int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
+                        int64_t E, int64_t K, int pow2, const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,

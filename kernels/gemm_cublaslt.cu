@@ -635,17 +635,16 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
     fp8_operand dyt, xt;
     if (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
-        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op))
+        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op) ||
+        !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op) ||
+        !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, op))
         return;
     for (int64_t e = 0, p0 = 0; e < E; e++) {
-        int64_t r0 = offsets[e], n = offsets[e + 1] - r0, np = moe_cuda_fp8_pad(n);
-        if (n <= 0) continue;
-        uint8_t *dq = dyt.q + p0 * O, *xq = xt.q + p0 * I;
-        float *ds = dyt.s + p0 / 128 * O, *xs = xt.s + p0 / 128 * I;
-        if (!moe_cuda_fp8_cols_t(c, dq, ds, moe_cbuf_at(dy, r0 * O), n, O, pow2, op) ||
-            !moe_cuda_fp8_cols_t(c, xq, xs, moe_cbuf_at(x, r0 * I), n, I, pow2, op) ||
-            !gemm_fp8(c, op, O, I, np, dq, ds, SC_VEC128, xq, xs, SC_VEC128, bw, dw + e * O * I,
-                      CUDA_R_32F, GEMM_VARY_K))
+        int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
+        if (np <= 0) continue;
+        if (!gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
+                      xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I, CUDA_R_32F,
+                      GEMM_VARY_K))
             return;
         p0 += np;
     }

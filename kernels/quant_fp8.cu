@@ -30,59 +30,6 @@ __device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
                      moe_e4m3_neg_nan(x));
 }
 
-/* One warp per 1 x 128 block (r, kb) of x [R, K]: q [R, K], s [kb * ls + r]. */
-template <typename T>
-__global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
-                           int64_t R, int64_t K, int64_t ls, int pow2) {
-    int64_t KB = (K + QB - 1) / QB;
-    int64_t blk = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (blk >= R * KB) return;
-    int lane = threadIdx.x & 31;
-    int64_t r = blk / KB, kb = blk % KB, j0 = kb * QB + lane * 4;
-    float v[4], amax = 0.0f;
-    for (int t = 0; t < 4; t++) {
-        v[t] = j0 + t < K ? moe_ld(x, r * K + j0 + t) : 0.0f;
-        amax = fmaxf(amax, moe_finite_abs(v[t]));
-    }
-    float scale = fp8_scale(moe_warp_max(amax), pow2);
-    for (int t = 0; t < 4; t++)
-        if (j0 + t < K) q[r * K + j0 + t] = fp8_of(v[t], scale);
-    if (lane == 0) s[kb * ls + r] = scale;
-}
-
-/* x [n, K] transposed into q [K, npad] (npad = round_up(n, 128); columns n.. are zero) with
- * one scale per 1 x 128 block along n: s [(m / 128) * K + k]. Block (32, 8) threads, tile of
- * 128 rows x 32 columns. */
-template <typename T>
-__global__ void k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s,
-                             const T *__restrict__ x, int64_t n, int64_t K, int64_t npad,
-                             int pow2) {
-    __shared__ float red[8][32];
-    __shared__ __align__(16) uint8_t tile[32][QB + 16];
-    int tx = threadIdx.x, ty = threadIdx.y;
-    int64_t k = (int64_t)blockIdx.x * 32 + tx, m0 = (int64_t)blockIdx.y * QB;
-    float v[QB / 8], amax = 0.0f;
-    for (int i = 0; i < QB / 8; i++) {
-        int64_t m = m0 + ty + 8 * i;
-        v[i] = m < n && k < K ? moe_ld(x, m * K + k) : 0.0f;
-        amax = fmaxf(amax, moe_finite_abs(v[i]));
-    }
-    red[ty][tx] = amax;
-    __syncthreads();
-    amax = 0.0f;
-    for (int i = 0; i < 8; i++)
-        amax = fmaxf(amax, red[i][tx]);
-    float scale = fp8_scale(amax, pow2);
-    if (ty == 0 && k < K) s[(m0 / QB) * K + k] = scale;
-    for (int i = 0; i < QB / 8; i++)
-        tile[tx][ty + 8 * i] = fp8_of(v[i], scale); /* padding rows encode 0 */
-    __syncthreads();
-    /* 256 threads write 32 rows of 128 bytes, 16 bytes each */
-    int t = ty * 32 + tx, row = t / 8, part = t % 8;
-    int64_t kr = (int64_t)blockIdx.x * 32 + row;
-    if (kr < K) *(uint4 *)(q + kr * npad + m0 + part * 16) = *(const uint4 *)&tile[row][part * 16];
-}
-
 /* Four values at one scale as four e4m3 bytes (x.x in the low byte): fp8_of's bytes, two
  * values to a conversion. */
 __device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
@@ -94,6 +41,110 @@ __device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
                        __NV_E4M3);
     return (lo | hi << 16) | moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 |
            moe_e4m3_neg_nan(x.z) << 16 | moe_e4m3_neg_nan(x.w) << 24;
+}
+
+/* Two 1 x 128 blocks (r, kb) of x [R, K] a warp, 16 lanes a block, 8 values a lane in one
+ * 16-byte load (K a multiple of 8, x 16-byte aligned): q [R, K] (8 bytes a lane),
+ * s [kb * ls + r]. */
+template <typename T>
+__global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
+                           int64_t R, int64_t K, int64_t ls, int pow2) {
+    const int64_t KB = (K + QB - 1) / QB,
+                  blk = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 16;
+    const bool live = blk < R * KB; /* every lane takes part in the shuffles below */
+    const int64_t r = live ? blk / KB : 0, kb = live ? blk % KB : 0;
+    const int64_t j0 = kb * QB + (threadIdx.x & 15) * MOE_VEC;
+    const bool in = live && j0 < K;
+    float v[MOE_VEC] = {};
+    if (in) moe_ldv<MOE_VEC>(x, r * K + j0, v);
+    float amax = 0.0f;
+#pragma unroll
+    for (int t = 0; t < MOE_VEC; t++)
+        amax = fmaxf(amax, moe_finite_abs(v[t]));
+#pragma unroll
+    for (int o = 8; o > 0; o /= 2) /* within the 16 lanes of the block */
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (!live) return;
+    const float scale = fp8_scale(amax, pow2);
+    if (in)
+        *(uint2 *)(q + r * K + j0) =
+            make_uint2(fp8x4_of(make_float4(v[0], v[1], v[2], v[3]), scale),
+                       fp8x4_of(make_float4(v[4], v[5], v[6], v[7]), scale));
+    if ((threadIdx.x & 15) == 0) s[kb * ls + r] = scale;
+}
+
+/* The groups of a transposed quantization (moe_cuda_fp8_cols_t), passed by value: group e's
+ * rows of x are off[e] .. off[e + 1], its padded 128-token blocks pb[e] .. pb[e + 1]. */
+#define FP8_COLS_MAXE 128
+typedef struct {
+    int32_t off[FP8_COLS_MAXE + 1], pb[FP8_COLS_MAXE + 1];
+} fp8_groups;
+
+/* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
+ * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
+ * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
+ * s[b * K + k]. One block of 256 threads a tile of 128 tokens (a padded block b, blockIdx.y) by
+ * 64 features (blockIdx.x): thread (tx, ty) reads features 2 tx, 2 tx + 1 of tokens 16 ty ..
+ * 16 ty + 15 (a warp a token's 64 features: 128 or 256 contiguous bytes), the column amax
+ * goes through red, and each thread's 16 bytes of a feature go into the shared tile tt [64
+ * features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte store phase
+ * meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte stores. K a
+ * multiple of 2; q and x aligned to their vectors. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int64_t K,
+                 const __grid_constant__ fp8_groups g, int E, int pow2) {
+    __shared__ float red[8][64];
+    __shared__ uint4 tt[64][8];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, b = blockIdx.y;
+    int e = 0;
+    while (e + 1 < E && g.pb[e + 1] <= b)
+        e++;
+    const int64_t m0 = (int64_t)(b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
+    const int64_t np = (int64_t)(g.pb[e + 1] - g.pb[e]) * QB, k0 = (int64_t)blockIdx.x * 64;
+    const int64_t k = k0 + 2 * tx;
+    const T *xs = x + (g.off[e] + m0 + 16 * ty) * K + k;
+    float v[2][16], amax[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        v[0][i] = v[1][i] = 0.0f;
+        if (k < K && m0 + 16 * ty + i < n) {
+            float2 f;
+            if constexpr (sizeof(T) == 2)
+                f = __bfloat1622float2(*(const __nv_bfloat162 *)(xs + i * K));
+            else
+                f = *(const float2 *)(xs + i * K);
+            v[0][i] = f.x, v[1][i] = f.y;
+        }
+        amax[0] = fmaxf(amax[0], moe_finite_abs(v[0][i]));
+        amax[1] = fmaxf(amax[1], moe_finite_abs(v[1][i]));
+    }
+    red[ty][2 * tx] = amax[0];
+    red[ty][2 * tx + 1] = amax[1];
+    __syncthreads();
+#pragma unroll
+    for (int f = 0; f < 2; f++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            a = fmaxf(a, red[i][2 * tx + f]);
+        const float scale = fp8_scale(a, pow2);
+        if (ty == 0 && k + f < K) s[(int64_t)b * K + k + f] = scale;
+        uint4 w;
+        w.x = fp8x4_of(make_float4(v[f][0], v[f][1], v[f][2], v[f][3]), scale);
+        w.y = fp8x4_of(make_float4(v[f][4], v[f][5], v[f][6], v[f][7]), scale);
+        w.z = fp8x4_of(make_float4(v[f][8], v[f][9], v[f][10], v[f][11]), scale);
+        w.w = fp8x4_of(make_float4(v[f][12], v[f][13], v[f][14], v[f][15]), scale);
+        tt[2 * tx + f][ty ^ (tx & 7)] = w;
+    }
+    __syncthreads();
+    uint8_t *qe = q + (int64_t)g.pb[e] * QB * K + m0;
+#pragma unroll
+    for (int u = threadIdx.x; u < 64 * 8; u += 256) {
+        const int row = u / 8, ch = u % 8;
+        if (k0 + row < K)
+            *(uint4 *)(qe + (k0 + row) * np + 16 * ch) = tt[row][ch ^ ((row / 2) & 7)];
+    }
 }
 
 #define TILE_THREADS 512                            /* 16 warps a 128 x 128 tile */
@@ -182,27 +233,48 @@ __global__ void __launch_bounds__(TILE_THREADS)
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
                       int64_t ls, int pow2, const char *op) {
     if (R <= 0 || K <= 0) return 1;
-    int64_t blocks = (R * ((K + QB - 1) / QB) + 7) / 8;
+    if (!moe_cuda_vec_ok(K, x.p))
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "fp8 rows: K=%lld a multiple of %d and a 16-byte aligned input "
+                              "expected",
+                              (long long)K, MOE_VEC);
+    const unsigned blocks = (unsigned)((R * ((K + QB - 1) / QB) * 16 + 255) / 256);
     if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R, K,
-                                                            ls, pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R, K, ls, pow2);
     else
-        k_fp8_rows<<<(unsigned)blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls,
-                                                            pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls, pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
-int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t n, int64_t K,
-                        int pow2, const char *op) {
-    if (n <= 0 || K <= 0) return 1;
-    int64_t npad = moe_cuda_fp8_pad(n);
-    dim3 grid((unsigned)((K + 31) / 32), (unsigned)(npad / QB)), block(32, 8);
-    if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, n, K, npad,
-                                                    pow2);
-    else
-        k_fp8_cols_t<<<grid, block, 0, c->stream>>>(q, s, (const float *)x.p, n, K, npad, pow2);
-    return MOE_CUDA_LAUNCHED(c, op, "fp8 columns n=%lld K=%lld", (long long)n, (long long)K);
+int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
+                        int64_t E, int64_t K, int pow2, const char *op) {
+    if (K <= 0) return 1;
+    if (K % 2 != 0 || ((uintptr_t)x.p | (uintptr_t)q) % 16 != 0)
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "fp8 columns: an even K (%lld) and 16-byte aligned buffers expected",
+                              (long long)K);
+    /* FP8_COLS_MAXE groups a launch; each launch's q and s start at its first group's */
+    for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
+        const int ne = (int)(E - e0 < FP8_COLS_MAXE ? E - e0 : FP8_COLS_MAXE);
+        fp8_groups g;
+        g.pb[0] = 0;
+        for (int e = 0; e <= ne; e++)
+            g.off[e] = offsets[e0 + e];
+        for (int e = 0; e < ne; e++)
+            g.pb[e + 1] = g.pb[e] + (int32_t)(moe_cuda_fp8_pad(g.off[e + 1] - g.off[e]) / QB);
+        if (g.pb[ne] > 0) {
+            dim3 grid((unsigned)((K + 63) / 64), (unsigned)g.pb[ne]);
+            if (x.dt == MOE_DTYPE_BF16)
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, K, g,
+                                                          ne, pow2);
+            else
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, K, g, ne, pow2);
+            if (!MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K)) return 0;
+        }
+        q += (int64_t)g.pb[ne] * QB * K;
+        s += (int64_t)g.pb[ne] * K;
+    }
+    return 1;
 }
 
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
