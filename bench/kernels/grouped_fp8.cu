@@ -700,7 +700,11 @@ static void run(const char *name, const std::vector<int> &counts, int N, int K, 
  * path: each warpgroup writes a 64 x 32 box into shared memory and goes on, the TMA unit
  * drains it while the next tile's main loop runs (expected ~850-900 at w1 and w2, above
  * cuBLASLt's 750-804; beta 1 as fast as beta 0: the adds happen in L2, where the register
- * form read every element first). Not run yet. */
+ * form read every element first). Measured (H100, 2026-12-05 10:46 UTC): every form passes
+ * every check; TMA 739-836 TFLOP/s at beta 0, the fastest form everywhere, ahead of cuBLASLt
+ * per expert (733-774) on 5 of 6 cases but behind it on w1 with the step's skewed counts and
+ * at beta 1 (549-742 against 571-739); in the backend it made the fp8-block step 0.9 ms
+ * slower (docs/performance-gpu.md, "The queue checked"). */
 #define GW_SC_BYTES(NH) (512 * (1 + (NH))) /* a stage's scales: 128 of ds, 128 NH of xs */
 /* The epilogues the playground compares (2026-12-05): GW_REGS, gg_store's 8-byte stores from
  * the registers (the form that ran: 735 / 666 TFLOP/s at w1's shape, even / uneven, against
