@@ -35,7 +35,7 @@ enum moe_cuda_scratch_slot {
     MOE_CUDA_SCRATCH_COUNT
 };
 
-struct moe_gemm_cache; /* gemm_cublaslt.cu */
+struct moe_gemm_cache; /* gemm_plan.cu */
 
 typedef struct moe_cuda_ctx {
     int device;
@@ -425,6 +425,25 @@ int moe_cuda_group_by_key(moe_cuda_ctx *c, int32_t *order, int32_t *inverse, int
 
 /* ---- entry points of the other files, assembled into the table by backend_cuda.cu ---- */
 void moe_gemm_cache_free(moe_cuda_ctx *c);
+/* gemm_plan.cu: the cuBLASLt calls of the matrix products. vary names the dimension that is
+ * an expert's row count (a plan serves a bucket of counts): */
+enum { GEMM_EXACT = 0, GEMM_VARY_M = 1, GEMM_VARY_K = 2 };
+/* Bytes per element of a product's operand or output type (e4m3, bf16, fp32). */
+static inline size_t moe_gemm_esize(cudaDataType dt) {
+    return dt == CUDA_R_8F_E4M3 ? 1 : dt == CUDA_R_16BF ? 2 : 4;
+}
+/* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
+ * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
+ * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest). 0 after a recorded error. */
+int moe_gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
+                float alpha, const void *A, const void *B, cudaDataType dtype, float beta, void *C,
+                cudaDataType ctype, int vary);
+/* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
+ * their scales as and bs in the modes ma and mb (cuBLASLt's scale modes). C of ctype (fp32,
+ * or bf16 with beta = 0), accumulated in fp32. 0 after a recorded error. */
+int moe_gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K, const uint8_t *A,
+                 const void *as, cublasLtMatmulMatrixScale_t ma, const uint8_t *B, const void *bs,
+                 cublasLtMatmulMatrixScale_t mb, float beta, void *C, cudaDataType ctype, int vary);
 /* 1 when cuBLASLt offers an MXFP8 product (VEC32_UE8M0 scales) on this GPU (sm_100 and later;
  * it refuses on sm_90), asked once at start-up without recording an error. */
 int moe_cuda_mx_probe(moe_cuda_ctx *c);

@@ -1,5 +1,5 @@
 /* gemm_cublaslt: the dense and grouped (per-expert) matrix products of the CUDA backend,
- * through cuBLASLt with fp32 accumulation.
+ * through cuBLASLt with fp32 accumulation (its plans and calls: gemm_plan.cu).
  *
  * Every product is phrased like the CPU backend's moe_cpu_gemm: row-major C[M,N] =
  * alpha op(A) op(B) + beta C with fp32 C. Under the bf16 recipe A and B are bf16: a BF16
@@ -7,351 +7,12 @@
  * (activations; weights given as F32), and forward outputs are
  * rounded to bf16 afterwards, exactly what the CPU backend emulates; under fp32 the
  * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32). Under mxfp8 the operands are bf16
- * tiles of the values the recipe quantizes to (below), and the products are the bf16 ones.
- *
- * The one thing a reader must know: cuBLASLt is column-major, so a row-major C = op(A) op(B)
- * is computed as the column-major C^T = op(B)^T op(A)^T (operands swapped, nothing copied).
- * Descriptors, layouts and the heuristic's algorithm are cached per shape / dtype / pointer
- * alignment in the backend context; all products share the context's one workspace. An
- * expert's row count changes from step to step, so a per-expert product is cached under its
- * count's bucket (rows_bucket): the heuristic is asked for the bucket's largest count, and
- * the layouts are resized to the actual count at each call. A step then finds all its plans
- * cached (before, every expert product of a step queried the heuristic), and the algorithm
- * depends on the bucket alone, so a resumed run picks the same ones. */
+ * tiles of the values the recipe quantizes to (below), and the products are the bf16 ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend_cuda.cuh"
-
-#define MOE_GEMM_CACHE_SLOTS 1024 /* hash slots, a power of two */
-#define MOE_GEMM_CACHE_MAX 768    /* plans held; at this many the cache is emptied */
-
-/* Which dimension of a product varies with an expert's row count (and is bucketed). */
-enum { GEMM_EXACT = 0, GEMM_VARY_M = 1, GEMM_VARY_K = 2 };
-
-typedef struct moe_gemm_key {
-    int ta, tb;
-    int64_t M, N, K;
-    int dtype;            /* cudaDataType of A and B */
-    int scale_a, scale_b; /* fp8: 1 + the cublasLtMatmulMatrixScale_t of A's and B's block scales;
-                             0 for bf16 / fp32 products */
-    int cdtype; /* cudaDataType of C: CUDA_R_32F, or CUDA_R_16BF (written with beta = 0) */
-    int beta_nonzero;
-    int align_a, align_b, align_c; /* bytes, power of two, <= 256 */
-    int vary;                      /* GEMM_VARY_*: M or K holds rows_bucket of the count */
-} moe_gemm_key;
-
-typedef struct moe_gemm_plan {
-    moe_gemm_key key;
-    cublasLtMatmulDesc_t desc;
-    cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
-} moe_gemm_plan;
-
-struct moe_gemm_cache {
-    moe_gemm_plan plans[MOE_GEMM_CACHE_SLOTS]; /* open addressing; desc NULL: a free slot */
-    int n;                                     /* plans held */
-};
-
-static void plan_destroy(moe_gemm_plan *p) {
-    if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-    if (p->la) cublasLtMatrixLayoutDestroy(p->la);
-    if (p->lb) cublasLtMatrixLayoutDestroy(p->lb);
-    if (p->lc) cublasLtMatrixLayoutDestroy(p->lc);
-    memset(p, 0, sizeof *p);
-}
-
-static void cache_clear(struct moe_gemm_cache *gc) {
-    for (int i = 0; i < MOE_GEMM_CACHE_SLOTS; i++)
-        if (gc->plans[i].desc) plan_destroy(&gc->plans[i]);
-    gc->n = 0;
-}
-
-void moe_gemm_cache_free(moe_cuda_ctx *c) {
-    if (!c->gemm_cache) return;
-    cache_clear(c->gemm_cache);
-    free(c->gemm_cache);
-    c->gemm_cache = NULL;
-}
-
-/* The bucket of an expert's row count n > 0: n rounded up to a multiple of 128 up to 2,048
- * rows, above that to a multiple of a power of two between n / 16 and n / 8 (so a plan
- * serves counts within 6-12% of each other: about 50 buckets up to 32,768 rows). */
-static int64_t rows_bucket(int64_t n) {
-    int64_t g = 128;
-    while (g * 16 < n)
-        g *= 2;
-    return (n + g - 1) / g * g;
-}
-
-/* FNV-1a over the key's fields (not its bytes: a copied struct's padding is unspecified). */
-static uint32_t key_hash(const moe_gemm_key *k) {
-    const int64_t f[] = {k->ta,      k->tb,      k->M,       k->N,      k->K,
-                         k->dtype,   k->scale_a, k->scale_b, k->cdtype, k->beta_nonzero,
-                         k->align_a, k->align_b, k->align_c, k->vary};
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
-        for (int b = 0; b < 64; b += 8)
-            h = (h ^ (uint32_t)((uint64_t)f[i] >> b & 0xff)) * 16777619u;
-    return h;
-}
-
-static int ptr_align(const void *p) {
-    uintptr_t u = (uintptr_t)p;
-    int a = 1;
-    while (a < 256 && (u % (uintptr_t)(2 * a)) == 0)
-        a *= 2;
-    return a;
-}
-
-static int key_eq(const moe_gemm_key *a, const moe_gemm_key *b) {
-    return a->ta == b->ta && a->tb == b->tb && a->M == b->M && a->N == b->N && a->K == b->K &&
-           a->dtype == b->dtype && a->scale_a == b->scale_a && a->scale_b == b->scale_b &&
-           a->cdtype == b->cdtype && a->beta_nonzero == b->beta_nonzero &&
-           a->align_a == b->align_a && a->align_b == b->align_b && a->align_c == b->align_c &&
-           a->vary == b->vary;
-}
-
-static const char *dtype_name(int dt) {
-    return dt == CUDA_R_16BF ? "bf16" : dt == CUDA_R_8F_E4M3 ? "e4m3 block-scaled" : "f32";
-}
-
-#define SHAPE_FMT "M=%lld N=%lld K=%lld ta=%d tb=%d %s -> %s"
-#define SHAPE_ARGS(k)                                                                              \
-    (long long)(k)->M, (long long)(k)->N, (long long)(k)->K, (k)->ta, (k)->tb,                     \
-        dtype_name((k)->dtype), dtype_name((k)->cdtype)
-
-/* The block-scale pointers of an fp8 product on desc (cuBLASLt's A is our B): set per call,
- * and before the heuristic query, which refuses block scaling without them. 0 after a
- * recorded error. */
-static int set_scales(moe_cuda_ctx *c, cublasLtMatmulDesc_t desc, const void *as, const void *bs,
-                      const char *op, const moe_gemm_key *key) {
-    return moe_cublas_check(c,
-                            cublasLtMatmulDescSetAttribute(
-                                desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &bs, sizeof bs),
-                            op, SHAPE_FMT " (scales)", SHAPE_ARGS(key)) &&
-           moe_cublas_check(c,
-                            cublasLtMatmulDescSetAttribute(
-                                desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &as, sizeof as),
-                            op, SHAPE_FMT " (scales)", SHAPE_ARGS(key));
-}
-
-/* The column-major layouts of row-major C[M,N] = op(A) op(B) (the top of this file):
- * cuBLASLt's A is op(B)^T (layout 0), its B is op(A)^T (1), its C is C^T (2); each is
- * rows[i] x cols[i] with leading dimension rows[i]. */
-typedef struct gemm_layouts {
-    uint64_t rows[3], cols[3];
-} gemm_layouts;
-
-static gemm_layouts layout_dims(int ta, int tb, int64_t M, int64_t N, int64_t K) {
-    gemm_layouts d;
-    d.rows[0] = (uint64_t)(tb ? K : N);
-    d.cols[0] = (uint64_t)(tb ? N : K);
-    d.rows[1] = (uint64_t)(ta ? M : K);
-    d.cols[1] = (uint64_t)(ta ? K : M);
-    d.rows[2] = (uint64_t)N;
-    d.cols[2] = (uint64_t)M;
-    return d;
-}
-
-/* Builds (or finds) the plan for key; NULL after recording an error. as/bs: an fp8 key's
- * scales of A and B (NULL otherwise). */
-static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const void *as,
-                               const void *bs, const char *op) {
-    if (!c->gemm_cache) {
-        c->gemm_cache = (struct moe_gemm_cache *)calloc(1, sizeof *c->gemm_cache);
-        if (!c->gemm_cache) {
-            moe_cuda_check(c, cudaErrorMemoryAllocation, op, "GEMM plan cache (host memory)");
-            return NULL;
-        }
-    }
-    struct moe_gemm_cache *gc = c->gemm_cache;
-    uint32_t i = key_hash(key) & (MOE_GEMM_CACHE_SLOTS - 1);
-    for (; gc->plans[i].desc; i = (i + 1) & (MOE_GEMM_CACHE_SLOTS - 1))
-        if (key_eq(&gc->plans[i].key, key)) return &gc->plans[i];
-    if (gc->n >= MOE_GEMM_CACHE_MAX) { /* rebuilt as needed: the plans are a function of the key */
-        cache_clear(gc);
-        i = key_hash(key) & (MOE_GEMM_CACHE_SLOTS - 1);
-    }
-    moe_gemm_plan *p = &gc->plans[i];
-    cudaDataType dt = (cudaDataType)key->dtype;
-    /* column-major: D^T[N,M] = op(B)^T [N,K] * op(A)^T [K,M] */
-    cublasOperation_t opa = key->tb ? CUBLAS_OP_T : CUBLAS_OP_N; /* on B */
-    cublasOperation_t opb = key->ta ? CUBLAS_OP_T : CUBLAS_OP_N; /* on A */
-    gemm_layouts d = layout_dims(key->ta, key->tb, key->M, key->N, key->K);
-    int ok = moe_cublas_check(c, cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                              op, SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok)
-        ok = moe_cublas_check(
-            c,
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa),
-            op, SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok)
-        ok = moe_cublas_check(
-            c,
-            cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb),
-            op, SHAPE_FMT, SHAPE_ARGS(key));
-    cublasLtMatrixLayout_t *lay[3] = {&p->la, &p->lb, &p->lc};
-    for (int l = 0; l < 3 && ok; l++)
-        ok = moe_cublas_check(c,
-                              cublasLtMatrixLayoutCreate(lay[l],
-                                                         l == 2 ? (cudaDataType)key->cdtype : dt,
-                                                         d.rows[l], d.cols[l], (int64_t)d.rows[l]),
-                              op, SHAPE_FMT, SHAPE_ARGS(key));
-    if (ok && key->scale_a) { /* cuBLASLt's A is our B (see the top of this file) */
-        cublasLtMatmulMatrixScale_t ma = (cublasLtMatmulMatrixScale_t)(key->scale_b - 1);
-        cublasLtMatmulMatrixScale_t mb = (cublasLtMatmulMatrixScale_t)(key->scale_a - 1);
-        ok = moe_cublas_check(c,
-                              cublasLtMatmulDescSetAttribute(
-                                  p->desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma),
-                              op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             moe_cublas_check(c,
-                              cublasLtMatmulDescSetAttribute(
-                                  p->desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb),
-                              op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             set_scales(c, p->desc, as, bs, op, key);
-    }
-    cublasLtMatmulPreference_t pref = NULL;
-    if (ok)
-        ok = moe_cublas_check(c, cublasLtMatmulPreferenceCreate(&pref), op, SHAPE_FMT,
-                              SHAPE_ARGS(key));
-    if (ok) {
-        uint64_t ws = c->workspace_bytes;
-        uint32_t al_a = (uint32_t)key->align_b, al_b = (uint32_t)key->align_a;
-        uint32_t al_c = (uint32_t)key->align_c;
-        ok = moe_cublas_check(c,
-                              cublasLtMatmulPreferenceSetAttribute(
-                                  pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-                              op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             moe_cublas_check(
-                 c,
-                 cublasLtMatmulPreferenceSetAttribute(
-                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a),
-                 op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             moe_cublas_check(
-                 c,
-                 cublasLtMatmulPreferenceSetAttribute(
-                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b),
-                 op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             moe_cublas_check(
-                 c,
-                 cublasLtMatmulPreferenceSetAttribute(
-                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c),
-                 op, SHAPE_FMT, SHAPE_ARGS(key)) &&
-             moe_cublas_check(
-                 c,
-                 cublasLtMatmulPreferenceSetAttribute(
-                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c),
-                 op, SHAPE_FMT, SHAPE_ARGS(key));
-    }
-    if (ok) {
-        cublasLtMatmulHeuristicResult_t res;
-        int found = 0;
-        memset(&res, 0, sizeof res);
-        ok = moe_cublas_check(c,
-                              cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc,
-                                                             p->lc, pref, 1, &res, &found),
-                              op, SHAPE_FMT " (algorithm query)", SHAPE_ARGS(key));
-        if (ok && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)) {
-            moe_cublas_check(c, CUBLAS_STATUS_NOT_SUPPORTED, op,
-                             SHAPE_FMT " (no cuBLASLt algorithm for this shape)", SHAPE_ARGS(key));
-            ok = 0;
-        }
-        if (ok) p->algo = res.algo;
-    }
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (!ok) {
-        plan_destroy(p); /* zeroed: a free slot again */
-        return NULL;
-    }
-    p->key = *key;
-    gc->n++;
-    return p;
-}
-
-static size_t esize(cudaDataType dt) {
-    return dt == CUDA_R_8F_E4M3 ? 1 : dt == CUDA_R_16BF ? 2 : 4;
-}
-
-/* Runs plan p on row-major A and B into C for the product of shape `k` (p's key, or its
- * exact form when p serves a bucket: the layouts are resized to it first). 0 after a
- * recorded error. */
-static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, const moe_gemm_key *k,
-                    float alpha, const void *A, const void *B, float beta, void *C) {
-    if (p->key.vary != GEMM_EXACT) {
-        gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K);
-        cublasLtMatrixLayout_t lay[3] = {p->la, p->lb, p->lc};
-        for (int l = 0; l < 3; l++) {
-            /* rows, cols and the leading dimension (= rows), each a 64-bit attribute */
-            const cublasLtMatrixLayoutAttribute_t at[3] = {CUBLASLT_MATRIX_LAYOUT_ROWS,
-                                                           CUBLASLT_MATRIX_LAYOUT_COLS,
-                                                           CUBLASLT_MATRIX_LAYOUT_LD};
-            const uint64_t rows = d.rows[l], cols = d.cols[l];
-            const int64_t ld = (int64_t)rows;
-            const void *val[3] = {&rows, &cols, &ld};
-            for (int a = 0; a < 3; a++)
-                if (!moe_cublas_check(
-                        c, cublasLtMatrixLayoutSetAttribute(lay[l], at[a], val[a], sizeof rows), op,
-                        SHAPE_FMT " (layout)", SHAPE_ARGS(k)))
-                    return 0;
-        }
-    }
-    return moe_cublas_check(c,
-                            cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C,
-                                           p->lc, C, p->lc, &p->algo, c->workspace,
-                                           c->workspace_bytes, c->stream),
-                            op, SHAPE_FMT, SHAPE_ARGS(k));
-}
-
-/* The exact key of a product (no block scales: an fp8 caller sets scale_a/scale_b); vary
- * names the dimension that is an expert's row count (GEMM_EXACT for a dense product). */
-static moe_gemm_key gemm_key(int ta, int tb, int64_t M, int64_t N, int64_t K, cudaDataType dtype,
-                             const void *A, const void *B, float beta, const void *C,
-                             cudaDataType ctype, int vary) {
-    moe_gemm_key key;
-    memset(&key, 0, sizeof key);
-    key.ta = ta;
-    key.tb = tb;
-    key.M = M;
-    key.N = N;
-    key.K = K;
-    key.vary = vary;
-    key.dtype = (int)dtype;
-    key.cdtype = (int)ctype;
-    key.beta_nonzero = beta != 0.0f;
-    key.align_a = ptr_align(A);
-    key.align_b = ptr_align(B);
-    key.align_c = ptr_align(C);
-    return key;
-}
-
-/* The key a plan is cached under: the exact key with its varying dimension bucketed. */
-static moe_gemm_key plan_key(moe_gemm_key k) {
-    if (k.vary == GEMM_VARY_M) k.M = rows_bucket(k.M);
-    if (k.vary == GEMM_VARY_K) k.K = rows_bucket(k.K);
-    return k;
-}
-
-/* Row-major C[M,N] = alpha op(A) op(B) + beta C. A is [M,K] ([K,M] if ta), B is [K,N]
- * ([N,K] if tb), both of dtype (CUDA_R_16BF or CUDA_R_32F); C of ctype (CUDA_R_32F, or
- * CUDA_R_16BF with beta = 0: the fp32 result rounded to nearest); vary: GEMM_VARY_M or _K
- * when that dimension is an expert's row count. Returns 0 after a recorded error. */
-static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int64_t N, int64_t K,
-                   float alpha, const void *A, const void *B, cudaDataType dtype, float beta,
-                   void *C, cudaDataType ctype, int vary) {
-    if (M <= 0 || N <= 0) return 1;
-    if (K <= 0) {
-        if (beta != 0.0f) return 1; /* beta is 0 or 1 in this backend: C unchanged */
-        return moe_cuda_check(c, cudaMemsetAsync(C, 0, (size_t)(M * N) * esize(ctype), c->stream),
-                              op, "M=%lld N=%lld K=0", (long long)M, (long long)N);
-    }
-    moe_gemm_key key = gemm_key(ta, tb, M, N, K, dtype, A, B, beta, C, ctype, vary),
-                 pk = plan_key(key);
-    moe_gemm_plan *p = plan_get(c, &pk, NULL, NULL, op);
-    if (!p) return 0;
-    return run_plan(c, op, p, &key, alpha, A, B, beta, C);
-}
 
 /* Scale modes of block-scaled operands: fp8-block's 1 x 128 blocks and 128 x 128 tiles of fp32
  * scales (quant_fp8.cu's layouts), mxfp8's e8m0 per 32 in the 128 x 4 tiled layout
@@ -359,24 +20,6 @@ static int gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, i
 #define SC_VEC128 CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
 #define SC_TILES CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 #define SC_MX CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
-
-/* The block-scaled fp8 product C[M,N] = A[M,K] B[N,K]^T (both K-contiguous, e4m3) with
- * their scales as and bs in the modes ma and mb (SC_*). C of ctype (fp32, or bf16 with
- * beta = 0), accumulated in fp32. */
-static int gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K,
-                    const uint8_t *A, const void *as, cublasLtMatmulMatrixScale_t ma,
-                    const uint8_t *B, const void *bs, cublasLtMatmulMatrixScale_t mb, float beta,
-                    void *C, cudaDataType ctype, int vary) {
-    if (M <= 0 || N <= 0 || K <= 0) return 1;
-    moe_gemm_key key = gemm_key(0, 1, M, N, K, CUDA_R_8F_E4M3, A, B, beta, C, ctype, vary);
-    key.scale_a = 1 + (int)ma;
-    key.scale_b = 1 + (int)mb;
-    moe_gemm_key pk = plan_key(key);
-    moe_gemm_plan *p = plan_get(c, &pk, as, bs, op);
-    /* the scales are per call: set on the cached descriptor right before the product */
-    if (!p || !set_scales(c, p->desc, as, bs, op, &key)) return 0;
-    return run_plan(c, op, p, &key, 1.0f, A, B, beta, C);
-}
 
 /* The matrix-product operand of x under prec: a bf16 scratch copy, or x itself (fp32). */
 static const void *operand(moe_cuda_ctx *c, int slot, const float *x, int64_t n, moe_recipe prec,
@@ -553,15 +196,15 @@ static int fp8_group_product(moe_cuda_ctx *c, const char *op, const fp8_operand 
     int64_t KB = (K + 127) / 128, r0 = offsets[e], n = offsets[e + 1] - r0;
     int64_t body = n - n % FP8_ROWS, tail = n - body;
     const float *s = a->s + fp8_group_scales(offsets, e, KB);
-    size_t cs = esize(ct);
-    if (body > 0 && !gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, SC_VEC128, bq, bs, SC_TILES,
-                              beta, C, ct, GEMM_VARY_M))
+    size_t cs = moe_gemm_esize(ct);
+    if (body > 0 && !moe_gemm_fp8(c, op, body, N, K, a->q + r0 * K, s, SC_VEC128, bq, bs, SC_TILES,
+                                  beta, C, ct, GEMM_VARY_M))
         return 0;
     if (tail == 0) return 1;
     void *t = moe_cuda_scratch(c, MOE_CUDA_SCRATCH_E, (size_t)(FP8_ROWS * N) * cs, op);
     char *dst = (char *)C + (size_t)(body * N) * cs;
-    if (!t || !gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB),
-                        SC_VEC128, bq, bs, SC_TILES, 0.0f, t, ct, GEMM_EXACT))
+    if (!t || !moe_gemm_fp8(c, op, FP8_ROWS, N, K, a->q + (r0 + body) * K, s + round32(body * KB),
+                            SC_VEC128, bq, bs, SC_TILES, 0.0f, t, ct, GEMM_EXACT))
         return 0;
     if (beta == 0.0f)
         return moe_cuda_check(
@@ -601,7 +244,7 @@ static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M,
     for (int64_t e = 0; e < E; e++)
         if (offsets[e + 1] > offsets[e] &&
             !fp8_group_product(c, op, &ao, offsets, e, N, K, wq + e * N * K, ws + e * ts, beta,
-                               (char *)y.p + (size_t)(offsets[e] * N) * esize(ct), ct))
+                               (char *)y.p + (size_t)(offsets[e] * N) * moe_gemm_esize(ct), ct))
             return 0;
     return 1;
 }
@@ -642,9 +285,9 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
     for (int64_t e = 0, p0 = 0; e < E; e++) {
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         if (np <= 0) continue;
-        if (!gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
-                      xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I, CUDA_R_32F,
-                      GEMM_VARY_K))
+        if (!moe_gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
+                          xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I,
+                          CUDA_R_32F, GEMM_VARY_K))
             return;
         p0 += np;
     }
@@ -742,9 +385,10 @@ static int mx_native_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbu
     moe_mx_groups at = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n > 0 && !gemm_fp8(c, op, n, O, I, xa.q + at.q, xa.sc + at.sc, SC_MX, wa.q + e * O * I,
-                               wa.sc + e * moe_mx_tiled_bytes(O, I), SC_MX, 0.0f,
-                               (char *)y.p + (size_t)(r0 * O) * esize(ct), ct, GEMM_VARY_M))
+        if (n > 0 &&
+            !moe_gemm_fp8(c, op, n, O, I, xa.q + at.q, xa.sc + at.sc, SC_MX, wa.q + e * O * I,
+                          wa.sc + e * moe_mx_tiled_bytes(O, I), SC_MX, 0.0f,
+                          (char *)y.p + (size_t)(r0 * O) * moe_gemm_esize(ct), ct, GEMM_VARY_M))
             return 0;
         const moe_mx_groups g = moe_mx_group_bytes(n, I, 0);
         at.q += g.q, at.sc += g.sc;
@@ -774,10 +418,10 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
         moe_mx_groups at = {0, 0};
         for (int64_t e = 0; e < E; e++) {
             const int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-            if (n > 0 &&
-                !gemm_fp8(c, op, n, I, O, da.q + at.q, da.sc + at.sc, SC_MX, wt.q + e * I * O,
-                          wt.sc + e * moe_mx_tiled_bytes(I, O), SC_MX, bx,
-                          (char *)dx.p + (size_t)(r0 * I) * esize(ct), ct, GEMM_VARY_M))
+            if (n > 0 && !moe_gemm_fp8(
+                             c, op, n, I, O, da.q + at.q, da.sc + at.sc, SC_MX, wt.q + e * I * O,
+                             wt.sc + e * moe_mx_tiled_bytes(I, O), SC_MX, bx,
+                             (char *)dx.p + (size_t)(r0 * I) * moe_gemm_esize(ct), ct, GEMM_VARY_M))
                 return 0;
             const moe_mx_groups g = moe_mx_group_bytes(n, O, 0);
             at.q += g.q, at.sc += g.sc;
@@ -792,9 +436,9 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
     moe_mx_groups ad = {0, 0}, ax = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t n = offsets[e + 1] - offsets[e];
-        if (n > 0 &&
-            !gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX, xt.q + ax.q,
-                      xt.sc + ax.sc, SC_MX, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
+        if (n > 0 && !moe_gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
+                                   xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw, dw + e * O * I,
+                                   CUDA_R_32F, GEMM_VARY_K))
             return 0;
         const moe_mx_groups gd = moe_mx_group_bytes(n, O, 1), gx = moe_mx_group_bytes(n, I, 1);
         ad.q += gd.q, ad.sc += gd.sc, ax.q += gx.q, ax.sc += gx.sc;
@@ -826,7 +470,7 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     } else {
         const void *xa = product_operand(c, MOE_CUDA_SCRATCH_A, x, N, I, 0, prec, op);
         const void *wa = xa ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, 0, prec, op) : NULL;
-        if (!wa || !gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, ys.p, ct, GEMM_EXACT))
+        if (!wa || !moe_gemm_rm(c, op, 0, 1, N, O, I, 1.0f, xa, wa, dt, 0.0f, ys.p, ct, GEMM_EXACT))
             return;
     }
     if (prec != MOE_RECIPE_FP32 && ct == CUDA_R_32F &&
@@ -872,8 +516,8 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, 0, prec, op);
         const void *wa = dya ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, O, prec, op) : NULL;
-        if (!wa || !gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx,
-                            CUDA_R_32F, GEMM_EXACT))
+        if (!wa || !moe_gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx,
+                                CUDA_R_32F, GEMM_EXACT))
             return;
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I]; under mxfp8 dy quantized again, along N */
@@ -881,8 +525,8 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
             dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, N, prec, op);
         const void *xa = dya ? product_operand(c, MOE_CUDA_SCRATCH_C, x, N, I, N, prec, op) : NULL;
         if (!xa) return;
-        gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F,
-                GEMM_EXACT);
+        moe_gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F,
+                    GEMM_EXACT);
     }
 }
 
@@ -916,12 +560,12 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
             xa ? (const char *)product_operand(c, MOE_CUDA_SCRATCH_B, w, E * O, I, 0, prec, op)
                : NULL;
         if (!wa) return;
-        size_t es = esize(dt), cs = esize(ct);
+        size_t es = moe_gemm_esize(dt), cs = moe_gemm_esize(ct);
         for (int64_t e = 0; e < E; e++) {
             int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-            if (n > 0 && !gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
-                                  wa + (size_t)(e * O * I) * es, dt, 0.0f,
-                                  (char *)ys.p + (size_t)(r0 * O) * cs, ct, GEMM_VARY_M))
+            if (n > 0 && !moe_gemm_rm(c, op, 0, 1, n, O, I, 1.0f, xa + (size_t)(r0 * I) * es,
+                                      wa + (size_t)(e * O * I) * es, dt, 0.0f,
+                                      (char *)ys.p + (size_t)(r0 * O) * cs, ct, GEMM_VARY_M))
                 return;
         }
     }
@@ -959,7 +603,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
         return;
     }
     cudaDataType dt = operand_type(prec), ct = output_type(dxb.dt);
-    size_t es = esize(dt), cs = esize(ct);
+    size_t es = moe_gemm_esize(dt), cs = moe_gemm_esize(ct);
     const char *dya = NULL;
     if (dxb.p) { /* dx (+)= dy W_e: dy along its rows, each W_e along its columns (over O) */
         dya = (const char *)product_operand(c, MOE_CUDA_SCRATCH_A, dy, M, O, 0, prec, op);
@@ -969,9 +613,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
         if (!wa) return;
         for (int64_t e = 0; e < E; e++) {
             int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-            if (n > 0 && !gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
-                                  wa + (size_t)(e * O * I) * es, dt, bx,
-                                  (char *)dxb.p + (size_t)(r0 * I) * cs, ct, GEMM_VARY_M))
+            if (n > 0 && !moe_gemm_rm(c, op, 0, 0, n, I, O, 1.0f, dya + (size_t)(r0 * O) * es,
+                                      wa + (size_t)(e * O * I) * es, dt, bx,
+                                      (char *)dxb.p + (size_t)(r0 * I) * cs, ct, GEMM_VARY_M))
                 return;
         }
     }
@@ -984,9 +628,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
     if (!xa) return;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n > 0 &&
-            !gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                     xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F, GEMM_VARY_K))
+        if (n > 0 && !moe_gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
+                                  xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F,
+                                  GEMM_VARY_K))
             return;
     }
 }

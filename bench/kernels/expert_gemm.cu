@@ -2,7 +2,7 @@
  *
  * Times each of the six expert products of one MoE layer (forward w1/w3 and w2, dgrad of both,
  * wgrad of both) for one expert of n rows, with every algorithm cuBLASLt's heuristic offers
- * (up to 16), and prints the heuristic's first choice (what kernels/gemm_cublaslt.cu runs)
+ * (up to 16), and prints the heuristic's first choice (what kernels/gemm_plan.cu runs)
  * beside the fastest; then the same products on all experts' rows at once (one dense product,
  * the rate a grouped kernel could aim at); then the attention projections of the step (8,192
  * tokens: q and o 4096 -> 4096, k and v 4096 -> 1024), whose products ran at about 520

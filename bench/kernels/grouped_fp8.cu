@@ -241,7 +241,7 @@ static double e4m3_value(uint8_t b) {
 }
 
 /* The cuBLASLt plan of y_e [rows, N] (ct: bf16 or fp32) = x_e [rows, K] w_e [N, K]^T (e4m3,
- * rows ld bytes apart), as kernels/gemm_cublaslt.cu's gemm_fp8 builds it: the column-major
+ * rows ld bytes apart), as kernels/gemm_plan.cu's moe_gemm_fp8 builds it: the column-major
  * view y^T = w_e x_e^T, cuBLASLt's A is w_e (transposed; scales swe in mode wm: BLK128x128_32F
  * [RB * KB4] for a weight, VEC128_32F [KB, N] for the wgrad's x^T) and its B is x_e
  * (VEC128_32F scales sxe [KB, rows]); the scale pointers set before the heuristic query (it

@@ -635,7 +635,7 @@ static void grouped_bwd(int wgrad, float *out, const bf16 *dy, const bf16 *xw, c
 }
 
 /* The cuBLASLt plan of one expert's row-major c [M, N] = op(a) op(b) over K, as
- * kernels/gemm_cublaslt.cu builds it (descriptor, layouts of its column-major view c^T =
+ * kernels/gemm_plan.cu builds it (descriptor, layouts of its column-major view c^T =
  * op(b)^T op(a)^T, the heuristic's first algorithm): a bf16 [M, K] or (ta) [K, M], b bf16 [K, N]
  * or (tb) [N, K], c of type ct; al: the alignment of the expert's pointers in bytes, a
  * preference as the backend's (256, cuBLASLt's default, sets none). The forward y_e = x_e W_e^T
