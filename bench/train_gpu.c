@@ -13,10 +13,7 @@
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
  * fp32 master weights and fp32 moments, or bf16 ones with the environment variable
  * MOMENTS=bf16 as optim.moments bf16 stores them) on random tokens, no recomputation, under
- * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8);
- * DETERMINISTIC=false runs it as train.deterministic: false does (each product's cuBLASLt
- * algorithm chosen by timing at its first call: in the warm-up step, or later for a row count
- * of a new bucket).
+ * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
  * Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
  * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
@@ -133,11 +130,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_gpu: MOMENTS=%s: expected fp32 or bf16\n", mname);
         return 2;
     }
-    const char *dname = getenv("DETERMINISTIC");
-    if (dname && strcmp(dname, "true") != 0 && strcmp(dname, "false") != 0) {
-        fprintf(stderr, "bench_train_gpu: DETERMINISTIC=%s: expected true or false\n", dname);
-        return 2;
-    }
     if (moe_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
         return 77;
@@ -146,7 +138,6 @@ int main(int argc, char **argv) {
     moe_err_clear(&err);
     const moe_backend *be = moe_backend_cuda(&err);
     if (!be) return fail(&err);
-    be->set_deterministic(be, !(dname && strcmp(dname, "false") == 0));
     moe_model_config c;
     memset(&c, 0, sizeof c);
     c.vocab_size = 256;
@@ -222,15 +213,13 @@ int main(int argc, char **argv) {
     moe_model_memory mem;
     moe_model_memory_estimate(&c, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, &mem);
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    printf("RESULT preset=%s mode=%s recipe=%s moments=%s deterministic=%s params=%lld "
-           "tokens_per_step=%d "
+    printf("RESULT preset=%s mode=%s recipe=%s moments=%s params=%lld tokens_per_step=%d "
            "step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
            "steps=%d loss=%.4f\n",
            p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
-           dname ? dname : "true", (long long)n, B * T, med * 1e3, tps, tflops,
-           100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
-           (double)mem.gpu_scratch / gib, steps, loss);
+           (long long)n, B * T, med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib,
+           (double)mem.activations / gib, (double)mem.gpu_scratch / gib, steps, loss);
     fflush(stdout);
 
     if (prof_steps > 0) {

@@ -291,10 +291,6 @@ static void cu_memory(const moe_backend *be, size_t *current, size_t *peak) {
     if (peak) *peak = c->mem_peak;
 }
 
-static void cu_set_deterministic(const moe_backend *be, int on) {
-    moe_gemm_set_deterministic(moe_cuda_ctx_of(be), on);
-}
-
 /* ------------------------------------------------------------------------------------------
  * add, AdamW, sum of squares */
 
@@ -730,7 +726,6 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->supports = cu_supports;
     be->destroy = cu_destroy;
     be->memory = cu_memory;
-    be->set_deterministic = cu_set_deterministic;
     be->alloc = cu_alloc;
     be->free = cu_free;
     be->memcpy_h2d = cu_memcpy_h2d;

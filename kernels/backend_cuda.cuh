@@ -50,7 +50,6 @@ typedef struct moe_cuda_ctx {
     size_t scratch_bytes[MOE_CUDA_SCRATCH_COUNT];
     double *host_red; /* pinned host word for sum_squares results */
     struct moe_gemm_cache *gemm_cache;
-    int gemm_measure;  /* 1: cuBLASLt algorithms chosen by timing (set_deterministic(be, 0)) */
     void *tmap_encode; /* the driver's cuTensorMapEncodeTiled, looked up on first use */
     int mx_native;     /* cuBLASLt multiplies MXFP8 here (sm_100+: moe_cuda_mx_probe) */
     /* memory accounting: live allocations of be->alloc (pointer, size), plus scratch and
@@ -445,9 +444,6 @@ int moe_gemm_rm(moe_cuda_ctx *c, const char *op, int ta, int tb, int64_t M, int6
 int moe_gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t K, const uint8_t *A,
                  const void *as, cublasLtMatmulMatrixScale_t ma, const uint8_t *B, const void *bs,
                  cublasLtMatmulMatrixScale_t mb, float beta, void *C, cudaDataType ctype, int vary);
-/* be->set_deterministic: on = 0 chooses each product's algorithm by timing (the top of
- * gemm_plan.cu); a change empties the plan cache. */
-void moe_gemm_set_deterministic(moe_cuda_ctx *c, int on);
 /* 1 when cuBLASLt offers an MXFP8 product (VEC32_UE8M0 scales) on this GPU (sm_100 and later;
  * it refuses on sm_90), asked once at start-up without recording an error. */
 int moe_cuda_mx_probe(moe_cuda_ctx *c);

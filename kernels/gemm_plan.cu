@@ -11,13 +11,7 @@
  * count's bucket (rows_bucket): the heuristic is asked for the bucket's largest count, and
  * the layouts are resized to the actual count at each call. A step then finds all its plans
  * cached (before, every expert product of a step queried the heuristic), and the algorithm
- * depends on the bucket alone, so a resumed run picks the same ones.
- *
- * Under train.deterministic: false (be->set_deterministic(be, 0)) a plan asks the heuristic
- * for up to MOE_GEMM_CANDIDATES algorithms and times them at its first call, on that call's
- * operands, keeping the fastest (the first choice loses 5-27% on some of the step's shapes:
- * docs/performance-gpu.md). Faster, but the choice depends on timing, so two runs may differ
- * in the last bits. */
+ * depends on the bucket alone, so a resumed run picks the same ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +20,6 @@
 
 #define MOE_GEMM_CACHE_SLOTS 1024 /* hash slots, a power of two */
 #define MOE_GEMM_CACHE_MAX 768    /* plans held; at this many the cache is emptied */
-#define MOE_GEMM_CANDIDATES 8     /* algorithms timed per plan when measuring */
-#define MOE_GEMM_TRIALS 3         /* timed runs of each, after one warm-up run */
 
 typedef struct moe_gemm_key {
     int ta, tb;
@@ -46,10 +38,6 @@ typedef struct moe_gemm_plan {
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
     cublasLtMatmulAlgo_t algo;
-    /* measured choice: the heuristic's candidates, timed at the plan's first call (run_plan);
-     * n_cand is 0 once algo is chosen, and always when not measuring */
-    cublasLtMatmulAlgo_t cand[MOE_GEMM_CANDIDATES];
-    int n_cand;
 } moe_gemm_plan;
 
 struct moe_gemm_cache {
@@ -76,12 +64,6 @@ void moe_gemm_cache_free(moe_cuda_ctx *c) {
     cache_clear(c->gemm_cache);
     free(c->gemm_cache);
     c->gemm_cache = NULL;
-}
-
-void moe_gemm_set_deterministic(moe_cuda_ctx *c, int on) {
-    if (c->gemm_measure == !on) return;
-    c->gemm_measure = !on;
-    if (c->gemm_cache) cache_clear(c->gemm_cache); /* plans chosen the other way */
 }
 
 /* The bucket of an expert's row count n > 0: n rounded up to a multiple of 128 up to 2,048
@@ -255,22 +237,19 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const v
                  op, SHAPE_FMT, SHAPE_ARGS(key));
     }
     if (ok) {
-        cublasLtMatmulHeuristicResult_t res[MOE_GEMM_CANDIDATES];
+        cublasLtMatmulHeuristicResult_t res;
         int found = 0;
-        memset(res, 0, sizeof res);
-        ok = moe_cublas_check(
-            c,
-            cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc, p->lc, pref,
-                                           c->gemm_measure ? MOE_GEMM_CANDIDATES : 1, res, &found),
-            op, SHAPE_FMT " (algorithm query)", SHAPE_ARGS(key));
-        if (ok && (found < 1 || res[0].state != CUBLAS_STATUS_SUCCESS)) {
+        memset(&res, 0, sizeof res);
+        ok = moe_cublas_check(c,
+                              cublasLtMatmulAlgoGetHeuristic(c->lt, p->desc, p->la, p->lb, p->lc,
+                                                             p->lc, pref, 1, &res, &found),
+                              op, SHAPE_FMT " (algorithm query)", SHAPE_ARGS(key));
+        if (ok && (found < 1 || res.state != CUBLAS_STATUS_SUCCESS)) {
             moe_cublas_check(c, CUBLAS_STATUS_NOT_SUPPORTED, op,
                              SHAPE_FMT " (no cuBLASLt algorithm for this shape)", SHAPE_ARGS(key));
             ok = 0;
         }
-        if (ok) p->algo = res[0].algo;
-        for (int i = 0; ok && found > 1 && i < found; i++)
-            if (res[i].state == CUBLAS_STATUS_SUCCESS) p->cand[p->n_cand++] = res[i].algo;
+        if (ok) p->algo = res.algo;
     }
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (!ok) {
@@ -282,72 +261,10 @@ static moe_gemm_plan *plan_get(moe_cuda_ctx *c, const moe_gemm_key *key, const v
     return p;
 }
 
-/* One product of plan p with algorithm a into D (C read when beta != 0). */
-static cublasStatus_t trial(moe_cuda_ctx *c, const moe_gemm_plan *p, const cublasLtMatmulAlgo_t *a,
-                            float alpha, const void *A, const void *B, float beta, const void *C,
-                            void *D) {
-    return cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C, p->lc, D, p->lc, a,
-                          c->workspace, c->workspace_bytes, c->stream);
-}
-
-/* The measured choice: times each of p's candidates on this call's operands (one warm-up run,
- * then MOE_GEMM_TRIALS timed) and keeps the fastest as p->algo. With beta = 0 the trials
- * write C, which the call itself then overwrites; with beta != 0 they write a temporary D of
- * C's size (C is read, never changed), counted in the backend's memory; when D cannot be
- * allocated the heuristic's first choice stays. A candidate that fails is skipped. Waits for
- * the stream: once per plan. 0 after a recorded error. */
-static int choose_algo(moe_cuda_ctx *c, const char *op, moe_gemm_plan *p, const moe_gemm_key *k,
-                       float alpha, const void *A, const void *B, float beta, void *C) {
-    const int n = p->n_cand;
-    p->n_cand = 0;
-    void *D = C;
-    const size_t dbytes =
-        beta != 0.0f ? (size_t)(k->M * k->N) * moe_gemm_esize((cudaDataType)k->cdtype) : 0;
-    if (dbytes) {
-        if (cudaMalloc(&D, dbytes) != cudaSuccess) {
-            (void)cudaGetLastError(); /* not an error: the first choice stays */
-            return 1;
-        }
-        moe_cuda_account(c, (long long)dbytes);
-    }
-    cudaEvent_t ev[2] = {NULL, NULL};
-    int ok = moe_cuda_check(c, cudaEventCreate(&ev[0]), op, SHAPE_FMT " (timing)", SHAPE_ARGS(k)) &&
-             moe_cuda_check(c, cudaEventCreate(&ev[1]), op, SHAPE_FMT " (timing)", SHAPE_ARGS(k));
-    float best = -1;
-    for (int i = 0; ok && i < n; i++) {
-        if (trial(c, p, &p->cand[i], alpha, A, B, beta, C, D) != CUBLAS_STATUS_SUCCESS)
-            continue; /* the warm-up run */
-        cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
-        float ms = 0;
-        ok = moe_cuda_check(c, cudaEventRecord(ev[0], c->stream), op, SHAPE_FMT " (timing)",
-                            SHAPE_ARGS(k));
-        for (int t = 0; ok && st == CUBLAS_STATUS_SUCCESS && t < MOE_GEMM_TRIALS; t++)
-            st = trial(c, p, &p->cand[i], alpha, A, B, beta, C, D);
-        ok = ok &&
-             moe_cuda_check(c, cudaEventRecord(ev[1], c->stream), op, SHAPE_FMT " (timing)",
-                            SHAPE_ARGS(k)) &&
-             moe_cuda_check(c, cudaEventSynchronize(ev[1]), op, SHAPE_FMT " (timing)",
-                            SHAPE_ARGS(k)) &&
-             moe_cuda_check(c, cudaEventElapsedTime(&ms, ev[0], ev[1]), op, SHAPE_FMT " (timing)",
-                            SHAPE_ARGS(k));
-        if (ok && st == CUBLAS_STATUS_SUCCESS && (best < 0 || ms < best)) {
-            best = ms;
-            p->algo = p->cand[i];
-        }
-    }
-    for (int e = 0; e < 2; e++)
-        if (ev[e]) cudaEventDestroy(ev[e]);
-    if (dbytes) {
-        ok = moe_cuda_check(c, cudaFree(D), op, SHAPE_FMT " (timing)", SHAPE_ARGS(k)) && ok;
-        moe_cuda_account(c, -(long long)dbytes);
-    }
-    return ok;
-}
-
 /* Runs plan p on row-major A and B into C for the product of shape `k` (p's key, or its
- * exact form when p serves a bucket: the layouts are resized to it first), choosing p's
- * algorithm first when it is still to be measured. 0 after a recorded error. */
-static int run_plan(moe_cuda_ctx *c, const char *op, moe_gemm_plan *p, const moe_gemm_key *k,
+ * exact form when p serves a bucket: the layouts are resized to it first). 0 after a
+ * recorded error. */
+static int run_plan(moe_cuda_ctx *c, const char *op, const moe_gemm_plan *p, const moe_gemm_key *k,
                     float alpha, const void *A, const void *B, float beta, void *C) {
     if (p->key.vary != GEMM_EXACT) {
         gemm_layouts d = layout_dims(k->ta, k->tb, k->M, k->N, k->K);
@@ -367,7 +284,6 @@ static int run_plan(moe_cuda_ctx *c, const char *op, moe_gemm_plan *p, const moe
                     return 0;
         }
     }
-    if (p->n_cand && !choose_algo(c, op, p, k, alpha, A, B, beta, C)) return 0;
     return moe_cublas_check(c,
                             cublasLtMatmul(c->lt, p->desc, &alpha, B, p->la, A, p->lb, &beta, C,
                                            p->lc, C, p->lc, &p->algo, c->workspace,

@@ -1,8 +1,7 @@
 /* ops_perf: the --perf mode of gpu_test_backend_ops (test_backend_ops.c): a table of large
  * cases (pcase: op, direction, sizes), each timed on the GPU alone (no CPU reference, no
  * guard checks) as the median of 7 repetitions of 3 calls after a warm-up, and printed as TFLOP/s
- * for the products and attention, GB/s for the others. --measured (main) times them with the
- * algorithms chosen by timing, as train.deterministic: false does. */
+ * for the products and attention, GB/s for the others. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -16,13 +16,8 @@
  * written). The CPU gets fp32 inputs holding the same values; a typed output is compared with
  * the CPU's result as its type stores it (bf16 rounding; MXFP8 encoding, compared decoded).
  *
- * The matrix-product cases run a second time with measured algorithm choice (labels
- * "measured: ...", train.deterministic: false): each shape's cuBLASLt algorithm timed among
- * its candidates at the first call, the trials leaving operands and guards untouched.
- *
  *   gpu_test_backend_ops [--seed N] [--only NAME]   compare mode (ctest gpu.backend_ops)
- *   gpu_test_backend_ops --perf [--measured] [--only NAME]
- *       GPU timings of large cases, TFLOP/s or GB/s (--measured: algorithms chosen by timing)
+ *   gpu_test_backend_ops --perf [--only NAME]       GPU timings of large cases, TFLOP/s or GB/s
  *
  * The program is this file and the ones beside it: ops_harness.h and ops_harness.c (random
  * numbers, guarded device buffers, comparisons, typed operands), ops_runners_dense.c
@@ -472,38 +467,19 @@ static void check_supports_shapes(const moe_backend *gpu) {
 
 /* ------------------------------------------------------------------------------------------ */
 
-/* Runs case tc under label (its checks name it), counting it into *run and *failed. */
-static void run_case(gctx *g, const tcase *tc, const char *label, int *run, int *failed) {
-    g->label = label;
-    g->fails = 0;
-    moe_op_dims dims = tcase_dims(tc);
-    if (!g->gpu->supports(g->gpu, tc->op, &dims, tc->prec)) {
-        printf("  %-28s not supported by the CUDA backend: FAIL\n", label);
-        CHECK_MSG(0, "%s: cuda backend does not support %s", label, moe_op_name(tc->op));
-        return;
-    }
-    runner_for(tc->op)(g, tc);
-    free_bufs(g);
-    (*run)++;
-    *failed += g->fails > 0;
-}
-
 int main(int argc, char **argv) {
-    int perf = 0, measured = 0;
+    int perf = 0;
     const char *only = NULL;
     uint64_t seed = (uint64_t)time(NULL) ^ ((uint64_t)clock() << 20);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf"))
             perf = 1;
-        else if (!strcmp(argv[i], "--measured"))
-            measured = 1;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 10);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--perf [--measured]] [--seed N] [--only SUBSTRING]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--perf] [--seed N] [--only SUBSTRING]\n", argv[0]);
             return 2;
         }
     }
@@ -518,27 +494,26 @@ int main(int argc, char **argv) {
     printf("test_backend_ops: seed %llu (replay with --seed %llu)\n", (unsigned long long)seed,
            (unsigned long long)seed);
     if (perf) {
-        g.gpu->set_deterministic(g.gpu, !measured); /* --measured: train.deterministic false */
         run_perf_cases(&g, only);
     } else {
         check_supports_shapes(g.gpu);
         int failed_cases = 0, run = 0;
-        for (int i = 0; i < NCASES; i++)
-            if (!only || strstr(k_cases[i].name, only))
-                run_case(&g, &k_cases[i], k_cases[i].name, &run, &failed_cases);
-        /* train.deterministic: false: the products again, each shape's algorithm chosen by
-         * timing cuBLASLt's candidates at its first call; the trials must leave C (read by
-         * the "+=" gradients) and the guard bytes as they were */
-        g.gpu->set_deterministic(g.gpu, 0);
         for (int i = 0; i < NCASES; i++) {
             const tcase *tc = &k_cases[i];
-            char label[160];
-            snprintf(label, sizeof label, "measured: %s", tc->name);
-            if ((tc->op == MOE_OP_MATMUL || tc->op == MOE_OP_GROUPED_MATMUL) &&
-                (!only || strstr(label, only)))
-                run_case(&g, tc, label, &run, &failed_cases);
+            if (only && !strstr(tc->name, only)) continue;
+            g.label = tc->name;
+            g.fails = 0;
+            moe_op_dims dims = tcase_dims(tc);
+            if (!g.gpu->supports(g.gpu, tc->op, &dims, tc->prec)) {
+                printf("  %-28s not supported by the CUDA backend: FAIL\n", tc->name);
+                CHECK_MSG(0, "%s: cuda backend does not support %s", tc->name, moe_op_name(tc->op));
+                continue;
+            }
+            runner_for(tc->op)(&g, tc);
+            free_bufs(&g);
+            run++;
+            failed_cases += g.fails > 0;
         }
-        g.gpu->set_deterministic(g.gpu, 1);
         printf("test_backend_ops: %d cases, %d failed, worst nmse %.3e, seed %llu\n", run,
                failed_cases, g_worst_nmse, (unsigned long long)seed);
     }

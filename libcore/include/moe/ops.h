@@ -243,13 +243,6 @@ struct moe_backend {
     /* Backend memory held now and the most held so far (bytes): buffers from alloc plus the
      * backend's own scratch. The CPU backend does not count (both 0). */
     void (*memory)(const moe_backend *be, size_t *current, size_t *peak);
-    /* on = 1 (every backend's start): bit-reproducible results, each matrix product's
-     * algorithm a function of its shape alone. on = 0 lets the backend choose among
-     * equivalent algorithms by timing them: the CUDA backend times up to 8 of cuBLASLt's
-     * candidates for each product shape at its first call and keeps the fastest, so two runs
-     * may differ in the last bits (train.deterministic: false). Changing it forgets the choices
-     * made so far. The CPU backend is always reproducible and ignores it. */
-    void (*set_deterministic)(const moe_backend *be, int on);
 
     /* ---- memory (all sizes in bytes) ---- */
     void *(*alloc)(const moe_backend *be, size_t bytes); /* zero-filled, 64-byte aligned;

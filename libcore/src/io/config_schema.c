@@ -136,10 +136,7 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Signal that, like SIGTERM and SIGINT, makes moe-train finish the step, write a "
      "checkpoint and exit 0 (Slurm: `#SBATCH --signal=USR1@120`); none = only those two."},
     {"train.deterministic", MOE_CFG_BOOL, FIELD(train.deterministic), "true", 0, 0, 0, NULL,
-     "true: bit-reproducible (same inputs, seed and world size -> same bytes; exact resume). "
-     "false: the CUDA backend times cuBLASLt's candidate algorithms for each matrix-product "
-     "shape at its first use and keeps the fastest (faster; runs differ in the last bits). "
-     "The CPU backend is reproducible either way."},
+     "Bit-reproducible reductions (same inputs, seed and world size -> same bytes)."},
 
     {"optim.lr", MOE_CFG_FLOAT, FIELD(optim.lr), "0.003", POSITIVE | MOE_CFG_HAS_MAX, 0, 10, NULL,
      "Peak learning rate (reached at the end of warmup)."},

@@ -60,11 +60,6 @@ static void pr_memory(const moe_backend *be, size_t *current, size_t *peak) {
     in->memory(in, current, peak);
 }
 
-static void pr_set_deterministic(const moe_backend *be, int on) {
-    const moe_backend *in = ctx_of(be)->inner;
-    in->set_deterministic(in, on);
-}
-
 static void *pr_alloc(const moe_backend *be, size_t bytes) {
     const moe_backend *in = ctx_of(be)->inner;
     return in->alloc(in, bytes);
@@ -387,7 +382,6 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->supports = pr_supports;
     t->destroy = moe_backend_prof_free; /* the wrapper only: the inner backend is the caller's */
     t->memory = pr_memory;
-    t->set_deterministic = pr_set_deterministic;
     t->alloc = pr_alloc;
     t->free = pr_free;
     t->memcpy_h2d = pr_memcpy_h2d;

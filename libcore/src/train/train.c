@@ -87,13 +87,7 @@ static moe_status choose_device(trainer *t, moe_err *err) {
  * launcher started the run: moe_comm_attach_backend). */
 static moe_status open_backend(trainer *t, int threads, moe_err *err) {
     t->be = moe_backend_open(t->device, moe_config_recipe(&t->cfg), threads, err);
-    if (!t->be) return MOE_ERR_INPUT;
-    t->be->set_deterministic(t->be, t->cfg.train.deterministic);
-    if (!t->cfg.train.deterministic)
-        moe_log_info("train.deterministic: false: the backend may choose its matrix products' "
-                     "algorithms by timing them (the CUDA backend does); runs and resumes are "
-                     "then not bit-reproducible");
-    return moe_comm_attach_backend(t->comm, t->be, err);
+    return t->be ? moe_comm_attach_backend(t->comm, t->be, err) : MOE_ERR_INPUT;
 }
 
 static moe_status open_data(trainer *t, moe_err *err) {

@@ -36,11 +36,6 @@ static void cpu_memory(const moe_backend *be, size_t *current, size_t *peak) {
     if (peak) *peak = 0;
 }
 
-static void cpu_set_deterministic(const moe_backend *be, int on) {
-    (void)be; /* always reproducible: fixed-order reductions (moe/ops.h) */
-    (void)on;
-}
-
 static void *cpu_alloc(const moe_backend *be, size_t bytes) {
     (void)be;
     size_t n = (bytes + 63) / 64 * 64;
@@ -79,7 +74,6 @@ static const moe_backend cpu_backend = {
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .memory = cpu_memory,
-    .set_deterministic = cpu_set_deterministic,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .memcpy_h2d = cpu_memcpy,
