@@ -136,7 +136,10 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Signal that, like SIGTERM and SIGINT, makes moe-train finish the step, write a "
      "checkpoint and exit 0 (Slurm: `#SBATCH --signal=USR1@120`); none = only those two."},
     {"train.deterministic", MOE_CFG_BOOL, FIELD(train.deterministic), "true", 0, 0, 0, NULL,
-     "Bit-reproducible reductions (same inputs, seed and world size -> same bytes)."},
+     "Bit-reproducible runs (same inputs, seed and world size -> same bytes). Every backend "
+     "is deterministic today, so false changes nothing: no faster non-reproducible path exists "
+     "(cuBLASLt algorithms chosen by timing were measured and dropped, "
+     "docs/performance-gpu.md)."},
 
     {"optim.lr", MOE_CFG_FLOAT, FIELD(optim.lr), "0.003", POSITIVE | MOE_CFG_HAS_MAX, 0, 10, NULL,
      "Peak learning rate (reached at the end of warmup)."},
