@@ -305,7 +305,7 @@ void cmp_typed(gctx *g, const char *what, moe_buf dev, const float *ref, int64_t
 
 /* The GPU's weight operand for case tc, the weight [E, O, I] at dw_ dev: dw_ itself, its bf16
  * copy (typed cases: what the model passes under the bf16 recipe; the CPU reads the fp32
- * weight, unit.ops checks that both give the same bits), or under fp8-block its e4m3 copies
+ * weight, unit.ops_lowp checks that both give the same bits), or under fp8-block its e4m3 copies
  * from the GPU's quantize_weight (the CPU reads its own, cpu_weight), in new guarded buffers
  * (the scales' padding entries zero, as in the model's allocation). */
 moe_cbuf gpu_weight(gctx *g, const tcase *tc, const float *dw_, int64_t E, int64_t O, int64_t I) {

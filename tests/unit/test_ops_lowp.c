@@ -1,0 +1,326 @@
+/* test_ops_lowp: the CPU backend's ops under the low-precision recipes, split from
+ * test_ops.c - that the bf16 recipe really rounds (AdamW and cast_bf16: test_adamw.c), that
+ * a BF16 weight or BF16 activations give the same bits as the F32 values they hold, that the
+ * ops writing MXFP8 activations store the encoding of their bf16 output and read one as its
+ * values, and that the fp8 recipes' emulated products stay close to fp32. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gradcheck.h"
+#include "moe/ops.h"
+#include "testlib.h"
+
+static const moe_backend *be;
+
+/* ---------------- bf16 emulation actually rounds ---------------- */
+static int all_bf16(const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (moe_f32_bits(x[i]) & 0xffffu) return 0;
+    return 1;
+}
+/* A BF16 weight (the model's copy) gives the same bits as the F32 weight it was rounded from,
+ * in every product that takes one: dense and grouped, forward and both backward products. */
+static void test_bf16_weights(void) {
+    int64_t N = 6, I = 40, O = 12, E = 3;
+    const int32_t off[4] = {0, 2, 2, 6}; /* expert 1 has no rows */
+    float *x = gc_buf(N * I, 40, -1, 1), *w = gc_buf(E * O * I, 41, -1, 1),
+          *dy = gc_buf(N * O, 42, -1, 1);
+    uint16_t *w16 = malloc((size_t)(E * O * I) * sizeof(uint16_t));
+    be->cast_bf16(be, w16, w, E * O * I);
+    const moe_cbuf wk[2] = {moe_cbuf_f32(w), moe_cbuf_of(w16, MOE_DTYPE_BF16)};
+    /* per weight kind: y, dx, dw of the dense product, then the same of the grouped one */
+    const int64_t len[6] = {N * O, N * I, O * I, N * O, N * I, E * O * I};
+    float *r[2][6];
+    for (int k = 0; k < 2; k++) {
+        for (int j = 0; j < 6; j++)
+            r[k][j] = gc_buf(len[j], 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(x), wk[k], N, I, O,
+                           MOE_RECIPE_BF16);
+        be->matmul_backward(be, r[k][1], r[k][2], dy, moe_cbuf_f32(x), wk[k], N, I, O,
+                            MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
+                                   MOE_RECIPE_BF16);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][4]), r[k][5], moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wk[k], off, E, I, O, MOE_RECIPE_BF16,
+                                    MOE_GRAD_ADD, MOE_GRAD_ADD);
+    }
+    for (int j = 0; j < 6; j++) {
+        CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
+                  "output %d differs between the F32 weight and its BF16 copy", j);
+        free(r[0][j]), free(r[1][j]);
+    }
+    free(x), free(w), free(dy), free(w16);
+}
+
+/* The expert path with BF16 activations (what the model stores under the bf16 recipe) gives
+ * the same bits as with F32 ones holding the same values: permute, grouped matmul in and
+ * out, swiglu, unpermute, forward and backward. */
+static void test_bf16_activations(void) {
+    enum { N = 5, K = 2, C = 24, F = 16, E = 3, NK = N * K };
+    const int32_t idx[NK] = {0, 2, 1, 0, 2, 1, 0, 2, 0, 1};
+    float *x = gc_buf(N * C, 50, -1, 1), *w1 = gc_buf(E * F * C, 51, -1, 1);
+    float *w2 = gc_buf(E * C * F, 52, -1, 1), *tw = gc_buf(NK, 53, 0, 1),
+          *dy = gc_buf(N * C, 54, -1, 1);
+    for (int64_t i = 0; i < N * C; i++) /* the permute input is a rounded norm output */
+        x[i] = moe_round_bf16(x[i]);
+    int32_t src[NK], slot[NK], off[E + 1];
+    /* per run: y, then the gradients dxp (via w1), dtw, dw1, dw2 */
+    const int64_t len[5] = {N * C, NK * C, NK, E * F * C, E * C * F};
+    float *r[2][5];
+    for (int k = 0; k < 2; k++) {
+        moe_dtype dt = k ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        size_t es = moe_dtype_size(dt);
+        void *xp = calloc(NK * C, es), *h = calloc(NK * F, es), *g = calloc(NK * F, es);
+        void *yp = calloc(NK * C, es);
+        for (int j = 0; j < 5; j++)
+            r[k][j] = gc_buf(len[j], 0, 0, 0);
+        /* the gradients only a product reads (dyp, dh1, dh3) take the activations' type too */
+        void *dyp = calloc(NK * C, es), *dh = calloc(NK * F, es), *dh3 = calloc(NK * F, es);
+        float *dg = gc_buf(NK * F, 0, 0, 0);
+        be->permute_forward(be, moe_buf_of(xp, dt), src, slot, off, moe_cbuf_f32(x), idx, N, C, E,
+                            K);
+        be->grouped_matmul_forward(be, moe_buf_of(h, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
+                                   off, E, C, F, MOE_RECIPE_BF16);
+        be->swiglu_forward(be, moe_buf_of(g, dt), moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F,
+                           MOE_RECIPE_BF16);
+        be->grouped_matmul_forward(be, moe_buf_of(yp, dt), moe_cbuf_of(g, dt), moe_cbuf_f32(w2),
+                                   off, E, F, C, MOE_RECIPE_BF16);
+        be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
+        be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
+                               N, C, K, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(dg), r[k][4], moe_cbuf_of(dyp, dt),
+                                    moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off, E, F, C,
+                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), moe_cbuf_f32(dg),
+                            moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][1]), r[k][3], moe_cbuf_of(dh, dt),
+                                    moe_cbuf_of(xp, dt), moe_cbuf_f32(w1), off, E, C, F,
+                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
+    }
+    for (int j = 0; j < 5; j++) {
+        CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
+                  "output %d differs between F32 and BF16 expert activations", j);
+        free(r[0][j]), free(r[1][j]);
+    }
+    free(x), free(w1), free(w2), free(tw), free(dy);
+}
+
+/* MXFP8 activations (what the model stores under mxfp8, moe_buf_mxfp8): each op that writes
+ * one stores the encoding (moe_mxfp8_encode_block) of the bf16 output it writes given the same
+ * input values - permute, the grouped forward, swiglu both ways (in place, over its
+ * inputs, as the model runs it) - and the grouped backward reads one as its values. */
+static int mx_is(const uint8_t *q, const uint8_t *mx, const uint16_t *ref16, int64_t n) {
+    float *v = malloc((size_t)n * sizeof(float));
+    uint8_t *rq = malloc((size_t)n), *rmx = malloc((size_t)n / 32);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_bf16_to_f32(ref16[i]);
+    test_mxfp8_encode(rq, rmx, v, n);
+    int same = memcmp(rq, q, (size_t)n) == 0 && memcmp(rmx, mx, (size_t)n / 32) == 0;
+    free(v), free(rq), free(rmx);
+    return same;
+}
+
+/* q [n] + its scales after it: a malloc'ed MXFP8 activation; values decoded into a new F32 */
+static float *mx_values(const uint8_t *q, int64_t n) {
+    float *v = malloc((size_t)n * sizeof(float));
+    test_mxfp8_decode(v, q, q + n, n);
+    return v;
+}
+
+static void test_mxfp8_activations(void) {
+    enum { N = 5, K = 2, C = 32, F = 64, E = 3, NK = N * K };
+    const moe_recipe mx = MOE_RECIPE_MXFP8;
+    const int32_t idx[NK] = {0, 2, 1, 0, 2, 1, 0, 2, 0, 1};
+    float *x = gc_buf(N * C, 70, -1, 1), *w1 = gc_buf(E * F * C, 71, -1, 1);
+    float *w3 = gc_buf(E * F * C, 72, -1, 1), *dg = gc_buf(NK * F, 73, -1, 1);
+    x[7] = 40.0f, x[40] = 0.0f; /* an outlier in one block */
+    for (int64_t i = 0; i < N * C; i++)
+        x[i] = moe_round_bf16(x[i]);
+    int32_t src[NK], slot[NK], off[E + 1];
+    uint8_t *xp = calloc(NK * C + NK * C / 32, 1), *h1 = calloc(NK * F + NK * F / 32, 1);
+    uint8_t *h3 = calloc(NK * F + NK * F / 32, 1), *g = calloc(NK * F + NK * F / 32, 1);
+    uint16_t *r16 = calloc(NK * F, 2), *r16b = calloc(NK * F, 2);
+    moe_buf xpb = moe_buf_mxfp8(xp, xp + NK * C), h1b = moe_buf_mxfp8(h1, h1 + NK * F);
+    moe_buf h3b = moe_buf_mxfp8(h3, h3 + NK * F), gb = moe_buf_mxfp8(g, g + NK * F);
+    be->permute_forward(be, xpb, src, slot, off, moe_cbuf_f32(x), idx, N, C, E, K);
+    be->permute_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), src, slot, off, moe_cbuf_f32(x), idx,
+                        N, C, E, K);
+    CHECK_MSG(mx_is(xp, xp + NK * C, r16, NK * C), "permute into MXFP8");
+    float *xv = mx_values(xp, NK * C);
+    be->grouped_matmul_forward(be, h1b, moe_cbuf_from(xpb), moe_cbuf_f32(w1), off, E, C, F, mx);
+    be->grouped_matmul_forward(be, h3b, moe_cbuf_from(xpb), moe_cbuf_f32(w3), off, E, C, F, mx);
+    be->grouped_matmul_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_cbuf_f32(xv),
+                               moe_cbuf_f32(w1), off, E, C, F, mx);
+    CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F), "grouped forward into MXFP8");
+    float *h1v = mx_values(h1, NK * F), *h3v = mx_values(h3, NK * F);
+    be->swiglu_forward(be, gb, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F, MOE_RECIPE_BF16);
+    be->swiglu_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v),
+                       NK * F, MOE_RECIPE_BF16);
+    CHECK_MSG(mx_is(g, g + NK * F, r16, NK * F), "swiglu forward into MXFP8");
+    /* the weight gradients read MXFP8 operands as their values */
+    float *dw[2] = {gc_buf(E * F * C, 0, 0, 0), gc_buf(E * F * C, 0, 0, 0)};
+    float *dx[2] = {gc_buf(NK * C, 0, 0, 0), gc_buf(NK * C, 0, 0, 0)};
+    float *gv = mx_values(g, NK * F);
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[0]), dw[0], moe_cbuf_from(gb),
+                                moe_cbuf_from(xpb), moe_cbuf_f32(w1), off, E, C, F, mx,
+                                MOE_GRAD_SET, MOE_GRAD_SET);
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[1]), dw[1], moe_cbuf_f32(gv), moe_cbuf_f32(xv),
+                                moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
+    CHECK(memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0);
+    CHECK(memcmp(dx[0], dx[1], (size_t)(NK * C) * 4) == 0);
+    /* swiglu backward in place over its MXFP8 inputs */
+    be->swiglu_backward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_buf_of(r16b, MOE_DTYPE_BF16),
+                        moe_cbuf_f32(dg), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F);
+    be->swiglu_backward(be, h1b, h3b, moe_cbuf_f32(dg), moe_cbuf_from(h1b), moe_cbuf_from(h3b),
+                        NK * F);
+    CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F) && mx_is(h3, h3 + NK * F, r16b, NK * F),
+              "swiglu backward in place into MXFP8");
+    free(x), free(w1), free(w3), free(dg), free(xp), free(h1), free(h3), free(g), free(r16);
+    free(r16b), free(xv), free(h1v), free(h3v), free(gv);
+    for (int k = 0; k < 2; k++)
+        free(dw[k]), free(dx[k]);
+}
+
+/* ln1 under mxfp8: RMSNorm stores the encoding of its bf16 output, and the attention
+ * projections read that operand as its values - the forward's row-wise quantization keeps
+ * them (the same bits as the decoded values), the weight gradient quantizes them again along
+ * the tokens. */
+static void test_mxfp8_norm_output(void) {
+    enum { N = 6, C = 64, O = 96 };
+    const moe_recipe mx = MOE_RECIPE_MXFP8;
+    float *x = gc_buf(N * C, 80, -2, 2), *w = gc_buf(C, 81, 0.5f, 1.5f);
+    float *wq = gc_buf(O * C, 82, -1, 1), *dy = gc_buf(N * O, 83, -1, 1), rstd[N];
+    x[9] = 90.0f; /* an outlier in one block */
+    uint8_t *ln = calloc(N * C + N * C / 32, 1);
+    uint16_t *r16 = calloc(N * C, 2);
+    moe_buf lnb = moe_buf_mxfp8(ln, ln + N * C);
+    be->rmsnorm_forward(be, lnb, rstd, moe_cbuf_f32(x), w, N, C, 1e-5f, MOE_RECIPE_BF16);
+    be->rmsnorm_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), rstd, moe_cbuf_f32(x), w, N, C, 1e-5f,
+                        MOE_RECIPE_BF16);
+    CHECK_MSG(mx_is(ln, ln + N * C, r16, N * C), "rmsnorm into MXFP8");
+    float *lv = mx_values(ln, N * C);
+    float *y[2], *dx[2], *dw[2];
+    for (int k = 0; k < 2; k++) {
+        moe_cbuf xin = k ? moe_cbuf_f32(lv) : moe_cbuf_from(lnb);
+        y[k] = gc_buf(N * O, 0, 0, 0), dx[k] = gc_buf(N * C, 0, 0, 0),
+        dw[k] = gc_buf(O * C, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y[k]), xin, moe_cbuf_f32(wq), N, C, O, mx);
+        be->matmul_backward(be, dx[k], dw[k], dy, xin, moe_cbuf_f32(wq), N, C, O, mx, MOE_GRAD_SET,
+                            MOE_GRAD_SET);
+    }
+    CHECK(memcmp(y[0], y[1], (size_t)(N * O) * 4) == 0);
+    CHECK(memcmp(dx[0], dx[1], (size_t)(N * C) * 4) == 0);
+    CHECK(memcmp(dw[0], dw[1], (size_t)(O * C) * 4) == 0);
+    free(x), free(w), free(wq), free(dy), free(ln), free(r16), free(lv);
+    for (int k = 0; k < 2; k++)
+        free(y[k]), free(dx[k]), free(dw[k]);
+}
+
+/* The fp8 recipes' emulated products (ops_fp8.c) stay close to fp32 (E4M3 with block scales:
+ * nmse about 1e-3), store bf16 forward outputs, leave an expert without rows untouched, and
+ * are not just bf16 (they differ from it). */
+static double nmse(const float *a, const float *ref, int64_t n) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++)
+        num += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), den += (double)ref[i] * ref[i];
+    return num / den;
+}
+
+static void test_fp8_products(void) {
+    int64_t N = 40, I = 160, O = 136, E = 3;
+    const int32_t off[4] = {0, 25, 25, 40}; /* expert 1 has no rows */
+    float *x = gc_buf(N * I, 60, -1, 1), *w = gc_buf(E * O * I, 61, -1, 1),
+          *dy = gc_buf(N * O, 62, -1, 1);
+    const moe_recipe rs[2] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_MXFP8};
+    float *y32 = gc_buf(N * O, 0, 0, 0), *dx32 = gc_buf(N * I, 0, 0, 0),
+          *dw32 = gc_buf(O * I, 0, 0, 0);
+    be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_FP32);
+    be->matmul_backward(be, dx32, dw32, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    float *y16 = gc_buf(N * O, 0, 0, 0);
+    be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_BF16);
+    for (int r = 0; r < 2; r++) {
+        /* fp8-block reads the weight's e4m3 copies, mxfp8 the fp32 master */
+        moe_cbuf w1 = gc_weight(be, w, 1, O, I, rs[r]), wE = gc_weight(be, w, E, O, I, rs[r]);
+        float *y = gc_buf(N * O, 0, 0, 0), *dx = gc_buf(N * I, 0, 0, 0),
+              *dw = gc_buf(O * I, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), w1, N, I, O, rs[r]);
+        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_ADD,
+                            MOE_GRAD_ADD);
+        CHECK_MSG(nmse(y, y32, N * O) < 2e-3 && nmse(dx, dx32, N * I) < 2e-3 &&
+                      nmse(dw, dw32, O * I) < 2e-3,
+                  "%s: nmse y %g dx %g dw %g", moe_recipe_name(rs[r]), nmse(y, y32, N * O),
+                  nmse(dx, dx32, N * I), nmse(dw, dw32, O * I));
+        CHECK(all_bf16(y, N * O) && memcmp(y, y16, (size_t)(N * O) * 4) != 0);
+        float *gy = gc_buf(N * O, 0, 0, 0), *gdx = gc_buf(N * I, 0, 0, 0),
+              *gdw = gc_buf(E * O * I, 0, 0, 0);
+        for (int64_t i = O * I; i < 2 * O * I; i++)
+            gdw[i] = 7.0f; /* expert 1's gradient must stay as it is */
+        be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), wE, off, E, I, O, rs[r]);
+        be->grouped_matmul_backward(be, moe_buf_f32(gdx), gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
+                                    wE, off, E, I, O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
+        int kept = 1;
+        for (int64_t i = O * I; i < 2 * O * I; i++)
+            kept &= gdw[i] == 7.0f;
+        CHECK(kept && all_bf16(gy, N * O));
+        /* expert 0's rows give what the dense product of its weight gives */
+        float *y0 = gc_buf(25 * O, 0, 0, 0);
+        be->matmul_forward(be, moe_buf_f32(y0), moe_cbuf_f32(x), w1, 25, I, O, rs[r]);
+        CHECK(memcmp(y0, gy, (size_t)(25 * O) * 4) == 0);
+        free(y), free(dx), free(dw), free(gy), free(gdx), free(gdw), free(y0);
+        gc_weight_free(w1), gc_weight_free(wE);
+    }
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_FP8_BLOCK));
+    free(x), free(w), free(dy), free(y32), free(dx32), free(dw32), free(y16);
+}
+
+static void test_bf16(void) {
+    int64_t N = 4, I = 64, O = 8;
+    float *x = gc_buf(N * I, 38, -1, 1), *w = gc_buf(O * I, 39, -1, 1);
+    float *y32 = gc_buf(N * O, 0, 0, 0), *y16 = gc_buf(N * O, 0, 0, 0);
+    CHECK(!all_bf16(x, N * I)); /* the inputs carry low mantissa bits */
+    be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_FP32);
+    be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+                       MOE_RECIPE_BF16);
+    CHECK_MSG(all_bf16(y16, N * O), "bf16 matmul output must be bf16-representable");
+    double maxd = 0, maxref = 0;
+    for (int64_t i = 0; i < N; i++)
+        for (int64_t o = 0; o < O; o++) {
+            double s = 0;
+            for (int64_t k = 0; k < I; k++)
+                s += (double)moe_round_bf16(x[i * I + k]) * moe_round_bf16(w[o * I + k]);
+            maxref = fmax(maxref, fabs(moe_round_bf16((float)s) - y16[i * O + o]));
+            maxd = fmax(maxd, fabs(y32[i * O + o] - y16[i * O + o]));
+        }
+    CHECK_MSG(maxd > 1e-4, "bf16 recipe gave fp32 results (max diff %g)", maxd);
+    /* equals rounding the exact product of rounded operands (up to one bf16 ulp of the
+     * fp32-accumulated sum landing on the other side of a rounding boundary) */
+    CHECK_MSG(maxref < 4e-2, "bf16 matmul vs reference: %g", maxref);
+    test_bf16_weights();
+    test_bf16_activations();
+    test_mxfp8_activations();
+    test_mxfp8_norm_output();
+    test_fp8_products();
+    float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
+    be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);
+    CHECK(all_bf16(o16, 3));
+    /* supports */
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_BF16));
+    CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_MXFP8)); /* emulated */
+    moe_op_dims odd = {.B = 1, .T = 7, .C = 96, .H = 3, .KV = 1, .D = 32, .V = 5, .E = 3, .K = 2};
+    CHECK(be->supports(be, MOE_OP_ATTENTION, &odd, MOE_RECIPE_BF16)); /* any shape (test_backend) */
+    CHECK(strcmp(moe_op_name(MOE_OP_GROUPED_MATMUL), "grouped_matmul") == 0);
+    CHECK(strcmp(moe_op_name(MOE_OP_COUNT), "?") == 0);
+    free(x), free(w), free(y32), free(y16);
+}
+
+int main(void) {
+    be = moe_backend_cpu();
+    test_bf16();
+    return test_summary("test_ops_lowp");
+}
