@@ -400,13 +400,6 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
                               int64_t E, int64_t O, int64_t I, moe_recipe prec);
-/* adamw_quantize_weight (ops.h; backend_cuda.cu): moe_cuda_adamw then moe_cuda_quantize_weight
- * in one pass over the weight where sm90/adamw_fp8.cu can (bf16 moments on a compute capability
- * 9.0 device), else those two calls. */
-void moe_cuda_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, moe_buf m,
-                                    moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O,
-                                    int64_t I, moe_recipe prec, float lr, float beta1, float beta2,
-                                    float eps, float weight_decay, int64_t step, float grad_scale);
 /* fp8-block products need both dimensions of every weight to be multiples of 16 (cuBLASLt's
  * fp8 alignment of the reduction dimension and of the rows). */
 static inline int moe_cuda_fp8_shape_ok(int64_t I, int64_t O) {
@@ -535,19 +528,6 @@ int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const float *sw /* [E, moe_fp8_tile_scales(N, K)] */,
                          const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N, int64_t K,
                          const char *op);
-
-/* sm90/adamw_fp8.cu (MOE_HAVE_SM90A): the fp8-block optimizer step in one pass (the ring
- * design, sm90/adamw_fp8.cuh; NOT RUN ON A GPU YET): AdamW on w [E, O, I] with gradient grad
- * [E, O, I] and bf16 moments m, v [E, O, I], then the copies q [2 E O I] and scales s
- * [moe_fp8_weight_scales(E, O, I)] of the new w, as moe_cuda_adamw then moe_cuda_quantize_weight
- * write them (pow2: MOE_RECIPE_FP8_BLOCK_POW2). supported: 1 on a compute capability 9.0 device
- * for O and I multiples of 16 and w, grad, m, v, q 16-byte aligned. 0 after a recorded error. */
-int moe_cuda_adamw_fp8_supported(const moe_cuda_ctx *c, int64_t O, int64_t I, const float *w,
-                                 const float *grad, const void *m, const void *v, const void *q);
-int moe_cuda_adamw_fp8(moe_cuda_ctx *c, float *w, const float *grad, uint16_t *m, uint16_t *v,
-                       uint8_t *q, float *s, int64_t E, int64_t O, int64_t I, int pow2, float lr,
-                       float beta1, float beta2, float eps, float weight_decay, int64_t step,
-                       float grad_scale, const char *op);
 
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or

@@ -12,8 +12,36 @@
  * (K contiguous, the product reduces over K), 1 x 128 blocks (VEC128_32F) keep their scale
  * at s[kb * R + r] (and such an operand's R must be a multiple of 16), 128 x 128 tiles
  * (BLK128x128_32F) at s[rb * round_up(ceil(K / 128), 4) + kb]. */
+#include <cuda_fp8.h>
+
 #include "backend_cuda.cuh"
-#include "quant_fp8.cuh"
+
+#define QB 128 /* elements per block, tiles are QB x QB */
+
+/* amax / 448, or (pow2) the smallest power of two >= it (its E8M0 ceil, as the CPU). */
+__device__ __forceinline__ float fp8_scale(float amax, int pow2) {
+    if (!(amax > 0.0f)) return 1.0f;
+    float s = __fdiv_rn(amax, 448.0f);
+    return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
+}
+
+__device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
+    return (uint8_t)(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3) |
+                     moe_e4m3_neg_nan(x));
+}
+
+/* Four values at one scale as four e4m3 bytes (x.x in the low byte): fp8_of's bytes, two
+ * values to a conversion. */
+__device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+                       make_float2(__fdiv_rn(x.x, scale), __fdiv_rn(x.y, scale)), __NV_SATFINITE,
+                       __NV_E4M3),
+                   hi = __nv_cvt_float2_to_fp8x2(
+                       make_float2(__fdiv_rn(x.z, scale), __fdiv_rn(x.w, scale)), __NV_SATFINITE,
+                       __NV_E4M3);
+    return (lo | hi << 16) | moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 |
+           moe_e4m3_neg_nan(x.z) << 16 | moe_e4m3_neg_nan(x.w) << 24;
+}
 
 /* Two 1 x 128 blocks (r, kb) of x [R, K] a warp, 16 lanes a block, 8 values a lane in one
  * 16-byte load (K a multiple of 8, x 16-byte aligned): q [R, K] (8 bytes a lane),
@@ -169,11 +197,37 @@ __global__ void __launch_bounds__(TILE_THREADS)
         st[e * KB * RB4 + kb * RB4 + rb] = scale;
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
+    uint32_t *tw = (uint32_t *)tt;
 #pragma unroll
-    for (int p = 0; p < TILE_PATCHES; p++)
-        tile_patch_out(qe, (uint32_t *)tt, x[p], ty + NW * p, r0, kb, R, K, scale);
+    for (int p = 0; p < TILE_PATCHES; p++) {
+        const int g = ty + NW * p;
+        uint32_t rw[4], cw[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            rw[i] = fp8x4_of(x[p][i], scale);
+            const int64_t r = r0 + 4 * g + i;
+            if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
+        }
+        moe_transpose4x4_bytes(rw, cw);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            tw[(4 * tx + j) * 32 + (g ^ tx)] = cw[j];
+    }
     __syncthreads();
-    tile_qt_out<TILE_THREADS>(qte, tt, threadIdx.x, r0, kb, R, K);
+    /* chunk c: 16 bytes, rows r0 + 16 (c % 8) .. + 15 of qt's row kb * QB + c / 8 (R % 16 ==
+     * 0: all in or all out); its words (x = kl / 4) are the 16 bytes at (c % 8) ^ (x / 4) of
+     * tt's row kl, word t at position t ^ (x % 4) */
+#pragma unroll
+    for (int u = 0; u < QB * QB / 16 / TILE_THREADS; u++) {
+        const int c = threadIdx.x + TILE_THREADS * u, kl = c / 8, m = c % 8, xs = kl / 4;
+        const int64_t k = kb * QB + kl, r = r0 + 16 * m;
+        if (k >= K || r >= R) continue;
+        uint4 a = tt[kl * 8 + (m ^ (xs / 4))];
+        uint32_t t;
+        if (xs & 1) t = a.x, a.x = a.y, a.y = t, t = a.z, a.z = a.w, a.w = t;
+        if (xs & 2) t = a.x, a.x = a.z, a.z = t, t = a.y, a.y = a.w, a.w = t;
+        *(uint4 *)(qte + k * R + r) = a;
+    }
 }
 
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,

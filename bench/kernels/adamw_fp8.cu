@@ -17,16 +17,15 @@
  * SM's loads stood still while it computed, reduced and stored.
  *
  * Baseline: quant_fp8.cu is included and its moe_cuda_quantize_weight called (k_fp8_tiles and
- * its launch), and the backend's flat AdamW kernel k_adamw_vec4<adamw_bf16> (flat 128-thread
- * blocks, launched as backend_cuda.cu's adamw_launch does for aligned arrays) from
- * kernels/adamw.cuh, whose arithmetic every variant uses; the small shapes check it against the
- * CPU backend's bits.
+ * its launch). backend_cuda.cu cannot be included alone (it assembles the whole backend table),
+ * so its bf16-moment AdamW (k_adamw_vec4<adamw_bf16>, flat 128-thread blocks) is COPIED below:
+ * its PTX has production's 70 rounded operations in the same order (compared 2026-12-05), and
+ * the small shapes check it against the CPU backend's bits. A winner moving to kernels/ takes
+ * the arithmetic into a header both include (as 025b5f4's kernels/adamw.cuh did).
  *
  * Variants, persistent over the tiles (columns fastest: resident blocks read neighbouring
  * rows), quantizing with k_fp8_tiles's output stage as functions (tile_patch_out, tile_qt_out):
- *   ring<NST>   (kernels/sm90/adamw_fp8.cuh's k_adamw_fp8_ring, included: the CUDA backend's
- *               adamw_quantize_weight runs ring<8> since 2026-12-05, not yet run on a GPU)
- *               1 block a SM: a producer warp streams each tile as 8 stages of 16 rows (w, g,
+ *   ring<NST>   1 block a SM: a producer warp streams each tile as 8 stages of 16 rows (w, g,
  *               m, v: 24 KB in 64 1-D bulk copies) into a ring of NST stages, running ahead
  *               across tiles; 16 consumer warps hold k_fp8_tiles's patches (rows 4c .. and 64 +
  *               4c .. for warp c), update them from the ring, store w, m, v, and after the amax
@@ -36,7 +35,7 @@
  *               flight) storing w, m, v; phase 2, after the amax barrier, reads the new tile back
  *               - from L2, just written (STASH 0), or from a 64 KB shared copy (1) - and writes
  *               the copies. The two blocks overlap each other's phases.
- * Registers (-Xptxas -v; no spills, no stack): k_adamw_fp8_ring 96 (544 threads: 5 warps on one
+ * Registers (-Xptxas -v; no spills, no stack): k_fused_ring 96 (544 threads: 5 warps on one
  * sub-partition cap it there), k_fused_flat 114 (at 3 blocks a SM, 80, it spilled 44 bytes),
  * k_adamw_vec4 40, k_fp8_tiles 53. Shared bytes: ring<4> 114,816, <8> 213,184; flat<0> 16,416,
  * <1> 81,952.
@@ -64,8 +63,8 @@
 #include <string.h>
 
 #include "playground.cuh"
-#include "quant_fp8.cu"       /* the production quantizer: moe_cuda_quantize_weight, QB */
-#include "sm90/adamw_fp8.cuh" /* ring<NST> (the backend's), its tile functions; adamw.cuh */
+#include "quant_fp8.cu"   /* the production quantizer: moe_cuda_quantize_weight, fp8x4_of, QB */
+#include "sm90/wgmma.cuh" /* mbarriers: fa3_bar_init, _expect, _arrive, _wait; smem_u32 */
 
 /* quant_fp8.cu's host entries record errors through backend_cuda.cu's moe_cuda_check, which is
  * not built here: an error ends the program. */
@@ -76,12 +75,244 @@ int moe_cuda_check(moe_cuda_ctx *c, cudaError_t e, const char *op, const char *f
     exit(1);
 }
 
+/* ---- AdamW with bf16 moments: kernels/backend_cuda.cu's, copied (see above) ---- */
+
+struct adamw_hp {
+    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+};
+
+/* One element: adamw_moments then adamw_update with M = adamw_bf16, f32_rn's operators written
+ * out as the intrinsics they call (each rounds on its own, none contracts: the CPU's C11 bits).
+ * *m, *v: the stored moments in, the new stored ones out; returns the new weight, computed from
+ * the stored moments as on the CPU. */
+__device__ __forceinline__ float adamw1(float p, float grad, float *m, float *v,
+                                        const adamw_hp &h) {
+    const float g = __fmul_rn(grad, h.grad_scale);
+    *m = moe_round_bf16(__fadd_rn(__fmul_rn(h.beta1, *m), __fmul_rn(__fsub_rn(1.0f, h.beta1), g)));
+    *v = moe_round_bf16(
+        __fadd_rn(__fmul_rn(h.beta2, *v), __fmul_rn(__fmul_rn(__fsub_rn(1.0f, h.beta2), g), g)));
+    const float upd =
+        __fdiv_rn(__fdiv_rn(*m, h.bc1), __fadd_rn(__fsqrt_rn(__fdiv_rn(*v, h.bc2)), h.eps));
+    return __fsub_rn(p, __fmul_rn(h.lr, __fadd_rn(upd, __fmul_rn(h.wd, p))));
+}
+
+/* The AdamW step of 4 consecutive elements in registers: w (fp32) and m, v (4 bf16 codes each,
+ * element 0 in the low half of .x) updated from the gradient g - k_adamw_vec4's body, its
+ * adamw_bf16::ld4 / st4 without the memory access (a stored moment's upper half is its code). */
+__device__ __forceinline__ void adamw4(float4 &w, float4 g, uint2 &m, uint2 &v, const adamw_hp &h) {
+    float4 mi = make_float4(moe_f32_from_bits(m.x << 16), moe_f32_from_bits(m.x & 0xffff0000u),
+                            moe_f32_from_bits(m.y << 16), moe_f32_from_bits(m.y & 0xffff0000u));
+    float4 vi = make_float4(moe_f32_from_bits(v.x << 16), moe_f32_from_bits(v.x & 0xffff0000u),
+                            moe_f32_from_bits(v.y << 16), moe_f32_from_bits(v.y & 0xffff0000u));
+    float *pp = &w.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        pp[j] = adamw1(pp[j], gg[j], mm + j, vv + j, h);
+    m = make_uint2(moe_f32_bits(mi.x) >> 16 | (moe_f32_bits(mi.y) & 0xffff0000u),
+                   moe_f32_bits(mi.z) >> 16 | (moe_f32_bits(mi.w) & 0xffff0000u));
+    v = make_uint2(moe_f32_bits(vi.x) >> 16 | (moe_f32_bits(vi.y) & 0xffff0000u),
+                   moe_f32_bits(vi.z) >> 16 | (moe_f32_bits(vi.w) & 0xffff0000u));
+}
+
+/* The production AdamW pass over 4 n4 elements (k_adamw_vec4<adamw_bf16>, no bf16 weight copy):
+ * w, g [4 n4] fp32, m, v [n4] groups of 4 bf16 moments, every access streamed. */
+__global__ void k_adamw_vec4(float4 *__restrict__ w, const float4 *__restrict__ g,
+                             uint2 *__restrict__ m, uint2 *__restrict__ v, int64_t n4, adamw_hp h) {
+    int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
+        float4 p = __ldcs(w + i), gi = __ldcs(g + i);
+        uint2 mi = __ldcs(m + i), vi = __ldcs(v + i);
+        adamw4(p, gi, mi, vi, h);
+        __stcs(w + i, p);
+        __stcs(m + i, mi);
+        __stcs(v + i, vi);
+    }
+}
+
+/* ---- a tile's copies: k_fp8_tiles's output stage as functions (the same bytes) ---- */
+
+struct tile_pos {
+    int64_t e, rb, kb; /* expert, row block, column block of [E, R, K] */
+};
+__device__ __forceinline__ tile_pos tile_of(int64_t t, int64_t RB, int64_t KB) {
+    tile_pos p;
+    p.kb = t % KB, p.rb = t / KB % RB, p.e = t / KB / RB;
+    return p;
+}
+
+/* named barrier 1 over the nt threads that quantize (a kernel's producer warp stays out) */
+__device__ __forceinline__ void tile_sync(int nt) {
+    asm volatile("bar.sync 1, %0;\n" ::"r"(nt) : "memory");
+}
+
+/* Tile p's scale from every quantizing thread's amax (threads 0 .. nt - 1): warp maxima into sh
+ * [nt / 32], the barrier, every warp reduces them again (as k_fp8_tiles); thread 0 stores it in
+ * s [E, RB * KB4] at rb * KB4 + kb and st [E, KB * RB4] at kb * RB4 + rb (moe_fp8_tile_scales's
+ * layouts, padding untouched). */
+__device__ __forceinline__ float tile_scale(float amax, float *sh, int nt, int pow2, float *s,
+                                            float *st, tile_pos p, int64_t RB, int64_t KB) {
+    const int tx = threadIdx.x % 32;
+    const int64_t KB4 = (KB + 3) / 4 * 4, RB4 = (RB + 3) / 4 * 4;
+    amax = moe_warp_max(amax);
+    if (tx == 0) sh[threadIdx.x / 32] = amax;
+    tile_sync(nt);
+    const float scale = fp8_scale(moe_warp_max(sh[tx % (nt / 32)]), pow2);
+    if (threadIdx.x == 0)
+        s[p.e * RB * KB4 + p.rb * KB4 + p.kb] = st[p.e * KB * RB4 + p.kb * RB4 + p.rb] = scale;
+    return scale;
+}
+
+/* Lane tx's 4 x 4 patch g of a tile: x[i] = row r0 + 4 g + i, columns k0 .. k0 + 3 (k0 = kb *
+ * QB + 4 tx; zeros outside the matrix) at `scale`: the row words into qe [R, K], the columns
+ * byte-transposed into the shared tile tt [128 k][32 words] at word (4 tx + j) * 32 + (g ^ tx). */
+__device__ __forceinline__ void tile_patch_out(uint8_t *qe, uint32_t *tw, const float4 (&x)[4],
+                                               int g, int64_t r0, int64_t kb, int64_t R, int64_t K,
+                                               float scale) {
+    const int tx = threadIdx.x % 32;
+    const int64_t k0 = kb * QB + 4 * tx;
+    uint32_t rw[4], cw[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        rw[i] = fp8x4_of(x[i], scale);
+        const int64_t r = r0 + 4 * g + i;
+        if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
+    }
+    moe_transpose4x4_bytes(rw, cw);
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        tw[(4 * tx + j) * 32 + (g ^ tx)] = cw[j];
+}
+
+/* After a barrier over tt: the tile's transposed bytes into qte [K, R] as 16-byte chunks c =
+ * tid, tid + NT, ... (chunk c: rows r0 + 16 (c % 8) .. + 15 of qt's row kb * QB + c / 8). */
+template <int NT>
+__device__ __forceinline__ void tile_qt_out(uint8_t *qte, const uint4 *tt, int tid, int64_t r0,
+                                            int64_t kb, int64_t R, int64_t K) {
+#pragma unroll
+    for (int u = 0; u < QB * QB / 16 / NT; u++) {
+        const int c = tid + NT * u, kl = c / 8, mc = c % 8, xs = kl / 4;
+        const int64_t k = kb * QB + kl, r = r0 + 16 * mc;
+        if (k >= K || r >= R) continue;
+        uint4 a = tt[kl * 8 + (mc ^ (xs / 4))];
+        uint32_t t;
+        if (xs & 1) t = a.x, a.x = a.y, a.y = t, t = a.z, a.z = a.w, a.w = t;
+        if (xs & 2) t = a.x, a.x = a.z, a.z = t, t = a.y, a.y = a.w, a.w = t;
+        *(uint4 *)(qte + k * R + r) = a;
+    }
+}
+
+/* ---- ring<NST>: bulk copies into a ring of stages, warp-specialized ---- */
+
+#define RING_THREADS 544                   /* 16 consumer warps, then the producer warp */
+#define STAGE_ROWS 16                      /* a tile is 8 stages */
+#define STAGE_BYTES (STAGE_ROWS * QB * 12) /* w, g [16][128] fp32, then m, v [16][128] bf16 */
+#define RING_SMEM(nst) ((nst)*STAGE_BYTES + QB * QB + 64 + 16 * (nst)) /* + tt, sh, barriers */
+
+/* A 1-D bulk copy (TMA without a tensor map) of `bytes` (a multiple of 16, both ends 16-byte
+ * aligned) from global src to shared dst, counted on the mbarrier bar. */
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes,
+                                          uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
+                 "%2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+/* w, g [E, R, K] fp32 and m, v [E, R, K] bf16 codes: one AdamW step in place; q [E, R, K] and
+ * qt [E, K, R] e4m3 with scales s [E, RB * KB4] and st [E, KB * RB4]: quantize_weight's copies of
+ * the new w. R, K multiples of 16, every array 16-byte aligned. Stage n of the block's walk
+ * (tile it, stage n % 8) sits in slot n % NST; full[slot] completes on its bytes, empty[slot] on
+ * its 4 consumer warps' releases. */
+template <int NST>
+__global__ void __launch_bounds__(RING_THREADS, 1)
+    k_fused_ring(float *__restrict__ w, const float *__restrict__ g, uint16_t *__restrict__ m,
+                 uint16_t *__restrict__ v, uint8_t *__restrict__ q, uint8_t *__restrict__ qt,
+                 float *__restrict__ s, float *__restrict__ st, int64_t E, int64_t R, int64_t K,
+                 adamw_hp h, int pow2) {
+    extern __shared__ __align__(128) uint8_t smem[];
+    uint4 *tt = (uint4 *)(smem + NST * STAGE_BYTES);
+    float *sh = (float *)(smem + NST * STAGE_BYTES + QB * QB);
+    const uint32_t ring = smem_u32(smem), full = smem_u32(sh + 16), empty = full + 8 * NST;
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB, tiles = E * RB * KB;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < NST; i++)
+            fa3_bar_init(full + 8 * i, 1), fa3_bar_init(empty + 8 * i, 4);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (ty == 16) { /* the producer: lanes 0-15 copy row tx of w and g, lanes 16-31 of m and v */
+        int n = 0;
+        for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const tile_pos p = tile_of(t, RB, KB);
+            const int64_t kc = K - p.kb * QB < QB ? K - p.kb * QB : QB, ri = tx % 16;
+            for (int sg = 0; sg < 8; sg++, n++) {
+                const int slot = n % NST;
+                const int64_t r = p.rb * QB + STAGE_ROWS * sg, rows = R - r < 16 ? R - r : 16;
+                const uint32_t d = ring + slot * STAGE_BYTES, bar = full + 8 * slot;
+                fa3_bar_wait(empty + 8 * slot, (n / NST & 1) ^ 1);
+                if (tx == 0) fa3_bar_expect(bar, rows > 0 ? (uint32_t)(rows * kc * 12) : 0u);
+                __syncwarp();
+                if (ri >= rows) continue;
+                const int64_t at = (p.e * R + r + ri) * K + p.kb * QB;
+                if (tx < 16) {
+                    bulk_load(d + ri * QB * 4, w + at, (uint32_t)kc * 4, bar);
+                    bulk_load(d + (16 + ri) * QB * 4, g + at, (uint32_t)kc * 4, bar);
+                } else {
+                    bulk_load(d + 16384 + ri * QB * 2, m + at, (uint32_t)kc * 2, bar);
+                    bulk_load(d + 20480 + ri * QB * 2, v + at, (uint32_t)kc * 2, bar);
+                }
+            }
+        }
+        return;
+    }
+    /* the consumers: warp ty holds patches ty and 16 + ty, stages ty / 4 and 4 + ty / 4 */
+    int it = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x, it++) {
+        const tile_pos p = tile_of(t, RB, KB);
+        const int64_t r0 = p.rb * QB, k = p.kb * QB + 4 * tx;
+        float4 x[2][4];
+        float amax = 0.0f;
+#pragma unroll
+        for (int pp = 0; pp < 2; pp++) {
+            const int sg = ty / 4 + 4 * pp, n = 8 * it + sg, slot = n % NST;
+            const uint8_t *d = smem + slot * STAGE_BYTES;
+            fa3_bar_wait(full + 8 * slot, n / NST & 1);
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int rs = 4 * (ty % 4) + i;
+                const int64_t r = r0 + STAGE_ROWS * sg + rs, at = (p.e * R + r) * K + k;
+                x[pp][i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (r >= R || k >= K) continue;
+                x[pp][i] = ((const float4 *)d)[rs * 32 + tx];
+                uint2 mm = ((const uint2 *)(d + 16384))[rs * 32 + tx],
+                      vv = ((const uint2 *)(d + 20480))[rs * 32 + tx];
+                adamw4(x[pp][i], ((const float4 *)d)[(16 + rs) * 32 + tx], mm, vv, h);
+                __stcs((float4 *)(w + at), x[pp][i]);
+                __stcs((uint2 *)(m + at), mm);
+                __stcs((uint2 *)(v + at), vv);
+                amax = fmaxf(fmaxf(amax, moe_finite_abs(x[pp][i].x)), moe_finite_abs(x[pp][i].y));
+                amax = fmaxf(fmaxf(amax, moe_finite_abs(x[pp][i].z)), moe_finite_abs(x[pp][i].w));
+            }
+            __syncwarp();
+            if (tx == 0) fa3_bar_arrive(empty + 8 * slot);
+        }
+        const float scale = tile_scale(amax, sh, 512, pow2, s, st, p, RB, KB);
+#pragma unroll
+        for (int pp = 0; pp < 2; pp++)
+            tile_patch_out(q + p.e * R * K, (uint32_t *)tt, x[pp], ty + 16 * pp, r0, p.kb, R, K,
+                           scale);
+        tile_sync(512);
+        tile_qt_out<512>(qt + p.e * R * K, tt, threadIdx.x, r0, p.kb, R, K);
+    }
+}
+
 /* ---- flat<STASH>: the update as flat batches, the copies from the tile written back ---- */
 
 #define FLAT_THREADS 256
 #define FLAT_SMEM(stash) (QB * QB + 32 + ((stash) ? QB * QB * 4 : 0)) /* tt, sh, the stash */
 
-/* The arrays and their contract as k_adamw_fp8_ring's. */
+/* The arrays and their contract as k_fused_ring's. */
 template <bool STASH>
 __global__ void __launch_bounds__(FLAT_THREADS, 2)
     k_fused_flat(float *__restrict__ w, const float *__restrict__ g, uint16_t *__restrict__ m,
@@ -122,9 +353,7 @@ __global__ void __launch_bounds__(FLAT_THREADS, 2)
             for (int j = 0; j < 4; j++) {
                 const int64_t at = at0 + 8 * j * K;
                 if (32 * b + 8 * j + ty < rows) {
-                    float4 mf = adamw_bf16::of4(mm[j]), vf = adamw_bf16::of4(vv[j]);
-                    adamw4<adamw_bf16>(x[j], gg[j], mf, vf, h);
-                    mm[j] = adamw_bf16::codes4(mf), vv[j] = adamw_bf16::codes4(vf);
+                    adamw4(x[j], gg[j], mm[j], vv[j], h);
                     if (STASH)
                         __stcs((float4 *)(w + at), x[j]);
                     else
@@ -173,8 +402,8 @@ static struct {
     fused_fn fn;
     int threads, smem, per_sm; /* per_sm: blocks a SM, from the occupancy query */
 } fused[NFUSED] = {
-    {"ring<4>", k_adamw_fp8_ring<4>, RING_THREADS, RING_SMEM(4), 0},
-    {"ring<8>", k_adamw_fp8_ring<8>, RING_THREADS, RING_SMEM(8), 0},
+    {"ring<4>", k_fused_ring<4>, RING_THREADS, RING_SMEM(4), 0},
+    {"ring<8>", k_fused_ring<8>, RING_THREADS, RING_SMEM(8), 0},
     {"flat<0> (L2)", k_fused_flat<false>, FLAT_THREADS, FLAT_SMEM(0), 0},
     {"flat<1> (stash)", k_fused_flat<true>, FLAT_THREADS, FLAT_SMEM(1), 0},
 };
@@ -274,8 +503,8 @@ static void launch(int op, const bufs *d, const adamw_hp &h, int pow2) {
         return;
     }
     if (op == OP_ADAMW || op == OP_TWO)
-        k_adamw_vec4<adamw_bf16><<<moe_cuda_grid_flat(n / 4, 128), 128>>>(
-            (float4 *)d->w, NULL, (const float4 *)d->g, d->m, d->v, n / 4, h);
+        k_adamw_vec4<<<moe_cuda_grid_flat(n / 4, 128), 128>>>(
+            (float4 *)d->w, (const float4 *)d->g, (uint2 *)d->m, (uint2 *)d->v, n / 4, h);
     if (op == OP_QUANT || op == OP_TWO) {
         static moe_cuda_ctx c; /* zero: stream 0, no error recorded */
         static moe_backend be;
@@ -443,7 +672,11 @@ int main(void) {
                fused[k].name, fa.numRegs, fa.localSizeBytes, fused[k].smem, fused[k].per_sm,
                fused[k].threads, var_ok[k] ? "" : "  FAIL");
     }
-    const adamw_hp h = adamw_hp_of(3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 7, 0.5f); /* step 7 */
+    adamw_hp h;
+    const double step = 7;
+    h.lr = 3e-4f, h.beta1 = 0.9f, h.beta2 = 0.95f, h.eps = 1e-8f, h.wd = 0.1f, h.grad_scale = 0.5f;
+    h.bc1 = (float)(1.0 - pow((double)h.beta1, step)); /* as moe_cuda_adamw */
+    h.bc2 = (float)(1.0 - pow((double)h.beta2, step));
     unsigned long long *d_first;
     CK(cudaMalloc(&d_first, sizeof *d_first));
     float step_ms[NOP] = {0};

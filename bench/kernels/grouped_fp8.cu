@@ -843,8 +843,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 fa3_bar_expect(bar, GF_A_BYTES + B_BYTES + na + nb);
                 gg_tma(sA + s * GF_A_BYTES, &mdy, tl.p0 + 128 * k, tl.m0, bar);
                 gg_tma(sB + s * B_BYTES, &mx, tl.p0 + 128 * k, tl.n0, bar);
-                fa3_bulk(sc, ds + blk * O + tl.m0, na, bar);
-                fa3_bulk(sc + 512, xs + blk * I + tl.n0, nb, bar);
+                gf_bulk(sc, ds + blk * O + tl.m0, na, bar);
+                gf_bulk(sc + 512, xs + blk * I + tl.n0, nb, bar);
             }
         }
         return;

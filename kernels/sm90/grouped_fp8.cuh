@@ -78,6 +78,16 @@ __device__ __forceinline__ void gf_mma(float (&d)[16][4], uint64_t a, uint64_t b
                  : "l"(a), "l"(b), "r"(acc));
 }
 
+/* `bytes` (a multiple of 16) from global src (16-byte aligned) into shared dst, completing on
+ * bar: the bulk copy without a tensor map */
+__device__ __forceinline__ void gf_bulk(uint32_t dst, const void *src, uint32_t bytes,
+                                        uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 /* a float from shared address a; volatile with a memory clobber so that it stays after the
  * barrier wait that makes it valid */
 __device__ __forceinline__ float gf_lds(uint32_t a) {
@@ -122,8 +132,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             const float *we = sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
 #pragma unroll
             for (int h = 0; h < NH; h++) /* columns past N: any tile's scales, not stored */
-                fa3_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16,
-                         bar);
+                gf_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16,
+                        bar);
         };
         gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, KB,
                                        GF_A_BYTES + B_BYTES + GF_SX_BYTES + 16 * NH, bfull, bempty,

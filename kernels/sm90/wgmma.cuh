@@ -183,15 +183,6 @@ __device__ __forceinline__ void fa3_bar_expect(uint32_t bar, uint32_t bytes) {
 __device__ __forceinline__ void fa3_bar_arrive(uint32_t bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
-/* `bytes` (a multiple of 16) from global src (16-byte aligned) into shared dst, completing on
- * bar: the bulk copy without a tensor map */
-__device__ __forceinline__ void fa3_bulk(uint32_t dst, const void *src, uint32_t bytes,
-                                         uint32_t bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 " [%0], [%1], %2, [%3];\n" ::"r"(dst),
-                 "l"(src), "r"(bytes), "r"(bar)
-                 : "memory");
-}
 /* waits until the phase of parity `parity` of the barrier has completed */
 __device__ __forceinline__ void fa3_bar_wait(uint32_t bar, uint32_t parity) {
     asm volatile("{\n.reg .pred p;\nFA3_WAIT:\n"

@@ -91,8 +91,7 @@ enum {
     DY_MXFP8 = 3 << 5,
     DX_F32 = 1 << 7,
     DX_BF16 = 2 << 7,
-    DX_MXFP8 = 3 << 7,
-    FUSED = 1 << 9 /* MOE_OP_QUANTIZE: adamw_quantize_weight (else adamw, then quantize_weight) */
+    DX_MXFP8 = 3 << 7
 };
 
 typedef struct tcase {
@@ -150,7 +149,6 @@ void run_grouped(gctx *g, const tcase *tc);
 void run_swiglu(gctx *g, const tcase *tc);
 void run_adamw(gctx *g, const tcase *tc);
 void run_adamw_fp8(gctx *g, const tcase *tc);
-void run_adamw_fp8_fused(gctx *g, const tcase *tc);
 void run_sum_squares(gctx *g, const tcase *tc);
 
 /* ------------------------------------------------------------------------------------------

@@ -91,9 +91,6 @@ static const pcase k_perf[] = {
     {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
     /* the fp8-block weight copies of one mixtral w1 (both layouts), as after each AdamW */
     {"quantize_weight E8 O14336 I4096", MOE_OP_QUANTIZE, 0, {8, 14336, 4096}},
-    /* the same after AdamW (bf16 moments), as two passes and as adamw_quantize_weight's one */
-    {"adamw+quantize E8 O14336 I4096 two passes", MOE_OP_QUANTIZE, 0, {8, 14336, 4096, 1}},
-    {"adamw+quantize E8 O14336 I4096 fused", MOE_OP_QUANTIZE, 0, {8, 14336, 4096, 2}},
 };
 enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
 
@@ -278,10 +275,6 @@ static void run_perf(gctx *g, const pcase *pc) {
         a = perf_buf(g, n), b = perf_buf(g, n / 2); /* w; q and qt: 2 n bytes */
         c = perf_buf(g, moe_fp8_weight_scales(s[0], s[1], s[2]));
         bytes = 6.0 * (double)n; /* read 4 bytes a weight, write 2 */
-        if (s[3]) {              /* with AdamW first (bf16 moments): its 20 bytes, 16 when fused */
-            d = perf_buf(g, n), e = perf_buf(g, n / 2), f = perf_buf(g, n / 2);
-            bytes += (s[3] == 1 ? 20.0 : 16.0) * (double)n;
-        }
         break;
     }
     default:
@@ -359,18 +352,9 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_SUM_SQUARES:
                 (void)be->sum_squares(be, a, s[0]);
                 break;
-            case MOE_OP_QUANTIZE: {
-                const moe_buf bm = moe_buf_of(e, MOE_DTYPE_BF16),
-                              bv = moe_buf_of(f, MOE_DTYPE_BF16);
-                if (s[3] == 2)
-                    be->adamw_quantize_weight(be, a, d, bm, bv, (uint8_t *)b, c, s[0], s[1], s[2],
-                                              FP8B, 1e-9f, 0.9f, 0.95f, 1e-8f, 0.0f, 10, 1.0f);
-                if (s[3] == 1)
-                    be->adamw(be, a, NULL, d, bm, bv, s[0] * s[1] * s[2], 1e-9f, 0.9f, 0.95f, 1e-8f,
-                              0.0f, 10, 1.0f);
-                if (s[3] != 2) be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
+            case MOE_OP_QUANTIZE:
+                be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
                 break;
-            }
             default:
                 break;
             }

@@ -171,12 +171,11 @@ void moe_model_params_written(moe_model *m);
  * with moments mom, var [hi - lo] dev (element lo first; F32 or BF16, both of one type: the
  * trainer's optim.moments): weight decay o->weight_decay for
  * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
- * copies of the range are rewritten in the same pass; a quantized weight wholly inside it is
- * updated together with its fp8-block copies (be->adamw_quantize_weight, one call a weight),
- * and a weight the range cuts gets its copies before the next pass. Copies already stale
- * (moe_model_params_written, as the trainer says before a step of several ranks) are left to
- * that refresh, and the flat calls update their weights. Consecutive tensors with the same
- * decay are one call. */
+ * copies of the range are rewritten in the same pass, the fp8-block copies of the quantized
+ * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
+ * its copies before the next pass). Copies already stale (moe_model_params_written, as the
+ * trainer says before a step of several ranks) are left to that refresh. Consecutive tensors
+ * with the same decay are one call (the expert part is one). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 

@@ -55,13 +55,12 @@
  * recipe: BF16 under `optim.moments: bf16` (see adamw).
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
- *    quantize_weight writes from the fp32 master (with each AdamW step of the weight, by
- *    adamw_quantize_weight, and whenever its bf16 copies would be refreshed): p holds the
- *    row-wise copy [E, O, I] (forward) followed by the transposed copy [E, I, O] (dgrad:
- *    cuBLASLt's fp8 products need both operands contiguous along the reduction), e4m3 bytes,
- *    each expert's matrix in 128 x 128 tiles; s the row-wise tile scales [E,
- *    moe_fp8_tile_scales(O, I)] followed by the transposed ones [E, moe_fp8_tile_scales(I,
- *    O)] (E = 1 for matmul). A tile is
+ *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
+ *    whenever its bf16 copies would be refreshed): p holds the row-wise copy [E, O, I]
+ *    (forward) followed by the transposed copy [E, I, O] (dgrad: cuBLASLt's fp8 products
+ *    need both operands contiguous along the reduction), e4m3 bytes, each expert's matrix in
+ *    128 x 128 tiles; s the row-wise tile scales [E, moe_fp8_tile_scales(O, I)] followed by
+ *    the transposed ones [E, moe_fp8_tile_scales(I, O)] (E = 1 for matmul). A tile is
  *    symmetric, so both hold the same values, but they are stored twice: cuBLASLt reads each
  *    operand's scales in that operand's own tile order and row padding, and the second copy
  *    costs 4 bytes per 16384 values. The products quantize only their activations and
@@ -489,21 +488,6 @@ struct moe_backend {
                             float *s,       /* [moe_fp8_weight_scales(E, O, I)] dev */
                             const float *w, /* [E, O, I] dev */
                             int64_t E, int64_t O, int64_t I, moe_recipe prec);
-
-    /* ---- adamw on a weight w [E, O, I] that has fp8-block copies (no bf16 copy), then
-     * quantize_weight of its new values: the bytes of the two calls, in one pass over the
-     * weight where the backend can (the CUDA backend reads each tile's master, gradient and
-     * moments once and writes them back with both copies); moe_model_adamw calls it for each
-     * such weight that lies wholly in the rank's range ---- */
-    void (*adamw_quantize_weight)(const moe_backend *be, float *w, /* [E, O, I] dev */
-                                  const float *grad,               /* [E, O, I] dev */
-                                  moe_buf m,                       /* [E, O, I] dev, F32 or BF16 */
-                                  moe_buf v,  /* [E, O, I] dev, the type of m */
-                                  uint8_t *q, /* [2 E O I] dev */
-                                  float *s,   /* [moe_fp8_weight_scales(E, O, I)] dev */
-                                  int64_t E, int64_t O, int64_t I, moe_recipe prec, float lr,
-                                  float beta1, float beta2, float eps, float weight_decay,
-                                  int64_t step, float grad_scale);
 
     /* ---- dst = src rounded to bf16 (round to nearest even) ---- */
     void (*cast_bf16)(const moe_backend *be, uint16_t *dst, /* [n] dev bf16 */

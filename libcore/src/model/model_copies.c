@@ -5,12 +5,11 @@
  * the same pass as the master. fp8-block: for each layer not in precision.skip_layers, the
  * e4m3 copies of the weights its products quantize (q, k, v, o and the expert blocks w1, w3,
  * w2), row-wise and transposed with their 128 x 128 tile scales (moe/ops.h), in one
- * allocation (param8_mem) made by the first pass, when the skipped layers are known. A
- * weight that lies wholly in the rank's AdamW range gets its update and its copies from one
- * call, be->adamw_quantize_weight (one pass over its tiles on the GPU: a tile's scale needs
- * the whole updated 128 x 128 tile first), and leaves the flat AdamW runs; a weight the range
- * cuts (a ZeRO-1 slice) is updated in the runs, and its copies wait for the refresh before
- * the next forward. The one thing a reader
+ * allocation (param8_mem) made by the first pass, when the skipped layers are known. They
+ * are written by be->quantize_weight, a second pass over each weight right after the AdamW
+ * update rather than inside the AdamW kernel: that kernel is elementwise over flat ranges
+ * that run across many tensors (one call for all experts) and that ZeRO-1 cuts anywhere,
+ * while a tile's scale needs the whole updated 128 x 128 tile first. The one thing a reader
  * must know: every write of the masters other than moe_model_adamw marks the copies stale
  * (copies_stale) and the next pass rewrites them all (moe_model_refresh_copies), so init,
  * load, resume and an all-gather of ZeRO slices need nothing else. */
@@ -135,34 +134,31 @@ void moe_model_refresh_copies(moe_model *m) {
     m->copies_stale = 0;
 }
 
-/* The quantized weight (l, j)'s elements [*a, *b) of the flat arrays; 1 when AdamW updates it
- * with its copies in one call: fuse (its copies are current, the call's choice) and it lies
- * wholly in [lo, hi). */
-static int fused_weight(const moe_model *m, int fuse, int l, int j, int64_t lo, int64_t hi,
-                        int64_t *a, int64_t *b) {
+/* After an AdamW step on [lo, hi): the fp8 copies of every quantized weight wholly inside
+ * it rewritten; one only partly inside (a ZeRO-1 slice) makes the copies stale. */
+static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
+    if (!m->param8_mem || m->copies_stale) return; /* none yet, or all rewritten anyway */
     const moe_param_table *t = &m->table;
-    int idx[7];
-    layer_weights(t, l, idx);
-    const moe_param *p = &t->params[idx[j]];
-    *a = p->offset, *b = p->offset + experts_of(t, j) * p->numel;
-    return fuse && !skipped(m->skip_quant, l) && *a >= lo && *b <= hi;
-}
-
-/* 1 when element `at` belongs to a weight that fused_weight updates. */
-static int in_fused_weight(const moe_model *m, int fuse, int64_t at, int64_t lo, int64_t hi) {
-    int64_t a, b;
-    for (int l = 0; fuse && l < (int)m->cfg.num_hidden_layers; l++)
-        for (int j = 0; j < 7; j++)
-            if (fused_weight(m, fuse, l, j, lo, hi, &a, &b) && at >= a && at < b) return 1;
-    return 0;
+    for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++) {
+        if (skipped(m->skip_quant, l)) continue;
+        int idx[7];
+        layer_weights(t, l, idx);
+        for (int j = 0; j < 7; j++) {
+            const moe_param *p = &t->params[idx[j]];
+            int64_t a = p->offset, b = a + experts_of(t, j) * p->numel;
+            if (b <= lo || a >= hi) continue;
+            if (a < lo || b > hi) {
+                m->copies_stale = 1;
+                return;
+            }
+            quantize(m, l, j);
+        }
+    }
 }
 
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale) {
     const moe_param_table *t = &m->table;
-    /* fp8-block copies that are current (none yet, or stale ones, are all rewritten before
-     * the next forward anyway); a model with bf16 copies too runs the flat passes */
-    const int fuse = m->param8_mem && !m->copies_stale && !m->param16_mem;
     int64_t a = -1, b = -1; /* the run of equal decay being gathered: elements [a, b) */
     double wd_run = 0.0;
     for (int i = 0; i <= t->n_params; i++) {
@@ -173,8 +169,7 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf 
             pa = p->offset > lo ? p->offset : lo;
             pb = p->offset + p->numel < hi ? p->offset + p->numel : hi;
             wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
-            if (pa >= pb || in_fused_weight(m, fuse, p->offset, lo, hi))
-                continue; /* a fused weight leaves a gap, which ends the run */
+            if (pa >= pb) continue;
         }
         if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
             /* stale copies are all rewritten before the next forward: none written here */
@@ -189,24 +184,5 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf 
         if (a < 0) a = pa, wd_run = wd;
         b = pb;
     }
-    /* the quantized weights: update and copies in one call where they lie wholly in the
-     * range; a weight the range cuts (updated above) makes the copies stale */
-    for (int l = 0; fuse && l < (int)m->cfg.num_hidden_layers; l++)
-        for (int j = 0; j < 7 && !skipped(m->skip_quant, l); j++) {
-            int64_t wa, wb;
-            int idx[7];
-            layer_weights(t, l, idx);
-            const moe_param *p = &t->params[idx[j]];
-            if (fused_weight(m, fuse, l, j, lo, hi, &wa, &wb)) {
-                const double wd =
-                    (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
-                m->be->adamw_quantize_weight(
-                    m->be, m->param_mem + wa, moe_model_grads(m) + wa, moe_buf_at(mom, wa - lo),
-                    moe_buf_at(var, wa - lo), p->data8, p->scale8, experts_of(t, j), p->shape[0],
-                    p->shape[1], m->recipe, (float)lr, (float)o->beta1, (float)o->beta2,
-                    (float)o->eps, (float)wd, step, grad_scale);
-            } else if (wb > lo && wa < hi) {
-                m->copies_stale = 1; /* cut by the range: the refresh rewrites every copy */
-            }
-        }
+    update_fp8_copies(m, lo, hi);
 }

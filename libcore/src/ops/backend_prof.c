@@ -355,18 +355,6 @@ static void pr_quantize_weight(const moe_backend *be, uint8_t *q, float *s, cons
     prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
 }
 
-static void pr_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, moe_buf m,
-                                     moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O,
-                                     int64_t I, moe_recipe prec, float lr, float beta1, float beta2,
-                                     float eps, float weight_decay, int64_t step,
-                                     float grad_scale) {
-    prof_ctx *p = ctx_of(be);
-    double t0 = prof_begin(p);
-    p->inner->adamw_quantize_weight(p->inner, w, grad, m, v, q, s, E, O, I, prec, lr, beta1, beta2,
-                                    eps, weight_decay, step, grad_scale);
-    prof_end_op(p, t0, MOE_OP_ADAMW, 0); /* the optimizer's time, with its copies */
-}
-
 static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     prof_ctx *p = ctx_of(be);
     p->st.host_syncs++;
@@ -428,7 +416,6 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->adamw = pr_adamw;
     t->cast_bf16 = pr_cast_bf16;
     t->quantize_weight = pr_quantize_weight;
-    t->adamw_quantize_weight = pr_adamw_quantize_weight;
     t->sum_squares = pr_sum_squares;
     return t;
 }

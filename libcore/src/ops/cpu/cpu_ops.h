@@ -95,11 +95,6 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
                                   moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I], moe_quant_tiles_e4m3 per
  * expert */
-/* adamw_quantize_weight (ops.h): moe_cpu_adamw, then moe_cpu_quantize_weight of the result. */
-void moe_cpu_adamw_quantize_weight(const moe_backend *be, float *w, const float *grad, moe_buf m,
-                                   moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
-                                   moe_recipe prec, float lr, float beta1, float beta2, float eps,
-                                   float weight_decay, int64_t step, float grad_scale);
 void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
                              int64_t O, int64_t I, moe_recipe prec);
 
