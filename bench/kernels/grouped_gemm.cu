@@ -201,7 +201,7 @@ __device__ __forceinline__ void gg_mma_n256(float (&d0)[16][4], float (&d1)[16][
                  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "
                  "%124, %125, %126, %127}, "
                  "%128, %129, p, 1, 1, 0, 0;\n}\n"
-                 : GG_F64(d0), GG_F64(d1)
+                 : WG_F64(d0), WG_F64(d1)
                  : "l"(a), "l"(b), "r"(acc));
 }
 /* d [64 rows, 128] (+)= A [64, 16] B [16, 128] from shared memory, A K-major or with TA 1
@@ -216,7 +216,7 @@ __device__ __forceinline__ void gg_mma_n128(float (&d)[16][4], uint64_t a, uint6
                  "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
                  "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
                  "%64, %65, p, 1, 1, %67, %68;\n}\n"
-                 : GG_F64(d)
+                 : WG_F64(d)
                  : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));
 }
 /* The descriptor of an MN-major operand at shared address a: boxes [64 rows of K][64

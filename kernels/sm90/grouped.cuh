@@ -37,12 +37,6 @@ __device__ __forceinline__ void gg_tma3(uint32_t dst, const CUtensorMap *map, in
                  : "memory");
 }
 
-/* The operand list of a wgmma accumulator d [16][4] (64 registers: a warpgroup's 64 x 128
- * fp32 block), for asm statements */
-#define GG_F4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define GG_F16(d, j) GG_F4(d, j), GG_F4(d, j + 1), GG_F4(d, j + 2), GG_F4(d, j + 3)
-#define GG_F64(d) GG_F16(d, 0), GG_F16(d, 4), GG_F16(d, 8), GG_F16(d, 12)
-
 /* The tile list of bm x bn tiles (thread 0): s_off [E + 1] the row offsets, s_pref [E + 1]
  * the number of the first tile of each expert (s_pref[E] tiles in all) */
 __device__ __forceinline__ void gg_list(const int32_t *off, int E, int N, int bm, int bn,
