@@ -96,6 +96,33 @@ __device__ __forceinline__ void load_b_n2(uint32_t b[4], const bf16 *s, int k0, 
 /* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor into a [rows][LD]
  * tile with cp.async (16 bytes per request); rows >= T are zero-filled (source size 0). The
  * caller commits the group and waits for it before reading. */
+/* The backward's two score products of a warp's 16 rows: s [16, N] = A1 B1^T and dp [16, N]
+ * = A2 B2^T over D, A1 and A2 from rows r0 .. r0 + 15 of a1, a2 [.., LD] and B1, B2 rows 0 .. N
+ * - 1 of b1, b2 [N, LD] (shared memory, bf16); s and dp are overwritten. */
+template <int N, int D, int LD>
+__device__ __forceinline__ void score_pair(float (&s)[N / 8][4], float (&dp)[N / 8][4],
+                                           const bf16 *a1, const bf16 *a2, const bf16 *b1,
+                                           const bf16 *b2, int r0, int lane) {
+    fa_zero<N / 8>(s);
+    fa_zero<N / 8>(dp);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        uint32_t x1[4], x2[4];
+        load_a<LD>(x1, a1, r0, ks * 16, lane);
+        load_a<LD>(x2, a2, r0, ks * 16, lane);
+#pragma unroll
+        for (int np = 0; np < N / 16; np++) {
+            uint32_t y1[4], y2[4];
+            load_b_t2<LD>(y1, b1, np * 16, ks * 16, lane);
+            load_b_t2<LD>(y2, b2, np * 16, ks * 16, lane);
+            mma16816(s[2 * np], x1, y1);
+            mma16816(s[2 * np + 1], x1, y1 + 2);
+            mma16816(dp[2 * np], x2, y2);
+            mma16816(dp[2 * np + 1], x2, y2 + 2);
+        }
+    }
+}
+
 template <int D, int LD>
 __device__ __forceinline__ void cp_tile(bf16 *s, const bf16 *g, int rows, int64_t row0, int64_t T,
                                         int64_t stride) {
@@ -275,24 +302,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         __syncthreads();
         const bf16 *sK = sKb + (it & 1) * FA_BK * LD, *sV = sVb + (it & 1) * FA_BK * LD;
         float s[FA_BK / 8][4], dp[FA_BK / 8][4];
-        fa_zero<FA_BK / 8>(s);
-        fa_zero<FA_BK / 8>(dp);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            uint32_t qa[4], da[4];
-            load_a<LD>(qa, sQ, warp * 16, ks * 16, lane);
-            load_a<LD>(da, sdO, warp * 16, ks * 16, lane);
-#pragma unroll
-            for (int np = 0; np < FA_BK / 16; np++) {
-                uint32_t bk[4], bv[4];
-                load_b_t2<LD>(bk, sK, np * 16, ks * 16, lane);
-                load_b_t2<LD>(bv, sV, np * 16, ks * 16, lane);
-                mma16816(s[2 * np], qa, bk);
-                mma16816(s[2 * np + 1], qa, bk + 2);
-                mma16816(dp[2 * np], da, bv);
-                mma16816(dp[2 * np + 1], da, bv + 2);
-            }
-        }
+        score_pair<FA_BK, D, LD>(s, dp, sQ, sdO, sK, sV, warp * 16, lane);
         fa_dscores_rows<FA_BK>(s, dp, k0, row0, row1, st0, st1, lse0, lse1, dl0, dl1, sl2, t,
                                dsb || k0 + FA_BK - 1 > q0 + warp * 16);
 #pragma unroll
@@ -377,24 +387,7 @@ __global__ void __launch_bounds__(FA_THREADS)
         const int32_t *sS = sSb + buf * FA_BQ_KV;
         /* S^T [16 keys, 32 queries] = K_w Q^T ; dP^T = V_w dO^T */
         float s[FA_BQ_KV / 8][4], dp[FA_BQ_KV / 8][4];
-        fa_zero<FA_BQ_KV / 8>(s);
-        fa_zero<FA_BQ_KV / 8>(dp);
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ks++) {
-            uint32_t ka[4], va[4];
-            load_a<LD>(ka, sK, warp * 16, ks * 16, lane);
-            load_a<LD>(va, sV, warp * 16, ks * 16, lane);
-#pragma unroll
-            for (int np = 0; np < FA_BQ_KV / 16; np++) {
-                uint32_t bq[4], bd[4];
-                load_b_t2<LD>(bq, sQ, np * 16, ks * 16, lane);
-                load_b_t2<LD>(bd, sdO, np * 16, ks * 16, lane);
-                mma16816(s[2 * np], ka, bq);
-                mma16816(s[2 * np + 1], ka, bq + 2);
-                mma16816(dp[2 * np], va, bd);
-                mma16816(dp[2 * np + 1], va, bd + 2);
-            }
-        }
+        score_pair<FA_BQ_KV, D, LD>(s, dp, sK, sV, sQ, sdO, warp * 16, lane);
         float pt[FA_BQ_KV / 8][4];
         fa_dscores_cols<FA_BQ_KV>(s, dp, pt, q0, key0, key1, sL, sD, sS, T, sl2, t,
                                   dsb || q0 < k0 + warp * 16 + 15 || q0 + FA_BQ_KV > T);
