@@ -123,6 +123,26 @@ __device__ __forceinline__ void score_pair(float (&s)[N / 8][4], float (&dp)[N /
     }
 }
 
+/* acc [16, D] += P B for a warp's 16 rows: P [16, N] the fp32 accumulator of an earlier product
+ * (probabilities or dS, rounded to bf16 as an A operand), B rows 0 .. N - 1 of b [N, LD] (shared
+ * memory, bf16). */
+template <int N, int D, int LD>
+__device__ __forceinline__ void acc_product(float (&acc)[D / 8][4], const float (&p)[N / 8][4],
+                                            const bf16 *b, int lane) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; kk++) {
+        uint32_t pa[4];
+        c_to_a(pa, p, kk);
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            uint32_t bfr[4];
+            load_b_n2<LD>(bfr, b, kk * 16, np * 16, lane);
+            mma16816(acc[2 * np], pa, bfr);
+            mma16816(acc[2 * np + 1], pa, bfr + 2);
+        }
+    }
+}
+
 template <int D, int LD>
 __device__ __forceinline__ void cp_tile(bf16 *s, const bf16 *g, int rows, int64_t row0, int64_t T,
                                         int64_t stride) {
@@ -212,18 +232,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         fa_softmax_block<FA_BK>(s, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
                                 sl2, t, dsb || k0 + FA_BK - 1 > q0 + warp * 16 + qoff);
         fa_rescale<D / 8>(o, a0, a1);
-#pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
-            uint32_t pa[4];
-            c_to_a(pa, s, kk);
-#pragma unroll
-            for (int np = 0; np < D / 16; np++) {
-                uint32_t bfr[4];
-                load_b_n2<LD>(bfr, sV, kk * 16, np * 16, lane);
-                mma16816(o[2 * np], pa, bfr);
-                mma16816(o[2 * np + 1], pa, bfr + 2);
-            }
-        }
+        acc_product<FA_BK, D, LD>(o, s, sV, lane);
         __syncthreads(); /* all reads of this buffer are done before it is refilled */
     }
     fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
@@ -305,18 +314,7 @@ __global__ void __launch_bounds__(FA_THREADS, FA_MINB)
         score_pair<FA_BK, D, LD>(s, dp, sQ, sdO, sK, sV, warp * 16, lane);
         fa_dscores_rows<FA_BK>(s, dp, k0, row0, row1, st0, st1, lse0, lse1, dl0, dl1, sl2, t,
                                dsb || k0 + FA_BK - 1 > q0 + warp * 16);
-#pragma unroll
-        for (int kk = 0; kk < FA_BK / 16; kk++) {
-            uint32_t sa[4];
-            c_to_a(sa, s, kk);
-#pragma unroll
-            for (int np = 0; np < D / 16; np++) {
-                uint32_t bfr[4];
-                load_b_n2<LD>(bfr, sK, kk * 16, np * 16, lane);
-                mma16816(acc[2 * np], sa, bfr);
-                mma16816(acc[2 * np + 1], sa, bfr + 2);
-            }
-        }
+        acc_product<FA_BK, D, LD>(acc, s, sK, lane);
         __syncthreads();
     }
     fa_add_rows<D>(dq + qoff, acc, row0, row1, T, qstride, scale, t, add);
