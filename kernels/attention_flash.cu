@@ -93,9 +93,6 @@ __device__ __forceinline__ void load_b_n2(uint32_t b[4], const bf16 *s, int k0, 
     ldsm_x4_t(b, s + (k0 + (lane & 7) + (mi & 1) * 8) * LD + n0 + (mi >> 1) * 8);
 }
 
-/* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor into a [rows][LD]
- * tile with cp.async (16 bytes per request); rows >= T are zero-filled (source size 0). The
- * caller commits the group and waits for it before reading. */
 /* The backward's two score products of a warp's 16 rows: s [16, N] = A1 B1^T and dp [16, N]
  * = A2 B2^T over D, A1 and A2 from rows r0 .. r0 + 15 of a1, a2 [.., LD] and B1, B2 rows 0 .. N
  * - 1 of b1, b2 [N, LD] (shared memory, bf16); s and dp are overwritten. */
@@ -143,6 +140,9 @@ __device__ __forceinline__ void acc_product(float (&acc)[D / 8][4], const float 
     }
 }
 
+/* Starts copying rows [row0, row0 + rows) of a [*, stride] bf16 tensor into a [rows][LD]
+ * tile with cp.async (16 bytes per request); rows >= T are zero-filled (source size 0). The
+ * caller commits the group and waits for it before reading. */
 template <int D, int LD>
 __device__ __forceinline__ void cp_tile(bf16 *s, const bf16 *g, int rows, int64_t row0, int64_t T,
                                         int64_t stride) {
