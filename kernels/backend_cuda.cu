@@ -294,8 +294,8 @@ static void cu_memory(const moe_backend *be, size_t *current, size_t *peak) {
 /* ------------------------------------------------------------------------------------------
  * add, AdamW, sum of squares */
 
-template <int V, typename TO, typename TA>
-__global__ void k_add(TO *out, const TA *a, const float *b, int64_t n) { /* out may be a or b */
+template <int V, typename TO, typename TA, typename TB>
+__global__ void k_add(TO *out, const TA *a, const TB *b, int64_t n) { /* out may be a or b */
     int64_t stride = (int64_t)gridDim.x * blockDim.x * V;
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * V; i < n; i += stride) {
         float av[V], bv[V];
@@ -308,30 +308,41 @@ __global__ void k_add(TO *out, const TA *a, const float *b, int64_t n) { /* out 
     }
 }
 
-template <typename TO, typename TA>
-static void add_launch(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
-    if (moe_cuda_vec_ok(n, out.p, a.p, b))
+template <typename TO, typename TA, typename TB>
+static void add_launch(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
+    if (moe_cuda_vec_ok(n, out.p, a.p, b.p))
         k_add<MOE_VEC><<<moe_cuda_grid(c, n / MOE_VEC, 256), 256, 0, c->stream>>>(
-            (TO *)out.p, (const TA *)a.p, b, n);
+            (TO *)out.p, (const TA *)a.p, (const TB *)b.p, n);
     else
-        k_add<1>
-            <<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>((TO *)out.p, (const TA *)a.p, b, n);
+        k_add<1><<<moe_cuda_grid(c, n, 256), 256, 0, c->stream>>>((TO *)out.p, (const TA *)a.p,
+                                                                  (const TB *)b.p, n);
 }
 
-void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
+/* the launch for b's element type, then a's (out's chosen by the caller) */
+template <typename TO, typename TA>
+static void add_typed_b(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
+    if (b.dt == MOE_DTYPE_BF16)
+        add_launch<TO, TA, __nv_bfloat16>(c, out, a, b, n);
+    else
+        add_launch<TO, TA, float>(c, out, a, b, n);
+}
+template <typename TO>
+static void add_typed_a(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
+    if (a.dt == MOE_DTYPE_BF16)
+        add_typed_b<TO, __nv_bfloat16>(c, out, a, b, n);
+    else
+        add_typed_b<TO, float>(c, out, a, b, n);
+}
+
+void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c) || !moe_cuda_typed_ok(c, out.dt, "add") ||
-        !moe_cuda_typed_ok(c, a.dt, "add"))
+        !moe_cuda_typed_ok(c, a.dt, "add") || !moe_cuda_typed_ok(c, b.dt, "add"))
         return;
-    typedef __nv_bfloat16 bf;
-    if (out.dt == MOE_DTYPE_BF16 && a.dt == MOE_DTYPE_BF16)
-        add_launch<bf, bf>(c, out, a, b, n);
-    else if (out.dt == MOE_DTYPE_BF16)
-        add_launch<bf, float>(c, out, a, b, n);
-    else if (a.dt == MOE_DTYPE_BF16)
-        add_launch<float, bf>(c, out, a, b, n);
+    if (out.dt == MOE_DTYPE_BF16)
+        add_typed_a<__nv_bfloat16>(c, out, a, b, n);
     else
-        add_launch<float, float>(c, out, a, b, n);
+        add_typed_a<float>(c, out, a, b, n);
     MOE_CUDA_LAUNCHED(c, "add", "n=%lld", (long long)n);
 }
 

@@ -218,9 +218,12 @@ void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dx
                       (long long)K);
 }
 
-/* y[n,:] = sum_k w[n,k] yp[slot_row[n*K+k], :], summed from 0 in k order (as the CPU) */
-template <int V, typename TY>
-__global__ void k_unperm_fwd(float *__restrict__ y, const TY *__restrict__ yp,
+/* y[n,:] = res[n,:] + s, s = sum_k w[n,k] yp[slot_row[n*K+k], :] summed from 0 in k order
+ * and added to res in fp32 (as the CPU); y = s without res (resf and resb NULL; else the one
+ * of res's type) */
+template <int V, typename TO, typename TY>
+__global__ void k_unperm_fwd(TO *__restrict__ y, const float *__restrict__ resf,
+                             const __nv_bfloat16 *__restrict__ resb, const TY *__restrict__ yp,
                              const float *__restrict__ topk_w, const int32_t *__restrict__ slot_row,
                              int64_t C, int K) {
     int64_t n = blockIdx.x;
@@ -236,37 +239,56 @@ __global__ void k_unperm_fwd(float *__restrict__ y, const TY *__restrict__ yp,
             for (int j = 0; j < V; j++)
                 acc[j] += w * v[j];
         }
+        if (resf || resb) {
+            if (resf)
+                moe_ldv<V>(resf, n * C + i, v);
+            else
+                moe_ldv<V>(resb, n * C + i, v);
+#pragma unroll
+            for (int j = 0; j < V; j++)
+                acc[j] = v[j] + acc[j];
+        }
         moe_stv<V>(y, n * C + i, acc);
     }
 }
 
-template <int V, typename TY>
-static void unperm_fwd(moe_cuda_ctx *c, float *y, const TY *yp, const float *topk_w,
+template <typename TO, typename TY>
+static void unperm_fwd(moe_cuda_ctx *c, moe_buf y, moe_cbuf res, const TY *yp, const float *topk_w,
                        const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
-    k_unperm_fwd<V><<<(unsigned)N, C / V >= 512 ? 256 : 128, 0, c->stream>>>(y, yp, topk_w,
-                                                                             slot_row, C, (int)K);
+    const float *resf = res.dt == MOE_DTYPE_F32 ? (const float *)res.p : NULL;
+    const __nv_bfloat16 *resb = res.dt == MOE_DTYPE_BF16 ? (const __nv_bfloat16 *)res.p : NULL;
+    if (moe_cuda_vec_ok(C, y.p, yp, res.p)) /* res.p last: NULL ends the list */
+        k_unperm_fwd<MOE_VEC><<<(unsigned)N, C / MOE_VEC >= 512 ? 256 : 128, 0, c->stream>>>(
+            (TO *)y.p, resf, resb, yp, topk_w, slot_row, C, (int)K);
+    else
+        k_unperm_fwd<1><<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(
+            (TO *)y.p, resf, resb, yp, topk_w, slot_row, C, (int)K);
 }
 
 template <typename TY>
-static void unperm_fwd_vec(moe_cuda_ctx *c, float *y, const TY *yp, const float *topk_w,
-                           const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
-    if (moe_cuda_vec_ok(C, y, yp))
-        unperm_fwd<MOE_VEC>(c, y, yp, topk_w, slot_row, N, C, K);
+static void unperm_fwd_out(moe_cuda_ctx *c, moe_buf y, moe_cbuf res, const TY *yp,
+                           const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                           int64_t K) {
+    if (y.dt == MOE_DTYPE_BF16)
+        unperm_fwd<__nv_bfloat16>(c, y, res, yp, topk_w, slot_row, N, C, K);
     else
-        unperm_fwd<1>(c, y, yp, topk_w, slot_row, N, C, K);
+        unperm_fwd<float>(c, y, res, yp, topk_w, slot_row, N, C, K);
 }
 
-void moe_cuda_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
-                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+void moe_cuda_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,
+                                const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                                int64_t K) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, yp.dt, "unpermute_forward") || N <= 0 || C <= 0)
+    const char *op = "unpermute_forward";
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, y.dt, op) ||
+        (res.p && !moe_cuda_typed_ok(c, res.dt, op)) || !moe_cuda_typed_ok(c, yp.dt, op) ||
+        N <= 0 || C <= 0)
         return;
     if (yp.dt == MOE_DTYPE_BF16)
-        unperm_fwd_vec(c, y, (const __nv_bfloat16 *)yp.p, topk_w, slot_row, N, C, K);
+        unperm_fwd_out(c, y, res, (const __nv_bfloat16 *)yp.p, topk_w, slot_row, N, C, K);
     else
-        unperm_fwd_vec(c, y, (const float *)yp.p, topk_w, slot_row, N, C, K);
-    MOE_CUDA_LAUNCHED(c, "unpermute_forward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
-                      (long long)K);
+        unperm_fwd_out(c, y, res, (const float *)yp.p, topk_w, slot_row, N, C, K);
+    MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld K=%lld", (long long)N, (long long)C, (long long)K);
 }
 
 /* dyp[r,:] (+)= w dy[n,:]; dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]) (add: 1 adds, 0 writes),

@@ -79,7 +79,8 @@ enum { ROLE_X, ROLE_Y, ROLE_DY, ROLE_DX };
 enum {
     TYPED = 1, /* the GPU's typed operands are bf16, as the model passes them under the bf16
                   recipe: weights as bf16 copies (cast_bf16 of them), expert activations in
-                  bf16 (permute's xp, grouped in and out, swiglu in and out, unpermute's yp) */
+                  bf16 (permute's xp, grouped in and out, swiglu in and out, unpermute's yp,
+                  add's b: o_proj's output) */
     X_F32 = 1 << 1,
     X_BF16 = 2 << 1,
     X_MXFP8 = 3 << 1,

@@ -269,16 +269,18 @@ void run_xent(gctx *g, const tcase *tc) {
 }
 
 /* a and out: the residual stream, fp32 or bf16 (one fp32 sum on both sides, so a bf16 out
- * holds exactly the CPU's sum rounded); in place where they share a type */
+ * holds exactly the CPU's sum rounded); in place where they share a type. b: o_proj's output,
+ * bf16 with TYPED */
 void run_add(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
     const moe_dtype adt = role_dt(tc, ROLE_X, MOE_DTYPE_F32),
                     odt = role_dt(tc, ROLE_Y, MOE_DTYPE_F32);
     float *a = frand(n, -1, 1), *b = frand(n, -1, 1), *o = xmalloc(F(n));
     as_stored(a, n, adt);
-    g->cpu->add(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), b, n);
+    as_stored(b, n, typed_dt(tc));
+    g->cpu->add(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n);
     moe_buf da_ = dev_operand(g, adt, "a", a, n), do_ = dev_operand(g, odt, "out", NULL, n);
-    float *db_ = dup_dev(g, "b", b, F(n));
+    moe_cbuf db_ = moe_cbuf_from(dev_operand(g, typed_dt(tc), "b", b, n));
     g->gpu->add(g->gpu, do_, moe_cbuf_from(da_), db_, n);
     check_sync_guards(g, "add");
     cmp_typed(g, "out", do_, o, n, tc->tol);

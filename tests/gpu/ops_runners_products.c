@@ -209,16 +209,30 @@ void run_permute(gctx *g, const tcase *tc) {
     g->gpu->permute_backward(g->gpu, sgx, dgxp, dsrr, N, C, K, MOE_GRAD_SET);
     check_sync_guards(g, "permute_backward SET");
     cmp_f32(g, "dx (SET)", sgx, gx, N * C, tc->tol);
-    /* unpermute with the same routing */
+    /* unpermute with the same routing: alone, and with the residual add (x_out = x_mid + y,
+     * x_mid and x_out of the model's residual type: bf16 under mxfp8, else fp32) */
     float *tw = frand(N * K, 0, 1), *yp = frand(M * C, -1, 1), *y = xmalloc(F(N * C));
     as_stored(yp, M * C, typed_dt(tc));
-    g->cpu->unpermute_forward(g->cpu, y, moe_cbuf_f32(yp), tw, sr, N, C, K);
+    g->cpu->unpermute_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(NULL), moe_cbuf_f32(yp), tw, sr,
+                              N, C, K);
     float *dtw = dup_dev(g, "topk_w", tw, F(N * K));
     moe_cbuf dyp = moe_cbuf_from(dev_operand(g, typed_dt(tc), "yp", yp, M * C));
     float *dy = dup_dev(g, "y", NULL, F(N * C));
-    g->gpu->unpermute_forward(g->gpu, dy, dyp, dtw, dsrr, N, C, K);
+    g->gpu->unpermute_forward(g->gpu, moe_buf_f32(dy), moe_cbuf_f32(NULL), dyp, dtw, dsrr, N, C, K);
     check_sync_guards(g, "unpermute_forward");
     cmp_f32(g, "unpermute y", dy, y, N * C, tc->tol);
+    const moe_dtype rdt =
+        moe_recipe_format(tc->prec) == MOE_RECIPE_MXFP8 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    float *res = frand(N * C, -4, 4), *yr = xmalloc(F(N * C));
+    as_stored(res, N * C, rdt);
+    g->cpu->unpermute_forward(g->cpu, moe_buf_f32(yr), moe_cbuf_f32(res), moe_cbuf_f32(yp), tw, sr,
+                              N, C, K);
+    moe_buf dres = dev_operand(g, rdt, "x_mid", res, N * C);
+    moe_buf dyr = dev_operand(g, rdt, "x_out", NULL, N * C);
+    g->gpu->unpermute_forward(g->gpu, dyr, moe_cbuf_from(dres), dyp, dtw, dsrr, N, C, K);
+    check_sync_guards(g, "unpermute_forward + residual");
+    cmp_typed(g, "unpermute x_out", dyr, yr, N * C, tc->tol);
+    free(res), free(yr);
     float *gy = frand(N * C, -1, 1), *gyp = frand(M * C, -1, 1), *gtw = frand(N * K, -1, 1);
     as_stored(gyp, M * C, typed_dt(tc));
     float *dgy = dup_dev(g, "dy", gy, F(N * C));

@@ -370,8 +370,11 @@ static const tcase k_cases[] = {
     {"xent N257 V256", MOE_OP_CROSS_ENTROPY, {257, 256, 0}, FP32, 1e-10, 0},
     {"add n12345", MOE_OP_ADD, {12345}, FP32, 0.0, 0},
     {"add n12344", MOE_OP_ADD, {12344}, FP32, 0.0, 0},
-    /* the bf16 residual of mxfp8 training (in place), and its last read into fp32 */
-    {"add n12344 mxfp8 bf16 residual", MOE_OP_ADD, {12344}, MX8, 0.0, X_BF16 | Y_BF16},
+    /* o_proj's bf16 output (b) onto the fp32 residual */
+    {"add n12344 bf16 b", MOE_OP_ADD, {12344}, BF16, 0.0, TYPED},
+    {"add n12345 bf16 b", MOE_OP_ADD, {12345}, BF16, 0.0, TYPED},
+    /* the bf16 residual of mxfp8 training (in place, b bf16), and its last read into fp32 */
+    {"add n12344 mxfp8 bf16 residual", MOE_OP_ADD, {12344}, MX8, 0.0, TYPED | X_BF16 | Y_BF16},
     {"add n12345 mxfp8 bf16-in f32-out", MOE_OP_ADD, {12345}, MX8, 0.0, X_BF16 | Y_F32},
     {"adamw n10007 3 steps", MOE_OP_ADAMW, {10007}, FP32, 1e-10, 0},
     {"adamw n10007 3 steps bf16 m v", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1},

@@ -179,7 +179,7 @@ static void test_direct_calls(void) {
     prof->memcpy_h2d(prof, a, ha, sizeof ha);
     prof->memcpy_h2d(prof, b, ha, sizeof ha);
     for (int r = 0; r < 3; r++)
-        prof->add(prof, moe_buf_f32(b), moe_cbuf_f32(a), b, NE);
+        prof->add(prof, moe_buf_f32(b), moe_cbuf_f32(a), moe_cbuf_f32(b), NE);
     double ss = prof->sum_squares(prof, b, NE), ref = 0.0;
     for (int i = 0; i < NE; i++)
         ref += 16.0 * (double)ha[i] * (double)ha[i];

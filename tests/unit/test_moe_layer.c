@@ -94,7 +94,8 @@ static void ops_forward(fwd_t *s) {
                        MOE_RECIPE_FP32);
     be->grouped_matmul_forward(be, moe_buf_f32(s->yp), moe_cbuf_f32(s->g), moe_cbuf_f32(w2), s->off,
                                E, F, C, MOE_RECIPE_FP32);
-    be->unpermute_forward(be, s->y, moe_cbuf_f32(s->yp), s->tw, s->slot, N, C, K);
+    be->unpermute_forward(be, moe_buf_f32(s->y), moe_cbuf_f32(NULL), moe_cbuf_f32(s->yp), s->tw,
+                          s->slot, N, C, K);
 }
 
 /* central differences of the double reference over every element of p */

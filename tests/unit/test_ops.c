@@ -357,7 +357,8 @@ static double pm_loss(void *p) {
 }
 static double up_loss(void *p) {
     pm_st *s = p;
-    be->unpermute_forward(be, s->y, moe_cbuf_f32(s->yp), s->tw, s->slot, s->N, s->C, s->K);
+    be->unpermute_forward(be, moe_buf_f32(s->y), moe_cbuf_f32(NULL), moe_cbuf_f32(s->yp), s->tw,
+                          s->slot, s->N, s->C, s->K);
     return gc_dot(s->y, s->ry, s->N * s->C);
 }
 static void test_permute(void) {
@@ -398,6 +399,19 @@ static void test_permute(void) {
                            s.C, s.K, MOE_GRAD_ADD);
     gc_check("unpermute dyp", &s, up_loss, s.yp, gyp, NK * s.C, 60, 1e-2, ATOL, RTOL);
     gc_check("unpermute dw", &s, up_loss, s.tw, gtw, NK, 10, 1e-2, ATOL, RTOL);
+    /* with the residual: res + y, the same fp32 sum as the add after it, bf16 out rounded */
+    up_loss(&s);
+    float *res = gc_buf(s.N * s.C, 28, -4, 4), *yr = gc_buf(s.N * s.C, 0, 0, 0);
+    uint16_t *y16 = calloc((size_t)(s.N * s.C), sizeof *y16);
+    be->unpermute_forward(be, moe_buf_f32(yr), moe_cbuf_f32(res), moe_cbuf_f32(s.yp), s.tw, s.slot,
+                          s.N, s.C, s.K);
+    be->unpermute_forward(be, moe_buf_of(y16, MOE_DTYPE_BF16), moe_cbuf_f32(res),
+                          moe_cbuf_f32(s.yp), s.tw, s.slot, s.N, s.C, s.K);
+    int same = 1;
+    for (int64_t i = 0; i < s.N * s.C; i++)
+        same &= yr[i] == res[i] + s.y[i] && y16[i] == moe_f32_to_bf16(yr[i]);
+    CHECK(same);
+    free(res), free(yr), free(y16);
     free(s.x), free(s.xp), free(s.r), free(s.src), free(s.slot), free(s.off), free(gx);
     free(s.yp), free(s.tw), free(s.y), free(s.ry), free(gyp), free(gtw);
 }
@@ -437,7 +451,7 @@ static void test_attention_grad(const int32_t *ds) {
 /* ---------------- add, sum_squares ---------------- */
 static void test_add_sumsq(void) {
     float a[5] = {1, 2, 3, 4, 5}, b[5] = {0.5f, -1, 2, 0, 1};
-    be->add(be, moe_buf_f32(a), moe_cbuf_f32(a), b, 5);
+    be->add(be, moe_buf_f32(a), moe_cbuf_f32(a), moe_cbuf_f32(b), 5);
     CHECK(a[0] == 1.5f && a[1] == 1.0f && a[4] == 6.0f);
 
     int64_t ns = 3 * MOE_CPU_CHUNK + 77;

@@ -86,7 +86,8 @@ static void test_bf16_activations(void) {
                            MOE_RECIPE_BF16);
         be->grouped_matmul_forward(be, moe_buf_of(yp, dt), moe_cbuf_of(g, dt), moe_cbuf_f32(w2),
                                    off, E, F, C, MOE_RECIPE_BF16);
-        be->unpermute_forward(be, r[k][0], moe_cbuf_of(yp, dt), tw, slot, N, C, K);
+        be->unpermute_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(NULL), moe_cbuf_of(yp, dt), tw,
+                              slot, N, C, K);
         be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
                                N, C, K, MOE_GRAD_ADD);
         be->grouped_matmul_backward(be, moe_buf_f32(dg), r[k][4], moe_cbuf_of(dyp, dt),

@@ -387,12 +387,15 @@ struct moe_backend {
                              const int32_t *slot_row,          /* [N*K] dev */
                              int64_t N, int64_t C, int64_t K, moe_grad_store st);
 
-    /* ---- unpermute with routing weights: y[n,:] = sum_k topk_w[n,k] * yp[slot_row[n*K+k],:]
-     * (summed in k order) ---- */
-    void (*unpermute_forward)(const moe_backend *be, float *y, /* [N, C] dev */
-                              moe_cbuf yp,                     /* [N*K, C] dev, F32|BF16 */
-                              const float *topk_w,             /* [N, K] dev */
-                              const int32_t *slot_row,         /* [N*K] dev */
+    /* ---- unpermute with routing weights, and the residual add after it: y[n,:] = res[n,:]
+     * + s, s = sum_k topk_w[n,k] * yp[slot_row[n*K+k],:] summed in fp32 in k order (from
+     * 0), s added to res in fp32 and the sum stored in y's type; without res (.p NULL)
+     * y = s ---- */
+    void (*unpermute_forward)(const moe_backend *be, moe_buf y, /* [N, C] dev, F32|BF16 */
+                              moe_cbuf res,            /* [N, C] dev, F32|BF16, or .p NULL */
+                              moe_cbuf yp,             /* [N*K, C] dev, F32|BF16 */
+                              const float *topk_w,     /* [N, K] dev */
+                              const int32_t *slot_row, /* [N*K] dev */
                               int64_t N, int64_t C, int64_t K);
     /* dyp[r,:] (+)= w dy[n,:], dtopk_w[n,k] (+)= dot(dy[n,:], yp[r,:]); st for both. dyp may
      * be yp (in place, of one type: each element read before it is written) */
@@ -459,7 +462,7 @@ struct moe_backend {
      * alias a or b (the residual adds) ---- */
     void (*add)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16 */
                 moe_cbuf a,                         /* [n] dev, F32|BF16 */
-                const float *b,                     /* [n] dev */
+                moe_cbuf b,                         /* [n] dev, F32|BF16 */
                 int64_t n);
 
     /* ---- AdamW, fp32 arithmetic, decoupled weight decay, bias correction; step counts

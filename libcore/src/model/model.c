@@ -184,6 +184,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->keep_mid = keep_mid;
     p->keep_moe = keep_moe;
     p->adt = moe_model_act_dtype(recipe);
+    p->g_layer = -1;
     p->x_final = train ? carve(&off, base, (size_t)(N * C) * f) : xbuf[L & 1];
     p->lnf = carve(&off, base, (size_t)(N * C) * f);
     p->rstdf = carve(&off, base, (size_t)N * f);

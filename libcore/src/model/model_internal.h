@@ -94,7 +94,8 @@ struct moe_acts {
     int32_t *pool_range; /* [N, 2] row ranges of moe_model_hidden_pooled */
     int32_t *targets;    /* [N] */
     float *weights;      /* [N] */
-    float *tmp;          /* [N, C] o_proj / moe output before the residual add */
+    void *tmp;           /* [N, C] o_proj's output before the residual add, of type adt; fp32
+                            [B, C] pooled hidden states after a forward */
     /* gradient scratch, shared by all layers */
     float *dres;      /* [N, C] gradient of the residual stream */
     float *dln;       /* [N, C] */
@@ -111,6 +112,9 @@ struct moe_acts {
                          and h3 */
     void *dg;         /* [cap, F], over g once w2's weight gradient has read it; of the
                          layer's rdt */
+    int g_layer;      /* the layer whose g the shared region holds (the last MoE block run),
+                         -1 once anything was written over it: the backward makes g again
+                         only where it is another layer's */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */
     int32_t *doc_start;   /* [N] first position of each position's document in its row */

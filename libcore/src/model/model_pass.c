@@ -65,9 +65,11 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     be->attention_forward(be, moe_buf_of(la->att, adt), la->att_lse, moe_cbuf_from(q), kc, vc,
                           doc_start(m), B, T, Tk, H, KV, D, p16);
     if (!with_residual) return;
-    be->matmul_forward(be, moe_buf_f32(a->tmp), moe_cbuf_of(la->att, adt),
+    /* the product's output is of bf16 values under every recipe but fp32's: stored as adt */
+    be->matmul_forward(be, moe_buf_of(a->tmp, adt), moe_cbuf_of(la->att, adt),
                        moe_model_weight(m, li->o), N, H * D, C, prec);
-    be->add(be, moe_buf_of(la->x_mid, la->rdt), moe_cbuf_of(la->x_in, la->rdt), a->tmp, N * C);
+    be->add(be, moe_buf_of(la->x_mid, la->rdt), moe_cbuf_of(la->x_in, la->rdt),
+            moe_cbuf_of(a->tmp, adt), N * C);
 }
 
 /* Layer l's second norm, ln2 and rstd2 from x_mid: in the MoE block's forward, and again in
@@ -122,14 +124,15 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     be->grouped_matmul_forward(be, h1, xe, moe_model_weight(m, li->w1), eoff, El, C, F, prec);
     be->grouped_matmul_forward(be, h3, xe, moe_model_weight(m, li->w3), eoff, El, C, F, prec);
     be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
+    a->g_layer = l;
     be->grouped_matmul_forward(be, moe_buf_of(la->ye, adt), moe_cbuf_from(g),
                                moe_model_weight(m, li->w2), eoff, El, F, C, prec);
     if (a->ep > 1) moe_model_ep_combine(m, l, la->ye, la->yp, row_bytes);
     if (!with_residual) return;
     moe_buf x_out =
         l + 1 < L ? moe_buf_of(a->layer[l + 1].x_in, a->layer[l + 1].rdt) : moe_buf_f32(a->x_final);
-    be->unpermute_forward(be, a->tmp, moe_cbuf_of(la->yp, adt), la->topk_w, la->slot_row, N, C, K);
-    be->add(be, x_out, moe_cbuf_of(la->x_mid, la->rdt), a->tmp, N * C);
+    be->unpermute_forward(be, x_out, moe_cbuf_of(la->x_mid, la->rdt), moe_cbuf_of(la->yp, adt),
+                          la->topk_w, la->slot_row, N, C, K);
 }
 
 void moe_model_run_layers(moe_model *m, const int32_t *tokens, int B, int T, int upto) {
@@ -364,19 +367,20 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (a->ep > 1) moe_model_ep_dispatch(m, l, dyp, dye, (size_t)C * moe_dtype_size(adt), 0);
         int64_t El, R;
         const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-        /* g shares its region with dg (moe_acts_plan): the later layers' backward ran over
-         * it, so it is made again from h1 and h3 (unless the MoE block was just recomputed),
-         * read by w2's weight gradient, and then overwritten by dg */
+        /* g shares its region with dg (moe_acts_plan): unless it still holds this layer's
+         * g (the last layer's forward, or the MoE block just recomputed) it is made again
+         * from h1 and h3, read by w2's weight gradient, and then overwritten by dg */
         moe_buf h1 = act(la->h1, la->h1_mx, adt), h3 = act(la->h3, la->h3_mx, adt);
         moe_buf gb = act(la->g, la->g_mx, adt);
         moe_cbuf g = moe_cbuf_from(gb), w2 = moe_model_weight(m, li->w2);
         moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
-        if (a->keep_moe)
+        if (a->g_layer != l)
             be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), P[li->w2].grad, moe_cbuf_of(dye, adt), g,
                                     w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
         be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->rdt), NULL, moe_cbuf_of(dye, adt), g,
                                     w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
+        a->g_layer = -1;
         moe_buf dh1 = h1, dh3 = h3; /* written over them, of their type */
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),
                             moe_cbuf_from(h3), R * F);
@@ -453,8 +457,8 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     } else { /* a bf16 residual (training under mxfp8): its values into dln (+ zeros in dres),
               * two gradient buffers the next backward writes again */
         ZERO(a->dres, N * C);
-        be->add(be, moe_buf_f32(a->dln), moe_cbuf_of(a->layer[layer].x_in, MOE_DTYPE_BF16), a->dres,
-                N * C);
+        be->add(be, moe_buf_f32(a->dln), moe_cbuf_of(a->layer[layer].x_in, MOE_DTYPE_BF16),
+                moe_cbuf_f32(a->dres), N * C);
         *src = a->dln;
     }
     m->last_B = 0;

@@ -243,11 +243,12 @@ static void pr_permute_backward(const moe_backend *be, float *dx, const float *d
     prof_end_op(p, t0, MOE_OP_PERMUTE, 1);
 }
 
-static void pr_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
-                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+static void pr_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,
+                                 const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                                 int64_t K) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->unpermute_forward(p->inner, y, yp, topk_w, slot_row, N, C, K);
+    p->inner->unpermute_forward(p->inner, y, res, yp, topk_w, slot_row, N, C, K);
     prof_end_op(p, t0, MOE_OP_UNPERMUTE, 0);
 }
 
@@ -323,7 +324,7 @@ static void pr_cross_entropy_backward(const moe_backend *be, float *dlogits, con
     prof_end_op(p, t0, MOE_OP_CROSS_ENTROPY, 1);
 }
 
-static void pr_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
+static void pr_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->add(p->inner, out, a, b, n);

@@ -115,7 +115,7 @@ void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_
                             moe_recipe prec);
 void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n);
-void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n);
+void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n);
 void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                           int64_t B, int64_t T, int64_t C, int max);
 
@@ -144,8 +144,9 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
 void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
                               moe_grad_store st);
-void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
-                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K);
+void moe_cpu_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,
+                               const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                               int64_t K);
 void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w, const float *dy,
                                 moe_cbuf yp, const float *topk_w, const int32_t *slot_row,
                                 int64_t N, int64_t C, int64_t K, moe_grad_store st);

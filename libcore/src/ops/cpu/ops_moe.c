@@ -172,21 +172,18 @@ void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp
     }
 }
 
-void moe_cpu_unpermute_forward(const moe_backend *be, float *y, moe_cbuf yp, const float *topk_w,
-                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K) {
+void moe_cpu_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,
+                               const float *topk_w, const int32_t *slot_row, int64_t N, int64_t C,
+                               int64_t K) {
     (void)be;
 #pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        float *yn = y + n * C;
-        for (int64_t c = 0; c < C; c++)
-            yn[c] = 0.0f;
-        for (int64_t kk = 0; kk < K; kk++) {
-            int64_t r = slot_row[n * K + kk];
-            float w = topk_w[n * K + kk];
-            for (int64_t c = 0; c < C; c++)
-                yn[c] += w * moe_cbuf_get(yp, r * C + c);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) {
+            float s = 0.0f;
+            for (int64_t kk = 0; kk < K; kk++)
+                s += topk_w[n * K + kk] * moe_cbuf_get(yp, slot_row[n * K + kk] * C + c);
+            moe_buf_set(y, n * C + c, res.p ? moe_cbuf_get(res, n * C + c) + s : s);
         }
-    }
 }
 
 void moe_cpu_unpermute_backward(const moe_backend *be, moe_buf dyp, float *dtopk_w, const float *dy,

@@ -185,11 +185,11 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_
     }
 }
 
-void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, const float *b, int64_t n) {
+void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
     (void)be;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++)
-        moe_buf_set(out, i, moe_cbuf_get(a, i) + b[i]);
+        moe_buf_set(out, i, moe_cbuf_get(a, i) + moe_cbuf_get(b, i));
 }
 
 void moe_cpu_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
