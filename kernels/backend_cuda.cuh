@@ -448,6 +448,22 @@ int moe_gemm_fp8(moe_cuda_ctx *c, const char *op, int64_t M, int64_t N, int64_t 
  * it refuses on sm_90), asked once at start-up without recording an error. */
 int moe_cuda_mx_probe(moe_cuda_ctx *c);
 
+/* gemm_skinny.cu: the fp32 recipe's products of few outputs (the router's gate). ok: 1 when
+ * they take this one: prec fp32, moe_cuda_skinny_shape(I, O), x F32 or BF16 and w F32, both
+ * 16-byte aligned, out (the forward's y type; F32 for the backward) F32 or BF16, dx (the
+ * backward's, or NULL) 16-byte aligned. forward: y = x w^T; backward: dx (+)= dy w (NULL:
+ * none) and dw (+)= dy^T x (NULL: none) as betas bx, bw say (1 adds, 0 writes); N >= 1. Both
+ * return 0 after a recorded error. */
+int moe_cuda_skinny_ok(moe_recipe prec, moe_cbuf x /* [N, I] */, moe_cbuf w /* [O, I] */, int64_t I,
+                       int64_t O, moe_dtype out, const float *dx /* [N, I] */);
+int moe_cuda_skinny_forward(moe_cuda_ctx *c, moe_buf y /* [N, O] */, moe_cbuf x /* [N, I] */,
+                            const float *w /* [O, I] */, int64_t N, int64_t I, int64_t O,
+                            const char *op);
+int moe_cuda_skinny_backward(moe_cuda_ctx *c, float *dx /* [N, I] */, float *dw /* [O, I] */,
+                             const float *dy /* [N, O] */, moe_cbuf x /* [N, I] */,
+                             const float *w /* [O, I] */, int64_t N, int64_t I, int64_t O, float bx,
+                             float bw, const char *op);
+
 void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                              int64_t I, int64_t O, moe_recipe prec);
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,

@@ -6,8 +6,10 @@
  * weight operand is read as it is, fp32 tensors are converted into scratch buffers first
  * (activations; weights given as F32), and forward outputs are
  * rounded to bf16 afterwards, exactly what the CPU backend emulates; under fp32 the
- * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32). Under mxfp8 the operands are bf16
- * tiles of the values the recipe quantizes to (below), and the products are the bf16 ones. */
+ * product runs in true fp32 (CUBLAS_COMPUTE_32F, no TF32), except a dense one of few outputs
+ * (the router's gate), which gemm_skinny.cu's kernels take without converting x. Under mxfp8
+ * the operands are bf16 tiles of the values the recipe quantizes to (below), and the products
+ * are the bf16 ones. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -454,6 +456,10 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
+    if (moe_cuda_skinny_ok(prec, x, w, I, O, y.dt, NULL)) { /* few outputs: the router's gate */
+        moe_cuda_skinny_forward(c, y, x, (const float *)w.p, N, I, O, op);
+        return;
+    }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         const int32_t rows[2] = {0, (int32_t)N};
@@ -495,6 +501,11 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     if (N <= 0) {
         zero_unreached(c, dw, O * I, dw_st, op);
+        return;
+    }
+    if (moe_cuda_skinny_ok(prec, x, w, I, O, MOE_DTYPE_F32, dx)) {
+        moe_cuda_skinny_backward(c, dx, dw, dy, x, (const float *)w.p, N, I, O,
+                                 moe_grad_beta(dx_st), moe_grad_beta(dw_st), op);
         return;
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {

@@ -24,6 +24,14 @@ static const pcase k_perf[] = {
     {"matmul bf16 N8192 I4096 O4096", MOE_OP_MATMUL, 0, {8192, 4096, 4096}},
     {"matmul bf16 N8192 I4096 O4096", MOE_OP_MATMUL, 1, {8192, 4096, 4096}},
     {"matmul bf16 N16384 I2048 O256 (lm_head)", MOE_OP_MATMUL, 0, {16384, 2048, 256}},
+    /* s[3] 1: the router's gate as the model runs it, the fp32 recipe on a bf16 x with the fp32
+     * weight, y and dy (the skinny kernels), in GB/s of the bytes it must move; s[4] 1: the
+     * backward without dx (the weight gradient alone; dgrad's time is the difference) */
+    {"matmul fp32 gate N8192 I4096 O8 bf16-in", MOE_OP_MATMUL, 0, {8192, 4096, 8, 1}},
+    {"matmul fp32 gate N8192 I4096 O8 bf16-in", MOE_OP_MATMUL, 1, {8192, 4096, 8, 1}},
+    {"matmul fp32 gate N8192 I4096 O8 bf16-in dw only", MOE_OP_MATMUL, 1, {8192, 4096, 8, 1, 1}},
+    {"matmul fp32 gate N8192 I2048 O8 bf16-in", MOE_OP_MATMUL, 0, {8192, 2048, 8, 1}},
+    {"matmul fp32 gate N8192 I2048 O8 bf16-in", MOE_OP_MATMUL, 1, {8192, 2048, 8, 1}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 0, {8, 4096, 14336, 2048}},
     {"grouped bf16 E8 M16384 I4096 O14336", MOE_OP_GROUPED_MATMUL, 1, {8, 4096, 14336, 2048}},
     /* issue 12's comparison with torch._grouped_mm (bench/grouped_gpu.sh runs both): the two
@@ -153,7 +161,16 @@ static void run_perf(gctx *g, const pcase *pc) {
         be->cast_bf16(be, (uint16_t *)w16.p, b, s[2] * s[1]);
         a16.p = perf_buf(g, (s[0] * s[1] + 1) / 2);
         be->cast_bf16(be, (uint16_t *)a16.p, a, s[0] * s[1]);
-        flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
+        if (s[3]) { /* the gate: x bf16 read, y written; dx read and written, dy read by both
+                       products, dw read and written */
+            const double NI = (double)s[0] * s[1], NO = (double)s[0] * s[2];
+            const double OI = (double)s[2] * s[1];
+            bytes = !pc->dir ? 2 * NI + 4 * NO + 4 * OI
+                    : s[4]   ? 2 * NI + 4 * NO + 8 * OI
+                             : 10 * NI + 8 * NO + 8 * OI;
+        } else {
+            flops = (pc->dir ? 4.0 : 2.0) * (double)s[0] * s[1] * s[2];
+        }
         break;
     case MOE_OP_GROUPED_MATMUL:
         if (s[5] && s[0] != (int64_t)(sizeof k_uneven / sizeof k_uneven[0])) {
@@ -290,7 +307,13 @@ static void run_perf(gctx *g, const pcase *pc) {
         for (int it = 0; it < iters; it++) {
             switch (pc->op) {
             case MOE_OP_MATMUL:
-                if (pc->dir)
+                if (s[3] && pc->dir)
+                    be->matmul_backward(be, s[4] ? NULL : d, e, c, a16, moe_cbuf_f32(b), s[0], s[1],
+                                        s[2], FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+                else if (s[3])
+                    be->matmul_forward(be, moe_buf_f32(c), a16, moe_cbuf_f32(b), s[0], s[1], s[2],
+                                       FP32);
+                else if (pc->dir)
                     be->matmul_backward(be, d, e, c, a16, w16, s[0], s[1], s[2], BF16, MOE_GRAD_ADD,
                                         MOE_GRAD_ADD);
                 else

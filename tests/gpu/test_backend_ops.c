@@ -229,6 +229,29 @@ static const tcase k_cases[] = {
      1e-10,
      0},
     {"matmul N512 I384 O640 fp32", MOE_OP_MATMUL, {512, 384, 640}, FP32, 1e-10, 0},
+    /* the skinny fp32 kernels (gemm_skinny.cu, O <= 32, I a multiple of 8 up to 4096): the
+     * router's gate with its bf16 input (mixtral's shape), an fp32 input, then odd shapes: N not
+     * a multiple of anything or one row, I ending in a part of a 256-column step (I200, I520,
+     * I136), O in one short pass of 8 (O3), two and a half (O20) and four (O32) and dgrad's three
+     * widths (O8, O12, O32), a bf16 output (its rounding: the bf16 cases' bound); I204 and O33
+     * take the cuBLAS path with a bf16 input. The sums run in another order than the CPU's, as
+     * cuBLAS's do: the fp32 cases' bound */
+    {"matmul N8192 I4096 O8 fp32 bf16-in", MOE_OP_MATMUL, {8192, 4096, 8}, FP32, 1e-10, X_BF16},
+    {"matmul N1000 I2048 O8 fp32", MOE_OP_MATMUL, {1000, 2048, 8}, FP32, 1e-10, 0},
+    {"matmul N77 I200 O8 fp32 bf16-in", MOE_OP_MATMUL, {77, 200, 8}, FP32, 1e-10, X_BF16},
+    {"matmul N1 I4096 O8 fp32 bf16-in", MOE_OP_MATMUL, {1, 4096, 8}, FP32, 1e-10, X_BF16},
+    {"matmul N1000 I256 O3 fp32", MOE_OP_MATMUL, {1000, 256, 3}, FP32, 1e-10, 0},
+    {"matmul N300 I64 O32 fp32 bf16-in", MOE_OP_MATMUL, {300, 64, 32}, FP32, 1e-10, X_BF16},
+    {"matmul N513 I520 O20 fp32", MOE_OP_MATMUL, {513, 520, 20}, FP32, 1e-10, 0},
+    {"matmul N300 I136 O12 fp32 bf16-in", MOE_OP_MATMUL, {300, 136, 12}, FP32, 1e-10, X_BF16},
+    {"matmul N77 I200 O8 fp32 bf16-in bf16-out",
+     MOE_OP_MATMUL,
+     {77, 200, 8},
+     FP32,
+     1e-6,
+     X_BF16 | Y_BF16},
+    {"matmul N77 I204 O8 fp32 bf16-in", MOE_OP_MATMUL, {77, 204, 8}, FP32, 1e-10, X_BF16},
+    {"matmul N100 I256 O33 fp32 bf16-in", MOE_OP_MATMUL, {100, 256, 33}, FP32, 1e-10, X_BF16},
     {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16 typed", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 1},

@@ -215,19 +215,26 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * slot A, an fp32 dy to bf16 (lm_head's [N, V], o_proj's [N, C], q/k/v's) or the router's
  * bf16 input widened to fp32 [N, C]; slot C, lm_head's fp32 input to bf16 or the router's
  * input widened again in its backward [N, C] fp32; slot D, attention's fp32 dout [N, H*D].
- * Small: attention lse/delta, expert grouping, cross-entropy partials, the reduction slot
- * (RMSNorm backward's partials, one [C] per MOE_CUDA_RMS_ROWS rows) and slot F (the RoPE
- * table, [T][D / 2] cos and sin, or the Hopper attention backward's semaphores, [B, H, T / 64]
- * for dq and [B, KV, T / 128] for dK/dV). fp8-block and mxfp8 add their quantized operands
- * (below). */
+ * The router's widenings happen only where the skinny kernels do not take its gate
+ * (moe_cuda_skinny_shape). Small: attention lse/delta, expert grouping, cross-entropy
+ * partials, the reduction slot (RMSNorm backward's partials, one [C] per MOE_CUDA_RMS_ROWS
+ * rows, or the skinny gate's weight gradient partials, one [E, C] per MOE_CUDA_SKINNY_ROWS
+ * rows, whichever is larger) and slot F (the RoPE table, [T][D / 2] cos and sin, or the
+ * Hopper attention backward's semaphores, [B, H, T / 64] for dq and [B, KV, T / 128] for
+ * dK/dV). fp8-block and mxfp8 add their quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     /* every recipe runs there (gpu.backend_ops checks that this and supports() agree) */
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
     int64_t ws = (int64_t)MOE_CUDA_WORKSPACE_BYTES;
     int64_t small = N * d->H * 4 + N * 8 + 2 * V * 4;
-    /* the reduction slot's largest request: RMSNorm backward's partial weight gradients */
-    small += MOE_CUDA_SCRATCH_GROW((N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS * C * 4);
+    /* the reduction slot's largest request: partial weight gradients, RMSNorm backward's or
+     * the skinny gate's */
+    const int skinny = moe_cuda_skinny_shape(C, d->E);
+    const int64_t red = (N + MOE_CUDA_RMS_ROWS - 1) / MOE_CUDA_RMS_ROWS * C * 4;
+    const int64_t red_gate =
+        skinny ? (N + MOE_CUDA_SKINNY_ROWS - 1) / MOE_CUDA_SKINNY_ROWS * d->E * C * 4 : 0;
+    small += MOE_CUDA_SCRATCH_GROW(MAX2(red, red_gate));
     const int64_t rope = d->T * d->D * 4,
                   sems =
                       (d->B * d->H * ((d->T + 63) / 64) + d->B * d->KV * ((d->T + 127) / 128)) * 4;
@@ -235,8 +242,9 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
     int mx = moe_recipe_format(prec) == MOE_RECIPE_MXFP8;
     if (prec != MOE_RECIPE_BF16 && !fp8_block && !mx) return ws + small;
-    int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), 4 * N * C); /* bytes */
-    int64_t sb = 0, sc = 4 * N * C, sd = 2 * N * HD;
+    const int64_t widen = skinny ? 0 : 4 * N * C;                   /* the router's input in fp32 */
+    int64_t sa = MAX2(2 * MAX2(N * V, MAX2(N * C, N * HD)), widen); /* bytes */
+    int64_t sb = 0, sc = MAX2(2 * N * C, widen), sd = 2 * N * HD;
     if (fp8_block) {
         /* its products' e4m3 activation operands (one byte a value, an fp32 scale per 128,
          * 256 bytes of alignment) in slots A (x or dy rows), C and D (dy^T and x^T along the
