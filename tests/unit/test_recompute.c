@@ -13,6 +13,9 @@
  *    activations are MXFP8 and laid out again for a skipped layer, each with and without a
  *    layer in skip_layers; fp32 and bf16 AdamW moments); also for one rank of
  *    an expert-parallel group (its experts, its worst-case expert-side buffers).
+ * 4. The backward makes the SwiGLU output g again only where the shared region does not hold
+ *    it: every layer but the last under recompute none and attn, none under moe and full
+ *    (the recomputed MoE block wrote it), counted through the same wrapper.
  * The one thing a reader must know: "bit-identical" is memcmp, not a tolerance - the
  * recomputed forward runs the same deterministic ops on the same inputs. */
 #include <stdlib.h>
@@ -34,6 +37,7 @@ typedef struct counter {
     size_t bytes[NLIVE];
     size_t live, peak;
     int n_alloc;
+    int n_swiglu; /* swiglu_forward calls */
 } counter;
 
 static void *count_alloc(const moe_backend *be, size_t bytes) {
@@ -65,6 +69,13 @@ static void count_free(const moe_backend *be, void *p) {
     c->cpu->free(c->cpu, p);
 }
 
+static void count_swiglu(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                         moe_recipe prec) {
+    counter *c = be->ctx;
+    c->n_swiglu++;
+    c->cpu->swiglu_forward(c->cpu, out, a, b, n, prec);
+}
+
 static moe_backend counting_backend(counter *c) {
     memset(c, 0, sizeof *c);
     c->cpu = moe_backend_cpu();
@@ -72,6 +83,7 @@ static moe_backend counting_backend(counter *c) {
     be.ctx = c;
     be.alloc = count_alloc;
     be.free = count_free;
+    be.swiglu_forward = count_swiglu;
     return be;
 }
 
@@ -394,8 +406,43 @@ static void test_expert_rows_max(void) {
     CHECK_INT_EQ(moe_model_expert_rows_max(&cfg, 7, 8), 56);
 }
 
+/* SwiGLU forwards of one forward and backward: L in the forward, then the backward's: L - 1
+ * (g made again but in the last layer) under none and attn, L (the MoE blocks made again,
+ * g with them) under moe and full; a second micro-batch the same. */
+static void test_g_kept(void) {
+    moe_model_config cfg = config(0);
+    const int L = (int)cfg.num_hidden_layers;
+    int32_t tok[B * T];
+    uint64_t s = 5;
+    for (int i = 0; i < B * T; i++)
+        tok[i] = (int32_t)gc_uniform(&s, 0, 37);
+    for (int rc = MOE_RECOMPUTE_NONE; rc <= MOE_RECOMPUTE_FULL; rc++) {
+        counter cnt;
+        moe_backend cbe = counting_backend(&cnt);
+        moe_model m;
+        moe_err err;
+        moe_err_clear(&err);
+        if (moe_model_create(&m, &cfg, MOE_RECIPE_BF16, (moe_recompute)rc, &cbe, B, T, &err) !=
+            MOE_OK) {
+            CHECK_MSG(0, "create: %s", err.msg);
+            continue;
+        }
+        moe_model_init_weights(&m, 2);
+        const int want = rc == MOE_RECOMPUTE_MOE || rc == MOE_RECOMPUTE_FULL ? 2 * L : 2 * L - 1;
+        moe_step_stats st;
+        for (int micro = 1; micro <= 2; micro++) {
+            CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, &st, &err) == MOE_OK);
+            CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
+            CHECK_MSG(cnt.n_swiglu == micro * want, "recompute %s: %d SwiGLU forwards, want %d",
+                      moe_recompute_name((moe_recompute)rc), cnt.n_swiglu, micro * want);
+        }
+        moe_model_free(&m);
+    }
+}
+
 int main(void) {
     test_expert_rows_max();
+    test_g_kept();
     test_bit_identical();
     test_plans_and_forward_only();
     test_estimate_exact();
