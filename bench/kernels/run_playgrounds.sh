@@ -7,10 +7,7 @@
 #   bench/kernels/run_playgrounds.sh [OUT_DIR] [NAME ...]    (defaults: $OUT or ./playgrounds;
 #                                                             grouped_gemm grouped_fp8 mxfp8_quant)
 #
-# Known names: grouped_gemm, grouped_fp8, mxfp8_quant (the default list) and adamw_fp8 (the
-# one-pass AdamW and fp8 weight copies, correct and slower than production's two passes on
-# 2026-12-05, so named explicitly: `LIMIT_S=120 bench/kernels/run_playgrounds.sh $OUT/pg
-# adamw_fp8`; one process, about 30 s).
+# Known names: grouped_gemm, grouped_fp8, mxfp8_quant (the default list).
 #
 # Run from the checkout's root on the GPU machine (needs nvcc and cuBLASLt; no .deps). They
 # compile at once, then run one after the other (each wants the whole GPU), each under
