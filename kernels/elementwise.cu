@@ -332,8 +332,9 @@ __global__ void k_rope_table(float *__restrict__ cs, int64_t p0, int64_t T, int6
     }
 }
 
-template <int V, typename TX>
-__global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs,
+/* y = x rotated (y may be x: each thread reads its pairs before it writes them) */
+template <int V, typename TY, typename TX>
+__global__ void k_rope_apply(TY *y, const TX *x, const float *__restrict__ cs,
                              const int32_t *__restrict__ pos, int64_t B, int64_t T, int64_t NH,
                              int64_t half, float dir) {
     const int64_t groups = half / V; /* V consecutive pairs (i, i + half) a thread */
@@ -352,29 +353,31 @@ __global__ void k_rope_apply(TX *__restrict__ x, const float *__restrict__ cs,
             o1[k] = x1[k] * co - x2[k] * si;
             o2[k] = x2[k] * co + x1[k] * si;
         }
-        moe_stv<V>(x, v + i, o1);
-        moe_stv<V>(x, v + i + half, o2);
+        moe_stv<V>(y, v + i, o1);
+        moe_stv<V>(y, v + i + half, o2);
     }
 }
 
-template <typename TX>
-static void rope_apply(moe_cuda_ctx *c, TX *x, const float *cs, const int32_t *pos, int64_t B,
-                       int64_t T, int64_t NH, int64_t half, float dir) {
-    if (moe_cuda_vec_ok(half, x, cs))
+template <typename TY, typename TX>
+static void rope_apply(moe_cuda_ctx *c, TY *y, const TX *x, const float *cs, const int32_t *pos,
+                       int64_t B, int64_t T, int64_t NH, int64_t half, float dir) {
+    if (moe_cuda_vec_ok(half, y, x, cs))
         k_rope_apply<MOE_VEC>
             <<<moe_cuda_grid(c, B * T * NH * half / MOE_VEC, 256), 256, 0, c->stream>>>(
-                x, cs, pos, B, T, NH, half, dir);
+                y, x, cs, pos, B, T, NH, half, dir);
     else
         k_rope_apply<1><<<moe_cuda_grid(c, B * T * NH * half, 256), 256, 0, c->stream>>>(
-            x, cs, pos, B, T, NH, half, dir);
+            y, x, cs, pos, B, T, NH, half, dir);
 }
 
-/* x [B, T, NH, D] dev (in place), pos [B, T] dev or NULL */
-static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0, int64_t B,
-                 int64_t T, int64_t NH, int64_t D, double theta, float dir, const char *op) {
+/* y [B, T, NH, D] dev = x rotated (the forward in place: y is x; the backward from an fp32 x
+ * into a y of its type), pos [B, T] dev or NULL */
+static void rope(const moe_backend *be, moe_buf y, moe_cbuf x, const int32_t *pos, int64_t p0,
+                 int64_t B, int64_t T, int64_t NH, int64_t D, double theta, float dir,
+                 const char *op) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, x.dt, op) || B <= 0 || T <= 0 || NH <= 0 ||
-        D <= 0)
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, y.dt, op) || !moe_cuda_typed_ok(c, x.dt, op) ||
+        B <= 0 || T <= 0 || NH <= 0 || D <= 0)
         return;
     if (D % 2) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "D=%lld must be even", (long long)D);
@@ -386,22 +389,29 @@ static void rope(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p
     if (!cs) return;
     k_rope_table<<<moe_cuda_grid(c, T * half, 256), 256, 0, c->stream>>>(cs, p0, T, half, D, theta);
     if (!MOE_CUDA_LAUNCHED(c, op, "T=%lld D=%lld (table)", (long long)T, (long long)D)) return;
-    if (x.dt == MOE_DTYPE_BF16)
-        rope_apply(c, (__nv_bfloat16 *)x.p, cs, pos, B, T, NH, half, dir);
-    else
-        rope_apply(c, (float *)x.p, cs, pos, B, T, NH, half, dir);
+    typedef __nv_bfloat16 bf;
+    if (y.dt == MOE_DTYPE_BF16 && x.dt == MOE_DTYPE_BF16)
+        rope_apply(c, (bf *)y.p, (const bf *)x.p, cs, pos, B, T, NH, half, dir);
+    else if (y.dt == MOE_DTYPE_BF16)
+        rope_apply(c, (bf *)y.p, (const float *)x.p, cs, pos, B, T, NH, half, dir);
+    else if (x.dt == MOE_DTYPE_F32)
+        rope_apply(c, (float *)y.p, (const float *)x.p, cs, pos, B, T, NH, half, dir);
+    else {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "a bf16 input rotated into an fp32 output");
+        return;
+    }
     MOE_CUDA_LAUNCHED(c, op, "B=%lld T=%lld NH=%lld D=%lld", (long long)B, (long long)T,
                       (long long)NH, (long long)D);
 }
 
 void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
                            int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
-    rope(be, x, pos, p0, B, T, NH, D, theta, 1.0f, "rope_forward");
+    rope(be, x, moe_cbuf_from(x), pos, p0, B, T, NH, D, theta, 1.0f, "rope_forward");
 }
 
-void moe_cuda_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
-                            int64_t T, int64_t NH, int64_t D, double theta) {
-    rope(be, moe_buf_f32(dx), pos, 0, B, T, NH, D, theta, -1.0f, "rope_backward");
+void moe_cuda_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
+                            int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
+    rope(be, dx, moe_cbuf_f32(dy), pos, 0, B, T, NH, D, theta, -1.0f, "rope_backward");
 }
 
 /* ------------------------------------------------------------------------------------------

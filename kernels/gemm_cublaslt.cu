@@ -493,39 +493,38 @@ static int zero_unreached(moe_cuda_ctx *c, float *dw, int64_t n, moe_grad_store 
                           "zeros of a weight gradient with no rows (%lld)", (long long)n);
 }
 
-void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                              moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                              moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
+void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
+                              moe_cbuf w, int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                              moe_grad_store dx_st, moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dy.dt, op)) return;
     if (N <= 0) {
         zero_unreached(c, dw, O * I, dw_st, op);
         return;
     }
-    if (moe_cuda_skinny_ok(prec, x, w, I, O, MOE_DTYPE_F32, dx)) {
-        moe_cuda_skinny_backward(c, dx, dw, dy, x, (const float *)w.p, N, I, O,
+    if (dy.dt == MOE_DTYPE_F32 && moe_cuda_skinny_ok(prec, x, w, I, O, MOE_DTYPE_F32, dx)) {
+        moe_cuda_skinny_backward(c, dx, dw, (const float *)dy.p, x, (const float *)w.p, N, I, O,
                                  moe_grad_beta(dx_st), moe_grad_beta(dw_st), op);
         return;
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_backward(c, op, dx, dw, moe_cbuf_f32(dy), x, w, rows, 1, I, O,
+        fp8_grouped_backward(c, op, dx, dw, dy, x, w, rows, 1, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st),
                              moe_grad_beta(dw_st));
         return;
     }
-    const moe_cbuf dyb = moe_cbuf_f32(dy);
     if (use_native(c, prec, I, O)) {
         const int32_t rows[2] = {0, (int32_t)N};
-        mx_native_backward(c, op, moe_buf_f32(dx), dw, dyb, x, w, rows, 1, I, O, prec,
+        mx_native_backward(c, op, moe_buf_f32(dx), dw, dy, x, w, rows, 1, I, O, prec,
                            moe_grad_beta(dx_st), moe_grad_beta(dw_st));
         return;
     }
     cudaDataType dt = operand_type(prec);
     const void *dya = NULL;
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
-        dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, 0, prec, op);
+        dya = product_operand(c, MOE_CUDA_SCRATCH_A, dy, N, O, 0, prec, op);
         const void *wa = dya ? product_operand(c, MOE_CUDA_SCRATCH_B, w, O, I, O, prec, op) : NULL;
         if (!wa || !moe_gemm_rm(c, op, 0, 0, N, I, O, 1.0f, dya, wa, dt, moe_grad_beta(dx_st), dx,
                                 CUDA_R_32F, GEMM_EXACT))
@@ -533,7 +532,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, const
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I]; under mxfp8 dy quantized again, along N */
         if (!dya || is_mx(prec))
-            dya = product_operand(c, MOE_CUDA_SCRATCH_A, dyb, N, O, N, prec, op);
+            dya = product_operand(c, MOE_CUDA_SCRATCH_A, dy, N, O, N, prec, op);
         const void *xa = dya ? product_operand(c, MOE_CUDA_SCRATCH_C, x, N, I, N, prec, op) : NULL;
         if (!xa) return;
         moe_gemm_rm(c, op, 1, 0, O, I, N, 1.0f, dya, xa, dt, moe_grad_beta(dw_st), dw, CUDA_R_32F,

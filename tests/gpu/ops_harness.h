@@ -69,8 +69,8 @@ float *fdup(const float *x, int64_t n);
 /* The operand roles, as each runner reads them: ROLE_X the forward's activation input (matmul
  * and grouped x, rmsnorm x, permute x, swiglu a and b, add a); ROLE_Y the forward's output
  * (matmul and grouped y, rmsnorm out, permute xp, swiglu out, add out, embedding out); ROLE_DY
- * the backward's incoming gradient (grouped dy, swiglu dout); ROLE_DX the activation gradient
- * written (grouped dx under MOE_GRAD_SET, swiglu da and db). */
+ * the backward's incoming gradient (matmul and grouped dy, swiglu dout); ROLE_DX the activation
+ * gradient written (grouped dx under MOE_GRAD_SET, swiglu da and db). */
 enum { ROLE_X, ROLE_Y, ROLE_DY, ROLE_DX };
 
 /* tcase.types: TYPED, and the type of a role's operands where the case sets one (two bits a

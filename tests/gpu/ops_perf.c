@@ -308,14 +308,15 @@ static void run_perf(gctx *g, const pcase *pc) {
             switch (pc->op) {
             case MOE_OP_MATMUL:
                 if (s[3] && pc->dir)
-                    be->matmul_backward(be, s[4] ? NULL : d, e, c, a16, moe_cbuf_f32(b), s[0], s[1],
-                                        s[2], FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+                    be->matmul_backward(be, s[4] ? NULL : d, e, moe_cbuf_f32(c), a16,
+                                        moe_cbuf_f32(b), s[0], s[1], s[2], FP32, MOE_GRAD_ADD,
+                                        MOE_GRAD_ADD);
                 else if (s[3])
                     be->matmul_forward(be, moe_buf_f32(c), a16, moe_cbuf_f32(b), s[0], s[1], s[2],
                                        FP32);
                 else if (pc->dir)
-                    be->matmul_backward(be, d, e, c, a16, w16, s[0], s[1], s[2], BF16, MOE_GRAD_ADD,
-                                        MOE_GRAD_ADD);
+                    be->matmul_backward(be, d, e, moe_cbuf_f32(c), a16, w16, s[0], s[1], s[2], BF16,
+                                        MOE_GRAD_ADD, MOE_GRAD_ADD);
                 else
                     be->matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, s[0], s[1],
                                        s[2], BF16);

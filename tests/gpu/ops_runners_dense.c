@@ -113,12 +113,16 @@ void run_rope(gctx *g, const tcase *tc) {
     g->gpu->rope_forward(g->gpu, dx_, dpos, p0, B, T, NH, D, theta);
     check_sync_guards(g, "rope_forward");
     cmp_typed(g, "x (fwd)", dx_, x, n, tc->tol);
+    /* the backward in place on fp32, and (typed) from fp32 into bf16, as under bf16 */
     float *gx = frand(n, -1, 1);
     float *dgx = dup_dev(g, "dx", gx, F(n));
-    g->cpu->rope_backward(g->cpu, gx, pos, B, T, NH, D, theta);
-    g->gpu->rope_backward(g->gpu, dgx, dpos, B, T, NH, D, theta);
+    moe_buf dgt = dev_operand(g, typed_dt(tc), "dx (typed)", NULL, n);
+    g->cpu->rope_backward(g->cpu, moe_buf_f32(gx), gx, pos, B, T, NH, D, theta);
+    g->gpu->rope_backward(g->gpu, dgt, dgx, dpos, B, T, NH, D, theta);
+    g->gpu->rope_backward(g->gpu, moe_buf_f32(dgx), dgx, dpos, B, T, NH, D, theta);
     check_sync_guards(g, "rope_backward");
     cmp_f32(g, "dx (bwd)", dgx, gx, n, tc->tol);
+    cmp_typed(g, "dx (bwd, typed out)", dgt, gx, n, tc->tol);
     free(x), free(gx), free(pos);
 }
 

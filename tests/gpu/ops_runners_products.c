@@ -50,6 +50,9 @@ void run_matmul(gctx *g, const tcase *tc) {
     float *y = xmalloc(F(N * O));
     mx_spread(tc, x, w, gy, N, 1, I, O);
     as_stored(x, N * I, xdt);
+    /* dy fp32, or bf16 (DY_BF16: q's and k's, rotated by RoPE's backward, under bf16) */
+    const moe_dtype gdt = role_dt(tc, ROLE_DY, MOE_DTYPE_F32);
+    as_stored(gy, N * O, gdt);
     moe_cbuf cw = cpu_weight(g, tc, w, 1, O, I);
     g->cpu->matmul_forward(g->cpu, moe_buf_f32(y), moe_cbuf_f32(x), cw, N, I, O, tc->prec);
     moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, N * I));
@@ -60,11 +63,12 @@ void run_matmul(gctx *g, const tcase *tc) {
     check_sync_guards(g, "matmul_forward");
     cmp_typed(g, "y", dy_, y, N * O, tc->tol);
     float *gx = frand(N * I, -1, 1), *gw = frand(O * I, -1, 1);
-    float *dgy = dup_dev(g, "dy", gy, F(N * O)), *dgx = dup_dev(g, "dx", gx, F(N * I));
+    moe_cbuf dgy = moe_cbuf_from(dev_operand(g, gdt, "dy", gy, N * O));
+    float *dgx = dup_dev(g, "dx", gx, F(N * I));
     float *dgw = dup_dev(g, "dw", gw, F(O * I));
     float *gx0 = fdup(gx, N * I), *gw0 = fdup(gw, O * I);
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
-                            MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->cpu->matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, N, I, O,
+                            tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_changed(g, "dx", gx, gx0, N * I, 0.9);
     check_changed(g, "dw", gw, gw0, O * I, 0.9);
     free(gx0), free(gw0);
@@ -74,15 +78,15 @@ void run_matmul(gctx *g, const tcase *tc) {
     cmp_f32(g, "dx", dgx, gx, N * I, tc->tol);
     cmp_f32(g, "dw", dgw, gw, O * I, tc->tol);
     /* dx NULL (first layer): only dw accumulates again */
-    g->cpu->matmul_backward(g->cpu, NULL, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
-                            MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->cpu->matmul_backward(g->cpu, NULL, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, N, I, O,
+                            tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
     g->gpu->matmul_backward(g->gpu, NULL, dgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_ADD,
                             MOE_GRAD_ADD);
     check_sync_guards(g, "matmul_backward dx=NULL");
     cmp_f32(g, "dw (dx NULL)", dgw, gw, O * I, tc->tol);
     /* written gradients (MOE_GRAD_SET): into NaN-poisoned buffers, which must not be read */
-    g->cpu->matmul_backward(g->cpu, gx, gw, gy, moe_cbuf_f32(x), cw, N, I, O, tc->prec,
-                            MOE_GRAD_SET, MOE_GRAD_SET);
+    g->cpu->matmul_backward(g->cpu, gx, gw, moe_cbuf_f32(gy), moe_cbuf_f32(x), cw, N, I, O,
+                            tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     float *sgx = dup_dev(g, "dx (SET)", NULL, F(N * I)),
           *sgw = dup_dev(g, "dw (SET)", NULL, F(O * I));
     g->gpu->matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, N, I, O, tc->prec, MOE_GRAD_SET,

@@ -255,6 +255,19 @@ static const tcase k_cases[] = {
     {"matmul N512 I384 O640 bf16", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 0},
     {"matmul N77 I200 O130 bf16 typed", MOE_OP_MATMUL, {77, 200, 130}, BF16, 1e-6, 1},
+    /* a bf16 dy: q's and k's gradients as RoPE's backward writes them under bf16 */
+    {"matmul N77 I200 O130 bf16 typed bf16-dy",
+     MOE_OP_MATMUL,
+     {77, 200, 130},
+     BF16,
+     1e-6,
+     TYPED | DY_BF16},
+    {"matmul N512 I384 O640 bf16 typed bf16-dy",
+     MOE_OP_MATMUL,
+     {512, 384, 640},
+     BF16,
+     1e-6,
+     TYPED | DY_BF16},
     {"matmul N512 I384 O640 bf16 typed", MOE_OP_MATMUL, {512, 384, 640}, BF16, 1e-6, 1},
     /* fp8-block against the CPU emulation: the same quantized values (quant_fp8.cu makes the
      * bytes of moe/quant.h), so only the fp32 sums' order and the bf16 rounding of forward

@@ -29,10 +29,10 @@ static void test_grad_store(void) {
         /* ADD into zeros against SET into garbage (which SET must not read) */
         float *dxa = gc_buf(N * I, 0, 0, 0), *dwa = gc_buf(E * O * I, 0, 0, 0);
         float *dxs = gc_buf(N * I, 83, -9, 9), *dws = gc_buf(E * O * I, 84, -9, 9);
-        be->matmul_backward(be, dxa, dwa, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_ADD,
-                            MOE_GRAD_ADD);
-        be->matmul_backward(be, dxs, dws, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_SET,
-                            MOE_GRAD_SET);
+        be->matmul_backward(be, dxa, dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x), w1, N, I, O, rs[r],
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->matmul_backward(be, dxs, dws, moe_cbuf_f32(dy), moe_cbuf_f32(x), w1, N, I, O, rs[r],
+                            MOE_GRAD_SET, MOE_GRAD_SET);
         CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, O * I), "%s: matmul SET != ADD into 0",
                   moe_recipe_name(rs[r]));
         memset(dxa, 0, (size_t)(N * I) * 4), memset(dwa, 0, (size_t)(E * O * I) * 4);
@@ -49,10 +49,10 @@ static void test_grad_store(void) {
     }
     /* a product with no rows writes a zero weight gradient under SET, keeps it under ADD */
     float *dw = gc_buf(O * I, 87, 1, 2);
-    be->matmul_backward(be, NULL, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
+    be->matmul_backward(be, NULL, dw, moe_cbuf_f32(dy), moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
                         MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     CHECK(dw[0] >= 1.0f && dw[O * I - 1] >= 1.0f);
-    be->matmul_backward(be, NULL, dw, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
+    be->matmul_backward(be, NULL, dw, moe_cbuf_f32(dy), moe_cbuf_f32(x), moe_cbuf_f32(w), 0, I, O,
                         MOE_RECIPE_FP32, MOE_GRAD_SET, MOE_GRAD_SET);
     float *z = gc_buf(O * I, 0, 0, 0);
     CHECK(same(dw, z, O * I));

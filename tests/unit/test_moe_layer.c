@@ -163,7 +163,7 @@ int main(void) {
                                 MOE_GRAD_ADD);
     be->permute_backward(be, dx, dxp, s.slot, N, C, K, MOE_GRAD_ADD);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
-    be->matmul_backward(be, dx, dwg, dlog, moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
+    be->matmul_backward(be, dx, dwg, moe_cbuf_f32(dlog), moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
                         MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_against_reference("dx", x, dx, N * C);
     check_against_reference("dgate", wg, dwg, E * C);

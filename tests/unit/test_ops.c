@@ -107,8 +107,16 @@ static void test_rope(void) {
     CHECK_NEAR(s.tmp[3], s.x[3], 0.0);
     float *g = gc_buf(n, 0, 0, 0);
     memcpy(g, s.r, (size_t)n * sizeof(float));
-    be->rope_backward(be, g, NULL, s.B, s.T, s.NH, s.D, 10000.0);
+    be->rope_backward(be, moe_buf_f32(g), g, NULL, s.B, s.T, s.NH, s.D, 10000.0);
     gc_check("rope dx", &s, rope_loss, s.x, g, n, 150, 1e-2, ATOL, RTOL);
+    /* out of place into bf16: the in-place fp32 values rounded */
+    uint16_t *g16 = calloc((size_t)n, sizeof *g16);
+    be->rope_backward(be, moe_buf_of(g16, MOE_DTYPE_BF16), s.r, NULL, s.B, s.T, s.NH, s.D, 10000.0);
+    int rounded = 1;
+    for (int64_t i = 0; i < n; i++)
+        rounded &= g16[i] == moe_f32_to_bf16(g[i]);
+    CHECK(rounded);
+    free(g16);
     /* positions restarting inside a row (document mask): row 1 holds documents [0, 2) and
      * [2, 5), so each document is rotated as if alone (bit for bit: the same table rows) */
     const int32_t pos[10] = {0, 1, 2, 3, 4, 0, 1, 0, 1, 2};
@@ -130,7 +138,7 @@ static void test_rope(void) {
     be->rope_forward(be, moe_buf_f32(x2), NULL, 2, 1, 3, s.NH, s.D, 10000.0);
     CHECK(memcmp(x2, alone + 2 * row, (size_t)(3 * row) * sizeof(float)) == 0);
     memcpy(g, s.r, (size_t)n * sizeof(float));
-    be->rope_backward(be, g, pos, s.B, s.T, s.NH, s.D, 10000.0);
+    be->rope_backward(be, moe_buf_f32(g), g, pos, s.B, s.T, s.NH, s.D, 10000.0);
     gc_check("rope dx (positions)", &s, rope_loss, s.x, g, n, 150, 1e-2, ATOL, RTOL);
     free(s.x), free(s.tmp), free(s.r), free(g), free(alone), free(x7), free(x2);
 }
@@ -159,8 +167,8 @@ static void test_matmul(void) {
     CHECK_NEAR(s.y[2 * s.O + 4], ref, 1e-5); /* y = x W^T with W [out, in] */
     float *gx = gc_buf(s.N * s.I, 0, 0, 0), *gw = gc_buf(s.O * s.I, 0, 0, 0);
     gx[0] = 1.0f; /* backward accumulates: the 1 must survive */
-    be->matmul_backward(be, gx, gw, s.r, moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.N, s.I, s.O,
-                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->matmul_backward(be, gx, gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.N,
+                        s.I, s.O, MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     gx[0] -= 1.0f;
     gc_check("matmul dx", &s, mm_loss, s.x, gx, s.N * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("matmul dw", &s, mm_loss, s.w, gw, s.O * s.I, 100, 1e-2, ATOL, RTOL);
@@ -506,13 +514,13 @@ static void test_gemm_ref(void) {
     moe_backend_cpu_set_threads(1);
     be->matmul_forward(be, moe_buf_f32(Z1), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
                        MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W1, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32,
-                        MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->matmul_backward(be, NULL, W1, moe_cbuf_f32(X), moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     moe_backend_cpu_set_threads(2);
     be->matmul_forward(be, moe_buf_f32(Z2), moe_cbuf_f32(X), moe_cbuf_f32(Y), S, S, S,
                        MOE_RECIPE_FP32);
-    be->matmul_backward(be, NULL, W2, X, moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S, MOE_RECIPE_FP32,
-                        MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->matmul_backward(be, NULL, W2, moe_cbuf_f32(X), moe_cbuf_f32(Y), moe_cbuf_f32(X), S, S, S,
+                        MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     CHECK_MSG(memcmp(Z1, Z2, (size_t)(S * S) * sizeof(float)) == 0,
               "matmul bits depend on threads");
     CHECK_MSG(memcmp(W1, W2, (size_t)(S * S) * sizeof(float)) == 0, "dW bits depend on threads");

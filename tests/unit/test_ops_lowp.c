@@ -37,7 +37,7 @@ static void test_bf16_weights(void) {
             r[k][j] = gc_buf(len[j], 0, 0, 0);
         be->matmul_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(x), wk[k], N, I, O,
                            MOE_RECIPE_BF16);
-        be->matmul_backward(be, r[k][1], r[k][2], dy, moe_cbuf_f32(x), wk[k], N, I, O,
+        be->matmul_backward(be, r[k][1], r[k][2], moe_cbuf_f32(dy), moe_cbuf_f32(x), wk[k], N, I, O,
                             MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
@@ -208,8 +208,8 @@ static void test_mxfp8_norm_output(void) {
         y[k] = gc_buf(N * O, 0, 0, 0), dx[k] = gc_buf(N * C, 0, 0, 0),
         dw[k] = gc_buf(O * C, 0, 0, 0);
         be->matmul_forward(be, moe_buf_f32(y[k]), xin, moe_cbuf_f32(wq), N, C, O, mx);
-        be->matmul_backward(be, dx[k], dw[k], dy, xin, moe_cbuf_f32(wq), N, C, O, mx, MOE_GRAD_SET,
-                            MOE_GRAD_SET);
+        be->matmul_backward(be, dx[k], dw[k], moe_cbuf_f32(dy), xin, moe_cbuf_f32(wq), N, C, O, mx,
+                            MOE_GRAD_SET, MOE_GRAD_SET);
     }
     CHECK(memcmp(y[0], y[1], (size_t)(N * O) * 4) == 0);
     CHECK(memcmp(dx[0], dx[1], (size_t)(N * C) * 4) == 0);
@@ -239,7 +239,7 @@ static void test_fp8_products(void) {
           *dw32 = gc_buf(O * I, 0, 0, 0);
     be->matmul_forward(be, moe_buf_f32(y32), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
                        MOE_RECIPE_FP32);
-    be->matmul_backward(be, dx32, dw32, dy, moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
+    be->matmul_backward(be, dx32, dw32, moe_cbuf_f32(dy), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
                         MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     float *y16 = gc_buf(N * O, 0, 0, 0);
     be->matmul_forward(be, moe_buf_f32(y16), moe_cbuf_f32(x), moe_cbuf_f32(w), N, I, O,
@@ -250,8 +250,8 @@ static void test_fp8_products(void) {
         float *y = gc_buf(N * O, 0, 0, 0), *dx = gc_buf(N * I, 0, 0, 0),
               *dw = gc_buf(O * I, 0, 0, 0);
         be->matmul_forward(be, moe_buf_f32(y), moe_cbuf_f32(x), w1, N, I, O, rs[r]);
-        be->matmul_backward(be, dx, dw, dy, moe_cbuf_f32(x), w1, N, I, O, rs[r], MOE_GRAD_ADD,
-                            MOE_GRAD_ADD);
+        be->matmul_backward(be, dx, dw, moe_cbuf_f32(dy), moe_cbuf_f32(x), w1, N, I, O, rs[r],
+                            MOE_GRAD_ADD, MOE_GRAD_ADD);
         CHECK_MSG(nmse(y, y32, N * O) < 2e-3 && nmse(dx, dx32, N * I) < 2e-3 &&
                       nmse(dw, dw32, O * I) < 2e-3,
                   "%s: nmse y %g dx %g dw %g", moe_recipe_name(rs[r]), nmse(y, y32, N * O),

@@ -284,13 +284,15 @@ struct moe_backend {
      * angle = p * theta^(-2i/D) for i < D/2, p = pos[b, t] (Hugging Face's position_ids:
      * under a document mask the position inside the token's document), or p = t when pos is
      * NULL, plus p0 in the forward (rows that continue cached keys start at position p0;
-     * training passes 0). Every pos lies in [0, T). IN PLACE in both directions (backward
-     * rotates the gradient by -angle). ---- */
+     * training passes 0). Every pos lies in [0, T). The forward IN PLACE; the backward
+     * rotates the fp32 gradient dy by -angle into dx, of its type (in place when dx.p is dy,
+     * F32; a BF16 dx holds the rotated values rounded, as the bf16 products read them) ---- */
     void (*rope_forward)(const moe_backend *be, moe_buf x, /* [B, T, NH, D] dev, in place */
                          const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
                          int64_t p0, int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
-    void (*rope_backward)(const moe_backend *be, float *dx, /* [B, T, NH, D] dev, in place */
-                          const int32_t *pos,               /* [B, T] dev, in [0, T), or NULL */
+    void (*rope_backward)(const moe_backend *be, moe_buf dx, /* [B, T, NH, D] dev, F32|BF16 */
+                          const float *dy,                   /* [B, T, NH, D] dev, may be dx.p */
+                          const int32_t *pos,                /* [B, T] dev, in [0, T), or NULL */
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 
     /* ---- causal grouped-query attention, softmax(q k^T / sqrt(D)) v, query head h uses
@@ -337,9 +339,9 @@ struct moe_backend {
     /* dx (+)= dy W ; dw (+)= dy^T x, each added or written as dx_st / dw_st say */
     void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, may be NULL */
                             float *dw,                        /* [O, I] dev, may be NULL */
-                            const float *dy,                  /* [N, O] dev */
-                            moe_cbuf x,                       /* [N, I] dev, F32 or BF16 */
-                            moe_cbuf w,                       /* [O, I] dev, F32|BF16|E4M3 */
+                            moe_cbuf dy, /* [N, O] dev, F32, or BF16 under the bf16 recipe */
+                            moe_cbuf x,  /* [N, I] dev, F32 or BF16 */
+                            moe_cbuf w,  /* [O, I] dev, F32|BF16|E4M3 */
                             int64_t N, int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                             moe_grad_store dw_st);
 

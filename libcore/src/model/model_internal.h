@@ -99,7 +99,9 @@ struct moe_acts {
     /* gradient scratch, shared by all layers */
     float *dres;      /* [N, C] gradient of the residual stream */
     float *dln;       /* [N, C] */
-    float *dq, *datt; /* [N, H*D]; these four, dxp/dxe and dg share one region */
+    float *dq, *datt; /* [N, H*D]; these four, dxp/dxe and dg share one region; once
+                         attention's backward has read datt, it holds the rotated dq and dk
+                         in bf16 under the bf16 recipe */
     float *dk, *dv;   /* [N, KV*D] */
     float *drl;       /* [N, E] */
     float *dtw;       /* [N, K] */

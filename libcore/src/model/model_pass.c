@@ -335,8 +335,9 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     float dloss = a->weight_sum > 0.0 ? (float)(grad_scale / a->weight_sum) : 0.0f;
     be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
                                a->has_weights ? a->weights : NULL, dloss, N, V);
-    be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, a->logits, moe_cbuf_f32(a->lnf),
-                        moe_model_weight(m, m->table.p_lm_head), N, C, V, p16, MOE_GRAD_SET, gw);
+    be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, moe_cbuf_f32(a->logits),
+                        moe_cbuf_f32(a->lnf), moe_model_weight(m, m->table.p_lm_head), N, C, V, p16,
+                        MOE_GRAD_SET, gw);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, moe_cbuf_f32(a->x_final),
                          P[m->table.p_norm].data, a->rstdf, N, C);
@@ -396,27 +397,36 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob + l * E, dz, la->probs, la->rlse,
                             la->topk_idx, la->topk_w, N, E, K);
-        be->matmul_backward(be, a->dln, P[li->gate].grad, a->drl, moe_cbuf_of(la->ln2, adt),
-                            moe_cbuf_f32(P[li->gate].data), N, C, E, MOE_RECIPE_FP32, MOE_GRAD_ADD,
-                            gw);
+        be->matmul_backward(be, a->dln, P[li->gate].grad, moe_cbuf_f32(a->drl),
+                            moe_cbuf_of(la->ln2, adt), moe_cbuf_f32(P[li->gate].data), N, C, E,
+                            MOE_RECIPE_FP32, MOE_GRAD_ADD, gw);
         be->rmsnorm_backward(be, a->dres, P[li->ln2].grad, a->dln, moe_cbuf_of(la->x_mid, la->rdt),
                              P[li->ln2].data, la->rstd2, N, C);
         /* attention block: x_mid = x_in + o_proj(attn(rope(q), rope(k), v)) */
-        be->matmul_backward(be, a->datt, P[li->o].grad, a->dres, moe_cbuf_of(la->att, adt),
-                            moe_model_weight(m, li->o), N, H * D, C, prec, MOE_GRAD_SET, gw);
+        be->matmul_backward(be, a->datt, P[li->o].grad, moe_cbuf_f32(a->dres),
+                            moe_cbuf_of(la->att, adt), moe_model_weight(m, li->o), N, H * D, C,
+                            prec, MOE_GRAD_SET, gw);
         be->attention_backward(be, a->dq, a->dk, a->dv, a->datt, moe_cbuf_of(la->q, adt),
                                moe_cbuf_of(la->k, adt), moe_cbuf_of(la->v, adt),
                                moe_cbuf_of(la->att, adt), la->att_lse, doc_start(m), B, T, H, KV, D,
                                p16, MOE_GRAD_SET);
-        be->rope_backward(be, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
-        be->rope_backward(be, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
+        /* dq and dk turned back by RoPE: under bf16 rounded as their products read them (the
+         * same bits), into the region of datt, which attention's backward has read; fp8 and
+         * mxfp8 quantize the fp32 values */
+        moe_buf dqr = moe_buf_f32(a->dq), dkr = moe_buf_f32(a->dk);
+        if (prec == MOE_RECIPE_BF16) {
+            dqr = moe_buf_of(a->datt, MOE_DTYPE_BF16);
+            dkr = moe_buf_of((uint16_t *)a->datt + N * H * D, MOE_DTYPE_BF16);
+        }
+        be->rope_backward(be, dqr, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
+        be->rope_backward(be, dkr, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
         moe_cbuf ln1 = moe_cbuf_from(act(la->ln1, la->ln1_mx, adt));
-        be->matmul_backward(be, a->dln, P[li->q].grad, a->dq, ln1, moe_model_weight(m, li->q), N, C,
-                            H * D, prec, MOE_GRAD_SET, gw);
-        be->matmul_backward(be, a->dln, P[li->k].grad, a->dk, ln1, moe_model_weight(m, li->k), N, C,
-                            KV * D, prec, MOE_GRAD_ADD, gw);
-        be->matmul_backward(be, a->dln, P[li->v].grad, a->dv, ln1, moe_model_weight(m, li->v), N, C,
-                            KV * D, prec, MOE_GRAD_ADD, gw);
+        be->matmul_backward(be, a->dln, P[li->q].grad, moe_cbuf_from(dqr), ln1,
+                            moe_model_weight(m, li->q), N, C, H * D, prec, MOE_GRAD_SET, gw);
+        be->matmul_backward(be, a->dln, P[li->k].grad, moe_cbuf_from(dkr), ln1,
+                            moe_model_weight(m, li->k), N, C, KV * D, prec, MOE_GRAD_ADD, gw);
+        be->matmul_backward(be, a->dln, P[li->v].grad, moe_cbuf_f32(a->dv), ln1,
+                            moe_model_weight(m, li->v), N, C, KV * D, prec, MOE_GRAD_ADD, gw);
         be->rmsnorm_backward(be, a->dres, P[li->ln1].grad, a->dln, moe_cbuf_of(la->x_in, la->rdt),
                              P[li->ln1].data, la->rstd1, N, C);
     }

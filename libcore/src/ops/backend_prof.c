@@ -156,11 +156,11 @@ static void pr_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos
     prof_end_op(p, t0, MOE_OP_ROPE, 0);
 }
 
-static void pr_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
-                             int64_t T, int64_t NH, int64_t D, double theta) {
+static void pr_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
+                             int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->rope_backward(p->inner, dx, pos, B, T, NH, D, theta);
+    p->inner->rope_backward(p->inner, dx, dy, pos, B, T, NH, D, theta);
     prof_end_op(p, t0, MOE_OP_ROPE, 1);
 }
 
@@ -194,9 +194,9 @@ static void pr_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_
     prof_end_op(p, t0, MOE_OP_MATMUL, 0);
 }
 
-static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                               moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                               moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
+static void pr_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
+                               moe_cbuf w, int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                               moe_grad_store dx_st, moe_grad_store dw_st) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
     p->inner->matmul_backward(p->inner, dx, dw, dy, x, w, N, I, O, prec, dx_st, dw_st);

@@ -70,9 +70,9 @@ void moe_cpu_round_bf16_inplace(float *x, int64_t n);
 /* ops_dense.c */
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec);
-void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                             moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st);
+void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
+                             moe_cbuf w, int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                             moe_grad_store dx_st, moe_grad_store dw_st);
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
@@ -109,8 +109,8 @@ void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const
                               moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
-void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
-                           int64_t T, int64_t NH, int64_t D, double theta);
+void moe_cpu_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
+                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                             moe_recipe prec);
 void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,

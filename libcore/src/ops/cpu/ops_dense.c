@@ -185,15 +185,15 @@ void moe_cpu_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_c
     moe_cpu_operand_free(wr, w.p);
 }
 
-void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const float *dy,
-                             moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                             moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
+void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
+                             moe_cbuf w, int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                             moe_grad_store dx_st, moe_grad_store dw_st) {
     (void)be;
     if (moe_cpu_is_fp8(prec)) {
-        moe_cpu_fp8_matmul_backward(dx, dw, moe_cbuf_f32(dy), x, w, N, I, O, prec, dx_st, dw_st);
+        moe_cpu_fp8_matmul_backward(dx, dw, dy, x, w, N, I, O, prec, dx_st, dw_st);
         return;
     }
-    const float *dyr = moe_cpu_operand(dy, N * O, prec);
+    const float *dyr = moe_cpu_operand_typed(dy, N * O, prec);
     if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I] */
         const float *wr = moe_cpu_operand_typed(w, O * I, prec);
         moe_cpu_gemm(0, 0, N, I, O, 1.0f, dyr, wr, moe_grad_beta(dx_st), dx);
@@ -204,7 +204,7 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, const 
         moe_cpu_gemm(1, 0, O, I, N, 1.0f, dyr, xr, moe_grad_beta(dw_st), dw);
         moe_cpu_operand_free(xr, x.p);
     }
-    moe_cpu_operand_free(dyr, dy);
+    moe_cpu_operand_free(dyr, dy.p);
 }
 
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_cbuf w,

@@ -97,11 +97,12 @@ void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const
     }
 }
 
-/* Rotates every head vector of x by +angle (dir = 1) or -angle (dir = -1) of its position:
- * p0 + pos[b, t], or p0 + t when pos is NULL. The angle table (positions [p0, p0 + T)) is
- * computed in double and rounded once, so forward and backward use the same cos/sin. */
-static void rope_apply(moe_buf x, const int32_t *pos, int64_t p0, int64_t B, int64_t T, int64_t NH,
-                       int64_t D, double theta, float dir) {
+/* Rotates every head vector of x by +angle (dir = 1) or -angle (dir = -1) of its position into
+ * y (may be x): p0 + pos[b, t], or p0 + t when pos is NULL. The angle table (positions [p0,
+ * p0 + T)) is computed in double and rounded once, so forward and backward use the same
+ * cos/sin. */
+static void rope_apply(moe_buf y, moe_cbuf x, const int32_t *pos, int64_t p0, int64_t B, int64_t T,
+                       int64_t NH, int64_t D, double theta, float dir) {
     int64_t half = D / 2;
     float *cs = malloc((size_t)(T * half * 2) * sizeof(float));
     if (!cs) abort(); /* host OOM on a T x D/2 table: nothing sensible to continue with */
@@ -120,10 +121,9 @@ static void rope_apply(moe_buf x, const int32_t *pos, int64_t p0, int64_t B, int
                 int64_t v = ((b * T + t) * NH + h) * D;
                 for (int64_t i = 0; i < half; i++) {
                     float c = ct[2 * i], s = dir * ct[2 * i + 1];
-                    moe_cbuf xr = moe_cbuf_from(x);
-                    float x1 = moe_cbuf_get(xr, v + i), x2 = moe_cbuf_get(xr, v + i + half);
-                    moe_buf_set(x, v + i, x1 * c - x2 * s);
-                    moe_buf_set(x, v + i + half, x2 * c + x1 * s);
+                    float x1 = moe_cbuf_get(x, v + i), x2 = moe_cbuf_get(x, v + i + half);
+                    moe_buf_set(y, v + i, x1 * c - x2 * s);
+                    moe_buf_set(y, v + i + half, x2 * c + x1 * s);
                 }
             }
         }
@@ -133,13 +133,13 @@ static void rope_apply(moe_buf x, const int32_t *pos, int64_t p0, int64_t B, int
 void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
     (void)be;
-    rope_apply(x, pos, p0, B, T, NH, D, theta, 1.0f);
+    rope_apply(x, moe_cbuf_from(x), pos, p0, B, T, NH, D, theta, 1.0f);
 }
 
-void moe_cpu_rope_backward(const moe_backend *be, float *dx, const int32_t *pos, int64_t B,
-                           int64_t T, int64_t NH, int64_t D, double theta) {
+void moe_cpu_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
+                           int64_t B, int64_t T, int64_t NH, int64_t D, double theta) {
     (void)be;
-    rope_apply(moe_buf_f32(dx), pos, 0, B, T, NH, D, theta, -1.0f);
+    rope_apply(dx, moe_cbuf_f32(dy), pos, 0, B, T, NH, D, theta, -1.0f);
 }
 
 /* Both directions run over blocks of 32 elements, so that an MXFP8 output is encoded a block
