@@ -34,9 +34,14 @@ __global__ void k_embedding_bwd(float *__restrict__ dwte, const float *__restric
         dwte[(int64_t)tokens[n] * C + col] += dout[n * C + col];
 }
 
+#define EMB_BWD_BATCH                                                                              \
+    16 /* rows a thread has in flight: a DNA batch has a few ids of thousands                      \
+          of rows each, so few blocks; the loads, not the adds, are the work */
+
 /* Tokens grouped by id (stable): block (v, column tile) walks the positions of token v in
  * ascending order, starting from dwte's current value - the CPU's exact summation order, in
- * parallel over vocabulary rows and columns. */
+ * parallel over vocabulary rows and columns. The rows are loaded EMB_BWD_BATCH at a time and
+ * then added in order (the same sum). */
 __global__ void k_embedding_bwd_grouped(float *__restrict__ dwte, const float *__restrict__ dout,
                                         const int32_t *__restrict__ order,
                                         const int32_t *__restrict__ offsets, int64_t C) {
@@ -45,7 +50,17 @@ __global__ void k_embedding_bwd_grouped(float *__restrict__ dwte, const float *_
     int32_t r0 = offsets[v], r1 = offsets[v + 1];
     if (r0 == r1) return;
     float acc = dwte[v * C + col];
-    for (int32_t r = r0; r < r1; r++)
+    int32_t r = r0;
+    for (; r + EMB_BWD_BATCH <= r1; r += EMB_BWD_BATCH) {
+        float x[EMB_BWD_BATCH];
+#pragma unroll
+        for (int j = 0; j < EMB_BWD_BATCH; j++)
+            x[j] = dout[(int64_t)order[r + j] * C + col];
+#pragma unroll
+        for (int j = 0; j < EMB_BWD_BATCH; j++)
+            acc += x[j];
+    }
+    for (; r < r1; r++)
         acc += dout[(int64_t)order[r] * C + col];
     dwte[v * C + col] = acc;
 }
@@ -75,8 +90,8 @@ void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float
         if (!order) return;
         int32_t *inverse = order + N, *offsets = inverse + N;
         if (!moe_cuda_group_by_key(c, order, inverse, offsets, tokens, N, V, op)) return;
-        dim3 grid((unsigned)((C + 127) / 128), (unsigned)V);
-        k_embedding_bwd_grouped<<<grid, 128, 0, c->stream>>>(dwte, dout, order, offsets, C);
+        dim3 grid((unsigned)((C + 63) / 64), (unsigned)V);
+        k_embedding_bwd_grouped<<<grid, 64, 0, c->stream>>>(dwte, dout, order, offsets, C);
     } else {
         k_embedding_bwd<<<(unsigned)((C + 63) / 64), 64, 0, c->stream>>>(dwte, dout, tokens, N, C);
     }

@@ -85,7 +85,8 @@ struct moe_acts {
     int32_t *ep_off;
     void *xfer;
     float *x_final;      /* [N, C] residual after the last layer */
-    float *lnf;          /* [N, C] */
+    void *lnf;           /* [N, C]: of adt in head_forward (lm_head reads it), F32 from
+                            moe_model_hidden (the final-norm hidden states) */
     float *rstdf;        /* [N] */
     float *logits;       /* [N, V], overwritten in place by its gradient in backward */
     float *ce_loss;      /* [N] */

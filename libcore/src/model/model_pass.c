@@ -210,10 +210,11 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     const moe_model_config *c = &m->cfg;
     struct moe_acts *a = m->acts;
     int64_t C = c->hidden_size, V = c->vocab_size;
-    be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, moe_cbuf_f32(a->x_final),
+    /* lnf as adt: lm_head's forward and weight gradient read the bf16 values directly */
+    be->rmsnorm_forward(be, moe_buf_of(a->lnf, a->adt), a->rstdf, moe_cbuf_f32(a->x_final),
                         m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
                         moe_recipe_unquantized(m->recipe));
-    be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_f32(a->lnf),
+    be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_of(a->lnf, a->adt),
                        moe_model_weight(m, m->table.p_lm_head), N, C, V,
                        moe_recipe_unquantized(m->recipe));
     if (!targets) return;
@@ -336,8 +337,8 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
     be->cross_entropy_backward(be, a->logits, a->logits, a->ce_lse, a->targets,
                                a->has_weights ? a->weights : NULL, dloss, N, V);
     be->matmul_backward(be, a->dln, P[m->table.p_lm_head].grad, moe_cbuf_f32(a->logits),
-                        moe_cbuf_f32(a->lnf), moe_model_weight(m, m->table.p_lm_head), N, C, V, p16,
-                        MOE_GRAD_SET, gw);
+                        moe_cbuf_of(a->lnf, a->adt), moe_model_weight(m, m->table.p_lm_head), N, C,
+                        V, p16, MOE_GRAD_SET, gw);
     ZERO(a->dres, N * C);
     be->rmsnorm_backward(be, a->dres, P[m->table.p_norm].grad, a->dln, moe_cbuf_f32(a->x_final),
                          P[m->table.p_norm].data, a->rstdf, N, C);
