@@ -22,17 +22,6 @@
  * scaled scores; cached keys (Tk > T) as the portable forward: row r masked at position
  * r + Tk - T. Compiled for sm_90a only (CMakeLists.txt); moe_cuda_fa3_supported says when it
  * runs.
- *
- * Tiles (a head's 128 query rows) are numbered head by head, each head's longest first (the
- * order of a block-per-tile grid: a head's K and V stay in L2 while its tiles run; the order
- * longest first over all heads ran 2-5% slower, docs/performance-gpu.md), and a block walks
- * tiles t, t + gridDim.x, ...: with one block
- * an SM (fa3_launch's rule for T <= FA3_PERSIST_T) the producer loads the next tile's Q as
- * soon as the consumers are done with this one's (the "Q empty" barrier) and its first keys
- * while they finish the last value product and store the rows, so a tile's start costs no
- * launch and no load latency; above that rule a block per tile (the same kernel, each walk one
- * tile long), where tiles are long enough not to need it. The arithmetic of a tile is the
- * same either way: the same bits.
  * The shared-memory layout of every tile is the one of wgmma.cuh. */
 #include "wgmma.cuh"
 
@@ -50,56 +39,34 @@ typedef __nv_bfloat16 bf16;
 #define FA3_PINGPONG 1
 #endif
 #define FA3_THREADS 384 /* two consumer warpgroups, a producer warpgroup (one thread loads) */
-/* fa3_launch runs one block an SM, each walking many tiles, up to this T; a block per tile
- * above it */
-#define FA3_PERSIST_T 16384
-
-/* A tile of the walk: tile t of B * H * nqb, head by head (b * H + h), each head's query
- * blocks from the last (the longest) down, and what its walk over the key blocks needs. */
-struct fa3_tile {
-    int b, h, hk, kb_first, kb_last;
-    int64_t q0;
-    const int32_t *dsb; /* the batch row's document starts, or NULL */
-};
-template <int BK>
-__device__ __forceinline__ fa3_tile fa3_tile_at(int64_t t, int BH, int nqb, int H, int KV,
-                                                int64_t T, int64_t qoff, const int32_t *dstart) {
-    fa3_tile tl;
-    const int bh = (int)(t / nqb), qb = nqb - 1 - (int)(t % nqb);
-    tl.b = bh / H, tl.h = bh % H, tl.hk = tl.h / (H / KV);
-    tl.q0 = (int64_t)qb * FA3_BQ;
-    tl.kb_last = (int)(((tl.q0 + FA3_BQ < T ? tl.q0 + FA3_BQ : T) - 1 + qoff) / BK);
-    tl.dsb = dstart ? dstart + (int64_t)tl.b * T : NULL;
-    tl.kb_first = tl.dsb ? tl.dsb[tl.q0] / BK : 0;
-    return tl;
-}
 
 /* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
- * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; a 1D grid, block i walking
- * tiles i, i + gridDim.x, ... of the B * H * nqb (fa3_tile_at). Threads 0-255 are the two
- * consumer warpgroups, 256-383 the producer: thread 256 issues the TMA loads of each tile's Q
- * (once the consumers are done with the last tile's: q_empty) and of each key block's K and V
- * into NS stages (full barriers: the bytes have landed; empty barriers: all 256 consumer
- * threads are done with a stage's K, its V); the stages' uses are counted over the whole walk. */
+ * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; grid (T / 128, B * H).
+ * Threads 0-255 are the two consumer warpgroups, 256-383 the producer: thread 256 issues the
+ * TMA loads of Q and of each key block's K and V into NS stages (full barriers: the bytes
+ * have landed; empty barriers: all 256 consumer threads are done with a stage's K, its V). */
 template <int D, int BK, int NS, typename TO>
 __global__ void __launch_bounds__(FA3_THREADS, 1)
     k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap mq,
               const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
-              const int32_t *__restrict__ dstart, int64_t T, int64_t Tk, int H, int KV, int BH,
+              const int32_t *__restrict__ dstart, int64_t T, int64_t Tk, int H, int KV,
               float scale) {
     extern __shared__ __align__(16) unsigned char fa3_smem[];
     /* swizzled tiles start on 1024 bytes: Q [128][D], K [NS][BK][D], V [NS][BK][D], then the
-     * barriers: q_full, k_full[NS], v_full[NS], k_empty[NS], v_empty[NS], q_empty */
+     * barriers: q_full, k_full[NS], v_full[NS], k_empty[NS], v_empty[NS] */
     constexpr uint32_t TILE = BK * D * 2;
     const uint32_t sQ = (smem_u32(fa3_smem) + 1023u) & ~1023u;
     const uint32_t sKb = sQ + FA3_BQ * D * 2, sVb = sKb + NS * TILE;
     const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, bek = bv + 8 * NS,
-                   bev = bek + 8 * NS, bqe = bev + 8 * NS;
-    const int nqb = (int)((T + FA3_BQ - 1) / FA3_BQ);
-    const int64_t ntiles = (int64_t)nqb * BH, qoff = Tk - T; /* row r at key position r + qoff */
+                   bev = bek + 8 * NS;
+    const int qb = gridDim.x - 1 - blockIdx.x; /* longest (diagonal-most) blocks first */
+    const int bh = blockIdx.y, b = bh / H, h = bh % H, hk = h / (H / KV);
+    const int64_t q0 = (int64_t)qb * FA3_BQ, qoff = Tk - T; /* row r at key position r + qoff */
+    const int kb_last = (int)(((q0 + FA3_BQ < T ? q0 + FA3_BQ : T) - 1 + qoff) / BK);
+    const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
+    const int kb_first = dsb ? dsb[q0] / BK : 0;
     if (threadIdx.x == 0) {
         fa3_bar_init(bq, 1);
-        fa3_bar_init(bqe, 2 * 128);
         for (int s = 0; s < NS; s++) {
             fa3_bar_init(bk + 8 * s, 1);
             fa3_bar_init(bv + 8 * s, 1);
@@ -113,22 +80,17 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     if (threadIdx.x >= 256) { /* the producer warpgroup gives its registers to the consumers */
         fa3_regs_dec<24>();
         if (threadIdx.x != 256) return;
-        int it = 0; /* K/V stage uses over the walk */
-        for (int64_t t = blockIdx.x, ti = 0; t < ntiles; t += gridDim.x, ti++) {
-            const fa3_tile tl = fa3_tile_at<BK>(t, BH, nqb, H, KV, T, qoff, dstart);
-            if (ti > 0) fa3_bar_wait(bqe, (uint32_t)(ti - 1) & 1);
-            fa3_bar_expect(bq, FA3_BQ * D * 2);
-            fa3_tma_tile<D>(sQ, &mq, FA3_BQ, tl.h, tl.q0, tl.b, bq);
-            for (int kb = tl.kb_first; kb <= tl.kb_last; kb++, it++) {
-                const int s = it % NS;
-                const uint32_t parity = ((it / NS) - 1) & 1;
-                if (it >= NS) fa3_bar_wait(bek + 8 * s, parity);
-                fa3_bar_expect(bk + 8 * s, TILE);
-                fa3_tma_tile<D>(sKb + s * TILE, &mk, BK, tl.hk, (int64_t)kb * BK, tl.b, bk + 8 * s);
-                if (it >= NS) fa3_bar_wait(bev + 8 * s, parity);
-                fa3_bar_expect(bv + 8 * s, TILE);
-                fa3_tma_tile<D>(sVb + s * TILE, &mv, BK, tl.hk, (int64_t)kb * BK, tl.b, bv + 8 * s);
-            }
+        fa3_bar_expect(bq, FA3_BQ * D * 2);
+        fa3_tma_tile<D>(sQ, &mq, FA3_BQ, h, q0, b, bq);
+        for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
+            const int s = it % NS;
+            const uint32_t parity = ((it / NS) - 1) & 1;
+            if (it >= NS) fa3_bar_wait(bek + 8 * s, parity);
+            fa3_bar_expect(bk + 8 * s, TILE);
+            fa3_tma_tile<D>(sKb + s * TILE, &mk, BK, hk, (int64_t)kb * BK, b, bk + 8 * s);
+            if (it >= NS) fa3_bar_wait(bev + 8 * s, parity);
+            fa3_bar_expect(bv + 8 * s, TILE);
+            fa3_tma_tile<D>(sVb + s * TILE, &mv, BK, hk, (int64_t)kb * BK, b, bv + 8 * s);
         }
         return;
     }
@@ -136,105 +98,96 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_regs_inc<240>(); /* 2 x 128 x 240 + 128 x 24 registers: the SM's 64 K */
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
+    float o[D / 8][4];
+    fa_zero<D / 8>(o);
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    const int64_t wrow = q0 + wg * 64, wpos = wrow + qoff; /* this warpgroup's first row */
+    const int64_t row0 = wrow + warp * 16 + g, row1 = row0 + 8;
+    const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * FA_LOG2E;
-    int it0 = 0; /* K/V stage uses before this tile's first */
-    for (int64_t tile = blockIdx.x, ti = 0; tile < ntiles; tile += gridDim.x, ti++) {
-        const fa3_tile tl = fa3_tile_at<BK>(tile, BH, nqb, H, KV, T, qoff, dstart);
-        const int kb_first = tl.kb_first, kb_last = tl.kb_last;
-        const int32_t *dsb = tl.dsb;
-        float o[D / 8][4];
-        fa_zero<D / 8>(o);
-        float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-        const int64_t wrow = tl.q0 + wg * 64, wpos = wrow + qoff; /* this warpgroup's first row */
-        const int64_t row0 = wrow + warp * 16 + g, row1 = row0 + 8;
-        const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
-        fa3_bar_wait(bq, (uint32_t)ti & 1);
-        if (FA3_PINGPONG) fa3_turn_begin(wg);
+    fa3_bar_wait(bq, 0);
+    if (FA3_PINGPONG) fa3_turn_begin(wg);
 
-        /* one key block's scores into sc, issued (not waited for) */
-        const auto issue_s = [&](float(&sc)[BK / 8][4], int st, uint32_t parity) {
-            fa_zero<BK / 8>(sc);
-            fa3_bar_wait(bk + 8 * st, parity);
-            fa3_fence();
+    /* one key block's scores into sc, issued (not waited for) */
+    const auto issue_s = [&](float(&sc)[BK / 8][4], int st, uint32_t parity) {
+        fa_zero<BK / 8>(sc);
+        fa3_bar_wait(bk + 8 * st, parity);
+        fa3_fence();
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
-                const uint32_t col = (uint32_t)(ks & 3) * 32;
-                const uint64_t da =
-                    fa3_desc(sQ + (ks >> 2) * FA3_BQ * 128 + wg * 64 * 128 + col, 16, 1024);
-                const uint64_t db =
-                    fa3_desc(sKb + st * TILE + (ks >> 2) * BK * 128 + col, 16, 1024);
-                fa3_mma_ss(sc, da, db, ks > 0);
-            }
-            fa3_commit();
-            fa3_hold(sc);
-        };
-        /* O += P V of the block in stage st, O first rescaled by the factors of the softmax that
-         * made P; issued */
-        uint32_t p[BK / 16][4];
-        float a0, a1;
-        const auto issue_pv = [&](int st, uint32_t parity) {
-            fa_rescale<D / 8>(o, a0, a1);
-            fa3_bar_wait(bv + 8 * st, parity);
-            fa3_fence();
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
-                fa3_mma_rs(o, p[kk], fa3_desc(sVb + st * TILE + kk * 16 * 128, BK * 128, 1024));
-            fa3_commit();
-        };
-        /* the softmax of a block's scores (waited for) into p; the stage's K is released */
-        const auto softmax = [&](float(&sc)[BK / 8][4], int64_t k0, int st) {
-            fa3_hold(sc);
-            fa3_bar_arrive(bek + 8 * st); /* this thread is done with the stage's K */
-            fa_softmax_block<BK>(sc, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
-                                 sl2, t, dsb || k0 + BK - 1 > wpos);
-        };
-        /* after fa3_wait: O and p are free again */
-        const auto retire_pv = [&](int st) {
-            fa3_hold(o);
-            fa3_hold(p);
-            fa3_bar_arrive(bev + 8 * st); /* this thread is done with the stage's V */
-        };
-        /* Every warpgroup multiplies every block up to kb_last: a block after all of its rows (only
-         * with cached keys, Tk > T) gives p = 0 and factors 1. */
-        {
-            float sc[BK / 8][4];
-            if (FA3_PINGPONG) fa3_turn_wait(wg);
-            issue_s(sc, it0 % NS, (uint32_t)(it0 / NS) & 1);
-            if (FA3_PINGPONG) fa3_turn_pass(wg, kb_first == kb_last);
-            fa3_wait<0>();
-            softmax(sc, (int64_t)kb_first * BK, it0 % NS);
-#pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                c_to_a(p[kk], sc, kk);
+        for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
+            const uint32_t col = (uint32_t)(ks & 3) * 32;
+            const uint64_t da =
+                fa3_desc(sQ + (ks >> 2) * FA3_BQ * 128 + wg * 64 * 128 + col, 16, 1024);
+            const uint64_t db = fa3_desc(sKb + st * TILE + (ks >> 2) * BK * 128 + col, 16, 1024);
+            fa3_mma_ss(sc, da, db, ks > 0);
         }
-        for (int kb = kb_first + 1, it = it0 + 1; kb <= kb_last; kb++, it++) {
-            const int s = it % NS, sp = (it - 1) % NS;
-            const uint32_t parity = (it / NS) & 1, pp = ((it - 1) / NS) & 1;
-            float sc[BK / 8][4];
-            if (FA3_PINGPONG) fa3_turn_wait(wg);
-            issue_s(sc, s, parity);
-            issue_pv(sp, pp); /* the last block's values, while this block's softmax runs */
-            if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
-            fa3_wait<1>(); /* the score product */
-            softmax(sc, (int64_t)kb * BK, s);
-            fa3_wait<0>();
-            retire_pv(sp);
+        fa3_commit();
+        fa3_hold(sc);
+    };
+    /* O += P V of the block in stage st, O first rescaled by the factors of the softmax that
+     * made P; issued */
+    uint32_t p[BK / 16][4];
+    float a0, a1;
+    const auto issue_pv = [&](int st, uint32_t parity) {
+        fa_rescale<D / 8>(o, a0, a1);
+        fa3_bar_wait(bv + 8 * st, parity);
+        fa3_fence();
 #pragma unroll
-            for (int kk = 0; kk < BK / 16; kk++)
-                c_to_a(p[kk], sc, kk);
-        }
-        fa3_bar_arrive(bqe); /* every score product is done: the next tile's Q may come */
-        {
-            const int it = it0 + kb_last - kb_first, s = it % NS;
-            issue_pv(s, (uint32_t)(it / NS) & 1);
-            fa3_wait<0>();
-            retire_pv(s);
-            it0 = it + 1;
-        }
-        const int64_t qstride = (int64_t)H * D, bh = (int64_t)tl.b * H + tl.h;
-        fa_store_rows<D>(out + (int64_t)tl.b * T * qstride + (int64_t)tl.h * D, lse + bh * T, o, m0,
-                         m1, l0, l1, row0, row1, T, qstride, t);
+        for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
+            fa3_mma_rs(o, p[kk], fa3_desc(sVb + st * TILE + kk * 16 * 128, BK * 128, 1024));
+        fa3_commit();
+    };
+    /* the softmax of a block's scores (waited for) into p; the stage's K is released */
+    const auto softmax = [&](float(&sc)[BK / 8][4], int64_t k0, int st) {
+        fa3_hold(sc);
+        fa3_bar_arrive(bek + 8 * st); /* this thread is done with the stage's K */
+        fa_softmax_block<BK>(sc, m0, m1, l0, l1, a0, a1, k0, row0 + qoff, row1 + qoff, st0, st1,
+                             sl2, t, dsb || k0 + BK - 1 > wpos);
+    };
+    /* after fa3_wait: O and p are free again */
+    const auto retire_pv = [&](int st) {
+        fa3_hold(o);
+        fa3_hold(p);
+        fa3_bar_arrive(bev + 8 * st); /* this thread is done with the stage's V */
+    };
+    /* Every warpgroup multiplies every block up to kb_last: a block after all of its rows (only
+     * with cached keys, Tk > T) gives p = 0 and factors 1. */
+    {
+        float sc[BK / 8][4];
+        if (FA3_PINGPONG) fa3_turn_wait(wg);
+        issue_s(sc, 0, 0);
+        if (FA3_PINGPONG) fa3_turn_pass(wg, kb_first == kb_last);
+        fa3_wait<0>();
+        softmax(sc, (int64_t)kb_first * BK, 0);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            c_to_a(p[kk], sc, kk);
     }
+    for (int kb = kb_first + 1, it = 1; kb <= kb_last; kb++, it++) {
+        const int s = it % NS, sp = (it - 1) % NS;
+        const uint32_t parity = (it / NS) & 1, pp = ((it - 1) / NS) & 1;
+        float sc[BK / 8][4];
+        if (FA3_PINGPONG) fa3_turn_wait(wg);
+        issue_s(sc, s, parity);
+        issue_pv(sp, pp); /* the last block's values, while this block's softmax runs */
+        if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
+        fa3_wait<1>(); /* the score product */
+        softmax(sc, (int64_t)kb * BK, s);
+        fa3_wait<0>();
+        retire_pv(sp);
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+            c_to_a(p[kk], sc, kk);
+    }
+    {
+        const int it = kb_last - kb_first, s = it % NS;
+        issue_pv(s, (uint32_t)(it / NS) & 1);
+        fa3_wait<0>();
+        retire_pv(s);
+    }
+    const int64_t qstride = (int64_t)H * D;
+    fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
+                     m1, l0, l1, row0, row1, T, qstride, t);
 }
 
 int sm90_tmap(moe_cuda_ctx *c, CUtensorMap *m, const void *p, CUtensorMapDataType dt, int rank,
@@ -300,17 +253,16 @@ static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, cons
     if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, Tk, KV, D, BK, op) ||
         !fa3_map(c, &mv, v, B, Tk, KV, D, BK, op))
         return;
-    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (2 + 4 * NS);
+    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 4 * NS);
     if (!moe_cuda_check(c,
                         cudaFuncSetAttribute(k_fa3_fwd<D, BK, NS, TO>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const int64_t ntiles = (T + FA3_BQ - 1) / FA3_BQ * B * H;
-    const int64_t grid = T <= FA3_PERSIST_T && ntiles > c->num_sms ? c->num_sms : ntiles;
-    k_fa3_fwd<D, BK, NS, TO><<<(unsigned)grid, FA3_THREADS, smem, c->stream>>>(
-        out, lse, mq, mk, mv, dstart, T, Tk, (int)H, (int)KV, (int)(B * H), 1.0f / sqrtf((float)D));
+    dim3 grid((unsigned)((T + FA3_BQ - 1) / FA3_BQ), (unsigned)(B * H));
+    k_fa3_fwd<D, BK, NS, TO><<<grid, FA3_THREADS, smem, c->stream>>>(
+        out, lse, mq, mk, mv, dstart, T, Tk, (int)H, (int)KV, 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "wgmma: B=%lld T=%lld Tk=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)Tk, (long long)H, (long long)KV, D);
 }
