@@ -66,24 +66,21 @@ static int fail(const moe_err *err) {
     return 1;
 }
 
+/* One training step as moe-train runs it; `st` counts from 0 (AdamW's step is st + 1). */
 /* One forward pass as moe-embed runs it: hidden states of the final norm to the host. */
 static moe_status forward_step(moe_model *m, const int32_t *tok, int B, int T, float *out,
                                moe_err *err) {
     return moe_model_hidden(m, tok, B, T, (int)m->cfg.num_hidden_layers, out, err);
 }
 
-/* One training step as moe-train runs it (one rank, one micro-batch: the backward starts the
- * gradient norm's sum); `st` counts from 0 (AdamW's step is st + 1). */
 static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
                              const int32_t *tgt, int B, int T, moe_buf am, moe_buf av, int st,
                              double *loss, moe_err *err) {
     moe_step_stats ss;
     moe_model_zero_grad(m);
-    m->norm_x = m->grad_mem, m->norm_n = m->table.n_elems;
-    moe_status s = moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err);
-    if (s == MOE_OK) s = moe_model_backward(m, 1.0f, err);
-    m->norm_x = NULL;
-    if (s != MOE_OK) return s;
+    if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
+        moe_model_backward(m, 1.0f, err) != MOE_OK)
+        return err->status;
     double gn = be->sum_squares(be, moe_model_grads(m), m->table.n_elems);
     float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
     moe_optim_config opt;

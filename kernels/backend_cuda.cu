@@ -198,9 +198,6 @@ static void *cu_alloc(const moe_backend *be, size_t bytes) {
 static void cu_free(const moe_backend *be, void *p) {
     if (!p) return;
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    /* chunks summed ahead are of memory that may be this: forgotten (cudaFree waits for the
-     * side stream's work) */
-    c->ss_x = NULL;
     for (int i = c->n_alloc - 1; i >= 0; i--)
         if (c->alloc_ptr[i] == p) {
             moe_cuda_account(c, -(long long)c->alloc_size[i]);
@@ -248,9 +245,8 @@ static void cu_memset(const moe_backend *be, void *dst, int byte, size_t n) {
 
 static moe_status cu_synchronize(const moe_backend *be, moe_err *err) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (!moe_cuda_failed(c) &&
-        moe_cuda_check(c, cudaStreamSynchronize(c->stream), "synchronize", "stream"))
-        moe_cuda_check(c, cudaStreamSynchronize(c->side), "synchronize", "side stream");
+    if (!moe_cuda_failed(c))
+        moe_cuda_check(c, cudaStreamSynchronize(c->stream), "synchronize", "stream");
     if (moe_cuda_failed(c)) {
         if (err && err->status == MOE_OK) *err = c->err;
         return c->err.status;
@@ -580,15 +576,14 @@ void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, 
     moe_cuda_f32_to_bf16(c, (__nv_bfloat16 *)dst, src, n, "cast_bf16");
 }
 
-/* part[c] = the sum of squares (double) of chunk c of x [n] (MOE_CUDA_SUMSQ_CHUNK elements,
- * the last one shorter), for chunks c0 .. c0 + gridDim.x - 1 */
-__global__ void k_sumsq_partial(double *__restrict__ part, const float *__restrict__ x, int64_t n,
-                                int64_t c0) {
+#define MOE_SUMSQ_CHUNK 65536 /* elements per partial: fixed, so the sum order is fixed */
+
+__global__ void k_sumsq_partial(double *__restrict__ part, const float *__restrict__ x, int64_t n) {
     __shared__ double sh[32];
-    const int64_t ch = c0 + blockIdx.x, i0 = ch * MOE_CUDA_SUMSQ_CHUNK;
-    const int64_t i1 = i0 + MOE_CUDA_SUMSQ_CHUNK < n ? i0 + MOE_CUDA_SUMSQ_CHUNK : n;
+    int64_t c0 = (int64_t)blockIdx.x * MOE_SUMSQ_CHUNK;
+    int64_t c1 = c0 + MOE_SUMSQ_CHUNK < n ? c0 + MOE_SUMSQ_CHUNK : n;
     double s = 0.0;
-    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+    for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
         double xi = (double)x[i];
         s += xi * xi;
     }
@@ -598,7 +593,7 @@ __global__ void k_sumsq_partial(double *__restrict__ part, const float *__restri
     if (threadIdx.x < 32) {
         double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
         t = moe_warp_sum_d(t);
-        if (threadIdx.x == 0) part[ch] = t;
+        if (threadIdx.x == 0) part[blockIdx.x] = t;
     }
 }
 
@@ -618,89 +613,24 @@ __global__ void k_sumsq_final(double *__restrict__ out, const double *__restrict
     }
 }
 
-/* Launches k_sumsq_partial on stream st for the chunks of [c0, c1) whose done flag is 0
- * (runs of them), and sets their flags. */
-static int sumsq_chunks(moe_cuda_ctx *c, cudaStream_t st, double *part, const float *x, int64_t n,
-                        int64_t c0, int64_t c1, const char *op) {
-    for (int64_t a = c0; a < c1;) {
-        if (c->ss_done[a]) {
-            a++;
-            continue;
-        }
-        int64_t b = a;
-        while (b < c1 && !c->ss_done[b])
-            c->ss_done[b++] = 1;
-        k_sumsq_partial<<<(unsigned)(b - a), 256, 0, st>>>(part, x, n, a);
-        if (!MOE_CUDA_LAUNCHED(c, op, "n=%lld chunks %lld..%lld", (long long)n, (long long)a,
-                               (long long)b))
-            return 0;
-        a = b;
-    }
-    return 1;
-}
-
-/* The partials (slot NORM, [1 + chunks]: the result, then one a chunk) and the done flags for
- * x [n]: kept while sum_squares_ahead works for the same range, else reset (after the side
- * stream's work on them is done). */
-static double *sumsq_state(moe_cuda_ctx *c, const float *x, int64_t n, const char *op) {
-    const int64_t nparts = moe_cuda_sumsq_chunks(n);
-    if (c->ss_x != x || c->ss_n != n) {
-        if (c->ss_x && !moe_cuda_check(c, cudaStreamSynchronize(c->side), op, "side stream"))
-            return NULL;
-        if (nparts > c->ss_cap) {
-            uint8_t *d = (uint8_t *)realloc(c->ss_done, (size_t)nparts);
-            if (!d) {
-                moe_cuda_check(c, cudaErrorMemoryAllocation, op, "%lld flags (host)",
-                               (long long)nparts);
-                return NULL;
-            }
-            c->ss_done = d, c->ss_cap = nparts;
-        }
-        memset(c->ss_done, 0, (size_t)nparts);
-        c->ss_x = x, c->ss_n = n;
-    }
-    return (double *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_NORM,
-                                      (size_t)(nparts + 1) * sizeof(double), op);
-}
-
-void moe_cuda_sum_squares_ahead(const moe_backend *be, const float *x, int64_t n, int64_t i0,
-                                int64_t i1) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    const char *op = "sum_squares_ahead";
-    if (moe_cuda_failed(c) || n <= 0) return;
-    i0 = i0 < 0 ? 0 : i0, i1 = i1 > n ? n : i1;
-    /* the chunks wholly inside [i0, i1) (the last chunk ends at n) */
-    const int64_t c0 = (i0 + MOE_CUDA_SUMSQ_CHUNK - 1) / MOE_CUDA_SUMSQ_CHUNK;
-    const int64_t c1 = i1 == n ? moe_cuda_sumsq_chunks(n) : i1 / MOE_CUDA_SUMSQ_CHUNK;
-    if (c1 <= c0) return;
-    double *part = sumsq_state(c, x, n, op);
-    if (!part || !moe_cuda_check(c, cudaEventRecord(c->ev_final, c->stream), op, "event") ||
-        !moe_cuda_check(c, cudaStreamWaitEvent(c->side, c->ev_final, 0), op, "event"))
-        return;
-    sumsq_chunks(c, c->side, part + 1, x, n, c0, c1, op);
-}
-
 double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    const char *op = "sum_squares";
     if (moe_cuda_failed(c)) return NAN;
     if (n <= 0) return 0.0;
-    const int64_t nparts = moe_cuda_sumsq_chunks(n);
-    double *part = sumsq_state(c, x, n, op);
-    if (!part || !sumsq_chunks(c, c->stream, part + 1, x, n, 0, nparts, op)) return NAN;
-    c->ss_x = NULL; /* the next range starts afresh */
-    /* the chunks summed ahead, on the side stream, before the sum of all */
-    if (!moe_cuda_check(c, cudaEventRecord(c->ev_side, c->side), op, "event") ||
-        !moe_cuda_check(c, cudaStreamWaitEvent(c->stream, c->ev_side, 0), op, "event"))
-        return NAN;
+    int64_t nparts = (n + MOE_SUMSQ_CHUNK - 1) / MOE_SUMSQ_CHUNK;
+    double *part = (double *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
+                                              (size_t)(nparts + 1) * sizeof(double), "sum_squares");
+    if (!part) return NAN;
+    k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1, x, n);
+    if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld", (long long)n)) return NAN;
     k_sumsq_final<<<1, 1024, 0, c->stream>>>(part, part + 1, nparts);
-    if (!MOE_CUDA_LAUNCHED(c, op, "n=%lld (final)", (long long)n)) return NAN;
+    if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld (final)", (long long)n)) return NAN;
     if (!moe_cuda_check(
             c,
             cudaMemcpyAsync(c->host_red, part, sizeof(double), cudaMemcpyDeviceToHost, c->stream),
-            op, "n=%lld", (long long)n))
+            "sum_squares", "n=%lld", (long long)n))
         return NAN;
-    if (!moe_cuda_check(c, cudaStreamSynchronize(c->stream), op, "n=%lld", (long long)n))
+    if (!moe_cuda_check(c, cudaStreamSynchronize(c->stream), "sum_squares", "n=%lld", (long long)n))
         return NAN;
     return *c->host_red;
 }
@@ -711,7 +641,6 @@ double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n) {
 static void moe_cuda_ctx_release(moe_cuda_ctx *c) {
     if (!c) return;
     if (c->stream) cudaStreamSynchronize(c->stream);
-    if (c->side) cudaStreamSynchronize(c->side);
     moe_gemm_cache_free(c);
     for (int i = 0; i < MOE_CUDA_SCRATCH_COUNT; i++)
         if (c->scratch[i]) cudaFree(c->scratch[i]);
@@ -721,10 +650,6 @@ static void moe_cuda_ctx_release(moe_cuda_ctx *c) {
     free(c->alloc_size);
     if (c->lt) cublasLtDestroy(c->lt);
     if (c->stream) cudaStreamDestroy(c->stream);
-    if (c->side) cudaStreamDestroy(c->side);
-    if (c->ev_final) cudaEventDestroy(c->ev_final);
-    if (c->ev_side) cudaEventDestroy(c->ev_side);
-    free(c->ss_done);
     free(c);
 }
 
@@ -785,16 +710,8 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
         c->num_sms = prop.multiProcessorCount;
         c->sm = prop.major * 10 + prop.minor;
         c->smem_optin = (int)prop.sharedMemPerBlockOptin;
-        /* sum_squares_ahead's stream at the ops' priority: at the lowest, its blocks ran only
-         * where the ops' stream drained (no faster, docs/performance-gpu.md) */
         ok = moe_cuda_check(c, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "init",
-                            "stream") &&
-             moe_cuda_check(c, cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking), "init",
-                            "side stream") &&
-             moe_cuda_check(c, cudaEventCreateWithFlags(&c->ev_final, cudaEventDisableTiming),
-                            "init", "event") &&
-             moe_cuda_check(c, cudaEventCreateWithFlags(&c->ev_side, cudaEventDisableTiming),
-                            "init", "event");
+                            "stream");
     }
     if (ok) ok = moe_cublas_check(c, cublasLtCreate(&c->lt), "init", "cuBLASLt handle");
     if (ok) {
@@ -854,7 +771,6 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->cast_bf16 = moe_cuda_cast_bf16;
     be->quantize_weight = moe_cuda_quantize_weight;
     be->sum_squares = moe_cuda_sum_squares;
-    be->sum_squares_ahead = moe_cuda_sum_squares_ahead;
     be->pool_forward = moe_cuda_pool_forward;
     return be;
 }

@@ -31,8 +31,7 @@ enum moe_cuda_scratch_slot {
     MOE_CUDA_SCRATCH_D,
     MOE_CUDA_SCRATCH_E,
     MOE_CUDA_SCRATCH_F,
-    MOE_CUDA_SCRATCH_RED,  /* reduction partials */
-    MOE_CUDA_SCRATCH_NORM, /* sum_squares' chunk partials (kept from sum_squares_ahead on) */
+    MOE_CUDA_SCRATCH_RED, /* reduction partials */
     MOE_CUDA_SCRATCH_COUNT
 };
 
@@ -41,18 +40,9 @@ struct moe_gemm_cache; /* gemm_plan.cu */
 typedef struct moe_cuda_ctx {
     int device;
     int num_sms;
-    int sm;              /* compute capability, major * 10 + minor */
-    int smem_optin;      /* max dynamic shared memory per block after opt-in, bytes */
-    cudaStream_t stream; /* every op's */
-    /* sum_squares_ahead's: a second stream (its chunk sums run beside the ops on `stream`),
-     * the event it waits on (the values are final) and the one sum_squares waits on; the
-     * range x [n] it works for, and which of its chunks it has summed (host flags, ss_cap of
-     * them allocated) */
-    cudaStream_t side;
-    cudaEvent_t ev_final, ev_side;
-    const float *ss_x;
-    int64_t ss_n, ss_cap;
-    uint8_t *ss_done;
+    int sm;         /* compute capability, major * 10 + minor */
+    int smem_optin; /* max dynamic shared memory per block after opt-in, bytes */
+    cudaStream_t stream;
     cublasLtHandle_t lt;
     void *workspace; /* cuBLASLt workspace, one for all GEMMs */
     size_t workspace_bytes;
@@ -601,7 +591,5 @@ void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, cons
                     float weight_decay, int64_t step, float grad_scale);
 void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n);
-void moe_cuda_sum_squares_ahead(const moe_backend *be, const float *x, int64_t n, int64_t i0,
-                                int64_t i1);
 
 #endif

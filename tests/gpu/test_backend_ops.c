@@ -418,7 +418,6 @@ static const tcase k_cases[] = {
     {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
     {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
-    {"sum_squares n20000017", MOE_OP_SUM_SQUARES, {20000017}, FP32, 1e-12, 0},
     {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},
     {"pool B3 T4100 C2048", MOE_OP_POOL, {3, 4100, 2048}, FP32, 1e-13, 0},
 };

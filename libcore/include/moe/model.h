@@ -102,12 +102,6 @@ typedef struct moe_model {
                               moe_model_grads (see moe_model_zero_grad) */
     int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
                               gradients (or moe_model_grads zeroes them) */
-    const float *norm_x;   /* dev, or NULL: set by the trainer when the next backward writes
-                              the step's final gradients and norm_x [norm_n] is the range whose
-                              sum of squares it takes next (be->sum_squares); the backward then
-                              hands each layer's expert gradients, once written, to
-                              be->sum_squares_ahead */
-    int64_t norm_n;
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under

@@ -123,12 +123,10 @@ typedef enum moe_op {
 const char *moe_op_name(moe_op op);
 
 /* The sizes of the op calls a caller will make (the "Sizes" above), each the largest it will
- * use: B sequences of T tokens per call (N = B*T), C, H, KV, D, V, E, K, F, and P, the
- * elements of the largest sum_squares (a training rank's parameters: the gradient norm; 0
- * when none). What supports() and the scratch estimate see; a model fills it from its config
- * and batch. */
+ * use: B sequences of T tokens per call (N = B*T), C, H, KV, D, V, E, K, F. What supports()
+ * and the scratch estimate see; a model fills it from its config and batch. */
 typedef struct moe_op_dims {
-    int64_t B, T, C, H, KV, D, V, E, K, F, P;
+    int64_t B, T, C, H, KV, D, V, E, K, F;
 } moe_op_dims;
 
 /* How a backward op with this argument stores a gradient: MOE_GRAD_ADD adds into it (+=),
@@ -503,14 +501,6 @@ struct moe_backend {
 
     /* ---- sum of squares in double over fixed chunks, summed in order (deterministic) --- */
     double (*sum_squares)(const moe_backend *be, const float *x /* [n] dev */, int64_t n);
-    /* ---- the same sum, started early: elements [i0, i1) of x [n], the range that the next
-     * sum_squares(x, n) sums, hold their final values from here on (nothing writes them
-     * before that call); the backend may sum their chunks now, beside the ops that follow
-     * (the CUDA backend does, on a second stream), and sum_squares then
-     * sums only the rest. The result is the same bits with or without it; a no-op on the
-     * CPU. ---- */
-    void (*sum_squares_ahead)(const moe_backend *be, const float *x /* [n] dev */, int64_t n,
-                              int64_t i0, int64_t i1);
 
     /* ---- pooling over a range of positions per row, forward only (moe-embed):
      * out[b, :] = mean (max = 0) or elementwise max (max = 1) of x[b, t, :] over

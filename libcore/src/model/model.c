@@ -643,7 +643,6 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
             (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, skip, NULL, NULL);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
-    dims.P = mine; /* the gradient norm's sum of squares */
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
     out->total = out->params + out->weight_copies + out->fp8_copies + out->grads + out->optimizer +
                  out->activations;

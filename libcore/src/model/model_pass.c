@@ -392,12 +392,6 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), P[li->w3].grad, moe_cbuf_from(dh3), xe,
                                     moe_model_weight(m, li->w3), eoff, El, C, F, prec, MOE_GRAD_ADD,
                                     gw);
-        if (m->norm_x) { /* the layer's expert gradients (w1, w2, w3 blocks, in a row) are final */
-            const int n_local = (int)(m->table.e1 - m->table.e0);
-            const moe_param *first = &P[li->w1], *last = &P[li->w3 + n_local - 1];
-            be->sum_squares_ahead(be, m->norm_x, m->norm_n, first->grad - m->norm_x,
-                                  last->grad + last->numel - m->norm_x);
-        }
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
         if (la->remake_ln2) ln2_forward(m, l, N);

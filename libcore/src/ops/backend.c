@@ -221,8 +221,7 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * rows, or the skinny gate's weight gradient partials, one [E, C] per MOE_CUDA_SKINNY_ROWS
  * rows, whichever is larger) and slot F (the RoPE table, [T][D / 2] cos and sin, or the
  * Hopper attention backward's semaphores, [B, H, T / 64] for dq and [B, KV, T / 128] for
- * dK/dV), and the gradient norm's partials (slot NORM, one double per MOE_CUDA_SUMSQ_CHUNK
- * parameters). fp8-block and mxfp8 add their quantized operands (below). */
+ * dK/dV). fp8-block and mxfp8 add their quantized operands (below). */
 static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     /* every recipe runs there (gpu.backend_ops checks that this and supports() agree) */
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
@@ -240,8 +239,6 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
                   sems =
                       (d->B * d->H * ((d->T + 63) / 64) + d->B * d->KV * ((d->T + 127) / 128)) * 4;
     small += MOE_CUDA_SCRATCH_GROW(MAX2(rope, sems)); /* slot F */
-    if (d->P > 0)                                     /* slot NORM: sum_squares' partials */
-        small += MOE_CUDA_SCRATCH_GROW((moe_cuda_sumsq_chunks(d->P) + 1) * 8);
     int fp8_block = moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK;
     int mx = moe_recipe_format(prec) == MOE_RECIPE_MXFP8;
     if (prec != MOE_RECIPE_BF16 && !fp8_block && !mx) return ws + small;

@@ -365,14 +365,6 @@ static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     return r;
 }
 
-/* not timed: it only enqueues work beside the ops that follow (its time shows in theirs, or in
- * sum_squares when that has to wait for it) */
-static void pr_sum_squares_ahead(const moe_backend *be, const float *x, int64_t n, int64_t i0,
-                                 int64_t i1) {
-    prof_ctx *p = ctx_of(be);
-    p->inner->sum_squares_ahead(p->inner, x, n, i0, i1);
-}
-
 /* ---- public API ---- */
 
 const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err) {
@@ -426,7 +418,6 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->cast_bf16 = pr_cast_bf16;
     t->quantize_weight = pr_quantize_weight;
     t->sum_squares = pr_sum_squares;
-    t->sum_squares_ahead = pr_sum_squares_ahead;
     return t;
 }
 

@@ -26,13 +26,6 @@
  * rows of the fp32 weight, 128 KiB, in a block's shared memory: sm_80 and later give that).
  * Their weight gradient keeps one fp32 partial [O, I] per MOE_CUDA_SKINNY_ROWS rows in the
  * reduction slot, summed in a fixed order: deterministic. */
-/* sum_squares sums chunks of this many elements (one partial each, in double), then the
- * partials in order: deterministic, and the same bits when sum_squares_ahead summed some
- * chunks beforehand. The partials live in a slot of their own ((chunks + 1) doubles). */
-#define MOE_CUDA_SUMSQ_CHUNK 65536
-static inline int64_t moe_cuda_sumsq_chunks(int64_t n) {
-    return (n + MOE_CUDA_SUMSQ_CHUNK - 1) / MOE_CUDA_SUMSQ_CHUNK;
-}
 #define MOE_CUDA_SKINNY_MAX_O 32
 #define MOE_CUDA_SKINNY_MAX_I 4096
 #define MOE_CUDA_SKINNY_ROWS 256

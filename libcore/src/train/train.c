@@ -74,14 +74,7 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
         moe_step_stats ss;
         st = moe_model_forward(&t->model, t->tokens, t->targets, t->weights, (int)t->B_micro,
                                (int)t->T, &ss, err);
-        /* one rank's last micro-batch writes the step's gradients as the norm below reads
-         * them (nothing reduces them in between): its backward may start their sum early */
-        if (t->world == 1 && t->dhi == t->xlo && k == t->accum - 1) {
-            t->model.norm_x = t->model.grad_mem + t->dlo;
-            t->model.norm_n = (t->dhi - t->dlo) + (t->xhi - t->xlo);
-        }
         if (st == MOE_OK) st = moe_model_backward(&t->model, 1.0f / (float)t->accum, err);
-        t->model.norm_x = NULL;
         if (st != MOE_OK) break;
         ce_sum += ss.ce_sum;
         w_sum += ss.weight_sum;

@@ -108,7 +108,6 @@ static const moe_backend cpu_backend = {
     .cast_bf16 = moe_cpu_cast_bf16,
     .quantize_weight = moe_cpu_quantize_weight,
     .sum_squares = moe_cpu_sum_squares,
-    .sum_squares_ahead = moe_cpu_sum_squares_ahead,
     .pool_forward = moe_cpu_pool_forward,
 };
 

@@ -165,7 +165,5 @@ void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const
                    float weight_decay, int64_t step, float grad_scale);
 void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n);
-void moe_cpu_sum_squares_ahead(const moe_backend *be, const float *x, int64_t n, int64_t i0,
-                               int64_t i1);
 
 #endif

@@ -54,12 +54,6 @@ void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, i
         dst[i] = moe_f32_to_bf16(src[i]);
 }
 
-/* The CPU has no second stream to sum on: sum_squares does it all. */
-void moe_cpu_sum_squares_ahead(const moe_backend *be, const float *x, int64_t n, int64_t i0,
-                               int64_t i1) {
-    (void)be, (void)x, (void)n, (void)i0, (void)i1;
-}
-
 double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     (void)be;
     int64_t nchunk = (n + MOE_CPU_CHUNK - 1) / MOE_CPU_CHUNK;
