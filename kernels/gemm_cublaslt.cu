@@ -408,7 +408,7 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
         int32_t *wo = (int32_t *)malloc((size_t)(E + 1) * sizeof *wo);
         for (int64_t e = 0; wo && e <= E; e++)
             wo[e] = (int32_t)(e * O);
-        mx_operand da, wt;
+        mx_operand da = {NULL, NULL}, wt = {NULL, NULL}; /* set by mx_native_operand when ok */
         const int ok =
             wo ? mx_native_operand(c, MOE_CUDA_SCRATCH_A, &da, dy, offsets, E, O, 0, prec, op) &&
                      mx_native_operand(c, MOE_CUDA_SCRATCH_B, &wt, w, wo, E, I, 1, prec, op)
