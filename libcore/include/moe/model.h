@@ -122,7 +122,8 @@ int moe_model_has_copies(moe_recipe recipe, int training);
  * builds the parameter table, allocates
  * parameters, gradients (zeroed) and activations for up to max_batch x max_seq tokens.
  * recompute (train.recompute) sizes the activation plan: NONE keeps every intermediate of
- * every layer for backward; ATTN keeps the layer input, the residual after attention and the
+ * every layer for backward but the SwiGLU output g (one shared buffer, made again from h1 and
+ * h3: one elementwise pass a layer); ATTN keeps the layer input, the residual after attention and the
  * MoE block, and recomputes the attention block (norm, q/k/v, RoPE, attention) in backward;
  * MOE keeps the attention block and both residuals and recomputes the MoE block (norm,
  * router, permutation, experts); FULL keeps only each layer's input and recomputes the whole

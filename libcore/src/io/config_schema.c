@@ -123,7 +123,8 @@ const moe_cfg_key moe_cfg_keys[] = {
     {"train.eval_tokens", MOE_CFG_INT, FIELD(train.eval_tokens), "16384", MIN_MAX, 0, I64_MAX, NULL,
      "Validation tokens per evaluation, a multiple of seq_len; 0 = the whole set."},
     {"train.recompute", MOE_CFG_ENUM, FIELD(train.recompute), "none", 0, 0, 0, recompute_names,
-     "Activation recomputation in backward: none, attention, MoE block, or whole layers."},
+     "Activation recomputation in backward: none (but the SwiGLU output, one elementwise pass a "
+     "layer), attention, MoE block, or whole layers."},
     {"train.document_mask", MOE_CFG_BOOL, FIELD(train.document_mask), "true", 0, 0, 0, NULL,
      "Keep the documents packed into one sample apart: a token attends only to its own "
      "document, RoPE positions restart at each document, and the EOS ending a document "
