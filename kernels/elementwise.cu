@@ -34,9 +34,9 @@ __global__ void k_embedding_bwd(float *__restrict__ dwte, const float *__restric
         dwte[(int64_t)tokens[n] * C + col] += dout[n * C + col];
 }
 
-#define EMB_BWD_BATCH                                                                              \
-    16 /* rows a thread has in flight: a DNA batch has a few ids of thousands                      \
-          of rows each, so few blocks; the loads, not the adds, are the work */
+/* rows a thread has in flight: a DNA batch has a few ids of thousands of rows each, so few
+ * blocks; the loads, not the adds, are the work */
+#define EMB_BWD_BATCH 16
 
 /* Tokens grouped by id (stable): block (v, column tile) walks the positions of token v in
  * ascending order, starting from dwte's current value - the CPU's exact summation order, in
