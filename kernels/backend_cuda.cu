@@ -437,6 +437,27 @@ struct adamw_bf16 {
     }
 };
 
+/* How the gradient AdamW reads is stored (G below): fp32, or bf16 (optim.expert_grads: bf16);
+ * ld4 reads 4 in one streamed access (16 bytes of fp32, 8 of bf16). */
+struct grad_f32 {
+    typedef float T;
+    static __device__ __forceinline__ float ld(const T *p, int64_t i) {
+        return p[i];
+    }
+    static __device__ __forceinline__ float4 ld4(const T *p, int64_t i4) {
+        return __ldcs(reinterpret_cast<const float4 *>(p) + i4);
+    }
+};
+struct grad_bf16 {
+    typedef uint16_t T; /* bf16 codes */
+    static __device__ __forceinline__ float ld(const T *p, int64_t i) {
+        return moe_bf16_to_f32(p[i]);
+    }
+    static __device__ __forceinline__ float4 ld4(const T *p, int64_t i4) {
+        return adamw_bf16::ld4(p, i4);
+    }
+};
+
 struct adamw_hp {
     float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
 };
@@ -468,14 +489,14 @@ __device__ __forceinline__ float adamw_update(float p_, float m, float v, const 
 
 /* Elements [0, n), one at a time: the unaligned head and tail, or arrays that cannot be
  * read in vectors. param16 may be NULL. */
-template <class M>
+template <class M, class G>
 __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ param16,
-                        const float *__restrict__ grad, typename M::T *__restrict__ m,
+                        const typename G::T *__restrict__ grad, typename M::T *__restrict__ m,
                         typename M::T *__restrict__ v, int64_t n, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
         float p = param[i], mi = M::ld(m, i), vi = M::ld(v, i);
-        adamw_moments<M>(grad[i], &mi, &vi, h);
+        adamw_moments<M>(G::ld(grad, i), &mi, &vi, h);
         M::st(m, i, mi);
         M::st(v, i, vi);
         p = adamw_update<M>(p, mi, vi, h);
@@ -484,16 +505,16 @@ __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ p
     }
 }
 
-/* Groups of 4 elements [0, 4 * n4): 16-byte loads and stores of param and grad, 4 moments
- * of m and v per access (M::ld4; streamed: each byte is touched once per step) and 8-byte
- * stores of the bf16 copy. */
-template <class M>
+/* Groups of 4 elements [0, 4 * n4): 16-byte loads and stores of param, 4 gradients and 4
+ * moments of m and v per access (G::ld4, M::ld4; streamed: each byte is touched once per
+ * step) and 8-byte stores of the bf16 copy. */
+template <class M, class G>
 __global__ void k_adamw_vec4(float4 *__restrict__ param, uint2 *__restrict__ param16,
-                             const float4 *__restrict__ grad, typename M::T *__restrict__ m,
+                             const typename G::T *__restrict__ grad, typename M::T *__restrict__ m,
                              typename M::T *__restrict__ v, int64_t n4, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
-        float4 p = __ldcs(param + i), g = __ldcs(grad + i), mi = M::ld4(m, i), vi = M::ld4(v, i);
+        float4 p = __ldcs(param + i), g = G::ld4(grad, i), mi = M::ld4(m, i), vi = M::ld4(v, i);
         float *pp = &p.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -520,37 +541,50 @@ static unsigned phase16(const void *p, int64_t i, size_t es) {
 }
 
 /* The scalar head (until param is 16-byte aligned), the vectors and the scalar tail; the
- * vectors need grad at the same element 16-byte aligned, the moments aligned to their 4-moment
+ * vectors need the gradients and moments at the same element aligned to their 4-element
  * access and the bf16 copy at 8 bytes there, else every element runs one at a time. */
-template <class M>
-static void adamw_launch(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16, const float *grad,
-                         typename M::T *m, typename M::T *v, int64_t n, const adamw_hp &h) {
-    const size_t ms = sizeof(typename M::T);
+template <class M, class G>
+static void adamw_launch(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16,
+                         const typename G::T *grad, typename M::T *m, typename M::T *v, int64_t n,
+                         const adamw_hp &h) {
+    const size_t ms = sizeof(typename M::T), gs = sizeof(typename G::T);
     int64_t head = (int64_t)((16u - phase16(param, 0, 4)) % 16u) / 4;
     if (head > n) head = n;
-    int vec = phase16(param, 0, 4) % 4u == 0 && phase16(grad, head, 4) == 0 &&
+    int vec = phase16(param, 0, 4) % 4u == 0 && phase16(grad, head, gs) % (4 * gs) == 0 &&
               phase16(m, head, ms) % (4 * ms) == 0 && phase16(v, head, ms) % (4 * ms) == 0 &&
               (!p16 || phase16(p16, head, 2) % 8u == 0);
     int64_t n4 = vec ? (n - head) / 4 : 0, tail0 = head + 4 * n4;
     if (!vec) head = 0, tail0 = 0;
-    if (head > 0) k_adamw<M><<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
+    if (head > 0) k_adamw<M, G><<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
     if (n4 > 0) /* flat, blocks of 128: 4,174 GB/s on an H200 against 3,926 for 16 blocks of
                    256 a SM walking the array (the same bits; docs/performance-gpu.md) */
-        k_adamw_vec4<M><<<moe_cuda_grid_flat(n4, 128), 128, 0, c->stream>>>(
-            (float4 *)(param + head), p16 ? (uint2 *)(p16 + head) : NULL,
-            (const float4 *)(grad + head), m + head, v + head, n4, h);
+        k_adamw_vec4<M, G><<<moe_cuda_grid_flat(n4, 128), 128, 0, c->stream>>>(
+            (float4 *)(param + head), p16 ? (uint2 *)(p16 + head) : NULL, grad + head, m + head,
+            v + head, n4, h);
     if (n - tail0 > 0)
-        k_adamw<M><<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
+        k_adamw<M, G><<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
             param + tail0, p16 ? p16 + tail0 : NULL, grad + tail0, m + tail0, v + tail0, n - tail0,
             h);
 }
 
-void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+/* adamw_launch for the moments' type M and the gradient's type */
+template <class M>
+static void adamw_launch_g(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16, moe_cbuf grad,
+                           typename M::T *m, typename M::T *v, int64_t n, const adamw_hp &h) {
+    if (grad.dt == MOE_DTYPE_BF16)
+        adamw_launch<M, grad_bf16>(c, param, p16, (const uint16_t *)grad.p, m, v, n, h);
+    else
+        adamw_launch<M, grad_f32>(c, param, p16, (const float *)grad.p, m, v, n, h);
+}
+
+void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad,
                     moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                     float weight_decay, int64_t step, float grad_scale) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c)) return;
-    if (!moe_cuda_typed_ok(c, m.dt, "adamw") || !moe_cuda_typed_ok(c, v.dt, "adamw")) return;
+    if (!moe_cuda_typed_ok(c, m.dt, "adamw") || !moe_cuda_typed_ok(c, v.dt, "adamw") ||
+        !moe_cuda_typed_ok(c, grad.dt, "adamw"))
+        return;
     if (m.dt != v.dt) {
         moe_cuda_check(c, cudaErrorInvalidValue, "adamw", "moments m %s, v %s (one type expected)",
                        moe_dtype_name(m.dt), moe_dtype_name(v.dt));
@@ -563,11 +597,11 @@ void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, cons
     h.grad_scale = grad_scale;
     __nv_bfloat16 *p16 = (__nv_bfloat16 *)param16;
     if (m.dt == MOE_DTYPE_BF16)
-        adamw_launch<adamw_bf16>(c, param, p16, grad, (uint16_t *)m.p, (uint16_t *)v.p, n, h);
+        adamw_launch_g<adamw_bf16>(c, param, p16, grad, (uint16_t *)m.p, (uint16_t *)v.p, n, h);
     else
-        adamw_launch<adamw_f32>(c, param, p16, grad, (float *)m.p, (float *)v.p, n, h);
-    MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld moments %s", (long long)n, (long long)step,
-                      moe_dtype_name(m.dt));
+        adamw_launch_g<adamw_f32>(c, param, p16, grad, (float *)m.p, (float *)v.p, n, h);
+    MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld moments %s grad %s", (long long)n,
+                      (long long)step, moe_dtype_name(m.dt), moe_dtype_name(grad.dt));
 }
 
 void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n) {
@@ -578,13 +612,15 @@ void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, 
 
 #define MOE_SUMSQ_CHUNK 65536 /* elements per partial: fixed, so the sum order is fixed */
 
-__global__ void k_sumsq_partial(double *__restrict__ part, const float *__restrict__ x, int64_t n) {
+/* x [n] fp32 or bf16 (T float or __nv_bfloat16) */
+template <class T>
+__global__ void k_sumsq_partial(double *__restrict__ part, const T *__restrict__ x, int64_t n) {
     __shared__ double sh[32];
     int64_t c0 = (int64_t)blockIdx.x * MOE_SUMSQ_CHUNK;
     int64_t c1 = c0 + MOE_SUMSQ_CHUNK < n ? c0 + MOE_SUMSQ_CHUNK : n;
     double s = 0.0;
     for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x) {
-        double xi = (double)x[i];
+        double xi = (double)moe_ld(x, i);
         s += xi * xi;
     }
     s = moe_warp_sum_d(s);
@@ -613,15 +649,19 @@ __global__ void k_sumsq_final(double *__restrict__ out, const double *__restrict
     }
 }
 
-double moe_cuda_sum_squares(const moe_backend *be, const float *x, int64_t n) {
+double moe_cuda_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c)) return NAN;
+    if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, x.dt, "sum_squares")) return NAN;
     if (n <= 0) return 0.0;
     int64_t nparts = (n + MOE_SUMSQ_CHUNK - 1) / MOE_SUMSQ_CHUNK;
     double *part = (double *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
                                               (size_t)(nparts + 1) * sizeof(double), "sum_squares");
     if (!part) return NAN;
-    k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1, x, n);
+    if (x.dt == MOE_DTYPE_BF16)
+        k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1,
+                                                                 (const __nv_bfloat16 *)x.p, n);
+    else
+        k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1, (const float *)x.p, n);
     if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld", (long long)n)) return NAN;
     k_sumsq_final<<<1, 1024, 0, c->stream>>>(part, part + 1, nparts);
     if (!MOE_CUDA_LAUNCHED(c, "sum_squares", "n=%lld (final)", (long long)n)) return NAN;

@@ -263,9 +263,9 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
 
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (+)= dy^T x per group (either may be NULL; betas bx,
  * bw: 1 adds, 0 writes); dy [M, O]. */
-static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, float *dw, moe_cbuf dy,
-                                 moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
-                                 int64_t I, int64_t O, int pow2, float bx, float bw) {
+static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
+                                 moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
+                                 int64_t E, int64_t I, int64_t O, int pow2, float bx, float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
     if (dx) {
         /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
@@ -274,7 +274,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         if (!fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O, pow2))
             return;
     }
-    if (!dw) return;
+    if (!dw.p) return;
+    const cudaDataType ct = output_type(dw.dt);
     int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
     for (int64_t e = 0; e < E; e++)
         Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
@@ -288,8 +289,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, flo
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         if (np <= 0) continue;
         if (!moe_gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
-                          xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw, dw + e * O * I,
-                          CUDA_R_32F, GEMM_VARY_K))
+                          xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw,
+                          (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(ct), ct, GEMM_VARY_K))
             return;
         p0 += np;
     }
@@ -398,9 +399,9 @@ static int mx_native_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbu
     return 1;
 }
 
-/* dx [M, I] (+)= dy W_e (dx.p NULL: none) and dw [E, O, I] (+)= dy^T x per group (NULL: none),
+/* dx [M, I] (+)= dy W_e (dx.p NULL: none) and dw [E, O, I] (+)= dy^T x per group (.p NULL: none),
  * betas bx, bw (1 adds, 0 writes); dy [M, O]. 0 after a recorded error. */
-static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float *dw, moe_cbuf dy,
+static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, moe_buf dw, moe_cbuf dy,
                               moe_cbuf x, moe_cbuf w, const int32_t *offsets /* [E + 1] host */,
                               int64_t E, int64_t I, int64_t O, moe_recipe prec, float bx,
                               float bw) {
@@ -429,7 +430,8 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
             at.q += g.q, at.sc += g.sc;
         }
     }
-    if (!dw) return 1;
+    if (!dw.p) return 1;
+    const cudaDataType ct = output_type(dw.dt);
     /* dy and x transposed along each group's tokens, padded to 128 */
     mx_operand dyt, xt;
     if (!mx_native_operand(c, MOE_CUDA_SCRATCH_A, &dyt, dy, offsets, E, O, 1, prec, op) ||
@@ -438,9 +440,10 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, float
     moe_mx_groups ad = {0, 0}, ax = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t n = offsets[e + 1] - offsets[e];
-        if (n > 0 && !moe_gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
-                                   xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw, dw + e * O * I,
-                                   CUDA_R_32F, GEMM_VARY_K))
+        if (n > 0 &&
+            !moe_gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
+                          xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw,
+                          (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(ct), ct, GEMM_VARY_K))
             return 0;
         const moe_mx_groups gd = moe_mx_group_bytes(n, O, 1), gx = moe_mx_group_bytes(n, I, 1);
         ad.q += gd.q, ad.sc += gd.sc, ax.q += gx.q, ax.sc += gx.sc;
@@ -485,12 +488,12 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     moe_cuda_mx_write(c, y, ys, N * O, op);
 }
 
-/* Under SET, dw [n] fp32 of a product with no rows is written as zeros. */
-static int zero_unreached(moe_cuda_ctx *c, float *dw, int64_t n, moe_grad_store st,
+/* Under SET, dw [n] (F32 or BF16) of a product with no rows is written as zeros. */
+static int zero_unreached(moe_cuda_ctx *c, moe_buf dw, int64_t n, moe_grad_store st,
                           const char *op) {
-    if (!dw || st != MOE_GRAD_SET || n <= 0) return 1;
-    return moe_cuda_check(c, cudaMemsetAsync(dw, 0, (size_t)n * sizeof(float), c->stream), op,
-                          "zeros of a weight gradient with no rows (%lld)", (long long)n);
+    if (!dw.p || st != MOE_GRAD_SET || n <= 0) return 1;
+    return moe_cuda_check(c, cudaMemsetAsync(dw.p, 0, (size_t)n * moe_dtype_size(dw.dt), c->stream),
+                          op, "zeros of a weight gradient with no rows (%lld)", (long long)n);
 }
 
 void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
@@ -500,7 +503,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_c
     const char *op = "matmul_backward";
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dy.dt, op)) return;
     if (N <= 0) {
-        zero_unreached(c, dw, O * I, dw_st, op);
+        zero_unreached(c, moe_buf_f32(dw), O * I, dw_st, op);
         return;
     }
     if (dy.dt == MOE_DTYPE_F32 && moe_cuda_skinny_ok(prec, x, w, I, O, MOE_DTYPE_F32, dx)) {
@@ -510,14 +513,14 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_c
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_backward(c, op, dx, dw, dy, x, w, rows, 1, I, O,
+        fp8_grouped_backward(c, op, dx, moe_buf_f32(dw), dy, x, w, rows, 1, I, O,
                              prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st),
                              moe_grad_beta(dw_st));
         return;
     }
     if (use_native(c, prec, I, O)) {
         const int32_t rows[2] = {0, (int32_t)N};
-        mx_native_backward(c, op, moe_buf_f32(dx), dw, dy, x, w, rows, 1, I, O, prec,
+        mx_native_backward(c, op, moe_buf_f32(dx), moe_buf_f32(dw), dy, x, w, rows, 1, I, O, prec,
                            moe_grad_beta(dx_st), moe_grad_beta(dw_st));
         return;
     }
@@ -585,15 +588,18 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     moe_cuda_mx_write(c, y, ys, M * O, op);
 }
 
-void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
+void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf dw, moe_cbuf dy,
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                       moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "grouped_matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dxb.dt, op)) return;
-    for (int64_t e = 0; dw && e < E; e++) /* the experts with no rows */
-        if (offsets[e + 1] <= offsets[e] && !zero_unreached(c, dw + e * O * I, O * I, dw_st, op))
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dxb.dt, op) ||
+        !moe_cuda_typed_ok(c, dw.dt, op))
+        return;
+    for (int64_t e = 0; dw.p && e < E; e++) /* the experts with no rows */
+        if (offsets[e + 1] <= offsets[e] &&
+            !zero_unreached(c, moe_buf_at(dw, e * O * I), O * I, dw_st, op))
             return;
     int64_t M = offsets[E];
     if (M <= 0) return;
@@ -629,8 +635,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
                 return;
         }
     }
-    if (!dw) return;
+    if (!dw.p) return;
     /* dw[e] (+)= dy_e^T x_e: under mxfp8 both along the tokens, each expert's on their own */
+    const cudaDataType wt = output_type(dw.dt);
     if (!dya || is_mx(prec))
         dya = grouped_cols_operand(c, MOE_CUDA_SCRATCH_A, dy, offsets, E, O, prec, op);
     const char *xa =
@@ -638,9 +645,10 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float 
     if (!xa) return;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n > 0 && !moe_gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                                  xa + (size_t)(r0 * I) * es, dt, bw, dw + e * O * I, CUDA_R_32F,
-                                  GEMM_VARY_K))
+        if (n > 0 &&
+            !moe_gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
+                         xa + (size_t)(r0 * I) * es, dt, bw,
+                         (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(wt), wt, GEMM_VARY_K))
             return;
     }
 }

@@ -2,8 +2,8 @@
 # e2e.train_resume: exact resume on the CPU. A run of 2N steps and the same run stopped with
 # --stop-at N and continued with --resume auto end with bit-identical weights and optimizer
 # state and the same per-step losses (also under fp8-block, whose weight copies the resumed
-# run makes again, under mxfp8, and with bf16 AdamW moments, which the checkpoint holds
-# widened to fp32);
+# run makes again, under mxfp8, with bf16 AdamW moments, which the checkpoint holds
+# widened to fp32, and with bf16 expert gradients, added into over the two micro-steps);
 # --resume DIR restarts from an older checkpoint and
 # reaches the same bytes again; a checkpoint with a flipped byte is refused naming the file.
 set -euo pipefail
@@ -14,7 +14,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBL
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards full split older full8 split8 full16 split16 full32 split32
+rm -rf shards full split older full8 split8 full16 split16 full17 split17 full32 split32
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 # 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
 # and checkpoints at odd places, a cosine schedule that depends on train.steps.
@@ -90,6 +90,13 @@ assert sum(w & 0xffff != 0 for w in w32) > len(w32) // 2, "fp32 moments look lik
 print(f"bf16 moments: {len(w16)} values, all bf16; fp32 run: {sum(w & 0xffff != 0 for w in w32)} not")
 PY
 fi
+
+# optim.expert_grads=bf16 (with bf16 moments, as the GPU benchmark runs): the experts'
+# gradients are not in the checkpoint; the same bytes and losses, and other weights than
+# with fp32 gradients (the roundings are real).
+resumes_exactly 17 "bf16 expert gradients" optim.expert_grads=bf16 optim.moments=bf16
+! cmp -s full16/ckpt-00000008/model.safetensors full17/ckpt-00000008/model.safetensors ||
+    fail "optim.expert_grads=bf16 trained the same weights as fp32 gradients"
 
 # --resume auto on a finished run: nothing to do, exit 0.
 train -o full --resume auto

@@ -92,7 +92,9 @@ enum {
     DY_MXFP8 = 3 << 5,
     DX_F32 = 1 << 7,
     DX_BF16 = 2 << 7,
-    DX_MXFP8 = 3 << 7
+    DX_MXFP8 = 3 << 7,
+    GW_BF16 = 1 << 9 /* the experts' weight gradients bf16 (optim.expert_grads bf16): grouped
+                        dw, AdamW's gradient, sum_squares' input */
 };
 
 typedef struct tcase {

@@ -96,7 +96,10 @@ static const pcase k_perf[] = {
     {"embedding bwd N16384 C4096 V256", MOE_OP_EMBEDDING, 1, {16384, 4096, 256}},
     {"adamw n=256M", MOE_OP_ADAMW, 0, {256LL << 20}},
     {"adamw n=256M bf16 moments", MOE_OP_ADAMW, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 m, v */
+    /* s[2] 1: bf16 gradient (optim.expert_grads bf16) */
+    {"adamw n=256M bf16 moments bf16 grad", MOE_OP_ADAMW, 0, {256LL << 20, 1, 1}},
     {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
+    {"sum_squares n=256M bf16", MOE_OP_SUM_SQUARES, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 */
     /* the fp8-block weight copies of one mixtral w1 (both layouts), as after each AdamW */
     {"quantize_weight E8 O14336 I4096", MOE_OP_QUANTIZE, 0, {8, 14336, 4096}},
 };
@@ -280,12 +283,13 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_ADAMW:
         a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
         e = perf_buf(g, (s[0] + 1) / 2);
-        /* read p, g, m, v; write p, m, v and the bf16 copy: 30 B, 22 B with bf16 moments */
-        bytes = (s[1] ? 22.0 : 30.0) * (double)s[0];
+        /* read p, g, m, v; write p, m, v and the bf16 copy: 30 B, 22 B with bf16 moments, 2 B
+         * less with a bf16 gradient */
+        bytes = ((s[1] ? 22.0 : 30.0) - (s[2] ? 2.0 : 0.0)) * (double)s[0];
         break;
     case MOE_OP_SUM_SQUARES:
         a = perf_buf(g, s[0]);
-        bytes = 4.0 * (double)s[0];
+        bytes = (s[1] ? 2.0 : 4.0) * (double)s[0];
         break;
     case MOE_OP_QUANTIZE: {
         const int64_t n = s[0] * s[1] * s[2];
@@ -324,8 +328,8 @@ static void run_perf(gctx *g, const pcase *pc) {
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
                     be->grouped_matmul_backward(
-                        be, moe_buf_f32(d), e, moe_cbuf_of(c, MOE_DTYPE_BF16), a16, w16, off, s[0],
-                        s[1], s[2], s[4] ? FP8B : BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+                        be, moe_buf_f32(d), moe_buf_f32(e), moe_cbuf_of(c, MOE_DTYPE_BF16), a16,
+                        w16, off, s[0], s[1], s[2], s[4] ? FP8B : BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
                 else
                     be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
                                                s[0], s[1], s[2], s[4] ? FP8B : BF16);
@@ -368,13 +372,15 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
                 break;
             case MOE_OP_ADAMW:
-                be->adamw(be, a, (uint16_t *)e, b,
+                be->adamw(be, a, (uint16_t *)e,
+                          moe_cbuf_of(b, s[2] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
                           moe_buf_of(c, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
                           moe_buf_of(d, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32), s[0], 1e-9f, 0.9f,
                           0.95f, 1e-8f, 0.0f, 10, 1.0f);
                 break;
             case MOE_OP_SUM_SQUARES:
-                (void)be->sum_squares(be, a, s[0]);
+                (void)be->sum_squares(be, moe_cbuf_of(a, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
+                                      s[0]);
                 break;
             case MOE_OP_QUANTIZE:
                 be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);

@@ -269,6 +269,17 @@ void run_permute(gctx *g, const tcase *tc) {
     free(yp), free(y), free(gy), free(gyp), free(gtw);
 }
 
+/* Host copy of x [n] in type dt (F32, or the BF16 codes of values the caller rounded). */
+static void *host_typed(const float *x, int64_t n, moe_dtype dt) {
+    void *h = xmalloc((size_t)n * moe_dtype_size(dt));
+    if (dt == MOE_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)h)[i] = moe_f32_to_bf16(x[i]);
+    else
+        memcpy(h, x, F(n));
+    return h;
+}
+
 void run_grouped(gctx *g, const tcase *tc) {
     int64_t E = tc->s[0], I = tc->s[1], O = tc->s[2], avg = tc->s[3];
     int32_t *off = xmalloc(I32(E + 1));
@@ -281,6 +292,8 @@ void run_grouped(gctx *g, const tcase *tc) {
     const moe_dtype xdt = role_dt(tc, ROLE_X, typed_dt(tc)),
                     dydt = role_dt(tc, ROLE_DY, typed_dt(tc));
     const moe_dtype dxdt = role_dt(tc, ROLE_DX, MOE_DTYPE_F32);
+    const moe_dtype dwdt = tc->types & GW_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    const size_t dws = moe_dtype_size(dwdt);
     float *x = frand(M * I, -1, 1), *w = frand(E * O * I, -1, 1), *gy = frand(M * O, -1, 1);
     float *y = xmalloc(F(M * O));
     mx_spread(tc, x, w, gy, M, E, I, O);
@@ -295,53 +308,59 @@ void run_grouped(gctx *g, const tcase *tc) {
     g->gpu->grouped_matmul_forward(g->gpu, dy_, dx_, gw_, off, E, I, O, tc->prec);
     check_sync_guards(g, "grouped_matmul_forward");
     cmp_typed(g, "y", dy_, y, M * O, tc->tol);
+    /* the CPU adds in fp32 into dw's stored values (bf16-rounded under GW_BF16), and
+     * cmp_typed rounds its result as the GPU's bf16 dw stores it */
     float *gx = frand(M * I, -1, 1), *gw = frand(E * O * I, -1, 1);
     as_stored(gy, M * O, dydt);
+    as_stored(gw, E * O * I, dwdt);
     moe_cbuf dgy = moe_cbuf_from(dev_operand(g, dydt, "dy", gy, M * O));
     float *dgx = dup_dev(g, "dx", gx, F(M * I));
-    float *dgw = dup_dev(g, "dw", gw, F(E * O * I));
+    moe_buf dgw = dev_operand(g, dwdt, "dw", gw, E * O * I);
     float *gx0 = fdup(gx, M * I), *gw0 = fdup(gw, E * O * I);
-    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
-                                    cw, off, E, I, O, tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), moe_buf_f32(gw), moe_cbuf_f32(gy),
+                                    moe_cbuf_f32(x), cw, off, E, I, O, tc->prec, MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
     g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(dgx), dgw, dgy, dx_, gw_, off, E, I, O,
                                     tc->prec, MOE_GRAD_ADD, MOE_GRAD_ADD);
     check_sync_guards(g, "grouped_matmul_backward");
     check_changed(g, "dx", gx, gx0, M * I, 0.9);
     /* expert 1 has no rows: its weight gradient must stay exactly as it was */
     check_changed(g, "dw", gw, gw0, E * O * I, 0.9 * (double)(E - 1) / (double)E);
-    float *gw1 = down(g, dgw + O * I, F(O * I));
-    CHECK_MSG(memcmp(gw1, gw0 + O * I, F(O * I)) == 0,
+    void *gw1 = down(g, (char *)dgw.p + (size_t)(O * I) * dws, (size_t)(O * I) * dws);
+    void *gw1_0 = host_typed(gw0 + O * I, O * I, dwdt);
+    CHECK_MSG(memcmp(gw1, gw1_0, (size_t)(O * I) * dws) == 0,
               "%s: the weight gradient of an expert with no rows changed", g->label);
-    free(gw1), free(gx0), free(gw0);
+    free(gw1), free(gw1_0), free(gx0), free(gw0);
     cmp_f32(g, "dx", dgx, gx, M * I, tc->tol);
-    cmp_f32(g, "dw", dgw, gw, E * O * I, tc->tol);
+    cmp_typed(g, "dw", dgw, gw, E * O * I, tol_stored(tc, dwdt));
     /* written gradients (MOE_GRAD_SET) into poisoned buffers: expert 1's dw becomes zeros */
-    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), gw, moe_cbuf_f32(gy), moe_cbuf_f32(x),
-                                    cw, off, E, I, O, tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    g->cpu->grouped_matmul_backward(g->cpu, moe_buf_f32(gx), moe_buf_f32(gw), moe_cbuf_f32(gy),
+                                    moe_cbuf_f32(x), cw, off, E, I, O, tc->prec, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
     moe_buf sgx = dev_operand(g, dxdt, "dx (SET)", NULL, M * I);
-    float *sgw = dup_dev(g, "dw (SET)", NULL, F(E * O * I));
+    moe_buf sgw = dev_operand(g, dwdt, "dw (SET)", NULL, E * O * I);
     g->gpu->grouped_matmul_backward(g->gpu, sgx, sgw, dgy, dx_, gw_, off, E, I, O, tc->prec,
                                     MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward SET");
-    float *sw1 = down(g, sgw + O * I, F(O * I));
-    int zeros = 1;
-    for (int64_t i = 0; i < O * I; i++)
-        zeros &= sw1[i] == 0.0f;
+    unsigned char *sw1 = down(g, (char *)sgw.p + (size_t)(O * I) * dws, (size_t)(O * I) * dws);
+    int zeros = 1; /* +0.0 in either type: zero bytes */
+    for (size_t i = 0; i < (size_t)(O * I) * dws; i++)
+        zeros &= sw1[i] == 0;
     CHECK_MSG(zeros, "%s: SET left the weight gradient of an expert with no rows unzeroed",
               g->label);
     free(sw1);
     cmp_typed(g, "dx (SET)", sgx, gx, M * I, tol_stored(tc, dxdt));
-    cmp_f32(g, "dw (SET)", sgw, gw, E * O * I, tc->tol);
+    cmp_typed(g, "dw (SET)", sgw, gw, E * O * I, tol_stored(tc, dwdt));
     /* the model's w2 backward: the weight gradient alone (dx NULL), then dx alone (dw NULL) */
     moe_buf ogx = dev_operand(g, dxdt, "dx (dx only)", NULL, M * I);
-    float *ogw = dup_dev(g, "dw (dw only)", NULL, F(E * O * I));
+    moe_buf ogw = dev_operand(g, dwdt, "dw (dw only)", NULL, E * O * I);
     g->gpu->grouped_matmul_backward(g->gpu, moe_buf_f32(NULL), ogw, dgy, dx_, gw_, off, E, I, O,
                                     tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
-    g->gpu->grouped_matmul_backward(g->gpu, ogx, NULL, dgy, dx_, gw_, off, E, I, O, tc->prec,
-                                    MOE_GRAD_SET, MOE_GRAD_SET);
+    g->gpu->grouped_matmul_backward(g->gpu, ogx, moe_buf_f32(NULL), dgy, dx_, gw_, off, E, I, O,
+                                    tc->prec, MOE_GRAD_SET, MOE_GRAD_SET);
     check_sync_guards(g, "grouped_matmul_backward dw only, dx only");
     cmp_typed(g, "dx (dx only)", ogx, gx, M * I, tol_stored(tc, dxdt));
-    cmp_f32(g, "dw (dw only)", ogw, gw, E * O * I, tc->tol);
+    cmp_typed(g, "dw (dw only)", ogw, gw, E * O * I, tol_stored(tc, dwdt));
     free(off), free(x), free(w), free(y), free(gy), free(gx), free(gw);
     gc_weight_free(cw);
 }
@@ -384,17 +403,6 @@ void run_swiglu(gctx *g, const tcase *tc) {
     free(a), free(b), free(o), free(gy), free(ga), free(gb);
 }
 
-/* Host copy of x [n] in type dt (F32, or the BF16 codes of values the caller rounded). */
-static void *host_typed(const float *x, int64_t n, moe_dtype dt) {
-    void *h = xmalloc((size_t)n * moe_dtype_size(dt));
-    if (dt == MOE_DTYPE_BF16)
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)h)[i] = moe_f32_to_bf16(x[i]);
-    else
-        memcpy(h, x, F(n));
-    return h;
-}
-
 /* AdamW with its bf16 copy, three steps over different ranges so that every path of the
  * kernel runs: the whole array (16-byte vectors and a scalar tail), [1, n) (a scalar head
  * first), and the moments shifted by one element against the weights (no vectors at all);
@@ -404,24 +412,26 @@ static void *host_typed(const float *x, int64_t n, moe_dtype dt) {
  * multiply-adds). */
 void run_adamw(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
-    moe_dtype mdt = typed_dt(tc);
+    moe_dtype mdt = typed_dt(tc), gdt = tc->types & GW_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
     size_t mbytes = (size_t)n * moe_dtype_size(mdt);
     float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m0 = frand(n, -0.1f, 0.1f);
     float *v0 = frand(n, 0, 0.01f);
-    as_stored(m0, n, mdt), as_stored(v0, n, mdt);
+    as_stored(m0, n, mdt), as_stored(v0, n, mdt), as_stored(gr, n, gdt);
     moe_buf m = moe_buf_of(host_typed(m0, n, mdt), mdt),
             v = moe_buf_of(host_typed(v0, n, mdt), mdt);
+    moe_cbuf cg = moe_cbuf_of(host_typed(gr, n, gdt), gdt); /* the CPU reads the typed one too */
     uint16_t *p16 = xmalloc((size_t)n * sizeof(uint16_t));
-    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
+    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad (cast)", gr, F(n));
+    moe_cbuf dgt = moe_cbuf_from(dev_operand(g, gdt, "grad", gr, n));
     moe_buf dm = dev_operand(g, mdt, "m", m0, n), dv = dev_operand(g, mdt, "v", v0, n);
     uint16_t *dp16 = dup_dev(g, "param16", NULL, (size_t)n * sizeof(uint16_t));
     const int64_t at[3] = {0, 1, 0}, shift[3] = {0, 0, 1}, len[3] = {n, n - 1, n - 1};
     int exact = 1;
     for (int64_t step = 1; step <= 3; step++) {
         int64_t a = at[step - 1], sh = shift[step - 1], ln = len[step - 1];
-        g->cpu->adamw(g->cpu, p + a, p16 + a, gr + a, moe_buf_at(m, a + sh), moe_buf_at(v, a + sh),
-                      ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw(g->gpu, dp + a, dp16 + a, dg + a, moe_buf_at(dm, a + sh),
+        g->cpu->adamw(g->cpu, p + a, p16 + a, moe_cbuf_at(cg, a), moe_buf_at(m, a + sh),
+                      moe_buf_at(v, a + sh), ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, dp + a, dp16 + a, moe_cbuf_at(dgt, a), moe_buf_at(dm, a + sh),
                       moe_buf_at(dv, a + sh), ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
         check_sync_guards(g, "adamw");
         float *hp = down(g, dp, F(n));
@@ -441,7 +451,8 @@ void run_adamw(gctx *g, const tcase *tc) {
     }
     if (mdt == MOE_DTYPE_BF16) {
         printf("  %-28s %-16s n=%-9lld param, copy, m, v after 3 steps %s %s\n", g->label,
-               "bf16 moments", (long long)n, exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
+               gdt == MOE_DTYPE_BF16 ? "bf16 m v grad" : "bf16 moments", (long long)n,
+               exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
     } else {
         cmp_f32(g, "param", dp, p, n, tc->tol);
         cmp_f32(g, "m", dm.p, m.p, n, tc->tol);
@@ -455,7 +466,8 @@ void run_adamw(gctx *g, const tcase *tc) {
     uint16_t *h16 = down(g, c16, (size_t)n * sizeof(uint16_t));
     CHECK_MSG(memcmp(h16, p16, (size_t)n * sizeof(uint16_t)) == 0, "%s: cast_bf16 differs",
               g->label);
-    free(h16), free(p), free(gr), free(m0), free(v0), free(m.p), free(v.p), free(p16);
+    free(h16), free(p), free(gr), free(m0), free(v0), free(m.p), free(v.p), free((void *)cg.p);
+    free(p16);
 }
 
 /* AdamW and then the fp8-block copies of the new weight w [E, O, I], as moe_model_adamw runs
@@ -478,10 +490,10 @@ void run_adamw_fp8(gctx *g, const tcase *tc) {
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
     uint8_t *dq = dup_dev(g, "e4m3 copies", NULL, (size_t)(2 * n));
     float *ds = dup_dev(g, "scales", zeros, F(ns));
-    g->cpu->adamw(g->cpu, p, NULL, gr, moe_buf_f32(m), moe_buf_f32(v), n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                  0.1f, 1, 0.5f);
-    g->gpu->adamw(g->gpu, dp, NULL, dg, moe_buf_f32(dm), moe_buf_f32(dv), n, 1e-3f, 0.9f, 0.95f,
-                  1e-8f, 0.1f, 1, 0.5f);
+    g->cpu->adamw(g->cpu, p, NULL, moe_cbuf_f32(gr), moe_buf_f32(m), moe_buf_f32(v), n, 1e-3f, 0.9f,
+                  0.95f, 1e-8f, 0.1f, 1, 0.5f);
+    g->gpu->adamw(g->gpu, dp, NULL, moe_cbuf_f32(dg), moe_buf_f32(dm), moe_buf_f32(dv), n, 1e-3f,
+                  0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
     check_sync_guards(g, "adamw");
     cmp_f32(g, "param", dp, p, n, tc->tol);
     /* the master as the copies see it, with values AdamW does not make: the last tile of the
@@ -513,9 +525,12 @@ void run_adamw_fp8(gctx *g, const tcase *tc) {
 
 void run_sum_squares(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
+    const moe_dtype dt = tc->types & GW_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
     float *x = frand(n, -3, 3);
-    float *dx_ = dup_dev(g, "x", x, F(n));
-    double c = g->cpu->sum_squares(g->cpu, x, n), d = g->gpu->sum_squares(g->gpu, dx_, n);
+    as_stored(x, n, dt);
+    moe_cbuf hx = moe_cbuf_of(host_typed(x, n, dt), dt);
+    moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, dt, "x", x, n));
+    double c = g->cpu->sum_squares(g->cpu, hx, n), d = g->gpu->sum_squares(g->gpu, dx_, n);
     double d2 = g->gpu->sum_squares(g->gpu, dx_, n);
     check_sync_guards(g, "sum_squares");
     double rel = fabs(d - c) / c;
@@ -524,5 +539,5 @@ void run_sum_squares(gctx *g, const tcase *tc) {
            rel <= tc->tol && d == d2 ? "ok" : "FAIL");
     CHECK_MSG(rel <= tc->tol, "%s: sum of squares %.17g vs cpu %.17g", g->label, d, c);
     CHECK_MSG(d == d2, "%s: two runs differ: %.17g vs %.17g (not deterministic)", g->label, d, d2);
-    free(x);
+    free(x), free((void *)hx.p);
 }

@@ -67,7 +67,7 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
     opt.moments = mdt;
     moe_model_adamw(&m, 0, m.table.n_elems, moe_buf_of(am, mdt), moe_buf_of(av, mdt), &opt, 1e-3, 1,
                     1.0f);
-    (void)be->sum_squares(be, m.grad_mem, m.table.n_elems); /* gradient clipping's norm */
+    (void)moe_model_grad_sum_squares(&m, 0, m.table.n_elems); /* gradient clipping's norm */
     CHECK_MSG(be->synchronize(be, &err) == MOE_OK, "step: %s", err.msg);
     CHECK_MSG(isfinite(st.loss), "loss %g", st.loss);
     be->memory(be, NULL, &peak);
@@ -102,7 +102,7 @@ int main(void) {
             moe_model_memory est;
             moe_model_memory_estimate(&cfg.model, recipes[r], (moe_recompute)rc,
                                       cfg.train.global_batch_tokens / cfg.train.seq_len,
-                                      cfg.train.seq_len, 1, NULL, mdt, &est);
+                                      cfg.train.seq_len, 1, NULL, mdt, MOE_DTYPE_F32, &est);
             float *g = NULL;
             int64_t n = 0;
             peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, mdt, &g, &n);

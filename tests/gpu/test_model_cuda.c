@@ -287,8 +287,8 @@ int main(void) {
         CHECK(moe_model_forward(&mg, tokens, targets, NULL, B, T, &sg, &err) == MOE_OK);
         CHECK(moe_model_backward(&mc, 1.0f, &err) == MOE_OK);
         CHECK(moe_model_backward(&mg, 1.0f, &err) == MOE_OK);
-        double gc = cpu->sum_squares(cpu, mc.grad_mem, n),
-               gg = gpu->sum_squares(gpu, mg.grad_mem, n);
+        double gc = cpu->sum_squares(cpu, moe_cbuf_f32(mc.grad_mem), n),
+               gg = gpu->sum_squares(gpu, moe_cbuf_f32(mg.grad_mem), n);
         moe_model_adamw(&mc, 0, n, moe_buf_f32(mcm), moe_buf_f32(mcv), &opt, 3e-3, step, 1.0f);
         moe_model_adamw(&mg, 0, n, moe_buf_f32(mgm), moe_buf_f32(mgv), &opt, 3e-3, step, 1.0f);
         lc[step - 1] = sc.loss;

@@ -86,8 +86,8 @@ static void test_exact(moe_dtype dt) {
     size_t mb = (size_t)n * moe_dtype_size(dt);
     for (int64_t step = 1; step <= 4; step++) {
         float *g = gradient(n, 50 + (uint64_t)step);
-        be->adamw(be, p, p16, g, m, v, n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps, k_hp.wd, step,
-                  k_hp.gs);
+        be->adamw(be, p, p16, moe_cbuf_f32(g), m, v, n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps,
+                  k_hp.wd, step, k_hp.gs);
         ref_step(rp, r16, g, mf, vf, n, dt, &k_hp, step, 1);
         ref_step(wp, w16, g, wm, wv, n, dt, &k_hp, step, 0);
         void *rm = to_moments(mf, n, dt), *rv = to_moments(vf, n, dt);
@@ -126,8 +126,8 @@ static void test_double_reference(void) {
         pr[i] = p[i];
     const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
     for (int step = 1; step <= 3; step++) {
-        be->adamw(be, p, p16, g, moe_buf_f32(m), moe_buf_f32(v), n, (float)lr, (float)b1, (float)b2,
-                  (float)eps, (float)wd, step, (float)gs);
+        be->adamw(be, p, p16, moe_cbuf_f32(g), moe_buf_f32(m), moe_buf_f32(v), n, (float)lr,
+                  (float)b1, (float)b2, (float)eps, (float)wd, step, (float)gs);
         for (int64_t i = 0; i < n; i++) /* the copy is the new weight, rounded */
             CHECK(p16[i] == moe_f32_to_bf16(p[i]));
         for (int64_t i = 0; i < n; i++) {
@@ -155,7 +155,7 @@ static void test_threads(void) {
         m[t] = calloc((size_t)n, 2), v[t] = calloc((size_t)n, 2);
         omp_set_num_threads(t + 1);
         for (int64_t step = 1; step <= 2; step++)
-            be->adamw(be, p[t], NULL, g, moe_buf_of(m[t], MOE_DTYPE_BF16),
+            be->adamw(be, p[t], NULL, moe_cbuf_f32(g), moe_buf_of(m[t], MOE_DTYPE_BF16),
                       moe_buf_of(v[t], MOE_DTYPE_BF16), n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps,
                       k_hp.wd, step, k_hp.gs);
     }
@@ -177,11 +177,11 @@ static void test_stall(void) {
         float p = 0.0f, pf = 0.0f, g = 2.0f, mf = 1.0f, vf = 4.0f;
         uint16_t m = moe_f32_to_bf16(1.0f), v = moe_f32_to_bf16(4.0f);
         for (int64_t step = 1; step <= 100; step++) {
-            be->adamw(be, &p, NULL, &g, moe_buf_of(&m, MOE_DTYPE_BF16),
+            be->adamw(be, &p, NULL, moe_cbuf_f32(&g), moe_buf_of(&m, MOE_DTYPE_BF16),
                       moe_buf_of(&v, MOE_DTYPE_BF16), 1, 1e-3f, betas[k], 0.95f, 1e-8f, 0.0f, step,
                       1.0f);
-            be->adamw(be, &pf, NULL, &g, moe_buf_f32(&mf), moe_buf_f32(&vf), 1, 1e-3f, betas[k],
-                      0.95f, 1e-8f, 0.0f, step, 1.0f);
+            be->adamw(be, &pf, NULL, moe_cbuf_f32(&g), moe_buf_f32(&mf), moe_buf_f32(&vf), 1, 1e-3f,
+                      betas[k], 0.95f, 1e-8f, 0.0f, step, 1.0f);
             if (k == 1) break; /* 0.99: one step is enough to see it move */
         }
         if (k == 0) {

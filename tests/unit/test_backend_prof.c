@@ -73,7 +73,7 @@ static int train_steps(const moe_backend *be, double *losses, float **grads, flo
             break;
         }
         losses[st] = ss.loss;
-        double gn = be->sum_squares(be, m.grad_mem, n);
+        double gn = be->sum_squares(be, moe_cbuf_f32(m.grad_mem), n);
         float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
         if (st + 1 < STEPS) /* keep the last step's gradients for the comparison */
             moe_model_adamw(&m, 0, n, moe_buf_f32(am), moe_buf_f32(av), &opt, 1e-2, st + 1, scale);
@@ -180,7 +180,7 @@ static void test_direct_calls(void) {
     prof->memcpy_h2d(prof, b, ha, sizeof ha);
     for (int r = 0; r < 3; r++)
         prof->add(prof, moe_buf_f32(b), moe_cbuf_f32(a), moe_cbuf_f32(b), NE);
-    double ss = prof->sum_squares(prof, b, NE), ref = 0.0;
+    double ss = prof->sum_squares(prof, moe_cbuf_f32(b), NE), ref = 0.0;
     for (int i = 0; i < NE; i++)
         ref += 16.0 * (double)ha[i] * (double)ha[i];
     CHECK_NEAR(ss, ref, 1e-9 * ref);

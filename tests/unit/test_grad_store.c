@@ -3,7 +3,7 @@
  * expert without rows, a product without rows, permute, unpermute with fp32 and bf16 dyp,
  * attention with GQA and a document mask; fp32, bf16 and fp8-block recipes), and the ops the
  * model runs in place (unpermute's dyp over yp, SwiGLU's da/db over a/b) give the bytes of
- * separate outputs. */
+ * separate outputs; and bf16 expert weight gradients (test_bf16_grads). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,10 +37,12 @@ static void test_grad_store(void) {
                   moe_recipe_name(rs[r]));
         memset(dxa, 0, (size_t)(N * I) * 4), memset(dwa, 0, (size_t)(E * O * I) * 4);
         gc_fill(dxs, N * I, 85, -9, 9), gc_fill(dws, E * O * I, 86, -9, 9);
-        be->grouped_matmul_backward(be, moe_buf_f32(dxa), dwa, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    wE, off, E, I, O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
-        be->grouped_matmul_backward(be, moe_buf_f32(dxs), dws, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    wE, off, E, I, O, rs[r], MOE_GRAD_SET, MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxa), moe_buf_f32(dwa), moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wE, off, E, I, O, rs[r], MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxs), moe_buf_f32(dws), moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wE, off, E, I, O, rs[r], MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
         /* expert 1's weight gradient: zeros under SET (ADD left the zeros it had) */
         CHECK_MSG(same(dxa, dxs, N * I) && same(dwa, dws, E * O * I),
                   "%s: grouped matmul SET != ADD into 0", moe_recipe_name(rs[r]));
@@ -123,8 +125,61 @@ static void test_grad_store(void) {
     free(x), free(w), free(dy);
 }
 
+/* bf16 expert weight gradients (optim.expert_grads bf16) on the CPU: the grouped backward's
+ * BF16 dw holds the fp32 result rounded (SET), or the rounded fp32 sum of its value and the
+ * product (ADD, a second micro-batch), for each recipe; AdamW reading a BF16 gradient and
+ * sum_squares over one give the bytes of their fp32 forms over the widened values. */
+static void test_bf16_grads(void) {
+    int64_t N = 40, I = 160, O = 136, E = 3, n = E * O * I;
+    const int32_t off[4] = {0, 25, 25, 40}; /* expert 1 has no rows */
+    float *x = gc_buf(N * I, 95, -1, 1), *w = gc_buf(n, 96, -1, 1), *dy = gc_buf(N * O, 97, -1, 1);
+    const moe_recipe rs[4] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_FP8_BLOCK,
+                              MOE_RECIPE_MXFP8};
+    uint16_t *d16 = malloc((size_t)n * sizeof(uint16_t));
+    for (int r = 0; r < 4; r++) {
+        moe_cbuf wE = gc_weight(be, w, E, O, I, rs[r]);
+        for (int st = 0; st < 2; st++) { /* SET into garbage, then ADD onto bf16 values */
+            moe_grad_store gs = st ? MOE_GRAD_ADD : MOE_GRAD_SET;
+            float *dw = gc_buf(n, 98, -9, 9);
+            for (int64_t i = 0; i < n; i++) /* the bf16 values both start from */
+                d16[i] = moe_f32_to_bf16(dw[i]), dw[i] = moe_bf16_to_f32(d16[i]);
+            be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(dw), moe_cbuf_f32(dy),
+                                        moe_cbuf_f32(x), wE, off, E, I, O, rs[r], gs, gs);
+            be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_of(d16, MOE_DTYPE_BF16),
+                                        moe_cbuf_f32(dy), moe_cbuf_f32(x), wE, off, E, I, O, rs[r],
+                                        gs, gs);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < n; i++)
+                bad += d16[i] != moe_f32_to_bf16(dw[i]);
+            CHECK_MSG(bad == 0, "%s %s: %lld bf16 weight gradients are not the rounded fp32 ones",
+                      moe_recipe_name(rs[r]), st ? "ADD" : "SET", (long long)bad);
+            free(dw);
+        }
+        gc_weight_free(wE);
+    }
+    /* AdamW and sum_squares on d16 (the last result) against its widened values */
+    float *gw = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        gw[i] = moe_bf16_to_f32(d16[i]);
+    CHECK(be->sum_squares(be, moe_cbuf_of(d16, MOE_DTYPE_BF16), n) ==
+          be->sum_squares(be, moe_cbuf_f32(gw), n));
+    float *p[2], *m[2], *v[2];
+    for (int k = 0; k < 2; k++) {
+        p[k] = gc_buf(n, 99, -1, 1), m[k] = gc_buf(n, 0, 0, 0), v[k] = gc_buf(n, 0, 0, 0);
+        for (int64_t step = 1; step <= 2; step++)
+            be->adamw(be, p[k], NULL, k ? moe_cbuf_of(d16, MOE_DTYPE_BF16) : moe_cbuf_f32(gw),
+                      moe_buf_f32(m[k]), moe_buf_f32(v[k]), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                      step, 0.5f);
+    }
+    CHECK(same(p[0], p[1], n) && same(m[0], m[1], n) && same(v[0], v[1], n));
+    for (int k = 0; k < 2; k++)
+        free(p[k]), free(m[k]), free(v[k]);
+    free(gw), free(d16), free(x), free(w), free(dy);
+}
+
 int main(void) {
     be = moe_backend_cpu();
     test_grad_store();
+    test_bf16_grads();
     return test_summary("test_grad_store");
 }

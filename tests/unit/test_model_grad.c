@@ -173,7 +173,7 @@ static void test_threads_precision_accumulation(void) {
     moe_model_zero_grad(&m1);
     float *gz = malloc((size_t)n * 4);
     moe_model_copy_grads_to_host(&m1, gz);
-    const float *gm = moe_model_grads(&m1);
+    const float *gm = moe_model_grads_at(&m1, 0).p;
     int zeros = 1;
     for (int64_t i = 0; i < n; i++)
         zeros &= gz[i] == 0.0f && gm[i] == 0.0f;

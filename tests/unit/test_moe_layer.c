@@ -150,17 +150,17 @@ int main(void) {
         dw3[E * F * C];
     be->unpermute_backward(be, moe_buf_f32(dyp), dtw, R, moe_cbuf_f32(s.yp), s.tw, s.slot, N, C, K,
                            MOE_GRAD_ADD);
-    be->grouped_matmul_backward(be, moe_buf_f32(dg), dw2, moe_cbuf_f32(dyp), moe_cbuf_f32(s.g),
-                                moe_cbuf_f32(w2), s.off, E, F, C, MOE_RECIPE_FP32, MOE_GRAD_ADD,
-                                MOE_GRAD_ADD);
+    be->grouped_matmul_backward(be, moe_buf_f32(dg), moe_buf_f32(dw2), moe_cbuf_f32(dyp),
+                                moe_cbuf_f32(s.g), moe_cbuf_f32(w2), s.off, E, F, C,
+                                MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     be->swiglu_backward(be, moe_buf_f32(dh1), moe_buf_f32(dh3), moe_cbuf_f32(dg),
                         moe_cbuf_f32(s.h1), moe_cbuf_f32(s.h3), N * K * F);
-    be->grouped_matmul_backward(be, moe_buf_f32(dxp), dw1, moe_cbuf_f32(dh1), moe_cbuf_f32(s.xp),
-                                moe_cbuf_f32(w1), s.off, E, C, F, MOE_RECIPE_FP32, MOE_GRAD_ADD,
-                                MOE_GRAD_ADD);
-    be->grouped_matmul_backward(be, moe_buf_f32(dxp), dw3, moe_cbuf_f32(dh3), moe_cbuf_f32(s.xp),
-                                moe_cbuf_f32(w3), s.off, E, C, F, MOE_RECIPE_FP32, MOE_GRAD_ADD,
-                                MOE_GRAD_ADD);
+    be->grouped_matmul_backward(be, moe_buf_f32(dxp), moe_buf_f32(dw1), moe_cbuf_f32(dh1),
+                                moe_cbuf_f32(s.xp), moe_cbuf_f32(w1), s.off, E, C, F,
+                                MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->grouped_matmul_backward(be, moe_buf_f32(dxp), moe_buf_f32(dw3), moe_cbuf_f32(dh3),
+                                moe_cbuf_f32(s.xp), moe_cbuf_f32(w3), s.off, E, C, F,
+                                MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     be->permute_backward(be, dx, dxp, s.slot, N, C, K, MOE_GRAD_ADD);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
     be->matmul_backward(be, dx, dwg, moe_cbuf_f32(dlog), moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,

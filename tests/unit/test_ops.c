@@ -201,9 +201,9 @@ static void test_grouped_matmul(void) {
         ref += (double)s.x[5 * s.I + i] * s.w[(2 * s.O + 1) * s.I + i];
     CHECK_NEAR(s.y[5 * s.O + 1], ref, 1e-5);
     float *gx = gc_buf(M * s.I, 0, 0, 0), *gw = gc_buf(s.E * s.O * s.I, 0, 0, 0);
-    be->grouped_matmul_backward(be, moe_buf_f32(gx), gw, moe_cbuf_f32(s.r), moe_cbuf_f32(s.x),
-                                moe_cbuf_f32(s.w), s.off, s.E, s.I, s.O, MOE_RECIPE_FP32,
-                                MOE_GRAD_ADD, MOE_GRAD_ADD);
+    be->grouped_matmul_backward(be, moe_buf_f32(gx), moe_buf_f32(gw), moe_cbuf_f32(s.r),
+                                moe_cbuf_f32(s.x), moe_cbuf_f32(s.w), s.off, s.E, s.I, s.O,
+                                MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     gc_check("grouped dx", &s, gm_loss, s.x, gx, M * s.I, 100, 1e-2, ATOL, RTOL);
     gc_check("grouped dw", &s, gm_loss, s.w, gw, s.E * s.O * s.I, 150, 1e-2, ATOL, RTOL);
     int zero = 1;
@@ -468,12 +468,12 @@ static void test_add_sumsq(void) {
     for (int64_t i = 0; i < ns; i++)
         ref += (double)x[i] * x[i];
     omp_set_num_threads(1);
-    double s1 = be->sum_squares(be, x, ns);
+    double s1 = be->sum_squares(be, moe_cbuf_f32(x), ns);
     omp_set_num_threads(2);
-    double s2 = be->sum_squares(be, x, ns);
+    double s2 = be->sum_squares(be, moe_cbuf_f32(x), ns);
     CHECK_NEAR(s1, ref, 1e-9 * ref);
     CHECK(memcmp(&s1, &s2, sizeof s1) == 0);
-    CHECK(be->sum_squares(be, x, 0) == 0.0);
+    CHECK(be->sum_squares(be, moe_cbuf_f32(x), 0) == 0.0);
     free(x);
 }
 

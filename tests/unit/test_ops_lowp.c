@@ -41,9 +41,9 @@ static void test_bf16_weights(void) {
                             MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->grouped_matmul_forward(be, moe_buf_f32(r[k][3]), moe_cbuf_f32(x), wk[k], off, E, I, O,
                                    MOE_RECIPE_BF16);
-        be->grouped_matmul_backward(be, moe_buf_f32(r[k][4]), r[k][5], moe_cbuf_f32(dy),
-                                    moe_cbuf_f32(x), wk[k], off, E, I, O, MOE_RECIPE_BF16,
-                                    MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][4]), moe_buf_f32(r[k][5]),
+                                    moe_cbuf_f32(dy), moe_cbuf_f32(x), wk[k], off, E, I, O,
+                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
     }
     for (int j = 0; j < 6; j++) {
         CHECK_MSG(memcmp(r[0][j], r[1][j], (size_t)len[j] * sizeof(float)) == 0,
@@ -90,14 +90,14 @@ static void test_bf16_activations(void) {
                               slot, N, C, K);
         be->unpermute_backward(be, moe_buf_of(dyp, dt), r[k][2], dy, moe_cbuf_of(yp, dt), tw, slot,
                                N, C, K, MOE_GRAD_ADD);
-        be->grouped_matmul_backward(be, moe_buf_f32(dg), r[k][4], moe_cbuf_of(dyp, dt),
+        be->grouped_matmul_backward(be, moe_buf_f32(dg), moe_buf_f32(r[k][4]), moe_cbuf_of(dyp, dt),
                                     moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off, E, F, C,
                                     MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), moe_cbuf_f32(dg),
                             moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
-        be->grouped_matmul_backward(be, moe_buf_f32(r[k][1]), r[k][3], moe_cbuf_of(dh, dt),
-                                    moe_cbuf_of(xp, dt), moe_cbuf_f32(w1), off, E, C, F,
-                                    MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(r[k][1]), moe_buf_f32(r[k][3]),
+                                    moe_cbuf_of(dh, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1), off,
+                                    E, C, F, MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         free(xp), free(h), free(g), free(yp), free(dyp), free(dg), free(dh), free(dh3);
     }
     for (int j = 0; j < 5; j++) {
@@ -164,11 +164,12 @@ static void test_mxfp8_activations(void) {
     float *dw[2] = {gc_buf(E * F * C, 0, 0, 0), gc_buf(E * F * C, 0, 0, 0)};
     float *dx[2] = {gc_buf(NK * C, 0, 0, 0), gc_buf(NK * C, 0, 0, 0)};
     float *gv = mx_values(g, NK * F);
-    be->grouped_matmul_backward(be, moe_buf_f32(dx[0]), dw[0], moe_cbuf_from(gb),
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[0]), moe_buf_f32(dw[0]), moe_cbuf_from(gb),
                                 moe_cbuf_from(xpb), moe_cbuf_f32(w1), off, E, C, F, mx,
                                 MOE_GRAD_SET, MOE_GRAD_SET);
-    be->grouped_matmul_backward(be, moe_buf_f32(dx[1]), dw[1], moe_cbuf_f32(gv), moe_cbuf_f32(xv),
-                                moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET, MOE_GRAD_SET);
+    be->grouped_matmul_backward(be, moe_buf_f32(dx[1]), moe_buf_f32(dw[1]), moe_cbuf_f32(gv),
+                                moe_cbuf_f32(xv), moe_cbuf_f32(w1), off, E, C, F, mx, MOE_GRAD_SET,
+                                MOE_GRAD_SET);
     CHECK(memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0);
     CHECK(memcmp(dx[0], dx[1], (size_t)(NK * C) * 4) == 0);
     /* swiglu backward in place over its MXFP8 inputs */
@@ -262,8 +263,9 @@ static void test_fp8_products(void) {
         for (int64_t i = O * I; i < 2 * O * I; i++)
             gdw[i] = 7.0f; /* expert 1's gradient must stay as it is */
         be->grouped_matmul_forward(be, moe_buf_f32(gy), moe_cbuf_f32(x), wE, off, E, I, O, rs[r]);
-        be->grouped_matmul_backward(be, moe_buf_f32(gdx), gdw, moe_cbuf_f32(dy), moe_cbuf_f32(x),
-                                    wE, off, E, I, O, rs[r], MOE_GRAD_ADD, MOE_GRAD_ADD);
+        be->grouped_matmul_backward(be, moe_buf_f32(gdx), moe_buf_f32(gdw), moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wE, off, E, I, O, rs[r], MOE_GRAD_ADD,
+                                    MOE_GRAD_ADD);
         int kept = 1;
         for (int64_t i = O * I; i < 2 * O * I; i++)
             kept &= gdw[i] == 7.0f;

@@ -300,8 +300,10 @@ static void test_estimate_exact(void) {
                 moe_model_init_weights(&m, 1);
                 CHECK(moe_model_set_skip_layers(&m, skip, &err) == MOE_OK);
                 /* what the trainer adds: the AdamW moments, through the same backend (bf16
-                 * ones, optim.moments bf16, with the tied models) */
+                 * ones, optim.moments bf16, and bf16 expert gradients, optim.expert_grads
+                 * bf16, with the tied models) */
                 moe_dtype mdt = tied ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+                CHECK(moe_model_set_expert_grads(&m, mdt, &err) == MOE_OK);
                 size_t pb = (size_t)m.table.n_elems * sizeof(float);
                 size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
                 void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
@@ -313,7 +315,7 @@ static void test_estimate_exact(void) {
                 moe_model_adamw(&m, 0, m.table.n_elems, moe_buf_of(am, mdt), moe_buf_of(av, mdt),
                                 &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
-                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, mdt,
+                moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, mdt, mdt,
                                           &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,
                           "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
@@ -328,9 +330,9 @@ static void test_estimate_exact(void) {
                 if (r >= 4) { /* MXFP8 expert activations: less than bf16's, more with a skip */
                     moe_model_memory b16, mx;
                     moe_model_memory_estimate(&cfg, MOE_RECIPE_BF16, (moe_recompute)rc, B, T, 1,
-                                              NULL, mdt, &b16);
+                                              NULL, mdt, mdt, &b16);
                     moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
-                                              &mx);
+                                              mdt, &mx);
                     CHECK(mx.activations < b16.activations);
                     CHECK(r == 4 ||
                           (est.activations > mx.activations && est.activations <= b16.activations));
@@ -338,7 +340,7 @@ static void test_estimate_exact(void) {
                 if (r == 3) { /* the skipped layer's copies are left out */
                     moe_model_memory all;
                     moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
-                                              &all);
+                                              mdt, &all);
                     CHECK(est.fp8_copies * 3 == all.fp8_copies * 2);
                 }
                 cbe.free(&cbe, am);
@@ -373,13 +375,14 @@ static void test_estimate_ep(void) {
             CHECK_MSG(0, "create: %s", err.msg);
             continue;
         }
-        moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* the moments' type, too */
+        moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* the moments' and expert grads' */
+        CHECK(moe_model_set_expert_grads(&m, mdt, &err) == MOE_OK);
         size_t pb = (size_t)m.table.n_elems * sizeof(float);
         size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
         void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
         moe_model_memory est, one;
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, mdt, &est);
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, &one);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, mdt, mdt, &est);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, mdt, &one);
         CHECK_INT_EQ(est.total, (int64_t)cnt.peak);
         CHECK_INT_EQ(est.params, (int64_t)pb);
         CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * 4);

@@ -74,8 +74,10 @@ typedef struct moe_optim_config {
     moe_lr_schedule schedule;
     double weight_decay, beta1, beta2, eps, grad_clip;
     bool decay_norms_and_embeddings;
-    moe_dtype moments; /* how m and v are stored: MOE_DTYPE_F32 or MOE_DTYPE_BF16 (the names
-                          `fp32`, `bf16` index the enum: moe_dtype's first two values) */
+    moe_dtype moments;      /* how m and v are stored: MOE_DTYPE_F32 or MOE_DTYPE_BF16 (the names
+                               `fp32`, `bf16` index the enum: moe_dtype's first two values) */
+    moe_dtype expert_grads; /* how the experts' weight gradients are stored: the same two
+                               (moe_model_set_expert_grads) */
 } moe_optim_config;
 
 /* precision.fp8_scale: how an fp8 recipe rounds its block scales (docs/dtypes.md). */
@@ -154,7 +156,7 @@ moe_status moe_config_write_yaml(const moe_config *c, FILE *fp, moe_err *err);
  * an override example and a footer on how to regenerate. */
 void moe_config_write_markdown(FILE *fp);
 
-const char *moe_recipe_name(moe_recipe r);           /* "fp32","bf16","fp8-block","mxfp8" */
+const char *moe_recipe_name(moe_recipe r); /* "fp32","bf16","fp8-block","mxfp8" */
 /* The recipe the model and the ops run: precision.recipe with its precision.fp8_scale rule
  * (MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8_FLOOR). */
 moe_recipe moe_config_recipe(const moe_config *c);
@@ -165,6 +167,6 @@ moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *e
 const char *moe_device_name(moe_device_kind d);      /* "auto","cpu","cuda" */
 const char *moe_lr_schedule_name(moe_lr_schedule s); /* "cosine","linear","constant" */
 const char *moe_recompute_name(moe_recompute r);     /* "none","attn","moe","full" */
-const char *moe_moments_name(moe_dtype d);           /* optim.moments: "fp32","bf16" */
+const char *moe_moments_name(moe_dtype d); /* optim.moments, optim.expert_grads: "fp32","bf16" */
 
 #endif

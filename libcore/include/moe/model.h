@@ -82,26 +82,31 @@ typedef struct moe_model {
     moe_model_ep ep;       /* size 1: no expert parallelism */
     moe_status ep_status;  /* the first failed exchange of the pass in progress, in ep_err */
     moe_err ep_err;
-    float *param_mem;      /* [param_elems] dev, one allocation: every tensor's fp32 master (at
-                              its table offset), or in a weights16_only model only the tensors
-                              that stay fp32, packed in table order */
-    int64_t param_elems;   /* table.n_elems, or what weights16_only keeps in fp32 */
-    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 weights for the matrix products: the
-                              copies of moe_model_has_copies, or a weights16_only model's
-                              weights; else NULL */
-    int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
-                              moe_param.data is NULL), one conversion at load */
-    uint8_t *param8_mem;   /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
-                              weights) of the quantized weights of the layers not in
-                              skip_quant, each weight's e4m3 values then its tile scales
-                              (moe_param.data8, scale8); made by the first pass under
-                              fp8-block, else NULL */
-    int copies_stale;      /* the weight copies (param16_mem, param8_mem) no longer equal what
-                              the master weights give */
-    float *grad_mem;       /* [table.n_elems] dev, one allocation; read it through
-                              moe_model_grads (see moe_model_zero_grad) */
-    int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
-                              gradients (or moe_model_grads zeroes them) */
+    float *param_mem;         /* [param_elems] dev, one allocation: every tensor's fp32 master (at
+                                 its table offset), or in a weights16_only model only the tensors
+                                 that stay fp32, packed in table order */
+    int64_t param_elems;      /* table.n_elems, or what weights16_only keeps in fp32 */
+    uint16_t *param16_mem;    /* [table.n_elems] dev, bf16 weights for the matrix products: the
+                                 copies of moe_model_has_copies, or a weights16_only model's
+                                 weights; else NULL */
+    int weights16_only;       /* forward-only bf16 model: matrix weights in bf16 only (their
+                                 moe_param.data is NULL), one conversion at load */
+    uint8_t *param8_mem;      /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
+                                 weights) of the quantized weights of the layers not in
+                                 skip_quant, each weight's e4m3 values then its tile scales
+                                 (moe_param.data8, scale8); made by the first pass under
+                                 fp8-block, else NULL */
+    int copies_stale;         /* the weight copies (param16_mem, param8_mem) no longer equal what
+                                 the master weights give */
+    float *grad_mem;          /* dev, one allocation: the gradients in table order, the dense
+                                 part's [dense_elems] fp32, then the experts' [n_elems -
+                                 dense_elems] in expert_grad_dt (F32: one flat [n_elems] fp32
+                                 array; BF16: from the next 256 bytes); read them through
+                                 moe_model_grads_at (see moe_model_zero_grad) */
+    moe_dtype expert_grad_dt; /* the experts' gradients: F32 (after create) or BF16
+                                 (moe_model_set_expert_grads) */
+    int grads_stale;          /* 1 after moe_model_zero_grad until the next backward writes the
+                                 gradients (or moe_model_grads zeroes them) */
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under
@@ -123,13 +128,13 @@ int moe_model_has_copies(moe_recipe recipe, int training);
  * parameters, gradients (zeroed) and activations for up to max_batch x max_seq tokens.
  * recompute (train.recompute) sizes the activation plan: NONE keeps every intermediate of
  * every layer for backward but the SwiGLU output g (one shared buffer, made again from h1 and
- * h3: one elementwise pass a layer); ATTN keeps the layer input, the residual after attention and the
- * MoE block, and recomputes the attention block (norm, q/k/v, RoPE, attention) in backward;
- * MOE keeps the attention block and both residuals and recomputes the MoE block (norm,
- * router, permutation, experts); FULL keeps only each layer's input and recomputes the whole
- * layer. Buffers that are not kept exist once, shared by all layers. Gradients are
- * bit-identical in every mode (the forward ops are deterministic).
- * Weights start at zero: call moe_model_init_weights or load them. */
+ * h3: one elementwise pass a layer); ATTN keeps the layer input, the residual after attention and
+ * the MoE block, and recomputes the attention block (norm, q/k/v, RoPE, attention) in backward; MOE
+ * keeps the attention block and both residuals and recomputes the MoE block (norm, router,
+ * permutation, experts); FULL keeps only each layer's input and recomputes the whole layer. Buffers
+ * that are not kept exist once, shared by all layers. Gradients are bit-identical in every mode
+ * (the forward ops are deterministic). Weights start at zero: call moe_model_init_weights or load
+ * them. */
 moe_status moe_model_create(moe_model *m, const moe_model_config *cfg, moe_recipe recipe,
                             moe_recompute recompute, const moe_backend *be, int max_batch,
                             int max_seq, moe_err *err);
@@ -176,7 +181,8 @@ void moe_model_params_written(moe_model *m);
  * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
  * its copies before the next pass). Copies already stale (moe_model_params_written, as the
  * trainer says before a step of several ranks) are left to that refresh. Consecutive tensors
- * with the same decay are one call (the expert part is one). */
+ * with the same decay are one call (the expert part is one; with bf16 expert gradients it
+ * starts a call of its own). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 
@@ -206,9 +212,20 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err);
  * accumulate within one, the embedding's and the norms', are zeroed there), and
  * moe_model_grads zeroes them if it comes first. */
 void moe_model_zero_grad(moe_model *m);
-/* grad_mem [table.n_elems] dev, the gradients to read (reduce, norm, optimizer): zeroed
- * first when moe_model_zero_grad had no backward after it. NULL for a forward-only model. */
-float *moe_model_grads(moe_model *m);
+/* The gradients from flat element i on (reduce, norm, optimizer), typed: F32 in the dense
+ * part [0, dense_elems), expert_grad_dt in the experts' part, so a range read through it
+ * stays on one side of dense_elems. Zeroed first when moe_model_zero_grad had no backward
+ * after it. .p NULL for a forward-only model. */
+moe_buf moe_model_grads_at(moe_model *m, int64_t i);
+/* Sum of squares of the gradients [lo, hi) (be->sum_squares on each side of dense_elems). */
+double moe_model_grad_sum_squares(moe_model *m, int64_t lo, int64_t hi);
+/* Keeps the experts' weight gradients in dt (F32, the default, or BF16: optim.expert_grads):
+ * the gradient allocation is made again (zero) in the new layout. BF16 halves their memory
+ * and the bytes the wgrad products write and the gradient norm and AdamW read; each backward
+ * stores the rounded fp32 result (added: the rounded sum), as Megatron-Core's bf16 gradient
+ * buffers do. Errors: another type (MOE_ERR_INPUT), a forward-only model or no memory
+ * (MOE_ERR_RUNTIME). */
+moe_status moe_model_set_expert_grads(moe_model *m, moe_dtype dt, moe_err *err);
 
 /* Hidden states, forward only: layer 0 = embeddings, l = output of layer l,
  * num_hidden_layers = output of the final norm. tokens [B, T] host; out [B, T, C] host. */
@@ -286,7 +303,8 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t fp8_copies;           /* fp8-block: the e4m3 copies (row-wise and transposed) of
                                      the quantized weights of the layers not skipped, with
                                      their tile scales (one allocation) */
-    int64_t grads;                /* fp32 gradients (one allocation) */
+    int64_t grads;                /* gradients (one allocation: fp32, the experts' bf16 under
+                                     optim.expert_grads bf16) */
     int64_t optimizer;            /* AdamW m and v, fp32 or bf16 (allocated by the trainer) */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the six above: everything allocated through be->alloc */
@@ -302,11 +320,13 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
  * its first pass, without the layers skip [layers] names, NULL for none; under mxfp8 those
  * layers' expert activations are bf16, the others' MXFP8): total exactly for
  * any backend, with AdamW moments of type moments (MOE_DTYPE_F32 or MOE_DTYPE_BF16:
- * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share); add
- * gpu_scratch for the peak device memory of the CUDA backend. */
+ * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share) and the
+ * experts' gradients of type expert_grads (optim.expert_grads); add gpu_scratch for the peak
+ * device memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               const uint8_t *skip, moe_dtype moments, moe_model_memory *out);
+                               const uint8_t *skip, moe_dtype moments, moe_dtype expert_grads,
+                               moe_model_memory *out);
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,10 @@ typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
     moe_param_kind kind; /* MOE_PARAM_DENSE, or which expert weight */
     float *data;         /* [shape] dev, fp32 master weight (set by moe_model_create; NULL in a
                             table built alone) */
-    float *grad;         /* [shape] dev, its gradient (idem; NULL in a forward-only model) */
+    float *grad;         /* [shape] dev, its fp32 gradient (idem; NULL in a forward-only
+                            model, and for an expert tensor whose gradient is bf16) */
+    uint16_t *grad16;    /* [shape] dev, its bf16 gradient: the experts' under
+                            optim.expert_grads bf16 (moe_model_set_expert_grads); else NULL */
     uint16_t *data16;    /* [shape] dev, bf16 copy of data that the matrix products read under
                             the bf16 recipe (set by moe_model_create; else NULL) */
     uint8_t *data8;      /* fp8-block copies of the [E, out, in] weight this tensor leads (a

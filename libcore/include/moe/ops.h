@@ -52,7 +52,9 @@
  *    sum; and under mxfp8 SwiGLU's incoming gradient dg (w2's grouped dx, swiglu_backward's
  *    dout), whose products quantize what SwiGLU's backward makes of it: BF16. RoPE on BF16 rounds
  * its result: the values attention reads. AdamW's moments m and v are typed too, whatever the
- * recipe: BF16 under `optim.moments: bf16` (see adamw).
+ * recipe: BF16 under `optim.moments: bf16` (see adamw); and so are the experts' weight
+ * gradients (grouped matmul's dw, adamw's grad, sum_squares' x): BF16 under
+ * `optim.expert_grads: bf16`, whatever the recipe.
  *  - fp8-block weights (MOE_RECIPE_FP8_BLOCK and _POW2): the weight operand of matmul and
  *    grouped matmul is E4M3 (moe_cbuf_e4m3), the weight's persistent copies that
  *    quantize_weight writes from the fp32 master (the model calls it right after adamw and
@@ -419,12 +421,14 @@ struct moe_backend {
                                    const int32_t *offsets, /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
     /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say
-     * (dx.p or dw may be NULL: not computed, and x not read without dw) */
+     * (dx.p or dw.p may be NULL: not computed, and x not read without dw); a BF16 dw (the
+     * experts' gradients under optim.expert_grads: bf16) holds the fp32 result rounded, an
+     * added one the rounded fp32 sum of its value and the product */
     void (*grouped_matmul_backward)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
-                                    float *dw,              /* [E, O, I] dev, may be NULL */
-                                    moe_cbuf dy,            /* [M, O] dev, F32 or BF16 */
-                                    moe_cbuf x,             /* [M, I] dev, F32 or BF16 */
-                                    moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
+                                    moe_buf dw,  /* [E, O, I] dev, F32|BF16, or .p NULL */
+                                    moe_cbuf dy, /* [M, O] dev, F32 or BF16 */
+                                    moe_cbuf x,  /* [M, I] dev, F32 or BF16 */
+                                    moe_cbuf w,  /* [E, O, I] dev, F32|BF16|E4M3 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec,
                                     moe_grad_store dx_st, moe_grad_store dw_st);
@@ -479,7 +483,7 @@ struct moe_backend {
      * (within rounding of the CPU's). ---- */
     void (*adamw)(const moe_backend *be, float *param, /* [n] dev */
                   uint16_t *param16,                   /* [n] dev bf16, may be NULL */
-                  const float *grad,                   /* [n] dev */
+                  moe_cbuf grad,                       /* [n] dev, F32 or BF16 */
                   moe_buf m,                           /* [n] dev, F32 or BF16 */
                   moe_buf v,                           /* [n] dev, the type of m */
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
@@ -500,7 +504,7 @@ struct moe_backend {
                       int64_t n);
 
     /* ---- sum of squares in double over fixed chunks, summed in order (deterministic) --- */
-    double (*sum_squares)(const moe_backend *be, const float *x /* [n] dev */, int64_t n);
+    double (*sum_squares)(const moe_backend *be, moe_cbuf x /* [n] dev, F32 or BF16 */, int64_t n);
 
     /* ---- pooling over a range of positions per row, forward only (moe-embed):
      * out[b, :] = mean (max = 0) or elementwise max (max = 1) of x[b, t, :] over

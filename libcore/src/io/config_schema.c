@@ -16,7 +16,7 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3688,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3696,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
@@ -25,7 +25,7 @@ _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored a
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_dtype) == sizeof(int), "enum fields are stored as int");
-/* optim.moments stores the moe_dtype itself: the names below index it */
+/* optim.moments and optim.expert_grads store the moe_dtype itself: the names below index it */
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "moments_names index moe_dtype");
 
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
@@ -50,11 +50,12 @@ const moe_cfg_section moe_cfg_sections[] = {
               "export is a copy."},
     {"data", "Training and validation data (token shards written by `moe-tokenize`)."},
     {"train", "Run length, batch geometry, evaluation and determinism."},
-    {"optim", "AdamW with fp32 master weights (fp32 or bf16 moments) and the learning-rate "
-              "schedule."},
-    {"precision", "Numeric recipe of the matrix multiplications (master weights, gradients, "
-                  "losses, softmax, norms and router always stay fp32; the optimizer moments "
-                  "too unless `optim.moments: bf16`)."},
+    {"optim", "AdamW with fp32 master weights (fp32 or bf16 moments and expert gradients) and "
+              "the learning-rate schedule."},
+    {"precision", "Numeric recipe of the matrix multiplications (master weights, losses, "
+                  "softmax, norms and router always stay fp32; the optimizer moments and the "
+                  "experts' gradients too unless `optim.moments: bf16`, "
+                  "`optim.expert_grads: bf16`)."},
     {"parallel", "Data and expert parallelism: world size = dp x ep ranks."},
     {"checkpoint", "Checkpoint cadence and retention (`ckpt-<step>/` in the run directory)."},
     {"log", "Metrics logging."},
@@ -165,8 +166,16 @@ const moe_cfg_key moe_cfg_keys[] = {
     {"optim.moments", MOE_CFG_ENUM, FIELD(optim.moments), "fp32", 0, 0, 0, moments_names,
      "Storage of the AdamW moments m and v: fp32, or bf16 (half their memory and of their "
      "bytes moved per step; each new moment rounded to nearest even and the update computed "
-     "from the stored value; optim.beta1 and optim.beta2 at most 0.99). Master weights and "
-     "gradients stay fp32; checkpoints hold fp32 either way. docs/dtypes.md."},
+     "from the stored value; optim.beta1 and optim.beta2 at most 0.99). Master weights stay "
+     "fp32, and the gradients unless optim.expert_grads; checkpoints hold fp32 either way. "
+     "docs/dtypes.md."},
+    {"optim.expert_grads", MOE_CFG_ENUM, FIELD(optim.expert_grads), "fp32", 0, 0, 0, moments_names,
+     "Storage of the experts' weight gradients: fp32, or bf16 (half their memory and of the "
+     "bytes the weight-gradient products write and the gradient norm and AdamW read; each "
+     "backward stores the fp32 result rounded to nearest even, a second micro-batch the rounded "
+     "sum, as Megatron-Core's bf16 gradient buffers do). Needs one data-parallel replica of "
+     "each expert (parallel.dp 1). Other gradients, master weights and checkpoints stay fp32. "
+     "docs/dtypes.md."},
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md; mxfp8 also "
@@ -703,6 +712,8 @@ void moe_config_write_markdown(FILE *fp) {
           "ulp (2^-9 to 2^-8 of its value); with a decay 1 - beta below that, beta x m rounds "
           "back to m and the moment never decays. 0.99 (a decay of 0.01, above 2^-8) keeps a "
           "margin ([dtypes.md](dtypes.md)).\n"
+          "- `optim.expert_grads: bf16` needs `parallel.dp` 1: the collectives sum fp32, and "
+          "summing bf16 gradients over data-parallel replicas is not implemented.\n"
           "- `parallel.ep` divides `model.num_local_experts`.\n"
           "\n## Regenerating this page\n\n"
           "This page is generated from the schema table; `unit.config` fails when it is stale. "

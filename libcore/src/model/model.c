@@ -51,6 +51,35 @@ int moe_model_layer_mx(const moe_model_config *cfg, moe_recipe recipe, const uin
            cfg->hidden_size % 32 == 0 && cfg->intermediate_size % 32 == 0;
 }
 
+/* Bytes of the one gradient allocation (moe_model.grad_mem) for `dense` dense and `experts`
+ * expert elements: the dense part's fp32 gradients, then the experts' in dt, one flat fp32
+ * array, or for bf16 ones from the next 256 bytes. */
+static size_t grad_dense_bytes(int64_t dense, moe_dtype dt) {
+    size_t b = (size_t)dense * sizeof(float);
+    return dt == MOE_DTYPE_F32 ? b : (b + 255) / 256 * 256;
+}
+static size_t grads_bytes(int64_t dense, int64_t experts, moe_dtype dt) {
+    return grad_dense_bytes(dense, dt) + (size_t)experts * moe_dtype_size(dt);
+}
+static size_t grad_bytes(const moe_param_table *t, moe_dtype dt) {
+    return grads_bytes(t->dense_elems, t->n_elems - t->dense_elems, dt);
+}
+/* The experts' gradients [n_elems - dense_elems] dev, in m->expert_grad_dt. */
+static void *expert_grads(const moe_model *m) {
+    return (char *)m->grad_mem + grad_dense_bytes(m->table.dense_elems, m->expert_grad_dt);
+}
+/* moe_param.grad / grad16 of every tensor into grad_mem (NULL without gradients). */
+static void point_grads(moe_model *m) {
+    moe_param_table *t = &m->table;
+    for (int i = 0; i < t->n_params; i++) {
+        moe_param *p = &t->params[i];
+        int bf = i >= t->n_dense && m->expert_grad_dt == MOE_DTYPE_BF16;
+        p->grad = m->grad_mem && !bf ? m->grad_mem + p->offset : NULL;
+        p->grad16 =
+            m->grad_mem && bf ? (uint16_t *)expert_grads(m) + (p->offset - t->dense_elems) : NULL;
+    }
+}
+
 /* Bytes of an activation of n elements: MXFP8 (n e4m3 values, then n / 32 e8m0 scales) or n
  * elements of ef bytes. */
 static size_t act_bytes(int64_t n, int mx, size_t ef) {
@@ -352,7 +381,8 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
             if (keeps_f32(t, i)) m->param_elems += t->params[i].numel;
     }
     m->param_mem = be->alloc(be, (size_t)m->param_elems * sizeof(float));
-    if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, (size_t)t->n_elems * sizeof(float));
+    m->expert_grad_dt = MOE_DTYPE_F32;
+    if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, grad_bytes(t, m->expert_grad_dt));
     if (copies) m->param16_mem = be->alloc(be, (size_t)t->n_elems * sizeof(uint16_t));
     if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) || (copies && !m->param16_mem))
         goto oom;
@@ -363,9 +393,9 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
             p->data = keeps_f32(t, i) ? m->param_mem + at : NULL;
             at += keeps_f32(t, i) ? (int)p->numel : 0;
         }
-        p->grad = m->grad_mem ? m->grad_mem + p->offset : NULL;
         p->data16 = m->param16_mem ? m->param16_mem + p->offset : NULL;
     }
+    point_grads(m);
     /* zero weights, zero copies: right, but training models say so once */
     m->copies_stale = !m->weights16_only;
     a->max_tokens = N;
@@ -556,23 +586,72 @@ void moe_model_copy_params_from_host(moe_model *m, const float *src) {
 }
 
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
+    const moe_param_table *t = &m->table;
     if (!m->grad_mem || m->grads_stale) { /* forward-only model, or zero since zero_grad */
-        memset(dst, 0, (size_t)m->table.n_elems * sizeof(float));
+        memset(dst, 0, (size_t)t->n_elems * sizeof(float));
         return;
     }
-    m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)m->table.n_elems * sizeof(float));
+    if (m->expert_grad_dt == MOE_DTYPE_F32) {
+        m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)t->n_elems * sizeof(float));
+        return;
+    }
+    m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)t->dense_elems * sizeof(float));
+    uint16_t *s = bf16_scratch(m); /* the experts' bf16 gradients widened, tensor by tensor */
+    for (int i = t->n_dense; i < t->n_params; i++) {
+        const moe_param *p = &t->params[i];
+        m->be->memcpy_d2h(m->be, s, p->grad16, (size_t)p->numel * sizeof(uint16_t));
+        for (int64_t j = 0; j < p->numel; j++)
+            dst[p->offset + j] = moe_bf16_to_f32(s[j]);
+    }
+    free(s);
 }
 
 void moe_model_zero_grad(moe_model *m) {
     if (m->grad_mem) m->grads_stale = 1; /* nothing to do for a forward-only model */
 }
 
-float *moe_model_grads(moe_model *m) {
+moe_buf moe_model_grads_at(moe_model *m, int64_t i) {
+    const moe_param_table *t = &m->table;
+    if (!m->grad_mem) return moe_buf_f32(NULL);
     if (m->grads_stale) {
-        m->be->memset(m->be, m->grad_mem, 0, (size_t)m->table.n_elems * sizeof(float));
+        m->be->memset(m->be, m->grad_mem, 0, grad_bytes(t, m->expert_grad_dt));
         m->grads_stale = 0;
     }
-    return m->grad_mem;
+    if (i < t->dense_elems) return moe_buf_f32(m->grad_mem + i);
+    return moe_buf_at(moe_buf_of(expert_grads(m), m->expert_grad_dt), i - t->dense_elems);
+}
+
+double moe_model_grad_sum_squares(moe_model *m, int64_t lo, int64_t hi) {
+    /* one pass over fp32 gradients; bf16 expert ones are a pass of their own */
+    const int64_t d = m->expert_grad_dt == MOE_DTYPE_F32 ? hi : m->table.dense_elems;
+    const int64_t mid = lo < d ? (hi < d ? hi : d) : lo;
+    double s = 0.0;
+    if (mid > lo)
+        s += m->be->sum_squares(m->be, moe_cbuf_from(moe_model_grads_at(m, lo)), mid - lo);
+    if (hi > mid)
+        s += m->be->sum_squares(m->be, moe_cbuf_from(moe_model_grads_at(m, mid)), hi - mid);
+    return s;
+}
+
+moe_status moe_model_set_expert_grads(moe_model *m, moe_dtype dt, moe_err *err) {
+    if (dt != MOE_DTYPE_F32 && dt != MOE_DTYPE_BF16)
+        return moe_err_set(err, MOE_ERR_INPUT, NULL, "expert gradients of type %s (fp32 or bf16)",
+                           moe_dtype_name(dt));
+    if (!m->grad_mem)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "a forward-only model has no gradients to keep in %s",
+                           moe_dtype_name(dt));
+    if (dt == m->expert_grad_dt) return MOE_OK;
+    m->be->free(m->be, m->grad_mem);
+    m->expert_grad_dt = dt;
+    m->grad_mem = m->be->alloc(m->be, grad_bytes(&m->table, dt));
+    point_grads(m);
+    if (!m->grad_mem)
+        return moe_err_set(err, MOE_ERR_RUNTIME, NULL,
+                           "out of memory for the gradients (%.2f GiB, experts' in %s)",
+                           (double)grad_bytes(&m->table, dt) / 1073741824.0, moe_dtype_name(dt));
+    m->grads_stale = 1;
+    return MOE_OK;
 }
 
 /* ---- sizes for --dry-run ---- */
@@ -623,7 +702,8 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
-                               const uint8_t *skip, moe_dtype moments, moe_model_memory *out) {
+                               const uint8_t *skip, moe_dtype moments, moe_dtype expert_grads,
+                               moe_model_memory *out) {
     int64_t total = 0;
     moe_model_count_params(cfg, &total, NULL);
     if (ep < 1) ep = 1;
@@ -633,7 +713,7 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     memset(out, 0, sizeof *out);
     out->params = mine * (int64_t)sizeof(float);
     out->expert_params = experts / ep * (int64_t)sizeof(float);
-    out->grads = out->params;
+    out->grads = (int64_t)grads_bytes(mine - experts / ep, experts / ep, expert_grads);
     out->optimizer = 2 * mine * (int64_t)moe_dtype_size(moments);
     out->weight_copies = moe_model_has_copies(recipe, 1) ? mine * (int64_t)sizeof(uint16_t) : 0;
     if (moe_model_has_fp8_copies(recipe))

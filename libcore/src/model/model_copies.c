@@ -171,13 +171,15 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf 
             wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
             if (pa >= pb) continue;
         }
-        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b)) { /* flush the run */
+        /* a run ends at a change of decay, a gap, or where bf16 expert gradients begin */
+        int split = pa == t->dense_elems && m->expert_grad_dt != MOE_DTYPE_F32;
+        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b || split)) {
             /* stale copies are all rewritten before the next forward: none written here */
             m->be->adamw(m->be, m->param_mem + a,
                          m->param16_mem && !m->copies_stale ? m->param16_mem + a : NULL,
-                         moe_model_grads(m) + a, moe_buf_at(mom, a - lo), moe_buf_at(var, a - lo),
-                         b - a, (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
-                         (float)wd_run, step, grad_scale);
+                         moe_cbuf_from(moe_model_grads_at(m, a)), moe_buf_at(mom, a - lo),
+                         moe_buf_at(var, a - lo), b - a, (float)lr, (float)o->beta1,
+                         (float)o->beta2, (float)o->eps, (float)wd_run, step, grad_scale);
             a = -1;
         }
         if (i == t->n_params) break;

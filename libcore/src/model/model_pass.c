@@ -30,6 +30,11 @@ static const int32_t *doc_positions(const moe_model *m) {
     return m->acts->doc_masked ? m->acts->positions : NULL;
 }
 
+/* The weight gradient of an expert tensor p, typed: bf16 under optim.expert_grads bf16. */
+static moe_buf expert_grad(const moe_param *p) {
+    return p->grad16 ? moe_buf_of(p->grad16, MOE_DTYPE_BF16) : moe_buf_f32(p->grad);
+}
+
 /* An activation buffer as an operand: MXFP8 when it has scales mx (the layer's ln1 and
  * expert path under mxfp8, model_internal.h), else of type adt. */
 static moe_buf act(void *p, uint8_t *mx, moe_dtype adt) {
@@ -378,20 +383,22 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
         if (a->g_layer != l)
             be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
-        be->grouped_matmul_backward(be, moe_buf_f32(NULL), P[li->w2].grad, moe_cbuf_of(dye, adt), g,
-                                    w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->rdt), NULL, moe_cbuf_of(dye, adt), g,
-                                    w2, eoff, El, F, C, prec, MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(NULL), expert_grad(&P[li->w2]),
+                                    moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
+                                    MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->rdt), moe_buf_f32(NULL),
+                                    moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
+                                    MOE_GRAD_SET, gw);
         a->g_layer = -1;
         moe_buf dh1 = h1, dh3 = h3; /* written over them, of their type */
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),
                             moe_cbuf_from(h3), R * F);
-        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), P[li->w1].grad, moe_cbuf_from(dh1), xe,
-                                    moe_model_weight(m, li->w1), eoff, El, C, F, prec, MOE_GRAD_SET,
-                                    gw);
-        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), P[li->w3].grad, moe_cbuf_from(dh3), xe,
-                                    moe_model_weight(m, li->w3), eoff, El, C, F, prec, MOE_GRAD_ADD,
-                                    gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w1]),
+                                    moe_cbuf_from(dh1), xe, moe_model_weight(m, li->w1), eoff, El,
+                                    C, F, prec, MOE_GRAD_SET, gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w3]),
+                                    moe_cbuf_from(dh3), xe, moe_model_weight(m, li->w3), eoff, El,
+                                    C, F, prec, MOE_GRAD_ADD, gw);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
         be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
         if (la->remake_ln2) ln2_forward(m, l, N);

@@ -271,7 +271,7 @@ static void pr_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 0);
 }
 
-static void pr_grouped_matmul_backward(const moe_backend *be, moe_buf dx, float *dw, moe_cbuf dy,
+static void pr_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_buf dw, moe_cbuf dy,
                                        moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                        int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                        moe_grad_store dw_st) {
@@ -331,7 +331,7 @@ static void pr_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, i
     prof_end_op(p, t0, MOE_OP_ADD, 0);
 }
 
-static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
+static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad,
                      moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                      float weight_decay, int64_t step, float grad_scale) {
     prof_ctx *p = ctx_of(be);
@@ -356,7 +356,7 @@ static void pr_quantize_weight(const moe_backend *be, uint8_t *q, float *s, cons
     prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
 }
 
-static double pr_sum_squares(const moe_backend *be, const float *x, int64_t n) {
+static double pr_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
     prof_ctx *p = ctx_of(be);
     p->st.host_syncs++;
     double t0 = prof_begin(p);

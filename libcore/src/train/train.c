@@ -87,20 +87,22 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (st == MOE_OK) st = t->be->synchronize(t->be, err);
     /* the global batch's gradient, each rank summing its ZeRO-1 slices: the dense part over
      * every rank, the experts over the dp replicas of this shard */
-    float *grad = moe_model_grads(&t->model); /* zero on a rank that ran no micro-batch */
-    int64_t dense = t->model.table.dense_elems, dn = t->dhi - t->dlo, xn = t->xhi - t->xlo;
+    moe_model *mo = &t->model; /* its gradients: zero on a rank that ran no micro-batch */
+    int64_t dense = mo->table.dense_elems, dn = t->dhi - t->dlo;
+    moe_buf xgrad = moe_model_grads_at(mo, dense);
     if (st == MOE_OK)
-        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_WORLD, grad, t->dslice, MOE_COMM_F32, err);
-    if (st == MOE_OK)
-        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_DP, grad + dense, t->xslice, MOE_COMM_F32,
-                                     err);
+        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_WORLD, moe_model_grads_at(mo, 0).p,
+                                     t->dslice, MOE_COMM_F32, err);
+    /* bf16 expert gradients have one dp replica (the config's rule): nothing to sum */
+    if (st == MOE_OK && xgrad.dt == MOE_DTYPE_F32)
+        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_DP, xgrad.p, t->xslice, MOE_COMM_F32, err);
     /* the statistics: the slices' squares give the global norm (each element owned once) */
     double sums[6] = {ce_sum, w_sum, aux, z, ent, 0};
-    if (t->dhi == t->xlo) /* one range (one process): one pass, as before */
-        sums[5] = t->be->sum_squares(t->be, grad + t->dlo, dn + xn);
+    if (t->dhi == t->xlo) /* one range (one process) */
+        sums[5] = moe_model_grad_sum_squares(mo, t->dlo, t->xhi);
     else
-        sums[5] = t->be->sum_squares(t->be, grad + t->dlo, dn) +
-                  t->be->sum_squares(t->be, grad + t->xlo, xn);
+        sums[5] = moe_model_grad_sum_squares(mo, t->dlo, t->dhi) +
+                  moe_model_grad_sum_squares(mo, t->xlo, t->xhi);
     if (st == MOE_OK) st = moe_comm_allreduce(t->comm, MOE_COMM_WORLD, sums, 6, MOE_COMM_F64, err);
     if (st == MOE_OK)
         st = moe_comm_allreduce(t->comm, MOE_COMM_WORLD, load, L * E, MOE_COMM_I64, err);
@@ -437,6 +439,8 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         st = moe_model_create_ep(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg),
                                  t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, &mep, err);
     if (st == MOE_OK) st = trainer_apply_skip_layers(&t, err);
+    if (st == MOE_OK) /* dp 1 when bf16: the config's rule */
+        st = moe_model_set_expert_grads(&t.model, t.cfg.optim.expert_grads, err);
     if (st == MOE_OK) st = moe_model_set_document_separator(&t.model, t.dl.doc_sep, err);
     if (st == MOE_OK) st = trainer_alloc_state(&t, err);
     if (st == MOE_OK) {

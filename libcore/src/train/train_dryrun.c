@@ -5,6 +5,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe/model.h"
 #include "moe/train.h"
@@ -39,7 +40,8 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     }
     moe_model_memory mem;
     moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
-                              tc->seq_len, (int)cfg->parallel.ep, skip, cfg->optim.moments, &mem);
+                              tc->seq_len, (int)cfg->parallel.ep, skip, cfg->optim.moments,
+                              cfg->optim.expert_grads, &mem);
     free(skip);
     /* ZeRO-1: the dense part's AdamW state is sharded over all ranks, the experts' over the
      * dp replicas of the shard (m and v of each expert parameter, optim.moments' bytes each) */
@@ -48,8 +50,12 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
                    (int64_t)moe_dtype_size(cfg->optim.moments);
     int64_t opt = (mem.optimizer - xopt) / world + xopt / cfg->parallel.dp;
     int64_t total_mem = mem.total - mem.optimizer + opt;
-    char w[32], w16[64] = "", a[32], o[32], sum[32], gs[32], gt[32];
+    char w[32], w16[64] = "", g[48], a[32], o[32], sum[32], gs[32], gt[32];
     human_bytes(w, sizeof w, (double)mem.params);
+    human_bytes(g, sizeof g, (double)mem.grads);
+    if (cfg->optim.expert_grads != MOE_DTYPE_F32) /* say which part is bf16 */
+        snprintf(g + strlen(g), sizeof g - strlen(g), " (experts' %s)",
+                 moe_moments_name(cfg->optim.expert_grads));
     if (mem.weight_copies > 0) {
         char c[32];
         human_bytes(c, sizeof c, (double)mem.weight_copies);
@@ -80,7 +86,7 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             "# memory estimate: weights %s%s + gradients %s + AdamW moments %s (%s, ZeRO-1 "
             "share) + activations %s (train.recompute %s) = %s per rank; on a CUDA device + %s "
             "backend scratch = %s peak\n",
-            w, w16, w, o, moe_moments_name(cfg->optim.moments), a,
+            w, w16, g, o, moe_moments_name(cfg->optim.moments), a,
             moe_recompute_name(tc->recompute), sum, gs, gt);
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }

@@ -76,7 +76,7 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cb
 void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w,
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec);
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dx, float *dw, moe_cbuf dy,
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_buf dw, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st);
@@ -160,10 +160,10 @@ void moe_cpu_cross_entropy_backward(const moe_backend *be, float *dlogits, const
                                     float dloss, int64_t N, int64_t V);
 
 /* ops_optim.c */
-void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                   moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
+void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad, moe_buf m,
+                   moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                    float weight_decay, int64_t step, float grad_scale);
 void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
-double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n);
+double moe_cpu_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n);
 
 #endif

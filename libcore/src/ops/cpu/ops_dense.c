@@ -257,12 +257,13 @@ static void dense_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x
     if (xr) moe_cpu_operand_free(xr, x.p);
 }
 
-void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *dw, moe_cbuf dy,
+void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf dwb, moe_cbuf dy,
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
     int64_t M = offsets[E];
+    float *dw = dwb.p ? moe_cpu_grad_output(dwb, E * O * I, dw_st) : NULL; /* fp32 (or dwb) */
     if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */
         for (int64_t e = 0; e < E; e++)
             if (offsets[e + 1] <= offsets[e])
@@ -273,4 +274,5 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, float *
     else
         dense_grouped_backward(dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st, dw_st);
     if (dx) moe_cpu_output_store(dxb, dx, M * I);
+    if (dw) moe_cpu_output_store(dwb, dw, E * O * I);
 }

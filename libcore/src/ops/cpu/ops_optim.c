@@ -27,8 +27,8 @@ static inline float adamw_store_moment(moe_buf b, int64_t i, float x) {
     return moe_bf16_to_f32(h);
 }
 
-void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const float *grad,
-                   moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
+void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad, moe_buf m,
+                   moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
                    float weight_decay, int64_t step, float grad_scale) {
     (void)be;
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
@@ -36,7 +36,7 @@ void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, const
     const moe_cbuf mr = moe_cbuf_from(m), vr = moe_cbuf_from(v);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
+        float g = moe_cbuf_get(grad, i) * grad_scale;
         float mi = beta1 * moe_cbuf_get(mr, i) + (1.0f - beta1) * g;
         float vi = beta2 * moe_cbuf_get(vr, i) + (1.0f - beta2) * g * g;
         mi = adamw_store_moment(m, i, mi);
@@ -54,7 +54,7 @@ void moe_cpu_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, i
         dst[i] = moe_f32_to_bf16(src[i]);
 }
 
-double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n) {
+double moe_cpu_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
     (void)be;
     int64_t nchunk = (n + MOE_CPU_CHUNK - 1) / MOE_CPU_CHUNK;
     if (nchunk == 0) return 0.0;
@@ -64,8 +64,10 @@ double moe_cpu_sum_squares(const moe_backend *be, const float *x, int64_t n) {
     for (int64_t c = 0; c < nchunk; c++) {
         int64_t i1 = (c + 1) * MOE_CPU_CHUNK < n ? (c + 1) * MOE_CPU_CHUNK : n;
         double s = 0.0;
-        for (int64_t i = c * MOE_CPU_CHUNK; i < i1; i++)
-            s += (double)x[i] * x[i];
+        for (int64_t i = c * MOE_CPU_CHUNK; i < i1; i++) {
+            double xi = moe_cbuf_get(x, i);
+            s += xi * xi;
+        }
         part[c] = s;
     }
     double s = 0.0;
