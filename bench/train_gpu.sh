@@ -100,14 +100,14 @@ def read_round(k):
 
 
 ours, prof, hf = read_round(1)
-print("| preset | recipe | tokens/step | ours tokens/s | / our bf16 | ours TFLOP/s | ours MFU | ours peak GiB | activations GiB | HF impl | HF tokens/s | HF TFLOP/s | HF peak GiB | ours/HF |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| preset | recipe | moments, expert grads | tokens/step | ours tokens/s | / our bf16 | ours TFLOP/s | ours MFU | ours peak GiB | activations GiB | HF impl | HF tokens/s | HF TFLOP/s | HF peak GiB | ours/HF |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for p in presets:
     base = ours.get((p, "bf16"))
     for rc in recipes:
         o = ours.get((p, rc))
         if not o:
-            print(f"| {p} | {rc} | failed | | | | | | | | | | | |")
+            print(f"| {p} | {rc} | | failed | | | | | | | | | | | |")
             continue
         vs = f"{float(o['tokens_per_s']) / float(base['tokens_per_s']):.2f}x" if base else "-"
         rows = hf.get(p) or [None]
@@ -115,7 +115,8 @@ for p in presets:
             tail = "| - | - | - | - | - |" if r is None else (
                 f"| {r['impl']} | {r['tokens_per_s']:,} | {r['model_tflops']} | {r['peak_mem_GiB']} | "
                 f"{float(o['tokens_per_s']) / r['tokens_per_s']:.3f}x |")
-            print(f"| {p} | {rc} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | {vs} | "
+            state = f"{o.get('moments', '?')}, {o.get('expert_grads', 'fp32')}"
+            print(f"| {p} | {rc} | {state} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | {vs} | "
                   f"{o['model_tflops']} | {o['mfu_pct']}% | {o['peak_gib']} | {o.get('act_gib', '-')} " + tail)
 if rounds > 1:  # each round's ratio to HF's first implementation, and their median
     per = [read_round(k) for k in range(1, rounds + 1)]
