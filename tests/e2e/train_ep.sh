@@ -14,13 +14,15 @@
 # contradict MPI's ranks, and expert parallelism on the GPU backend, launched by mpirun or by
 # torchrun-style variables (GPU ranks train data-parallel over NCCL; ep > 1 stays on the CPU).
 # (d) One of 2 ranks killed mid-run ends the run with an error; one stopped (SIGSTOP: a hang)
-# makes the other end the job within parallel.timeout_s with a message naming it.
+# makes the other end the job within parallel.timeout_s with a message naming it. (f) With
+# the experts' gradients in bf16 (optim.expert_grads, one replica of each expert), ep=2
+# follows one process within 1e-3 relative (each rank rounds its own micro-steps' sums).
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/mpi_env.sh"
 mpi() { local np=$1; shift; ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np "$np" "$@"; }
 
-rm -rf one ep2 d2e2 s2 same r1 r4 rs4 bad kill hang ./*.mtok
+rm -rf one ep2 d2e2 s2 same r1 r4 rs4 bad kill hang one16 ep216 ./*.mtok
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 64 --val-fraction 0.1 -o l.mtok -
 # 4 micro-batches of 1 sequence per step: one process runs all four, ep=2 ranks two each
 args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=10 optim.warmup_steps=1
@@ -93,6 +95,22 @@ for d in ("r1", "r4", "rs4"):
     worst = max(rel(ep2[s]["loss"], m[s]["loss"]) for s in range(6, 11))
     assert worst < 1e-6, (d, worst)
     print(f"ep=2 checkpoint resumed as {d}: next losses within {worst:.1e} of the ep=2 run")
+PY
+
+# (f) bf16 expert gradients under expert parallelism
+moe-train "${args[@]}" -o one16 optim.expert_grads=bf16
+mpi 2 moe-train "${args[@]}" -o ep216 parallel.ep=2 optim.expert_grads=bf16 2> ep216.err ||
+    { cat ep216.err; fail "ep=2 optim.expert_grads=bf16"; }
+"$PY" - <<'PY'
+import json
+def losses(d):
+    return {m["step"]: m["loss"] for m in map(json.loads, open(f"{d}/metrics.jsonl"))}
+a, b, f = losses("one16"), losses("ep216"), losses("one")
+assert sorted(a) == sorted(b) == list(range(1, 11)), (sorted(a), sorted(b))
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+assert worst < 1e-3, worst
+assert a != f, "bf16 expert gradients gave fp32's losses"
+print(f"bf16 expert gradients: ep=2 within {worst:.1e} of one process")
 PY
 
 # (c) torchrun-style variables for CPU ranks
