@@ -134,16 +134,20 @@ static moe_status check_live(const moe_nccl *c, const char *what, moe_err *err) 
 }
 
 static ncclDataType_t nccl_type(moe_comm_dtype dt) {
-    return dt == MOE_COMM_F32   ? ncclFloat32
-           : dt == MOE_COMM_F64 ? ncclFloat64
-           : dt == MOE_COMM_I64 ? ncclInt64
-           : dt == MOE_COMM_U16 ? ncclFloat16 /* NCCL has no 2-byte integer; only moved */
-                                : ncclUint8;
+    return dt == MOE_COMM_F32    ? ncclFloat32
+           : dt == MOE_COMM_F64  ? ncclFloat64
+           : dt == MOE_COMM_I64  ? ncclInt64
+           : dt == MOE_COMM_U16  ? ncclFloat16 /* NCCL has no 2-byte integer; only moved */
+           : dt == MOE_COMM_BF16 ? ncclBfloat16
+                                 : ncclUint8;
 }
 
 /* moe_comm_dtype_size's rule, restated: libmoe_cuda links libmoe_base only, not libmoe. */
 static size_t type_size(moe_comm_dtype dt) {
-    return dt == MOE_COMM_F32 ? 4 : dt == MOE_COMM_BYTE ? 1 : dt == MOE_COMM_U16 ? 2 : 8;
+    return dt == MOE_COMM_F32                          ? 4
+           : dt == MOE_COMM_BYTE                       ? 1
+           : dt == MOE_COMM_U16 || dt == MOE_COMM_BF16 ? 2
+                                                       : 8;
 }
 
 static char *at(const void *p, int64_t i, moe_comm_dtype dt) {

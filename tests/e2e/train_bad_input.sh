@@ -40,8 +40,6 @@ expect_fail bf16-moments-beta 'moments.yaml:3:3: optim.moments bf16 needs optim.
 grep -q 'hint: use optim.moments: fp32' err.txt || { echo "FAIL [bf16-moments-beta]: no hint"; failures=$((failures + 1)); }
 expect_fail bf16-moments-override "after override 'optim.moments=bf16'.*optim.beta1 <= 0.99, got 0.995" \
     moe-train -q -c "$cfg" --data shards -o run1 optim.beta1=0.995 optim.moments=bf16
-expect_fail bf16-expert-grads-dp "optim.expert_grads bf16 needs parallel.dp 1, got 2" \
-    moe-train -q -c "$cfg" --data shards -o run1 optim.expert_grads=bf16 parallel.dp=2
 : > empty.mtok
 expect_fail empty 'empty.mtok' moe-train -q -c "$cfg" --data empty.mtok -o run1
 expect_fail missing 'no-such-shards' moe-train -q -c "$cfg" --data no-such-shards -o run1

@@ -8,7 +8,8 @@
 # the same bytes as an uninterrupted one; only rank 0 writes the run directory; under bf16
 # and fp8-block, whose weight copies are refreshed after the all-gather, the same losses as
 # one process within 1e-3 relative; with bf16 AdamW moments (sharded and gathered as 2-byte
-# values) likewise, and a dp=2 run of them resumes to the same bytes. Bad launches
+# values) likewise, and a dp=2 run of them resumes to the same bytes; with bf16 expert
+# gradients (optim.expert_grads, reduce-scattered as bf16 sums) likewise. Bad launches
 # (dp=2 in one process, 2 processes with dp=1, a micro-batch count dp does not divide) are
 # refused with exit 2 and a hint.
 set -euo pipefail
@@ -16,7 +17,7 @@ src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/mpi_env.sh"
 mpi2() { ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np 2 "$@"; }
 
-rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok one-m16 dp2-m16 split-m16
+rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok one-m16 dp2-m16 split-m16 one-g16 dp2-g16
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 --val-fraction 0.1 -o l.mtok -
 args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=6 optim.warmup_steps=1
       train.seq_len=128 train.global_batch_tokens=512 train.micro_batch_tokens=256
@@ -107,6 +108,21 @@ w = np.concatenate([np.frombuffer(b, np.uint32) for _, _, b in o.values()])
 assert not (w & 0xffff).any(), "gathered moments are not bf16 values"
 print(f"bf16 moments: dp=2 vs one process, losses within {worst:.2e} relative; {w.size} moments, all bf16")
 assert worst < 1e-3, worst
+PY
+
+# bf16 expert gradients: the dp ranks' sums are reduce-scattered as bf16 (each addition in
+# fp32, rounded): one process's losses to rounding, and not fp32 gradients' losses
+g16=(optim.expert_grads=bf16 checkpoint.every=0)
+moe-train "${args[@]}" "${g16[@]}" -o one-g16
+mpi2 moe-train "${args[@]}" "${g16[@]}" -o dp2-g16 parallel.dp=2
+"$PY" - one-g16 dp2-g16 one <<'PY'
+import json, sys
+a, b, f = ([json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:4])
+assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 7)), "steps"
+worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+print(f"bf16 expert gradients: dp=2 vs one process, losses within {worst:.2e} relative")
+assert worst < 1e-3, worst
+assert [x["loss"] for x in a] != [x["loss"] for x in f], "bf16 expert gradients gave fp32's losses"
 PY
 
 # bad launches

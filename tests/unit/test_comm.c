@@ -5,12 +5,14 @@
  * reduce-scatter and all-gather slices with an empty one, all-to-all(v) with zero counts
  * between some pairs, gather, broadcast, barrier, and the dp x ep groups (ep = 2 on an even
  * world: rank = d * ep + e) - once as they run, once with moe_comm.chunk = 2 so that every
- * operation takes its chunked path (what counts beyond MPI's int need); and
+ * operation takes its chunked path (what counts beyond MPI's int need); the reduce-scatter
+ * also of bf16 values (MOE_COMM_BF16, summed as values); and
  * moe_comm_share_blob (rank 0's bytes on every rank). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "moe/comm.h"
+#include "moe/dtype.h"
 #include "testlib.h"
 
 /* Slices of sizes 0, 1, ..., n - 1 (rank 0's is empty) into off [n + 1]. */
@@ -73,6 +75,16 @@ static void test_slices(const moe_comm *c) {
     CHECK(moe_comm_reduce_scatter(c, MOE_COMM_WORLD, buf, off, MOE_COMM_F32, &err) == MOE_OK);
     for (int64_t i = off[r]; i < off[r + 1]; i++) /* sum over ranks of (rank + 1) (i + 1) */
         CHECK_NEAR(buf[i], (double)(i + 1) * W * (W + 1) / 2.0, 0);
+    /* the same sums of bf16 values (the experts' gradients: MOE_COMM_BF16), small integers
+     * whose sums bf16 holds exactly: summed as values, not as 2-byte codes */
+    uint16_t *b16 = malloc((size_t)n * sizeof *b16);
+    for (int64_t i = 0; i < off[W]; i++)
+        b16[i] = moe_f32_to_bf16((float)((r + 1) * (i + 1)));
+    CHECK(moe_comm_reduce_scatter(c, MOE_COMM_WORLD, b16, off, MOE_COMM_BF16, &err) == MOE_OK);
+    for (int64_t i = off[r]; i < off[r + 1]; i++)
+        CHECK_NEAR(moe_bf16_to_f32(b16[i]), (double)(i + 1) * W * (W + 1) / 2.0, 0);
+    CHECK_INT_EQ(moe_comm_dtype_size(MOE_COMM_BF16), 2);
+    free(b16);
     for (int64_t i = 0; i < off[W]; i++)
         if (i < off[r] || i >= off[r + 1])
             buf[i] = -1.0f; /* only the owner's slice counts */

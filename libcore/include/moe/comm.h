@@ -66,6 +66,9 @@ typedef enum moe_comm_dtype {
     MOE_COMM_I64,
     MOE_COMM_BYTE, /* raw bytes: all-to-all of rows, gathers; no sums */
     MOE_COMM_U16,  /* 2-byte elements moved as they are (bf16 AdamW moments); no sums */
+    MOE_COMM_BF16, /* bf16 values; summed as NCCL sums them: each addition in fp32, the result
+                      rounded to bf16 (nearest even) - the experts' gradients under
+                      optim.expert_grads bf16 */
 } moe_comm_dtype;
 
 /* What the collectives cost this rank since the last moe_comm_stats_take, per group: seconds
@@ -143,7 +146,7 @@ moe_comm_stats moe_comm_stats_take(moe_comm *c);
 size_t moe_comm_dtype_size(moe_comm_dtype dt);
 
 /* The collectives over group g; every rank of g calls them in the same order with the same
- * n / offsets. Sums are of F32, F64 or I64 elements. Slices: rank r of g owns elements
+ * n / offsets. Sums are of F32, F64, I64 or BF16 elements. Slices: rank r of g owns elements
  * [offsets[r], offsets[r + 1]) of a flat buffer (offsets [gsize + 1], non-decreasing; a
  * slice may be empty). */
 

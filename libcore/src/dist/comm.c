@@ -252,7 +252,10 @@ void moe_comm_abort(const moe_comm *c, int code) {
 }
 
 size_t moe_comm_dtype_size(moe_comm_dtype dt) {
-    return dt == MOE_COMM_F32 ? 4 : dt == MOE_COMM_BYTE ? 1 : dt == MOE_COMM_U16 ? 2 : 8;
+    return dt == MOE_COMM_F32                          ? 4
+           : dt == MOE_COMM_BYTE                       ? 1
+           : dt == MOE_COMM_U16 || dt == MOE_COMM_BF16 ? 2
+                                                       : 8;
 }
 
 /* ---- waiting with a deadline ---- */

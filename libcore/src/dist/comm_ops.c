@@ -12,6 +12,7 @@
 
 #include "dist/comm_internal.h"
 #include "moe/comm.h"
+#include "moe/dtype.h"
 #include "moe/log.h"
 
 static char *at(const void *buf, int64_t i, moe_comm_dtype dt) {
@@ -33,11 +34,31 @@ static int no_transport(const moe_comm *c, moe_comm_group g, moe_err *err) {
 
 #ifdef MOE_HAVE_MPI
 static MPI_Datatype mpi_type(moe_comm_dtype dt) {
-    return dt == MOE_COMM_F32   ? MPI_FLOAT
-           : dt == MOE_COMM_F64 ? MPI_DOUBLE
-           : dt == MOE_COMM_I64 ? MPI_INT64_T
-           : dt == MOE_COMM_U16 ? MPI_UINT16_T
-                                : MPI_BYTE;
+    return dt == MOE_COMM_F32                          ? MPI_FLOAT
+           : dt == MOE_COMM_F64                        ? MPI_DOUBLE
+           : dt == MOE_COMM_I64                        ? MPI_INT64_T
+           : dt == MOE_COMM_U16 || dt == MOE_COMM_BF16 ? MPI_UINT16_T
+                                                       : MPI_BYTE;
+}
+
+/* MPI_Op of bf16 sums (MOE_COMM_BF16 on MPI_UINT16_T): inout[i] = bf16(in[i] + inout[i]), each
+ * addition in fp32 */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *type) {
+    (void)type;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++)
+        b[i] = moe_f32_to_bf16(moe_bf16_to_f32(a[i]) + moe_bf16_to_f32(b[i]));
+}
+
+/* The sum operation of dt into *op: MPI_SUM, or for BF16 an operation created here that
+ * sum_op_free releases. MPI_SUCCESS or MPI's error. */
+static int sum_op(moe_comm_dtype dt, MPI_Op *op) {
+    *op = MPI_SUM;
+    return dt == MOE_COMM_BF16 ? MPI_Op_create(bf16_sum, 1, op) : MPI_SUCCESS;
+}
+static void sum_op_free(MPI_Op *op) {
+    if (*op != MPI_SUM) MPI_Op_free(op);
 }
 
 static MPI_Comm group_comm(const moe_comm *c, moe_comm_group g) {
@@ -53,22 +74,24 @@ static int fits_int(const moe_comm *c, const int64_t *offsets, int n) {
 static moe_status reduce_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
                                 moe_comm_dtype dt, int root, moe_err *err) {
     MPI_Comm comm = group_comm(c, g);
-    for (int64_t i = 0; i < n; i += c->chunk) {
+    MPI_Op op;
+    int rc = sum_op(dt, &op);
+    if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a sum", err);
+    moe_status st = MOE_OK;
+    for (int64_t i = 0; i < n && st == MOE_OK; i += c->chunk) {
         int cnt = (int)(n - i < c->chunk ? n - i : c->chunk);
         MPI_Request req;
-        int rc;
         if (root < 0)
-            rc = MPI_Iallreduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), MPI_SUM, comm,
-                                &req);
+            rc = MPI_Iallreduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), op, comm, &req);
         else if (c->grank[g] == root)
-            rc = MPI_Ireduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), MPI_SUM, root, comm,
-                             &req);
+            rc = MPI_Ireduce(MPI_IN_PLACE, at(buf, i, dt), cnt, mpi_type(dt), op, root, comm, &req);
         else
-            rc = MPI_Ireduce(at(buf, i, dt), NULL, cnt, mpi_type(dt), MPI_SUM, root, comm, &req);
-        if (rc != MPI_SUCCESS) return moe_comm_mpi_fail(c, g, rc, "a sum", err);
-        if (moe_comm_wait(c, g, &req, 1, "a sum", err) != MOE_OK) return err->status;
+            rc = MPI_Ireduce(at(buf, i, dt), NULL, cnt, mpi_type(dt), op, root, comm, &req);
+        st = rc != MPI_SUCCESS ? moe_comm_mpi_fail(c, g, rc, "a sum", err)
+                               : moe_comm_wait(c, g, &req, 1, "a sum", err);
     }
-    return MOE_OK;
+    sum_op_free(&op);
+    return st;
 }
 
 static moe_status bcast_chunks(const moe_comm *c, moe_comm_group g, void *buf, int64_t n,
@@ -156,13 +179,17 @@ static moe_status slices(const moe_comm *c, moe_comm_group g, void *buf, const i
     if (!cnt) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
     int_slices(offsets, n, cnt, cnt + n);
     MPI_Request req;
+    MPI_Op op = MPI_SUM;
+    int rc = sum ? sum_op(dt, &op) : MPI_SUCCESS;
     /* in place, a reduce-scatter leaves this rank's sum at the start of buf: moved below */
-    int rc = sum ? MPI_Ireduce_scatter(MPI_IN_PLACE, buf, cnt, mpi_type(dt), MPI_SUM,
-                                       group_comm(c, g), &req)
+    if (rc == MPI_SUCCESS)
+        rc = sum ? MPI_Ireduce_scatter(MPI_IN_PLACE, buf, cnt, mpi_type(dt), op, group_comm(c, g),
+                                       &req)
                  : MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buf, cnt, cnt + n,
                                    mpi_type(dt), group_comm(c, g), &req);
     moe_status st = rc == MPI_SUCCESS ? moe_comm_wait(c, g, &req, 1, what, err)
                                       : moe_comm_mpi_fail(c, g, rc, what, err);
+    if (sum) sum_op_free(&op);
     free(cnt);
     if (st == MOE_OK && sum && offsets[me] > 0)
         memmove(at(buf, offsets[me], dt), buf,

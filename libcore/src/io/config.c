@@ -605,13 +605,6 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
                          "change is lost to rounding",
                          which, bf16_max_beta, beta, which, 1.0 - beta);
     }
-    if (o->expert_grads == MOE_DTYPE_BF16 && c->parallel.dp > 1)
-        return rule_fail(err, bad, "optim.expert_grads", "parallel.dp",
-                         "use optim.expert_grads: fp32 (the default) with data parallelism",
-                         "optim.expert_grads bf16 needs parallel.dp 1, got %lld: the collectives "
-                         "sum fp32, and summing bf16 gradients over data-parallel replicas is "
-                         "not implemented",
-                         (long long)c->parallel.dp);
     return MOE_OK;
 }
 

@@ -173,8 +173,8 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Storage of the experts' weight gradients: fp32, or bf16 (half their memory and of the "
      "bytes the weight-gradient products write and the gradient norm and AdamW read; each "
      "backward stores the fp32 result rounded to nearest even, a second micro-batch the rounded "
-     "sum, as Megatron-Core's bf16 gradient buffers do). Needs one data-parallel replica of "
-     "each expert (parallel.dp 1). Other gradients, master weights and checkpoints stay fp32. "
+     "sum, as Megatron-Core's bf16 gradient buffers do; data-parallel replicas sum them in "
+     "bf16, each addition rounded). Other gradients, master weights and checkpoints stay fp32. "
      "docs/dtypes.md."},
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
@@ -712,8 +712,6 @@ void moe_config_write_markdown(FILE *fp) {
           "ulp (2^-9 to 2^-8 of its value); with a decay 1 - beta below that, beta x m rounds "
           "back to m and the moment never decays. 0.99 (a decay of 0.01, above 2^-8) keeps a "
           "margin ([dtypes.md](dtypes.md)).\n"
-          "- `optim.expert_grads: bf16` needs `parallel.dp` 1: the collectives sum fp32, and "
-          "summing bf16 gradients over data-parallel replicas is not implemented.\n"
           "- `parallel.ep` divides `model.num_local_experts`.\n"
           "\n## Regenerating this page\n\n"
           "This page is generated from the schema table; `unit.config` fails when it is stale. "

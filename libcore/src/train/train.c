@@ -93,9 +93,10 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
     if (st == MOE_OK)
         st = moe_comm_reduce_scatter(t->comm, MOE_COMM_WORLD, moe_model_grads_at(mo, 0).p,
                                      t->dslice, MOE_COMM_F32, err);
-    /* bf16 expert gradients have one dp replica (the config's rule): nothing to sum */
-    if (st == MOE_OK && xgrad.dt == MOE_DTYPE_F32)
-        st = moe_comm_reduce_scatter(t->comm, MOE_COMM_DP, xgrad.p, t->xslice, MOE_COMM_F32, err);
+    if (st == MOE_OK) /* bf16 expert gradients: summed in bf16, as NCCL and Megatron do */
+        st =
+            moe_comm_reduce_scatter(t->comm, MOE_COMM_DP, xgrad.p, t->xslice,
+                                    xgrad.dt == MOE_DTYPE_BF16 ? MOE_COMM_BF16 : MOE_COMM_F32, err);
     /* the statistics: the slices' squares give the global norm (each element owned once) */
     double sums[6] = {ce_sum, w_sum, aux, z, ent, 0};
     if (t->dhi == t->xlo) /* one range (one process) */
@@ -439,8 +440,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
         st = moe_model_create_ep(&t.model, &t.cfg.model, moe_config_recipe(&t.cfg),
                                  t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, &mep, err);
     if (st == MOE_OK) st = trainer_apply_skip_layers(&t, err);
-    if (st == MOE_OK) /* dp 1 when bf16: the config's rule */
-        st = moe_model_set_expert_grads(&t.model, t.cfg.optim.expert_grads, err);
+    if (st == MOE_OK) st = moe_model_set_expert_grads(&t.model, t.cfg.optim.expert_grads, err);
     if (st == MOE_OK) st = moe_model_set_document_separator(&t.model, t.dl.doc_sep, err);
     if (st == MOE_OK) st = trainer_alloc_state(&t, err);
     if (st == MOE_OK) {
