@@ -261,8 +261,8 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
         moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
 }
 
-/* dx [M, I] (+)= dy W_e and dw [E, O, I] (+)= dy^T x per group (either may be NULL; betas bx,
- * bw: 1 adds, 0 writes); dy [M, O]. */
+/* dx [M, I] (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per group (dx NULL, dw.p
+ * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O]. */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, int pow2, float bx, float bw) {
