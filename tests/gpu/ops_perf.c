@@ -283,12 +283,20 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_ADAMW:
         a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
         e = perf_buf(g, (s[0] + 1) / 2);
+        if (s[2]) { /* the gradient's bf16 values (not the fp32 buffer's bits read as bf16) */
+            b16.p = perf_buf(g, (s[0] + 1) / 2);
+            be->cast_bf16(be, (uint16_t *)b16.p, b, s[0]);
+        }
         /* read p, g, m, v; write p, m, v and the bf16 copy: 30 B, 22 B with bf16 moments, 2 B
          * less with a bf16 gradient */
         bytes = ((s[1] ? 22.0 : 30.0) - (s[2] ? 2.0 : 0.0)) * (double)s[0];
         break;
     case MOE_OP_SUM_SQUARES:
         a = perf_buf(g, s[0]);
+        if (s[1]) {
+            a16.p = perf_buf(g, (s[0] + 1) / 2);
+            be->cast_bf16(be, (uint16_t *)a16.p, a, s[0]);
+        }
         bytes = (s[1] ? 2.0 : 4.0) * (double)s[0];
         break;
     case MOE_OP_QUANTIZE: {
@@ -372,15 +380,13 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
                 break;
             case MOE_OP_ADAMW:
-                be->adamw(be, a, (uint16_t *)e,
-                          moe_cbuf_of(b, s[2] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
+                be->adamw(be, a, (uint16_t *)e, s[2] ? b16 : moe_cbuf_f32(b),
                           moe_buf_of(c, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
                           moe_buf_of(d, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32), s[0], 1e-9f, 0.9f,
                           0.95f, 1e-8f, 0.0f, 10, 1.0f);
                 break;
             case MOE_OP_SUM_SQUARES:
-                (void)be->sum_squares(be, moe_cbuf_of(a, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
-                                      s[0]);
+                (void)be->sum_squares(be, s[1] ? a16 : moe_cbuf_f32(a), s[0]);
                 break;
             case MOE_OP_QUANTIZE:
                 be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
