@@ -167,6 +167,6 @@ moe_status moe_config_skip_layers(const moe_config *c, uint8_t *skip, moe_err *e
 const char *moe_device_name(moe_device_kind d);      /* "auto","cpu","cuda" */
 const char *moe_lr_schedule_name(moe_lr_schedule s); /* "cosine","linear","constant" */
 const char *moe_recompute_name(moe_recompute r);     /* "none","attn","moe","full" */
-const char *moe_moments_name(moe_dtype d); /* optim.moments, optim.expert_grads: "fp32","bf16" */
+const char *moe_moments_name(moe_dtype d);           /* optim.moments: "fp32","bf16" */
 
 #endif

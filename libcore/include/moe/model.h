@@ -82,31 +82,32 @@ typedef struct moe_model {
     moe_model_ep ep;       /* size 1: no expert parallelism */
     moe_status ep_status;  /* the first failed exchange of the pass in progress, in ep_err */
     moe_err ep_err;
-    float *param_mem;         /* [param_elems] dev, one allocation: every tensor's fp32 master (at
-                                 its table offset), or in a weights16_only model only the tensors
-                                 that stay fp32, packed in table order */
-    int64_t param_elems;      /* table.n_elems, or what weights16_only keeps in fp32 */
-    uint16_t *param16_mem;    /* [table.n_elems] dev, bf16 weights for the matrix products: the
-                                 copies of moe_model_has_copies, or a weights16_only model's
-                                 weights; else NULL */
-    int weights16_only;       /* forward-only bf16 model: matrix weights in bf16 only (their
-                                 moe_param.data is NULL), one conversion at load */
-    uint8_t *param8_mem;      /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
-                                 weights) of the quantized weights of the layers not in
-                                 skip_quant, each weight's e4m3 values then its tile scales
-                                 (moe_param.data8, scale8); made by the first pass under
-                                 fp8-block, else NULL */
-    int copies_stale;         /* the weight copies (param16_mem, param8_mem) no longer equal what
-                                 the master weights give */
-    float *grad_mem;          /* dev, one allocation: the gradients in table order, the dense
-                                 part's [dense_elems] fp32, then the experts' [n_elems -
-                                 dense_elems] in expert_grad_dt (F32: one flat [n_elems] fp32
-                                 array; BF16: from the next 256 bytes); read them through
-                                 moe_model_grads_at (see moe_model_zero_grad) */
-    moe_dtype expert_grad_dt; /* the experts' gradients: F32 (after create) or BF16
-                                 (moe_model_set_expert_grads) */
-    int grads_stale;          /* 1 after moe_model_zero_grad until the next backward writes the
-                                 gradients (or moe_model_grads zeroes them) */
+    float *param_mem;      /* [param_elems] dev, one allocation: every tensor's fp32 master (at
+                              its table offset), or in a weights16_only model only the tensors
+                              that stay fp32, packed in table order */
+    int64_t param_elems;   /* table.n_elems, or what weights16_only keeps in fp32 */
+    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 weights for the matrix products: the
+                              copies of moe_model_has_copies, or a weights16_only model's
+                              weights; else NULL */
+    int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
+                              moe_param.data is NULL), one conversion at load */
+    uint8_t *param8_mem;   /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
+                              weights) of the quantized weights of the layers not in
+                              skip_quant, each weight's e4m3 values then its tile scales
+                              (moe_param.data8, scale8); made by the first pass under
+                              fp8-block, else NULL */
+    int copies_stale;      /* the weight copies (param16_mem, param8_mem) no longer equal what
+                              the master weights give */
+    float *grad_mem;       /* dev, one allocation: the gradients in table order, the dense
+                              part's [dense_elems] fp32, then the experts' [n_elems -
+                              dense_elems] in expert_grad_dt (F32: one flat [n_elems] fp32
+                              array; BF16: from the next 256 bytes); read them through
+                              moe_model_grads_at (see moe_model_zero_grad) */
+    int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
+                              gradients (or moe_model_grads_at zeroes them) */
+
+    /* the experts' gradients: F32 (after create) or BF16 (moe_model_set_expert_grads) */
+    moe_dtype expert_grad_dt;
     moe_acts *acts;
     int64_t *expert_tokens; /* [layers, E] host, filled by forward */
     uint8_t *skip_quant;    /* [layers] host: 1 = the layer's products stay unquantized under
@@ -210,7 +211,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err);
 /* The gradients are zero from here on. No pass over them: the next moe_model_backward writes
  * every gradient instead of adding to it (each has one producer per backward; the few that
  * accumulate within one, the embedding's and the norms', are zeroed there), and
- * moe_model_grads zeroes them if it comes first. */
+ * moe_model_grads_at zeroes them if it comes first. */
 void moe_model_zero_grad(moe_model *m);
 /* The gradients from flat element i on (reduce, norm, optimizer), typed: F32 in the dense
  * part [0, dense_elems), expert_grad_dt in the experts' part, so a range read through it
