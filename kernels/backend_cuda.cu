@@ -612,10 +612,22 @@ void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, 
 
 #define MOE_SUMSQ_CHUNK 65536 /* elements per partial: fixed, so the sum order is fixed */
 
-/* x [n] fp32 or bf16 (T float or __nv_bfloat16) */
+/* *out = the sum of every thread's s over the block (fixed order) */
+__device__ __forceinline__ void sumsq_block_store(double *out, double s) {
+    __shared__ double sh[32];
+    s = moe_warp_sum_d(s);
+    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
+        t = moe_warp_sum_d(t);
+        if (threadIdx.x == 0) *out = t;
+    }
+}
+
+/* x [n] fp32 or bf16 (T float or __nv_bfloat16), one element a load */
 template <class T>
 __global__ void k_sumsq_partial(double *__restrict__ part, const T *__restrict__ x, int64_t n) {
-    __shared__ double sh[32];
     int64_t c0 = (int64_t)blockIdx.x * MOE_SUMSQ_CHUNK;
     int64_t c1 = c0 + MOE_SUMSQ_CHUNK < n ? c0 + MOE_SUMSQ_CHUNK : n;
     double s = 0.0;
@@ -623,14 +635,35 @@ __global__ void k_sumsq_partial(double *__restrict__ part, const T *__restrict__
         double xi = (double)moe_ld(x, i);
         s += xi * xi;
     }
-    s = moe_warp_sum_d(s);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
-        t = moe_warp_sum_d(t);
-        if (threadIdx.x == 0) part[blockIdx.x] = t;
+    sumsq_block_store(part + blockIdx.x, s);
+}
+
+/* x [n] bf16, 16-byte aligned: 8 values a streamed 16-byte load (2-byte loads leave too few
+ * bytes in flight: 1,223 GB/s on an H100 against 2,939 for fp32, 2026-12-06), each chunk's
+ * last (c1 - c0) % 8 one at a time */
+__global__ void k_sumsq_partial_bf16x8(double *__restrict__ part,
+                                       const __nv_bfloat16 *__restrict__ x, int64_t n) {
+    int64_t c0 = (int64_t)blockIdx.x * MOE_SUMSQ_CHUNK;
+    int64_t c1 = c0 + MOE_SUMSQ_CHUNK < n ? c0 + MOE_SUMSQ_CHUNK : n;
+    const int64_t n8 = (c1 - c0) / 8;
+    const uint4 *x8 = reinterpret_cast<const uint4 *>(x + c0);
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < n8; j += blockDim.x) {
+        const uint4 q = __ldcs(x8 + j);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            const double lo = moe_f32_from_bits(w[k] << 16);
+            const double hi = moe_f32_from_bits(w[k] & 0xffff0000u);
+            s += lo * lo;
+            s += hi * hi;
+        }
     }
+    for (int64_t i = c0 + 8 * n8 + threadIdx.x; i < c1; i += blockDim.x) {
+        double xi = (double)moe_ld(x, i);
+        s += xi * xi;
+    }
+    sumsq_block_store(part + blockIdx.x, s);
 }
 
 __global__ void k_sumsq_final(double *__restrict__ out, const double *__restrict__ part,
@@ -657,7 +690,10 @@ double moe_cuda_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
     double *part = (double *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_RED,
                                               (size_t)(nparts + 1) * sizeof(double), "sum_squares");
     if (!part) return NAN;
-    if (x.dt == MOE_DTYPE_BF16)
+    if (x.dt == MOE_DTYPE_BF16 && (uintptr_t)x.p % 16 == 0) /* the experts' gradients */
+        k_sumsq_partial_bf16x8<<<(unsigned)nparts, 256, 0, c->stream>>>(
+            part + 1, (const __nv_bfloat16 *)x.p, n);
+    else if (x.dt == MOE_DTYPE_BF16)
         k_sumsq_partial<<<(unsigned)nparts, 256, 0, c->stream>>>(part + 1,
                                                                  (const __nv_bfloat16 *)x.p, n);
     else
