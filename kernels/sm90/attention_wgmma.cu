@@ -125,11 +125,12 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         fa3_hold(sc);
     };
     /* O += P V of the block in stage st, O first rescaled by the factors of the softmax that
-     * made P; issued */
+     * made P (skipped where they are all exactly 1 in the warp - no row's max moved, as in most
+     * blocks of a long row: the same bits); issued */
     uint32_t p[BK / 16][4];
     float a0, a1;
     const auto issue_pv = [&](int st, uint32_t parity) {
-        fa_rescale<D / 8>(o, a0, a1);
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) fa_rescale<D / 8>(o, a0, a1);
         fa3_bar_wait(bv + 8 * st, parity);
         fa3_fence();
 #pragma unroll
