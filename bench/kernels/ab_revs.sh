@@ -6,14 +6,16 @@
 # and bench_train_gpu): a revision's files are copied over the previous one's only where
 # their contents differ, so ninja rebuilds only what the change touches (the first build
 # is whole, each later one a few objects and the links), and its two binaries are kept in
-# WORK_DIR/bin-TAG. Then each runs the op harness's check on the cases that CHECK names,
-# and the cases that PERF names are timed ROUNDS times, the revisions taking turns within a
+# WORK_DIR/bin-TAG. Then each runs the op harness's check on the cases that CHECK names
+# (substrings of case names, several separated by commas; one that matches no case fails),
+# and the cases that PERF names (the same way) are timed ROUNDS times, the revisions taking turns within a
 # round (so that a clock drift falls on all of them alike). One summary line per revision
 # and case; a revision whose check fails is reported as such, and its timings must not be
 # used.
 #
 #   bench/kernels/ab_revs.sh WORK_DIR REV|SOURCE.tar|SOURCE_DIR [...]
 #   CHECK="attn" PERF="attn bf16" ROUNDS=2 bench/kernels/ab_revs.sh /tmp/ab main attn-bwd-decouple
+#   CHECK="sum_squares,attn" PERF="sum_squares,attn bf16" ...
 #
 # TRAIN="bf16:mixtral8x7b-2L fp8-block:mixtral8x7b-2L" adds `RECIPE=r bench_train_gpu preset 5 1`
 # for each revision (its RESULT line). Run from the checkout's root on the GPU machine, after
@@ -74,24 +76,33 @@ done
 rm -rf "$WORK/stage"
 for tag in "${tags[@]}"; do
     ops="$WORK/bin-$tag/gpu_test_backend_ops"
-    if [ ! -x "$ops" ]; then
-        continue
-    elif [ -n "$CHECK" ]; then
-        if "$ops" --only "$CHECK" > "$WORK/$tag.check.log" 2>&1 &&
-            ! grep -q '^skipped' "$WORK/$tag.check.log"; then
-            echo "$tag: check ok ($(grep -o '[0-9]* cases, 0 failed, worst nmse [0-9.e+-]*' "$WORK/$tag.check.log"))"
+    [ -x "$ops" ] || continue
+    IFS=',' read -ra names <<< "$CHECK"
+    for name in "${names[@]}"; do
+        log="$WORK/$tag.check-${name// /_}.log"
+        if "$ops" --only "$name" > "$log" 2>&1 && ! grep -q '^skipped' "$log"; then
+            if grep -q ' 0 cases, ' "$log"; then
+                echo "$tag: CHECK \"$name\" MATCHED NO CASE (see $log)"
+                fail=1
+            else
+                echo "$tag: check \"$name\" ok ($(grep -o '[0-9]* cases, 0 failed, worst nmse [0-9.e+-]*' "$log"))"
+            fi
         else
-            echo "$tag: CHECK FAILED or skipped (see $WORK/$tag.check.log)"
+            echo "$tag: CHECK \"$name\" FAILED or skipped (see $log)"
             fail=1
         fi
-    fi
+    done
 done
 if [ -n "$PERF" ]; then
     for r in $(seq 1 "$ROUNDS"); do
         for tag in "${tags[@]}"; do
             ops="$WORK/bin-$tag/gpu_test_backend_ops"
             [ -x "$ops" ] || continue
-            "$ops" --perf --only "$PERF" 2>&1 | grep -E ' (fwd|bwd) ' | sed "s/^/$tag round $r:/"
+            IFS=',' read -ra names <<< "$PERF"
+            for name in "${names[@]}"; do
+                "$ops" --perf --only "$name" 2>&1 | grep -E ' (fwd|bwd) ' |
+                    sed "s/^/$tag round $r:/"
+            done
         done
     done
 fi
