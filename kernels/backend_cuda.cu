@@ -668,18 +668,10 @@ __global__ void k_sumsq_partial_bf16x8(double *__restrict__ part,
 
 __global__ void k_sumsq_final(double *__restrict__ out, const double *__restrict__ part,
                               int64_t nparts) {
-    __shared__ double sh[32];
     double s = 0.0;
     for (int64_t i = threadIdx.x; i < nparts; i += blockDim.x)
         s += part[i];
-    s = moe_warp_sum_d(s);
-    if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = s;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        double t = threadIdx.x < (blockDim.x >> 5) ? sh[threadIdx.x] : 0.0;
-        t = moe_warp_sum_d(t);
-        if (threadIdx.x == 0) *out = t;
-    }
+    sumsq_block_store(out, s);
 }
 
 double moe_cuda_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
