@@ -290,7 +290,7 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
         if (np <= 0) continue;
         if (!moe_gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
                           xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw,
-                          (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(ct), ct, GEMM_VARY_K))
+                          moe_buf_at(dw, e * O * I).p, ct, GEMM_VARY_K))
             return;
         p0 += np;
     }
@@ -440,10 +440,9 @@ static int mx_native_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, moe_b
     moe_mx_groups ad = {0, 0}, ax = {0, 0};
     for (int64_t e = 0; e < E; e++) {
         const int64_t n = offsets[e + 1] - offsets[e];
-        if (n > 0 &&
-            !moe_gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
-                          xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw,
-                          (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(ct), ct, GEMM_VARY_K))
+        if (n > 0 && !moe_gemm_fp8(c, op, O, I, moe_mx_pad(n), dyt.q + ad.q, dyt.sc + ad.sc, SC_MX,
+                                   xt.q + ax.q, xt.sc + ax.sc, SC_MX, bw,
+                                   moe_buf_at(dw, e * O * I).p, ct, GEMM_VARY_K))
             return 0;
         const moe_mx_groups gd = moe_mx_group_bytes(n, O, 1), gx = moe_mx_group_bytes(n, I, 1);
         ad.q += gd.q, ad.sc += gd.sc, ax.q += gx.q, ax.sc += gx.sc;
@@ -645,10 +644,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
     if (!xa) return;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
-        if (n > 0 &&
-            !moe_gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
-                         xa + (size_t)(r0 * I) * es, dt, bw,
-                         (char *)dw.p + (size_t)(e * O * I) * moe_gemm_esize(wt), wt, GEMM_VARY_K))
+        if (n > 0 && !moe_gemm_rm(c, op, 1, 0, O, I, n, 1.0f, dya + (size_t)(r0 * O) * es,
+                                  xa + (size_t)(r0 * I) * es, dt, bw, moe_buf_at(dw, e * O * I).p,
+                                  wt, GEMM_VARY_K))
             return;
     }
 }
