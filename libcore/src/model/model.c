@@ -540,11 +540,10 @@ static void upload_tensor(moe_model *m, int i, const float *host, uint16_t *scra
     m->be->memcpy_h2d(m->be, p->data16, scratch16, (size_t)p->numel * sizeof(uint16_t));
 }
 
-/* Host scratch for the bf16 copies of a weights16_only model, in and out: the largest
- * tensor's numel bf16 values (NULL for other models); aborts on host OOM like
+/* Host scratch for one tensor's bf16 values on their way in or out (a weights16_only model's
+ * weights, bf16 expert gradients): the largest tensor's numel; aborts on host OOM like
  * moe_model_init_weights. */
 static uint16_t *bf16_scratch(const moe_model *m) {
-    if (!m->weights16_only) return NULL;
     int64_t maxn = 1;
     for (int i = 0; i < m->table.n_params; i++)
         if (m->table.params[i].numel > maxn) maxn = m->table.params[i].numel;
