@@ -311,7 +311,7 @@ static void test_estimate_exact(void) {
                 CHECK(moe_model_forward(&m, tok, tok, NULL, B, T, NULL, &err) == MOE_OK);
                 CHECK(moe_model_backward(&m, 1.0f, &err) == MOE_OK);
                 if (mdt == MOE_DTYPE_BF16) { /* the host copy widens the bf16 expert gradients */
-                    float *g = malloc(pb);
+                    float *g = malloc((size_t)m.table.n_elems * sizeof(float));
                     moe_model_copy_grads_to_host(&m, g);
                     int64_t bad = 0;
                     for (int i = m.table.n_dense; i < m.table.n_params; i++) {
