@@ -13,7 +13,8 @@
  * Each step is what moe-train does (zero grads, forward, backward, gradient norm, AdamW on
  * fp32 master weights and fp32 moments, or bf16 ones with the environment variable
  * MOMENTS=bf16 as optim.moments bf16 stores them; the experts' weight gradients in bf16 with
- * EXPERT_GRADS=bf16, as optim.expert_grads bf16) on random tokens, no recomputation, under
+ * EXPERT_GRADS=bf16, as optim.expert_grads bf16; the masters as their bf16 copies and low
+ * halves with MASTER=split, as optim.master split) on random tokens, no recomputation, under
  * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
  * Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
@@ -137,6 +138,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_gpu: EXPERT_GRADS=%s: expected fp32 or bf16\n", gname);
         return 2;
     }
+    const char *sname = getenv("MASTER");
+    moe_master master = sname && strcmp(sname, "split") == 0 ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
+    if (sname && master != MOE_MASTER_SPLIT && strcmp(sname, "fp32") != 0) {
+        fprintf(stderr, "bench_train_gpu: MASTER=%s: expected fp32 or split\n", sname);
+        return 2;
+    }
     if (moe_cuda_device_count() == 0) {
         printf("skipped: no CUDA device\n");
         return 77;
@@ -175,6 +182,7 @@ int main(int argc, char **argv) {
     moe_status cst = fwd ? moe_model_create_forward_only(&m, &c, recipe, be, B, T, &err)
                          : moe_model_create(&m, &c, recipe, MOE_RECOMPUTE_NONE, be, B, T, &err);
     if (cst == MOE_OK && !fwd) cst = moe_model_set_expert_grads(&m, gdt, &err);
+    if (cst == MOE_OK && !fwd) cst = moe_model_set_master(&m, master, &err);
     if (cst != MOE_OK) return fail(&err);
     moe_model_init_weights(&m, 1);
     int64_t n = m.table.n_elems;
@@ -219,15 +227,16 @@ int main(int argc, char **argv) {
     /* the activations the model allocated (exact) and what the backend held beyond all its
      * be->alloc buffers at the peak: its scratch */
     moe_model_memory mem;
-    moe_model_memory_estimate(&c, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, gdt, &mem);
+    moe_model_memory_estimate(&c, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, gdt, master,
+                              &mem);
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    printf("RESULT preset=%s mode=%s recipe=%s moments=%s expert_grads=%s params=%lld "
+    printf("RESULT preset=%s mode=%s recipe=%s moments=%s expert_grads=%s master=%s params=%lld "
            "tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
            "steps=%d loss=%.4f\n",
            p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
-           moe_moments_name(gdt), (long long)n, B * T, med * 1e3, tps, tflops,
-           100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
+           moe_moments_name(gdt), moe_master_name(master), (long long)n, B * T, med * 1e3, tps,
+           tflops, 100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
            (double)mem.gpu_scratch / gib, steps, loss);
     fflush(stdout);
 

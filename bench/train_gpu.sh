@@ -10,9 +10,9 @@
 # first round only), ROUNDS (default 1: ours then HF, this many times in turn; the summary gives
 # each round's ratio and their median, the spread a single ratio hides),
 # PRESETS (default "mixtral8x7b-2L og2-8x1b"), RECIPES (precision recipes, default bf16; e.g.
-# "bf16 fp8-block mxfp8" adds each recipe's ratio to our bf16: issue 14's table; MOMENTS and
-# EXPERT_GRADS are passed through to bench_train_gpu), HF_IMPLS (experts implementations for the
-# baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
+# "bf16 fp8-block mxfp8" adds each recipe's ratio to our bf16: issue 14's table; MOMENTS,
+# EXPERT_GRADS and MASTER are passed through to bench_train_gpu), HF_IMPLS (experts
+# implementations for the baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
 # .anchors/hf_moe_baseline.py, else ../shared/anchors/hf_moe_baseline.py; the baseline is
 # skipped with a message when neither exists or python3 has no torch).
 # The one thing to know: the ratio is only meaningful when both sides ran in the same call on
@@ -116,6 +116,7 @@ for p in presets:
                 f"| {r['impl']} | {r['tokens_per_s']:,} | {r['model_tflops']} | {r['peak_mem_GiB']} | "
                 f"{float(o['tokens_per_s']) / r['tokens_per_s']:.3f}x |")
             state = f"{o.get('moments', '?')}, {o.get('expert_grads', 'fp32')}"
+            state += ", split master" if o.get('master') == 'split' else ""
             print(f"| {p} | {rc} | {state} | {int(o['tokens_per_step']):,} | {float(o['tokens_per_s']):,.0f} | {vs} | "
                   f"{o['model_tflops']} | {o['mfu_pct']}% | {o['peak_gib']} | {o.get('act_gib', '-')} " + tail)
 if rounds > 1:  # each round's ratio to HF's first implementation, and their median

@@ -487,19 +487,46 @@ __device__ __forceinline__ float adamw_update(float p_, float m, float v, const 
     return float(p - F(h.lr) * (upd + F(h.wd) * p));
 }
 
+/* 4 split masters (optim.master split) from their halves: hi and lo hold 4 codes each,
+ * element j in bits 16 (j % 2) of word j / 2 (moe/dtype.h's join: the CPU's bits). */
+__device__ __forceinline__ float4 adamw_join4(uint2 hi, uint2 lo) {
+    return make_float4(moe_f32_join_bf16((uint16_t)hi.x, (uint16_t)lo.x),
+                       moe_f32_join_bf16((uint16_t)(hi.x >> 16), (uint16_t)(lo.x >> 16)),
+                       moe_f32_join_bf16((uint16_t)hi.y, (uint16_t)lo.y),
+                       moe_f32_join_bf16((uint16_t)(hi.y >> 16), (uint16_t)(lo.y >> 16)));
+}
+/* The halves of 4 new masters, packed as adamw_join4 reads them. */
+__device__ __forceinline__ void adamw_split4(float4 p, uint2 *hi, uint2 *lo) {
+    uint16_t h[4], l[4];
+    moe_f32_split_bf16(p.x, h + 0, l + 0);
+    moe_f32_split_bf16(p.y, h + 1, l + 1);
+    moe_f32_split_bf16(p.z, h + 2, l + 2);
+    moe_f32_split_bf16(p.w, h + 3, l + 3);
+    hi->x = h[0] | (uint32_t)h[1] << 16, hi->y = h[2] | (uint32_t)h[3] << 16;
+    lo->x = l[0] | (uint32_t)l[1] << 16, lo->y = l[2] | (uint32_t)l[3] << 16;
+}
+
 /* Elements [0, n), one at a time: the unaligned head and tail, or arrays that cannot be
- * read in vectors. param16 may be NULL. */
-template <class M, class G>
+ * read in vectors. SPLIT: the master is param16 and param_lo (param unused); else param,
+ * with its bf16 copy in param16 when that is not NULL. */
+template <class M, class G, bool SPLIT>
 __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ param16,
-                        const typename G::T *__restrict__ grad, typename M::T *__restrict__ m,
-                        typename M::T *__restrict__ v, int64_t n, adamw_hp h) {
+                        uint16_t *__restrict__ param_lo, const typename G::T *__restrict__ grad,
+                        typename M::T *__restrict__ m, typename M::T *__restrict__ v, int64_t n,
+                        adamw_hp h) {
+    uint16_t *hi = reinterpret_cast<uint16_t *>(param16); /* SPLIT: the master's high half */
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += stride) {
-        float p = param[i], mi = M::ld(m, i), vi = M::ld(v, i);
+        float p = SPLIT ? moe_f32_join_bf16(hi[i], param_lo[i]) : param[i];
+        float mi = M::ld(m, i), vi = M::ld(v, i);
         adamw_moments<M>(G::ld(grad, i), &mi, &vi, h);
         M::st(m, i, mi);
         M::st(v, i, vi);
         p = adamw_update<M>(p, mi, vi, h);
+        if (SPLIT) {
+            moe_f32_split_bf16(p, hi + i, param_lo + i);
+            continue;
+        }
         param[i] = p;
         if (param16) param16[i] = __float2bfloat16_rn(p);
     }
@@ -507,24 +534,35 @@ __global__ void k_adamw(float *__restrict__ param, __nv_bfloat16 *__restrict__ p
 
 /* Groups of 4 elements [0, 4 * n4): 16-byte loads and stores of param, 4 gradients and 4
  * moments of m and v per access (G::ld4, M::ld4; streamed: each byte is touched once per
- * step) and 8-byte stores of the bf16 copy. */
-template <class M, class G>
+ * step) and 8-byte stores of the bf16 copy; SPLIT: 8-byte loads and stores of the master's
+ * two halves instead of param. */
+template <class M, class G, bool SPLIT>
 __global__ void k_adamw_vec4(float4 *__restrict__ param, uint2 *__restrict__ param16,
-                             const typename G::T *__restrict__ grad, typename M::T *__restrict__ m,
-                             typename M::T *__restrict__ v, int64_t n4, adamw_hp h) {
+                             uint2 *__restrict__ param_lo, const typename G::T *__restrict__ grad,
+                             typename M::T *__restrict__ m, typename M::T *__restrict__ v,
+                             int64_t n4, adamw_hp h) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += stride) {
-        float4 p = __ldcs(param + i), g = G::ld4(grad, i), mi = M::ld4(m, i), vi = M::ld4(v, i);
+        float4 p =
+            SPLIT ? adamw_join4(__ldcs(param16 + i), __ldcs(param_lo + i)) : __ldcs(param + i);
+        float4 g = G::ld4(grad, i), mi = M::ld4(m, i), vi = M::ld4(v, i);
         float *pp = &p.x, *gg = &g.x, *mm = &mi.x, *vv = &vi.x;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             adamw_moments<M>(gg[j], mm + j, vv + j, h);
             pp[j] = adamw_update<M>(pp[j], mm[j], vv[j], h);
         }
-        __stcs(param + i, p);
+        if (SPLIT) {
+            uint2 hi, lo;
+            adamw_split4(p, &hi, &lo);
+            __stcs(param16 + i, hi);
+            __stcs(param_lo + i, lo);
+        } else {
+            __stcs(param + i, p);
+        }
         M::st4(m, i, mi);
         M::st4(v, i, vi);
-        if (param16) {
+        if (!SPLIT && param16) {
             __nv_bfloat162 lo = __floats2bfloat162_rn(p.x, p.y),
                            hi = __floats2bfloat162_rn(p.z, p.w);
             uint2 u;
@@ -540,46 +578,63 @@ static unsigned phase16(const void *p, int64_t i, size_t es) {
     return (unsigned)(((uintptr_t)p + (uintptr_t)i * es) % 16u);
 }
 
-/* The scalar head (until param is 16-byte aligned), the vectors and the scalar tail; the
- * vectors need the gradients and moments at the same element aligned to their 4-element
- * access and the bf16 copy at 8 bytes there, else every element runs one at a time. */
-template <class M, class G>
-static void adamw_launch(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16,
+/* p + i, or NULL for p NULL. */
+template <class T> static T *adamw_at(T *p, int64_t i) {
+    return p ? p + i : NULL;
+}
+
+/* The scalar head (until the master's main array, param or a split master's high half, is
+ * aligned to a 4-element access), the vectors and the scalar tail; the vectors need the
+ * gradients, moments and the other 2-byte array (the bf16 copy, or the split master's low
+ * half) at the same element aligned to their 4-element access too, else every element runs
+ * one at a time. */
+template <class M, class G, bool SPLIT>
+static void adamw_launch(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16, uint16_t *lo,
                          const typename G::T *grad, typename M::T *m, typename M::T *v, int64_t n,
                          const adamw_hp &h) {
     const size_t ms = sizeof(typename M::T), gs = sizeof(typename G::T);
-    int64_t head = (int64_t)((16u - phase16(param, 0, 4)) % 16u) / 4;
+    const void *w = SPLIT ? (const void *)p16 : (const void *)param;
+    const size_t ws = SPLIT ? 2 : 4, wv = 4 * ws; /* the main array's element, its vector */
+    int64_t head = (int64_t)((wv - phase16(w, 0, ws) % wv) % wv / ws);
     if (head > n) head = n;
-    int vec = phase16(param, 0, 4) % 4u == 0 && phase16(grad, head, gs) % (4 * gs) == 0 &&
+    int vec = phase16(w, 0, ws) % ws == 0 && phase16(grad, head, gs) % (4 * gs) == 0 &&
               phase16(m, head, ms) % (4 * ms) == 0 && phase16(v, head, ms) % (4 * ms) == 0 &&
-              (!p16 || phase16(p16, head, 2) % 8u == 0);
+              (SPLIT ? phase16(lo, head, 2) % 8u == 0 : !p16 || phase16(p16, head, 2) % 8u == 0);
     int64_t n4 = vec ? (n - head) / 4 : 0, tail0 = head + 4 * n4;
     if (!vec) head = 0, tail0 = 0;
-    if (head > 0) k_adamw<M, G><<<1, 32, 0, c->stream>>>(param, p16, grad, m, v, head, h);
+    if (head > 0)
+        k_adamw<M, G, SPLIT><<<1, 32, 0, c->stream>>>(param, p16, lo, grad, m, v, head, h);
     if (n4 > 0) /* flat, blocks of 128: 4,174 GB/s on an H200 against 3,926 for 16 blocks of
                    256 a SM walking the array (the same bits; docs/performance-gpu.md) */
-        k_adamw_vec4<M, G><<<moe_cuda_grid_flat(n4, 128), 128, 0, c->stream>>>(
-            (float4 *)(param + head), p16 ? (uint2 *)(p16 + head) : NULL, grad + head, m + head,
-            v + head, n4, h);
+        k_adamw_vec4<M, G, SPLIT><<<moe_cuda_grid_flat(n4, 128), 128, 0, c->stream>>>(
+            (float4 *)adamw_at(param, head), (uint2 *)adamw_at(p16, head),
+            (uint2 *)adamw_at(lo, head), grad + head, m + head, v + head, n4, h);
     if (n - tail0 > 0)
-        k_adamw<M, G><<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
-            param + tail0, p16 ? p16 + tail0 : NULL, grad + tail0, m + tail0, v + tail0, n - tail0,
-            h);
+        k_adamw<M, G, SPLIT><<<moe_cuda_grid(c, n - tail0, 256), 256, 0, c->stream>>>(
+            adamw_at(param, tail0), adamw_at(p16, tail0), adamw_at(lo, tail0), grad + tail0,
+            m + tail0, v + tail0, n - tail0, h);
 }
 
-/* adamw_launch for the moments' type M and the gradient's type */
+/* adamw_launch for the moments' type M, the gradient's type and the master's form */
 template <class M>
-static void adamw_launch_g(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16, moe_cbuf grad,
-                           typename M::T *m, typename M::T *v, int64_t n, const adamw_hp &h) {
-    if (grad.dt == MOE_DTYPE_BF16)
-        adamw_launch<M, grad_bf16>(c, param, p16, (const uint16_t *)grad.p, m, v, n, h);
+static void adamw_launch_g(moe_cuda_ctx *c, float *param, __nv_bfloat16 *p16, uint16_t *lo,
+                           moe_cbuf grad, typename M::T *m, typename M::T *v, int64_t n,
+                           const adamw_hp &h) {
+    const uint16_t *g16 = (const uint16_t *)grad.p;
+    const float *g32 = (const float *)grad.p;
+    if (grad.dt == MOE_DTYPE_BF16 && lo)
+        adamw_launch<M, grad_bf16, true>(c, param, p16, lo, g16, m, v, n, h);
+    else if (grad.dt == MOE_DTYPE_BF16)
+        adamw_launch<M, grad_bf16, false>(c, param, p16, lo, g16, m, v, n, h);
+    else if (lo)
+        adamw_launch<M, grad_f32, true>(c, param, p16, lo, g32, m, v, n, h);
     else
-        adamw_launch<M, grad_f32>(c, param, p16, (const float *)grad.p, m, v, n, h);
+        adamw_launch<M, grad_f32, false>(c, param, p16, lo, g32, m, v, n, h);
 }
 
-void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad,
-                    moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
-                    float weight_decay, int64_t step, float grad_scale) {
+void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, uint16_t *param_lo,
+                    moe_cbuf grad, moe_buf m, moe_buf v, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     if (n <= 0 || moe_cuda_failed(c)) return;
     if (!moe_cuda_typed_ok(c, m.dt, "adamw") || !moe_cuda_typed_ok(c, v.dt, "adamw") ||
@@ -590,6 +645,11 @@ void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_
                        moe_dtype_name(m.dt), moe_dtype_name(v.dt));
         return;
     }
+    if (param_lo ? !param16 || param : !param) {
+        moe_cuda_check(c, cudaErrorInvalidValue, "adamw",
+                       "a master is param alone or param16 with param_lo (a split master)");
+        return;
+    }
     adamw_hp h;
     h.lr = lr, h.beta1 = beta1, h.beta2 = beta2, h.eps = eps, h.wd = weight_decay;
     h.bc1 = (float)(1.0 - pow((double)beta1, (double)step));
@@ -597,11 +657,13 @@ void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_
     h.grad_scale = grad_scale;
     __nv_bfloat16 *p16 = (__nv_bfloat16 *)param16;
     if (m.dt == MOE_DTYPE_BF16)
-        adamw_launch_g<adamw_bf16>(c, param, p16, grad, (uint16_t *)m.p, (uint16_t *)v.p, n, h);
+        adamw_launch_g<adamw_bf16>(c, param, p16, param_lo, grad, (uint16_t *)m.p, (uint16_t *)v.p,
+                                   n, h);
     else
-        adamw_launch_g<adamw_f32>(c, param, p16, grad, (float *)m.p, (float *)v.p, n, h);
-    MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld moments %s grad %s", (long long)n,
-                      (long long)step, moe_dtype_name(m.dt), moe_dtype_name(grad.dt));
+        adamw_launch_g<adamw_f32>(c, param, p16, param_lo, grad, (float *)m.p, (float *)v.p, n, h);
+    MOE_CUDA_LAUNCHED(c, "adamw", "n=%lld step=%lld moments %s grad %s master %s", (long long)n,
+                      (long long)step, moe_dtype_name(m.dt), moe_dtype_name(grad.dt),
+                      param_lo ? "split" : "fp32");
 }
 
 void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n) {

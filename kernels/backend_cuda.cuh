@@ -593,9 +593,9 @@ void moe_cuda_cross_entropy_backward(const moe_backend *be, float *dlogits, cons
                                      const float *lse, const int32_t *targets, const float *weights,
                                      float dloss, int64_t N, int64_t V);
 
-void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad,
-                    moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
-                    float weight_decay, int64_t step, float grad_scale);
+void moe_cuda_adamw(const moe_backend *be, float *param, uint16_t *param16, uint16_t *param_lo,
+                    moe_cbuf grad, moe_buf m, moe_buf v, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float weight_decay, int64_t step, float grad_scale);
 void moe_cuda_cast_bf16(const moe_backend *be, uint16_t *dst, const float *src, int64_t n);
 double moe_cuda_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n);
 

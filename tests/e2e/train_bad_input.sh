@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # e2e.train_bad_input: moe-train refuses bad input with exit 2 and a message that says what
 # is wrong: vocabulary mismatch between data and model, seq_len above
-# max_position_embeddings, bf16 AdamW moments with a beta above 0.99, empty / missing /
+# max_position_embeddings, bf16 AdamW moments with a beta above 0.99, split masters
+# (optim.master split) under a recipe other than bf16, empty / missing /
 # non-shard data, an unwritable run directory, device cuda without a GPU, a fresh run into a
 # directory with checkpoints, bad options.
 set -uo pipefail
@@ -40,6 +41,14 @@ expect_fail bf16-moments-beta 'moments.yaml:3:3: optim.moments bf16 needs optim.
 grep -q 'hint: use optim.moments: fp32' err.txt || { echo "FAIL [bf16-moments-beta]: no hint"; failures=$((failures + 1)); }
 expect_fail bf16-moments-override "after override 'optim.moments=bf16'.*optim.beta1 <= 0.99, got 0.995" \
     moe-train -q -c "$cfg" --data shards -o run1 optim.beta1=0.995 optim.moments=bf16
+# split masters are bf16 copies plus low bits: refused under the recipes without bf16 copies
+# (tiny.yaml's fp32, fp8-block), naming the key, with a hint
+for r in fp32 fp8-block; do
+    expect_fail "split-master-$r" "optim.master split needs precision.recipe bf16, got $r" \
+        moe-train -q -c "$cfg" --data shards -o run1 optim.master=split precision.recipe=$r
+    grep -q 'hint: use optim.master: fp32' err.txt ||
+        { echo "FAIL [split-master-$r]: no hint"; failures=$((failures + 1)); }
+done
 : > empty.mtok
 expect_fail empty 'empty.mtok' moe-train -q -c "$cfg" --data empty.mtok -o run1
 expect_fail missing 'no-such-shards' moe-train -q -c "$cfg" --data no-such-shards -o run1

@@ -6,16 +6,18 @@
 # pair twice: with train.document_mask=true (the default: the 1 kb records packed into
 # 256-token samples are kept apart) and false (plain causal attention over each sample),
 # whose CPU curves must differ; the second pair also keeps the experts' weight gradients in
-# bf16 (optim.expert_grads=bf16, which both backends round alike). Tolerance: steps 1-8 (the descent, loss above about 1.5)
-# agree within 1% each (seen on an H200: at most 0.38% for bf16), 2% under fp8-block, where a
-# value that the two backends' summation orders put on either side of an e4m3 rounding
-# boundary changes by a whole fp8 step (seen, 2026-12-01: 0.3% up to step 7, then 1.3% at
-# step 8 with the mask on); from about step 9 the loss sits on its plateau, where the two
-# backends' different summation orders grow into step-to-step noise of a few percent (seen:
-# up to 5.8% at single steps; 1.84% already at step 10 with the mask off once the vectorised
-# elementwise kernels changed the order of the GPU's fp32 sums in RMSNorm and unpermute,
-# 2026-12-01), so steps 9-20 must agree in their mean within 2% (seen: 1.2%). The GPU loss
-# must fall. Then resume on the GPU (mask on): stopped at step 10 and resumed, the run must
+# bf16 (optim.expert_grads=bf16, which both backends round alike); a third bf16 pair keeps
+# split masters (optim.master=split: the copy plus 16 low bits, both backends splitting
+# alike; added 2026-12-06, not run on a GPU yet) and resumes on the GPU too. Tolerance:
+# steps 1-8 (the descent, loss above about 1.5) agree within 1% each (seen on an H200: at
+# most 0.38% for bf16), 2% under fp8-block, where a value that the two backends' summation
+# orders put on either side of an e4m3 rounding boundary changes by a whole fp8 step (seen,
+# 2026-12-01: 0.3% up to step 7, then 1.3% at step 8 with the mask on); from about step 9 the loss
+# sits on its plateau, where the two backends' different summation orders grow into step-to-step
+# noise of a few percent (seen: up to 5.8% at single steps; 1.84% already at step 10 with the mask
+# off once the vectorised elementwise kernels changed the order of the GPU's fp32 sums in RMSNorm
+# and unpermute, 2026-12-01), so steps 9-20 must agree in their mean within 2% (seen: 1.2%). The GPU
+# loss must fall. Then resume on the GPU (mask on): stopped at step 10 and resumed, the run must
 # continue the same loss curve (deterministic kernels: the same values). Skipped (77) where
 # no NVIDIA GPU is visible, as in CI.
 set -euo pipefail
@@ -44,6 +46,19 @@ compare() {
               if (!(last < first)) {print "FAIL: gpu loss did not fall"; exit 1}}' "curves-$1.tsv"
 }
 
+# resumes NAME GPU-RUN OVERRIDES...: the GPU run of common + OVERRIDES stopped at step 10 and
+# resumed continues GPU-RUN's loss curve (deterministic kernels: the same values)
+resumes() {
+    local name=$1 run=$2
+    shift 2
+    moe-train -q "${common[@]}" "$@" device=cuda -o "run-gpu-resumed-$name" --stop-at 10
+    moe-train -q "${common[@]}" "$@" device=cuda -o "run-gpu-resumed-$name" --resume auto
+    loss "run-gpu-resumed-$name" | diff - <(loss "$run") > /dev/null ||
+        { paste <(loss "$run") <(loss "run-gpu-resumed-$name")
+          fail "$name: resumed GPU run left the loss curve"; }
+    echo "$name gpu resume: same 20 losses"
+}
+
 for recipe in bf16 fp8-block; do
     echo "== precision.recipe=$recipe"
     common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=$recipe train.steps=20
@@ -63,13 +78,13 @@ for recipe in bf16 fp8-block; do
         if loss run-cpu-$recipe | diff -q - <(loss run-cpu-$recipe-nomask) > /dev/null; then
             fail "$recipe: train.document_mask=true and false gave the same CPU loss curve"
         fi
+        echo "== precision.recipe=$recipe optim.master=split"
+        moe-train -q "${common[@]}" optim.master=split device=cpu -o run-cpu-$recipe-split
+        moe-train -q "${common[@]}" optim.master=split device=cuda -o run-gpu-$recipe-split
+        compare $recipe-split run-cpu-$recipe-split run-gpu-$recipe-split
+        resumes $recipe-split run-gpu-$recipe-split optim.master=split
     fi
-    moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --stop-at 10
-    moe-train -q "${common[@]}" device=cuda -o run-gpu-resumed-$recipe --resume auto
-    loss run-gpu-resumed-$recipe | diff - <(loss run-gpu-$recipe) > /dev/null \
-      || { paste <(loss run-gpu-$recipe) <(loss run-gpu-resumed-$recipe)
-           fail "$recipe: resumed GPU run left the loss curve"; }
-    echo "$recipe gpu resume: same 20 losses"
+    resumes $recipe run-gpu-$recipe
     grep -o '"tokens_per_s":[0-9.eE+-]*' run-gpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/gpu /'
     grep -o '"tokens_per_s":[0-9.eE+-]*' run-cpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/cpu /'
 done

@@ -16,13 +16,14 @@
 # (d) One of 2 ranks killed mid-run ends the run with an error; one stopped (SIGSTOP: a hang)
 # makes the other end the job within parallel.timeout_s with a message naming it. (f) With
 # the experts' gradients in bf16 (optim.expert_grads, one replica of each expert), ep=2
-# follows one process within 1e-3 relative (each rank rounds its own micro-steps' sums).
+# follows one process within 1e-3 relative (each rank rounds its own micro-steps' sums). (g)
+# With split masters (optim.master split, bf16) likewise.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/mpi_env.sh"
 mpi() { local np=$1; shift; ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np "$np" "$@"; }
 
-rm -rf one ep2 d2e2 s2 same r1 r4 rs4 bad kill hang one16 ep216 ./*.mtok
+rm -rf one ep2 d2e2 s2 same r1 r4 rs4 bad kill hang one16 ep216 ones ep2s ./*.mtok
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 64 --val-fraction 0.1 -o l.mtok -
 # 4 micro-batches of 1 sequence per step: one process runs all four, ep=2 ranks two each
 args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=10 optim.warmup_steps=1
@@ -111,6 +112,22 @@ worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
 assert worst < 1e-3, worst
 assert a != f, "bf16 expert gradients gave fp32's losses"
 print(f"bf16 expert gradients: ep=2 within {worst:.1e} of one process")
+PY
+
+# (g) split masters (optim.master split, bf16) under expert parallelism: each rank holds its
+# experts' halves and the dense part's fp32 masters and halves, gathered over all ranks
+moe-train "${args[@]}" -o ones precision.recipe=bf16 optim.master=split
+mpi 2 moe-train "${args[@]}" -o ep2s parallel.ep=2 precision.recipe=bf16 optim.master=split \
+    2> ep2s.err || { cat ep2s.err; fail "ep=2 optim.master=split"; }
+"$PY" - <<'PY'
+import json
+def losses(d):
+    return {m["step"]: m["loss"] for m in map(json.loads, open(f"{d}/metrics.jsonl"))}
+a, b = losses("ones"), losses("ep2s")
+assert sorted(a) == sorted(b) == list(range(1, 11)), (sorted(a), sorted(b))
+worst = max(abs(a[s] - b[s]) / abs(a[s]) for s in a)
+assert worst < 1e-3, worst
+print(f"split masters: ep=2 within {worst:.1e} of one process")
 PY
 
 # (c) torchrun-style variables for CPU ranks

@@ -9,7 +9,9 @@
 # and fp8-block, whose weight copies are refreshed after the all-gather, the same losses as
 # one process within 1e-3 relative; with bf16 AdamW moments (sharded and gathered as 2-byte
 # values) likewise, and a dp=2 run of them resumes to the same bytes; with bf16 expert
-# gradients (optim.expert_grads, reduce-scattered as bf16 sums) likewise. Bad launches
+# gradients (optim.expert_grads, reduce-scattered as bf16 sums) likewise; with split masters
+# (optim.master split, their fp32 part and both halves all-gathered) likewise, and a dp=2
+# run of them repeats and resumes to the same bytes. Bad launches
 # (dp=2 in one process, 2 processes with dp=1, a micro-batch count dp does not divide) are
 # refused with exit 2 and a hint.
 set -euo pipefail
@@ -17,7 +19,8 @@ src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/mpi_env.sh"
 mpi2() { ASAN_OPTIONS="$mpi_asan" timeout 300 mpirun -np 2 "$@"; }
 
-rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok one-m16 dp2-m16 split-m16 one-g16 dp2-g16
+rm -rf one dp2 dp2b split bad1 bad2 bad3 l.mtok l.val.mtok one-m16 dp2-m16 split-m16 one-g16 dp2-g16 \
+    one-s16 dp2-s16 dp2b-s16 split-s16
 gzip -dc "$fa" | moe-tokenize -q -t nuc --window 128 --val-fraction 0.1 -o l.mtok -
 args=(-q -@ 1 -c "$src/configs/tiny.yaml" --data l.mtok train.steps=6 optim.warmup_steps=1
       train.seq_len=128 train.global_batch_tokens=512 train.micro_batch_tokens=256
@@ -84,31 +87,44 @@ assert worst < 1e-3, worst
 PY
 done
 
-# bf16 AdamW moments: each rank keeps its ZeRO-1 slices as bf16, the checkpoint gathers them
-# as 2-byte values; a dp=2 run stopped and resumed ends with the same bytes, its losses are
-# one process's to rounding (the gradient sums' order, as above), and the moments gathered
-# into the checkpoint are bf16 values.
-m16=(optim.moments=bf16 checkpoint.every=4)
-moe-train "${args[@]}" "${m16[@]}" -o one-m16
-mpi2 moe-train "${args[@]}" "${m16[@]}" -o dp2-m16 parallel.dp=2
-mpi2 moe-train "${args[@]}" "${m16[@]}" -o split-m16 parallel.dp=2 --stop-at 4
-mpi2 moe-train "${args[@]}" "${m16[@]}" -o split-m16 parallel.dp=2 --resume auto
-for f in model.safetensors optimizer-rank0.safetensors; do
-    cmp dp2-m16/ckpt-00000006/$f split-m16/ckpt-00000006/$f || fail "bf16 moments, dp=2 resume: $f differs"
-done
-"$PY" - one-m16 dp2-m16 <<'PY'
+# dp2_resumes X WHAT CHECK OVERRIDES...: one process into one-X, dp=2 into dp2-X, and dp=2
+# stopped at step 4 and resumed into split-X, which ends with dp2-X's bytes; dp2-X's losses
+# are one process's to rounding (the gradient sums' order, as above), and CHECK looks into
+# its checkpoint: "moments" (every gathered moment a bf16 value) or "masters" (the gathered
+# masters keep low bits: not bf16 values).
+dp2_resumes() {
+    local x=$1 what=$2 check=$3
+    shift 3
+    moe-train "${args[@]}" "$@" -o "one-$x"
+    mpi2 moe-train "${args[@]}" "$@" -o "dp2-$x" parallel.dp=2 2> "dp2-$x.err" ||
+        { cat "dp2-$x.err"; fail "$what: mpirun -np 2 moe-train failed"; }
+    mpi2 moe-train "${args[@]}" "$@" -o "split-$x" parallel.dp=2 --stop-at 4
+    mpi2 moe-train "${args[@]}" "$@" -o "split-$x" parallel.dp=2 --resume auto
+    for f in model.safetensors optimizer-rank0.safetensors; do
+        cmp "dp2-$x/ckpt-00000006/$f" "split-$x/ckpt-00000006/$f" || fail "$what, dp=2 resume: $f differs"
+    done
+    "$PY" - "one-$x" "dp2-$x" "$what" "$check" <<'PY'
 import json, os, sys, numpy as np
 a, b = ([json.loads(l) for l in open(f"{d}/metrics.jsonl")] for d in sys.argv[1:3])
+what, check = sys.argv[3:5]
 assert [m["step"] for m in a] == [m["step"] for m in b] == list(range(1, 7)), "steps"
 worst = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
 sys.path.insert(0, os.path.join(os.environ["MOE_SRC_DIR"], "tests", "interop"))
 from st_tool import read
-o = read(f"{sys.argv[2]}/ckpt-00000006/optimizer-rank0.safetensors")[0]
-w = np.concatenate([np.frombuffer(b, np.uint32) for _, _, b in o.values()])
-assert not (w & 0xffff).any(), "gathered moments are not bf16 values"
-print(f"bf16 moments: dp=2 vs one process, losses within {worst:.2e} relative; {w.size} moments, all bf16")
+f = "optimizer-rank0" if check == "moments" else "model"
+t = read(f"{sys.argv[2]}/ckpt-00000006/{f}.safetensors")[0]
+w = np.concatenate([np.frombuffer(b, np.uint32) for _, _, b in t.values()])
+low = int(((w & 0xffff) != 0).sum())
+print(f"{what}: dp=2 vs one process, losses within {worst:.2e} relative; {low} of {w.size} "
+      f"gathered {check} with low bits")
 assert worst < 1e-3, worst
+assert low == 0 if check == "moments" else low > w.size // 2, f"gathered {check}: {low} with low bits"
 PY
+}
+
+# bf16 AdamW moments: each rank keeps its ZeRO-1 slices as bf16, the checkpoint gathers them
+# as 2-byte values, which are bf16 values.
+dp2_resumes m16 "bf16 moments" moments optim.moments=bf16 checkpoint.every=4
 
 # bf16 expert gradients: the dp ranks' sums are reduce-scattered as bf16 (each addition in
 # fp32, rounded): one process's losses to rounding, and not fp32 gradients' losses
@@ -124,6 +140,17 @@ print(f"bf16 expert gradients: dp=2 vs one process, losses within {worst:.2e} re
 assert worst < 1e-3, worst
 assert [x["loss"] for x in a] != [x["loss"] for x in f], "bf16 expert gradients gave fp32's losses"
 PY
+
+# split masters (optim.master split, bf16): each rank updates its slices of the masters, the
+# fp32 ones that stay (norms, embeddings, router gates, packed) and the split ones' two halves,
+# and the all-gathers move each part; the gathered masters keep their low bits, and two dp=2
+# runs give the same bytes.
+dp2_resumes s16 "split masters" masters precision.recipe=bf16 optim.master=split checkpoint.every=4
+mpi2 moe-train "${args[@]}" precision.recipe=bf16 optim.master=split checkpoint.every=4 \
+    -o dp2b-s16 parallel.dp=2
+for f in model.safetensors optimizer-rank0.safetensors; do
+    cmp dp2-s16/ckpt-00000006/$f dp2b-s16/ckpt-00000006/$f || fail "split masters: two dp=2 runs: $f differs"
+done
 
 # bad launches
 expect2() { # expect2 PATTERN CMD... : exit 2 and PATTERN in stderr

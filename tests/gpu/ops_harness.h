@@ -93,8 +93,10 @@ enum {
     DX_F32 = 1 << 7,
     DX_BF16 = 2 << 7,
     DX_MXFP8 = 3 << 7,
-    GW_BF16 = 1 << 9 /* the experts' weight gradients bf16 (optim.expert_grads bf16): grouped
-                        dw, AdamW's gradient, sum_squares' input */
+    GW_BF16 = 1 << 9,      /* the experts' weight gradients bf16 (optim.expert_grads bf16): grouped
+                              dw, AdamW's gradient, sum_squares' input */
+    MASTER_SPLIT = 1 << 10 /* AdamW's master as the bf16 copy and a low half (optim.master
+                              split) */
 };
 
 typedef struct tcase {

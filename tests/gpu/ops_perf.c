@@ -98,6 +98,8 @@ static const pcase k_perf[] = {
     {"adamw n=256M bf16 moments", MOE_OP_ADAMW, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 m, v */
     /* s[2] 1: bf16 gradient (optim.expert_grads bf16) */
     {"adamw n=256M bf16 moments bf16 grad", MOE_OP_ADAMW, 0, {256LL << 20, 1, 1}},
+    /* s[3] 1: the split master (optim.master split): its two halves instead of param */
+    {"adamw n=256M bf16 moments bf16 grad split", MOE_OP_ADAMW, 0, {256LL << 20, 1, 1, 1}},
     {"sum_squares n=256M", MOE_OP_SUM_SQUARES, 0, {256LL << 20}},
     {"sum_squares n=256M bf16", MOE_OP_SUM_SQUARES, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 */
     /* the fp8-block weight copies of one mixtral w1 (both layouts), as after each AdamW */
@@ -287,9 +289,13 @@ static void run_perf(gctx *g, const pcase *pc) {
             b16.p = perf_buf(g, (s[0] + 1) / 2);
             be->cast_bf16(be, (uint16_t *)b16.p, b, s[0]);
         }
+        if (s[3]) { /* the halves of a split master: bf16 values and any low bits */
+            be->cast_bf16(be, (uint16_t *)e, a, s[0]);
+            f = perf_buf(g, (s[0] + 1) / 2);
+        }
         /* read p, g, m, v; write p, m, v and the bf16 copy: 30 B, 22 B with bf16 moments, 2 B
-         * less with a bf16 gradient */
-        bytes = ((s[1] ? 22.0 : 30.0) - (s[2] ? 2.0 : 0.0)) * (double)s[0];
+         * less with a bf16 gradient, 2 B less with a split master (read 2 + 2, write 2 + 2) */
+        bytes = ((s[1] ? 22.0 : 30.0) - (s[2] ? 2.0 : 0.0) - (s[3] ? 2.0 : 0.0)) * (double)s[0];
         break;
     case MOE_OP_SUM_SQUARES:
         a = perf_buf(g, s[0]);
@@ -380,7 +386,8 @@ static void run_perf(gctx *g, const pcase *pc) {
                 be->embedding_backward(be, a, b, ia, s[0], s[1], s[2]);
                 break;
             case MOE_OP_ADAMW:
-                be->adamw(be, a, (uint16_t *)e, s[2] ? b16 : moe_cbuf_f32(b),
+                be->adamw(be, s[3] ? NULL : a, (uint16_t *)e, s[3] ? (uint16_t *)f : NULL,
+                          s[2] ? b16 : moe_cbuf_f32(b),
                           moe_buf_of(c, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32),
                           moe_buf_of(d, s[1] ? MOE_DTYPE_BF16 : MOE_DTYPE_F32), s[0], 1e-9f, 0.9f,
                           0.95f, 1e-8f, 0.0f, 10, 1.0f);

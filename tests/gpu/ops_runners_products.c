@@ -409,65 +409,87 @@ void run_swiglu(gctx *g, const tcase *tc) {
  * then cast_bf16. The copy must be exactly the rounded new weight. Typed cases: bf16 moments
  * (optim.moments bf16), for which the GPU must compute the CPU's bytes: weights, copies and
  * both moments identical after every step (fp32 moments: within tol, the GPU fusing
- * multiply-adds). */
+ * multiply-adds). MASTER_SPLIT: the master is the bf16 copy and a low half (optim.master
+ * split; 8-byte vectors of each), the copy its split's high half (ties away from zero), and
+ * with bf16 moments both halves the CPU's bytes. */
 void run_adamw(gctx *g, const tcase *tc) {
     int64_t n = tc->s[0];
+    int split = (tc->types & MASTER_SPLIT) != 0;
     moe_dtype mdt = typed_dt(tc), gdt = tc->types & GW_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
-    size_t mbytes = (size_t)n * moe_dtype_size(mdt);
+    size_t mbytes = (size_t)n * moe_dtype_size(mdt), hbytes = (size_t)n * sizeof(uint16_t);
     float *p = frand(n, -1, 1), *gr = frand(n, -1, 1), *m0 = frand(n, -0.1f, 0.1f);
     float *v0 = frand(n, 0, 0.01f);
     as_stored(m0, n, mdt), as_stored(v0, n, mdt), as_stored(gr, n, gdt);
     moe_buf m = moe_buf_of(host_typed(m0, n, mdt), mdt),
             v = moe_buf_of(host_typed(v0, n, mdt), mdt);
     moe_cbuf cg = moe_cbuf_of(host_typed(gr, n, gdt), gdt); /* the CPU reads the typed one too */
-    uint16_t *p16 = xmalloc((size_t)n * sizeof(uint16_t));
-    float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad (cast)", gr, F(n));
+    uint16_t *p16 = xmalloc(hbytes), *plo = split ? xmalloc(hbytes) : NULL;
+    for (int64_t i = 0; split && i < n; i++)
+        moe_f32_split_bf16(p[i], p16 + i, plo + i);
+    float *dp = split ? NULL : dup_dev(g, "param", p, F(n));
+    float *dg = dup_dev(g, "grad (cast)", gr, F(n));
     moe_cbuf dgt = moe_cbuf_from(dev_operand(g, gdt, "grad", gr, n));
     moe_buf dm = dev_operand(g, mdt, "m", m0, n), dv = dev_operand(g, mdt, "v", v0, n);
-    uint16_t *dp16 = dup_dev(g, "param16", NULL, (size_t)n * sizeof(uint16_t));
+    uint16_t *dp16 = dup_dev(g, "param16", split ? p16 : NULL, hbytes);
+    uint16_t *dlo = split ? dup_dev(g, "param_lo", plo, hbytes) : NULL;
     const int64_t at[3] = {0, 1, 0}, shift[3] = {0, 0, 1}, len[3] = {n, n - 1, n - 1};
     int exact = 1;
     for (int64_t step = 1; step <= 3; step++) {
         int64_t a = at[step - 1], sh = shift[step - 1], ln = len[step - 1];
-        g->cpu->adamw(g->cpu, p + a, p16 + a, moe_cbuf_at(cg, a), moe_buf_at(m, a + sh),
-                      moe_buf_at(v, a + sh), ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
-        g->gpu->adamw(g->gpu, dp + a, dp16 + a, moe_cbuf_at(dgt, a), moe_buf_at(dm, a + sh),
-                      moe_buf_at(dv, a + sh), ln, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->cpu->adamw(g->cpu, split ? NULL : p + a, p16 + a, split ? plo + a : NULL,
+                      moe_cbuf_at(cg, a), moe_buf_at(m, a + sh), moe_buf_at(v, a + sh), ln, 1e-3f,
+                      0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
+        g->gpu->adamw(g->gpu, split ? NULL : dp + a, dp16 + a, split ? dlo + a : NULL,
+                      moe_cbuf_at(dgt, a), moe_buf_at(dm, a + sh), moe_buf_at(dv, a + sh), ln,
+                      1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, step, 0.5f);
         check_sync_guards(g, "adamw");
-        float *hp = down(g, dp, F(n));
-        uint16_t *h16 = down(g, dp16, (size_t)n * sizeof(uint16_t));
+        uint16_t *h16 = down(g, dp16, hbytes), *hlo = split ? down(g, dlo, hbytes) : NULL;
+        float *hp = split ? xmalloc(F(n)) : down(g, dp, F(n));
         int64_t bad = 0;
-        for (int64_t i = a; i < a + ln; i++)
-            bad += h16[i] != moe_f32_to_bf16(hp[i]);
+        for (int64_t i = a; i < a + ln; i++) {
+            uint16_t hi = moe_f32_to_bf16(hp[i]), lo;
+            if (split) /* the GPU's master, and its split's high half */
+                hp[i] = moe_f32_join_bf16(h16[i], hlo[i]), moe_f32_split_bf16(hp[i], &hi, &lo);
+            bad += h16[i] != hi;
+        }
         CHECK_MSG(bad == 0, "%s step %lld: %lld bf16 copies differ from the rounded weight",
                   g->label, (long long)step, (long long)bad);
-        free(hp), free(h16);
+        free(hp), free(h16), free(hlo);
         if (mdt == MOE_DTYPE_BF16) {
-            exact &= same_bytes(g, "param", dp, p, F(n));
+            exact &= split ? same_bytes(g, "param_lo", dlo, plo, hbytes)
+                           : same_bytes(g, "param", dp, p, F(n));
             exact &= same_bytes(g, "param16", dp16 + a, p16 + a, (size_t)ln * sizeof(uint16_t));
             exact &= same_bytes(g, "m", dm.p, m.p, mbytes);
             exact &= same_bytes(g, "v", dv.p, v.p, mbytes);
         }
     }
     if (mdt == MOE_DTYPE_BF16) {
-        printf("  %-28s %-16s n=%-9lld param, copy, m, v after 3 steps %s %s\n", g->label,
+        printf("  %-28s %-16s n=%-9lld %s, copy, m, v after 3 steps %s %s\n", g->label,
                gdt == MOE_DTYPE_BF16 ? "bf16 m v grad" : "bf16 moments", (long long)n,
-               exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
+               split ? "split master" : "param", exact ? "identical" : "DIFFER",
+               exact ? "ok" : "FAIL");
     } else {
+        if (split) { /* the masters the halves hold, on both sides */
+            uint16_t *h16 = down(g, dp16, hbytes), *hlo = down(g, dlo, hbytes);
+            float *gp = xmalloc(F(n));
+            for (int64_t i = 0; i < n; i++)
+                p[i] = moe_f32_join_bf16(p16[i], plo[i]), gp[i] = moe_f32_join_bf16(h16[i], hlo[i]);
+            dp = dup_dev(g, "param (joined)", gp, F(n));
+            free(h16), free(hlo), free(gp);
+        }
         cmp_f32(g, "param", dp, p, n, tc->tol);
         cmp_f32(g, "m", dm.p, m.p, n, tc->tol);
         cmp_f32(g, "v", dv.p, v.p, n, tc->tol);
     }
     /* cast_bf16: bit-exact against the CPU's */
-    uint16_t *c16 = dup_dev(g, "cast", NULL, (size_t)n * sizeof(uint16_t));
+    uint16_t *c16 = dup_dev(g, "cast", NULL, hbytes);
     g->gpu->cast_bf16(g->gpu, c16, dg, n);
     g->cpu->cast_bf16(g->cpu, p16, gr, n);
     check_sync_guards(g, "cast_bf16");
-    uint16_t *h16 = down(g, c16, (size_t)n * sizeof(uint16_t));
-    CHECK_MSG(memcmp(h16, p16, (size_t)n * sizeof(uint16_t)) == 0, "%s: cast_bf16 differs",
-              g->label);
+    uint16_t *h16 = down(g, c16, hbytes);
+    CHECK_MSG(memcmp(h16, p16, hbytes) == 0, "%s: cast_bf16 differs", g->label);
     free(h16), free(p), free(gr), free(m0), free(v0), free(m.p), free(v.p), free((void *)cg.p);
-    free(p16);
+    free(p16), free(plo);
 }
 
 /* AdamW and then the fp8-block copies of the new weight w [E, O, I], as moe_model_adamw runs
@@ -490,10 +512,10 @@ void run_adamw_fp8(gctx *g, const tcase *tc) {
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));
     uint8_t *dq = dup_dev(g, "e4m3 copies", NULL, (size_t)(2 * n));
     float *ds = dup_dev(g, "scales", zeros, F(ns));
-    g->cpu->adamw(g->cpu, p, NULL, moe_cbuf_f32(gr), moe_buf_f32(m), moe_buf_f32(v), n, 1e-3f, 0.9f,
-                  0.95f, 1e-8f, 0.1f, 1, 0.5f);
-    g->gpu->adamw(g->gpu, dp, NULL, moe_cbuf_f32(dg), moe_buf_f32(dm), moe_buf_f32(dv), n, 1e-3f,
+    g->cpu->adamw(g->cpu, p, NULL, NULL, moe_cbuf_f32(gr), moe_buf_f32(m), moe_buf_f32(v), n, 1e-3f,
                   0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
+    g->gpu->adamw(g->gpu, dp, NULL, NULL, moe_cbuf_f32(dg), moe_buf_f32(dm), moe_buf_f32(dv), n,
+                  1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, 0.5f);
     check_sync_guards(g, "adamw");
     cmp_f32(g, "param", dp, p, n, tc->tol);
     /* the master as the copies see it, with values AdamW does not make: the last tile of the

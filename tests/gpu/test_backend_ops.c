@@ -436,6 +436,10 @@ static const tcase k_cases[] = {
     {"adamw n10007 3 steps bf16 m v", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1},
     {"adamw n10007 3 steps bf16 grad", MOE_OP_ADAMW, {10007}, FP32, 1e-10, GW_BF16},
     {"adamw n10007 3 steps bf16 m v grad", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1 | GW_BF16},
+    /* the split master (optim.master split): its halves, the CPU's bytes with bf16 moments */
+    {"adamw split fp32 m v", MOE_OP_ADAMW, {10007}, FP32, 1e-10, MASTER_SPLIT},
+    {"adamw split bf16 m v", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1 | MASTER_SPLIT},
+    {"adamw split bf16 m v grad", MOE_OP_ADAMW, {10007}, FP32, 0.0, 1 | GW_BF16 | MASTER_SPLIT},
     /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
     {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
     {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},

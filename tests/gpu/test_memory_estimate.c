@@ -2,7 +2,8 @@
  *
  * For configs/L0_sanity.yaml (one micro-batch = train.global_batch_tokens, 64 x 256 tokens),
  * under the fp32 recipe (fp32 AdamW moments), the bf16 one and mxfp8 (bf16 moments, optim.moments
- * bf16) and every train.recompute mode, a fresh CUDA backend
+ * bf16), and bf16 with the experts' gradients in bf16 and the masters split (optim.expert_grads
+ * bf16, optim.master split), and every train.recompute mode, a fresh CUDA backend
  * builds the model, runs one forward + backward + AdamW step, and its peak device memory
  * (be->memory: be->alloc buffers, scratch and the cuBLASLt workspace) must be
  * within 10% of moe_model_memory_estimate's total + gpu_scratch, the figure --dry-run prints
@@ -23,10 +24,20 @@
 #include "moe/model.h"
 #include "testlib.h"
 
+/* A setting the estimate is checked under: the recipe, optim.moments, optim.expert_grads and
+ * optim.master. */
+typedef struct {
+    moe_recipe recipe;
+    moe_dtype moments, expert_grads;
+    moe_master master;
+} setting;
+
 /* One training step on a fresh backend; returns the peak device bytes (0 on failure) and
  * the gradients of the step (before AdamW) in *grads (malloc'ed, n_elems floats). */
-static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute rc, moe_dtype mdt,
-                        float **grads, int64_t *n) {
+static size_t step_peak(const moe_config *cfg, const setting *z, moe_recompute rc, float **grads,
+                        int64_t *n) {
+    const moe_recipe recipe = z->recipe;
+    const moe_dtype mdt = z->moments;
     moe_err err;
     moe_err_clear(&err);
     const moe_backend *be = moe_backend_cuda(&err);
@@ -42,6 +53,11 @@ static size_t step_peak(const moe_config *cfg, moe_recipe recipe, moe_recompute 
             *tgt = malloc((size_t)B * T * sizeof(int32_t));
     if (moe_model_create(&m, &cfg->model, recipe, rc, be, B, T, &err) != MOE_OK) {
         CHECK_MSG(0, "create: %s", err.msg);
+        goto done;
+    }
+    if (moe_model_set_expert_grads(&m, z->expert_grads, &err) != MOE_OK ||
+        moe_model_set_master(&m, z->master, &err) != MOE_OK) {
+        CHECK_MSG(0, "layout: %s", err.msg);
         goto done;
     }
     moe_model_init_weights(&m, 5);
@@ -92,39 +108,48 @@ int main(void) {
         CHECK_MSG(0, "config: %s", err.msg);
         return test_summary("test_memory_estimate");
     }
-    const moe_recipe recipes[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_MXFP8};
-    for (int r = 0; r < 3; r++) {
-        moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* optim.moments with the recipe */
+    const setting settings[] = {
+        {MOE_RECIPE_FP32, MOE_DTYPE_F32, MOE_DTYPE_F32, MOE_MASTER_FP32},
+        {MOE_RECIPE_BF16, MOE_DTYPE_BF16, MOE_DTYPE_F32, MOE_MASTER_FP32},
+        {MOE_RECIPE_MXFP8, MOE_DTYPE_BF16, MOE_DTYPE_F32, MOE_MASTER_FP32},
+        /* the benchmark's setting against HF, and the masters split */
+        {MOE_RECIPE_BF16, MOE_DTYPE_BF16, MOE_DTYPE_BF16, MOE_MASTER_SPLIT},
+    };
+    for (size_t r = 0; r < sizeof settings / sizeof settings[0]; r++) {
+        const setting *z = &settings[r];
+        char name[128];
+        snprintf(name, sizeof name, "%s (moments %s, expert grads %s, master %s)",
+                 moe_recipe_name(z->recipe), moe_dtype_name(z->moments),
+                 moe_dtype_name(z->expert_grads), moe_master_name(z->master));
         size_t peaks[4] = {0, 0, 0, 0};
         float *ref = NULL;
         int64_t nref = 0;
         for (int rc = 0; rc < 4; rc++) {
             moe_model_memory est;
-            moe_model_memory_estimate(&cfg.model, recipes[r], (moe_recompute)rc,
+            moe_model_memory_estimate(&cfg.model, z->recipe, (moe_recompute)rc,
                                       cfg.train.global_batch_tokens / cfg.train.seq_len,
-                                      cfg.train.seq_len, 1, NULL, mdt, MOE_DTYPE_F32, &est);
+                                      cfg.train.seq_len, 1, NULL, z->moments, z->expert_grads,
+                                      z->master, &est);
             float *g = NULL;
             int64_t n = 0;
-            peaks[rc] = step_peak(&cfg, recipes[r], (moe_recompute)rc, mdt, &g, &n);
+            peaks[rc] = step_peak(&cfg, z, (moe_recompute)rc, &g, &n);
             if (rc == MOE_RECOMPUTE_NONE) {
                 ref = g, nref = n;
             } else if (g && ref) {
                 CHECK_MSG(n == nref && memcmp(g, ref, (size_t)n * sizeof(float)) == 0,
-                          "%s recompute %s: gradients differ from recompute none on the GPU",
-                          moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc));
+                          "%s recompute %s: gradients differ from recompute none on the GPU", name,
+                          moe_recompute_name((moe_recompute)rc));
             }
             if (g != ref) free(g);
             double want = (double)(est.total + est.gpu_scratch), got = (double)peaks[rc];
-            printf("%-4s recompute %-4s: estimate %8.1f MiB (be->alloc %8.1f + scratch %6.1f), "
+            printf("%s recompute %-4s: estimate %8.1f MiB (be->alloc %8.1f + scratch %6.1f), "
                    "measured peak %8.1f MiB, %+.1f%%\n",
-                   moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc),
-                   want / 1048576.0, (double)est.total / 1048576.0,
-                   (double)est.gpu_scratch / 1048576.0, got / 1048576.0,
-                   got > 0 ? 100.0 * (want - got) / got : 0.0);
+                   name, moe_recompute_name((moe_recompute)rc), want / 1048576.0,
+                   (double)est.total / 1048576.0, (double)est.gpu_scratch / 1048576.0,
+                   got / 1048576.0, got > 0 ? 100.0 * (want - got) / got : 0.0);
             CHECK_MSG(got > 0 && fabs(want - got) <= 0.10 * got,
                       "%s recompute %s: estimate %.0f bytes is not within 10%% of the peak %.0f",
-                      moe_recipe_name(recipes[r]), moe_recompute_name((moe_recompute)rc), want,
-                      got);
+                      name, moe_recompute_name((moe_recompute)rc), want, got);
         }
         free(ref);
         CHECK(peaks[MOE_RECOMPUTE_ATTN] < peaks[MOE_RECOMPUTE_NONE]);

@@ -1,5 +1,5 @@
-/* test_adamw: the CPU backend's AdamW (moe/ops.h adamw) with fp32 and bf16 moments, and
- * cast_bf16, bit for bit.
+/* test_adamw: the CPU backend's AdamW (moe/ops.h adamw) with fp32 and bf16 moments, an fp32
+ * or a split master (optim.master split), and cast_bf16, bit for bit.
  *
  * fp32 moments: the new weights, moments and bf16 copies equal a scalar float reference of
  * the op's expressions (each product and sum rounded on its own: C11 without FP_CONTRACT, the
@@ -86,7 +86,7 @@ static void test_exact(moe_dtype dt) {
     size_t mb = (size_t)n * moe_dtype_size(dt);
     for (int64_t step = 1; step <= 4; step++) {
         float *g = gradient(n, 50 + (uint64_t)step);
-        be->adamw(be, p, p16, moe_cbuf_f32(g), m, v, n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps,
+        be->adamw(be, p, p16, NULL, moe_cbuf_f32(g), m, v, n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps,
                   k_hp.wd, step, k_hp.gs);
         ref_step(rp, r16, g, mf, vf, n, dt, &k_hp, step, 1);
         ref_step(wp, w16, g, wm, wv, n, dt, &k_hp, step, 0);
@@ -114,6 +114,62 @@ static void test_exact(moe_dtype dt) {
     free(w16), free(m.p), free(v.p);
 }
 
+/* A split master (optim.master split: param NULL, the master in param16 and param_lo) against
+ * an fp32 one, moments of type dt and a gradient of type gdt, four steps from the same state:
+ * after every step the halves join to the fp32 run's weights bit for bit, the high half is
+ * the split of that weight (moe_f32_split_bf16), it differs from the fp32 run's bf16 copy only
+ * at ties, and the moments are the same bytes. The first step has lr 0 and keeps every
+ * weight, and a third of them start as ties (low 16 bits 0x8000): their high halves round
+ * away from zero where the copy rounds to even. */
+static void test_split_master(moe_dtype dt, moe_dtype gdt) {
+    const int64_t n = 4099;
+    float *p = gc_buf(n, 61, -1, 1), *mf = gc_buf(n, 62, -0.1, 0.1), *vf = gc_buf(n, 63, 0, 0.01);
+    for (int64_t i = 0; i < n; i += 3) { /* a tie: bits 0x8000 below the bf16 ones */
+        uint32_t u = moe_f32_bits(p[i]);
+        p[i] = moe_f32_from_bits((u & 0xffff0000u) | 0x8000u);
+    }
+    if (dt == MOE_DTYPE_BF16)
+        for (int64_t i = 0; i < n; i++)
+            mf[i] = moe_round_bf16(mf[i]), vf[i] = moe_round_bf16(vf[i]);
+    uint16_t *p16 = malloc((size_t)n * 2), *hi = malloc((size_t)n * 2), *lo = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        moe_f32_split_bf16(p[i], hi + i, lo + i);
+    moe_buf m = moe_buf_of(to_moments(mf, n, dt), dt), v = moe_buf_of(to_moments(vf, n, dt), dt);
+    moe_buf sm = moe_buf_of(to_moments(mf, n, dt), dt), sv = moe_buf_of(to_moments(vf, n, dt), dt);
+    size_t mb = (size_t)n * moe_dtype_size(dt);
+    int64_t away = 0; /* ties whose high half is above the even copy */
+    for (int64_t step = 1; step <= 5; step++) {
+        float *g = gradient(n, 70 + (uint64_t)step), lr = step == 1 ? 0.0f : k_hp.lr;
+        moe_cbuf cg = moe_cbuf_of(to_moments(g, n, gdt), gdt);
+        be->adamw(be, p, p16, NULL, cg, m, v, n, lr, k_hp.b1, k_hp.b2, k_hp.eps, k_hp.wd, step,
+                  k_hp.gs);
+        be->adamw(be, NULL, hi, lo, cg, sm, sv, n, lr, k_hp.b1, k_hp.b2, k_hp.eps, k_hp.wd, step,
+                  k_hp.gs);
+        int64_t bad_join = 0, bad_hi = 0, bad_copy = 0;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h, l;
+            moe_f32_split_bf16(p[i], &h, &l);
+            bad_join += moe_f32_bits(moe_f32_join_bf16(hi[i], lo[i])) != moe_f32_bits(p[i]);
+            bad_hi += hi[i] != h || lo[i] != l;
+            int tie = (moe_f32_bits(p[i]) & 0xffffu) == 0x8000u;
+            bad_copy += hi[i] != p16[i] && !tie;
+            away += step == 1 && tie && hi[i] == p16[i] + 1;
+        }
+        CHECK_MSG(bad_join == 0 && bad_hi == 0 && bad_copy == 0,
+                  "%s moments, %s gradient, step %lld: %lld masters differ, %lld halves, %lld "
+                  "copies away from a tie",
+                  moe_dtype_name(dt), moe_dtype_name(gdt), (long long)step, (long long)bad_join,
+                  (long long)bad_hi, (long long)bad_copy);
+        CHECK(memcmp(m.p, sm.p, mb) == 0 && memcmp(v.p, sv.p, mb) == 0);
+        free(g), free((void *)cg.p);
+    }
+    /* the ties whose lower bf16 neighbour is even: about half of the n / 3 */
+    CHECK_MSG(away > n / 8 && away < n / 4, "%lld ties rounded away from the even copy",
+              (long long)away);
+    free(p), free(mf), free(vf), free(p16), free(hi), free(lo);
+    free(m.p), free(v.p), free(sm.p), free(sv.p);
+}
+
 /* fp32 moments against AdamW in double (the definition, to rounding), three steps. */
 static void test_double_reference(void) {
     int64_t n = 1000;
@@ -126,7 +182,7 @@ static void test_double_reference(void) {
         pr[i] = p[i];
     const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
     for (int step = 1; step <= 3; step++) {
-        be->adamw(be, p, p16, moe_cbuf_f32(g), moe_buf_f32(m), moe_buf_f32(v), n, (float)lr,
+        be->adamw(be, p, p16, NULL, moe_cbuf_f32(g), moe_buf_f32(m), moe_buf_f32(v), n, (float)lr,
                   (float)b1, (float)b2, (float)eps, (float)wd, step, (float)gs);
         for (int64_t i = 0; i < n; i++) /* the copy is the new weight, rounded */
             CHECK(p16[i] == moe_f32_to_bf16(p[i]));
@@ -155,7 +211,7 @@ static void test_threads(void) {
         m[t] = calloc((size_t)n, 2), v[t] = calloc((size_t)n, 2);
         omp_set_num_threads(t + 1);
         for (int64_t step = 1; step <= 2; step++)
-            be->adamw(be, p[t], NULL, moe_cbuf_f32(g), moe_buf_of(m[t], MOE_DTYPE_BF16),
+            be->adamw(be, p[t], NULL, NULL, moe_cbuf_f32(g), moe_buf_of(m[t], MOE_DTYPE_BF16),
                       moe_buf_of(v[t], MOE_DTYPE_BF16), n, k_hp.lr, k_hp.b1, k_hp.b2, k_hp.eps,
                       k_hp.wd, step, k_hp.gs);
     }
@@ -177,11 +233,11 @@ static void test_stall(void) {
         float p = 0.0f, pf = 0.0f, g = 2.0f, mf = 1.0f, vf = 4.0f;
         uint16_t m = moe_f32_to_bf16(1.0f), v = moe_f32_to_bf16(4.0f);
         for (int64_t step = 1; step <= 100; step++) {
-            be->adamw(be, &p, NULL, moe_cbuf_f32(&g), moe_buf_of(&m, MOE_DTYPE_BF16),
+            be->adamw(be, &p, NULL, NULL, moe_cbuf_f32(&g), moe_buf_of(&m, MOE_DTYPE_BF16),
                       moe_buf_of(&v, MOE_DTYPE_BF16), 1, 1e-3f, betas[k], 0.95f, 1e-8f, 0.0f, step,
                       1.0f);
-            be->adamw(be, &pf, NULL, moe_cbuf_f32(&g), moe_buf_f32(&mf), moe_buf_f32(&vf), 1, 1e-3f,
-                      betas[k], 0.95f, 1e-8f, 0.0f, step, 1.0f);
+            be->adamw(be, &pf, NULL, NULL, moe_cbuf_f32(&g), moe_buf_f32(&mf), moe_buf_f32(&vf), 1,
+                      1e-3f, betas[k], 0.95f, 1e-8f, 0.0f, step, 1.0f);
             if (k == 1) break; /* 0.99: one step is enough to see it move */
         }
         if (k == 0) {
@@ -210,6 +266,9 @@ int main(void) {
     be = moe_backend_cpu();
     test_exact(MOE_DTYPE_F32);
     test_exact(MOE_DTYPE_BF16);
+    for (int k = 0; k < 4; k++)
+        test_split_master(k & 1 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32,
+                          k & 2 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32);
     test_double_reference();
     test_threads();
     test_stall();

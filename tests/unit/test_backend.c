@@ -164,7 +164,7 @@ static void test_scratch_estimate(void) {
     CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK) > b16);
     moe_model_memory mem;
     moe_model_memory_estimate(&c.model, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL,
-                              MOE_DTYPE_F32, MOE_DTYPE_F32, &mem);
+                              MOE_DTYPE_F32, MOE_DTYPE_F32, MOE_MASTER_FP32, &mem);
     CHECK_INT_EQ(mem.gpu_scratch, b16);
 }
 

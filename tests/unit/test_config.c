@@ -470,6 +470,13 @@ static void test_cross_field(void) {
                    "bf16", "optim.beta2", "0.999");
     EXPECT_INVALID("optim.moments bf16 needs optim.beta1 <= 0.99, got 0.995", "optim.moments",
                    "bf16", "optim.beta1", "0.995");
+    /* a split master is a bf16 copy plus low bits: bf16 only (the default recipe is fp32) */
+    EXPECT_INVALID("optim.master split needs precision.recipe bf16, got fp32", "optim.master",
+                   "split");
+    EXPECT_INVALID("optim.master split needs precision.recipe bf16, got fp8-block", "optim.master",
+                   "split", "precision.recipe", "fp8-block");
+    EXPECT_INVALID("optim.master split needs precision.recipe bf16, got mxfp8", "optim.master",
+                   "split", "precision.recipe", "mxfp8");
     /* valid edge cases */
     moe_config c;
     moe_err err = {0};
@@ -489,6 +496,10 @@ static void test_cross_field(void) {
     c.optim.beta2 = 0.999; /* fp32 moments take any beta below 1 */
     c.optim.moments = MOE_DTYPE_F32;
     CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    c.optim.master = MOE_MASTER_SPLIT; /* with the bf16 recipe */
+    c.precision.recipe = MOE_RECIPE_BF16;
+    CHECK_INT_EQ(moe_config_validate(&c, &err), MOE_OK);
+    CHECK(strcmp(moe_master_name(c.optim.master), "split") == 0);
     moe_config_defaults(&c); /* 4 ranks share 8 micro-batches of 512 tokens */
     c.parallel.dp = 4;
     c.train.micro_batch_tokens = 512;

@@ -10,7 +10,10 @@
  * format, every code value, and one f32 ulp either side of each (the tie and near-tie cases);
  * +-0, +-Inf, NaNs, f32 subnormals; and a strided sweep over all 2^32 bit patterns whose
  * stride adapts to the build (dense under -O2, sparser under -O0/ASan, so the test stays
- * well under a minute). MOE_TEST_DTYPE_FULL=1 sweeps all 2^32 patterns. */
+ * well under a minute). MOE_TEST_DTYPE_FULL=1 sweeps all 2^32 patterns. The same inputs go
+ * through the split master (moe_f32_split_bf16 / moe_f32_join_bf16, optim.master split): the
+ * halves join to the input's bits and the high half is the reference's bf16 code with ties
+ * away from zero (a NaN joins to a NaN of its sign). */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -106,8 +109,9 @@ static void test_decode_all(fmt *f) {
 
 /* ---- encode reference ---- */
 
-/* Nearest magnitude code to a >= 0 (finite), ties to even; may return max_code + 1. */
-static uint32_t ref_nearest(const fmt *f, double a) {
+/* Nearest magnitude code to a >= 0 (finite), ties to even (away: to the larger); may return
+ * max_code + 1. */
+static uint32_t ref_nearest_ties(const fmt *f, double a, int away) {
     int lo = 0, hi = f->max_code + 1; /* largest i with val[i] <= a */
     if (a >= f->val[hi]) return (uint32_t)hi;
     while (hi - lo > 1) {
@@ -121,7 +125,27 @@ static uint32_t ref_nearest(const fmt *f, double a) {
     double m = 0.5 * (f->val[lo] + f->val[lo + 1]); /* exact: few significant bits */
     if (a < m) return (uint32_t)lo;
     if (a > m) return (uint32_t)lo + 1;
-    return (uint32_t)((lo & 1) ? lo + 1 : lo);
+    return (uint32_t)((lo & 1) || away ? lo + 1 : lo);
+}
+static uint32_t ref_nearest(const fmt *f, double a) {
+    return ref_nearest_ties(f, a, 0);
+}
+
+/* moe_f32_split_bf16 of the f32 with these bits: its halves join to the same bits (a NaN to
+ * a NaN of its sign, the high half then moe_f32_to_bf16's), and the high half is the
+ * bf16 nearest to x with ties away from zero (beyond the largest finite: Inf). */
+static int check_split(uint32_t bits) {
+    float x;
+    memcpy(&x, &bits, 4);
+    uint16_t hi, lo;
+    moe_f32_split_bf16(x, &hi, &lo);
+    float y = moe_f32_join_bf16(hi, lo);
+    uint32_t yb;
+    memcpy(&yb, &y, 4);
+    if (isnan(x)) return isnan(y) && (yb >> 31) == (bits >> 31) && hi == moe_f32_to_bf16(x);
+    uint32_t sign = bits >> 31 ? 0x8000u : 0u;
+    uint32_t want = isinf(x) ? 0x7f80u : ref_nearest_ties(&F_BF16, fabs((double)x), 1);
+    return yb == bits && hi == (sign | want);
 }
 
 /* Expected code of x for a signed format with the given saturation. */
@@ -169,13 +193,13 @@ static uint32_t ref_e8m0(float x, int mode) {
 /* ---- the sweep ---- */
 
 typedef struct sweep_stats {
-    int64_t points, bad[9];
-    uint32_t first_bad[9];
+    int64_t points, bad[10];
+    uint32_t first_bad[10];
 } sweep_stats;
 
-static const char *k_enc_names[9] = {"bf16",       "f16",        "e4m3 sat",
-                                     "e4m3 nosat", "e5m2 sat",   "e5m2 nosat",
-                                     "e8m0 near",  "e8m0 floor", "e8m0 ceil"};
+static const char *k_enc_names[10] = {"bf16",      "f16",        "e4m3 sat",  "e4m3 nosat",
+                                      "e5m2 sat",  "e5m2 nosat", "e8m0 near", "e8m0 floor",
+                                      "e8m0 ceil", "bf16 split"};
 
 static int check_one(uint32_t bits, int which) {
     float x;
@@ -203,14 +227,16 @@ static int check_one(uint32_t bits, int which) {
         return moe_f32_to_e8m0(x) == ref_e8m0(x, 0);
     case 7:
         return moe_f32_to_e8m0_floor(x) == ref_e8m0(x, 1);
-    default:
+    case 8:
         return moe_f32_to_e8m0_ceil(x) == ref_e8m0(x, 2);
+    default:
+        return check_split(bits);
     }
 }
 
 static void check_bits(sweep_stats *st, uint32_t bits) {
     st->points++;
-    for (int w = 0; w < 9; w++)
+    for (int w = 0; w < 10; w++)
         if (!check_one(bits, w) && st->bad[w]++ == 0) st->first_bad[w] = bits;
 }
 
@@ -280,16 +306,16 @@ static void test_encode(void) {
 #endif
         {
             st.points += loc.points;
-            for (int w = 0; w < 9; w++) {
+            for (int w = 0; w < 10; w++) {
                 if (loc.bad[w] && !st.bad[w]) st.first_bad[w] = loc.first_bad[w];
                 st.bad[w] += loc.bad[w];
             }
         }
     }
-    for (int w = 0; w < 9; w++)
+    for (int w = 0; w < 10; w++)
         CHECK_MSG(st.bad[w] == 0, "encode %s: %lld of %lld inputs wrong, first 0x%08x",
                   k_enc_names[w], (long long)st.bad[w], (long long)st.points, st.first_bad[w]);
-    fprintf(stderr, "encode sweep: %lld f32 inputs x 9 encoders (stride %llu)\n",
+    fprintf(stderr, "encode sweep: %lld f32 inputs x 10 encoders (stride %llu)\n",
             (long long)st.points, (unsigned long long)stride);
 }
 
@@ -319,6 +345,37 @@ static void test_documented_rules(void) {
     CHECK_INT_EQ(moe_f32_to_bf16(FLT_MAX), 0x7f80);                 /* rounds to Inf */
     CHECK(isnan(moe_bf16_to_f32(moe_f32_to_bf16(NAN))));
     CHECK(isnan(moe_bf16_to_f32(moe_f32_to_bf16(-NAN))));
+    /* the split master's halves (hi, lo as 16-bit codes) */
+    const struct {
+        uint32_t x;
+        uint16_t hi, lo;
+    } split[] = {
+        {0x3f808000u, 0x3f81, 0x8000}, /* tie 1 + 2^-8: away from zero (even would be 0x3f80) */
+        {0xbf808000u, 0xbf81, 0x8000}, /* the same, negative */
+        {0x3f818000u, 0x3f82, 0x8000}, /* tie whose even neighbour is above: both rules agree */
+        {0x3f807fffu, 0x3f80, 0x7fff}, /* just below the tie */
+        {0x3f808001u, 0x3f81, 0x8001}, /* just above: lo -32767 */
+        {0x7f7fffffu, 0x7f80, 0xffff}, /* FLT_MAX: hi Inf, lo -1 */
+        {0x7f800000u, 0x7f80, 0x0000}, /* Inf */
+        {0x80000000u, 0x8000, 0x0000}, /* -0 */
+        {0x00000001u, 0x0000, 0x0001}, /* the smallest subnormal */
+        {0x00008000u, 0x0001, 0x8000}, /* a subnormal tie */
+        {0x7f800001u, 0x7fc0, 0x0000}, /* a signalling NaN: quietened, low payload gone */
+        {0xffffffffu, 0xffff, 0x0000}, /* a NaN whose rounding would carry out of the field */
+    };
+    for (size_t i = 0; i < sizeof split / sizeof split[0]; i++) {
+        float x, y;
+        uint16_t hi, lo;
+        uint32_t u = split[i].x, yb;
+        memcpy(&x, &u, 4);
+        moe_f32_split_bf16(x, &hi, &lo);
+        y = moe_f32_join_bf16(hi, lo);
+        memcpy(&yb, &y, 4);
+        CHECK_MSG(hi == split[i].hi && lo == split[i].lo, "split 0x%08x: hi 0x%04x lo 0x%04x", u,
+                  hi, lo);
+        CHECK_MSG(isnan(x) ? isnan(y) && (yb >> 31) == (u >> 31) : yb == u,
+                  "join of split 0x%08x: 0x%08x", u, yb);
+    }
     /* e8m0: 3 = 1.5*2 is a tie between 2^1 (code 128) and 2^2 (129): even code 128 */
     CHECK_INT_EQ(moe_f32_to_e8m0(3.0f), 128);
     CHECK_INT_EQ(moe_f32_to_e8m0(6.0f), 130); /* 1.5*4: 129 or 130 -> 130 */

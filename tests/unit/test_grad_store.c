@@ -167,7 +167,7 @@ static void test_bf16_grads(void) {
     for (int k = 0; k < 2; k++) {
         p[k] = gc_buf(n, 99, -1, 1), m[k] = gc_buf(n, 0, 0, 0), v[k] = gc_buf(n, 0, 0, 0);
         for (int64_t step = 1; step <= 2; step++)
-            be->adamw(be, p[k], NULL, k ? moe_cbuf_of(d16, MOE_DTYPE_BF16) : moe_cbuf_f32(gw),
+            be->adamw(be, p[k], NULL, NULL, k ? moe_cbuf_of(d16, MOE_DTYPE_BF16) : moe_cbuf_f32(gw),
                       moe_buf_f32(m[k]), moe_buf_f32(v[k]), n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
                       step, 0.5f);
     }

@@ -277,16 +277,18 @@ static void test_estimate_exact(void) {
         tok[i] = (int32_t)((i * 7) % 37);
     for (int tied = 0; tied < 2; tied++)
         for (int rc = 0; rc < 4; rc++)
-            for (int r = 0; r < 6; r++) {
+            for (int r = 0; r < 7; r++) {
                 /* fp8-block and mxfp8 twice: every layer quantized, then layer 1 in
-                 * skip_layers (under mxfp8 its expert activations are bf16: a new layout) */
-                const moe_recipe rs[6] = {MOE_RECIPE_FP32,      MOE_RECIPE_BF16,
-                                          MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK,
-                                          MOE_RECIPE_MXFP8,     MOE_RECIPE_MXFP8};
-                const uint8_t skip1[3] = {0, 1, 0}, *skip = r % 2 && r > 1 ? skip1 : NULL;
+                 * skip_layers (under mxfp8 its expert activations are bf16: a new layout);
+                 * bf16 twice: fp32 masters, then split ones (optim.master split) */
+                const moe_recipe rs[7] = {
+                    MOE_RECIPE_FP32,  MOE_RECIPE_BF16,  MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK,
+                    MOE_RECIPE_MXFP8, MOE_RECIPE_MXFP8, MOE_RECIPE_BF16};
+                const uint8_t skip1[3] = {0, 1, 0}, *skip = r % 2 && r > 1 && r < 6 ? skip1 : NULL;
                 moe_recipe recipe = rs[r];
+                moe_master master = r == 6 ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
                 moe_model_config cfg = config(tied);
-                cfg.intermediate_size = r >= 4 ? 64 : cfg.intermediate_size;
+                cfg.intermediate_size = r == 4 || r == 5 ? 64 : cfg.intermediate_size;
                 counter cnt;
                 moe_backend cbe = counting_backend(&cnt);
                 moe_model m;
@@ -297,14 +299,18 @@ static void test_estimate_exact(void) {
                     CHECK_MSG(0, "create: %s", err.msg);
                     continue;
                 }
-                moe_model_init_weights(&m, 1);
                 CHECK(moe_model_set_skip_layers(&m, skip, &err) == MOE_OK);
                 /* what the trainer adds: the AdamW moments, through the same backend (bf16
                  * ones, optim.moments bf16, and bf16 expert gradients, optim.expert_grads
-                 * bf16, with the tied models) */
+                 * bf16, with the tied models), in the trainer's order */
                 moe_dtype mdt = tied ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
                 CHECK(moe_model_set_expert_grads(&m, mdt, &err) == MOE_OK);
-                size_t pb = (size_t)m.table.n_elems * sizeof(float);
+                CHECK(moe_model_set_master(&m, master, &err) == MOE_OK);
+                moe_model_init_weights(&m, 1);
+                /* the masters outside the copies: fp32, or the kept fp32 ones and low halves */
+                size_t pb = (size_t)m.param_elems * sizeof(float) +
+                            (size_t)(m.table.n_elems - m.param_elems) *
+                                (master == MOE_MASTER_SPLIT ? sizeof(uint16_t) : 0);
                 size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
                 void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
                 moe_model_zero_grad(&m);
@@ -328,7 +334,7 @@ static void test_estimate_exact(void) {
                                 &opt, 1e-3, 1, 1.0f);
                 moe_model_memory est;
                 moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, mdt, mdt,
-                                          &est);
+                                          master, &est);
                 CHECK_MSG((int64_t)cnt.peak == est.total,
                           "recompute %s %s tied %d: estimate %lld bytes, allocated %zu",
                           moe_recompute_name((moe_recompute)rc), moe_recipe_name(recipe), tied,
@@ -336,15 +342,24 @@ static void test_estimate_exact(void) {
                 CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
                 CHECK_INT_EQ(est.params, (int64_t)pb);
                 CHECK_INT_EQ(est.optimizer, 2 * (int64_t)mb);
+                CHECK_INT_EQ(est.expert_elems, m.table.n_elems - m.table.dense_elems);
+                if (r == 6) { /* 2 bytes less than fp32 masters for each split one */
+                    moe_model_memory f;
+                    moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, skip, mdt,
+                                              mdt, MOE_MASTER_FP32, &f);
+                    CHECK_INT_EQ(f.total - est.total, 2 * (m.table.n_elems - m.param_elems));
+                    CHECK(m.param_lo_mem && m.param_elems < m.table.n_elems / 2);
+                }
                 CHECK(est.gpu_scratch > 0); /* every recipe runs on CUDA */
                 CHECK((est.fp8_copies > 0) == (r == 2 || r == 3) &&
                       (m.param8_mem != NULL) == (r == 2 || r == 3));
-                if (r >= 4) { /* MXFP8 expert activations: less than bf16's, more with a skip */
+                if (r == 4 || r == 5) { /* MXFP8 expert activations: less than bf16's, more
+                                           with a skip */
                     moe_model_memory b16, mx;
                     moe_model_memory_estimate(&cfg, MOE_RECIPE_BF16, (moe_recompute)rc, B, T, 1,
-                                              NULL, mdt, mdt, &b16);
+                                              NULL, mdt, mdt, MOE_MASTER_FP32, &b16);
                     moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
-                                              mdt, &mx);
+                                              mdt, MOE_MASTER_FP32, &mx);
                     CHECK(mx.activations < b16.activations);
                     CHECK(r == 4 ||
                           (est.activations > mx.activations && est.activations <= b16.activations));
@@ -352,7 +367,7 @@ static void test_estimate_exact(void) {
                 if (r == 3) { /* the skipped layer's copies are left out */
                     moe_model_memory all;
                     moe_model_memory_estimate(&cfg, recipe, (moe_recompute)rc, B, T, 1, NULL, mdt,
-                                              mdt, &all);
+                                              mdt, MOE_MASTER_FP32, &all);
                     CHECK(est.fp8_copies * 3 == all.fp8_copies * 2);
                 }
                 cbe.free(&cbe, am);
@@ -371,11 +386,13 @@ static moe_status no_exchange(void *ctx, const void *send, const int64_t *send_r
 }
 
 /* Expert parallelism: rank 1 of an expert group of 5 (one of the 5 experts, the expert side
- * sized for 5 x the local rows) allocates what the estimate for ep = 5 says. */
+ * sized for 5 x the local rows) allocates what the estimate for ep = 5 says (fp32, bf16, and
+ * bf16 with split masters). */
 static void test_estimate_ep(void) {
     moe_model_config cfg = config(0);
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {
         moe_recipe recipe = r ? MOE_RECIPE_BF16 : MOE_RECIPE_FP32;
+        moe_master master = r == 2 ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
         counter cnt;
         moe_backend cbe = counting_backend(&cnt);
         moe_model m;
@@ -389,15 +406,21 @@ static void test_estimate_ep(void) {
         }
         moe_dtype mdt = r ? MOE_DTYPE_BF16 : MOE_DTYPE_F32; /* the moments' and expert grads' */
         CHECK(moe_model_set_expert_grads(&m, mdt, &err) == MOE_OK);
-        size_t pb = (size_t)m.table.n_elems * sizeof(float);
+        CHECK(moe_model_set_master(&m, master, &err) == MOE_OK);
+        int64_t es = master == MOE_MASTER_SPLIT ? 2 : 4; /* an expert's master outside copies */
+        size_t pb = (size_t)m.param_elems * sizeof(float) +
+                    (size_t)((m.table.n_elems - m.param_elems) * (es == 2 ? 2 : 0));
         size_t mb = (size_t)m.table.n_elems * moe_dtype_size(mdt);
         void *am = cbe.alloc(&cbe, mb), *av = cbe.alloc(&cbe, mb);
         moe_model_memory est, one;
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, mdt, mdt, &est);
-        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, mdt, &one);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 5, NULL, mdt, mdt, master,
+                                  &est);
+        moe_model_memory_estimate(&cfg, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, mdt, master,
+                                  &one);
         CHECK_INT_EQ(est.total, (int64_t)cnt.peak);
         CHECK_INT_EQ(est.params, (int64_t)pb);
-        CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * 4);
+        CHECK_INT_EQ(est.expert_params, (m.table.n_elems - m.table.dense_elems) * es);
+        CHECK_INT_EQ(est.expert_elems, m.table.n_elems - m.table.dense_elems);
         CHECK_INT_EQ(est.activations, (int64_t)m.acts->bytes);
         CHECK(est.params < one.params && est.activations > one.activations);
         cbe.free(&cbe, am);

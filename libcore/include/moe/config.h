@@ -32,6 +32,14 @@ typedef enum moe_recompute {
     MOE_RECOMPUTE_FULL
 } moe_recompute;
 
+/* optim.master: how the model keeps the fp32 master weights (docs/dtypes.md). */
+typedef enum moe_master {
+    MOE_MASTER_FP32, /* one fp32 array */
+    MOE_MASTER_SPLIT /* bf16 recipe: a weight whose bf16 copy is all the ops read is held as
+                        that copy (rounded with ties away from zero) and its 16 low bits
+                        (moe_f32_split_bf16); the others as fp32 */
+} moe_master;
+
 /* train.stop_signal: the signal that, besides SIGTERM and SIGINT, stops a run cleanly. */
 typedef enum moe_stop_signal {
     MOE_STOP_SIGNAL_USR1,
@@ -78,6 +86,7 @@ typedef struct moe_optim_config {
                                `fp32`, `bf16` index the enum: moe_dtype's first two values) */
     moe_dtype expert_grads; /* how the experts' weight gradients are stored: the same two
                                (moe_model_set_expert_grads) */
+    moe_master master;      /* how the master weights are stored (moe_model_set_master) */
 } moe_optim_config;
 
 /* precision.fp8_scale: how an fp8 recipe rounds its block scales (docs/dtypes.md). */
@@ -168,5 +177,6 @@ const char *moe_device_name(moe_device_kind d);      /* "auto","cpu","cuda" */
 const char *moe_lr_schedule_name(moe_lr_schedule s); /* "cosine","linear","constant" */
 const char *moe_recompute_name(moe_recompute r);     /* "none","attn","moe","full" */
 const char *moe_moments_name(moe_dtype d);           /* optim.moments: "fp32","bf16" */
+const char *moe_master_name(moe_master m);           /* optim.master: "fp32","split" */
 
 #endif

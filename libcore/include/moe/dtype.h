@@ -4,7 +4,8 @@
  * conversions are MOE_HD (static inline, and __host__ __device__ under nvcc) and use only
  * integer bit manipulation, so the CPU reference and the CUDA kernels (kernels/dtype.cu
  * includes this header) produce identical bits. Rounding is round-to-nearest, ties to even,
- * everywhere. The rules a reader must know:
+ * everywhere but in the split master's high half (ties away from zero: moe_f32_split_bf16).
+ * The rules a reader must know:
  *
  *   bf16  1-8-7, bias 127. NaN stays NaN (quietened, sign and top payload kept).
  *   f16   IEEE binary16 1-5-10, bias 15, max 65504; overflow rounds to Inf (IEEE).
@@ -120,6 +121,34 @@ MOE_HD float moe_bf16_to_f32(uint16_t h) {
 /* x rounded to bf16 precision and back: what a bf16 GEMM operand holds. */
 MOE_HD float moe_round_bf16(float x) {
     return moe_bf16_to_f32(moe_f32_to_bf16(x));
+}
+
+/* ---- an f32 held as two 16-bit halves (optim.master split, docs/dtypes.md) ----
+ * hi is x's bf16 rounding to nearest with ties AWAY from zero (the bf16 weight copy the
+ * products read), lo the signed difference x - hi in units of x's last bit: for a finite x
+ * of sign s and magnitude bits u (31 of them), hi = s | (u + 0x8000) >> 16 and
+ * lo = u - ((u + 0x8000) >> 16 << 16), in [-32768, 32767]. Every finite x, +-Inf and the
+ * largest finite values (whose hi is Inf) come back bit for bit. Ties must go away from
+ * zero: under ties to even an even hi is the nearest for 65,537 magnitudes (both ties),
+ * one more than 16 bits tell apart. A NaN's hi is moe_f32_to_bf16's (sign, quiet bit, top
+ * payload) and its lo 0: it comes back a NaN, the low payload bits lost. */
+MOE_HD void moe_f32_split_bf16(float x, uint16_t *hi, uint16_t *lo) {
+    uint32_t u = moe_f32_bits(x), a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) {
+        *hi = moe_f32_to_bf16(x);
+        *lo = 0;
+        return;
+    }
+    uint32_t h = (a + 0x8000u) >> 16; /* at most 0x7f80: Inf */
+    *hi = (uint16_t)((u >> 16 & 0x8000u) | h);
+    *lo = (uint16_t)(a - (h << 16)); /* two's complement of the difference */
+}
+
+/* The f32 whose halves moe_f32_split_bf16 gave. */
+MOE_HD float moe_f32_join_bf16(uint16_t hi, uint16_t lo) {
+    uint32_t s = (uint32_t)(hi & 0x8000u) << 16, h = hi & 0x7fffu;
+    /* lo as a signed 16-bit number (without C's implementation-defined narrowing) */
+    return moe_f32_from_bits(s | ((h << 16) + lo - ((uint32_t)(lo & 0x8000u) << 1)));
 }
 
 /* ---- generic small-float rounding (f16, e4m3, e5m2) ---- */

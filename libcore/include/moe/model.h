@@ -11,7 +11,9 @@
  * backend memory, allocated through the backend table; `moe_param.data/grad` point into
  * two single allocations (all fp32 master weights / all gradients, in the order of the one
  * parameter table, moe/model_params.h: dense tensors first, then the expert blocks). Use
- * moe_model_copy_params_to_host / _from_host (or be->memcpy_*) to read or write them.
+ * moe_model_copy_params_to_host / _from_host (or be->memcpy_*) to read or write them: under
+ * a packed layout (a weights16_only model, a split master) a tensor's weights are not all in
+ * the fp32 allocation (moe_param.data NULL, see moe_model.param_mem).
  *
  * Loss of one forward (what backward differentiates):
  *   loss = ce + router_aux_loss_coef * aux + router_z_loss_coef * z
@@ -82,29 +84,34 @@ typedef struct moe_model {
     moe_model_ep ep;       /* size 1: no expert parallelism */
     moe_status ep_status;  /* the first failed exchange of the pass in progress, in ep_err */
     moe_err ep_err;
-    float *param_mem;      /* [param_elems] dev, one allocation: every tensor's fp32 master (at
-                              its table offset), or in a weights16_only model only the tensors
-                              that stay fp32, packed in table order */
-    int64_t param_elems;   /* table.n_elems, or what weights16_only keeps in fp32 */
-    uint16_t *param16_mem; /* [table.n_elems] dev, bf16 weights for the matrix products: the
-                              copies of moe_model_has_copies, or a weights16_only model's
-                              weights; else NULL */
-    int weights16_only;    /* forward-only bf16 model: matrix weights in bf16 only (their
-                              moe_param.data is NULL), one conversion at load */
-    uint8_t *param8_mem;   /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
-                              weights) of the quantized weights of the layers not in
-                              skip_quant, each weight's e4m3 values then its tile scales
-                              (moe_param.data8, scale8); made by the first pass under
-                              fp8-block, else NULL */
-    int copies_stale;      /* the weight copies (param16_mem, param8_mem) no longer equal what
-                              the master weights give */
-    float *grad_mem;       /* dev, one allocation: the gradients in table order, the dense
-                              part's [dense_elems] fp32, then the experts' [n_elems -
-                              dense_elems] in expert_grad_dt (F32: one flat [n_elems] fp32
-                              array; BF16: from the next 256 bytes); read them through
-                              moe_model_grads_at (see moe_model_zero_grad) */
-    int grads_stale;       /* 1 after moe_model_zero_grad until the next backward writes the
-                              gradients (or moe_model_grads_at zeroes them) */
+    float *param_mem;       /* [param_elems] dev, one allocation: every tensor's fp32 master (at
+                               its table offset), or in a packed layout (weights16_only, a
+                               split master) only the tensors that stay fp32 (norms, the
+                               embedding table, the router gates), packed in table order */
+    int64_t param_elems;    /* table.n_elems, or what a packed layout keeps in fp32 */
+    uint16_t *param16_mem;  /* [table.n_elems] dev, bf16 weights for the matrix products: the
+                               copies of moe_model_has_copies (of a split master, its high
+                               half), or a weights16_only model's weights; else NULL */
+    uint16_t *param_lo_mem; /* [table.n_elems - param_elems] dev: the split masters' low halves,
+                               packed in table order (optim.master split); else NULL */
+    moe_master master;      /* MOE_MASTER_FP32 (after create) or MOE_MASTER_SPLIT
+                               (moe_model_set_master) */
+    int weights16_only;     /* forward-only bf16 model: matrix weights in bf16 only (their
+                               moe_param.data is NULL), one conversion at load */
+    uint8_t *param8_mem;    /* dev, one allocation: the fp8-block copies (moe/ops.h's E4M3
+                               weights) of the quantized weights of the layers not in
+                               skip_quant, each weight's e4m3 values then its tile scales
+                               (moe_param.data8, scale8); made by the first pass under
+                               fp8-block, else NULL */
+    int copies_stale;       /* the weight copies (param16_mem, param8_mem) no longer equal what
+                               the master weights give */
+    float *grad_mem;        /* dev, one allocation: the gradients in table order, the dense
+                               part's [dense_elems] fp32, then the experts' [n_elems -
+                               dense_elems] in expert_grad_dt (F32: one flat [n_elems] fp32
+                               array; BF16: from the next 256 bytes); read them through
+                               moe_model_grads_at (see moe_model_zero_grad) */
+    int grads_stale;        /* 1 after moe_model_zero_grad until the next backward writes the
+                               gradients (or moe_model_grads_at zeroes them) */
 
     /* the experts' gradients: F32 (after create) or BF16 (moe_model_set_expert_grads) */
     moe_dtype expert_grad_dt;
@@ -170,20 +177,38 @@ int64_t moe_model_n_params(const moe_model *m); /* number of parameter elements 
 void moe_model_copy_params_to_host(const moe_model *m, float *dst);
 void moe_model_copy_params_from_host(moe_model *m, const float *src);
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst);
-/* Says that param_mem was written by other means than this API (an all-gather, a backend op):
- * the weight copies (bf16, fp8-block) are refreshed before the next forward. Every function here
- * that writes weights (init, copy from host, load, moe_model_adamw) keeps them right by itself. */
+/* Keeps the master weights as master says (optim.master): MOE_MASTER_FP32 (the default) or
+ * MOE_MASTER_SPLIT: every tensor whose bf16 copy is all the ops read (not the norms, the
+ * embedding table or the router gates, which the forward reads in fp32) is held as that
+ * copy in param16_mem plus its low 16 bits in param_lo_mem (moe_f32_split_bf16: the copy
+ * rounds ties away from zero), 2 bytes a parameter less; AdamW updates the halves in place
+ * (moe_backend.adamw's param_lo) and every function here reads and writes the same fp32
+ * values as with fp32 masters. The weight allocations are made again (zero weights): call it
+ * before moe_model_init_weights or a load. Errors: another value (MOE_ERR_INPUT); split on a
+ * model without bf16 copies (another recipe, a forward-only model: MOE_ERR_INPUT); no memory
+ * (MOE_ERR_RUNTIME). */
+moe_status moe_model_set_master(moe_model *m, moe_master master, moe_err *err);
+/* The elements of table elements [0, i) whose master is an fp32 value in param_mem: i, or
+ * in a packed layout those of the tensors it keeps (param_mem's index of element i when that
+ * tensor is one of them; i minus it is param_lo_mem's under a split master). For moving
+ * flat ranges of masters between ranks. */
+int64_t moe_model_f32_masters_before(const moe_model *m, int64_t i);
+/* Says that the masters (param_mem, a split master's halves) were written by other means than
+ * this API (an all-gather, a backend op): the weight copies (bf16, fp8-block) are refreshed
+ * before the next forward. Every function here that writes weights (init, copy from host,
+ * load, moe_model_adamw) keeps them right by itself. */
 void moe_model_params_written(moe_model *m);
 /* One AdamW step (moe_backend.adamw) on the flat element range [lo, hi) of the parameters,
  * with moments mom, var [hi - lo] dev (element lo first; F32 or BF16, both of one type: the
  * trainer's optim.moments): weight decay o->weight_decay for
  * matrices, and for norms and embeddings only with o->decay_norms_and_embeddings; the bf16
- * copies of the range are rewritten in the same pass, the fp8-block copies of the quantized
+ * copies of the range are rewritten in the same pass (a split master's high half is its
+ * copy: the pass updates both halves), the fp8-block copies of the quantized
  * weights wholly inside it right after (be->quantize_weight; a weight the range cuts gets
  * its copies before the next pass). Copies already stale (moe_model_params_written, as the
  * trainer says before a step of several ranks) are left to that refresh. Consecutive tensors
  * with the same decay are one call (the expert part is one; with bf16 expert gradients it
- * starts a call of its own). */
+ * starts a call of its own; fp32 and split masters are calls of their own). */
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale);
 
@@ -298,9 +323,13 @@ int64_t moe_model_activation_bytes(const moe_model_config *cfg, moe_recipe recip
                                    moe_recompute recompute, int64_t batch, int64_t seq);
 
 typedef struct moe_model_memory { /* bytes, one rank, no sharding */
-    int64_t params;               /* fp32 master weights (one allocation) */
+    int64_t params;               /* master weights outside the copies: fp32 (one allocation),
+                                     under optim.master split those that stay fp32 and the
+                                     split ones' low halves (a second allocation) */
     int64_t expert_params;        /* the part of params that is the rank's experts */
-    int64_t weight_copies;        /* their bf16 copies (bf16 recipe; one allocation) */
+    int64_t expert_elems;         /* the rank's expert parameters (elements) */
+    int64_t weight_copies;        /* their bf16 copies (bf16 recipe; one allocation), the split
+                                     masters' high halves among them */
     int64_t fp8_copies;           /* fp8-block: the e4m3 copies (row-wise and transposed) of
                                      the quantized weights of the layers not skipped, with
                                      their tile scales (one allocation) */
@@ -321,13 +350,14 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
  * its first pass, without the layers skip [layers] names, NULL for none; under mxfp8 those
  * layers' expert activations are bf16, the others' MXFP8): total exactly for
  * any backend, with AdamW moments of type moments (MOE_DTYPE_F32 or MOE_DTYPE_BF16:
- * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share) and the
- * experts' gradients of type expert_grads (optim.expert_grads); add gpu_scratch for the peak
- * device memory of the CUDA backend. */
+ * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share), the
+ * experts' gradients of type expert_grads (optim.expert_grads) and the masters stored as
+ * master says (optim.master; split only under bf16); add gpu_scratch for the peak device
+ * memory of the CUDA backend. */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
                                const uint8_t *skip, moe_dtype moments, moe_dtype expert_grads,
-                               moe_model_memory *out);
+                               moe_master master, moe_model_memory *out);
 
 #ifdef __cplusplus
 }

@@ -52,13 +52,18 @@ typedef struct moe_param { /* one named tensor, Hugging Face Mixtral name */
     int expert;          /* global expert index; -1 for dense tensors */
     moe_param_kind kind; /* MOE_PARAM_DENSE, or which expert weight */
     float *data;         /* [shape] dev, fp32 master weight (set by moe_model_create; NULL in a
-                            table built alone) */
+                            table built alone, and where the master is not fp32: a
+                            weights16_only model's matrices, a split master) */
     float *grad;         /* [shape] dev, its fp32 gradient (idem; NULL in a forward-only
                             model, and for an expert tensor whose gradient is bf16) */
     uint16_t *grad16;    /* [shape] dev, its bf16 gradient: the experts' under
                             optim.expert_grads bf16 (moe_model_set_expert_grads); else NULL */
     uint16_t *data16;    /* [shape] dev, bf16 copy of data that the matrix products read under
-                            the bf16 recipe (set by moe_model_create; else NULL) */
+                            the bf16 recipe (set by moe_model_create; else NULL); of a split
+                            master, its high half */
+    uint16_t *lo16;      /* [shape] dev, a split master's low half (optim.master split,
+                            moe_model_set_master; moe_f32_join_bf16(data16[i], lo16[i])), else
+                            NULL */
     uint8_t *data8;      /* fp8-block copies of the [E, out, in] weight this tensor leads (a
                             dense matrix: E = 1; an expert kind: the block from its first
                             expert), [2 E out in] dev e4m3 (moe/ops.h); NULL elsewhere */

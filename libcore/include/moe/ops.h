@@ -480,12 +480,17 @@ struct moe_backend {
      * param16 (may be NULL) = the new param rounded to bf16, in the same pass. m and v are
      * F32 or BF16, both of one type. With BF16 moments the CUDA backend computes exactly
      * the CPU's bits (no fused multiply-adds); with F32 ones it contracts as it always has
-     * (within rounding of the CPU's). ---- */
-    void (*adamw)(const moe_backend *be, float *param, /* [n] dev */
-                  uint16_t *param16,                   /* [n] dev bf16, may be NULL */
-                  moe_cbuf grad,                       /* [n] dev, F32 or BF16 */
-                  moe_buf m,                           /* [n] dev, F32 or BF16 */
-                  moe_buf v,                           /* [n] dev, the type of m */
+     * (within rounding of the CPU's). A split master (optim.master split) has no param
+     * array (NULL): it is param16 and param_lo, moe_f32_join_bf16(param16[i], param_lo[i])
+     * (moe/dtype.h); the update is the same fp32 one, and the new master is stored as
+     * moe_f32_split_bf16 gives it, param16 its bf16 rounding with ties away from zero.
+     * ---- */
+    void (*adamw)(const moe_backend *be, float *param, /* [n] dev, or NULL (split master) */
+                  uint16_t *param16,  /* [n] dev bf16, may be NULL; split: the master's high half */
+                  uint16_t *param_lo, /* [n] dev, the split master's low half, or NULL */
+                  moe_cbuf grad,      /* [n] dev, F32 or BF16 */
+                  moe_buf m,          /* [n] dev, F32 or BF16 */
+                  moe_buf v,          /* [n] dev, the type of m */
                   int64_t n, float lr, float beta1, float beta2, float eps, float weight_decay,
                   int64_t step, float grad_scale);
 

@@ -488,6 +488,14 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
                          "precision.fp8_scale %s does not apply to precision.recipe %s",
                          pc->fp8_scale == MOE_FP8_SCALE_POW2 ? "pow2" : "ocp-floor",
                          moe_recipe_name(pc->recipe));
+    if (c->optim.master == MOE_MASTER_SPLIT && pc->recipe != MOE_RECIPE_BF16)
+        return rule_fail(err, bad, "optim.master", "precision.recipe",
+                         "use optim.master: fp32 (the default) with this recipe, or "
+                         "precision.recipe: bf16",
+                         "optim.master split needs precision.recipe bf16, got %s: a split master "
+                         "is a weight's bf16 copy plus 16 low bits, and only the bf16 recipe "
+                         "keeps bf16 copies of the weights",
+                         moe_recipe_name(pc->recipe));
     if (m->hidden_size % m->num_attention_heads)
         return rule_fail(err, bad, "model.hidden_size", "model.num_attention_heads",
                          "choose num_attention_heads among the divisors of hidden_size",

@@ -25,6 +25,7 @@ _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored a
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_dtype) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(moe_master) == sizeof(int), "enum fields are stored as int");
 /* optim.moments and optim.expert_grads store the moe_dtype itself: the names below index it */
 _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "moments_names index moe_dtype");
 
@@ -35,6 +36,7 @@ static const char *const schedule_names[] = {"cosine", "linear", "constant", NUL
 static const char *const recompute_names[] = {"none", "attn", "moe", "full", NULL};
 static const char *const stop_signal_names[] = {"usr1", "usr2", "hup", "none", NULL};
 static const char *const moments_names[] = {"fp32", "bf16", NULL};
+static const char *const master_names[] = {"fp32", "split", NULL};
 
 /* Where a field lives: offset and size inside moe_config. */
 #define FIELD(f) offsetof(moe_config, f), sizeof(((moe_config *)0)->f)
@@ -50,8 +52,9 @@ const moe_cfg_section moe_cfg_sections[] = {
               "export is a copy."},
     {"data", "Training and validation data (token shards written by `moe-tokenize`)."},
     {"train", "Run length, batch geometry, evaluation and determinism."},
-    {"optim", "AdamW with fp32 master weights (fp32 or bf16 moments and expert gradients) and "
-              "the learning-rate schedule."},
+    {"optim", "AdamW with fp32 master weights (held as fp32, or split into the bf16 copy and "
+              "16 low bits), fp32 or bf16 moments and expert gradients, and the learning-rate "
+              "schedule."},
     {"precision", "Numeric recipe of the matrix multiplications (master weights, losses, "
                   "softmax, norms and router always stay fp32; the optimizer moments and the "
                   "experts' gradients too unless `optim.moments: bf16`, "
@@ -176,6 +179,13 @@ const moe_cfg_key moe_cfg_keys[] = {
      "sum, as Megatron-Core's bf16 gradient buffers do; data-parallel replicas sum them in "
      "bf16, each addition rounded). Other gradients, master weights and checkpoints stay fp32. "
      "docs/dtypes.md."},
+    {"optim.master", MOE_CFG_ENUM, FIELD(optim.master), "fp32", 0, 0, 0, master_names,
+     "Storage of the fp32 master weights: fp32, or split (precision.recipe bf16 only): each "
+     "weight the products read as its bf16 copy is held as that copy plus its 16 low bits, 4 "
+     "bytes with the copy instead of 6 (2 bytes less memory and 2 less written by AdamW per "
+     "parameter); norms, embeddings and router gates keep fp32 masters. The masters stay "
+     "exact (checkpoints unchanged); the copies round ties away from zero instead of to "
+     "even, which changes one value in 131,072. docs/dtypes.md."},
 
     {"precision.recipe", MOE_CFG_ENUM, FIELD(precision.recipe), "fp32", 0, 0, 0, recipe_names,
      "GEMM numerics: fp32 (CPU reference), bf16, fp8-block, mxfp8 (docs/dtypes.md; mxfp8 also "
@@ -232,6 +242,9 @@ const char *moe_recompute_name(moe_recompute r) {
 }
 const char *moe_moments_name(moe_dtype d) {
     return enum_name(moments_names, 2, (int)d);
+}
+const char *moe_master_name(moe_master m) {
+    return enum_name(master_names, 2, (int)m);
 }
 
 /* ---- lookup ---------------------------------------------------------------------------- */
@@ -712,6 +725,9 @@ void moe_config_write_markdown(FILE *fp) {
           "ulp (2^-9 to 2^-8 of its value); with a decay 1 - beta below that, beta x m rounds "
           "back to m and the moment never decays. 0.99 (a decay of 0.01, above 2^-8) keeps a "
           "margin ([dtypes.md](dtypes.md)).\n"
+          "- `optim.master: split` needs `precision.recipe: bf16`: a split master is a weight's "
+          "bf16 copy plus 16 low bits, and only bf16 keeps bf16 copies (fp8-block and mxfp8 "
+          "keep e4m3 ones or none).\n"
           "- `parallel.ep` divides `model.num_local_experts`.\n"
           "\n## Regenerating this page\n\n"
           "This page is generated from the schema table; `unit.config` fails when it is stale. "

@@ -1,21 +1,14 @@
-/* model: the MoE model's lifetime, weight init, hidden-state API and the size/FLOP
+/* model: the MoE model's lifetime, activation plan and gradients, and the size/FLOP
  * estimates for --dry-run. The passes themselves live in model_pass.c, the parameter table
  * in model_params.c (moe/model_params.h: dense tensors first, then per layer and kind one
- * [E, out, in] block of experts for the grouped matmul). All weights live in one backend
- * allocation, all gradients in another, at the table's offsets. */
+ * [E, out, in] block of experts for the grouped matmul), the master weights' layouts, init
+ * and host copies in model_masters.c. All gradients live in one backend allocation at the
+ * table's offsets, the weights in one or (a packed layout) a few. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "model/model_internal.h"
-#include "moe/rng.h"
-
-/* 1 for the tensors a forward-only bf16 model keeps in fp32: those no matrix product reads
- * as its weight (norms, the embedding table, the router's gate, which runs in fp32). */
-static int keeps_f32(const moe_param_table *t, int i) {
-    const moe_param *p = &t->params[i];
-    return p->ndim == 1 || i == t->p_embed || (p->layer >= 0 && t->layer[p->layer].gate == i);
-}
 
 /* ---- activation plan ---- */
 
@@ -374,27 +367,14 @@ static moe_status create_plan(moe_model *m, const moe_model_config *cfg, moe_rec
      * refresh copies from): fp32 just for the tensors that stay fp32, packed */
     m->weights16_only = plan == MOE_PLAN_FORWARD && recipe == MOE_RECIPE_BF16;
     int copies = m->weights16_only || moe_model_has_copies(recipe, plan != MOE_PLAN_FORWARD);
-    m->param_elems = t->n_elems;
-    if (m->weights16_only) {
-        m->param_elems = 0;
-        for (int i = 0; i < t->n_params; i++)
-            if (keeps_f32(t, i)) m->param_elems += t->params[i].numel;
-    }
+    m->param_elems = m->weights16_only ? moe_model_f32_elems(t) : t->n_elems;
     m->param_mem = be->alloc(be, (size_t)m->param_elems * sizeof(float));
     m->expert_grad_dt = MOE_DTYPE_F32;
     if (plan != MOE_PLAN_FORWARD) m->grad_mem = be->alloc(be, grad_bytes(t, m->expert_grad_dt));
     if (copies) m->param16_mem = be->alloc(be, (size_t)t->n_elems * sizeof(uint16_t));
     if (!m->param_mem || (plan != MOE_PLAN_FORWARD && !m->grad_mem) || (copies && !m->param16_mem))
         goto oom;
-    for (int i = 0, at = 0; i < t->n_params; i++) {
-        moe_param *p = &t->params[i];
-        p->data = m->param_mem + p->offset;
-        if (m->weights16_only) {
-            p->data = keeps_f32(t, i) ? m->param_mem + at : NULL;
-            at += keeps_f32(t, i) ? (int)p->numel : 0;
-        }
-        p->data16 = m->param16_mem ? m->param16_mem + p->offset : NULL;
-    }
+    moe_model_point_params(m);
     point_grads(m);
     /* zero weights, zero copies: right, but training models say so once */
     m->copies_stale = !m->weights16_only;
@@ -504,6 +484,7 @@ void moe_model_free(moe_model *m) {
     if (m->be) {
         m->be->free(m->be, m->param_mem);
         m->be->free(m->be, m->param16_mem);
+        m->be->free(m->be, m->param_lo_mem);
         m->be->free(m->be, m->param8_mem);
         m->be->free(m->be, m->grad_mem);
         if (m->acts) m->be->free(m->be, m->acts->mem);
@@ -528,62 +509,6 @@ int64_t moe_model_n_params(const moe_model *m) {
     return m->table.n_elems;
 }
 
-/* Tensor i's values from host [numel] into the model: the fp32 master, or in a bf16-only
- * model the fp32 copy it keeps and/or its bf16 copy (rounded on the host: scratch16 holds
- * numel values). The caller marks copies stale where needed. */
-static void upload_tensor(moe_model *m, int i, const float *host, uint16_t *scratch16) {
-    const moe_param *p = &m->table.params[i];
-    if (p->data) m->be->memcpy_h2d(m->be, p->data, host, (size_t)p->numel * sizeof(float));
-    if (!m->weights16_only) return;
-    for (int64_t j = 0; j < p->numel; j++)
-        scratch16[j] = moe_f32_to_bf16(host[j]);
-    m->be->memcpy_h2d(m->be, p->data16, scratch16, (size_t)p->numel * sizeof(uint16_t));
-}
-
-/* Host scratch for one tensor's bf16 values on their way in or out (a weights16_only model's
- * weights, bf16 expert gradients): the largest tensor's numel; aborts on host OOM like
- * moe_model_init_weights. */
-static uint16_t *bf16_scratch(const moe_model *m) {
-    int64_t maxn = 1;
-    for (int i = 0; i < m->table.n_params; i++)
-        if (m->table.params[i].numel > maxn) maxn = m->table.params[i].numel;
-    uint16_t *s = malloc((size_t)maxn * sizeof(uint16_t));
-    if (!s) abort(); /* one tensor's worth of host memory; the model itself fit */
-    return s;
-}
-
-void moe_model_copy_params_to_host(const moe_model *m, float *dst) {
-    if (!m->weights16_only) {
-        m->be->memcpy_d2h(m->be, dst, m->param_mem, (size_t)m->table.n_elems * sizeof(float));
-        return;
-    }
-    uint16_t *s = bf16_scratch(m); /* bf16-only: the kept fp32 tensors, the rest widened */
-    for (int i = 0; i < m->table.n_params; i++) {
-        const moe_param *p = &m->table.params[i];
-        float *d = dst + p->offset;
-        if (p->data) {
-            m->be->memcpy_d2h(m->be, d, p->data, (size_t)p->numel * sizeof(float));
-            continue;
-        }
-        m->be->memcpy_d2h(m->be, s, p->data16, (size_t)p->numel * sizeof(uint16_t));
-        for (int64_t j = 0; j < p->numel; j++)
-            d[j] = moe_bf16_to_f32(s[j]);
-    }
-    free(s);
-}
-
-void moe_model_copy_params_from_host(moe_model *m, const float *src) {
-    if (!m->weights16_only) {
-        m->be->memcpy_h2d(m->be, m->param_mem, src, (size_t)m->table.n_elems * sizeof(float));
-        m->copies_stale = 1;
-        return;
-    }
-    uint16_t *s = bf16_scratch(m);
-    for (int i = 0; i < m->table.n_params; i++)
-        upload_tensor(m, i, src + m->table.params[i].offset, s);
-    free(s);
-}
-
 void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
     const moe_param_table *t = &m->table;
     if (!m->grad_mem || m->grads_stale) { /* forward-only model, or zero since zero_grad */
@@ -595,7 +520,7 @@ void moe_model_copy_grads_to_host(const moe_model *m, float *dst) {
         return;
     }
     m->be->memcpy_d2h(m->be, dst, m->grad_mem, (size_t)t->dense_elems * sizeof(float));
-    uint16_t *s = bf16_scratch(m); /* the experts' bf16 gradients widened, tensor by tensor */
+    uint16_t *s = moe_model_host16(m, 1); /* the experts' bf16 gradients widened, one by one */
     for (int i = t->n_dense; i < t->n_params; i++) {
         const moe_param *p = &t->params[i];
         m->be->memcpy_d2h(m->be, s, p->grad16, (size_t)p->numel * sizeof(uint16_t));
@@ -702,16 +627,27 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
                                const uint8_t *skip, moe_dtype moments, moe_dtype expert_grads,
-                               moe_model_memory *out) {
+                               moe_master master, moe_model_memory *out) {
     int64_t total = 0;
     moe_model_count_params(cfg, &total, NULL);
     if (ep < 1) ep = 1;
     int64_t experts = cfg->num_hidden_layers * cfg->num_local_experts * 3 * cfg->hidden_size *
                       cfg->intermediate_size;
     int64_t mine = total - experts + experts / ep; /* the dense part and E/ep experts */
+    /* the fp32 masters: all, or under a split master the tensors the table keeps in fp32
+     * (dense ones: a table of one expert holds them all; a shape the table refuses counts as
+     * all fp32) */
+    int64_t f32 = mine;
+    moe_param_table t;
+    memset(&t, 0, sizeof t);
+    if (master == MOE_MASTER_SPLIT && moe_model_has_copies(recipe, 1) &&
+        moe_param_table_build(&t, cfg, 0, 1, NULL) == MOE_OK)
+        f32 = moe_model_f32_elems(&t);
+    moe_param_table_free(&t);
     memset(out, 0, sizeof *out);
-    out->params = mine * (int64_t)sizeof(float);
-    out->expert_params = experts / ep * (int64_t)sizeof(float);
+    out->params = f32 * (int64_t)sizeof(float) + (mine - f32) * (int64_t)sizeof(uint16_t);
+    out->expert_elems = experts / ep;
+    out->expert_params = experts / ep * (int64_t)(f32 < mine ? sizeof(uint16_t) : sizeof(float));
     out->grads = (int64_t)grads_bytes(mine - experts / ep, experts / ep, expert_grads);
     out->optimizer = 2 * mine * (int64_t)moe_dtype_size(moments);
     out->weight_copies = moe_model_has_copies(recipe, 1) ? mine * (int64_t)sizeof(uint16_t) : 0;
@@ -725,39 +661,4 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
     out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
     out->total = out->params + out->weight_copies + out->fp8_copies + out->grads + out->optimizer +
                  out->activations;
-}
-
-/* ---- init ---- */
-
-/* FNV-1a of the tensor name: the Philox stream of that tensor, so a tensor's initial values
- * depend only on (seed, name), not on its position in the table or on the thread count. */
-static uint64_t name_stream(const char *s) {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++)
-        h = (h ^ (uint8_t)*s) * 1099511628211ull;
-    return h;
-}
-
-void moe_model_init_weights(moe_model *m, uint64_t seed) {
-    const moe_param_table *t = &m->table;
-    int64_t maxn = 0;
-    for (int i = 0; i < t->n_params; i++)
-        if (t->params[i].numel > maxn) maxn = t->params[i].numel;
-    float *host = malloc((size_t)maxn * sizeof(float));
-    if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
-    uint16_t *s16 = bf16_scratch(m);
-    for (int i = 0; i < t->n_params; i++) {
-        const moe_param *p = &t->params[i];
-        if (p->ndim == 1) {
-            for (int64_t j = 0; j < p->numel; j++)
-                host[j] = 1.0f;
-        } else {
-            moe_rng_fill_normal(host, p->numel, 0.0f, (float)m->cfg.initializer_range, seed,
-                                name_stream(p->name));
-        }
-        upload_tensor(m, i, host, s16);
-    }
-    free(host);
-    free(s16);
-    m->copies_stale = !m->weights16_only;
 }

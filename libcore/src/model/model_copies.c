@@ -2,7 +2,9 @@
  * the AdamW step that keeps them right.
  *
  * bf16 recipe: one bf16 copy of every tensor (param16_mem), written by the AdamW kernel in
- * the same pass as the master. fp8-block: for each layer not in precision.skip_layers, the
+ * the same pass as the master; under optim.master split the copy of a tensor without an
+ * fp32 master is half its master (model_masters.c), updated in place, never refreshed from
+ * anything else. fp8-block: for each layer not in precision.skip_layers, the
  * e4m3 copies of the weights its products quantize (q, k, v, o and the expert blocks w1, w3,
  * w2), row-wise and transposed with their 128 x 128 tile scales (moe/ops.h), in one
  * allocation (param8_mem) made by the first pass, when the skipped layers are known. They
@@ -11,8 +13,8 @@
  * that run across many tensors (one call for all experts) and that ZeRO-1 cuts anywhere,
  * while a tile's scale needs the whole updated 128 x 128 tile first. The one thing a reader
  * must know: every write of the masters other than moe_model_adamw marks the copies stale
- * (copies_stale) and the next pass rewrites them all (moe_model_refresh_copies), so init,
- * load, resume and an all-gather of ZeRO slices need nothing else. */
+ * (copies_stale) and the next pass rewrites them all (moe_model_refresh_copies: those of the
+ * fp32 masters), so init, load, resume and an all-gather of ZeRO slices need nothing else. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -125,9 +127,26 @@ void moe_model_params_written(moe_model *m) {
     m->copies_stale = 1;
 }
 
+/* The bf16 copies of the fp32 masters: one cast of param_mem, or under a split master one
+ * per run of consecutive fp32 tensors (the split masters' high halves are their copies). */
+static void cast_copies(moe_model *m) {
+    const moe_param_table *t = &m->table;
+    if (m->master != MOE_MASTER_SPLIT) {
+        m->be->cast_bf16(m->be, m->param16_mem, m->param_mem, t->n_elems);
+        return;
+    }
+    for (int i = 0; i < t->n_params; i++) { /* i++ steps over the split master ending a run */
+        const moe_param *p = &t->params[i];
+        int64_t n = 0;
+        while (i < t->n_params && t->params[i].data)
+            n += t->params[i++].numel;
+        if (n) m->be->cast_bf16(m->be, p->data16, p->data, n);
+    }
+}
+
 void moe_model_refresh_copies(moe_model *m) {
     if (!m->copies_stale || m->weights16_only) return;
-    if (m->param16_mem) m->be->cast_bf16(m->be, m->param16_mem, m->param_mem, m->table.n_elems);
+    if (m->param16_mem) cast_copies(m);
     for (int l = 0; m->param8_mem && l < (int)m->cfg.num_hidden_layers; l++)
         for (int j = 0; j < 7 && !skipped(m->skip_quant, l); j++)
             quantize(m, l, j);
@@ -156,10 +175,27 @@ static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
     }
 }
 
+/* One be->adamw call on the elements [a, b) of tensors of one kind, tensor first leading:
+ * fp32 masters (with their bf16 copies unless stale) or split masters (the halves). */
+static void adamw_run(moe_model *m, int first, int64_t a, int64_t b, moe_buf mom, moe_buf var,
+                      int64_t lo, const moe_optim_config *o, double wd, double lr, int64_t step,
+                      float grad_scale) {
+    const moe_param *p = &m->table.params[first];
+    int64_t at = a - p->offset; /* a's place in the run's arrays, from its first tensor's */
+    /* a stale copy is rewritten before the next forward (not here); a split master's high
+     * half is always written: it is half the master */
+    uint16_t *copy = m->param16_mem && (p->lo16 || !m->copies_stale) ? m->param16_mem + a : NULL;
+    m->be->adamw(m->be, p->data ? p->data + at : NULL, copy, p->lo16 ? p->lo16 + at : NULL,
+                 moe_cbuf_from(moe_model_grads_at(m, a)), moe_buf_at(mom, a - lo),
+                 moe_buf_at(var, a - lo), b - a, (float)lr, (float)o->beta1, (float)o->beta2,
+                 (float)o->eps, (float)wd, step, grad_scale);
+}
+
 void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf var,
                      const moe_optim_config *o, double lr, int64_t step, float grad_scale) {
     const moe_param_table *t = &m->table;
-    int64_t a = -1, b = -1; /* the run of equal decay being gathered: elements [a, b) */
+    int64_t a = -1, b = -1; /* the run being gathered: elements [a, b), from tensor first */
+    int first = -1;
     double wd_run = 0.0;
     for (int i = 0; i <= t->n_params; i++) {
         double wd = 0.0;
@@ -171,19 +207,16 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf 
             wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
             if (pa >= pb) continue;
         }
-        /* a run ends at a change of decay, a gap, or where bf16 expert gradients begin */
-        int split = pa == t->dense_elems && m->expert_grad_dt != MOE_DTYPE_F32;
-        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b || split)) {
-            /* stale copies are all rewritten before the next forward: none written here */
-            m->be->adamw(m->be, m->param_mem + a,
-                         m->param16_mem && !m->copies_stale ? m->param16_mem + a : NULL,
-                         moe_cbuf_from(moe_model_grads_at(m, a)), moe_buf_at(mom, a - lo),
-                         moe_buf_at(var, a - lo), b - a, (float)lr, (float)o->beta1,
-                         (float)o->beta2, (float)o->eps, (float)wd_run, step, grad_scale);
+        /* a run ends at a change of decay, a gap, where bf16 expert gradients begin, and
+         * between fp32 and split masters */
+        int grads16 = pa == t->dense_elems && m->expert_grad_dt != MOE_DTYPE_F32;
+        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b || grads16 ||
+                       !t->params[i].data != !t->params[first].data)) {
+            adamw_run(m, first, a, b, mom, var, lo, o, wd_run, lr, step, grad_scale);
             a = -1;
         }
         if (i == t->n_params) break;
-        if (a < 0) a = pa, wd_run = wd;
+        if (a < 0) a = pa, first = i, wd_run = wd;
         b = pb;
     }
     update_fp8_copies(m, lo, hi);

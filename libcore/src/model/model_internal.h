@@ -189,6 +189,21 @@ static inline moe_cbuf moe_model_weight(const moe_model *m, int i) {
     return moe_cbuf_f32(p->data);
 }
 
+/* ---- master weights (model_masters.c) ---- */
+
+/* 1 for tensor i of t when a packed layout (a forward-only bf16 model's weights16_only, a
+ * split master) keeps it in fp32: the tensors no matrix product reads as its weight (norms,
+ * the embedding table, the router's gate, which runs in fp32). */
+int moe_model_keeps_f32(const moe_param_table *t, int i);
+/* The elements of those tensors: param_mem's size in a packed layout. */
+int64_t moe_model_f32_elems(const moe_param_table *t);
+/* moe_param.data, data16 and lo16 of every tensor into the weight allocations of m's layout
+ * (param_mem, param16_mem, param_lo_mem; NULL where one is absent). */
+void moe_model_point_params(moe_model *m);
+/* Host scratch of per x (the largest tensor's numel) 16-bit values; aborts on host OOM (the
+ * model itself fit). Free it with free(). */
+uint16_t *moe_model_host16(const moe_model *m, int per);
+
 /* ---- weight copies (model_copies.c) ---- */
 
 /* 1 when a model keeps fp8-block copies of its quantized weights (fp8-block, either scale

@@ -331,13 +331,13 @@ static void pr_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, i
     prof_end_op(p, t0, MOE_OP_ADD, 0);
 }
 
-static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad,
-                     moe_buf m, moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
-                     float weight_decay, int64_t step, float grad_scale) {
+static void pr_adamw(const moe_backend *be, float *param, uint16_t *param16, uint16_t *param_lo,
+                     moe_cbuf grad, moe_buf m, moe_buf v, int64_t n, float lr, float beta1,
+                     float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->adamw(p->inner, param, param16, grad, m, v, n, lr, beta1, beta2, eps, weight_decay,
-                    step, grad_scale);
+    p->inner->adamw(p->inner, param, param16, param_lo, grad, m, v, n, lr, beta1, beta2, eps,
+                    weight_decay, step, grad_scale);
     prof_end_op(p, t0, MOE_OP_ADAMW, 0);
 }
 

@@ -54,6 +54,34 @@ static moe_status evaluate(trainer *t, double *val_loss, moe_err *err) {
     return MOE_OK;
 }
 
+/* Every rank's new masters of its slices to every rank of group g: slice r is the table
+ * elements [first + slices[r], first + slices[r + 1]) (slices [gsize + 1]: dslice from 0,
+ * xslice from dense_elems). The fp32 masters move as fp32: the slices of param_mem, or where
+ * it packs the tensors that stay fp32 (optim.master split), each slice's part of them; a
+ * split master's high halves move at the slices of param16_mem, its low halves at each
+ * slice's part of param_lo_mem (moe_model_f32_masters_before counts the parts). */
+static moe_status gather_masters(trainer *t, moe_comm_group g, int64_t first, const int64_t *slices,
+                                 moe_err *err) {
+    moe_model *mo = &t->model;
+    int n = t->comm->gsize[g];
+    int64_t *f = malloc((size_t)(2 * (n + 1)) * sizeof *f), *l = f ? f + n + 1 : NULL;
+    if (!f) return moe_err_set(err, MOE_ERR_RUNTIME, NULL, "out of memory");
+    int64_t f0 = moe_model_f32_masters_before(mo, first), l0 = first - f0;
+    for (int r = 0; r <= n; r++) { /* each slice's part of param_mem and of param_lo_mem */
+        int64_t x = first + slices[r], fx = moe_model_f32_masters_before(mo, x);
+        f[r] = fx - f0, l[r] = x - fx - l0;
+    }
+    /* the same on every rank: a part no rank holds any of (f[n] or l[n] 0) is not exchanged */
+    moe_status st = MOE_OK;
+    if (f[n] > 0) st = moe_comm_allgather(t->comm, g, mo->param_mem + f0, f, MOE_COMM_F32, err);
+    if (st == MOE_OK && mo->param_lo_mem && l[n] > 0)
+        st = moe_comm_allgather(t->comm, g, mo->param16_mem + first, slices, MOE_COMM_U16, err);
+    if (st == MOE_OK && mo->param_lo_mem && l[n] > 0)
+        st = moe_comm_allgather(t->comm, g, mo->param_lo_mem + l0, l, MOE_COMM_U16, err);
+    free(f);
+    return st;
+}
+
 static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err *err) {
     const moe_config *c = &t->cfg;
     const moe_model_config *mc = &c->model;
@@ -131,11 +159,9 @@ static moe_status train_step(trainer *t, int64_t step, step_metrics *sm, moe_err
                         &c->optim, lr, step, scale);
     }
     st = t->be->synchronize(t->be, err);
-    float *param = t->model.param_mem; /* every rank gets the new weights of its tensors */
-    if (st == MOE_OK && !sm->bad)
-        st = moe_comm_allgather(t->comm, MOE_COMM_WORLD, param, t->dslice, MOE_COMM_F32, err);
-    if (st == MOE_OK && !sm->bad)
-        st = moe_comm_allgather(t->comm, MOE_COMM_DP, param + dense, t->xslice, MOE_COMM_F32, err);
+    if (st == MOE_OK && !sm->bad) /* every rank gets the new weights of its tensors */
+        st = gather_masters(t, MOE_COMM_WORLD, 0, t->dslice, err);
+    if (st == MOE_OK && !sm->bad) st = gather_masters(t, MOE_COMM_DP, dense, t->xslice, err);
     sm->ce = ce;
     sm->aux = aux;
     sm->z = z;
@@ -441,6 +467,7 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                                  t.cfg.train.recompute, t.be, (int)t.B_micro, (int)t.T, &mep, err);
     if (st == MOE_OK) st = trainer_apply_skip_layers(&t, err);
     if (st == MOE_OK) st = moe_model_set_expert_grads(&t.model, t.cfg.optim.expert_grads, err);
+    if (st == MOE_OK) st = moe_model_set_master(&t.model, t.cfg.optim.master, err);
     if (st == MOE_OK) st = moe_model_set_document_separator(&t.model, t.dl.doc_sep, err);
     if (st == MOE_OK) st = trainer_alloc_state(&t, err);
     if (st == MOE_OK) {

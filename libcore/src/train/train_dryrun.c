@@ -41,17 +41,20 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
     moe_model_memory mem;
     moe_model_memory_estimate(&cfg->model, moe_config_recipe(cfg), tc->recompute, micro_seqs,
                               tc->seq_len, (int)cfg->parallel.ep, skip, cfg->optim.moments,
-                              cfg->optim.expert_grads, &mem);
+                              cfg->optim.expert_grads, cfg->optim.master, &mem);
     free(skip);
     /* ZeRO-1: the dense part's AdamW state is sharded over all ranks, the experts' over the
      * dp replicas of the shard (m and v of each expert parameter, optim.moments' bytes each) */
     int64_t world = cfg->parallel.dp * cfg->parallel.ep;
-    int64_t xopt = 2 * (mem.expert_params / (int64_t)sizeof(float)) *
-                   (int64_t)moe_dtype_size(cfg->optim.moments);
+    int64_t xopt = 2 * mem.expert_elems * (int64_t)moe_dtype_size(cfg->optim.moments);
     int64_t opt = (mem.optimizer - xopt) / world + xopt / cfg->parallel.dp;
     int64_t total_mem = mem.total - mem.optimizer + opt;
-    char w[32], w16[64] = "", g[48], a[32], o[32], sum[32], gs[32], gt[32];
+    char w[160], w16[64] = "", g[48], a[32], o[32], sum[32], gs[32], gt[32];
     human_bytes(w, sizeof w, (double)mem.params);
+    if (cfg->optim.master == MOE_MASTER_SPLIT) /* say what the masters hold */
+        snprintf(w + strlen(w), sizeof w - strlen(w),
+                 " (optim.master split: fp32 masters of the norms, embeddings and router gates, "
+                 "the low 16 bits of the others, whose high 16 are their bf16 copies)");
     human_bytes(g, sizeof g, (double)mem.grads);
     if (cfg->optim.expert_grads != MOE_DTYPE_F32) /* say which part is bf16 */
         snprintf(g + strlen(g), sizeof g - strlen(g), " (experts' %s)",

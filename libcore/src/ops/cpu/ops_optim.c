@@ -1,7 +1,8 @@
 /* ops_optim: AdamW, the bf16 cast of weight copies and the sum of squares (gradient norm) of
  * the CPU backend.
  *
- * AdamW is elementwise (trivially deterministic); its moments are F32 or BF16 (moe/ops.h),
+ * AdamW is elementwise (trivially deterministic); its moments are F32 or BF16 (moe/ops.h), its
+ * master an fp32 array or the two halves of a split master (the same update either way),
  * and every product and sum is rounded on its own (C11 without FP_CONTRACT: no fused
  * multiply-add), which is what the CUDA backend repeats bit for bit for BF16 moments.
  * sum_squares sums fixed chunks of MOE_CPU_CHUNK elements in double and then the chunk sums
@@ -27,9 +28,9 @@ static inline float adamw_store_moment(moe_buf b, int64_t i, float x) {
     return moe_bf16_to_f32(h);
 }
 
-void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_cbuf grad, moe_buf m,
-                   moe_buf v, int64_t n, float lr, float beta1, float beta2, float eps,
-                   float weight_decay, int64_t step, float grad_scale) {
+void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, uint16_t *param_lo,
+                   moe_cbuf grad, moe_buf m, moe_buf v, int64_t n, float lr, float beta1,
+                   float beta2, float eps, float weight_decay, int64_t step, float grad_scale) {
     (void)be;
     const float bc1 = (float)(1.0 - pow((double)beta1, (double)step));
     const float bc2 = (float)(1.0 - pow((double)beta2, (double)step));
@@ -42,8 +43,14 @@ void moe_cpu_adamw(const moe_backend *be, float *param, uint16_t *param16, moe_c
         mi = adamw_store_moment(m, i, mi);
         vi = adamw_store_moment(v, i, vi);
         float upd = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        param[i] -= lr * (upd + weight_decay * param[i]);
-        if (param16) param16[i] = moe_f32_to_bf16(param[i]);
+        float p = param_lo ? moe_f32_join_bf16(param16[i], param_lo[i]) : param[i];
+        p -= lr * (upd + weight_decay * p);
+        if (param_lo) {
+            moe_f32_split_bf16(p, &param16[i], &param_lo[i]);
+            continue;
+        }
+        param[i] = p;
+        if (param16) param16[i] = moe_f32_to_bf16(p);
     }
 }
 
