@@ -396,13 +396,6 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
  * q 16-byte aligned. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
                         int64_t E, int64_t K, int pow2, const char *op);
-/* moe_cuda_fp8_rows and moe_cuda_fp8_cols_t of one x [M, K] in one read of it (a grouped
- * product's dy, for dgrad and wgrad): q [M, K] with s [kb * ls + r], and qt, st as
- * moe_cuda_fp8_cols_t lays them out; the same bytes. K a multiple of 128, x, q and qt
- * 16-byte aligned. */
-int moe_cuda_fp8_rows_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, int64_t ls, uint8_t *qt,
-                             float *st, moe_cbuf x, const int32_t *offsets, int64_t E, int64_t K,
-                             int pow2, const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,

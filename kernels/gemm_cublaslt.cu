@@ -267,38 +267,22 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, int pow2, float bx, float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
-    /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
-    const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
-    const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
-    const int64_t M = offsets[E], lds = (M + 3) / 4 * 4;
-    int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
-    for (int64_t e = 0; e < E; e++)
-        Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
-    fp8_operand dyt;
-    if (dw.p && !fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op)) return;
-    /* both products on Hopper: dy's row-wise copy (dgrad) and transposed one (wgrad) in one
-     * read of dy */
-    int fused = 0;
-#if MOE_HAVE_SM90A
-    fused = dx && dw.p && O % 128 == 0 && moe_cuda_grouped_fp8_supported(c, E, dx, wtq, wts);
-#endif
-    if (fused) {
-        fp8_operand ao;
-        if (!fp8_scratch(c, MOE_CUDA_SCRATCH_A, M * O, (O / 128) * lds, &ao, op) ||
-            !moe_cuda_fp8_rows_cols_t(c, ao.q, ao.s, lds, dyt.q, dyt.s, dy, offsets, E, O, pow2,
-                                      op) ||
-            !moe_cuda_grouped_fp8(c, moe_buf_f32(dx), bx, ao.q, ao.s, lds, wtq, wts, offsets, E, I,
-                                  O, op))
+    if (dx) {
+        /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
+        const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
+        const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
+        if (!fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O, pow2))
             return;
-    } else if (dx && !fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I,
-                                          O, pow2)) {
-        return;
     }
     if (!dw.p) return;
     const cudaDataType ct = output_type(dw.dt);
-    fp8_operand xt;
-    if ((!fused && !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op)) ||
+    int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
+    for (int64_t e = 0; e < E; e++)
+        Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
+    fp8_operand dyt, xt;
+    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
         !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op) ||
+        !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op) ||
         !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, op))
         return;
     for (int64_t e = 0, p0 = 0; e < E; e++) {

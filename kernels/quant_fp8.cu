@@ -160,96 +160,6 @@ __global__ void __launch_bounds__(256)
     }
 }
 
-/* Both operands a grouped product's backward makes of dy [M, K] in one read (K a multiple of
- * 128, dy 16-byte aligned): the row-wise copy of k_fp8_rows (q [M, K], s [kb * ls + r]) for
- * dgrad and the per-group transposed copy of k_fp8_cols_t (qt, st in its layout) for wgrad.
- * One block of 256 threads a tile of 128 tokens (padded block b of group e, blockIdx.y) by 128
- * features (kb = blockIdx.x): thread (warp w, lane l) holds tokens w 16 + (l / 16) 8 ..
- * + 7 of features (l % 16) 8 .. + 7, one 16-byte load a token, all 8 issued at once (a warp's
- * load covers two tokens' 256 contiguous bytes). A token's row scale comes from its 16 lanes
- * (shuffles); a feature's column scale from the two half-warps (a shuffle) and the 8 warps
- * (red). Each thread's 8 tokens of a feature leave as 8 bytes into the shared tile tt [128
- * features][16 chunks of 8 tokens], chunk c of feature f at c ^ (f / 8 % 16) (the 16 lanes of
- * a half-warp meet 32 banks), and each feature's 128 bytes leave as 8 16-byte stores. The
- * bytes and scales are k_fp8_rows' and k_fp8_cols_t's (rows past a group's end: no row-wise
- * bytes, zeros in the transposed copy). */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    k_fp8_rows_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, int64_t ls,
-                      uint8_t *__restrict__ qt, float *__restrict__ st, const T *__restrict__ x,
-                      int64_t K, const __grid_constant__ fp8_groups g, int E, int pow2) {
-    __shared__ float red[8][QB];
-    __shared__ float cs[QB];
-    __shared__ uint2 tt[QB][QB / 8];
-    const int w = threadIdx.x / 32, l = threadIdx.x % 32, h = l / 16, c = l % 16;
-    const int b = blockIdx.y;
-    int e = 0;
-    while (e + 1 < E && g.pb[e + 1] <= b)
-        e++;
-    const int64_t m0 = (int64_t)(b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
-    const int64_t np = (int64_t)(g.pb[e + 1] - g.pb[e]) * QB, k0 = (int64_t)blockIdx.x * QB;
-    const int64_t mt = m0 + w * 16 + h * 8; /* the thread's first token in its group */
-    float v[8][MOE_VEC] = {};
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (mt + i < n) moe_ldv<MOE_VEC>(x, (g.off[e] + mt + i) * K + k0 + c * MOE_VEC, v[i]);
-            /* row-wise: each token's 128 features over its 16 lanes */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int t = 0; t < MOE_VEC; t++)
-            amax = fmaxf(amax, moe_finite_abs(v[i][t]));
-#pragma unroll
-        for (int o = 8; o > 0; o /= 2)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (mt + i >= n) continue;
-        const int64_t r = g.off[e] + mt + i;
-        const float scale = fp8_scale(amax, pow2);
-        *(uint2 *)(q + r * K + k0 + c * MOE_VEC) =
-            make_uint2(fp8x4_of(make_float4(v[i][0], v[i][1], v[i][2], v[i][3]), scale),
-                       fp8x4_of(make_float4(v[i][4], v[i][5], v[i][6], v[i][7]), scale));
-        if (c == 0) s[(k0 / QB) * ls + r] = scale;
-    }
-    /* column-wise: each feature's 128 tokens over the two half-warps and the 8 warps */
-#pragma unroll
-    for (int t = 0; t < MOE_VEC; t++) {
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            amax = fmaxf(amax, moe_finite_abs(v[i][t]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
-        if (h == 0) red[w][c * MOE_VEC + t] = amax;
-    }
-    __syncthreads();
-    if (threadIdx.x < QB) {
-        float a = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            a = fmaxf(a, red[i][threadIdx.x]);
-        const float scale = fp8_scale(a, pow2);
-        cs[threadIdx.x] = scale;
-        st[(int64_t)b * K + k0 + threadIdx.x] = scale;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int t = 0; t < MOE_VEC; t++) {
-        const int f = c * MOE_VEC + t;
-        const float scale = cs[f];
-        tt[f][(w * 2 + h) ^ c] =
-            make_uint2(fp8x4_of(make_float4(v[0][t], v[1][t], v[2][t], v[3][t]), scale),
-                       fp8x4_of(make_float4(v[4][t], v[5][t], v[6][t], v[7][t]), scale));
-    }
-    __syncthreads();
-    uint8_t *qe = qt + (int64_t)g.pb[e] * QB * K + m0;
-#pragma unroll
-    for (int u = threadIdx.x; u < QB * 8; u += 256) {
-        const int f = u / 8, ch = u % 8, sw = f / 8 % 16;
-        const uint2 lo = tt[f][(2 * ch) ^ sw], hi = tt[f][(2 * ch + 1) ^ sw];
-        *(uint4 *)(qe + (k0 + f) * np + 16 * ch) = make_uint4(lo.x, lo.y, hi.x, hi.y);
-    }
-}
-
 #define TILE_THREADS 512                            /* 16 warps a 128 x 128 tile */
 #define TILE_PATCHES (QB / 4 / (TILE_THREADS / 32)) /* 4 x 4 patches a thread: 2 */
 
@@ -377,42 +287,6 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         }
         q += (int64_t)g.pb[ne] * QB * K;
         s += (int64_t)g.pb[ne] * K;
-    }
-    return 1;
-}
-
-int moe_cuda_fp8_rows_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, int64_t ls, uint8_t *qt,
-                             float *st, moe_cbuf x, const int32_t *offsets, int64_t E, int64_t K,
-                             int pow2, const char *op) {
-    if (K <= 0) return 1;
-    if (K % QB != 0 || !moe_cuda_vec_ok(K, x.p) || ((uintptr_t)q | (uintptr_t)qt) % 16 != 0)
-        return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 rows and columns: K=%lld a multiple of %d and 16-byte aligned "
-                              "buffers expected",
-                              (long long)K, QB);
-    /* FP8_COLS_MAXE groups a launch; each launch's qt and st start at its first group's (the
-     * row-wise copy is indexed by the rows themselves) */
-    for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
-        const int ne = (int)(E - e0 < FP8_COLS_MAXE ? E - e0 : FP8_COLS_MAXE);
-        fp8_groups g;
-        g.pb[0] = 0;
-        for (int e = 0; e <= ne; e++)
-            g.off[e] = offsets[e0 + e];
-        for (int e = 0; e < ne; e++)
-            g.pb[e + 1] = g.pb[e] + (int32_t)(moe_cuda_fp8_pad(g.off[e + 1] - g.off[e]) / QB);
-        if (g.pb[ne] > 0) {
-            dim3 grid((unsigned)(K / QB), (unsigned)g.pb[ne]);
-            if (x.dt == MOE_DTYPE_BF16)
-                k_fp8_rows_cols_t<<<grid, 256, 0, c->stream>>>(
-                    q, s, ls, qt, st, (const __nv_bfloat16 *)x.p, K, g, ne, pow2);
-            else
-                k_fp8_rows_cols_t<<<grid, 256, 0, c->stream>>>(q, s, ls, qt, st, (const float *)x.p,
-                                                               K, g, ne, pow2);
-            if (!MOE_CUDA_LAUNCHED(c, op, "fp8 rows and columns E=%d K=%lld", ne, (long long)K))
-                return 0;
-        }
-        qt += (int64_t)g.pb[ne] * QB * K;
-        st += (int64_t)g.pb[ne] * K;
     }
     return 1;
 }
