@@ -400,6 +400,14 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
                               int64_t E, int64_t O, int64_t I, moe_recipe prec);
+/* adamw_quantize (ops.h): AdamW on a whole weight w [E, O, I] and its fp8-block copies from
+ * the new values, one kernel a 128 x 128 tile that reads the master once (k_adamw_tiles); the
+ * bytes of moe_cuda_adamw then moe_cuda_quantize_weight, which it runs instead where an
+ * array is not aligned to its 4-element access. */
+void moe_cuda_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
+                             moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
+                             moe_recipe prec, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, int64_t step, float grad_scale);
 /* fp8-block products need both dimensions of every weight to be multiples of 16 (cuBLASLt's
  * fp8 alignment of the reduction dimension and of the rows). */
 static inline int moe_cuda_fp8_shape_ok(int64_t I, int64_t O) {

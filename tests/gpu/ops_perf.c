@@ -104,6 +104,9 @@ static const pcase k_perf[] = {
     {"sum_squares n=256M bf16", MOE_OP_SUM_SQUARES, 0, {256LL << 20, 1}}, /* s[1] 1: bf16 */
     /* the fp8-block weight copies of one mixtral w1 (both layouts), as after each AdamW */
     {"quantize_weight E8 O14336 I4096", MOE_OP_QUANTIZE, 0, {8, 14336, 4096}},
+    /* s[3] 1: AdamW (bf16 moments and gradient) and those copies in one pass, adamw_quantize:
+     * against "adamw ... bf16 grad" over the same n plus the case above */
+    {"adamw_quantize E8 O14336 I4096 bf16 m v grad", MOE_OP_QUANTIZE, 0, {8, 14336, 4096, 1}},
 };
 enum { NPERF = sizeof k_perf / sizeof k_perf[0] };
 
@@ -310,6 +313,10 @@ static void run_perf(gctx *g, const pcase *pc) {
         a = perf_buf(g, n), b = perf_buf(g, n / 2); /* w; q and qt: 2 n bytes */
         c = perf_buf(g, moe_fp8_weight_scales(s[0], s[1], s[2]));
         bytes = 6.0 * (double)n; /* read 4 bytes a weight, write 2 */
+        if (s[3]) { /* bf16 gradient and moments; read p, g, m, v, write p, m, v, q and qt */
+            d = perf_buf(g, n / 2), e = perf_buf(g, n / 2), f = perf_buf(g, n / 2);
+            bytes = 20.0 * (double)n;
+        }
         break;
     }
     default:
@@ -396,7 +403,13 @@ static void run_perf(gctx *g, const pcase *pc) {
                 (void)be->sum_squares(be, s[1] ? a16 : moe_cbuf_f32(a), s[0]);
                 break;
             case MOE_OP_QUANTIZE:
-                be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
+                if (s[3])
+                    be->adamw_quantize(be, a, moe_cbuf_of(d, MOE_DTYPE_BF16),
+                                       moe_buf_of(e, MOE_DTYPE_BF16), moe_buf_of(f, MOE_DTYPE_BF16),
+                                       (uint8_t *)b, c, s[0], s[1], s[2], FP8B, 1e-9f, 0.9f, 0.95f,
+                                       1e-8f, 0.0f, 10, 1.0f);
+                else
+                    be->quantize_weight(be, (uint8_t *)b, c, a, s[0], s[1], s[2], FP8B);
                 break;
             default:
                 break;

@@ -492,12 +492,62 @@ void run_adamw(gctx *g, const tcase *tc) {
     free(p16), free(plo);
 }
 
+/* adamw_quantize (AdamW and the fp8-block copies in one pass) from the state p, gr, m, v
+ * [E, O, I], the moments of type mdt and the gradient of type gdt (the values already as
+ * stored): the GPU's master and moments against the CPU's (bit for bit with bf16 moments, as
+ * the adamw cases; else within tc->tol), and its copies byte for byte against the CPU's
+ * quantize_weight of the GPU's new master. */
+static void check_adamw_quantize(gctx *g, const tcase *tc, const float *p, const float *gr,
+                                 const float *m, const float *v, moe_dtype mdt, moe_dtype gdt,
+                                 int64_t E, int64_t O, int64_t I) {
+    const int64_t n = E * O * I, ns = moe_fp8_weight_scales(E, O, I);
+    const size_t mbytes = (size_t)n * moe_dtype_size(mdt);
+    float *cp = fdup(p, n), *cs = calloc((size_t)ns, sizeof(float));
+    moe_buf cm = moe_buf_of(host_typed(m, n, mdt), mdt),
+            cv = moe_buf_of(host_typed(v, n, mdt), mdt);
+    void *cg = host_typed(gr, n, gdt);
+    uint8_t *cq = xmalloc((size_t)(2 * n));
+    float *dp = dup_dev(g, "param (fused)", p, F(n)), *ds = dup_dev(g, "scales (fused)", cs, F(ns));
+    moe_buf dm = dev_operand(g, mdt, "m (fused)", m, n),
+            dv = dev_operand(g, mdt, "v (fused)", v, n);
+    moe_cbuf dg = moe_cbuf_from(dev_operand(g, gdt, "grad (fused)", gr, n));
+    uint8_t *dq = dup_dev(g, "e4m3 copies (fused)", NULL, (size_t)(2 * n));
+    g->cpu->adamw_quantize(g->cpu, cp, moe_cbuf_of(cg, gdt), cm, cv, cq, cs, E, O, I, tc->prec,
+                           1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, 0.5f);
+    g->gpu->adamw_quantize(g->gpu, dp, dg, dm, dv, dq, ds, E, O, I, tc->prec, 1e-3f, 0.9f, 0.95f,
+                           1e-8f, 0.1f, 2, 0.5f);
+    check_sync_guards(g, "adamw_quantize");
+    if (mdt == MOE_DTYPE_BF16) {
+        int exact = same_bytes(g, "param (fused)", dp, cp, F(n)) &
+                    same_bytes(g, "m (fused)", dm.p, cm.p, mbytes) &
+                    same_bytes(g, "v (fused)", dv.p, cv.p, mbytes);
+        printf("  %-28s %-16s n=%-9lld param, m, v %s %s\n", g->label, "fused bf16 m v",
+               (long long)n, exact ? "identical" : "DIFFER", exact ? "ok" : "FAIL");
+    } else {
+        cmp_f32(g, "param (fused)", dp, cp, n, tc->tol);
+        cmp_f32(g, "m (fused)", dm.p, cm.p, n, tc->tol);
+        cmp_f32(g, "v (fused)", dv.p, cv.p, n, tc->tol);
+    }
+    /* the copies of the GPU's own new master */
+    float *hp = down(g, dp, F(n));
+    memset(cs, 0, F(ns));
+    g->cpu->quantize_weight(g->cpu, cq, cs, hp, E, O, I, tc->prec);
+    const int same_q = same_bytes(g, "e4m3 copies (fused)", dq, cq, (size_t)(2 * n)),
+              same_s = same_bytes(g, "scales (fused)", ds, cs, F(ns));
+    printf("  %-28s %-16s n=%-9lld values %s scales %s %s\n", g->label, "fused fp8 copies",
+           (long long)n, same_q ? "identical" : "DIFFER", same_s ? "identical" : "DIFFER",
+           same_q && same_s ? "ok" : "FAIL");
+    free(cp), free(cs), free(cm.p), free(cv.p), free(cg), free(cq), free(hp);
+}
+
 /* AdamW and then the fp8-block copies of the new weight w [E, O, I], as moe_model_adamw runs
  * them: the GPU's new master against the CPU's (NMSE, as the adamw cases), and the GPU's
  * copies byte for byte against the CPU's quantize_weight of the GPU's new master (row-wise
  * and transposed values, both scale layouts; the scales' padding zero on both sides). A tile
  * of zeros that stays zero (scale 1), two outliers and the special values planted before the
- * copies exercise the scale rule's and the conversion's edges. */
+ * copies exercise the scale rule's and the conversion's edges. Then the same state through
+ * adamw_quantize, the one pass the model runs for a whole weight (check_adamw_quantize), with
+ * the case's types: bf16 moments (typed) and bf16 gradients (GW_BF16). */
 void run_adamw_fp8(gctx *g, const tcase *tc) {
     int64_t E = tc->s[0], O = tc->s[1], I = tc->s[2], n = E * O * I;
     int64_t ns = moe_fp8_weight_scales(E, O, I);
@@ -507,6 +557,14 @@ void run_adamw_fp8(gctx *g, const tcase *tc) {
         for (int64_t k = 0; k < 128 && k < I; k++)
             p[r * I + k] = gr[r * I + k] = m[r * I + k] = v[r * I + k] = 0.0f;
     p[n / 2] = 300.0f, p[n - 1] = -1e4f;
+    {
+        const moe_dtype mdt = typed_dt(tc),
+                        gdt = tc->types & GW_BF16 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        float *fm = fdup(m, n), *fv = fdup(v, n), *fg = fdup(gr, n);
+        as_stored(fm, n, mdt), as_stored(fv, n, mdt), as_stored(fg, n, gdt);
+        check_adamw_quantize(g, tc, p, fg, fm, fv, mdt, gdt, E, O, I);
+        free(fm), free(fv), free(fg);
+    }
     float *zeros = calloc((size_t)ns, sizeof(float));
     float *dp = dup_dev(g, "param", p, F(n)), *dg = dup_dev(g, "grad", gr, F(n));
     float *dm = dup_dev(g, "m", m, F(n)), *dv = dup_dev(g, "v", v, F(n));

@@ -443,6 +443,13 @@ static const tcase k_cases[] = {
     /* AdamW then the fp8-block copies: edge tiles (272 = 2 x 128 + 16, 144), experts, pow2 */
     {"adamw fp8 E3 O272 I144", MOE_OP_QUANTIZE, {3, 272, 144}, FP8B, 1e-10, 0},
     {"adamw fp8 pow2 E1 O384 I656", MOE_OP_QUANTIZE, {1, 384, 656}, FP8P, 1e-10, 0},
+    /* and in one pass (adamw_quantize) with the training setting's bf16 moments and gradients */
+    {"adamw fp8 E3 O272 I144 bf16 m v grad",
+     MOE_OP_QUANTIZE,
+     {3, 272, 144},
+     FP8B,
+     1e-10,
+     1 | GW_BF16},
     {"sum_squares n1000003", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, 0},
     {"sum_squares n1000003 bf16", MOE_OP_SUM_SQUARES, {1000003}, FP32, 1e-12, GW_BF16},
     {"pool B9 T300 C200", MOE_OP_POOL, {9, 300, 200}, FP32, 1e-13, 0},

@@ -503,6 +503,20 @@ struct moe_backend {
                             const float *w, /* [E, O, I] dev */
                             int64_t E, int64_t O, int64_t I, moe_recipe prec);
 
+    /* ---- adamw on a whole weight w [E, O, I] with an fp32 master (no bf16 copy), then its
+     * fp8-block copies from the new master: the bytes of adamw followed by quantize_weight,
+     * in one pass where the backend can (the CUDA backend: one kernel a 128 x 128 tile, which
+     * reads the master once where the two ops read it twice) ---- */
+    void (*adamw_quantize)(const moe_backend *be, float *param, /* [E, O, I] dev */
+                           moe_cbuf grad,                       /* [E, O, I] dev, F32 or BF16 */
+                           moe_buf m,                           /* [E, O, I] dev, F32 or BF16 */
+                           moe_buf v,                           /* [E, O, I] dev, the type of m */
+                           uint8_t *q,                          /* [2 E O I] dev */
+                           float *s, /* [moe_fp8_weight_scales(E, O, I)] dev */
+                           int64_t E, int64_t O, int64_t I, moe_recipe prec, float lr, float beta1,
+                           float beta2, float eps, float weight_decay, int64_t step,
+                           float grad_scale);
+
     /* ---- dst = src rounded to bf16 (round to nearest even) ---- */
     void (*cast_bf16)(const moe_backend *be, uint16_t *dst, /* [n] dev bf16 */
                       const float *src,                     /* [n] dev */

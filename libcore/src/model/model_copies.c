@@ -8,13 +8,15 @@
  * e4m3 copies of the weights its products quantize (q, k, v, o and the expert blocks w1, w3,
  * w2), row-wise and transposed with their 128 x 128 tile scales (moe/ops.h), in one
  * allocation (param8_mem) made by the first pass, when the skipped layers are known. They
- * are written by be->quantize_weight, a second pass over each weight right after the AdamW
- * update rather than inside the AdamW kernel: that kernel is elementwise over flat ranges
- * that run across many tensors (one call for all experts) and that ZeRO-1 cuts anywhere,
- * while a tile's scale needs the whole updated 128 x 128 tile first. The one thing a reader
- * must know: every write of the masters other than moe_model_adamw marks the copies stale
- * (copies_stale) and the next pass rewrites them all (moe_model_refresh_copies: those of the
- * fp32 masters), so init, load, resume and an all-gather of ZeRO slices need nothing else. */
+ * are written in the AdamW pass: a quantized weight wholly inside the range AdamW updates is
+ * updated by be->adamw_quantize, which writes its copies from the new master (one kernel a
+ * 128 x 128 tile on the GPU: a tile's scale needs the whole updated tile first); every other
+ * tensor by be->adamw's flat runs, which run across many tensors and which ZeRO-1 cuts
+ * anywhere (a quantized weight only partly inside a ZeRO-1 slice makes the copies stale). The
+ * one thing a reader must know: every write of the masters other than moe_model_adamw marks the
+ * copies stale (copies_stale) and the next pass rewrites them all (moe_model_refresh_copies: those
+ * of the fp32 masters), so init, load, resume and an all-gather of ZeRO slices need nothing else.
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,8 +155,19 @@ void moe_model_refresh_copies(moe_model *m) {
     m->copies_stale = 0;
 }
 
+/* 1 when AdamW on [lo, hi) updates weight p (the first tensor of its block of E, p->data8 set)
+ * and writes its fp8 copies in the same pass (be->adamw_quantize): the whole weight inside
+ * the range, an fp32 master, no bf16 copy, and copies that are not stale (stale ones are all
+ * rewritten before the next forward). */
+static int copies_in_adamw(const moe_model *m, const moe_param *p, int64_t E, int64_t lo,
+                           int64_t hi) {
+    return p->data8 && m->param8_mem && !m->copies_stale && p->data && !m->param16_mem &&
+           p->offset >= lo && p->offset + E * p->numel <= hi;
+}
+
 /* After an AdamW step on [lo, hi): the fp8 copies of every quantized weight wholly inside
- * it rewritten; one only partly inside (a ZeRO-1 slice) makes the copies stale. */
+ * it rewritten (by adamw_quantize, or here); one only partly inside (a ZeRO-1 slice) makes the
+ * copies stale. */
 static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
     if (!m->param8_mem || m->copies_stale) return; /* none yet, or all rewritten anyway */
     const moe_param_table *t = &m->table;
@@ -170,7 +183,7 @@ static void update_fp8_copies(moe_model *m, int64_t lo, int64_t hi) {
                 m->copies_stale = 1;
                 return;
             }
-            quantize(m, l, j);
+            if (!copies_in_adamw(m, p, experts_of(t, j), lo, hi)) quantize(m, l, j);
         }
     }
 }
@@ -199,23 +212,36 @@ void moe_model_adamw(moe_model *m, int64_t lo, int64_t hi, moe_buf mom, moe_buf 
     double wd_run = 0.0;
     for (int i = 0; i <= t->n_params; i++) {
         double wd = 0.0;
-        int64_t pa = hi, pb = hi;
+        int64_t pa = hi, pb = hi, E = 1;
+        int fused = 0; /* a quantized weight, updated with its fp8 copies in one pass */
         if (i < t->n_params) {
             const moe_param *p = &t->params[i];
             pa = p->offset > lo ? p->offset : lo;
             pb = p->offset + p->numel < hi ? p->offset + p->numel : hi;
             wd = (p->decay || o->decay_norms_and_embeddings) ? o->weight_decay : 0.0;
             if (pa >= pb) continue;
+            E = p->expert >= 0 ? t->e1 - t->e0 : 1;
+            fused = copies_in_adamw(m, p, E, lo, hi);
         }
-        /* a run ends at a change of decay, a gap, where bf16 expert gradients begin, and
-         * between fp32 and split masters */
+        /* a run ends at a change of decay, a gap, where bf16 expert gradients begin, between
+         * fp32 and split masters, and at a weight updated with its copies */
         int grads16 = pa == t->dense_elems && m->expert_grad_dt != MOE_DTYPE_F32;
-        if (a >= 0 && (i == t->n_params || wd != wd_run || pa != b || grads16 ||
+        if (a >= 0 && (i == t->n_params || fused || wd != wd_run || pa != b || grads16 ||
                        !t->params[i].data != !t->params[first].data)) {
             adamw_run(m, first, a, b, mom, var, lo, o, wd_run, lr, step, grad_scale);
             a = -1;
         }
         if (i == t->n_params) break;
+        if (fused) { /* the whole block of E tensors */
+            const moe_param *p = &t->params[i];
+            m->be->adamw_quantize(m->be, p->data, moe_cbuf_from(moe_model_grads_at(m, p->offset)),
+                                  moe_buf_at(mom, p->offset - lo), moe_buf_at(var, p->offset - lo),
+                                  p->data8, p->scale8, E, p->shape[0], p->shape[1], m->recipe,
+                                  (float)lr, (float)o->beta1, (float)o->beta2, (float)o->eps,
+                                  (float)wd, step, grad_scale);
+            i += (int)E - 1;
+            continue;
+        }
         if (a < 0) a = pa, first = i, wd_run = wd;
         b = pb;
     }

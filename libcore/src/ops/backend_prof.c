@@ -356,6 +356,18 @@ static void pr_quantize_weight(const moe_backend *be, uint8_t *q, float *s, cons
     prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
 }
 
+/* counted as AdamW: the pass that replaces AdamW and the quantization after it */
+static void pr_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
+                              moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
+                              moe_recipe prec, float lr, float beta1, float beta2, float eps,
+                              float weight_decay, int64_t step, float grad_scale) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->adamw_quantize(p->inner, param, grad, m, v, q, s, E, O, I, prec, lr, beta1, beta2,
+                             eps, weight_decay, step, grad_scale);
+    prof_end_op(p, t0, MOE_OP_ADAMW, 0);
+}
+
 static double pr_sum_squares(const moe_backend *be, moe_cbuf x, int64_t n) {
     prof_ctx *p = ctx_of(be);
     p->st.host_syncs++;
@@ -417,6 +429,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->adamw = pr_adamw;
     t->cast_bf16 = pr_cast_bf16;
     t->quantize_weight = pr_quantize_weight;
+    t->adamw_quantize = pr_adamw_quantize;
     t->sum_squares = pr_sum_squares;
     return t;
 }

@@ -99,6 +99,15 @@ void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const 
                              w + e * O * I, O, I, pow2);
 }
 
+void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
+                            moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
+                            moe_recipe prec, float lr, float beta1, float beta2, float eps,
+                            float weight_decay, int64_t step, float grad_scale) {
+    moe_cpu_adamw(be, param, NULL, NULL, grad, m, v, E * O * I, lr, beta1, beta2, eps, weight_decay,
+                  step, grad_scale);
+    moe_cpu_quantize_weight(be, q, s, param, E, O, I, prec);
+}
+
 void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                 moe_recipe prec) {
     float *xq = operand(x, N, I, Q_ROWS, prec), *wq = weight(w, 1, 0, O, I, Q_WEIGHT_ROWS, prec);
