@@ -2,6 +2,7 @@
  * cases (pcase: op, direction, sizes), each timed on the GPU alone (no CPU reference, no
  * guard checks) as the median of 7 repetitions of 3 calls after a warm-up, and printed as TFLOP/s
  * for the products and attention, GB/s for the others. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,11 +127,14 @@ static void perf_offsets(int32_t *off, int64_t E, int64_t per, int uneven) {
                                            : M);
 }
 
-/* a device buffer of n random floats in [-1, 1] (a 1M-value block repeated) */
-static float *perf_buf(gctx *g, int64_t n) {
+/* a device buffer of n random floats in [-scale, scale], or with nonneg in [0, scale] (a
+ * 1M-value block repeated) */
+static float *perf_buf_of(gctx *g, int64_t n, float scale, int nonneg) {
     const int64_t blk = 1 << 20;
     if (!g->perf_src) g->perf_src = frand(blk, -1, 1);
-    const float *src = g->perf_src;
+    float *src = xmalloc(F(blk));
+    for (int64_t i = 0; i < blk; i++)
+        src[i] = (nonneg ? fabsf(g->perf_src[i]) : g->perf_src[i]) * scale;
     float *d = g->gpu->alloc(g->gpu, F(n));
     if (!d) {
         fprintf(stderr, "perf: device allocation of %lld floats failed\n", (long long)n);
@@ -138,10 +142,29 @@ static float *perf_buf(gctx *g, int64_t n) {
     }
     for (int64_t i = 0; i < n; i += blk)
         g->gpu->memcpy_h2d(g->gpu, d + i, src, F(n - i < blk ? n - i : blk));
+    free(src);
     g->bufs[g->nbufs].base = (unsigned char *)d, g->bufs[g->nbufs].bytes = F(n);
     g->bufs[g->nbufs].part = "";
     g->bufs[g->nbufs++].name = "perf";
     return d;
+}
+
+/* a device buffer of n random floats in [-1, 1] */
+static float *perf_buf(gctx *g, int64_t n) {
+    return perf_buf_of(g, n, 1.0f, 0);
+}
+
+/* AdamW's state for a perf case: m in [-0.1, 0.1] and v in [0, 0.01] (a negative v, or a
+ * float's low half read as bf16, sends the IEEE square root and divisions down their slow
+ * paths, which training never sees), as fp32 or, bf16, their bf16 values (returned as float
+ * pointers, for the closure's buffers). */
+static void perf_moments(gctx *g, int64_t n, int bf16, float **m, float **v) {
+    *m = perf_buf_of(g, n, 0.1f, 0), *v = perf_buf_of(g, n, 0.01f, 1);
+    if (!bf16) return;
+    float *m16 = perf_buf(g, (n + 1) / 2), *v16 = perf_buf(g, (n + 1) / 2);
+    g->gpu->cast_bf16(g->gpu, (uint16_t *)m16, *m, n);
+    g->gpu->cast_bf16(g->gpu, (uint16_t *)v16, *v, n);
+    *m = m16, *v = v16;
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -286,7 +309,8 @@ static void run_perf(gctx *g, const pcase *pc) {
         break;
     }
     case MOE_OP_ADAMW:
-        a = perf_buf(g, s[0]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]), d = perf_buf(g, s[0]);
+        a = perf_buf(g, s[0]), b = perf_buf(g, s[0]);
+        perf_moments(g, s[0], (int)s[1], &c, &d);
         e = perf_buf(g, (s[0] + 1) / 2);
         if (s[2]) { /* the gradient's bf16 values (not the fp32 buffer's bits read as bf16) */
             b16.p = perf_buf(g, (s[0] + 1) / 2);
@@ -314,7 +338,10 @@ static void run_perf(gctx *g, const pcase *pc) {
         c = perf_buf(g, moe_fp8_weight_scales(s[0], s[1], s[2]));
         bytes = 6.0 * (double)n; /* read 4 bytes a weight, write 2 */
         if (s[3]) { /* bf16 gradient and moments; read p, g, m, v, write p, m, v, q and qt */
-            d = perf_buf(g, n / 2), e = perf_buf(g, n / 2), f = perf_buf(g, n / 2);
+            float *gr = perf_buf(g, n);
+            d = perf_buf(g, n / 2);
+            be->cast_bf16(be, (uint16_t *)d, gr, n);
+            perf_moments(g, n, 1, &e, &f);
             bytes = 20.0 * (double)n;
         }
         break;
