@@ -26,8 +26,9 @@
  * 0 = none) through the profiling wrapper (moe/backend_prof.h), which waits for the GPU
  * around every op; its per-kind table gives the split, not the throughput. The one thing to
  * know: no data loading or checkpoint I/O is included, so the figure is the model's compute
- * path alone. The last line of pass 1 starts with "RESULT" (key=value, for scripts). Exits 77
- * without a CUDA device. */
+ * path alone. The last line of pass 1 starts with "RESULT" (key=value, for scripts). With
+ * NCU_STEP=1 the last timed step is a profiler capture range (bench/kernels/step_kernels.sh).
+ * Exits 77 without a CUDA device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -206,12 +207,17 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < (int64_t)B * T; i++)
         tgt[i] = (i % T == T - 1) ? -1 : tok[i + 1];
     double *times = malloc((size_t)(steps + 1) * sizeof(double)), loss = 0.0;
+    /* NCU_STEP=1: the last timed step is the profiler's capture range (ncu --profile-from-start
+       off: bench/kernels/step_kernels.sh) */
+    const int ncu_step = getenv("NCU_STEP") && strcmp(getenv("NCU_STEP"), "1") == 0;
     for (int st = 0; st <= steps; st++) { /* st 0: warm-up */
+        if (ncu_step && st == steps) moe_cuda_profile_range(be, 1);
         double a = now_s();
         if ((fwd ? forward_step(&m, tok, B, T, out, &err)
                  : train_step(&m, be, tok, tgt, B, T, am, av, st, &loss, &err)) != MOE_OK)
             return fail(&err);
         times[st] = now_s() - a;
+        if (ncu_step && st == steps) moe_cuda_profile_range(be, 0);
     }
     qsort(times + 1, (size_t)steps, sizeof(double), cmp_double);
     double med = times[1 + steps / 2], tps = (double)B * T / med;

@@ -6,6 +6,7 @@
  * void), so every CUDA/cuBLASLt status is checked and the first failure is stored in the
  * context with the op name, its shape and the CUDA error string; synchronize() reports it.
  * Everything runs on one stream in submission order. */
+#include <cuda_profiler_api.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -646,6 +647,15 @@ extern "C" int moe_cuda_device_count(void) {
         return 0;
     }
     return n;
+}
+
+extern "C" void moe_cuda_profile_range(const moe_backend *be, int on) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    if (moe_cuda_failed(c) || !moe_cuda_check(c, cudaStreamSynchronize(c->stream), "profile",
+                                              "waiting for the queued work"))
+        return;
+    moe_cuda_check(c, on ? cudaProfilerStart() : cudaProfilerStop(), "profile",
+                   on ? "cudaProfilerStart" : "cudaProfilerStop");
 }
 
 static void cu_destroy(const moe_backend *be) {

@@ -30,6 +30,11 @@ const moe_backend *moe_backend_cuda_on(int device, moe_err *err);
 /* Number of CUDA devices visible to this process (0 when none, no driver, or any error; the
  * CUDA error state is reset then, so later calls start clean). */
 int moe_cuda_device_count(void);
+/* Opens (on 1) or closes (on 0) the region a profiler started with profiling off captures
+ * (`ncu --profile-from-start off`, `nsys --capture-range=cudaProfilerApi`), after the GPU has
+ * finished the work queued before: cudaProfilerStart / cudaProfilerStop. Errors as
+ * be->synchronize reports them. */
+void moe_cuda_profile_range(const moe_backend *be, int on);
 /* The native MXFP8 operand that mxfp8's products read on MXFP8 tensor cores (be->mx_native,
  * sm_100+): x [M, K] (device; F32, BF16 or MXFP8; K a multiple of 32) in groups of rows
  * (offsets [E + 1], host) quantized by the rule floor_rule into q and sc (device, 16-byte
