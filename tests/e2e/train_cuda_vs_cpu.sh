@@ -18,8 +18,9 @@
 # off once the vectorised elementwise kernels changed the order of the GPU's fp32 sums in RMSNorm
 # and unpermute, 2026-12-01), so steps 9-20 must agree in their mean within 2% (seen: 1.2%). The GPU
 # loss must fall. Then resume on the GPU (mask on): stopped at step 10 and resumed, the run must
-# continue the same loss curve (deterministic kernels: the same values). Skipped (77) where
-# no NVIDIA GPU is visible, as in CI.
+# continue the same loss curve (deterministic kernels: the same values). The CPU runs go in
+# the background beside the GPU runs (the longest test of `ctest -L gpu`: 117-192 s with them
+# one after another). Skipped (77) where no NVIDIA GPU is visible, as in CI.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 if ! nvidia-smi -L >/dev/null 2>&1; then echo "skip: no CUDA device (nvidia-smi -L failed)"; exit 77; fi
@@ -59,33 +60,50 @@ resumes() {
     echo "$name gpu resume: same 20 losses"
 }
 
-for recipe in bf16 fp8-block; do
-    echo "== precision.recipe=$recipe"
-    common=(-c "$src/configs/L0_sanity.yaml" --data shards precision.recipe=$recipe train.steps=20
+# The runs of each pair: common settings for recipe $1 into `common`; the pairs' extra settings
+common_for() {
+    common=(-c "$src/configs/L0_sanity.yaml" --data shards "precision.recipe=$1" train.steps=20
             train.global_batch_tokens=2048 optim.warmup_steps=3 train.eval_every=0
             checkpoint.every=20 log.every=1)
-    moe-train -q "${common[@]}" device=cpu -o run-cpu-$recipe
-    moe-train -q "${common[@]}" device=cuda -o run-gpu-$recipe
+}
+nomask=(train.document_mask=false optim.expert_grads=bf16)
+# pairs: NAME RECIPE EXTRA-SETTINGS..., the CPU run run-cpu-NAME and the GPU run run-gpu-NAME
+pairs=("bf16 bf16" "bf16-nomask bf16 ${nomask[*]}" "bf16-split bf16 optim.master=split"
+       "fp8-block fp8-block")
+# run_pairs DEVICE: every pair's run on DEVICE, one after another
+run_pairs() {
+    local p name recipe extra
+    for p in "${pairs[@]}"; do
+        read -r name recipe extra <<< "$p"
+        common_for "$recipe"
+        # shellcheck disable=SC2086 # extra: settings separated by spaces
+        moe-train -q "${common[@]}" $extra device="$1" -o "run-$1-$name"
+    done
+}
+# The CPU runs (most of the test's time) go in the background beside the GPU runs and their
+# resumes, which need little of the CPU; their curves are compared once both are done.
+run_pairs cpu > cpu-runs.log 2>&1 &
+cpu_pid=$!
+trap 'kill $cpu_pid 2> /dev/null || true' EXIT # a failed GPU run leaves no CPU run behind
+run_pairs cuda
+common_for bf16
+resumes bf16-split run-cuda-bf16-split optim.master=split
+resumes bf16 run-cuda-bf16
+common_for fp8-block
+resumes fp8-block run-cuda-fp8-block
+wait $cpu_pid || { cat cpu-runs.log; fail "a CPU run failed (above)"; }
+for p in "${pairs[@]}"; do
+    read -r name recipe extra <<< "$p"
+    echo "== $name: precision.recipe=$recipe $extra"
     step_tol=0.01
-    [ $recipe = fp8-block ] && step_tol=0.02 # see the header
-    compare $recipe run-cpu-$recipe run-gpu-$recipe $step_tol
-    if [ $recipe = bf16 ]; then
-        echo "== precision.recipe=$recipe train.document_mask=false optim.expert_grads=bf16"
-        nomask=(train.document_mask=false optim.expert_grads=bf16)
-        moe-train -q "${common[@]}" "${nomask[@]}" device=cpu -o run-cpu-$recipe-nomask
-        moe-train -q "${common[@]}" "${nomask[@]}" device=cuda -o run-gpu-$recipe-nomask
-        compare $recipe-nomask run-cpu-$recipe-nomask run-gpu-$recipe-nomask
-        if loss run-cpu-$recipe | diff -q - <(loss run-cpu-$recipe-nomask) > /dev/null; then
-            fail "$recipe: train.document_mask=true and false gave the same CPU loss curve"
-        fi
-        echo "== precision.recipe=$recipe optim.master=split"
-        moe-train -q "${common[@]}" optim.master=split device=cpu -o run-cpu-$recipe-split
-        moe-train -q "${common[@]}" optim.master=split device=cuda -o run-gpu-$recipe-split
-        compare $recipe-split run-cpu-$recipe-split run-gpu-$recipe-split
-        resumes $recipe-split run-gpu-$recipe-split optim.master=split
-    fi
-    resumes $recipe run-gpu-$recipe
-    grep -o '"tokens_per_s":[0-9.eE+-]*' run-gpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/gpu /'
-    grep -o '"tokens_per_s":[0-9.eE+-]*' run-cpu-$recipe/metrics.jsonl | tail -1 | sed 's/^/cpu /'
+    [ "$recipe" = fp8-block ] && step_tol=0.02 # see the header
+    compare "$name" "run-cpu-$name" "run-cuda-$name" $step_tol
+done
+if loss run-cpu-bf16 | diff -q - <(loss run-cpu-bf16-nomask) > /dev/null; then
+    fail "bf16: train.document_mask=true and false gave the same CPU loss curve"
+fi
+for name in bf16 fp8-block; do
+    grep -o '"tokens_per_s":[0-9.eE+-]*' "run-cuda-$name/metrics.jsonl" | tail -1 | sed "s/^/$name gpu /"
+    grep -o '"tokens_per_s":[0-9.eE+-]*' "run-cpu-$name/metrics.jsonl" | tail -1 | sed "s/^/$name cpu /"
 done
 echo "ok"
