@@ -224,6 +224,10 @@ static void run_perf(gctx *g, const pcase *pc) {
         }
         a16.p = perf_buf(g, (M * s[1] + 1) / 2); /* the bf16 expert activations */
         be->cast_bf16(be, (uint16_t *)a16.p, a, M * s[1]);
+        if (pc->dir) { /* and the bf16 output gradient: c's values (not its floats' halves) */
+            c16.p = perf_buf(g, (M * s[2] + 1) / 2);
+            be->cast_bf16(be, (uint16_t *)c16.p, c, M * s[2]);
+        }
         flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
         break;
     case MOE_OP_ATTENTION: {
@@ -375,9 +379,9 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_GROUPED_MATMUL:
                 if (pc->dir)
-                    be->grouped_matmul_backward(
-                        be, moe_buf_f32(d), moe_buf_f32(e), moe_cbuf_of(c, MOE_DTYPE_BF16), a16,
-                        w16, off, s[0], s[1], s[2], s[4] ? FP8B : BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
+                    be->grouped_matmul_backward(be, moe_buf_f32(d), moe_buf_f32(e), c16, a16, w16,
+                                                off, s[0], s[1], s[2], s[4] ? FP8B : BF16,
+                                                MOE_GRAD_ADD, MOE_GRAD_ADD);
                 else
                     be->grouped_matmul_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, w16, off,
                                                s[0], s[1], s[2], s[4] ? FP8B : BF16);
