@@ -16,6 +16,7 @@
 
 #include "adamw.cuh"
 #include "backend_cuda.cuh"
+#include "moe/backend_cuda.h"
 
 #define QB 128 /* elements per block, tiles are QB x QB */
 
@@ -26,64 +27,110 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-__device__ __forceinline__ uint8_t fp8_of(float x, float scale) {
-    return (uint8_t)(__nv_cvt_float_to_fp8(__fdiv_rn(x, scale), __NV_SATFINITE, __NV_E4M3) |
-                     moe_e4m3_neg_nan(x));
+/* x / scale for each value of a block, the bits of __fdiv_rn(x, scale) (the CPU's IEEE
+ * quotient), at a multiply and four fused multiply-adds a value where the division's inline
+ * path takes about ten: y = 1 / scale correctly rounded once a block, then x y corrected twice,
+ * q + (x - scale q) y. The first correction makes q faithful, and from a faithful q and
+ * y = RN(1 / scale) the second gives RN(x / scale) (Markstein's theorem), as long as x - scale q
+ * is exact and normal: so with scale in [2^-60, 2^60] (then for |x / scale| >= 2^-12 the
+ * residual's last bit is above 2^-103; a smaller quotient is an e4m3 zero either way: both
+ * stay below 2^-10) and no value +-Inf (there x - scale q is NaN): `quick`. Otherwise, and
+ * on the weights' rare odd tiles, __fdiv_rn itself. The sign is x's always (the corrections
+ * would turn -0 into +0). */
+struct fp8_quot {
+    float s, y;
+    bool quick;
+};
+__device__ __forceinline__ fp8_quot fp8_quot_of(float scale, bool inf) {
+    return {scale, __frcp_rn(scale), !inf && scale >= 0x1p-60f && scale <= 0x1p60f};
+}
+__device__ __forceinline__ float fp8_div(float x, const fp8_quot &d) {
+    if (!d.quick) return __fdiv_rn(x, d.s);
+    float q = __fmul_rn(x, d.y);
+    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
+    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
+    return copysignf(q, x);
 }
 
-/* Four values at one scale as four e4m3 bytes (x.x in the low byte): fp8_of's bytes, two
- * values to a conversion. */
-__device__ __forceinline__ uint32_t fp8x4_of(float4 x, float scale) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(
-                       make_float2(__fdiv_rn(x.x, scale), __fdiv_rn(x.y, scale)), __NV_SATFINITE,
-                       __NV_E4M3),
-                   hi = __nv_cvt_float2_to_fp8x2(
-                       make_float2(__fdiv_rn(x.z, scale), __fdiv_rn(x.w, scale)), __NV_SATFINITE,
-                       __NV_E4M3);
-    return (lo | hi << 16) | moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 |
-           moe_e4m3_neg_nan(x.z) << 16 | moe_e4m3_neg_nan(x.w) << 24;
+/* The amax over the finite ones of a lane's N values, and whether one of them is +-Inf: one
+ * max a value (fmaxf drops a NaN), taken again without the infinities where the max is one. */
+template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, bool *inf) {
+    float a = 0.0f;
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        a = fmaxf(a, fabsf(v[j]));
+    *inf = isinf(a);
+    if (*inf) {
+        a = 0.0f;
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            a = fmaxf(a, moe_finite_abs(v[j]));
+    }
+    return a;
+}
+
+/* Four values of a block as four e4m3 bytes (x.x in the low byte), rounded to nearest even
+ * and saturating, two a conversion. A NaN converts to 0x7f whatever its sign and nothing else
+ * does, so the CPU's sign of a NaN (0xff for a negative one) is put back only where a byte
+ * is 0x7f (a zero byte of w ^ 0x7f7f7f7f). */
+__device__ __forceinline__ uint32_t fp8x4_of(float4 x, const fp8_quot &d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(fp8_div(x.x, d), fp8_div(x.y, d)),
+                                                 __NV_SATFINITE, __NV_E4M3),
+                   hi = __nv_cvt_float2_to_fp8x2(make_float2(fp8_div(x.z, d), fp8_div(x.w, d)),
+                                                 __NV_SATFINITE, __NV_E4M3);
+    uint32_t w = lo | hi << 16;
+    const uint32_t t = w ^ 0x7f7f7f7fu;
+    if ((t - 0x01010101u) & ~t & 0x80808080u)
+        w |= moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 | moe_e4m3_neg_nan(x.z) << 16 |
+             moe_e4m3_neg_nan(x.w) << 24;
+    return w;
 }
 
 /* 1 x 128 blocks (r, kb) of x [R, K], 16 lanes a block and 8 values a lane in one 16-byte
- * load (K a multiple of 8, x 16-byte aligned): q [R, K] (8 bytes a lane), s [kb * ls + r].
- * Each group of 16 lanes takes FP8_ROWS_U blocks, FP8_ROWS_U * H16 apart (H16: the grid's
- * groups of 16 lanes), all loaded before any is reduced, so that a thread keeps FP8_ROWS_U
- * loads in flight (one a thread ran at 0.9 TB/s on an H100, 2026-12-06); a warp's two groups
- * still read neighbouring blocks. */
+ * load (K a multiple of 8, x 16-byte aligned, R * ceil(K / 128) < 2^31): q [R, K] (8 bytes a
+ * lane), s [kb * ls + r]. Each group of 16 lanes takes FP8_ROWS_U blocks, FP8_ROWS_U * H16
+ * apart (H16: the grid's groups of 16 lanes), all loaded before any is reduced, so that a
+ * thread keeps FP8_ROWS_U loads in flight (one a thread ran at 0.9 TB/s on an H100,
+ * 2026-12-06); a warp's two groups still read neighbouring blocks. A thread finds its first
+ * block's row and column with one division and steps to the next ones (the 64-bit divisions
+ * of every block were a third of the kernel's instructions). */
 #define FP8_ROWS_U 4
 template <typename T>
 __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
-                           int64_t R, int64_t K, int64_t ls, int pow2) {
-    const int64_t KB = (K + QB - 1) / QB, nblk = R * KB;
-    const int64_t g = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 16,
-                  H16 = (int64_t)gridDim.x * blockDim.x / 16;
+                           int R, int64_t K, int64_t ls, int pow2) {
+    const int KB = (int)((K + QB - 1) / QB), l16 = threadIdx.x & 15;
+    const unsigned g = (blockIdx.x * blockDim.x + threadIdx.x) / 16,
+                   H16 = gridDim.x * blockDim.x / 16;
+    int r[FP8_ROWS_U], kb[FP8_ROWS_U];
+    r[0] = (int)(g / KB), kb[0] = (int)(g % KB);
+#pragma unroll
+    for (int u = 1; u < FP8_ROWS_U; u++) {
+        r[u] = r[u - 1] + (int)(H16 / KB), kb[u] = kb[u - 1] + (int)(H16 % KB);
+        if (kb[u] >= KB) kb[u] -= KB, r[u]++;
+    }
     float v[FP8_ROWS_U][MOE_VEC] = {};
 #pragma unroll
     for (int u = 0; u < FP8_ROWS_U; u++) {
-        const int64_t blk = g + u * H16, r = blk / KB, kb = blk % KB;
-        const int64_t j0 = kb * QB + (threadIdx.x & 15) * MOE_VEC;
-        if (blk < nblk && j0 < K) moe_ldv<MOE_VEC>(x, r * K + j0, v[u]);
+        const int64_t j0 = (int64_t)kb[u] * QB + l16 * MOE_VEC;
+        if (r[u] < R && j0 < K) moe_ldv<MOE_VEC>(x, r[u] * K + j0, v[u]);
     }
 #pragma unroll
     for (int u = 0; u < FP8_ROWS_U; u++) {
-        const int64_t blk = g + u * H16;
-        float amax = 0.0f;
-#pragma unroll
-        for (int t = 0; t < MOE_VEC; t++)
-            amax = fmaxf(amax, moe_finite_abs(v[u][t]));
+        bool inf;
+        float amax = fp8_lane_amax<MOE_VEC>(v[u], &inf);
 #pragma unroll
         for (int o = 8; o > 0; o /= 2) /* within the 16 lanes of the block; every lane takes
                                           part, live or not */
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        if (blk >= nblk) continue;
-        const int64_t r = blk / KB, kb = blk % KB;
-        const int64_t j0 = kb * QB + (threadIdx.x & 15) * MOE_VEC;
-        const float scale = fp8_scale(amax, pow2);
+        inf = __any_sync(0xffffffffu, inf); /* the warp's two blocks: quick where neither */
+        if (r[u] >= R) continue;
+        const int64_t j0 = (int64_t)kb[u] * QB + l16 * MOE_VEC;
+        const fp8_quot d = fp8_quot_of(fp8_scale(amax, pow2), inf);
         if (j0 < K)
-            *(uint2 *)(q + r * K + j0) =
-                make_uint2(fp8x4_of(make_float4(v[u][0], v[u][1], v[u][2], v[u][3]), scale),
-                           fp8x4_of(make_float4(v[u][4], v[u][5], v[u][6], v[u][7]), scale));
-        if ((threadIdx.x & 15) == 0) s[kb * ls + r] = scale;
+            *(uint2 *)(q + r[u] * K + j0) =
+                make_uint2(fp8x4_of(make_float4(v[u][0], v[u][1], v[u][2], v[u][3]), d),
+                           fp8x4_of(make_float4(v[u][4], v[u][5], v[u][6], v[u][7]), d));
+        if (l16 == 0) s[kb[u] * ls + r[u]] = d.s;
     }
 }
 
@@ -117,38 +164,40 @@ __global__ void __launch_bounds__(256)
     const int64_t m0 = (int64_t)(b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
     const int64_t np = (int64_t)(g.pb[e + 1] - g.pb[e]) * QB, k0 = (int64_t)blockIdx.x * 64;
     const int64_t k = k0 + 2 * tx;
+    /* the thread's live tokens (0 past the group's end), read at 32-bit offsets i K */
+    const int rows = k < K ? (int)max((int64_t)0, min((int64_t)16, n - m0 - 16 * ty)) : 0;
     const T *xs = x + (g.off[e] + m0 + 16 * ty) * K + k;
-    float v[2][16], amax[2] = {0.0f, 0.0f};
+    const unsigned K32 = (unsigned)K;
+    float v[2][16];
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         v[0][i] = v[1][i] = 0.0f;
-        if (k < K && m0 + 16 * ty + i < n) {
+        if (i < rows) {
             float2 f;
             if constexpr (sizeof(T) == 2)
-                f = __bfloat1622float2(*(const __nv_bfloat162 *)(xs + i * K));
+                f = __bfloat1622float2(*(const __nv_bfloat162 *)(xs + i * K32));
             else
-                f = *(const float2 *)(xs + i * K);
+                f = *(const float2 *)(xs + i * K32);
             v[0][i] = f.x, v[1][i] = f.y;
         }
-        amax[0] = fmaxf(amax[0], moe_finite_abs(v[0][i]));
-        amax[1] = fmaxf(amax[1], moe_finite_abs(v[1][i]));
     }
-    red[ty][2 * tx] = amax[0];
-    red[ty][2 * tx + 1] = amax[1];
-    __syncthreads();
+    bool inf[2];
+    red[ty][2 * tx] = fp8_lane_amax<16>(v[0], &inf[0]);
+    red[ty][2 * tx + 1] = fp8_lane_amax<16>(v[1], &inf[1]);
+    const bool tile_inf = __syncthreads_or(inf[0] || inf[1]); /* quick where the tile has none */
 #pragma unroll
     for (int f = 0; f < 2; f++) {
         float a = 0.0f;
 #pragma unroll
         for (int i = 0; i < 8; i++)
             a = fmaxf(a, red[i][2 * tx + f]);
-        const float scale = fp8_scale(a, pow2);
-        if (ty == 0 && k + f < K) s[(int64_t)b * K + k + f] = scale;
+        const fp8_quot d = fp8_quot_of(fp8_scale(a, pow2), tile_inf);
+        if (ty == 0 && k + f < K) s[(int64_t)b * K + k + f] = d.s;
         uint4 w;
-        w.x = fp8x4_of(make_float4(v[f][0], v[f][1], v[f][2], v[f][3]), scale);
-        w.y = fp8x4_of(make_float4(v[f][4], v[f][5], v[f][6], v[f][7]), scale);
-        w.z = fp8x4_of(make_float4(v[f][8], v[f][9], v[f][10], v[f][11]), scale);
-        w.w = fp8x4_of(make_float4(v[f][12], v[f][13], v[f][14], v[f][15]), scale);
+        w.x = fp8x4_of(make_float4(v[f][0], v[f][1], v[f][2], v[f][3]), d);
+        w.y = fp8x4_of(make_float4(v[f][4], v[f][5], v[f][6], v[f][7]), d);
+        w.z = fp8x4_of(make_float4(v[f][8], v[f][9], v[f][10], v[f][11]), d);
+        w.w = fp8x4_of(make_float4(v[f][12], v[f][13], v[f][14], v[f][15]), d);
         tt[2 * tx + f][ty ^ (tx & 7)] = w;
     }
     __syncthreads();
@@ -183,24 +232,18 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
     const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
-    float amax = 0.0f;
-#pragma unroll
-    for (int p = 0; p < TILE_PATCHES; p++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].x)), moe_finite_abs(x[p][i].y));
-            amax = fmaxf(fmaxf(amax, moe_finite_abs(x[p][i].z)), moe_finite_abs(x[p][i].w));
-        }
-    /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is
-     * written once) */
+    bool inf;
+    float amax = fp8_lane_amax<TILE_PATCHES * 16>(&x[0][0].x, &inf);
+    /* the tile's amax: warp maxima, one barrier (which also tells every thread whether the
+     * tile holds an infinity), every warp reduces them again (sh is written once) */
     amax = moe_warp_max(amax);
     if (tx == 0) sh[ty] = amax;
-    __syncthreads();
-    const float scale = fp8_scale(moe_warp_max(sh[tx % NW]), pow2);
+    const bool tile_inf = __syncthreads_or(inf);
+    const fp8_quot d = fp8_quot_of(fp8_scale(moe_warp_max(sh[tx % NW]), pow2), tile_inf);
     if (threadIdx.x == 0) {
         const int64_t KB4 = (KB + 3) / 4 * 4, RB4 = (RB + 3) / 4 * 4;
-        s[e * RB * KB4 + rb * KB4 + kb] = scale;
-        st[e * KB * RB4 + kb * RB4 + rb] = scale;
+        s[e * RB * KB4 + rb * KB4 + kb] = d.s;
+        st[e * KB * RB4 + kb * RB4 + rb] = d.s;
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
     uint32_t *tw = (uint32_t *)tt;
@@ -210,7 +253,7 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
         uint32_t rw[4], cw[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            rw[i] = fp8x4_of(x[p][i], scale);
+            rw[i] = fp8x4_of(x[p][i], d);
             const int64_t r = r0 + 4 * g + i;
             if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
         }
@@ -312,12 +355,17 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
                               "fp8 rows: K=%lld a multiple of %d and a 16-byte aligned input "
                               "expected",
                               (long long)K, MOE_VEC);
-    const int64_t groups = (R * ((K + QB - 1) / QB) + FP8_ROWS_U - 1) / FP8_ROWS_U;
+    const int64_t nblk = R * ((K + QB - 1) / QB), groups = (nblk + FP8_ROWS_U - 1) / FP8_ROWS_U;
+    if (nblk >= (1LL << 30)) /* the kernel's 32-bit thread and block indices */
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "fp8 rows: R=%lld K=%lld is 2^30 blocks or more", (long long)R,
+                              (long long)K);
     const unsigned blocks = (unsigned)((groups * 16 + 255) / 256);
     if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, R, K, ls, pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, (int)R, K, ls,
+                                                  pow2);
     else
-        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, R, K, ls, pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, (int)R, K, ls, pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
@@ -350,6 +398,18 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         s += (int64_t)g.pb[ne] * K;
     }
     return 1;
+}
+
+extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,
+                                           const int32_t *offsets, int64_t E, int64_t K,
+                                           int transpose, int pow2) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "fp8_block_operand";
+    if (moe_cuda_failed(c)) return;
+    if (transpose)
+        moe_cuda_fp8_cols_t(c, q, s, x, offsets, E, K, pow2, op);
+    else
+        moe_cuda_fp8_rows(c, q, s, x, offsets[E], K, (offsets[E] + 3) / 4 * 4, pow2, op);
 }
 
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,

@@ -1,16 +1,21 @@
-/* test_mx_native: the native MXFP8 operands of mxfp8's products on MXFP8 tensor cores
- * (cuBLASLt's VEC32_UE8M0, sm_100+): the CUDA kernels (moe_cuda_mx_native_operand) against
- * the CPU reference moe_mx_encode_tiled, byte for byte, e4m3 values and tiled e8m0 scales with
- * their padding included.
+/* test_quant_operands: the quantized operands of the fp8 recipes' products, made by the CUDA
+ * kernels, against their CPU references byte for byte:
+ *   mxfp8: the native MXFP8 operands of the products on MXFP8 tensor cores (cuBLASLt's
+ *     VEC32_UE8M0, sm_100+; moe_cuda_mx_native_operand) against moe_mx_encode_tiled: e4m3
+ *     values and tiled e8m0 scales with their padding included;
+ *   fp8-block: the activations' and gradients' 1 x 128 operands (moe_cuda_fp8_block_operand,
+ *     kernels/quant_fp8.cu) against moe_fp8_encode_block: e4m3 values and fp32 scales, with
+ *     blocks whose scale lies outside the kernels' quick division (2^-60 .. 2^60).
  *
- * Inputs of the three types an operand has (F32; BF16; MXFP8, decoded by the kernels) with
- * outliers, zeros, E4M3 subnormals after scaling, NaN of both signs and infinities; groups of
- * uneven sizes (0, 1, 37, 130, 256 rows: empty groups, partial tiles, a group straddling two
- * tiles), K = 96 (a tile of scales with one padding column) and K = 256; both scale rules;
- * along the rows and transposed (each group's tokens padded to 128 with zeros). Guard bytes
- * after q and sc must stay untouched. The kernels are not specific to sm_100, so this runs on
- * any GPU; the products themselves need one with MXFP8 tensor cores (be->mx_native, printed).
- * Without a CUDA device it prints "skipped: no CUDA device" and exits 77. */
+ * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
+ * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
+ * both signs and infinities; groups of uneven sizes (0, 1, 37, 130, 256 rows: empty groups,
+ * partial tiles, a group straddling two tiles), K = 96, 200 (fp8-block: a short last block) and
+ * 256; both scale rules; along the rows and transposed (each group's tokens padded to 128 with
+ * zeros). Guard bytes after q and the scales must stay untouched (and the fp8-block rows'
+ * padding scales). The kernels are not specific to sm_100, so this runs on any GPU; the MXFP8
+ * products themselves need one with MXFP8 tensor cores (be->mx_native, printed). Without a
+ * CUDA device it prints "skipped: no CUDA device" and exits 77. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,11 +36,11 @@ static float urand(void) {
     return (float)((double)(g_rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
-/* x [M, K] with the special values and a row scale from 2^-20 to 2^20 (blocks of very
+/* x [M, K] with the special values and a row scale from 2^-span to 2^span (blocks of very
  * different scales, E4M3 subnormals in the small ones). */
-static void fill(float *x, int64_t M, int64_t K) {
+static void fill(float *x, int64_t M, int64_t K, int span) {
     for (int64_t r = 0; r < M; r++) {
-        const float rs = ldexpf(1.0f, (int)(r % 41) - 20);
+        const float rs = ldexpf(1.0f, (int)(r % (2 * span + 1)) - span);
         for (int64_t k = 0; k < K; k++) {
             float v = urand() * rs;
             if ((r * K + k) % 97 == 11) v *= 3e3f;     /* outliers */
@@ -46,6 +51,7 @@ static void fill(float *x, int64_t M, int64_t K) {
     for (int64_t k = 0; k < K && M > 3; k++) /* a row of zeros */
         x[3 * K + k] = 0.0f;
     x[5] = NAN, x[K + 6] = -NAN, x[2 * K + 7] = INFINITY, x[M * K - 1] = -INFINITY;
+    x[9] = 1e-40f, x[10] = -1e-42f, x[11] = -0.0f; /* fp32 (and bf16) subnormals, -0 */
 }
 
 static void *dev(const moe_backend *be, const void *host, size_t bytes) {
@@ -54,17 +60,78 @@ static void *dev(const moe_backend *be, const void *host, size_t bytes) {
     return p;
 }
 
-/* One case: x of type dt (1 F32, 2 BF16, 3 MXFP8) over groups `counts`, transposed or not, by
- * the rule floor_rule. */
+enum { MXFP8, FP8_BLOCK }; /* the operand's format */
+
+/* The mxfp8 reference of x [M, K] over the groups: each group by moe_mx_encode_tiled, one
+ * after another; *qn and *sn its sizes. */
+static void reference_mx(uint8_t **rq, uint8_t **rs, int64_t *qn, int64_t *sn, const float *x,
+                         const int32_t *off, int64_t E, int64_t K, int transpose, int rule) {
+    *qn = *sn = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = off[e + 1] - off[e], np = moe_mx_pad(n);
+        *qn += transpose ? K * np : n * K;
+        *sn += transpose ? moe_mx_tiled_bytes(K, np) : moe_mx_tiled_bytes(n, K);
+    }
+    *rq = malloc((size_t)*qn + 1), *rs = malloc((size_t)*sn + 1);
+    int64_t aq = 0, as = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = off[e + 1] - off[e], np = moe_mx_pad(n);
+        if (n == 0) continue;
+        moe_mx_encode_tiled(*rq + aq, *rs + as, x + off[e] * K, n, K, rule, transpose);
+        aq += transpose ? K * np : n * K;
+        as += transpose ? moe_mx_tiled_bytes(K, np) : moe_mx_tiled_bytes(n, K);
+    }
+}
+
+/* The fp8-block reference (moe_cuda_fp8_block_operand's layouts) by moe_fp8_encode_block: the
+ * rows' padding scales keep the guard pattern 0xab, as the device's must. */
+static void reference_fp8(uint8_t **rq, uint8_t **rs, int64_t *qn, int64_t *sn, const float *x,
+                          const int32_t *off, int64_t E, int64_t K, int transpose, int pow2) {
+    const int64_t M = off[E], KB = (K + 127) / 128, ls = (M + 3) / 4 * 4;
+    int64_t nb = 0; /* transposed: the groups' padded 128-token blocks */
+    for (int64_t e = 0; e < E; e++)
+        nb += moe_mx_pad(off[e + 1] - off[e]) / 128;
+    *qn = transpose ? nb * 128 * K : M * K;
+    *sn = (int64_t)sizeof(float) * (transpose ? nb * K : KB * ls);
+    *rq = malloc((size_t)*qn + 1), *rs = malloc((size_t)*sn + 1);
+    memset(*rs, 0xab, (size_t)*sn);
+    float sc, col[128];
+    if (!transpose) {
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t kb = 0; kb < KB; kb++) {
+                const int64_t k0 = kb * 128, n = K - k0 < 128 ? K - k0 : 128;
+                moe_fp8_encode_block(*rq + r * K + k0, &sc, x + r * K + k0, n, pow2);
+                memcpy(*rs + (kb * ls + r) * sizeof sc, &sc, sizeof sc);
+            }
+        return;
+    }
+    for (int64_t e = 0, b = 0, aq = 0; e < E; e++) {
+        const int64_t n = off[e + 1] - off[e], np = moe_mx_pad(n);
+        for (int64_t pb = 0; pb < np / 128; pb++, b++)
+            for (int64_t k = 0; k < K; k++) {
+                for (int64_t j = 0; j < 128; j++) {
+                    const int64_t t = pb * 128 + j;
+                    col[j] = t < n ? x[(off[e] + t) * K + k] : 0.0f;
+                }
+                moe_fp8_encode_block(*rq + aq + k * np + pb * 128, &sc, col, 128, pow2);
+                memcpy(*rs + (b * K + k) * sizeof sc, &sc, sizeof sc);
+            }
+        aq += K * np;
+    }
+}
+
+/* One case: x of type dt (1 F32, 2 BF16, 3 MXFP8) over groups `counts`, as format fmt's
+ * operand, transposed or not, by the rule `rule` (mxfp8: floor; fp8-block: pow2). */
 static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dt,
-                     int transpose, int floor_rule) {
+                     int transpose, int rule, int fmt) {
     int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
     off[0] = 0;
     for (int64_t e = 0; e < E; e++)
         off[e + 1] = off[e] + (int32_t)counts[e];
     const int64_t M = off[E];
     float *x = malloc((size_t)(M * K) * sizeof *x);
-    fill(x, M, K);
+    /* fp8-block: row scales 2^-100 .. 2^100, past the quick division's range both ways */
+    fill(x, M, K, fmt == MXFP8 ? 20 : 100);
     /* the values the kernels read: the input as its type stores it */
     uint8_t *xq = malloc((size_t)(M * K + M * K / 32));
     if (dt == 2)
@@ -74,22 +141,12 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
         test_mxfp8_encode(xq, xq + M * K, x, M * K);
         test_mxfp8_decode(x, xq, xq + M * K, M * K);
     }
-    /* the reference: each group by moe_mx_encode_tiled, one after another */
-    int64_t qn = 0, sn = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t n = counts[e], np = moe_mx_pad(n);
-        qn += transpose ? K * np : n * K;
-        sn += transpose ? moe_mx_tiled_bytes(K, np) : moe_mx_tiled_bytes(n, K);
-    }
-    uint8_t *rq = malloc((size_t)qn + 1), *rs = malloc((size_t)sn + 1);
-    int64_t aq = 0, as = 0;
-    for (int64_t e = 0; e < E; e++) {
-        const int64_t n = counts[e], np = moe_mx_pad(n);
-        if (n == 0) continue;
-        moe_mx_encode_tiled(rq + aq, rs + as, x + off[e] * K, n, K, floor_rule, transpose);
-        aq += transpose ? K * np : n * K;
-        as += transpose ? moe_mx_tiled_bytes(K, np) : moe_mx_tiled_bytes(n, K);
-    }
+    uint8_t *rq, *rs;
+    int64_t qn, sn;
+    if (fmt == MXFP8)
+        reference_mx(&rq, &rs, &qn, &sn, x, off, E, K, transpose, rule);
+    else
+        reference_fp8(&rq, &rs, &qn, &sn, x, off, E, K, transpose, rule);
     /* the device input */
     moe_cbuf dx;
     void *d_in = NULL, *d_mx = NULL;
@@ -112,11 +169,14 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
     memset(gq, 0xab, (size_t)qn + GUARD);
     memset(gs, 0xab, (size_t)sn + GUARD);
     uint8_t *d_q = dev(be, gq, (size_t)qn + GUARD), *d_s = dev(be, gs, (size_t)sn + GUARD);
-    moe_cuda_mx_native_operand(be, d_q, d_s, dx, off, E, K, transpose, floor_rule);
+    if (fmt == MXFP8)
+        moe_cuda_mx_native_operand(be, d_q, d_s, dx, off, E, K, transpose, rule);
+    else
+        moe_cuda_fp8_block_operand(be, d_q, (float *)d_s, dx, off, E, K, transpose, rule);
     moe_err err;
     moe_err_clear(&err);
     const int ok = be->synchronize(be, &err) == MOE_OK;
-    CHECK_MSG(ok, "mx_native_operand: %s", err.msg);
+    CHECK_MSG(ok, "%s operand: %s", fmt == MXFP8 ? "mxfp8" : "fp8-block", err.msg);
     be->memcpy_d2h(be, gq, d_q, (size_t)qn + GUARD);
     be->memcpy_d2h(be, gs, d_s, (size_t)sn + GUARD);
     int64_t bad_q = 0, bad_s = 0, first_q = -1, first_s = -1, guard = 0;
@@ -128,16 +188,16 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
         if (gs[i] != rs[i] && bad_s++ == 0) first_s = i;
     for (int64_t i = 0; i < GUARD; i++)
         guard += (gq[qn + i] != 0xab) + (gs[sn + i] != 0xab);
-    static const char *names[] = {"", "f32", "bf16", "mxfp8"};
+    static const char *names[] = {"", "f32", "bf16", "mxfp8"}, *fmts[] = {"mxfp8", "fp8-block"};
     CHECK_MSG(ok && bad_q == 0 && bad_s == 0 && guard == 0,
-              "%s K=%lld %s rule %d: %lld of %lld bytes differ (first %lld: %02x vs %02x), %lld of "
-              "%lld scales (first %lld: %02x vs %02x), %lld guard bytes written",
-              names[dt], (long long)K, transpose ? "transposed" : "rows", floor_rule,
+              "%s %s K=%lld %s rule %d: %lld of %lld bytes differ (first %lld: %02x vs %02x), "
+              "%lld of %lld scale bytes (first %lld: %02x vs %02x), %lld guard bytes written",
+              fmts[fmt], names[dt], (long long)K, transpose ? "transposed" : "rows", rule,
               (long long)bad_q, (long long)qn, (long long)first_q, first_q >= 0 ? gq[first_q] : 0,
               first_q >= 0 ? rq[first_q] : 0, (long long)bad_s, (long long)sn, (long long)first_s,
               first_s >= 0 ? gs[first_s] : 0, first_s >= 0 ? rs[first_s] : 0, (long long)guard);
-    printf("  %-5s K=%-3lld %-10s rule %d: %lld bytes, %lld scale bytes%s\n", names[dt],
-           (long long)K, transpose ? "transposed" : "rows", floor_rule, (long long)qn,
+    printf("  %-9s %-5s K=%-3lld %-10s rule %d: %lld bytes, %lld scale bytes%s\n", fmts[fmt],
+           names[dt], (long long)K, transpose ? "transposed" : "rows", rule, (long long)qn,
            (long long)sn, bad_q || bad_s || guard ? "  FAILED" : "  identical");
     be->free(be, d_q);
     be->free(be, d_s);
@@ -147,18 +207,21 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
 }
 
 int main(void) {
-    const moe_backend *be = test_cuda_backend("gpu_test_mx_native");
+    const moe_backend *be = test_cuda_backend("gpu_test_quant_operands");
     if (!be) return 77;
     printf("MXFP8 products on this GPU's tensor cores (cuBLASLt VEC32_UE8M0): %s\n",
            be->mx_native ? "yes" : "no (sm_90 and older: bf16 products of the quantized values)");
     static const int64_t counts[] = {37, 0, 130, 1, 256, 0};
     const int64_t E = sizeof counts / sizeof counts[0];
-    static const int64_t Ks[] = {96, 256};
-    for (int k = 0; k < 2; k++)
-        for (int dt = 1; dt <= 3; dt++)
-            for (int t = 0; t < 2; t++)
-                for (int rule = 0; rule < 2; rule++)
-                    run_case(be, counts, E, Ks[k], dt, t, rule);
+    static const int64_t Ks[] = {96, 200, 256};
+    for (int k = 0; k < 3; k++)
+        for (int t = 0; t < 2; t++)
+            for (int rule = 0; rule < 2; rule++) {
+                for (int dt = 1; dt <= 3 && Ks[k] % 32 == 0; dt++)
+                    run_case(be, counts, E, Ks[k], dt, t, rule, MXFP8);
+                for (int dt = 1; dt <= 2; dt++)
+                    run_case(be, counts, E, Ks[k], dt, t, rule, FP8_BLOCK);
+            }
     be->destroy(be);
-    return test_summary("gpu_test_mx_native");
+    return test_summary("gpu_test_quant_operands");
 }

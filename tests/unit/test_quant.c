@@ -5,7 +5,8 @@
  * saturates; ocp-floor: 2^(floor(log2 amax) - 8)), blocks that do not straddle the end of a
  * vector, strided (column) vectors, 128 x 128 tiles that keep a small tile small next to a
  * large one, and the same bits for any thread count; the stored MXFP8 form (encode, decode:
- * the fake quantization's values, and encoding them again keeps them). */
+ * the fake quantization's values, and encoding them again keeps them) and the stored
+ * fp8-block form of an activation block. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -226,6 +227,39 @@ static void test_mxfp8_stored(void) {
     CHECK_MSG(same, "encoding decoded MXFP8 values changed them");
 }
 
+/* The stored fp8-block form of an activation block (moe_fp8_encode_block, the bytes of the
+ * CUDA backend's operands): decoding gives exactly fp8-block's fake quantization, either rule,
+ * for full and short blocks with outliers, an all-zero block (scale 1), infinities (left out
+ * of the amax, saturated), E4M3 subnormals, -0 and NaN of both signs (sign kept). */
+static void test_fp8_block_stored(void) {
+    enum { n = 128 * 4 + 72 };
+    float x[n], fake[n], sc;
+    uint8_t q[n];
+    uint64_t s = 11;
+    for (int i = 0; i < n; i++)
+        x[i] = urand(&s) * (i % 89 == 3 ? 3e4f : 1.0f);
+    for (int i = 128; i < 256; i++)
+        x[i] = 0.0f; /* block 1: all zero */
+    x[260] = INFINITY, x[261] = -INFINITY, x[262] = 1e-7f, x[263] = -0.0f, x[264] = NAN;
+    x[265] = -NAN;
+    for (int rule = 0; rule < 2; rule++) {
+        moe_quant_fake_vectors(fake, x, 1, n, n, 1, rule ? &P2 : &FP8);
+        int same = 1;
+        for (int b = 0; b * 128 < n; b++) {
+            const int k0 = b * 128, len = n - k0 < 128 ? n - k0 : 128;
+            moe_fp8_encode_block(q + k0, &sc, x + k0, len, rule);
+            CHECK(b != 1 || sc == 1.0f);
+            for (int j = k0; j < k0 + len; j++) {
+                const float d = moe_e4m3_to_f32(q[j]) * sc;
+                same &= isnan(x[j]) ? isnan(d) && signbit(d) == signbit(x[j]) : d == fake[j];
+            }
+        }
+        CHECK_MSG(same, "decoded fp8-block bytes differ from the fake quantization (rule %d)",
+                  rule);
+        CHECK(q[263] == 0x80 && q[264] == 0x7f && q[265] == 0xff && q[260] == 0x7e);
+    }
+}
+
 /* The 128 x 4 scale layout of MXFP8 tensor-core operands (moe_mx_tiled_index): the offsets
  * nvmath-python documents for cuBLASLt (get_block_scale_offset: an operand of 128 rows and 8
  * scale columns, row 5's scales 2 and 5 at 82 and 593), and the whole layout against its
@@ -309,6 +343,7 @@ int main(void) {
     test_error_and_rules();
     test_blocks_strides_tiles();
     test_mxfp8_stored();
+    test_fp8_block_stored();
     test_mx_tiled();
     CHECK(moe_quant_block(&FP8) == 128 && moe_quant_block(&MX) == 32);
     return test_summary("test_quant");

@@ -41,11 +41,23 @@ void moe_cuda_profile_range(const moe_backend *be, int on);
  * aligned), each group as moe_mx_encode_tiled (moe/quant.h) lays out its rows (transpose 0:
  * q [n, K], moe_mx_tiled_bytes(n, K) of scales) or its columns (transpose 1: q [K,
  * moe_mx_pad(n)], moe_mx_tiled_bytes(K, moe_mx_pad(n))), the groups one after another. The
- * kernels run on any GPU (gpu.mx_native checks their bytes); errors as be->synchronize
+ * kernels run on any GPU (gpu.quant_operands checks their bytes); errors as be->synchronize
  * reports them. */
 void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc, moe_cbuf x,
                                 const int32_t *offsets, int64_t E, int64_t K, int transpose,
                                 int floor_rule);
+/* The fp8-block operand that fp8-block's products read for an activation or gradient on
+ * sm_90: x [M, K] (device; F32 or BF16) in 1 x 128 blocks along the reduction dimension with
+ * the pow2 rule or not (moe_fp8_encode_block's bytes and scales, moe/quant.h), into q and s
+ * (device, 16-byte aligned). transpose 0, the forward's and dgrad's rows (K a multiple of
+ * 8): q [M, K] and scale of row r's block kb at s[kb * round_up(M, 4) + r]; transpose 1, the
+ * wgrad's columns over groups of rows (offsets [E + 1], host; K even): group e as q_e [K,
+ * moe_mx_pad(n_e)] (its tokens padded to 128 with zeros), the groups one after another, and
+ * the scale of padded block b (counted over all groups) of feature k at s[b * K + k].
+ * gpu.quant_operands checks their bytes; errors as be->synchronize reports them. */
+void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,
+                                const int32_t *offsets, int64_t E, int64_t K, int transpose,
+                                int pow2);
 
 #ifdef __cplusplus
 }

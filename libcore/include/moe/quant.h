@@ -52,6 +52,12 @@ int64_t moe_quant_block(const moe_quant_opts *o);
 void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t vstride,
                             int64_t len, int64_t estride, const moe_quant_opts *o);
 
+/* One fp8-block block of n values (n <= 128, contiguous) as the GPU's fp8-block operands
+ * store it: *scale its scale (pow2: the power-of-two rule) and q[j] = e4m3(src[j] / *scale),
+ * saturating, NaN kept with its sign; decoding gives moe_quant_fake_vectors's values. The
+ * CUDA backend's activation quantizers write these bytes (moe_cuda_fp8_block_operand). */
+void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n, int pow2);
+
 /* fp8-block weights: dst = fake-quantized src [R, K] (row-major) with one scale per 128 x 128
  * tile (edge tiles smaller), amax / 448 or (pow2) its power-of-two rounding. The same values
  * whichever dimension a product reduces over. */

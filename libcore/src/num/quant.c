@@ -88,6 +88,16 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
     }
 }
 
+void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n, int pow2) {
+    const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
+    float amax = 0.0f;
+    for (int64_t j = 0; j < n; j++)
+        amax = amax_step(amax, src[j]);
+    *scale = block_scale(amax, &o);
+    for (int64_t j = 0; j < n; j++)
+        q[j] = moe_f32_to_e4m3(src[j] / *scale, 1);
+}
+
 /* The scale of the tile [r0, r1) x [k0, k1) of src [R, K]. */
 static float tile_scale(const float *src, int64_t K, int64_t r0, int64_t r1, int64_t k0, int64_t k1,
                         const moe_quant_opts *o) {
