@@ -384,7 +384,7 @@ static inline int64_t moe_cuda_fp8_pad(int64_t n) {
     return (n + 127) / 128 * 128;
 }
 /* Every quantizer takes pow2: the scales rounded up to powers of two (fp8-block's pow2 rule).
- * x [R, K] (f32 or bf16; K a multiple of 8, x 16-byte aligned) in 1 x 128 blocks along K: q
+ * x [R, K] (f32 or bf16; K a multiple of 16, x 16-byte aligned) in 1 x 128 blocks along K: q
  * [R, K], the scale of block kb of row r at s[kb * ls + r] (ls >= R; cuBLASLt reads ls = the
  * product's row count). */
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,

@@ -34,9 +34,9 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
  * y = RN(1 / scale) the second gives RN(x / scale) (Markstein's theorem), as long as x - scale q
  * is exact and normal: so with scale in [2^-60, 2^60] (then for |x / scale| >= 2^-12 the
  * residual's last bit is above 2^-103; a smaller quotient is an e4m3 zero either way: both
- * stay below 2^-10) and no value +-Inf (there x - scale q is NaN): `quick`. Otherwise, and
- * on the weights' rare odd tiles, __fdiv_rn itself. The sign is x's always (the corrections
- * would turn -0 into +0). */
+ * stay below 2^-10) and no value +-Inf (there x - scale q is NaN): `quick`. Otherwise
+ * __fdiv_rn itself. The sign is x's always (the corrections would turn -0 into +0). A block
+ * chooses its path once (fp8_encode's QUICK), not once a value. */
 struct fp8_quot {
     float s, y;
     bool quick;
@@ -44,8 +44,8 @@ struct fp8_quot {
 __device__ __forceinline__ fp8_quot fp8_quot_of(float scale, bool inf) {
     return {scale, __frcp_rn(scale), !inf && scale >= 0x1p-60f && scale <= 0x1p60f};
 }
-__device__ __forceinline__ float fp8_div(float x, const fp8_quot &d) {
-    if (!d.quick) return __fdiv_rn(x, d.s);
+template <bool QUICK> __device__ __forceinline__ float fp8_div(float x, const fp8_quot &d) {
+    if constexpr (!QUICK) return __fdiv_rn(x, d.s);
     float q = __fmul_rn(x, d.y);
     q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
     q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
@@ -69,68 +69,80 @@ template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, 
     return a;
 }
 
-/* Four values of a block as four e4m3 bytes (x.x in the low byte), rounded to nearest even
- * and saturating, two a conversion. A NaN converts to 0x7f whatever its sign and nothing else
- * does, so the CPU's sign of a NaN (0xff for a negative one) is put back only where a byte
- * is 0x7f (a zero byte of w ^ 0x7f7f7f7f). */
-__device__ __forceinline__ uint32_t fp8x4_of(float4 x, const fp8_quot &d) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(fp8_div(x.x, d), fp8_div(x.y, d)),
-                                                 __NV_SATFINITE, __NV_E4M3),
-                   hi = __nv_cvt_float2_to_fp8x2(make_float2(fp8_div(x.z, d), fp8_div(x.w, d)),
-                                                 __NV_SATFINITE, __NV_E4M3);
-    uint32_t w = lo | hi << 16;
-    const uint32_t t = w ^ 0x7f7f7f7fu;
-    if ((t - 0x01010101u) & ~t & 0x80808080u)
-        w |= moe_e4m3_neg_nan(x.x) | moe_e4m3_neg_nan(x.y) << 8 | moe_e4m3_neg_nan(x.z) << 16 |
-             moe_e4m3_neg_nan(x.w) << 24;
-    return w;
+/* N values of a block (N a multiple of 4) as N / 4 words w of e4m3 bytes (v[4 i] in the low
+ * byte of w[i]), rounded to nearest even and saturating, two a conversion. A NaN converts to
+ * 0x7f whatever its sign and nothing else does, so the CPU's sign of a NaN (0xff for a negative
+ * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f). */
+template <bool QUICK, int N>
+__device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, uint32_t *w) {
+#pragma unroll
+    for (int i = 0; i < N / 4; i++) {
+        const float *x = v + 4 * i;
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(
+                           make_float2(fp8_div<QUICK>(x[0], d), fp8_div<QUICK>(x[1], d)),
+                           __NV_SATFINITE, __NV_E4M3),
+                       hi = __nv_cvt_float2_to_fp8x2(
+                           make_float2(fp8_div<QUICK>(x[2], d), fp8_div<QUICK>(x[3], d)),
+                           __NV_SATFINITE, __NV_E4M3);
+        w[i] = lo | hi << 16;
+        const uint32_t t = w[i] ^ 0x7f7f7f7fu;
+        if ((t - 0x01010101u) & ~t & 0x80808080u)
+            w[i] |= moe_e4m3_neg_nan(x[0]) | moe_e4m3_neg_nan(x[1]) << 8 |
+                    moe_e4m3_neg_nan(x[2]) << 16 | moe_e4m3_neg_nan(x[3]) << 24;
+    }
+}
+/* fp8_encode on the block's path */
+template <int N>
+__device__ __forceinline__ void fp8_encode_by(const float *v, const fp8_quot &d, uint32_t *w) {
+    if (d.quick)
+        fp8_encode<true, N>(v, d, w);
+    else
+        fp8_encode<false, N>(v, d, w);
 }
 
-/* 1 x 128 blocks (r, kb) of x [R, K], 16 lanes a block and 8 values a lane in one 16-byte
- * load (K a multiple of 8, x 16-byte aligned, R * ceil(K / 128) < 2^31): q [R, K] (8 bytes a
- * lane), s [kb * ls + r]. Each group of 16 lanes takes FP8_ROWS_U blocks, FP8_ROWS_U * H16
- * apart (H16: the grid's groups of 16 lanes), all loaded before any is reduced, so that a
- * thread keeps FP8_ROWS_U loads in flight (one a thread ran at 0.9 TB/s on an H100,
- * 2026-12-06); a warp's two groups still read neighbouring blocks. A thread finds its first
- * block's row and column with one division and steps to the next ones (the 64-bit divisions
- * of every block were a third of the kernel's instructions). */
-#define FP8_ROWS_U 4
+/* 1 x 128 blocks (r, kb) of x [R, K] (KB = ceil(K / 128) a row), 8 lanes a block and 16
+ * values a lane in two 16-byte loads (K a multiple of 16, x 16-byte aligned, R KB < 2^30):
+ * q [R, K] (16 bytes a lane), s [kb * ls + r]. Each group of 8 lanes takes FP8_ROWS_U blocks,
+ * FP8_ROWS_U * H8 apart (H8: the grid's groups of 8 lanes), all loaded before any is
+ * reduced, so that a thread keeps 2 FP8_ROWS_U loads in flight (one a thread ran at 0.9 TB/s
+ * on an H100, 2026-12-06); a warp's four groups read neighbouring blocks. A thread finds its
+ * first block's row and column with one division and steps to the next ones (64-bit
+ * divisions at every block were a third of the kernel's instructions). */
+#define FP8_ROWS_U 2
 template <typename T>
 __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x,
-                           int R, int64_t K, int64_t ls, int pow2) {
-    const int KB = (int)((K + QB - 1) / QB), l16 = threadIdx.x & 15;
-    const unsigned g = (blockIdx.x * blockDim.x + threadIdx.x) / 16,
-                   H16 = gridDim.x * blockDim.x / 16;
+                           int R, int K, int KB, int64_t ls, int pow2) {
+    const int l8 = threadIdx.x & 7;
+    const unsigned g = (blockIdx.x * blockDim.x + threadIdx.x) / 8, H8 = gridDim.x * blockDim.x / 8;
     int r[FP8_ROWS_U], kb[FP8_ROWS_U];
     r[0] = (int)(g / KB), kb[0] = (int)(g % KB);
 #pragma unroll
     for (int u = 1; u < FP8_ROWS_U; u++) {
-        r[u] = r[u - 1] + (int)(H16 / KB), kb[u] = kb[u - 1] + (int)(H16 % KB);
+        r[u] = r[u - 1] + (int)(H8 / KB), kb[u] = kb[u - 1] + (int)(H8 % KB);
         if (kb[u] >= KB) kb[u] -= KB, r[u]++;
     }
-    float v[FP8_ROWS_U][MOE_VEC] = {};
+    float v[FP8_ROWS_U][16] = {};
 #pragma unroll
     for (int u = 0; u < FP8_ROWS_U; u++) {
-        const int64_t j0 = (int64_t)kb[u] * QB + l16 * MOE_VEC;
-        if (r[u] < R && j0 < K) moe_ldv<MOE_VEC>(x, r[u] * K + j0, v[u]);
+        const int j0 = kb[u] * QB + l8 * 16;
+        if (r[u] < R && j0 < K) moe_ldv<16>(x, (int64_t)r[u] * K + j0, v[u]);
     }
 #pragma unroll
     for (int u = 0; u < FP8_ROWS_U; u++) {
         bool inf;
-        float amax = fp8_lane_amax<MOE_VEC>(v[u], &inf);
+        float amax = fp8_lane_amax<16>(v[u], &inf);
 #pragma unroll
-        for (int o = 8; o > 0; o /= 2) /* within the 16 lanes of the block; every lane takes
+        for (int o = 4; o > 0; o /= 2) /* within the 8 lanes of the block; every lane takes
                                           part, live or not */
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        inf = __any_sync(0xffffffffu, inf); /* the warp's two blocks: quick where neither */
+        inf = __any_sync(0xffffffffu, inf); /* the warp's four blocks: quick where none has one */
         if (r[u] >= R) continue;
-        const int64_t j0 = (int64_t)kb[u] * QB + l16 * MOE_VEC;
+        const int j0 = kb[u] * QB + l8 * 16;
         const fp8_quot d = fp8_quot_of(fp8_scale(amax, pow2), inf);
-        if (j0 < K)
-            *(uint2 *)(q + r[u] * K + j0) =
-                make_uint2(fp8x4_of(make_float4(v[u][0], v[u][1], v[u][2], v[u][3]), d),
-                           fp8x4_of(make_float4(v[u][4], v[u][5], v[u][6], v[u][7]), d));
-        if (l16 == 0) s[kb[u] * ls + r[u]] = d.s;
+        uint32_t w[4];
+        fp8_encode_by<16>(v[u], d, w);
+        if (j0 < K) *(uint4 *)(q + (int64_t)r[u] * K + j0) = make_uint4(w[0], w[1], w[2], w[3]);
+        if (l8 == 0) s[kb[u] * ls + r[u]] = d.s;
     }
 }
 
@@ -193,12 +205,9 @@ __global__ void __launch_bounds__(256)
             a = fmaxf(a, red[i][2 * tx + f]);
         const fp8_quot d = fp8_quot_of(fp8_scale(a, pow2), tile_inf);
         if (ty == 0 && k + f < K) s[(int64_t)b * K + k + f] = d.s;
-        uint4 w;
-        w.x = fp8x4_of(make_float4(v[f][0], v[f][1], v[f][2], v[f][3]), d);
-        w.y = fp8x4_of(make_float4(v[f][4], v[f][5], v[f][6], v[f][7]), d);
-        w.z = fp8x4_of(make_float4(v[f][8], v[f][9], v[f][10], v[f][11]), d);
-        w.w = fp8x4_of(make_float4(v[f][12], v[f][13], v[f][14], v[f][15]), d);
-        tt[2 * tx + f][ty ^ (tx & 7)] = w;
+        uint32_t w[4];
+        fp8_encode_by<16>(v[f], d, w);
+        tt[2 * tx + f][ty ^ (tx & 7)] = make_uint4(w[0], w[1], w[2], w[3]);
     }
     __syncthreads();
     uint8_t *qe = q + (int64_t)g.pb[e] * QB * K + m0;
@@ -246,18 +255,18 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
         st[e * KB * RB4 + kb * RB4 + rb] = d.s;
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
-    uint32_t *tw = (uint32_t *)tt;
+    uint32_t *tw = (uint32_t *)tt, rw[TILE_PATCHES][4];
+    fp8_encode_by<TILE_PATCHES * 16>(&x[0][0].x, d, &rw[0][0]);
 #pragma unroll
     for (int p = 0; p < TILE_PATCHES; p++) {
         const int g = ty + NW * p;
-        uint32_t rw[4], cw[4];
+        uint32_t cw[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            rw[i] = fp8x4_of(x[p][i], d);
             const int64_t r = r0 + 4 * g + i;
-            if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[i];
+            if (k0 < K && r < R) *(uint32_t *)(qe + r * K + k0) = rw[p][i];
         }
-        moe_transpose4x4_bytes(rw, cw);
+        moe_transpose4x4_bytes(rw[p], cw);
 #pragma unroll
         for (int j = 0; j < 4; j++)
             tw[(4 * tx + j) * 32 + (g ^ tx)] = cw[j];
@@ -350,22 +359,20 @@ __global__ void __launch_bounds__(TILE_THREADS, 2)
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
                       int64_t ls, int pow2, const char *op) {
     if (R <= 0 || K <= 0) return 1;
-    if (!moe_cuda_vec_ok(K, x.p))
+    const int64_t KB = (K + QB - 1) / QB, nblk = R * KB;
+    const int64_t groups = (nblk + FP8_ROWS_U - 1) / FP8_ROWS_U;
+    if (K % 16 != 0 || (uintptr_t)x.p % 16 != 0 || nblk >= (1LL << 30))
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 rows: K=%lld a multiple of %d and a 16-byte aligned input "
-                              "expected",
-                              (long long)K, MOE_VEC);
-    const int64_t nblk = R * ((K + QB - 1) / QB), groups = (nblk + FP8_ROWS_U - 1) / FP8_ROWS_U;
-    if (nblk >= (1LL << 30)) /* the kernel's 32-bit thread and block indices */
-        return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 rows: R=%lld K=%lld is 2^30 blocks or more", (long long)R,
-                              (long long)K);
-    const unsigned blocks = (unsigned)((groups * 16 + 255) / 256);
+                              "fp8 rows: R=%lld K=%lld (K a multiple of 16, a 16-byte aligned "
+                              "input and fewer than 2^30 blocks expected)",
+                              (long long)R, (long long)K);
+    const unsigned blocks = (unsigned)((groups * 8 + 255) / 256);
     if (x.dt == MOE_DTYPE_BF16)
-        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, (int)R, K, ls,
-                                                  pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, (int)R, (int)K,
+                                                  (int)KB, ls, pow2);
     else
-        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, (int)R, K, ls, pow2);
+        k_fp8_rows<<<blocks, 256, 0, c->stream>>>(q, s, (const float *)x.p, (int)R, (int)K, (int)KB,
+                                                  ls, pow2);
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 

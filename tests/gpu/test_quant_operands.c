@@ -10,7 +10,7 @@
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
  * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
  * both signs and infinities; groups of uneven sizes (0, 1, 37, 130, 256 rows: empty groups,
- * partial tiles, a group straddling two tiles), K = 96, 200 (fp8-block: a short last block) and
+ * partial tiles, a group straddling two tiles), K = 96, 208 (fp8-block: a short last block) and
  * 256; both scale rules; along the rows and transposed (each group's tokens padded to 128 with
  * zeros). Guard bytes after q and the scales must stay untouched (and the fp8-block rows'
  * padding scales). The kernels are not specific to sm_100, so this runs on any GPU; the MXFP8
@@ -213,7 +213,7 @@ int main(void) {
            be->mx_native ? "yes" : "no (sm_90 and older: bf16 products of the quantized values)");
     static const int64_t counts[] = {37, 0, 130, 1, 256, 0};
     const int64_t E = sizeof counts / sizeof counts[0];
-    static const int64_t Ks[] = {96, 200, 256};
+    static const int64_t Ks[] = {96, 208, 256};
     for (int k = 0; k < 3; k++)
         for (int t = 0; t < 2; t++)
             for (int rule = 0; rule < 2; rule++) {

@@ -50,7 +50,7 @@ void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc, 
  * sm_90: x [M, K] (device; F32 or BF16) in 1 x 128 blocks along the reduction dimension with
  * the pow2 rule or not (moe_fp8_encode_block's bytes and scales, moe/quant.h), into q and s
  * (device, 16-byte aligned). transpose 0, the forward's and dgrad's rows (K a multiple of
- * 8): q [M, K] and scale of row r's block kb at s[kb * round_up(M, 4) + r]; transpose 1, the
+ * 16): q [M, K] and scale of row r's block kb at s[kb * round_up(M, 4) + r]; transpose 1, the
  * wgrad's columns over groups of rows (offsets [E + 1], host; K even): group e as q_e [K,
  * moe_mx_pad(n_e)] (its tokens padded to 128 with zeros), the groups one after another, and
  * the scale of padded block b (counted over all groups) of feature k at s[b * K + k].
