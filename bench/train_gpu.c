@@ -16,7 +16,10 @@
  * EXPERT_GRADS=bf16, as optim.expert_grads bf16; the masters as their bf16 copies and low
  * halves with MASTER=split, as optim.master split) on random tokens, no recomputation, under
  * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
- * Pass 1,
+ * ACCUM=n (1 to 64, default 1) makes a step n micro-batches of the preset's tokens, each
+ * forward and backward adding its gradient, then one gradient norm and one AdamW, as
+ * train.micro_batch_tokens does in moe-train: the optimizer's share of a larger batch (tokens/s
+ * counts all n). Pass 1,
  * unprofiled: one warm-up step, then the median of STEPS timed steps (default 3): tokens/s,
  * model TFLOP/s (6 x matmul weights touched per token + 6 x layers x seq x hidden,
  * moe_model_flops_per_token), MFU against 790 TFLOP/s (the bf16 GEMM rate measured on this
@@ -77,13 +80,14 @@ static moe_status forward_step(moe_model *m, const int32_t *tok, int B, int T, f
 }
 
 static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
-                             const int32_t *tgt, int B, int T, moe_buf am, moe_buf av, int st,
-                             double *loss, moe_err *err) {
+                             const int32_t *tgt, int B, int T, int accum, moe_buf am, moe_buf av,
+                             int st, double *loss, moe_err *err) {
     moe_step_stats ss;
     moe_model_zero_grad(m);
-    if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
-        moe_model_backward(m, 1.0f, err) != MOE_OK)
-        return err->status;
+    for (int k = 0; k < accum; k++)
+        if (moe_model_forward(m, tok, tgt, NULL, B, T, &ss, err) != MOE_OK ||
+            moe_model_backward(m, 1.0f / (float)accum, err) != MOE_OK)
+            return err->status;
     double gn = moe_model_grad_sum_squares(m, 0, m->table.n_elems);
     float scale = gn > 1.0 ? (float)(1.0 / sqrt(gn)) : 1.0f;
     moe_optim_config opt;
@@ -137,6 +141,12 @@ int main(int argc, char **argv) {
     moe_dtype gdt = gname && strcmp(gname, "bf16") == 0 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
     if (gname && gdt != MOE_DTYPE_BF16 && strcmp(gname, "fp32") != 0) {
         fprintf(stderr, "bench_train_gpu: EXPERT_GRADS=%s: expected fp32 or bf16\n", gname);
+        return 2;
+    }
+    const char *aname = getenv("ACCUM");
+    const int accum = aname ? atoi(aname) : 1;
+    if (accum < 1 || accum > 64 || (fwd && accum != 1)) {
+        fprintf(stderr, "bench_train_gpu: ACCUM=%s: expected 1 to 64 (1 with forward)\n", aname);
         return 2;
     }
     const char *sname = getenv("MASTER");
@@ -214,22 +224,21 @@ int main(int argc, char **argv) {
         if (ncu_step && st == steps) moe_cuda_profile_range(be, 1);
         double a = now_s();
         if ((fwd ? forward_step(&m, tok, B, T, out, &err)
-                 : train_step(&m, be, tok, tgt, B, T, am, av, st, &loss, &err)) != MOE_OK)
+                 : train_step(&m, be, tok, tgt, B, T, accum, am, av, st, &loss, &err)) != MOE_OK)
             return fail(&err);
         times[st] = now_s() - a;
         if (ncu_step && st == steps) moe_cuda_profile_range(be, 0);
     }
     qsort(times + 1, (size_t)steps, sizeof(double), cmp_double);
-    double med = times[1 + steps / 2], tps = (double)B * T / med;
+    double med = times[1 + steps / 2], tps = (double)accum * B * T / med;
     double tflops = moe_model_flops_per_token(&c, T) * (fwd ? 1.0 / 3.0 : 1.0) * tps * 1e-12;
     size_t cur = 0, peak = 0;
     be->memory(be, &cur, &peak);
     double peak_gib = (double)peak / (1024.0 * 1024.0 * 1024.0);
-    printf(
-        "| %s %s %s | %lld params | %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f TFLOP/s "
-        "| MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
-        p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, B, T, med * 1e3,
-        tps, tflops, 100.0 * tflops / 790.0, peak_gib, t_init, loss);
+    printf("| %s %s %s | %lld params | %d x %d x %d tokens | %.1f ms/step | %.0f tokens/s | %.1f "
+           "TFLOP/s | MFU %.1f%% | peak %.1f GiB | init %.1f s | loss %.3f |\n",
+           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), (long long)n, accum, B, T,
+           med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, t_init, loss);
     /* the activations the model allocated (exact) and what the backend held beyond all its
      * be->alloc buffers at the peak: its scratch */
     moe_model_memory mem;
@@ -237,12 +246,12 @@ int main(int argc, char **argv) {
                               &mem);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("RESULT preset=%s mode=%s recipe=%s moments=%s expert_grads=%s master=%s params=%lld "
-           "tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+           "accum=%d tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
            "steps=%d loss=%.4f\n",
            p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
-           moe_moments_name(gdt), moe_master_name(master), (long long)n, B * T, med * 1e3, tps,
-           tflops, 100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
+           moe_moments_name(gdt), moe_master_name(master), (long long)n, accum, accum * B * T,
+           med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
            (double)mem.gpu_scratch / gib, steps, loss);
     fflush(stdout);
 
@@ -255,8 +264,8 @@ int main(int argc, char **argv) {
         double a = now_s();
         for (int st = 0; st < prof_steps; st++)
             if ((fwd ? forward_step(&m, tok, B, T, out, &err)
-                     : train_step(&m, prof, tok, tgt, B, T, am, av, steps + 1 + st, &loss, &err)) !=
-                MOE_OK)
+                     : train_step(&m, prof, tok, tgt, B, T, accum, am, av, steps + 1 + st, &loss,
+                                  &err)) != MOE_OK)
                 return fail(&err);
         double wall = now_s() - a;
         m.be = be;
