@@ -392,8 +392,8 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
 /* Each group's rows of x [M, K] (rows offsets[e] .. offsets[e + 1], offsets [E + 1] host)
  * transposed, in 1 x 128 blocks along the tokens, in one launch for up to 128 groups: group e
  * into q_e [K, np_e] (np_e = moe_cuda_fp8_pad(n_e), zero past n_e) at q + p_e K, p_e the
- * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. K even, x and
- * q 16-byte aligned. */
+ * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. K a multiple
+ * of 4; x, q and s 16-byte aligned. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
                         int64_t E, int64_t K, int pow2, const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of

@@ -153,69 +153,121 @@ typedef struct {
     int32_t off[FP8_COLS_MAXE + 1], pb[FP8_COLS_MAXE + 1];
 } fp8_groups;
 
+/* 4 consecutive values of x at p (8 bytes of bf16, 16 of fp32), kept as loaded, and as floats */
+template <typename T> struct fp8_x4;
+template <> struct fp8_x4<__nv_bfloat16> {
+    uint2 w;
+    __device__ __forceinline__ void load(const __nv_bfloat16 *p) {
+        w = *(const uint2 *)p;
+    }
+    __device__ __forceinline__ void get(float *v) const {
+        v[0] = __uint_as_float(w.x << 16), v[1] = __uint_as_float(w.x & 0xffff0000u);
+        v[2] = __uint_as_float(w.y << 16), v[3] = __uint_as_float(w.y & 0xffff0000u);
+    }
+};
+template <> struct fp8_x4<float> {
+    float4 w;
+    __device__ __forceinline__ void load(const float *p) {
+        w = *(const float4 *)p;
+    }
+    __device__ __forceinline__ void get(float *v) const {
+        v[0] = w.x, v[1] = w.y, v[2] = w.z, v[3] = w.w;
+    }
+};
+
 /* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
  * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
  * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
  * s[b * K + k]. One block of 256 threads a tile of 128 tokens (a padded block b, blockIdx.y) by
- * 64 features (blockIdx.x): thread (tx, ty) reads features 2 tx, 2 tx + 1 of tokens 16 ty ..
- * 16 ty + 15 (a warp a token's 64 features: 128 or 256 contiguous bytes), the column amax
- * goes through red, and each thread's 16 bytes of a feature go into the shared tile tt [64
- * features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte store phase
- * meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte stores. K a
- * multiple of 2; q and x aligned to their vectors. */
+ * 128 features (blockIdx.x): thread (tx, ty) reads features 4 tx .. 4 tx + 3 of tokens 16 ty ..
+ * 16 ty + 15, one 8-byte (bf16) or 16-byte (fp32) load a token (a warp a token's 128 features:
+ * 256 or 512 contiguous bytes), keeping them as loaded; the column amax goes through red
+ * (one barrier, which also tells the tile whether it holds an infinity), and each thread's 16
+ * bytes of a feature go into the shared tile tt [128 features][8 chunks of 16 tokens] at chunk
+ * ty ^ (tx & 7) (8 lanes of a 16-byte store phase meet 8 bank groups), from which each
+ * feature's 128 bytes leave as 8 16-byte stores. K a multiple of 4; q and x 16-byte aligned. */
 template <typename T>
 __global__ void __launch_bounds__(256)
-    k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int64_t K,
+    k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int K,
                  const __grid_constant__ fp8_groups g, int E, int pow2) {
-    __shared__ float red[8][64];
-    __shared__ uint4 tt[64][8];
+    __shared__ float red[8][128];
+    __shared__ uint4 tt[128][8];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, b = blockIdx.y;
     int e = 0;
     while (e + 1 < E && g.pb[e + 1] <= b)
         e++;
-    const int64_t m0 = (int64_t)(b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
-    const int64_t np = (int64_t)(g.pb[e + 1] - g.pb[e]) * QB, k0 = (int64_t)blockIdx.x * 64;
-    const int64_t k = k0 + 2 * tx;
-    /* the thread's live tokens (0 past the group's end), read at 32-bit offsets i K */
-    const int rows = k < K ? (int)max((int64_t)0, min((int64_t)16, n - m0 - 16 * ty)) : 0;
-    const T *xs = x + (g.off[e] + m0 + 16 * ty) * K + k;
-    const unsigned K32 = (unsigned)K;
-    float v[2][16];
+    const int m0 = (b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
+    const int np = (g.pb[e + 1] - g.pb[e]) * QB, k0 = blockIdx.x * 128, k = k0 + 4 * tx;
+    /* the thread's live tokens (0 past the group's end or past K) */
+    const int rows = k < K ? max(0, min(16, n - m0 - 16 * ty)) : 0;
+    const T *xs = x + (int64_t)(g.off[e] + m0 + 16 * ty) * K + k;
+    fp8_x4<T> raw[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (i < rows)
+            raw[i].load(xs + (unsigned)(i * K));
+        else
+            raw[i] = {};
+    /* the amax of each of the thread's 4 features over its 16 tokens */
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        v[0][i] = v[1][i] = 0.0f;
-        if (i < rows) {
-            float2 f;
-            if constexpr (sizeof(T) == 2)
-                f = __bfloat1622float2(*(const __nv_bfloat162 *)(xs + i * K32));
-            else
-                f = *(const float2 *)(xs + i * K32);
-            v[0][i] = f.x, v[1][i] = f.y;
+        float v[4];
+        raw[i].get(v);
+#pragma unroll
+        for (int f = 0; f < 4; f++)
+            a[f] = fmaxf(a[f], fabsf(v[f]));
+    }
+    bool inf = false;
+#pragma unroll
+    for (int f = 0; f < 4; f++)
+        inf |= isinf(a[f]);
+    if (inf) { /* the max again without the infinities */
+#pragma unroll
+        for (int f = 0; f < 4; f++)
+            a[f] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float v[4];
+            raw[i].get(v);
+#pragma unroll
+            for (int f = 0; f < 4; f++)
+                a[f] = fmaxf(a[f], moe_finite_abs(v[f]));
         }
     }
-    bool inf[2];
-    red[ty][2 * tx] = fp8_lane_amax<16>(v[0], &inf[0]);
-    red[ty][2 * tx + 1] = fp8_lane_amax<16>(v[1], &inf[1]);
-    const bool tile_inf = __syncthreads_or(inf[0] || inf[1]); /* quick where the tile has none */
+    *(float4 *)&red[ty][4 * tx] = make_float4(a[0], a[1], a[2], a[3]);
+    const bool tile_inf = __syncthreads_or(inf); /* quick where the tile has none */
+    float m[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sc[4];
 #pragma unroll
-    for (int f = 0; f < 2; f++) {
-        float a = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-            a = fmaxf(a, red[i][2 * tx + f]);
-        const fp8_quot d = fp8_quot_of(fp8_scale(a, pow2), tile_inf);
-        if (ty == 0 && k + f < K) s[(int64_t)b * K + k + f] = d.s;
-        uint32_t w[4];
-        fp8_encode_by<16>(v[f], d, w);
-        tt[2 * tx + f][ty ^ (tx & 7)] = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int i = 0; i < 8; i++) {
+        const float4 r = *(const float4 *)&red[i][4 * tx];
+        m[0] = fmaxf(m[0], r.x), m[1] = fmaxf(m[1], r.y);
+        m[2] = fmaxf(m[2], r.z), m[3] = fmaxf(m[3], r.w);
     }
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        const fp8_quot d = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
+        sc[f] = d.s;
+        float v[16]; /* feature f of the 16 tokens */
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float t[4];
+            raw[i].get(t);
+            v[i] = t[f];
+        }
+        uint32_t w[4];
+        fp8_encode_by<16>(v, d, w);
+        tt[4 * tx + f][ty ^ (tx & 7)] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    if (ty == 0 && k < K)
+        *(float4 *)(s + (int64_t)b * K + k) = make_float4(sc[0], sc[1], sc[2], sc[3]);
     __syncthreads();
     uint8_t *qe = q + (int64_t)g.pb[e] * QB * K + m0;
 #pragma unroll
-    for (int u = threadIdx.x; u < 64 * 8; u += 256) {
+    for (int u = threadIdx.x; u < 128 * 8; u += 256) {
         const int row = u / 8, ch = u % 8;
         if (k0 + row < K)
-            *(uint4 *)(qe + (k0 + row) * np + 16 * ch) = tt[row][ch ^ ((row / 2) & 7)];
+            *(uint4 *)(qe + (int64_t)(k0 + row) * np + 16 * ch) = tt[row][ch ^ ((row / 4) & 7)];
     }
 }
 
@@ -379,9 +431,10 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
                         int64_t E, int64_t K, int pow2, const char *op) {
     if (K <= 0) return 1;
-    if (K % 2 != 0 || ((uintptr_t)x.p | (uintptr_t)q) % 16 != 0)
+    if (K % 4 != 0 || K >= (1LL << 31) || ((uintptr_t)x.p | (uintptr_t)q | (uintptr_t)s) % 16 != 0)
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 columns: an even K (%lld) and 16-byte aligned buffers expected",
+                              "fp8 columns: K=%lld a multiple of 4 and 16-byte aligned buffers "
+                              "expected",
                               (long long)K);
     /* FP8_COLS_MAXE groups a launch; each launch's q and s start at its first group's */
     for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
@@ -393,12 +446,13 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         for (int e = 0; e < ne; e++)
             g.pb[e + 1] = g.pb[e] + (int32_t)(moe_cuda_fp8_pad(g.off[e + 1] - g.off[e]) / QB);
         if (g.pb[ne] > 0) {
-            dim3 grid((unsigned)((K + 63) / 64), (unsigned)g.pb[ne]);
+            dim3 grid((unsigned)((K + 127) / 128), (unsigned)g.pb[ne]);
             if (x.dt == MOE_DTYPE_BF16)
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, K, g,
-                                                          ne, pow2);
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, (int)K,
+                                                          g, ne, pow2);
             else
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, K, g, ne, pow2);
+                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, (int)K, g, ne,
+                                                          pow2);
             if (!MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K)) return 0;
         }
         q += (int64_t)g.pb[ne] * QB * K;

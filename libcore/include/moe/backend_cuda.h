@@ -51,9 +51,9 @@ void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc, 
  * the pow2 rule or not (moe_fp8_encode_block's bytes and scales, moe/quant.h), into q and s
  * (device, 16-byte aligned). transpose 0, the forward's and dgrad's rows (K a multiple of
  * 16): q [M, K] and scale of row r's block kb at s[kb * round_up(M, 4) + r]; transpose 1, the
- * wgrad's columns over groups of rows (offsets [E + 1], host; K even): group e as q_e [K,
- * moe_mx_pad(n_e)] (its tokens padded to 128 with zeros), the groups one after another, and
- * the scale of padded block b (counted over all groups) of feature k at s[b * K + k].
+ * wgrad's columns over groups of rows (offsets [E + 1], host; K a multiple of 4): group e as q_e
+ * [K, moe_mx_pad(n_e)] (its tokens padded to 128 with zeros), the groups one after another, and the
+ * scale of padded block b (counted over all groups) of feature k at s[b * K + k].
  * gpu.quant_operands checks their bytes; errors as be->synchronize reports them. */
 void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,
                                 const int32_t *offsets, int64_t E, int64_t K, int transpose,
