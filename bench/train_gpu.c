@@ -16,7 +16,9 @@
  * EXPERT_GRADS=bf16, as optim.expert_grads bf16; the masters as their bf16 copies and low
  * halves with MASTER=split, as optim.master split) on random tokens, no recomputation, under
  * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
- * ACCUM=n (1 to 64, default 1) makes a step n micro-batches of the preset's tokens, each
+ * LR=x sets AdamW's learning rate (default 3e-4, no warm-up: the model drifts from its init
+ * while it is timed; a tiny LR keeps it there with the same work). ACCUM=n (1 to 64, default
+ * 1) makes a step n micro-batches of the preset's tokens, each
  * forward and backward adding its gradient, then one gradient norm and one AdamW, as
  * train.micro_batch_tokens does in moe-train: the optimizer's share of a larger batch (tokens/s
  * counts all n). Pass 1,
@@ -80,8 +82,8 @@ static moe_status forward_step(moe_model *m, const int32_t *tok, int B, int T, f
 }
 
 static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t *tok,
-                             const int32_t *tgt, int B, int T, int accum, moe_buf am, moe_buf av,
-                             int st, double *loss, moe_err *err) {
+                             const int32_t *tgt, int B, int T, int accum, float lr, moe_buf am,
+                             moe_buf av, int st, double *loss, moe_err *err) {
     moe_step_stats ss;
     moe_model_zero_grad(m);
     for (int k = 0; k < accum; k++)
@@ -94,7 +96,7 @@ static moe_status train_step(moe_model *m, const moe_backend *be, const int32_t 
     memset(&opt, 0, sizeof opt);
     opt.beta1 = 0.9, opt.beta2 = 0.95, opt.eps = 1e-8, opt.weight_decay = 0.1;
     opt.moments = am.dt;
-    moe_model_adamw(m, 0, m->table.n_elems, am, av, &opt, 3e-4, st + 1, scale);
+    moe_model_adamw(m, 0, m->table.n_elems, am, av, &opt, lr, st + 1, scale);
     *loss = ss.loss;
     return be->synchronize(be, err);
 }
@@ -147,6 +149,12 @@ int main(int argc, char **argv) {
     const int accum = aname ? atoi(aname) : 1;
     if (accum < 1 || accum > 64 || (fwd && accum != 1)) {
         fprintf(stderr, "bench_train_gpu: ACCUM=%s: expected 1 to 64 (1 with forward)\n", aname);
+        return 2;
+    }
+    const char *lname = getenv("LR");
+    const float lr = lname ? strtof(lname, NULL) : 3e-4f;
+    if (!(lr >= 0.0f && lr < 1.0f)) {
+        fprintf(stderr, "bench_train_gpu: LR=%s: expected a learning rate in [0, 1)\n", lname);
         return 2;
     }
     const char *sname = getenv("MASTER");
@@ -224,7 +232,8 @@ int main(int argc, char **argv) {
         if (ncu_step && st == steps) moe_cuda_profile_range(be, 1);
         double a = now_s();
         if ((fwd ? forward_step(&m, tok, B, T, out, &err)
-                 : train_step(&m, be, tok, tgt, B, T, accum, am, av, st, &loss, &err)) != MOE_OK)
+                 : train_step(&m, be, tok, tgt, B, T, accum, lr, am, av, st, &loss, &err)) !=
+            MOE_OK)
             return fail(&err);
         times[st] = now_s() - a;
         if (ncu_step && st == steps) moe_cuda_profile_range(be, 0);
@@ -246,11 +255,11 @@ int main(int argc, char **argv) {
                               &mem);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("RESULT preset=%s mode=%s recipe=%s moments=%s expert_grads=%s master=%s params=%lld "
-           "accum=%d tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+           "accum=%d lr=%g tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
            "steps=%d loss=%.4f\n",
            p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
-           moe_moments_name(gdt), moe_master_name(master), (long long)n, accum, accum * B * T,
+           moe_moments_name(gdt), moe_master_name(master), (long long)n, accum, lr, accum * B * T,
            med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
            (double)mem.gpu_scratch / gib, steps, loss);
     fflush(stdout);
@@ -264,8 +273,8 @@ int main(int argc, char **argv) {
         double a = now_s();
         for (int st = 0; st < prof_steps; st++)
             if ((fwd ? forward_step(&m, tok, B, T, out, &err)
-                     : train_step(&m, prof, tok, tgt, B, T, accum, am, av, steps + 1 + st, &loss,
-                                  &err)) != MOE_OK)
+                     : train_step(&m, prof, tok, tgt, B, T, accum, lr, am, av, steps + 1 + st,
+                                  &loss, &err)) != MOE_OK)
                 return fail(&err);
         double wall = now_s() - a;
         m.be = be;
