@@ -306,9 +306,9 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
  * #2966). Products with a dimension I or O not a multiple of 128 keep the bf16 form.
  * NOT RUN: the GPUs this was written beside (H100, H200) are sm_90, where cuBLASLt refuses
  * VEC32_UE8M0 (moe_cuda_mx_probe says so at start-up and these functions are never called);
- * gpu.mx_native checks the operands' bytes there (passed on an H100, 2026-12-05), and on an
- * sm_100 GPU gpu.backend_ops's mxfp8 cases would check these products against the CPU
- * emulation. */
+ * gpu.quant_operands (then gpu.mx_native) checks the operands' bytes there (passed on an H100,
+ * 2026-12-05), and on an sm_100 GPU gpu.backend_ops's mxfp8 cases would check these products
+ * against the CPU emulation. */
 
 static int use_native(const moe_cuda_ctx *c, moe_recipe prec, int64_t I, int64_t O) {
     return is_mx(prec) && c->mx_native && I % 128 == 0 && O % 128 == 0;

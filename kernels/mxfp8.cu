@@ -201,8 +201,8 @@ int moe_cuda_mx_quantize(moe_cuda_ctx *c, __nv_bfloat16 *dst, moe_cbuf x, int64_
 /* ------------------------------------------------------------------------------------------
  * The operands of MXFP8 tensor-core products (cuBLASLt's VEC32_UE8M0, sm_100+): e4m3 bytes
  * and e8m0 scales in the 128 x 4 tiled layout, the bytes of moe_mx_encode_tiled (moe/quant.h).
- * Neither kernel is specific to sm_100: any GPU runs them, and gpu.mx_native checks their bytes
- * there (passed on an H100, 2026-12-05 10:45 UTC). */
+ * Neither kernel is specific to sm_100: any GPU runs them, and gpu.quant_operands checks their
+ * bytes there (passed on an H100, 2026-12-05 10:45 UTC). */
 
 /* Rows: group rows x [n, K] from element i0 (K % 32 == 0) along K into q [n, K] and the
  * group's scales sc in the tiled layout: a warp 4 blocks at a time (moe_mx_walk). */
