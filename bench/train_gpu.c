@@ -69,6 +69,16 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+/* The two-valued environment variable `name`: 0 when unset or `off`, 1 when `on`, else -1
+ * after saying what was expected. */
+static int env_choice(const char *name, const char *off, const char *on) {
+    const char *v = getenv(name);
+    if (!v || !strcmp(v, off)) return 0;
+    if (!strcmp(v, on)) return 1;
+    fprintf(stderr, "bench_train_gpu: %s=%s: expected %s or %s\n", name, v, off, on);
+    return -1;
+}
+
 static int fail(const moe_err *err) {
     moe_err_print(err, "bench_train_gpu", stderr);
     return 1;
@@ -133,18 +143,13 @@ int main(int argc, char **argv) {
         }
         recipe = known[i];
     }
-    const char *mname = getenv("MOMENTS");
-    moe_dtype mdt = mname && strcmp(mname, "bf16") == 0 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
-    if (mname && mdt != MOE_DTYPE_BF16 && strcmp(mname, "fp32") != 0) {
-        fprintf(stderr, "bench_train_gpu: MOMENTS=%s: expected fp32 or bf16\n", mname);
-        return 2;
-    }
-    const char *gname = getenv("EXPERT_GRADS");
-    moe_dtype gdt = gname && strcmp(gname, "bf16") == 0 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
-    if (gname && gdt != MOE_DTYPE_BF16 && strcmp(gname, "fp32") != 0) {
-        fprintf(stderr, "bench_train_gpu: EXPERT_GRADS=%s: expected fp32 or bf16\n", gname);
-        return 2;
-    }
+    const int mb = env_choice("MOMENTS", "fp32", "bf16"),
+              gb = env_choice("EXPERT_GRADS", "fp32", "bf16"),
+              sp = env_choice("MASTER", "fp32", "split");
+    if (mb < 0 || gb < 0 || sp < 0) return 2;
+    const moe_dtype mdt = mb ? MOE_DTYPE_BF16 : MOE_DTYPE_F32,
+                    gdt = gb ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+    const moe_master master = sp ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
     const char *aname = getenv("ACCUM");
     const int accum = aname ? atoi(aname) : 1;
     if (accum < 1 || accum > 64 || (fwd && accum != 1)) {
@@ -155,12 +160,6 @@ int main(int argc, char **argv) {
     const float lr = lname ? strtof(lname, NULL) : 3e-4f;
     if (!(lr >= 0.0f && lr < 1.0f)) {
         fprintf(stderr, "bench_train_gpu: LR=%s: expected a learning rate in [0, 1)\n", lname);
-        return 2;
-    }
-    const char *sname = getenv("MASTER");
-    moe_master master = sname && strcmp(sname, "split") == 0 ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
-    if (sname && master != MOE_MASTER_SPLIT && strcmp(sname, "fp32") != 0) {
-        fprintf(stderr, "bench_train_gpu: MASTER=%s: expected fp32 or split\n", sname);
         return 2;
     }
     if (moe_cuda_device_count() == 0) {
