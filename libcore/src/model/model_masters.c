@@ -95,11 +95,16 @@ moe_status moe_model_set_master(moe_model *m, moe_master master, moe_err *err) {
     return MOE_OK;
 }
 
+/* The largest tensor's numel (1 at least): the size of host scratch a tensor at a time. */
+static int64_t max_numel(const moe_param_table *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->n_params; i++)
+        if (t->params[i].numel > n) n = t->params[i].numel;
+    return n;
+}
+
 uint16_t *moe_model_host16(const moe_model *m, int per) {
-    int64_t maxn = 1;
-    for (int i = 0; i < m->table.n_params; i++)
-        if (m->table.params[i].numel > maxn) maxn = m->table.params[i].numel;
-    uint16_t *s = malloc((size_t)(maxn * per) * sizeof(uint16_t));
+    uint16_t *s = malloc((size_t)(max_numel(&m->table) * per) * sizeof(uint16_t));
     if (!s) abort(); /* a tensor's worth of host memory or two; the model itself fit */
     return s;
 }
@@ -168,10 +173,7 @@ static uint64_t name_stream(const char *s) {
 
 void moe_model_init_weights(moe_model *m, uint64_t seed) {
     const moe_param_table *t = &m->table;
-    int64_t maxn = 0;
-    for (int i = 0; i < t->n_params; i++)
-        if (t->params[i].numel > maxn) maxn = t->params[i].numel;
-    float *host = malloc((size_t)maxn * sizeof(float));
+    float *host = malloc((size_t)max_numel(t) * sizeof(float));
     if (!host) abort(); /* one tensor's worth of host memory; the model itself fit */
     uint16_t *s16 = moe_model_host16(m, 2);
     for (int i = 0; i < t->n_params; i++) {
