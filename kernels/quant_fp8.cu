@@ -175,6 +175,17 @@ template <> struct fp8_x4<float> {
     }
 };
 
+/* feature f (of 4) of 16 tokens' loads, as floats */
+template <typename T>
+__device__ __forceinline__ void fp8_cols_feature(const fp8_x4<T> (&raw)[16], int f, float *v) {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        float t[4];
+        raw[i].get(t);
+        v[i] = t[f];
+    }
+}
+
 /* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
  * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
  * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
@@ -209,31 +220,15 @@ __global__ void __launch_bounds__(256)
         else
             raw[i] = {};
     /* the amax of each of the thread's 4 features over its 16 tokens */
-    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < 16; i++) {
-        float v[4];
-        raw[i].get(v);
-#pragma unroll
-        for (int f = 0; f < 4; f++)
-            a[f] = fmaxf(a[f], fabsf(v[f]));
-    }
+    float a[4];
     bool inf = false;
 #pragma unroll
-    for (int f = 0; f < 4; f++)
-        inf |= isinf(a[f]);
-    if (inf) { /* the max again without the infinities */
-#pragma unroll
-        for (int f = 0; f < 4; f++)
-            a[f] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float v[4];
-            raw[i].get(v);
-#pragma unroll
-            for (int f = 0; f < 4; f++)
-                a[f] = fmaxf(a[f], moe_finite_abs(v[f]));
-        }
+    for (int f = 0; f < 4; f++) {
+        float v[16];
+        fp8_cols_feature(raw, f, v);
+        bool fi;
+        a[f] = fp8_lane_amax<16>(v, &fi);
+        inf |= fi;
     }
     *(float4 *)&red[ty][4 * tx] = make_float4(a[0], a[1], a[2], a[3]);
     const bool tile_inf = __syncthreads_or(inf); /* quick where the tile has none */
@@ -248,13 +243,8 @@ __global__ void __launch_bounds__(256)
     for (int f = 0; f < 4; f++) {
         const fp8_quot d = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
         sc[f] = d.s;
-        float v[16]; /* feature f of the 16 tokens */
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-            float t[4];
-            raw[i].get(t);
-            v[i] = t[f];
-        }
+        float v[16];
+        fp8_cols_feature(raw, f, v);
         uint32_t w[4];
         fp8_encode_by<16>(v, d, w);
         tt[4 * tx + f][ty ^ (tx & 7)] = make_uint4(w[0], w[1], w[2], w[3]);
