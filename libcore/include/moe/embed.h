@@ -62,8 +62,8 @@ void moe_embed_opts_defaults(moe_embed_opts *o);
 
 typedef struct moe_embed_summary {
     int64_t sequences, skipped, windows, tokens, rows, cols;
-    double load_seconds; /* opening the checkpoint and loading the model */
-    double seconds;      /* reading, embedding and writing, after the load */
+    double load_seconds;       /* opening the checkpoint and loading the model */
+    double seconds;            /* reading, embedding and writing, after the load */
     int64_t device_peak_bytes; /* GPU memory the backend held at most (0 on the CPU) */
 } moe_embed_summary;
 
@@ -76,7 +76,7 @@ moe_status moe_embed_run(const moe_embed_opts *o, moe_embed_summary *sum, moe_er
 typedef struct moe_infer_ckpt {
     moe_ckpt ckpt;         /* dir, config, tokenizer, tensors (moe/ckpt.h) */
     const moe_backend *be; /* set by moe_infer_ckpt_load_model, destroyed by close */
-    moe_model model; /* valid after moe_infer_ckpt_load_model */
+    moe_model model;       /* valid after moe_infer_ckpt_load_model */
     int has_model;
 } moe_infer_ckpt;
 

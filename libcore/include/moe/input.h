@@ -20,10 +20,10 @@ typedef struct moe_input_seq { /* valid during the callback only */
     int64_t bases;      /* bases in the record (the source range for shard documents) */
     const int32_t *ids; /* [n] content tokens */
     int64_t n;
-    const int32_t *rc; /* [n] tokens of the reverse complement, or NULL */
-    int64_t src_start; /* first base of the bases in the source (region offset) */
-    char strand;       /* '+', or '-' (reverse-complement document, reverse-strand read) */
-    int flip;          /* 1: the bases are the reverse complement of [src_start, +bases) */
+    const int32_t *rc;  /* [n] tokens of the reverse complement, or NULL */
+    int64_t src_start;  /* first base of the bases in the source (region offset) */
+    char strand;        /* '+', or '-' (reverse-complement document, reverse-strand read) */
+    int flip;           /* 1: the bases are the reverse complement of [src_start, +bases) */
     const int64_t *pos; /* [n] first base of each token in the bases, or NULL: back to back */
 } moe_input_seq;
 

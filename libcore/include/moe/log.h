@@ -37,14 +37,14 @@ double moe_time_thread_cpu(void);
 void moe_time_iso8601(char *buf, size_t n);
 
 typedef struct moe_progress {
-    const char *label;   /* "tokenize", "train", ... */
-    const char *unit;    /* "bases", "tokens", ... */
-    int64_t total;       /* 0 when unknown: no bar, no ETA */
+    const char *label; /* "tokenize", "train", ... */
+    const char *unit;  /* "bases", "tokens", ... */
+    int64_t total;     /* 0 when unknown: no bar, no ETA */
     int64_t done;
     double start, last_draw;
-    double interval;     /* seconds between plain lines when not a TTY */
-    int tty;             /* draw a bar (stderr is a terminal and level >= INFO) */
-    int enabled;         /* 0 under -q */
+    double interval; /* seconds between plain lines when not a TTY */
+    int tty;         /* draw a bar (stderr is a terminal and level >= INFO) */
+    int enabled;     /* 0 under -q */
 } moe_progress;
 
 void moe_progress_start(moe_progress *p, const char *label, const char *unit, int64_t total);

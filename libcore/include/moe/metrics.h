@@ -32,12 +32,12 @@ void moe_metrics_history_init(moe_metrics_history *h);
 void moe_metrics_history_free(moe_metrics_history *h);
 /* Records the training loss of a step (a new point) or, for the step of the last point,
  * sets its values that are not NAN. */
-moe_status moe_metrics_history_add(moe_metrics_history *h, int64_t step, double bpb,
-                                   double val_bpb, moe_err *err);
+moe_status moe_metrics_history_add(moe_metrics_history *h, int64_t step, double bpb, double val_bpb,
+                                   moe_err *err);
 
 /* Rewrites path (atomically) keeping only the JSON lines whose "step" <= max_step, and
- * appends their "bits_per_base"/"val_bits_per_base" to h. A missing file is not an error (h unchanged).
- * A line that is not a JSON object with an integer "step" is MOE_ERR_INPUT naming the
+ * appends their "bits_per_base"/"val_bits_per_base" to h. A missing file is not an error (h
+ * unchanged). A line that is not a JSON object with an integer "step" is MOE_ERR_INPUT naming the
  * file and line. */
 moe_status moe_metrics_jsonl_truncate(const char *path, int64_t max_step, moe_metrics_history *h,
                                       moe_err *err);

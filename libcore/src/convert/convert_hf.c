@@ -411,8 +411,8 @@ static moe_status write_ckpt(const char *run, const moe_config *cfg, const moe_t
         st = moe_st_writer_meta(&sw, "format", "pt", err);
         if (st == MOE_OK) st = moe_st_writer_meta(&sw, "step", "0", err);
         for (int i = 0; st == MOE_OK && i < n; i++)
-            st = moe_st_writer_add(&sw, tab[i].name, MOE_ST_F32, tab[i].ndim, tab[i].shape,
-                                   bufs[i], err);
+            st = moe_st_writer_add(&sw, tab[i].name, MOE_ST_F32, tab[i].ndim, tab[i].shape, bufs[i],
+                                   err);
         if (st == MOE_OK)
             st = moe_st_writer_write(&sw, moe_ckpt_path(&w, "model.safetensors", path, sizeof path),
                                      err);

@@ -208,9 +208,8 @@ static moe_status flush_chunk(embedder *e, moe_err *err) {
                     w->end = b;
                 }
                 w->T = (w->end - w->start) + e->nb + e->ne;
-                w->bases = w->end > w->start
-                               ? s->span[2 * (w->end - 1) + 1] - s->span[2 * w->start]
-                               : 0;
+                w->bases =
+                    w->end > w->start ? s->span[2 * (w->end - 1) + 1] - s->span[2 * w->start] : 0;
                 e->prog.total += w->bases; /* one long record still shows a percentage */
             }
     }
