@@ -19,7 +19,8 @@
  * LR=x sets AdamW's learning rate (default 3e-4, no warm-up: the model drifts from its init
  * while it is timed; a tiny LR keeps it there with the same work, and the recipes' ratio came
  * out the same both ways on an H100, 2026-12-06). ACCUM=n (1 to 64, default
- * 1) makes a step n micro-batches of the preset's tokens, each
+ * 1) makes a step n micro-batches of the preset's tokens (or TOKENS=n's: a micro-batch of n
+ * tokens, a multiple of the preset's sequence, for the recipes at larger batches), each
  * forward and backward adding its gradient, then one gradient norm and one AdamW, as
  * train.micro_batch_tokens does in moe-train: the optimizer's share of a larger batch (tokens/s
  * counts all n). Pass 1,
@@ -157,6 +158,17 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_train_gpu: ACCUM=%s: expected 1 to 64 (1 with forward)\n", aname);
         return 2;
     }
+    /* TOKENS=n: a training micro-batch of n tokens (whole rows of the preset's sequence) */
+    const char *tname = getenv("TOKENS");
+    char *tend = NULL;
+    const int64_t train_tokens = tname ? strtoll(tname, &tend, 10) : p->tokens;
+    if (tname && (fwd || *tend || train_tokens < p->seq || train_tokens % p->seq != 0)) {
+        fprintf(stderr,
+                "bench_train_gpu: TOKENS=%s: expected a multiple of the preset's sequence %lld "
+                "(training only: forward takes TOKENS as an argument)\n",
+                tname, (long long)p->seq);
+        return 2;
+    }
     const char *lname = getenv("LR");
     const float lr = lname ? strtof(lname, NULL) : 3e-4f;
     if (!(lr >= 0.0f && lr < 1.0f)) {
@@ -187,7 +199,7 @@ int main(int argc, char **argv) {
     c.router_aux_loss_coef = 0.02;
     c.router_z_loss_coef = 0.001;
     c.initializer_range = 0.02;
-    int64_t tokens = fwd && argc > 5 ? atoll(argv[5]) : p->tokens;
+    int64_t tokens = fwd && argc > 5 ? atoll(argv[5]) : train_tokens;
     int T = fwd && argc > 6 ? atoi(argv[6]) : (int)p->seq;
     int B = T > 0 && T <= p->seq ? (int)(tokens / T) : 0;
     if (B < 1) {

@@ -11,8 +11,8 @@
 # each round's ratio and their median, the spread a single ratio hides),
 # PRESETS (default "mixtral8x7b-2L og2-8x1b"), RECIPES (precision recipes, default bf16; e.g.
 # "bf16 fp8-block mxfp8" adds each recipe's ratio to our bf16: issue 14's table; MOMENTS,
-# EXPERT_GRADS, MASTER, ACCUM and LR are passed through to bench_train_gpu; the baseline has no
-# ACCUM, so read its ratio at ACCUM=1 only), HF_IMPLS (experts
+# EXPERT_GRADS, MASTER, ACCUM, TOKENS and LR are passed through to bench_train_gpu; the baseline
+# has neither ACCUM nor TOKENS, so read its ratio without them), HF_IMPLS (experts
 # implementations for the baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
 # .anchors/hf_moe_baseline.py, else ../shared/anchors/hf_moe_baseline.py; the baseline is
 # skipped with a message when neither exists or python3 has no torch).
