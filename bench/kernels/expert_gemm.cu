@@ -33,43 +33,15 @@ static void bench(const char *name, int ta, int tb, long M, long N, long K, cuda
     CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ar, ac, ar));
     CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, br, bc, br));
     CB(cublasLtMatrixLayoutCreate(&lc, ctype, N, M, N));
-    cublasLtMatmulPreference_t p;
-    CB(cublasLtMatmulPreferenceCreate(&p));
-    size_t wsb = WS;
-    CB(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                            sizeof wsb));
-    cublasLtMatmulHeuristicResult_t res[16];
-    int found = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, p, 16, res, &found));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float alpha = 1.0f, first = 0, best = 1e30f;
-    int best_i = -1;
-    for (int i = 0; i < found; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        for (int w = 0; w < 3; w++)
-            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
-                              WS, 0));
-        const int reps = 10;
-        CK(cudaEventRecord(e0));
-        for (int r = 0; r < reps; r++)
-            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
-                              WS, 0));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        ms /= reps;
-        if (i == 0) first = ms;
-        if (ms < best) best = ms, best_i = i;
-    }
+    float first, best;
+    int best_i;
+    const int found =
+        pg_time_algos(lt, d, la, lb, lc, B, A, C, beta, ws, WS, &first, &best, &best_i);
     double fl = 2.0 * M * N * K;
     printf("%-28s M=%6ld N=%6ld K=%6ld %s beta=%g: heuristic #0 %.3f ms %6.0f TFLOP/s | best of "
            "%d #%d %.3f ms %6.0f TFLOP/s\n",
            name, M, N, K, ctype == CUDA_R_32F ? "f32" : "bf16", beta, first, fl / first / 1e9,
            found, best_i, best, fl / best / 1e9);
-    cublasLtMatmulPreferenceDestroy(p);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
     cublasLtMatrixLayoutDestroy(lc);

@@ -42,7 +42,8 @@ __global__ void k_fill_scales(float *p, size_t n, unsigned seed) {
 
 /* Row-major C[M,N] bf16 = A[M,K] B[N,K]^T, e4m3, A with 1 x 128 scales [K/128, M]; B with
  * 1 x 128 scales [K/128, N] (tiles 0) or 128 x 128 tile scales [N/128, round4(K/128)] (1).
- * Every heuristic candidate timed (10 runs after 3); returns the best TFLOP/s, prints both. */
+ * Every heuristic candidate timed (pg_time_algos); returns the best TFLOP/s, prints the first's
+ * and the best's. */
 static double product(const char *name, long M, long N, long K, int tiles, const uint8_t *A,
                       const float *sa, const uint8_t *B, const float *sb, void *C) {
     cublasLtMatmulDesc_t d;
@@ -62,47 +63,18 @@ static double product(const char *name, long M, long N, long K, int tiles, const
     CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));
     CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));
     CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
-    cublasLtMatmulPreference_t p;
-    CB(cublasLtMatmulPreferenceCreate(&p));
-    size_t wsb = WS;
-    CB(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                            sizeof wsb));
-    cublasLtMatmulHeuristicResult_t res[8];
-    int found = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, d, la, lb, lc, lc, p, 8, res, &found));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    const float alpha = 1.0f, beta = 0.0f;
-    const double flops = 2.0 * M * N * K;
-    double first = 0, best = 0;
-    for (int i = 0; i < found; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        for (int w = 0; w < 3; w++)
-            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
-                              WS, 0));
-        const int reps = 10;
-        CK(cudaEventRecord(e0));
-        for (int r = 0; r < reps; r++)
-            CB(cublasLtMatmul(lt, d, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &res[i].algo, ws,
-                              WS, 0));
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double tf = flops * reps / (ms * 1e-3) * 1e-12;
-        if (first == 0) first = tf;
-        if (tf > best) best = tf;
-    }
+    float first_ms, best_ms;
+    int best_i;
+    const int found =
+        pg_time_algos(lt, d, la, lb, lc, B, A, C, 0.0f, ws, WS, &first_ms, &best_ms, &best_i);
+    const double flops = 2.0 * M * N * K, first = first_ms > 0 ? flops / first_ms * 1e-9 : 0.0,
+                 best = best_i >= 0 ? flops / best_ms * 1e-9 : 0.0;
     printf("  %-30s M %5ld N %5ld K %5ld  x as %-6s  %d algos: first %7.1f best %7.1f TFLOP/s\n",
            name, M, N, K, tiles ? "tiles" : "vec128", found, first, best);
-    CB(cublasLtMatmulPreferenceDestroy(p));
     CB(cublasLtMatrixLayoutDestroy(la));
     CB(cublasLtMatrixLayoutDestroy(lb));
     CB(cublasLtMatrixLayoutDestroy(lc));
     CB(cublasLtMatmulDescDestroy(d));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
     return best;
 }
 

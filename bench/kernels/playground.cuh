@@ -1,7 +1,7 @@
 /* playground.cuh: what the bench/kernels programs share - exit-on-error checks of CUDA and
  * cuBLAS calls, bf16 test data from a hash (values in [-0.5, 0.5), different per seed), the
  * first differing byte of two device buffers, a 4 x 4 byte transpose, a pointer's alignment,
- * and the timing of operations taking turns. */
+ * the timing of operations taking turns, and of every algorithm cuBLASLt offers for a product. */
 #ifndef MOE_BENCH_KERNELS_PLAYGROUND_CUH
 #define MOE_BENCH_KERNELS_PLAYGROUND_CUH
 
@@ -115,6 +115,51 @@ static void pg_time_turns(int nk, const int *on, int warm, int rounds, S round_s
         CK(cudaEventDestroy(ev[k]));
     free(ev);
     free(ms);
+}
+
+/* Every algorithm cuBLASLt's heuristic offers (up to 16) for the product desc describes
+ * (layouts la, lb, lc; cuBLASLt's operands a and b, output c, alpha 1 and beta), each timed over
+ * 10 runs after 3, workspace ws of wsb bytes: the heuristic's first choice's ms in *first, the
+ * best in *best (its index in *best_i); returns how many were offered. */
+static inline int pg_time_algos(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc,
+                                cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb,
+                                cublasLtMatrixLayout_t lc, const void *a, const void *b, void *c,
+                                float beta, void *ws, size_t wsb, float *first, float *best,
+                                int *best_i) {
+    cublasLtMatmulPreference_t p;
+    CB(cublasLtMatmulPreferenceCreate(&p));
+    CB(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
+                                            sizeof wsb));
+    cublasLtMatmulHeuristicResult_t res[16];
+    int found = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, p, 16, res, &found));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const float alpha = 1.0f;
+    *first = 0, *best = 1e30f, *best_i = -1;
+    for (int i = 0; i < found; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        for (int w = 0; w < 3; w++)
+            CB(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &res[i].algo, ws,
+                              wsb, 0));
+        const int reps = 10;
+        CK(cudaEventRecord(e0));
+        for (int r = 0; r < reps; r++)
+            CB(cublasLtMatmul(lt, desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &res[i].algo, ws,
+                              wsb, 0));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ms /= reps;
+        if (i == 0) *first = ms;
+        if (ms < *best) *best = ms, *best_i = i;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CB(cublasLtMatmulPreferenceDestroy(p));
+    return found;
 }
 
 #endif
