@@ -18,7 +18,9 @@
 #   CHECK="sum_squares,attn" PERF="sum_squares,attn bf16" ...
 #
 # TRAIN="bf16:mixtral8x7b-2L fp8-block:mixtral8x7b-2L" adds `RECIPE=r bench_train_gpu preset 5 1`
-# for each revision (its RESULT line). Run from the checkout's root on the GPU machine, after
+# for each revision (its RESULT line); the bench's other settings come from the environment as
+# for its own runs (e.g. MOMENTS=bf16 EXPERT_GRADS=bf16, which og2-8x1b's fp8-block run needs
+# to fit: with the fp32 defaults it printed no RESULT on an H100, 2026-12-06). Run from the checkout's root on the GPU machine, after
 # `source .deps/env.sh` and `export CFLAGS="-isystem $PWD/.deps/root/usr/include"` (as
 # bench/gpu_build.sh does); CHECK="" PERF="" and no TRAIN only build (any machine with nvcc).
 # Exit status 1 when a build or a check failed.
