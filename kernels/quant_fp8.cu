@@ -72,8 +72,9 @@ template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, 
 /* N values of a block (N a multiple of 4) as N / 4 words w of e4m3 bytes (v[4 i] in the low
  * byte of w[i]), rounded to nearest even and saturating, two a conversion. A NaN converts to
  * 0x7f whatever its sign and nothing else does, so the CPU's sign of a NaN (0xff for a negative
- * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f). */
-template <bool QUICK, int N>
+ * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f); without NANS the
+ * caller knows there is none and the check is left out. */
+template <bool QUICK, int N, bool NANS = true>
 __device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, uint32_t *w) {
 #pragma unroll
     for (int i = 0; i < N / 4; i++) {
@@ -85,6 +86,7 @@ __device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, ui
                            make_float2(fp8_div<QUICK>(x[2], d), fp8_div<QUICK>(x[3], d)),
                            __NV_SATFINITE, __NV_E4M3);
         w[i] = lo | hi << 16;
+        if constexpr (!NANS) continue; /* the caller knows the values hold no NaN */
         const uint32_t t = w[i] ^ 0x7f7f7f7fu;
         if ((t - 0x01010101u) & ~t & 0x80808080u)
             w[i] |= moe_e4m3_neg_nan(x[0]) | moe_e4m3_neg_nan(x[1]) << 8 |
@@ -164,6 +166,11 @@ template <> struct fp8_x4<__nv_bfloat16> {
         v[0] = __uint_as_float(w.x << 16), v[1] = __uint_as_float(w.x & 0xffff0000u);
         v[2] = __uint_as_float(w.y << 16), v[3] = __uint_as_float(w.y & 0xffff0000u);
     }
+    /* bit 15 or 31 set where a value is +-Inf or NaN (all exponent bits set) */
+    __device__ __forceinline__ uint32_t special() const {
+        return (((w.x & 0x7f807f80u) + 0x00800080u) | ((w.y & 0x7f807f80u) + 0x00800080u)) &
+               0x80008000u;
+    }
     /* v rounded to bf16 as the elementwise kernels store it (moe_stv) */
     __device__ __forceinline__ void set(const float *v) {
         const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]),
@@ -205,9 +212,11 @@ struct fp8_tile_at {
 __device__ __forceinline__ fp8_tile_at fp8_tile_of(const fp8_groups &g, int E, int K) {
     fp8_tile_at t;
     const int ty = threadIdx.x / 32;
+    /* e: the groups after the first whose blocks start at or before b (pb never decreases),
+     * counted 32 at a time by the warp */
     t.b = blockIdx.y, t.e = 0;
-    while (t.e + 1 < E && g.pb[t.e + 1] <= t.b)
-        t.e++;
+    for (int j = 1 + threadIdx.x % 32; j - threadIdx.x % 32 < E; j += 32)
+        t.e += __popc(__ballot_sync(0xffffffffu, j < E && g.pb[j] <= t.b));
     const int n = g.off[t.e + 1] - g.off[t.e];
     t.m0 = (t.b - g.pb[t.e]) * QB;
     t.np = (g.pb[t.e + 1] - g.pb[t.e]) * QB;
@@ -219,7 +228,7 @@ __device__ __forceinline__ fp8_tile_at fp8_tile_of(const fp8_groups &g, int E, i
 
 /* The thread's 4 features of its 16 tokens encoded by their scales d, each feature's 16 bytes
  * into chunk ch of its row of the shared tile tt (4 rows from tt's first). */
-template <bool QUICK, typename T>
+template <bool QUICK, bool NANS, typename T>
 __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], const fp8_quot (&d)[4],
                                                 uint4 (*tt)[8], int ch) {
 #pragma unroll
@@ -227,7 +236,7 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
         float v[16];
         fp8_cols_feature(raw, f, v);
         uint32_t w[4];
-        fp8_encode<QUICK, 16>(v, d[f], w);
+        fp8_encode<QUICK, 16, NANS>(v, d[f], w);
         tt[f][ch] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
@@ -240,11 +249,12 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
  * tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
  * store phase meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte
  * stores. Starts and ends with every thread's shared accesses behind a barrier, so that a
- * block may call it again. */
-template <typename T>
+ * block may call it again. With CLEAN the caller says whether the thread's values are all
+ * finite (clean): then the encoding leaves out the NaN checks. */
+template <bool CLEAN, typename T>
 __device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
                                                uint8_t *q, float *s, int K, const fp8_groups &g,
-                                               int pow2) {
+                                               int pow2, bool clean) {
     __shared__ float red[8][128];
     __shared__ uint4 tt[128][8];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -275,10 +285,13 @@ __device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const
         d[f] = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
         sc[f] = d[f].s, quick &= d[f].quick;
     }
-    if (quick) /* one branch a thread, around the whole encoding (its code stays small) */
-        fp8_cols_encode<true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    /* one branch a thread, around the whole encoding (its code stays small) */
+    if (CLEAN && quick && clean)
+        fp8_cols_encode<true, false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    else if (!CLEAN && quick)
+        fp8_cols_encode<true, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     else
-        fp8_cols_encode<false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+        fp8_cols_encode<false, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     if (ty == 0 && t.k < K)
         *(float4 *)(s + (int64_t)t.b * K + t.k) = make_float4(sc[0], sc[1], sc[2], sc[3]);
     __syncthreads();
@@ -311,31 +324,32 @@ __device__ __forceinline__ float fp8_warp_max16(float (&a)[16]) {
 }
 
 /* The warp's n live tokens of raw encoded row by row into q [M, K], token i by the quotient
- * d of lanes 2 i and 2 i + 1 (fp8_rows_store). */
-template <bool QUICK, typename T>
+ * d of lanes 2 i and 2 i + 1 (fp8_rows_store); every token is encoded (the dead ones hold
+ * zeros) and only the stores depend on liveness, so that no branch splits the warp. */
+template <bool QUICK, bool NANS, typename T>
 __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], const fp8_quot &d,
                                                 uint8_t *q, const fp8_tile_at &t, int n, int K) {
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const fp8_quot di = {__shfl_sync(0xffffffffu, d.s, 2 * i),
                              __shfl_sync(0xffffffffu, d.y, 2 * i), QUICK};
-        if (i >= n) continue;
         float v[4];
         raw[i].get(v);
         uint32_t w;
-        fp8_encode<QUICK, 4>(v, di, &w);
-        if (t.k < K) *(uint32_t *)(q + (t.row0 + i) * K + t.k) = w;
+        fp8_encode<QUICK, 4, NANS>(v, di, &w);
+        if (i < n && t.k < K) *(uint32_t *)(q + (t.row0 + i) * K + t.k) = w;
     }
 }
 
 /* The same tile's row-wise copy (the 1 x 128 blocks along K are the tile's rows, each held by
  * one warp): q [M, K] and block (r, kb = blockIdx.x)'s scale at s[kb * ls + r]. A row's amax
  * comes from fp8_warp_max16, its scale from lane 2 i (which stores it), and the warp takes one
- * branch for all its rows. tile_inf: fp8_cols_store's answer. */
+ * branch for all its rows, without NaN checks where every lane's values are finite (clean).
+ * tile_inf: fp8_cols_store's answer. */
 template <typename T>
 __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
                                                uint8_t *q, float *s, int64_t ls, int K,
-                                               bool tile_inf, int pow2) {
+                                               bool tile_inf, int pow2, bool clean) {
     const int lane = threadIdx.x % 32;
     const int n = __shfl_sync(0xffffffffu, t.rows, 0); /* the warp's live tokens (lane 0: k < K) */
     float a[16];
@@ -348,10 +362,10 @@ __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const
     }
     const fp8_quot d = fp8_quot_of(fp8_scale(fp8_warp_max16(a), pow2), tile_inf);
     if (lane % 2 == 0 && lane / 2 < n) s[(int64_t)blockIdx.x * ls + t.row0 + lane / 2] = d.s;
-    if (__all_sync(0xffffffffu, d.quick))
-        fp8_rows_encode<true>(raw, d, q, t, n, K);
+    if (__all_sync(0xffffffffu, d.quick && clean))
+        fp8_rows_encode<true, false>(raw, d, q, t, n, K);
     else
-        fp8_rows_encode<false>(raw, d, q, t, n, K);
+        fp8_rows_encode<false, true>(raw, d, q, t, n, K);
 }
 
 /* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
@@ -374,7 +388,7 @@ __global__ void __launch_bounds__(256)
             raw[i].load(xs + (unsigned)(i * K));
         else
             raw[i] = {};
-    fp8_cols_store(raw, t, q, s, K, g, pow2);
+    fp8_cols_store<false>(raw, t, q, s, K, g, pow2, false);
 }
 
 /* An fp8-block activation pair's parts (moe/quant.h's layout) as one launch writes them: the
@@ -396,33 +410,48 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
     k_swiglu_bwd_pairs(fp8_pair_out pa, fp8_pair_out pb, int64_t ls, const TD *__restrict__ dout,
                        const TA *__restrict__ a, const TA *__restrict__ b, int K,
                        const __grid_constant__ fp8_groups g, int E, int pow2) {
+    /* b's values while a's pair is written (32 registers): [16][256], dynamic (the static
+     * limit is 48 KB) */
+    extern __shared__ uint2 keep_[];
+    uint2(*keep)[256] = (uint2(*)[256])keep_;
     const fp8_tile_at t = fp8_tile_of(g, E, K);
     const int64_t at = t.row0 * K + t.k;
-    fp8_x4<__nv_bfloat16> ra[16], rb[16];
+    fp8_x4<__nv_bfloat16> ra[16];
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        ra[i] = {}, rb[i] = {};
-        if (i >= t.rows) continue;
-        fp8_x4<TD> gd;
-        fp8_x4<TA> av, bv;
-        gd.load(dout + at + (unsigned)(i * K));
-        av.load(a + at + (unsigned)(i * K));
-        bv.load(b + at + (unsigned)(i * K));
-        float gf[4], af[4], bf[4], da[4], db[4];
-        gd.get(gf), av.get(af), bv.get(bf);
+        fp8_x4<__nv_bfloat16> rb = {};
+        ra[i] = {};
+        if (i < t.rows) {
+            fp8_x4<TD> gd;
+            fp8_x4<TA> av, bv;
+            gd.load(dout + at + (unsigned)(i * K));
+            av.load(a + at + (unsigned)(i * K));
+            bv.load(b + at + (unsigned)(i * K));
+            float gf[4], af[4], bf[4], da[4], db[4];
+            gd.get(gf), av.get(af), bv.get(bf);
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
-        ra[i].set(da), rb[i].set(db);
+            for (int j = 0; j < 4; j++)
+                swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+            ra[i].set(da), rb.set(db);
+        }
+        keep[i][threadIdx.x] = rb.w;
     }
-    /* a's pair, then b's (its values moved into ra): one copy of the code, which is large */
+    /* a's pair, then b's (its values brought back into ra): one copy of the code, which is
+     * large; fp8_cols_store's barriers order keep's accesses */
 #pragma unroll 1
     for (int j = 0; j < 2; j++) {
-        const bool inf = fp8_cols_store(ra, t, j ? pb.qt : pa.qt, j ? pb.st : pa.st, K, g, pow2);
-        fp8_rows_store(ra, t, j ? pb.q : pa.q, j ? pb.s : pa.s, ls, K, inf, pow2);
+        if (j)
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                ra[i].w = keep[i][threadIdx.x];
+        uint32_t sp = 0;
 #pragma unroll
         for (int i = 0; i < 16; i++)
-            ra[i] = rb[i];
+            sp |= ra[i].special();
+        const bool clean = sp == 0; /* no NaN to sign, no infinity */
+        const bool inf =
+            fp8_cols_store<true>(ra, t, j ? pb.qt : pa.qt, j ? pb.st : pa.st, K, g, pow2, clean);
+        fp8_rows_store(ra, t, j ? pb.q : pa.q, j ? pb.s : pa.s, ls, K, inf, pow2, clean);
     }
 }
 
@@ -626,12 +655,21 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
 }
 
 /* k_swiglu_bwd_pairs for a's and dout's types */
+#define PAIRS_KEEP (16 * 256 * sizeof(uint2)) /* k_swiglu_bwd_pairs's dynamic shared memory */
 template <typename TA, typename TD>
-static void swiglu_pairs_launch(moe_cuda_ctx *c, dim3 grid, const fp8_pair_out &pa,
-                                const fp8_pair_out &pb, int64_t ls, moe_cbuf dout, moe_cbuf a,
-                                moe_cbuf b, int K, const fp8_groups &g, int ne, int pow2) {
-    k_swiglu_bwd_pairs<TA, TD><<<grid, 256, 0, c->stream>>>(
+static int swiglu_pairs_launch(moe_cuda_ctx *c, dim3 grid, const fp8_pair_out &pa,
+                               const fp8_pair_out &pb, int64_t ls, moe_cbuf dout, moe_cbuf a,
+                               moe_cbuf b, int K, const fp8_groups &g, int ne, int pow2,
+                               const char *op) {
+    if (!moe_cuda_check(c,
+                        cudaFuncSetAttribute(k_swiglu_bwd_pairs<TA, TD>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)PAIRS_KEEP),
+                        op, "shared memory %d bytes", (int)PAIRS_KEEP))
+        return 0;
+    k_swiglu_bwd_pairs<TA, TD><<<grid, 256, PAIRS_KEEP, c->stream>>>(
         pa, pb, ls, (const TD *)dout.p, (const TA *)a.p, (const TA *)b.p, K, g, ne, pow2);
+    return 1;
 }
 
 void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, moe_cbuf dout,
@@ -664,19 +702,16 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
         const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
         const int bf_a = a.dt == MOE_DTYPE_BF16, bf_d = dout.dt == MOE_DTYPE_BF16;
         typedef __nv_bfloat16 bf;
-        if (bf_a && bf_d)
-            swiglu_pairs_launch<bf, bf>(c, grid, pa, pb, l.lds, dout, a, b, (int)K, g, ne,
-                                        pairs->pow2);
-        else if (bf_a)
-            swiglu_pairs_launch<bf, float>(c, grid, pa, pb, l.lds, dout, a, b, (int)K, g, ne,
-                                           pairs->pow2);
-        else if (bf_d)
-            swiglu_pairs_launch<float, bf>(c, grid, pa, pb, l.lds, dout, a, b, (int)K, g, ne,
-                                           pairs->pow2);
-        else
-            swiglu_pairs_launch<float, float>(c, grid, pa, pb, l.lds, dout, a, b, (int)K, g, ne,
-                                              pairs->pow2);
-        return MOE_CUDA_LAUNCHED(c, op, "fp8-block pairs E=%d K=%lld", ne, (long long)K);
+        const int ok = bf_a && bf_d ? swiglu_pairs_launch<bf, bf>(c, grid, pa, pb, l.lds, dout, a,
+                                                                  b, (int)K, g, ne, pairs->pow2, op)
+                       : bf_a ? swiglu_pairs_launch<bf, float>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                               (int)K, g, ne, pairs->pow2, op)
+                       : bf_d
+                           ? swiglu_pairs_launch<float, bf>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                            (int)K, g, ne, pairs->pow2, op)
+                           : swiglu_pairs_launch<float, float>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                               (int)K, g, ne, pairs->pow2, op);
+        return ok && MOE_CUDA_LAUNCHED(c, op, "fp8-block pairs E=%d K=%lld", ne, (long long)K);
     });
 }
 
