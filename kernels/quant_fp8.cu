@@ -417,24 +417,35 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
     const fp8_tile_at t = fp8_tile_of(g, E, K);
     const int64_t at = t.row0 * K + t.k;
     fp8_x4<__nv_bfloat16> ra[16];
+    /* 8 tokens' loads at once, each from a live row (the dead tokens read the last live one
+     * and are zeroed after): a load under its token's condition waited for the token before it
+     * to be computed, 16 memory latencies a tile */
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        fp8_x4<__nv_bfloat16> rb = {};
-        ra[i] = {};
-        if (i < t.rows) {
-            fp8_x4<TD> gd;
-            fp8_x4<TA> av, bv;
-            gd.load(dout + at + (unsigned)(i * K));
-            av.load(a + at + (unsigned)(i * K));
-            bv.load(b + at + (unsigned)(i * K));
-            float gf[4], af[4], bf[4], da[4], db[4];
-            gd.get(gf), av.get(af), bv.get(bf);
+    for (int c = 0; c < 16; c += 8) {
+        fp8_x4<TD> gd[8];
+        fp8_x4<TA> av[8], bv[8];
+        if (t.rows > 0)
 #pragma unroll
-            for (int j = 0; j < 4; j++)
-                swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
-            ra[i].set(da), rb.set(db);
+            for (int u = 0; u < 8; u++) {
+                const unsigned r = (unsigned)(min(c + u, t.rows - 1) * K);
+                gd[u].load(dout + at + r);
+                av[u].load(a + at + r);
+                bv[u].load(b + at + r);
+            }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            fp8_x4<__nv_bfloat16> rb = {};
+            ra[c + u] = {};
+            if (c + u < t.rows) {
+                float gf[4], af[4], bf[4], da[4], db[4];
+                gd[u].get(gf), av[u].get(af), bv[u].get(bf);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+                ra[c + u].set(da), rb.set(db);
+            }
+            keep[c + u][threadIdx.x] = rb.w;
         }
-        keep[i][threadIdx.x] = rb.w;
     }
     /* a's pair, then b's (its values brought back into ra): one copy of the code, which is
      * large; fp8_cols_store's barriers order keep's accesses */
