@@ -164,18 +164,36 @@ __device__ __forceinline__ void moe_transpose4x4_bytes(const uint32_t in[4], uin
 __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
-/* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
 /* SwiGLU's value and gradients at one element: the formulas of every SwiGLU kernel
- * (elementwise.cu, and the fp8-block pairs' in quant_fp8.cu). */
-__device__ __forceinline__ float swiglu_val(float a, float b) {
-    const float s = __frcp_rn(1.0f + expf(-a)); /* 1 / x correctly rounded: the division's bits */
-    return a * s * b;
+ * (elementwise.cu, and the fp8-block pairs' in quant_fp8.cu); s = sigmoid(a), 1 / (1 +
+ * exp(-a)) correctly rounded (the division's bits). */
+__device__ __forceinline__ float swiglu_sigmoid(float a) {
+    return __frcp_rn(1.0f + expf(-a));
 }
-__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
-    const float s = __frcp_rn(1.0f + expf(-a)), silu = a * s;
+__device__ __forceinline__ float swiglu_val(float a, float b) {
+    return a * swiglu_sigmoid(a) * b;
+}
+__device__ __forceinline__ void swiglu_grad_s(float g, float a, float b, float s, float *da,
+                                              float *db) {
+    const float silu = a * s;
     *da = g * b * (s + silu * (1.0f - s));
     *db = g * silu;
 }
+__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
+    swiglu_grad_s(g, a, b, swiglu_sigmoid(a), da, db);
+}
+/* swiglu_sigmoid without __frcp_rn's branch a value: its inline path (the approximate
+ * reciprocal and one Newton step, the same bits) where it applies, x = 1 + exp(-a) with an
+ * exponent field 1 .. 252; *ok = 0 elsewhere (a < about -87, or NaN), where the caller must
+ * take swiglu_sigmoid. */
+__device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool *ok) {
+    const float x = 1.0f + expf(-a);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    *ok = (__float_as_uint(x) >> 23 & 0xffu) - 1u < 252u;
+    return __fmaf_rn(r, -__fmaf_rn(x, r, -1.0f), r);
+}
+/* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
 __device__ __forceinline__ float moe_finite_abs(float x) {
     return isfinite(x) ? fabsf(x) : 0.0f;
 }

@@ -329,6 +329,7 @@ __device__ __forceinline__ float fp8_warp_max16(float (&a)[16]) {
 template <bool QUICK, bool NANS, typename T>
 __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], const fp8_quot &d,
                                                 uint8_t *q, const fp8_tile_at &t, int n, int K) {
+    uint8_t *qr = q + t.row0 * K + t.k; /* the thread's first token; the next ones K apart */
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         const fp8_quot di = {__shfl_sync(0xffffffffu, d.s, 2 * i),
@@ -337,7 +338,7 @@ __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], cons
         raw[i].get(v);
         uint32_t w;
         fp8_encode<QUICK, 4, NANS>(v, di, &w);
-        if (i < n && t.k < K) *(uint32_t *)(q + (t.row0 + i) * K + t.k) = w;
+        if (i < n && t.k < K) *(uint32_t *)(qr + (unsigned)(i * K)) = w;
     }
 }
 
@@ -432,6 +433,9 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
                 av[u].load(a + at + r);
                 bv[u].load(b + at + r);
             }
+        /* the chunk's gradients through swiglu_sigmoid_quick; again through swiglu_sigmoid
+         * where it did not apply to a value (a < -87: rare), one branch a chunk */
+        bool ok = true;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             fp8_x4<__nv_bfloat16> rb = {};
@@ -440,12 +444,26 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
                 float gf[4], af[4], bf[4], da[4], db[4];
                 gd[u].get(gf), av[u].get(af), bv[u].get(bf);
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+                for (int j = 0; j < 4; j++) {
+                    bool okj;
+                    const float sj = swiglu_sigmoid_quick(af[j], &okj);
+                    swiglu_grad_s(gf[j], af[j], bf[j], sj, &da[j], &db[j]);
+                    ok &= okj;
+                }
                 ra[c + u].set(da), rb.set(db);
             }
             keep[c + u][threadIdx.x] = rb.w;
         }
+        if (!ok)
+            for (int u = 0; u < 8 && c + u < t.rows; u++) {
+                float gf[4], af[4], bf[4], da[4], db[4];
+                gd[u].get(gf), av[u].get(af), bv[u].get(bf);
+                for (int j = 0; j < 4; j++)
+                    swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+                fp8_x4<__nv_bfloat16> rb;
+                ra[c + u].set(da), rb.set(db);
+                keep[c + u][threadIdx.x] = rb.w;
+            }
     }
     /* a's pair, then b's (its values brought back into ra): one copy of the code, which is
      * large; fp8_cols_store's barriers order keep's accesses */
