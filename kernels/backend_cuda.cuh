@@ -164,6 +164,35 @@ __device__ __forceinline__ void moe_transpose4x4_bytes(const uint32_t in[4], uin
 __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
+/* SwiGLU's value and gradients at one element: the formulas of every SwiGLU kernel
+ * (elementwise.cu, and the fp8-block pairs' in quant_fp8.cu); s = sigmoid(a), 1 / (1 +
+ * exp(-a)) correctly rounded (the division's bits). */
+__device__ __forceinline__ float swiglu_sigmoid(float a) {
+    return __frcp_rn(1.0f + expf(-a));
+}
+__device__ __forceinline__ float swiglu_val(float a, float b) {
+    return a * swiglu_sigmoid(a) * b;
+}
+__device__ __forceinline__ void swiglu_grad_s(float g, float a, float b, float s, float *da,
+                                              float *db) {
+    const float silu = a * s;
+    *da = g * b * (s + silu * (1.0f - s));
+    *db = g * silu;
+}
+__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
+    swiglu_grad_s(g, a, b, swiglu_sigmoid(a), da, db);
+}
+/* swiglu_sigmoid without __frcp_rn's branch a value: its inline path (the approximate
+ * reciprocal and one Newton step, the same bits) where it applies, x = 1 + exp(-a) with an
+ * exponent field 1 .. 252; *ok = 0 elsewhere (a < about -87, or NaN), where the caller must
+ * take swiglu_sigmoid. */
+__device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool *ok) {
+    const float x = 1.0f + expf(-a);
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    *ok = (__float_as_uint(x) >> 23 & 0xffu) - 1u < 252u;
+    return __fmaf_rn(r, -__fmaf_rn(x, r, -1.0f), r);
+}
 /* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
 __device__ __forceinline__ float moe_finite_abs(float x) {
     return isfinite(x) ? fabsf(x) : 0.0f;
@@ -396,6 +425,13 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
  * of 4; x, q and s 16-byte aligned. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
                         int64_t E, int64_t K, int pow2, const char *op);
+/* swiglu_backward's fp8-block activation pairs (ops.h, moe/quant.h): da and db [M, K] (M =
+ * pairs->offsets[E], K = pairs->K) as pairs from dout, a and b [M, K] (F32 or BF16; K a
+ * multiple of 16, every array 16-byte aligned), in one pass: the bytes of the BF16 swiglu
+ * backward followed by moe_cuda_fp8_rows (ls = the pair's lds) and moe_cuda_fp8_cols_t. */
+void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, moe_cbuf dout,
+                                    moe_cbuf a, moe_cbuf b, const moe_fp8_groups *pairs,
+                                    const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
@@ -500,7 +536,7 @@ void moe_cuda_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, 
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                              moe_recipe prec);
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
-                              moe_cbuf a, moe_cbuf b, int64_t n);
+                              moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs);
 void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n);
 void moe_cuda_pool_forward(const moe_backend *be, float *out, const float *x, const int32_t *range,
                            int64_t B, int64_t T, int64_t C, int max);
@@ -536,16 +572,24 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
                            const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, int add);
 
+/* The most groups (experts) the sm_90 grouped products take in one launch. */
+#define MOE_CUDA_GROUPED_MAXE 128
 /* sm90/grouped_fp8.cu (MOE_HAVE_SM90A): the grouped block-scaled fp8 product, one launch
  * over all experts: y[r] (+)= dequant(xq[r]) dequant(wq_e)^T for the rows r of expert e.
- * supported: 1 on a compute capability 9.0 device for 2 <= E <= 128 and a 16-byte aligned
- * output, weight copy and scales (the quantized activations are scratch, always aligned). y [M, N]
+ * supported: 1 on a compute capability 9.0 device for 2 <= E <= MOE_CUDA_GROUPED_MAXE and a
+ * 16-byte aligned
+ * output, weight copy and scales (the quantized activations are scratch or an fp8-block pair,
+ * always aligned); fits: the same from E = 1 (one group runs too, but as a dense product
+ * cuBLASLt is faster: an fp8-block pair's row-wise copy, whose scales cuBLASLt cannot read,
+ * is the one user). y [M, N]
  * dev, BF16 (written; beta must be 0) or F32 (beta 0 writes, 1 adds); xq [M, K] e4m3 with sx
  * [ceil(K / 128), lds] (moe_cuda_fp8_rows with ls = lds, a multiple of 4); wq [E, N, K] e4m3 with
  * sw [E, moe_fp8_tile_scales(N, K)] (a quantize_weight copy); offsets [E + 1] HOST; K and N
  * multiples of 16. 0 after a recorded error. */
 int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
                                    const float *sw);
+int moe_cuda_grouped_fp8_fits(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
+                              const float *sw);
 int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const uint8_t *xq /* [M, K] */, const float *sx /* [KB, lds] */,
                          int64_t lds, const uint8_t *wq /* [E, N, K] */,

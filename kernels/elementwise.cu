@@ -432,16 +432,7 @@ void moe_cuda_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, 
 /* ------------------------------------------------------------------------------------------
  * SwiGLU: out = silu(a) * b */
 
-/* SwiGLU's value and gradients at one element: the formulas of every kernel below. */
-__device__ __forceinline__ float swiglu_val(float a, float b) {
-    const float s = 1.0f / (1.0f + expf(-a));
-    return a * s * b;
-}
-__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
-    const float s = 1.0f / (1.0f + expf(-a)), silu = a * s;
-    *da = g * b * (s + silu * (1.0f - s));
-    *db = g * silu;
-}
+/* (swiglu_val and swiglu_grad, the formulas of every kernel below: backend_cuda.cuh) */
 
 template <int V, typename TI, typename TO>
 __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
@@ -610,12 +601,25 @@ static void swiglu_bwd_dout(moe_cuda_ctx *c, moe_buf da, moe_buf db, moe_cbuf do
         swiglu_bwd_types<V, float>(c, da, db, dout, a, b, n);
 }
 
-/* The mxfp8 recipe's dh1, dh3 over h1, h3: all four MXFP8, in one pass (k_swiglu_bwd_mx). */
+/* The mxfp8 recipe's dh1, dh3 over h1, h3: all four MXFP8, in one pass (k_swiglu_bwd_mx);
+ * fp8-block's pairs in one pass too (quant_fp8.cu). */
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
-                              moe_cbuf a, moe_cbuf b, int64_t n) {
+                              moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_backward";
     if (moe_cuda_failed(c) || n <= 0 || !moe_cuda_typed_ok(c, dout.dt, op)) return;
+    if (pairs) {
+        if (da.dt != MOE_DTYPE_E4M3 || db.dt != MOE_DTYPE_E4M3 || da.mx || db.mx ||
+            n != (int64_t)pairs->offsets[pairs->E] * pairs->K)
+            moe_cuda_check(c, cudaErrorInvalidValue, op,
+                           "fp8-block pairs: n=%lld, outputs %s/%s (two pairs of offsets[E] x K "
+                           "values expected)",
+                           (long long)n, moe_dtype_name(da.dt), moe_dtype_name(db.dt));
+        else
+            moe_cuda_swiglu_backward_pairs(c, (uint8_t *)da.p, (uint8_t *)db.p, dout, a, b, pairs,
+                                           op);
+        return;
+    }
     /* (an fp32 dout is read 4 values at a time: 16-byte aligned) */
     if (swiglu_mx_fused(n, a, b, moe_cbuf_from(da), moe_cbuf_from(db)) &&
         (dout.dt == MOE_DTYPE_BF16 || (uintptr_t)dout.p % 16 == 0)) {

@@ -261,17 +261,44 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
         moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
 }
 
+/* dx [M, I] (+)= dy W_e from an fp8-block pair dy (its row-wise copy; pl its layout) and the
+ * transposed weight copy wtq [E, I, O] with scales wts: one grouped launch (beta bx). cuBLASLt
+ * cannot read the pair's scale layout, so this needs the sm_90 grouped kernel (the backend
+ * offers pairs only where it runs). 0 after a recorded error. */
+static int fp8_pair_dgrad(moe_cuda_ctx *c, const char *op, float *dx, float bx, const uint8_t *pq,
+                          const moe_fp8_pair_layout *pl, const uint8_t *wtq, const float *wts,
+                          const int32_t *offsets, int64_t E, int64_t I, int64_t O) {
+#if MOE_HAVE_SM90A
+    if (moe_cuda_grouped_fp8_fits(c, E, dx, wtq, wts))
+        return moe_cuda_grouped_fp8(c, moe_buf_f32(dx), bx, pq, (const float *)(pq + pl->s_rows),
+                                    pl->lds, wtq, wts, offsets, E, I, O, op);
+#else
+    (void)dx, (void)bx, (void)pq, (void)pl, (void)wtq, (void)wts, (void)offsets, (void)I, (void)O;
+#endif
+    return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                          "an fp8-block pair dy of %lld groups (its row-wise copy is read by the "
+                          "sm_90 grouped fp8 kernel alone: at most be->fp8_pairs groups)",
+                          (long long)E);
+}
+
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per group (dx NULL, dw.p
- * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O]. */
+ * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O], or an fp8-block pair of
+ * these groups (moe/quant.h), whose two copies are the products' dy operands as they are. */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, int pow2, float bx, float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
+    const int pair = dy.dt == MOE_DTYPE_E4M3 && !dy.s && !dy.mx;
+    const moe_fp8_pair_layout pl =
+        pair ? moe_fp8_pair_layout_of(offsets, E, O) : moe_fp8_pair_layout{};
+    const uint8_t *pq = (const uint8_t *)dy.p;
     if (dx) {
         /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
         const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
         const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
-        if (!fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O, pow2))
+        if (pair ? !fp8_pair_dgrad(c, op, dx, bx, pq, &pl, wtq, wts, offsets, E, I, O)
+                 : !fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O,
+                                        pow2))
             return;
     }
     if (!dw.p) return;
@@ -279,10 +306,10 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
     int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
     for (int64_t e = 0; e < E; e++)
         Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
-    fp8_operand dyt, xt;
-    if (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
+    fp8_operand dyt = {(uint8_t *)pq + pl.q_cols, (float *)(pq + pl.s_cols)}, xt;
+    if ((!pair && (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
+                   !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op))) ||
         !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op) ||
-        !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op) ||
         !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, op))
         return;
     for (int64_t e = 0, p0 = 0; e < E; e++) {

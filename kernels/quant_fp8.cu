@@ -72,8 +72,9 @@ template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, 
 /* N values of a block (N a multiple of 4) as N / 4 words w of e4m3 bytes (v[4 i] in the low
  * byte of w[i]), rounded to nearest even and saturating, two a conversion. A NaN converts to
  * 0x7f whatever its sign and nothing else does, so the CPU's sign of a NaN (0xff for a negative
- * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f). */
-template <bool QUICK, int N>
+ * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f); without NANS the
+ * caller knows there is none and the check is left out. */
+template <bool QUICK, int N, bool NANS = true>
 __device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, uint32_t *w) {
 #pragma unroll
     for (int i = 0; i < N / 4; i++) {
@@ -85,6 +86,7 @@ __device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, ui
                            make_float2(fp8_div<QUICK>(x[2], d), fp8_div<QUICK>(x[3], d)),
                            __NV_SATFINITE, __NV_E4M3);
         w[i] = lo | hi << 16;
+        if constexpr (!NANS) continue; /* the caller knows the values hold no NaN */
         const uint32_t t = w[i] ^ 0x7f7f7f7fu;
         if ((t - 0x01010101u) & ~t & 0x80808080u)
             w[i] |= moe_e4m3_neg_nan(x[0]) | moe_e4m3_neg_nan(x[1]) << 8 |
@@ -164,6 +166,17 @@ template <> struct fp8_x4<__nv_bfloat16> {
         v[0] = __uint_as_float(w.x << 16), v[1] = __uint_as_float(w.x & 0xffff0000u);
         v[2] = __uint_as_float(w.y << 16), v[3] = __uint_as_float(w.y & 0xffff0000u);
     }
+    /* bit 15 or 31 set where a value is +-Inf or NaN (all exponent bits set) */
+    __device__ __forceinline__ uint32_t special() const {
+        return (((w.x & 0x7f807f80u) + 0x00800080u) | ((w.y & 0x7f807f80u) + 0x00800080u)) &
+               0x80008000u;
+    }
+    /* v rounded to bf16 as the elementwise kernels store it (moe_stv) */
+    __device__ __forceinline__ void set(const float *v) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]),
+                             hi = __floats2bfloat162_rn(v[2], v[3]);
+        w.x = *(const uint32_t *)&lo, w.y = *(const uint32_t *)&hi;
+    }
 };
 template <> struct fp8_x4<float> {
     float4 w;
@@ -186,39 +199,65 @@ __device__ __forceinline__ void fp8_cols_feature(const fp8_x4<T> (&raw)[16], int
     }
 }
 
-/* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
- * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
- * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
- * s[b * K + k]. One block of 256 threads a tile of 128 tokens (a padded block b, blockIdx.y) by
- * 128 features (blockIdx.x): thread (tx, ty) reads features 4 tx .. 4 tx + 3 of tokens 16 ty ..
- * 16 ty + 15, one 8-byte (bf16) or 16-byte (fp32) load a token (a warp a token's 128 features:
- * 256 or 512 contiguous bytes), keeping them as loaded; the column amax goes through red
- * (one barrier, which also tells the tile whether it holds an infinity), and each thread's 16
- * bytes of a feature go into the shared tile tt [128 features][8 chunks of 16 tokens] at chunk
- * ty ^ (tx & 7) (8 lanes of a 16-byte store phase meet 8 bank groups), from which each
- * feature's 128 bytes leave as 8 16-byte stores. K a multiple of 4; q and x 16-byte aligned. */
-template <typename T>
-__global__ void __launch_bounds__(256)
-    k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int K,
-                 const __grid_constant__ fp8_groups g, int E, int pow2) {
+/* Where block (blockIdx.x, blockIdx.y) of a transposed quantization falls: the tile of 128
+ * tokens (padded block b = blockIdx.y, counted over all groups) by 128 features (k0 =
+ * 128 blockIdx.x) of group e, whose rows start at off[e] and whose block starts at token m0 of
+ * the group (np padded tokens in all); thread (tx, ty) takes features k .. k + 3 (k = k0 +
+ * 4 tx) of the tile's tokens 16 ty .. 16 ty + 15, of which `rows` are live (0 past the
+ * group's end or past K). */
+struct fp8_tile_at {
+    int e, b, m0, np, k0, k, rows;
+    int64_t row0; /* x's row of the thread's first token */
+};
+__device__ __forceinline__ fp8_tile_at fp8_tile_of(const fp8_groups &g, int E, int K) {
+    fp8_tile_at t;
+    const int ty = threadIdx.x / 32;
+    /* e: the groups after the first whose blocks start at or before b (pb never decreases),
+     * counted 32 at a time by the warp */
+    t.b = blockIdx.y, t.e = 0;
+    for (int j = 1 + threadIdx.x % 32; j - threadIdx.x % 32 < E; j += 32)
+        t.e += __popc(__ballot_sync(0xffffffffu, j < E && g.pb[j] <= t.b));
+    const int n = g.off[t.e + 1] - g.off[t.e];
+    t.m0 = (t.b - g.pb[t.e]) * QB;
+    t.np = (g.pb[t.e + 1] - g.pb[t.e]) * QB;
+    t.k0 = blockIdx.x * 128, t.k = t.k0 + 4 * (threadIdx.x % 32);
+    t.rows = t.k < K ? max(0, min(16, n - t.m0 - 16 * ty)) : 0;
+    t.row0 = g.off[t.e] + t.m0 + 16 * ty;
+    return t;
+}
+
+/* The thread's 4 features of its 16 tokens encoded by their scales d, each feature's 16 bytes
+ * into chunk ch of its row of the shared tile tt (4 rows from tt's first). */
+template <bool QUICK, bool NANS, typename T>
+__device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], const fp8_quot (&d)[4],
+                                                uint4 (*tt)[8], int ch) {
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        float v[16];
+        fp8_cols_feature(raw, f, v);
+        uint32_t w[4];
+        fp8_encode<QUICK, 16, NANS>(v, d[f], w);
+        tt[f][ch] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* The tile's transposed copy from the values raw the 256 threads hold (fp8_tile_of's; zeros
+ * where no token is live): group e's q_e [K, np] at q + 128 pb[e] K, columns past the group's
+ * rows zero, one scale per 1 x 128 block along the tokens, block b of feature k at s[b * K +
+ * k]. The column amax goes through red (one barrier, which also tells the tile whether it
+ * holds an infinity: returned), and each thread's 16 bytes of a feature go into the shared
+ * tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
+ * store phase meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte
+ * stores. Starts and ends with every thread's shared accesses behind a barrier, so that a
+ * block may call it again. With CLEAN the caller says whether the thread's values are all
+ * finite (clean): then the encoding leaves out the NaN checks. */
+template <bool CLEAN, typename T>
+__device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
+                                               uint8_t *q, float *s, int K, const fp8_groups &g,
+                                               int pow2, bool clean) {
     __shared__ float red[8][128];
     __shared__ uint4 tt[128][8];
-    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32, b = blockIdx.y;
-    int e = 0;
-    while (e + 1 < E && g.pb[e + 1] <= b)
-        e++;
-    const int m0 = (b - g.pb[e]) * QB, n = g.off[e + 1] - g.off[e];
-    const int np = (g.pb[e + 1] - g.pb[e]) * QB, k0 = blockIdx.x * 128, k = k0 + 4 * tx;
-    /* the thread's live tokens (0 past the group's end or past K) */
-    const int rows = k < K ? max(0, min(16, n - m0 - 16 * ty)) : 0;
-    const T *xs = x + (int64_t)(g.off[e] + m0 + 16 * ty) * K + k;
-    fp8_x4<T> raw[16];
-#pragma unroll
-    for (int i = 0; i < 16; i++)
-        if (i < rows)
-            raw[i].load(xs + (unsigned)(i * K));
-        else
-            raw[i] = {};
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     /* the amax of each of the thread's 4 features over its 16 tokens */
     float a[4];
     bool inf = false;
@@ -239,25 +278,209 @@ __global__ void __launch_bounds__(256)
         m[0] = fmaxf(m[0], r.x), m[1] = fmaxf(m[1], r.y);
         m[2] = fmaxf(m[2], r.z), m[3] = fmaxf(m[3], r.w);
     }
+    fp8_quot d[4];
+    bool quick = true;
 #pragma unroll
     for (int f = 0; f < 4; f++) {
-        const fp8_quot d = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
-        sc[f] = d.s;
-        float v[16];
-        fp8_cols_feature(raw, f, v);
-        uint32_t w[4];
-        fp8_encode_by<16>(v, d, w);
-        tt[4 * tx + f][ty ^ (tx & 7)] = make_uint4(w[0], w[1], w[2], w[3]);
+        d[f] = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
+        sc[f] = d[f].s, quick &= d[f].quick;
     }
-    if (ty == 0 && k < K)
-        *(float4 *)(s + (int64_t)b * K + k) = make_float4(sc[0], sc[1], sc[2], sc[3]);
+    /* one branch a thread, around the whole encoding (its code stays small) */
+    if (CLEAN && quick && clean)
+        fp8_cols_encode<true, false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    else if (!CLEAN && quick)
+        fp8_cols_encode<true, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    else
+        fp8_cols_encode<false, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    if (ty == 0 && t.k < K)
+        *(float4 *)(s + (int64_t)t.b * K + t.k) = make_float4(sc[0], sc[1], sc[2], sc[3]);
     __syncthreads();
-    uint8_t *qe = q + (int64_t)g.pb[e] * QB * K + m0;
+    uint8_t *qe = q + (int64_t)g.pb[t.e] * QB * K + t.m0;
 #pragma unroll
     for (int u = threadIdx.x; u < 128 * 8; u += 256) {
         const int row = u / 8, ch = u % 8;
-        if (k0 + row < K)
-            *(uint4 *)(qe + (int64_t)(k0 + row) * np + 16 * ch) = tt[row][ch ^ ((row / 4) & 7)];
+        if (t.k0 + row < K)
+            *(uint4 *)(qe + (int64_t)(t.k0 + row) * t.np + 16 * ch) = tt[row][ch ^ ((row / 4) & 7)];
+    }
+    __syncthreads();
+    return tile_inf;
+}
+
+/* The max over a warp's lanes of each of the 16 values a[i] a lane holds, in 16 shuffles (16
+ * warp maxima take 80): each step keeps half of a lane's values and takes the other half of its
+ * partner's, so that lanes 2 i and 2 i + 1 end with the max of value i. */
+__device__ __forceinline__ float fp8_warp_max16(float (&a)[16]) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 8; h >= 1; h /= 2) {
+        const bool up = lane & (2 * h);
+#pragma unroll
+        for (int j = 0; j < h; j++) {
+            const float keep = up ? a[j + h] : a[j], send = up ? a[j] : a[j + h];
+            a[j] = fmaxf(keep, __shfl_xor_sync(0xffffffffu, send, 2 * h));
+        }
+    }
+    return fmaxf(a[0], __shfl_xor_sync(0xffffffffu, a[0], 1));
+}
+
+/* The warp's n live tokens of raw encoded row by row into q [M, K], token i by the quotient
+ * d of lanes 2 i and 2 i + 1 (fp8_rows_store); every token is encoded (the dead ones hold
+ * zeros) and only the stores depend on liveness, so that no branch splits the warp. */
+template <bool QUICK, bool NANS, typename T>
+__device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], const fp8_quot &d,
+                                                uint8_t *q, const fp8_tile_at &t, int n, int K) {
+    uint8_t *qr = q + t.row0 * K + t.k; /* the thread's first token; the next ones K apart */
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        const fp8_quot di = {__shfl_sync(0xffffffffu, d.s, 2 * i),
+                             __shfl_sync(0xffffffffu, d.y, 2 * i), QUICK};
+        float v[4];
+        raw[i].get(v);
+        uint32_t w;
+        fp8_encode<QUICK, 4, NANS>(v, di, &w);
+        if (i < n && t.k < K) *(uint32_t *)(qr + (unsigned)(i * K)) = w;
+    }
+}
+
+/* The same tile's row-wise copy (the 1 x 128 blocks along K are the tile's rows, each held by
+ * one warp): q [M, K] and block (r, kb = blockIdx.x)'s scale at s[kb * ls + r]. A row's amax
+ * comes from fp8_warp_max16, its scale from lane 2 i (which stores it), and the warp takes one
+ * branch for all its rows, without NaN checks where every lane's values are finite (clean).
+ * tile_inf: fp8_cols_store's answer. */
+template <typename T>
+__device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
+                                               uint8_t *q, float *s, int64_t ls, int K,
+                                               bool tile_inf, int pow2, bool clean) {
+    const int lane = threadIdx.x % 32;
+    const int n = __shfl_sync(0xffffffffu, t.rows, 0); /* the warp's live tokens (lane 0: k < K) */
+    float a[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        float v[4];
+        raw[i].get(v);
+        bool inf;
+        a[i] = fp8_lane_amax<4>(v, &inf);
+    }
+    const fp8_quot d = fp8_quot_of(fp8_scale(fp8_warp_max16(a), pow2), tile_inf);
+    if (lane % 2 == 0 && lane / 2 < n) s[(int64_t)blockIdx.x * ls + t.row0 + lane / 2] = d.s;
+    if (__all_sync(0xffffffffu, d.quick && clean))
+        fp8_rows_encode<true, false>(raw, d, q, t, n, K);
+    else
+        fp8_rows_encode<false, true>(raw, d, q, t, n, K);
+}
+
+/* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
+ * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
+ * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
+ * s[b * K + k]. One block of 256 threads a tile of 128 tokens by 128 features (fp8_tile_of),
+ * one 8-byte (bf16) or 16-byte (fp32) load a token (a warp a token's 128 features: 256 or
+ * 512 contiguous bytes) kept as loaded, then fp8_cols_store. K a multiple of 4; q and x
+ * 16-byte aligned. */
+template <typename T>
+__global__ void __launch_bounds__(256)
+    k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int K,
+                 const __grid_constant__ fp8_groups g, int E, int pow2) {
+    const fp8_tile_at t = fp8_tile_of(g, E, K);
+    const T *xs = x + t.row0 * K + t.k;
+    fp8_x4<T> raw[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        if (i < t.rows)
+            raw[i].load(xs + (unsigned)(i * K));
+        else
+            raw[i] = {};
+    fp8_cols_store<false>(raw, t, q, s, K, g, pow2, false);
+}
+
+/* An fp8-block activation pair's parts (moe/quant.h's layout) as one launch writes them: the
+ * row-wise copy q [M, K] with its scales s [KB, ls], and the launch's groups' transposed
+ * copies qt with their scales st (from its first group's). */
+struct fp8_pair_out {
+    uint8_t *q, *qt;
+    float *s, *st;
+};
+
+/* SwiGLU's backward (elementwise.cu's swiglu_grad) written as two fp8-block activation pairs,
+ * pa for a's gradient and pb for b's: each value rounded to bf16 (what the BF16 outputs would
+ * hold) and both copies of each written from the tile of fp8_tile_of, the rows and
+ * transposed bytes of moe_cuda_fp8_rows and moe_cuda_fp8_cols_t on those bf16 values. A
+ * thread loads its 16 tokens' 4 values of dout, a and b (K a multiple of 4; every array
+ * 16-byte aligned). */
+template <typename TA, typename TD>
+__global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
+    k_swiglu_bwd_pairs(fp8_pair_out pa, fp8_pair_out pb, int64_t ls, const TD *__restrict__ dout,
+                       const TA *__restrict__ a, const TA *__restrict__ b, int K,
+                       const __grid_constant__ fp8_groups g, int E, int pow2) {
+    /* b's values while a's pair is written (32 registers): [16][256], dynamic (the static
+     * limit is 48 KB) */
+    extern __shared__ uint2 keep_[];
+    uint2(*keep)[256] = (uint2(*)[256])keep_;
+    const fp8_tile_at t = fp8_tile_of(g, E, K);
+    const int64_t at = t.row0 * K + t.k;
+    fp8_x4<__nv_bfloat16> ra[16];
+    /* 8 tokens' loads at once, each from a live row (the dead tokens read the last live one
+     * and are zeroed after): a load under its token's condition waited for the token before it
+     * to be computed, 16 memory latencies a tile */
+#pragma unroll
+    for (int c = 0; c < 16; c += 8) {
+        fp8_x4<TD> gd[8];
+        fp8_x4<TA> av[8], bv[8];
+        if (t.rows > 0)
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const unsigned r = (unsigned)(min(c + u, t.rows - 1) * K);
+                gd[u].load(dout + at + r);
+                av[u].load(a + at + r);
+                bv[u].load(b + at + r);
+            }
+        /* the chunk's gradients through swiglu_sigmoid_quick; again through swiglu_sigmoid
+         * where it did not apply to a value (a < -87: rare), one branch a chunk */
+        bool ok = true;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            fp8_x4<__nv_bfloat16> rb = {};
+            ra[c + u] = {};
+            if (c + u < t.rows) {
+                float gf[4], af[4], bf[4], da[4], db[4];
+                gd[u].get(gf), av[u].get(af), bv[u].get(bf);
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    bool okj;
+                    const float sj = swiglu_sigmoid_quick(af[j], &okj);
+                    swiglu_grad_s(gf[j], af[j], bf[j], sj, &da[j], &db[j]);
+                    ok &= okj;
+                }
+                ra[c + u].set(da), rb.set(db);
+            }
+            keep[c + u][threadIdx.x] = rb.w;
+        }
+        if (!ok)
+            for (int u = 0; u < 8 && c + u < t.rows; u++) {
+                float gf[4], af[4], bf[4], da[4], db[4];
+                gd[u].get(gf), av[u].get(af), bv[u].get(bf);
+                for (int j = 0; j < 4; j++)
+                    swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+                fp8_x4<__nv_bfloat16> rb;
+                ra[c + u].set(da), rb.set(db);
+                keep[c + u][threadIdx.x] = rb.w;
+            }
+    }
+    /* a's pair, then b's (its values brought back into ra): one copy of the code, which is
+     * large; fp8_cols_store's barriers order keep's accesses */
+#pragma unroll 1
+    for (int j = 0; j < 2; j++) {
+        if (j)
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+                ra[i].w = keep[i][threadIdx.x];
+        uint32_t sp = 0;
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            sp |= ra[i].special();
+        const bool clean = sp == 0; /* no NaN to sign, no infinity */
+        const bool inf =
+            fp8_cols_store<true>(ra, t, j ? pb.qt : pa.qt, j ? pb.st : pa.st, K, g, pow2, clean);
+        fp8_rows_store(ra, t, j ? pb.q : pa.q, j ? pb.s : pa.s, ls, K, inf, pow2, clean);
     }
 }
 
@@ -418,15 +641,12 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
-int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
-                        int64_t E, int64_t K, int pow2, const char *op) {
-    if (K <= 0) return 1;
-    if (K % 4 != 0 || K >= (1LL << 31) || ((uintptr_t)x.p | (uintptr_t)q | (uintptr_t)s) % 16 != 0)
-        return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                              "fp8 columns: K=%lld a multiple of 4 and 16-byte aligned buffers "
-                              "expected",
-                              (long long)K);
-    /* FP8_COLS_MAXE groups a launch; each launch's q and s start at its first group's */
+/* The transposed quantizers' launches over groups offsets [E + 1] (host), FP8_COLS_MAXE groups
+ * a launch: launch(g, ne, pb0) for each chunk with a padded block, g its ne groups (rows
+ * absolute) and pb0 the padded blocks of the groups before it (its part of a transposed copy
+ * starts at 128 pb0 K bytes, of the scales at pb0 K). 0 after a failed launch. */
+template <typename F> static int fp8_group_chunks(const int32_t *offsets, int64_t E, F launch) {
+    int64_t pb0 = 0;
     for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
         const int ne = (int)(E - e0 < FP8_COLS_MAXE ? E - e0 : FP8_COLS_MAXE);
         fp8_groups g;
@@ -435,20 +655,93 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
             g.off[e] = offsets[e0 + e];
         for (int e = 0; e < ne; e++)
             g.pb[e + 1] = g.pb[e] + (int32_t)(moe_cuda_fp8_pad(g.off[e + 1] - g.off[e]) / QB);
-        if (g.pb[ne] > 0) {
-            dim3 grid((unsigned)((K + 127) / 128), (unsigned)g.pb[ne]);
-            if (x.dt == MOE_DTYPE_BF16)
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const __nv_bfloat16 *)x.p, (int)K,
-                                                          g, ne, pow2);
-            else
-                k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(q, s, (const float *)x.p, (int)K, g, ne,
-                                                          pow2);
-            if (!MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K)) return 0;
-        }
-        q += (int64_t)g.pb[ne] * QB * K;
-        s += (int64_t)g.pb[ne] * K;
+        if (g.pb[ne] > 0 && !launch(g, ne, pb0)) return 0;
+        pb0 += g.pb[ne];
     }
     return 1;
+}
+
+int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
+                        int64_t E, int64_t K, int pow2, const char *op) {
+    if (K <= 0) return 1;
+    if (K % 4 != 0 || K >= (1LL << 31) || ((uintptr_t)x.p | (uintptr_t)q | (uintptr_t)s) % 16 != 0)
+        return moe_cuda_check(c, cudaErrorInvalidValue, op,
+                              "fp8 columns: K=%lld a multiple of 4 and 16-byte aligned buffers "
+                              "expected",
+                              (long long)K);
+    return fp8_group_chunks(offsets, E, [&](const fp8_groups &g, int ne, int64_t pb0) {
+        const dim3 grid((unsigned)((K + 127) / 128), (unsigned)g.pb[ne]);
+        uint8_t *qc = q + pb0 * QB * K;
+        float *sc = s + pb0 * K;
+        if (x.dt == MOE_DTYPE_BF16)
+            k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(qc, sc, (const __nv_bfloat16 *)x.p, (int)K, g,
+                                                      ne, pow2);
+        else
+            k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(qc, sc, (const float *)x.p, (int)K, g, ne,
+                                                      pow2);
+        return MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K);
+    });
+}
+
+/* k_swiglu_bwd_pairs for a's and dout's types */
+#define PAIRS_KEEP (16 * 256 * sizeof(uint2)) /* k_swiglu_bwd_pairs's dynamic shared memory */
+template <typename TA, typename TD>
+static int swiglu_pairs_launch(moe_cuda_ctx *c, dim3 grid, const fp8_pair_out &pa,
+                               const fp8_pair_out &pb, int64_t ls, moe_cbuf dout, moe_cbuf a,
+                               moe_cbuf b, int K, const fp8_groups &g, int ne, int pow2,
+                               const char *op) {
+    if (!moe_cuda_check(c,
+                        cudaFuncSetAttribute(k_swiglu_bwd_pairs<TA, TD>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)PAIRS_KEEP),
+                        op, "shared memory %d bytes", (int)PAIRS_KEEP))
+        return 0;
+    k_swiglu_bwd_pairs<TA, TD><<<grid, 256, PAIRS_KEEP, c->stream>>>(
+        pa, pb, ls, (const TD *)dout.p, (const TA *)a.p, (const TA *)b.p, K, g, ne, pow2);
+    return 1;
+}
+
+void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, moe_cbuf dout,
+                                    moe_cbuf a, moe_cbuf b, const moe_fp8_groups *pairs,
+                                    const char *op) {
+    const int64_t K = pairs->K;
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K);
+    if (l.M <= 0 || K <= 0) return;
+    const uintptr_t al =
+        (uintptr_t)da | (uintptr_t)db | (uintptr_t)dout.p | (uintptr_t)a.p | (uintptr_t)b.p;
+    if (K % 16 != 0 || l.M * l.KB >= (1LL << 30) || K >= (1LL << 31) || al % 16 != 0 ||
+        a.dt != b.dt || !moe_cuda_typed_ok(c, a.dt, op) || !moe_cuda_typed_ok(c, dout.dt, op)) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pairs: K=%lld (a multiple of 16), M=%lld, inputs %s/%s/%s (F32 "
+                       "or BF16, a and b of one type) and 16-byte aligned arrays expected",
+                       (long long)K, (long long)l.M, moe_dtype_name(dout.dt), moe_dtype_name(a.dt),
+                       moe_dtype_name(b.dt));
+        return;
+    }
+    fp8_group_chunks(pairs->offsets, pairs->E, [&](const fp8_groups &g, int ne, int64_t pb0) {
+        fp8_pair_out pa, pb;
+        uint8_t *base[2] = {da, db};
+        fp8_pair_out *out[2] = {&pa, &pb};
+        for (int i = 0; i < 2; i++) {
+            out[i]->q = base[i];
+            out[i]->s = (float *)(base[i] + l.s_rows);
+            out[i]->qt = base[i] + l.q_cols + pb0 * QB * K;
+            out[i]->st = (float *)(base[i] + l.s_cols) + pb0 * K;
+        }
+        const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
+        const int bf_a = a.dt == MOE_DTYPE_BF16, bf_d = dout.dt == MOE_DTYPE_BF16;
+        typedef __nv_bfloat16 bf;
+        const int ok = bf_a && bf_d ? swiglu_pairs_launch<bf, bf>(c, grid, pa, pb, l.lds, dout, a,
+                                                                  b, (int)K, g, ne, pairs->pow2, op)
+                       : bf_a ? swiglu_pairs_launch<bf, float>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                               (int)K, g, ne, pairs->pow2, op)
+                       : bf_d
+                           ? swiglu_pairs_launch<float, bf>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                            (int)K, g, ne, pairs->pow2, op)
+                           : swiglu_pairs_launch<float, float>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                               (int)K, g, ne, pairs->pow2, op);
+        return ok && MOE_CUDA_LAUNCHED(c, op, "fp8-block pairs E=%d K=%lld", ne, (long long)K);
+    });
 }
 
 extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,

@@ -17,7 +17,7 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define GG_MAXE 128 /* experts the tile list holds */
+#define GG_MAXE MOE_CUDA_GROUPED_MAXE /* experts the tile list holds */
 
 /* one TMA box of a 2D map at (col, row) (col: elements along the contiguous dim) into dst,
  * completing on bar */

@@ -10,10 +10,14 @@
 
 /* A single group is a dense product, which cuBLASLt runs faster (1,134-1,179 TFLOP/s at the
  * same flops, against 998-1,223 here). */
+int moe_cuda_grouped_fp8_fits(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
+                              const float *sw) {
+    return c->sm == 90 && E >= 1 && E <= GG_MAXE &&
+           (((uintptr_t)y | (uintptr_t)wq | (uintptr_t)sw) & 15) == 0;
+}
 int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
                                    const float *sw) {
-    return c->sm == 90 && E >= 2 && E <= GG_MAXE &&
-           (((uintptr_t)y | (uintptr_t)wq | (uintptr_t)sw) & 15) == 0;
+    return E >= 2 && moe_cuda_grouped_fp8_fits(c, E, y, wq, sw);
 }
 
 template <typename TO>

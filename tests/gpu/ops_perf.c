@@ -406,7 +406,7 @@ static void run_perf(gctx *g, const pcase *pc) {
                 if (pc->dir)
                     be->swiglu_backward(be, moe_buf_of(c, MOE_DTYPE_BF16),
                                         moe_buf_of(b, MOE_DTYPE_BF16), moe_cbuf_f32(a), a16, b16,
-                                        s[0]);
+                                        s[0], NULL);
                 else
                     be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
                 break;

@@ -388,15 +388,15 @@ void run_swiglu(gctx *g, const tcase *tc) {
     /* written, not accumulated: poisoned */
     moe_buf dga = dev_operand(g, ddt, "da", NULL, n), dgb = dev_operand(g, ddt, "db", NULL, n);
     g->cpu->swiglu_backward(g->cpu, moe_buf_f32(ga), moe_buf_f32(gb), moe_cbuf_f32(gy),
-                            moe_cbuf_f32(a), moe_cbuf_f32(b), n);
-    g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n);
+                            moe_cbuf_f32(a), moe_cbuf_f32(b), n, NULL);
+    g->gpu->swiglu_backward(g->gpu, dga, dgb, dgy, da_, db_, n, NULL);
     check_sync_guards(g, "swiglu_backward");
     cmp_typed(g, "da", dga, ga, n, tol_stored(tc, ddt));
     cmp_typed(g, "db", dgb, gb, n, tol_stored(tc, ddt));
     /* in place, as the model runs it: da over a, db over b */
     moe_buf ia = dev_operand(g, adt, "a (in place)", a, n),
             ib = dev_operand(g, adt, "b (in place)", b, n);
-    g->gpu->swiglu_backward(g->gpu, ia, ib, dgy, moe_cbuf_from(ia), moe_cbuf_from(ib), n);
+    g->gpu->swiglu_backward(g->gpu, ia, ib, dgy, moe_cbuf_from(ia), moe_cbuf_from(ib), n, NULL);
     check_sync_guards(g, "swiglu_backward in place");
     cmp_typed(g, "da (in place)", ia, ga, n, tol_stored(tc, adt));
     cmp_typed(g, "db (in place)", ib, gb, n, tol_stored(tc, adt));

@@ -5,7 +5,10 @@
  *     values and tiled e8m0 scales with their padding included;
  *   fp8-block: the activations' and gradients' 1 x 128 operands (moe_cuda_fp8_block_operand,
  *     kernels/quant_fp8.cu) against moe_fp8_encode_block: e4m3 values and fp32 scales, with
- *     blocks whose scale lies outside the kernels' quick division (2^-60 .. 2^60).
+ *     blocks whose scale lies outside the kernels' quick division (2^-60 .. 2^60); and the
+ *     fp8-block activation pairs SwiGLU's backward writes in one pass (where be->fp8_pairs)
+ *     against the CPU's moe_fp8_pair_encode of the same op's BF16 outputs, then the grouped
+ *     backward reading such a pair as dy against the same product on the BF16 values.
  *
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
  * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
@@ -206,6 +209,141 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
     free(gq), free(gs), free(rq), free(rs), free(xq), free(x), free(off);
 }
 
+/* The values of an array of type dt (1 F32, 2 BF16) on the device, from x (rounded to bf16
+ * in place when BF16). */
+static moe_cbuf dev_typed(const moe_backend *be, float *x, int64_t n, int dt, void **d) {
+    if (dt == 1) {
+        *d = dev(be, x, (size_t)n * 4);
+        return moe_cbuf_f32(*d);
+    }
+    uint16_t *h = malloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = moe_f32_to_bf16(x[i]), x[i] = moe_bf16_to_f32(h[i]);
+    *d = dev(be, h, (size_t)n * 2);
+    free(h);
+    return moe_cbuf_of(*d, MOE_DTYPE_BF16);
+}
+
+/* n bytes of device p and host h compared: the count that differ, the first at *first. */
+static int64_t bytes_differ(const moe_backend *be, const void *p, const uint8_t *h, int64_t n,
+                            int64_t *first) {
+    uint8_t *g = malloc((size_t)n);
+    be->memcpy_d2h(be, g, p, (size_t)n);
+    int64_t bad = 0;
+    *first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (g[i] != h[i] && bad++ == 0) *first = i;
+    free(g);
+    return bad;
+}
+
+/* fp8-block activation pairs (moe/quant.h): SwiGLU's backward written as pairs in one pass
+ * (be->swiglu_backward with groups) against the same op's BF16 dh1, dh3 encoded by the CPU
+ * (moe_fp8_pair_encode), the whole buffer byte for byte (gaps and the rows' padding scales
+ * untouched, guard bytes after it); then the grouped backward reading a pair as dy against
+ * the same product on the BF16 dh1, dx and dw bit for bit (the same bytes reach the same
+ * kernels). a, b of type dta, dout of dtd (1 F32, 2 BF16); dout's rows scaled 2^-90 .. 2^90
+ * so that both division paths run, with its NaN, infinities and zeros. */
+static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
+                      int dtd, int rule) {
+    const int64_t I = 128; /* the w1 product's input width */
+    int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++)
+        off[e + 1] = off[e] + (int32_t)counts[e];
+    const int64_t M = off[E], n = M * K;
+    const moe_fp8_groups pg = {off, E, K, rule};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+    const size_t pbytes = l.bytes + GUARD;
+    float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4), *hg = malloc((size_t)n * 4);
+    fill(ha, M, K, 2);
+    fill(hb, M, K, 2);
+    fill(hg, M, K, 90);
+    void *da_, *db_, *dg_;
+    moe_cbuf a = dev_typed(be, ha, n, dta, &da_), b = dev_typed(be, hb, n, dta, &db_),
+             g = dev_typed(be, hg, n, dtd, &dg_);
+    /* the BF16 outputs, and the CPU's pairs of them */
+    uint16_t *h1 = malloc((size_t)n * 2), *h3 = malloc((size_t)n * 2);
+    void *d1 = be->alloc(be, (size_t)n * 2), *d3 = be->alloc(be, (size_t)n * 2);
+    be->swiglu_backward(be, moe_buf_of(d1, MOE_DTYPE_BF16), moe_buf_of(d3, MOE_DTYPE_BF16), g, a, b,
+                        n, NULL);
+    be->memcpy_d2h(be, h1, d1, (size_t)n * 2);
+    be->memcpy_d2h(be, h3, d3, (size_t)n * 2);
+    uint8_t *ref[2];
+    const uint16_t *hv[2] = {h1, h3};
+    float *v = malloc((size_t)n * 4);
+    for (int j = 0; j < 2; j++) {
+        ref[j] = malloc(pbytes);
+        memset(ref[j], 0xab, pbytes);
+        for (int64_t i = 0; i < n; i++)
+            v[i] = moe_bf16_to_f32(hv[j][i]);
+        moe_fp8_pair_encode(ref[j], v, off, E, K, rule);
+    }
+    /* the pairs in one pass */
+    uint8_t *fillb = malloc(pbytes);
+    memset(fillb, 0xab, pbytes);
+    void *p1 = dev(be, fillb, pbytes), *p3 = dev(be, fillb, pbytes);
+    be->swiglu_backward(be, moe_buf_fp8_pair(p1), moe_buf_fp8_pair(p3), g, a, b, n, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "swiglu_backward pairs: %s", err.msg);
+    int64_t f1, f3, bad1 = bytes_differ(be, p1, ref[0], (int64_t)pbytes, &f1),
+                    bad3 = bytes_differ(be, p3, ref[1], (int64_t)pbytes, &f3);
+    static const char *names[] = {"", "f32", "bf16"};
+    CHECK_MSG(
+        ok && bad1 == 0 && bad3 == 0,
+        "pairs a %s dout %s K=%lld rule %d: %lld and %lld of %zu bytes differ (first at %lld, "
+        "%lld; parts at 0, %zu, %zu, %zu)",
+        names[dta], names[dtd], (long long)K, rule, (long long)bad1, (long long)bad3, pbytes,
+        (long long)f1, (long long)f3, l.s_rows, l.q_cols, l.s_cols);
+    /* the w1 product's backward, dy the pair or the BF16 dh1 */
+    const int64_t nw = E * K * I;
+    float *hw = malloc((size_t)nw * 4), *hx = malloc((size_t)(M * I) * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hw[i] = urand() * 0.05f;
+    for (int64_t i = 0; i < M * I; i++)
+        hx[i] = urand();
+    void *dw32 = dev(be, hw, (size_t)nw * 4), *dxin;
+    moe_cbuf x = dev_typed(be, hx, M * I, 2, &dxin);
+    const moe_recipe prec = rule ? MOE_RECIPE_FP8_BLOCK_POW2 : MOE_RECIPE_FP8_BLOCK;
+    const int64_t nws = moe_fp8_weight_scales(E, K, I);
+    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
+    float *ws = be->alloc(be, (size_t)nws * 4);
+    be->quantize_weight(be, wq, ws, dw32, E, K, I, prec);
+    float *ox[2], *ow[2];
+    const moe_cbuf dys[2] = {moe_cbuf_of(d1, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p1))};
+    for (int j = 0; j < 2; j++) {
+        ox[j] = be->alloc(be, (size_t)(M * I) * 4);
+        ow[j] = be->alloc(be, (size_t)nw * 4);
+        be->grouped_matmul_backward(be, moe_buf_f32(ox[j]), moe_buf_f32(ow[j]), dys[j], x,
+                                    moe_cbuf_e4m3(wq, ws), off, E, I, K, prec, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+    }
+    ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "grouped_matmul_backward on a pair: %s", err.msg);
+    float *hx2 = malloc((size_t)(M * I) * 4), *hw2 = malloc((size_t)nw * 4);
+    be->memcpy_d2h(be, hx, ox[0], (size_t)(M * I) * 4);
+    be->memcpy_d2h(be, hx2, ox[1], (size_t)(M * I) * 4);
+    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
+    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
+    const int same_x = memcmp(hx, hx2, (size_t)(M * I) * 4) == 0,
+              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
+    CHECK_MSG(ok && same_x && same_w, "grouped backward K=%lld rule %d: dx %s, dw %s", (long long)K,
+              rule, same_x ? "identical" : "DIFFERS", same_w ? "identical" : "DIFFERS");
+    printf("  pairs     a %-4s dout %-4s K=%-3lld rule %d: %zu bytes a pair%s; grouped backward "
+           "dx, dw%s\n",
+           names[dta], names[dtd], (long long)K, rule, l.bytes,
+           bad1 || bad3 ? "  FAILED" : "  identical", same_x && same_w ? " identical" : " DIFFER");
+    for (int j = 0; j < 2; j++)
+        be->free(be, ox[j]), be->free(be, ow[j]), free(ref[j]);
+    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, dxin);
+    be->free(be, p1), be->free(be, p3), be->free(be, d1), be->free(be, d3);
+    be->free(be, da_), be->free(be, db_), be->free(be, dg_);
+    free(hx2), free(hw2), free(hw), free(hx), free(fillb), free(v), free(h1), free(h3);
+    free(ha), free(hb), free(hg), free(off);
+}
+
 int main(void) {
     const moe_backend *be = test_cuda_backend("gpu_test_quant_operands");
     if (!be) return 77;
@@ -222,6 +360,13 @@ int main(void) {
                 for (int dt = 1; dt <= 2; dt++)
                     run_case(be, counts, E, Ks[k], dt, t, rule, FP8_BLOCK);
             }
+    if (be->fp8_pairs >= E) /* h1, h3 bf16 as the model has them; once f32 */
+        for (int k = 0; k < 3; k++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int dt = 1; dt <= 2; dt++)
+                    run_pairs(be, counts, E, Ks[k], 2 - (k == 1 && rule == 0 && dt == 1), dt, rule);
+    else
+        printf("fp8-block pairs: not on this GPU (be->fp8_pairs %d: sm_90 only)\n", be->fp8_pairs);
     be->destroy(be);
     return test_summary("gpu_test_quant_operands");
 }

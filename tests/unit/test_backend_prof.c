@@ -203,7 +203,8 @@ static void test_direct_calls(void) {
     CHECK(moe_backend_prof_kind_of(MOE_OP_ADAMW) == MOE_PROF_OTHER);
     CHECK(prof->supports(prof, MOE_OP_ADD, NULL, MOE_RECIPE_FP32) ==
           cpu->supports(cpu, MOE_OP_ADD, NULL, MOE_RECIPE_FP32));
-    CHECK(prof->bf16_native == cpu->bf16_native && prof->mx_native == cpu->mx_native);
+    CHECK(prof->bf16_native == cpu->bf16_native && prof->mx_native == cpu->mx_native &&
+          prof->fp8_pairs == cpu->fp8_pairs);
 
     char *buf = NULL;
     size_t len = 0;

@@ -94,9 +94,9 @@ static void test_grad_store(void) {
     float *sa = gc_buf(N * C, 95, -4, 4), *sb = gc_buf(N * C, 96, -2, 2);
     float *da = gc_buf(N * C, 0, 0, 0), *db = gc_buf(N * C, 0, 0, 0);
     be->swiglu_backward(be, moe_buf_f32(da), moe_buf_f32(db), moe_cbuf_f32(g), moe_cbuf_f32(sa),
-                        moe_cbuf_f32(sb), N * C);
+                        moe_cbuf_f32(sb), N * C, NULL);
     be->swiglu_backward(be, moe_buf_f32(sa), moe_buf_f32(sb), moe_cbuf_f32(g), moe_cbuf_f32(sa),
-                        moe_cbuf_f32(sb), N * C);
+                        moe_cbuf_f32(sb), N * C, NULL);
     CHECK_MSG(same(da, sa, N * C) && same(db, sb, N * C), "swiglu_backward in place");
     free(sa), free(sb), free(da), free(db);
     /* attention backward (GQA 4/2, a document mask): SET into garbage = ADD into zeros */

@@ -154,7 +154,7 @@ int main(void) {
                                 moe_cbuf_f32(s.g), moe_cbuf_f32(w2), s.off, E, F, C,
                                 MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
     be->swiglu_backward(be, moe_buf_f32(dh1), moe_buf_f32(dh3), moe_cbuf_f32(dg),
-                        moe_cbuf_f32(s.h1), moe_cbuf_f32(s.h3), N * K * F);
+                        moe_cbuf_f32(s.h1), moe_cbuf_f32(s.h3), N * K * F, NULL);
     be->grouped_matmul_backward(be, moe_buf_f32(dxp), moe_buf_f32(dw1), moe_cbuf_f32(dh1),
                                 moe_cbuf_f32(s.xp), moe_cbuf_f32(w1), s.off, E, C, F,
                                 MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);

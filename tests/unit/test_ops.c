@@ -234,7 +234,7 @@ static void test_swiglu(void) {
     CHECK_NEAR(s.out[3], s.a[3] / (1.0 + exp(-s.a[3])) * s.b[3], 1e-6);
     float *ga = gc_buf(s.n, 0, 0, 0), *gb = gc_buf(s.n, 0, 0, 0);
     be->swiglu_backward(be, moe_buf_f32(ga), moe_buf_f32(gb), moe_cbuf_f32(s.r), moe_cbuf_f32(s.a),
-                        moe_cbuf_f32(s.b), s.n);
+                        moe_cbuf_f32(s.b), s.n, NULL);
     gc_check("swiglu da", &s, sw_loss, s.a, ga, s.n, 40, 1e-3, ATOL, RTOL);
     gc_check("swiglu db", &s, sw_loss, s.b, gb, s.n, 40, 1e-3, ATOL, RTOL);
     free(s.a), free(s.b), free(s.out), free(s.r), free(ga), free(gb);

@@ -2,13 +2,15 @@
  * test_ops.c - that the bf16 recipe really rounds (AdamW and cast_bf16: test_adamw.c), that
  * a BF16 weight or BF16 activations give the same bits as the F32 values they hold, that the
  * ops writing MXFP8 activations store the encoding of their bf16 output and read one as its
- * values, and that the fp8 recipes' emulated products stay close to fp32. */
+ * values, that the fp8 recipes' emulated products stay close to fp32, and that fp8-block
+ * activation pairs give the products the bits of the BF16 gradients they encode. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gradcheck.h"
 #include "moe/ops.h"
+#include "moe/quant.h"
 #include "testlib.h"
 
 static const moe_backend *be;
@@ -94,7 +96,7 @@ static void test_bf16_activations(void) {
                                     moe_cbuf_of(g, dt), moe_cbuf_f32(w2), off, E, F, C,
                                     MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
         be->swiglu_backward(be, moe_buf_of(dh, dt), moe_buf_of(dh3, dt), moe_cbuf_f32(dg),
-                            moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F);
+                            moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F, NULL);
         be->grouped_matmul_backward(be, moe_buf_f32(r[k][1]), moe_buf_f32(r[k][3]),
                                     moe_cbuf_of(dh, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1), off,
                                     E, C, F, MOE_RECIPE_BF16, MOE_GRAD_ADD, MOE_GRAD_ADD);
@@ -174,9 +176,9 @@ static void test_mxfp8_activations(void) {
     CHECK(memcmp(dx[0], dx[1], (size_t)(NK * C) * 4) == 0);
     /* swiglu backward in place over its MXFP8 inputs */
     be->swiglu_backward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_buf_of(r16b, MOE_DTYPE_BF16),
-                        moe_cbuf_f32(dg), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F);
+                        moe_cbuf_f32(dg), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v), NK * F, NULL);
     be->swiglu_backward(be, h1b, h3b, moe_cbuf_f32(dg), moe_cbuf_from(h1b), moe_cbuf_from(h3b),
-                        NK * F);
+                        NK * F, NULL);
     CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F) && mx_is(h3, h3 + NK * F, r16b, NK * F),
               "swiglu backward in place into MXFP8");
     free(x), free(w1), free(w3), free(dg), free(xp), free(h1), free(h3), free(g), free(r16);
@@ -281,6 +283,62 @@ static void test_fp8_products(void) {
     free(x), free(w), free(dy), free(y32), free(dx32), free(dw32), free(y16);
 }
 
+/* fp8-block activation pairs (moe_buf_fp8_pair): SwiGLU's backward writing dh1 and dh3 as
+ * pairs and the grouped backward reading one as dy give the bits of the unfused path (BF16
+ * dh1/dh3 quantized by the grouped backward itself) - dx written then added, an F32 and a BF16
+ * dw - under both scale rules, for uneven groups (an empty one, one of 129 rows) and widths F
+ * not a multiple of 128 and a multiple. */
+static void test_fp8_pairs(void) {
+    enum { E = 4, M = 300, C = 48 };
+    const int32_t off[E + 1] = {0, 150, 150, 279, 300};
+    const int64_t Fs[2] = {208, 256};
+    const moe_recipe rs[2] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2};
+    CHECK(be->fp8_pairs >= E);
+    for (int fi = 0; fi < 2; fi++)
+        for (int ri = 0; ri < 2; ri++) {
+            const int64_t F = Fs[fi];
+            const moe_recipe prec = rs[ri];
+            float *h1 = gc_buf(M * F, 90, -3, 3), *h3 = gc_buf(M * F, 91, -2, 2);
+            float *dg = gc_buf(M * F, 92, -1, 1), *x = gc_buf(M * C, 93, -1, 1);
+            float *w1 = gc_buf(E * F * C, 94, -1, 1), *w3 = gc_buf(E * F * C, 95, -1, 1);
+            for (int64_t i = 0; i < M * F; i += 211)
+                dg[i] *= 500.0f; /* outliers: blocks of very different scales */
+            moe_cbuf w1q = gc_weight(be, w1, E, F, C, prec), w3q = gc_weight(be, w3, E, F, C, prec);
+            /* per path: dx (w1's SET, then w3's ADD), dw1 F32, dw3 BF16 */
+            float *dx[2], *dw1[2];
+            uint16_t *dw3[2];
+            for (int k = 0; k < 2; k++) {
+                dx[k] = gc_buf(M * C, 0, 0, 0), dw1[k] = gc_buf(E * F * C, 0, 0, 0);
+                dw3[k] = calloc((size_t)(E * F * C), 2);
+                /* k = 0 unfused: BF16 gradients, quantized by the products; k = 1 pairs */
+                const moe_fp8_groups grp = {off, E, F, prec == MOE_RECIPE_FP8_BLOCK_POW2};
+                const size_t bytes = k ? moe_fp8_pair_bytes_max(M, E, F) : (size_t)(M * F) * 2;
+                void *g1 = be->alloc(be, bytes), *g3 = be->alloc(be, bytes);
+                const moe_buf dh1 = k ? moe_buf_fp8_pair(g1) : moe_buf_of(g1, MOE_DTYPE_BF16);
+                const moe_buf dh3 = k ? moe_buf_fp8_pair(g3) : moe_buf_of(g3, MOE_DTYPE_BF16);
+                be->swiglu_backward(be, dh1, dh3, moe_cbuf_f32(dg), moe_cbuf_f32(h1),
+                                    moe_cbuf_f32(h3), M * F, k ? &grp : NULL);
+                be->grouped_matmul_backward(be, moe_buf_f32(dx[k]), moe_buf_f32(dw1[k]),
+                                            moe_cbuf_from(dh1), moe_cbuf_f32(x), w1q, off, E, C, F,
+                                            prec, MOE_GRAD_SET, MOE_GRAD_SET);
+                be->grouped_matmul_backward(
+                    be, moe_buf_f32(dx[k]), moe_buf_of(dw3[k], MOE_DTYPE_BF16), moe_cbuf_from(dh3),
+                    moe_cbuf_f32(x), w3q, off, E, C, F, prec, MOE_GRAD_ADD, MOE_GRAD_SET);
+                be->free(be, g1), be->free(be, g3);
+            }
+            CHECK_MSG(memcmp(dx[0], dx[1], (size_t)(M * C) * 4) == 0 &&
+                          memcmp(dw1[0], dw1[1], (size_t)(E * F * C) * 4) == 0 &&
+                          memcmp(dw3[0], dw3[1], (size_t)(E * F * C) * 2) == 0,
+                      "%s F %lld: the pair path differs from the BF16 one", moe_recipe_name(prec),
+                      (long long)F);
+            CHECK(dx[0][0] != 0.0f && dw1[0][0] != 0.0f); /* the products ran */
+            for (int k = 0; k < 2; k++)
+                free(dx[k]), free(dw1[k]), free(dw3[k]);
+            gc_weight_free(w1q), gc_weight_free(w3q);
+            free(h1), free(h3), free(dg), free(x), free(w1), free(w3);
+        }
+}
+
 static void test_bf16(void) {
     int64_t N = 4, I = 64, O = 8;
     float *x = gc_buf(N * I, 38, -1, 1), *w = gc_buf(O * I, 39, -1, 1);
@@ -325,5 +383,6 @@ static void test_bf16(void) {
 int main(void) {
     be = moe_backend_cpu();
     test_bf16();
+    test_fp8_pairs();
     return test_summary("test_ops_lowp");
 }

@@ -6,7 +6,8 @@
  * vector, strided (column) vectors, 128 x 128 tiles that keep a small tile small next to a
  * large one, and the same bits for any thread count; the stored MXFP8 form (encode, decode:
  * the fake quantization's values, and encoding them again keeps them) and the stored
- * fp8-block form of an activation block. */
+ * fp8-block form of an activation block and of activation pairs (both operands of a grouped
+ * product in one buffer, with its layout and size bound). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -260,6 +261,164 @@ static void test_fp8_block_stored(void) {
     }
 }
 
+/* ---- fp8-block activation pairs (moe_fp8_pair_*) ---- */
+
+/* the rows copy of pair (layout l) of x [M, K]: each 1 x 128 block moe_fp8_encode_block's bytes
+ * and scale (compared as bits) */
+static int pair_rows_are_blocks(const uint8_t *pair, const moe_fp8_pair_layout *l, const float *x,
+                                int pow2) {
+    const float *s = (const float *)(pair + l->s_rows);
+    uint8_t q[128];
+    float sc;
+    int same = 1;
+    for (int64_t r = 0; r < l->M; r++)
+        for (int64_t kb = 0; kb < l->KB; kb++) {
+            const int64_t k0 = kb * 128, len = l->K - k0 < 128 ? l->K - k0 : 128;
+            moe_fp8_encode_block(q, &sc, x + r * l->K + k0, len, pow2);
+            same &= memcmp(q, pair + r * l->K + k0, (size_t)len) == 0 &&
+                    memcmp(&sc, &s[kb * l->lds + r], 4) == 0;
+        }
+    return same;
+}
+
+/* the transposed copies: block b of group e's column k is moe_fp8_encode_block of the group's
+ * rows b * 128 .. (at most 128 of them), the bytes past the group's end zero */
+static int pair_cols_are_blocks(const uint8_t *pair, const moe_fp8_pair_layout *l, const float *x,
+                                const int32_t *off, int64_t E, int pow2) {
+    const int64_t K = l->K;
+    const float *s = (const float *)(pair + l->s_cols);
+    float v[128], sc;
+    uint8_t q[128];
+    int same = 1;
+    int64_t pb = 0;
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = off[e + 1] - off[e], nb = (n + 127) / 128;
+        const uint8_t *qe = pair + l->q_cols + 128 * pb * K;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t len = n - b * 128 < 128 ? n - b * 128 : 128;
+                for (int64_t j = 0; j < len; j++)
+                    v[j] = x[(off[e] + b * 128 + j) * K + k];
+                moe_fp8_encode_block(q, &sc, v, len, pow2);
+                const uint8_t *col = qe + k * 128 * nb + b * 128;
+                same &=
+                    memcmp(q, col, (size_t)len) == 0 && memcmp(&sc, &s[(pb + b) * K + k], 4) == 0;
+                for (int64_t j = len; j < 128; j++)
+                    same &= col[j] == 0;
+            }
+        pb += nb;
+    }
+    return same && pb == l->PB;
+}
+
+/* The layout's offsets as moe/quant.h states them (the CUDA quantizers' parts, each 256-byte
+ * aligned) for groups off [E + 1], and moe_fp8_pair_bytes_max at least its bytes. */
+static int pair_layout_is_spec(const int32_t *off, int64_t E, int64_t K) {
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+    const int64_t M = off[E], KB = (K + 127) / 128, lds = (M + 3) / 4 * 4;
+    int64_t PB = 0;
+    for (int64_t e = 0; e < E; e++)
+        PB += (off[e + 1] - off[e] + 127) / 128;
+    const size_t s_rows = ((size_t)(M * K) + 255) / 256 * 256;
+    const size_t q_cols = (s_rows + 4 * (size_t)(KB * lds) + 255) / 256 * 256;
+    const size_t s_cols = (q_cols + (size_t)(128 * PB * K) + 255) / 256 * 256;
+    return l.M == M && l.K == K && l.KB == KB && l.lds == lds && l.PB == PB && l.s_rows == s_rows &&
+           l.q_cols == q_cols && l.s_cols == s_cols && l.bytes >= s_cols + 4 * (size_t)(PB * K) &&
+           l.bytes <= moe_fp8_pair_bytes_max(M, E, K);
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    return (*(const int32_t *)a > *(const int32_t *)b) -
+           (*(const int32_t *)a < *(const int32_t *)b);
+}
+
+/* bytes_max bounds every split of M rows into E groups (random cuts, all rows in one group),
+ * and is reached where every group ends in a block of one row (one row a group; 129 each) */
+static void test_fp8_pair_bytes_max(void) {
+    enum { E = 6 };
+    static const int64_t Ks[3] = {208, 256, 96}, Ms[8] = {0, 1, 6, 127, 128, 129, 557, 1000};
+    static const int32_t ones[E + 1] = {0, 1, 2, 3, 4, 5, 6},
+                                  worst[E + 1] = {0, 129, 258, 387, 516, 645, 646};
+    int32_t off[E + 1];
+    uint64_t s = 21;
+    for (int ki = 0; ki < 3; ki++) {
+        const int64_t K = Ks[ki];
+        int ok = 1;
+        for (int split = 0; split < 48; split++) {
+            const int32_t M = (int32_t)(split < 8 ? Ms[split] : (urand(&s) + 1.0f) * 600.0f);
+            off[0] = 0, off[E] = M;
+            for (int e = 1; e < E; e++) /* odd splits: all rows in group split % E */
+                off[e] = split % 2 ? (e <= split % E ? 0 : M)
+                                   : (int32_t)((urand(&s) + 1.0f) * 0.5f * (float)M);
+            qsort(off + 1, E - 1, sizeof *off, cmp_i32);
+            ok &= pair_layout_is_spec(off, E, K);
+        }
+        ok &= pair_layout_is_spec(ones, E, K) && pair_layout_is_spec(worst, E, K);
+        ok &= moe_fp8_pair_layout_of(ones, E, K).bytes == moe_fp8_pair_bytes_max(E, E, K);
+        ok &= moe_fp8_pair_layout_of(worst, E, K).bytes == moe_fp8_pair_bytes_max(646, E, K);
+        CHECK_MSG(ok, "pair layout or bytes_max off the spec (K = %lld)", (long long)K);
+    }
+}
+
+/* A pair of uneven groups (an empty one, one of 129 rows: a block of a single token) for K
+ * not a multiple of 128, a multiple, and under one block, both scale rules, values with
+ * outliers, zero blocks both ways, E4M3 and fp32 subnormals, NaN of both signs and +-Inf: each
+ * block is moe_fp8_encode_block's, padding tokens zero, and decoding gives the fake
+ * quantization bit for bit (rows along K; each group's columns along its own rows), the same
+ * bytes for any thread count. */
+static void test_fp8_pairs(void) {
+    enum { E = 4, M = 557 };
+    const int32_t off[E + 1] = {0, 300, 300, 429, 557};
+    const int64_t Ks[3] = {208, 256, 96};
+    const int threads = omp_get_max_threads();
+    uint64_t s = 19;
+    for (int ki = 0; ki < 3; ki++) {
+        const int64_t K = Ks[ki];
+        float *x = malloc(M * K * 4), *dec = malloc(M * K * 4), *fake = malloc(M * K * 4);
+        for (int64_t i = 0; i < M * K; i++)
+            x[i] = urand(&s) * (i % 97 == 5 ? 4e3f : 1.0f);
+        for (int64_t k = 0; k < 128 && k < K; k++)
+            x[7 * K + k] = 0.0f; /* row 7's first block: all zero */
+        for (int64_t r = 300; r < 429; r++)
+            x[r * K + 3] = 0.0f;                      /* column 3 of group 2: both blocks zero */
+        x[1 * K + 1] = 1e-5f, x[1 * K + 2] = -1e-40f; /* an E4M3 and an fp32 subnormal */
+        x[2 * K + 4] = NAN, x[310 * K + 4] = -NAN, x[3 * K + 5] = INFINITY;
+        x[428 * K + 6] = -INFINITY, x[556 * K + 95] = -0.0f;
+        const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+        CHECK(l.PB == 6 && l.lds == 560 && pair_layout_is_spec(off, E, K));
+        uint8_t *pair = malloc(l.bytes), *pair1 = malloc(l.bytes);
+        for (int pow2 = 0; pow2 < 2; pow2++) {
+            const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
+            memset(pair, 0xa5, l.bytes), memset(pair1, 0xa5, l.bytes);
+            omp_set_num_threads(3);
+            moe_fp8_pair_encode(pair, x, off, E, K, pow2);
+            omp_set_num_threads(1);
+            moe_fp8_pair_encode(pair1, x, off, E, K, pow2);
+            CHECK(memcmp(pair, pair1, l.bytes) == 0);
+            CHECK_MSG(pair_rows_are_blocks(pair, &l, x, pow2), "rows copy K %lld pow2 %d",
+                      (long long)K, pow2);
+            CHECK_MSG(pair_cols_are_blocks(pair, &l, x, off, E, pow2), "cols copy K %lld pow2 %d",
+                      (long long)K, pow2);
+            moe_fp8_pair_rows(dec, pair, &l);
+            moe_quant_fake_vectors(fake, x, M, K, K, 1, &o);
+            CHECK_MSG(memcmp(dec, fake, M * K * 4) == 0, "rows values K %lld pow2 %d", (long long)K,
+                      pow2);
+            int same = 1;
+            for (int64_t e = 0; e < E; e++) {
+                const int64_t n = off[e + 1] - off[e];
+                moe_fp8_pair_cols(dec, pair, &l, off, e);
+                moe_quant_fake_vectors(fake, x + off[e] * K, K, 1, n, K, &o);
+                same &= memcmp(dec, fake, (size_t)(n * K) * 4) == 0;
+            }
+            CHECK_MSG(same, "cols values K %lld pow2 %d", (long long)K, pow2);
+            CHECK(pair[2 * K + 4] == 0x7f && pair[310 * K + 4] == 0xff &&
+                  pair[556 * K + 95] == 0x80); /* NaN of either sign, -0 kept */
+        }
+        free(x), free(dec), free(fake), free(pair), free(pair1);
+    }
+    omp_set_num_threads(threads);
+}
+
 /* The 128 x 4 scale layout of MXFP8 tensor-core operands (moe_mx_tiled_index): the offsets
  * nvmath-python documents for cuBLASLt (get_block_scale_offset: an operand of 128 rows and 8
  * scale columns, row 5's scales 2 and 5 at 82 and 593), and the whole layout against its
@@ -344,6 +503,8 @@ int main(void) {
     test_blocks_strides_tiles();
     test_mxfp8_stored();
     test_fp8_block_stored();
+    test_fp8_pairs();
+    test_fp8_pair_bytes_max();
     test_mx_tiled();
     CHECK(moe_quant_block(&FP8) == 128 && moe_quant_block(&MX) == 32);
     return test_summary("test_quant");

@@ -174,6 +174,22 @@ static inline moe_buf moe_buf_mxfp8(uint8_t *q, uint8_t *mx) {
     moe_buf b = {q, MOE_DTYPE_E4M3, mx};
     return b;
 }
+/* An fp8-block activation pair (moe/quant.h's layout: the row-wise e4m3 copy and each row
+ * group's transposed one, with their 1 x 128 block scales, in one buffer of
+ * moe_fp8_pair_bytes_max bytes): E4M3 with neither s nor mx. Under fp8-block, on a backend with
+ * fp8_pairs, swiglu_backward writes dh1 and dh3 so and grouped_matmul_backward reads them as
+ * dy: the quantization done where the gradient is made, not in two more passes over it. */
+static inline moe_buf moe_buf_fp8_pair(void *p) {
+    moe_buf b = {p, MOE_DTYPE_E4M3, NULL};
+    return b;
+}
+/* The row groups of fp8-block activation pairs: rows offsets[e] .. offsets[e + 1] (host) of
+ * K columns each, E groups; pow2 the power-of-two scale rule (MOE_RECIPE_FP8_BLOCK_POW2). */
+typedef struct moe_fp8_groups {
+    const int32_t *offsets;
+    int64_t E, K;
+    int pow2;
+} moe_fp8_groups;
 /* Scales of one [R, K] matrix in 128 x 128 tiles, cuBLASLt's BLK128x128_32F layout: tile
  * (rb, kb) at rb * round_up(ceil(K / 128), 4) + kb; the entries past ceil(K / 128) in a row
  * are padding, never written (zero from the allocation). */
@@ -235,6 +251,9 @@ struct moe_backend {
     int mx_native;    /* 1: mxfp8's products run on MXFP8 tensor cores (cuBLASLt's VEC32_UE8M0,
                          sm_100+); 0: as bf16 products of the quantized values (sm_90) or
                          emulated (the CPU) */
+    int fp8_pairs;    /* the most row groups (experts) of an fp8-block activation pair
+                         (moe_buf_fp8_pair) that swiglu_backward writes and
+                         grouped_matmul_backward reads as dy; 0: none */
 
     /* 1 when the backend implements op (both directions) at precision prec for calls of
      * sizes dims, else 0. dims NULL asks about the recipe alone (some sizes work). */
@@ -423,10 +442,13 @@ struct moe_backend {
     /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say
      * (dx.p or dw.p may be NULL: not computed, and x not read without dw); a BF16 dw (the
      * experts' gradients under optim.expert_grads: bf16) holds the fp32 result rounded, an
-     * added one the rounded fp32 sum of its value and the product */
+     * added one the rounded fp32 sum of its value and the product. Under fp8-block, on a
+     * backend with fp8_pairs, dy may be an fp8-block activation pair of the call's groups
+     * (offsets, E, K = O): its row-wise copy is dgrad's operand and its transposed one wgrad's,
+     * the values the products would have quantized dy to */
     void (*grouped_matmul_backward)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
                                     moe_buf dw,  /* [E, O, I] dev, F32|BF16, or .p NULL */
-                                    moe_cbuf dy, /* [M, O] dev, F32 or BF16 */
+                                    moe_cbuf dy, /* [M, O] dev, F32|BF16|pair */
                                     moe_cbuf x,  /* [M, I] dev, F32 or BF16 */
                                     moe_cbuf w,  /* [E, O, I] dev, F32|BF16|E4M3 */
                                     const int32_t *offsets, /* [E + 1] host */
@@ -439,13 +461,16 @@ struct moe_backend {
                            moe_cbuf b, /* [n] dev (w3 output), of a's type */
                            int64_t n, moe_recipe prec);
     /* WRITES (does not accumulate) da and db: each has this one producer, so no zeroing.
-     * In place allowed: da may be a and db b (each element read before it is written). */
-    void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, F32|BF16 */
+     * In place allowed: da may be a and db b (each element read before it is written).
+     * With pairs (on a backend with fp8_pairs; NULL otherwise) da and db are fp8-block
+     * activation pairs (moe_buf_fp8_pair, not in place) of pairs' groups, n = offsets[E] K,
+     * each holding the encoding of the BF16 values it would otherwise write. */
+    void (*swiglu_backward)(const moe_backend *be, moe_buf da, /* [n] dev, F32|BF16|pair */
                             moe_buf db,                        /* [n] dev, of da's type */
                             moe_cbuf dout,                     /* [n] dev, F32|BF16 */
                             moe_cbuf a,                        /* [n] dev, F32|BF16 */
                             moe_cbuf b,                        /* [n] dev, F32|BF16 */
-                            int64_t n);
+                            int64_t n, const moe_fp8_groups *pairs);
 
     /* ---- cross-entropy with a fused softmax: loss[n] = weight[n] * (lse[n] - logit[n,t])
      * for target t >= 0; targets -1 are ignored (loss 0, no gradient). weights NULL = 1. --- */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/model_internal.h"
+#include "moe/quant.h"
 
 /* ---- activation plan ---- */
 
@@ -234,7 +235,16 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     float *dxe = own ? carve(&u, base, (size_t)(cap * C) * f) : NULL;
     p->dxp = carve(&u, base, (size_t)(NK * C) * f);
     p->dxe = own ? dxe : p->dxp;
-    uend = u > uend ? u : uend, u = off;
+    uend = u > uend ? u : uend;
+    /* fp8-block: dh1 and dh3 as fp8-block pairs, written by SwiGLU's backward while it reads
+     * dg and read by the w1 and w3 products while they write dxe: after both */
+    p->dh1p = p->dh3p = NULL;
+    if (moe_recipe_format(recipe) == MOE_RECIPE_FP8_BLOCK) {
+        const size_t pb = moe_fp8_pair_bytes_max(cap, E / (ep > 1 ? ep : 1), F);
+        p->dh1p = carve(&uend, base, pb);
+        p->dh3p = carve(&uend, base, pb);
+    }
+    u = off;
     p->datt = carve(&u, base, (size_t)(N * HD) * f);
     p->dq = carve(&u, base, (size_t)(N * HD) * f);
     p->dk = carve(&u, base, (size_t)(N * KVD) * f);

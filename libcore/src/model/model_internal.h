@@ -98,26 +98,30 @@ struct moe_acts {
     void *tmp;           /* [N, C] o_proj's output before the residual add, of type adt; fp32
                             [B, C] pooled hidden states after a forward */
     /* gradient scratch, shared by all layers */
-    float *dres;      /* [N, C] gradient of the residual stream */
-    float *dln;       /* [N, C] */
-    float *dq, *datt; /* [N, H*D]; these four, dxp/dxe and dg share one region; once
-                         attention's backward has read datt, it holds the rotated dq and dk
-                         in bf16 under the bf16 recipe */
-    float *dk, *dv;   /* [N, KV*D] */
-    float *drl;       /* [N, E] */
-    float *dtw;       /* [N, K] */
-    float *dprob;     /* [L, E] */
-    float *dxp;       /* [N*K, C] */
-    float *dxe;       /* [cap, C] the expert side's dxp (= dxp at ep 1) */
-    void *dye;        /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
-                         (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
-                         the w2 / w1 / w3 products) are written over the layer's yp, h1
-                         and h3 */
-    void *dg;         /* [cap, F], over g once w2's weight gradient has read it; of the
-                         layer's rdt */
-    int g_layer;      /* the layer whose g the shared region holds (the last MoE block run),
-                         -1 once anything was written over it: the backward makes g again
-                         only where it is another layer's */
+    float *dres;       /* [N, C] gradient of the residual stream */
+    float *dln;        /* [N, C] */
+    float *dq, *datt;  /* [N, H*D]; these four, dxp/dxe and dg share one region; once
+                          attention's backward has read datt, it holds the rotated dq and dk
+                          in bf16 under the bf16 recipe */
+    float *dk, *dv;    /* [N, KV*D] */
+    float *drl;        /* [N, E] */
+    float *dtw;        /* [N, K] */
+    float *dprob;      /* [L, E] */
+    float *dxp;        /* [N*K, C] */
+    float *dxe;        /* [cap, C] the expert side's dxp (= dxp at ep 1) */
+    void *dye;         /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
+                          (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by
+                          the w2 / w1 / w3 products) are written over the layer's yp, h1
+                          and h3 */
+    void *dg;          /* [cap, F], over g once w2's weight gradient has read it; of the
+                          layer's rdt */
+    void *dh1p, *dh3p; /* fp8-block training: dh1 and dh3 as fp8-block activation pairs
+                          [moe_fp8_pair_bytes_max(cap, local experts, F)] (moe/quant.h), where
+                          the backend has fp8_pairs (else h1 and h3 take them as above); in
+                          dg's region, after dg and dxp; NULL otherwise */
+    int g_layer;       /* the layer whose g the shared region holds (the last MoE block run),
+                          -1 once anything was written over it: the backward makes g again
+                          only where it is another layer's */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */
     int32_t *doc_start;   /* [N] first position of each position's document in its row */

@@ -390,9 +390,15 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
                                     moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
                                     MOE_GRAD_SET, gw);
         a->g_layer = -1;
-        moe_buf dh1 = h1, dh3 = h3; /* written over them, of their type */
+        /* dh1 and dh3 written over h1 and h3, of their type; or under fp8-block, where the
+         * backend takes them, as fp8-block pairs: the operands the w1 and w3 products read */
+        const int pairs = a->dh1p && moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK && El >= 1 &&
+                          El <= be->fp8_pairs;
+        const moe_fp8_groups pg = {eoff, El, F, prec == MOE_RECIPE_FP8_BLOCK_POW2};
+        moe_buf dh1 = pairs ? moe_buf_fp8_pair(a->dh1p) : h1;
+        moe_buf dh3 = pairs ? moe_buf_fp8_pair(a->dh3p) : h3;
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),
-                            moe_cbuf_from(h3), R * F);
+                            moe_cbuf_from(h3), R * F, pairs ? &pg : NULL);
         be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w1]),
                                     moe_cbuf_from(dh1), xe, moe_model_weight(m, li->w1), eoff, El,
                                     C, F, prec, MOE_GRAD_SET, gw);

@@ -1,7 +1,8 @@
-/* quant: fake quantization for the fp8 recipes (moe/quant.h). Each block: its amax over the
- * finite values, its scale by the recipe's rule, then every element through E4M3 (saturating)
- * and back, times the scale. Blocks are independent: OpenMP over vectors, bit-identical for
- * any thread count. */
+/* quant: fake quantization for the fp8 recipes (moe/quant.h), and the stored forms the GPU's
+ * products read (fp8-block blocks, activation pairs and tiles; MXFP8 blocks and tiled operands).
+ * Each block: its amax over the finite values, its scale by the recipe's rule, then every
+ * element through E4M3 (saturating) and back, times the scale. Blocks are independent: OpenMP
+ * over vectors, bit-identical for any thread count. */
 #include <float.h>
 #include <math.h>
 #include <string.h>
@@ -96,6 +97,94 @@ void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n,
     *scale = block_scale(amax, &o);
     for (int64_t j = 0; j < n; j++)
         q[j] = moe_f32_to_e4m3(src[j] / *scale, 1);
+}
+
+/* ---- fp8-block activation pairs (moe/quant.h's layout, kernels/quant_fp8.cu's bytes) ---- */
+
+static size_t align256(size_t n) {
+    return (n + 255) / 256 * 256;
+}
+
+/* The layout of M rows of K columns whose groups take PB padded blocks of 128 tokens. */
+static moe_fp8_pair_layout pair_layout(int64_t M, int64_t K, int64_t PB) {
+    moe_fp8_pair_layout l;
+    l.M = M, l.K = K, l.KB = (K + 127) / 128, l.lds = (M + 3) / 4 * 4, l.PB = PB;
+    l.s_rows = align256((size_t)(M * K));
+    l.q_cols = align256(l.s_rows + sizeof(float) * (size_t)(l.KB * l.lds));
+    l.s_cols = align256(l.q_cols + (size_t)(128 * PB * K));
+    l.bytes = align256(l.s_cols + sizeof(float) * (size_t)(PB * K));
+    return l;
+}
+
+/* The padded 128-token blocks of group e, and of the groups before it. */
+static int64_t group_blocks(const int32_t *offsets, int64_t e) {
+    return (offsets[e + 1] - offsets[e] + 127) / 128;
+}
+static int64_t blocks_before(const int32_t *offsets, int64_t e) {
+    int64_t pb = 0;
+    for (int64_t g = 0; g < e; g++)
+        pb += group_blocks(offsets, g);
+    return pb;
+}
+
+moe_fp8_pair_layout moe_fp8_pair_layout_of(const int32_t *offsets, int64_t E, int64_t K) {
+    return pair_layout(offsets[E], K, blocks_before(offsets, E));
+}
+
+/* sum_e ceil(n_e / 128) = sum_e floor((n_e + 127) / 128) <= floor((M + 127 E) / 128): the sum of
+ * floors is at most the floor of the sum, and every part of the layout grows with PB. */
+size_t moe_fp8_pair_bytes_max(int64_t M, int64_t E, int64_t K) {
+    return pair_layout(M, K, (M + 127 * E) / 128).bytes;
+}
+
+void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, int64_t E,
+                         int64_t K, int pow2) {
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K);
+    float *s_rows = (float *)(pair + l.s_rows), *s_cols = (float *)(pair + l.s_cols);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < l.M; r++)
+        for (int64_t kb = 0; kb < l.KB; kb++) {
+            const int64_t k0 = kb * 128, len = K - k0 < 128 ? K - k0 : 128;
+            moe_fp8_encode_block(pair + r * K + k0, &s_rows[kb * l.lds + r], x + r * K + k0, len,
+                                 pow2);
+        }
+    int64_t pb = 0; /* the blocks of the groups before e */
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t r0 = offsets[e], n = offsets[e + 1] - r0, nb = group_blocks(offsets, e);
+        uint8_t *qe = pair + l.q_cols + 128 * pb * K; /* q_e [K, 128 nb] */
+#pragma omp parallel for schedule(static)
+        for (int64_t t = 0; t < nb * K; t++) { /* column k of block b of the group */
+            const int64_t b = t / K, k = t % K, j0 = b * 128, len = n - j0 < 128 ? n - j0 : 128;
+            float v[128];
+            uint8_t q[128] = {0}; /* the tokens past the group's end stay zero bytes */
+            for (int64_t j = 0; j < len; j++)
+                v[j] = x[(r0 + j0 + j) * K + k];
+            moe_fp8_encode_block(q, &s_cols[(pb + b) * K + k], v, len, pow2);
+            memcpy(qe + k * 128 * nb + j0, q, 128);
+        }
+        pb += nb;
+    }
+}
+
+void moe_fp8_pair_rows(float *x, const uint8_t *pair, const moe_fp8_pair_layout *l) {
+    const float *s = (const float *)(pair + l->s_rows);
+    const int64_t K = l->K;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < l->M; r++)
+        for (int64_t k = 0; k < K; k++)
+            x[r * K + k] = moe_e4m3_to_f32(pair[r * K + k]) * s[k / 128 * l->lds + r];
+}
+
+void moe_fp8_pair_cols(float *x, const uint8_t *pair, const moe_fp8_pair_layout *l,
+                       const int32_t *offsets, int64_t e) {
+    const int64_t K = l->K, n = offsets[e + 1] - offsets[e], np = 128 * group_blocks(offsets, e);
+    const int64_t pb = blocks_before(offsets, e);
+    const uint8_t *q = pair + l->q_cols + 128 * pb * K; /* q_e [K, np] */
+    const float *s = (const float *)(pair + l->s_cols) + pb * K;
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t k = 0; k < K; k++)
+            x[j * K + k] = moe_e4m3_to_f32(q[k * np + j]) * s[j / 128 * K + k];
 }
 
 /* The scale of the tile [r0, r1) x [k0, k1) of src [R, K]. */

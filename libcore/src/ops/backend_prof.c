@@ -291,10 +291,10 @@ static void pr_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, mo
 }
 
 static void pr_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
-                               moe_cbuf a, moe_cbuf b, int64_t n) {
+                               moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->swiglu_backward(p->inner, da, db, dout, a, b, n);
+    p->inner->swiglu_backward(p->inner, da, db, dout, a, b, n, pairs);
     prof_end_op(p, t0, MOE_OP_SWIGLU, 1);
 }
 
@@ -392,6 +392,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->ctx = p;
     t->bf16_native = inner->bf16_native;
     t->mx_native = inner->mx_native;
+    t->fp8_pairs = inner->fp8_pairs;
     t->supports = pr_supports;
     t->destroy = moe_backend_prof_free; /* the wrapper only: the inner backend is the caller's */
     t->memory = pr_memory;

@@ -5,6 +5,7 @@
  * shared by any number of models and threads, and destroy does nothing. Memory from alloc
  * is zero-filled and 64-byte aligned; a failed allocation returns NULL (the model turns that
  * into MOE_ERR_RUNTIME). */
+#include <limits.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,7 @@ static const moe_backend cpu_backend = {
     .ctx = NULL,
     .bf16_native = 0,
     .mx_native = 0,
+    .fp8_pairs = INT_MAX, /* pairs of any number of groups */
     .supports = cpu_supports,
     .destroy = cpu_destroy,
     .memory = cpu_memory,

@@ -262,6 +262,11 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
+    if (moe_cpu_is_pair(dy) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+        fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as the dy of a grouped "
+                        "backward outside the fp8-block recipes\n");
+        abort();
+    }
     int64_t M = offsets[E];
     float *dw = dwb.p ? moe_cpu_grad_output(dwb, E * O * I, dw_st) : NULL; /* fp32 (or dwb) */
     if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */

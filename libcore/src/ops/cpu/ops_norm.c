@@ -4,8 +4,10 @@
  * Parallel loops split rows (or, for parameter-gradient reductions over rows, column
  * slabs), never a reduction's summation order, so results are thread-count independent. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 
+#include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
 
 #define COL_SLAB 64 /* columns per task in column-parallel reductions */
@@ -164,9 +166,13 @@ void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_
     }
 }
 
-void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
-                             moe_cbuf a, moe_cbuf b, int64_t n) {
-    (void)be;
+/* SwiGLU's gradients, each stored in its output's type (moe_cpu_store_block) */
+static void swiglu_grads(moe_buf da,    /* [n] F32|BF16|MXFP8, may be a */
+                         moe_buf db,    /* [n] of da's type, may be b */
+                         moe_cbuf dout, /* [n] */
+                         moe_cbuf a,    /* [n] */
+                         moe_cbuf b,    /* [n] */
+                         int64_t n) {
 #pragma omp parallel for schedule(static)
     for (int64_t i0 = 0; i0 < n; i0 += SWIGLU_BLOCK) {
         int64_t cnt = n - i0 < SWIGLU_BLOCK ? n - i0 : SWIGLU_BLOCK;
@@ -183,6 +189,33 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_
         moe_cpu_store_block(da, i0, ga, cnt);
         moe_cpu_store_block(db, i0, gb, cnt);
     }
+}
+
+void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
+                             moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs) {
+    (void)be;
+    const int pa = moe_cpu_is_pair(moe_cbuf_from(da)), pb = moe_cpu_is_pair(moe_cbuf_from(db));
+    if (pa != !!pairs || pb != !!pairs || (pairs && n != pairs->offsets[pairs->E] * pairs->K)) {
+        fprintf(stderr,
+                "moe: cpu backend: swiglu_backward got da %s, db %s and %s groups for n = %lld "
+                "(fp8-block pairs come both, with the groups of their n = offsets[E] K "
+                "elements; other outputs without groups)\n",
+                pa ? "a pair" : "no pair", pb ? "a pair" : "no pair", pairs ? "its" : "no",
+                (long long)n);
+        abort();
+    }
+    if (!pairs) {
+        swiglu_grads(da, db, dout, a, b, n);
+        return;
+    }
+    /* the BF16 values the other path stores, then both encodings of each */
+    float *ga = moe_cpu_output(da, n), *gb = moe_cpu_output(db, n); /* fp32 scratch */
+    swiglu_grads(moe_buf_f32(ga), moe_buf_f32(gb), dout, a, b, n);
+    moe_cpu_round_bf16_inplace(ga, n);
+    moe_cpu_round_bf16_inplace(gb, n);
+    moe_fp8_pair_encode(da.p, ga, pairs->offsets, pairs->E, pairs->K, pairs->pow2);
+    moe_fp8_pair_encode(db.p, gb, pairs->offsets, pairs->E, pairs->K, pairs->pow2);
+    free(ga), free(gb);
 }
 
 void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n) {
