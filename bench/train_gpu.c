@@ -15,7 +15,8 @@
  * MOMENTS=bf16 as optim.moments bf16 stores them; the experts' weight gradients in bf16 with
  * EXPERT_GRADS=bf16, as optim.expert_grads bf16; the masters as their bf16 copies and low
  * halves with MASTER=split, as optim.master split) on random tokens, no recomputation, under
- * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8).
+ * the bf16 recipe or the one named by the environment variable RECIPE (bf16, fp8-block, mxfp8;
+ * WGRAD=x-tiles with fp8-block: precision.fp8_wgrad x-tiles).
  * LR=x sets AdamW's learning rate (default 3e-4, no warm-up: the model drifts from its init
  * while it is timed; a tiny LR keeps it there with the same work, and the recipes' ratio came
  * out the same both ways on an H100, 2026-12-06). ACCUM=n (1 to 64, default
@@ -148,7 +149,13 @@ int main(int argc, char **argv) {
     const int mb = env_choice("MOMENTS", "fp32", "bf16"),
               gb = env_choice("EXPERT_GRADS", "fp32", "bf16"),
               sp = env_choice("MASTER", "fp32", "split");
-    if (mb < 0 || gb < 0 || sp < 0) return 2;
+    const int xt = env_choice("WGRAD", "blocks", "x-tiles");
+    if (mb < 0 || gb < 0 || sp < 0 || xt < 0) return 2;
+    if (xt && recipe != MOE_RECIPE_FP8_BLOCK) {
+        fprintf(stderr, "bench_train_gpu: WGRAD=x-tiles is an option of RECIPE=fp8-block\n");
+        return 2;
+    }
+    if (xt) recipe = MOE_RECIPE_FP8_BLOCK_XT;
     const moe_dtype mdt = mb ? MOE_DTYPE_BF16 : MOE_DTYPE_F32,
                     gdt = gb ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
     const moe_master master = sp ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
@@ -266,11 +273,12 @@ int main(int argc, char **argv) {
     moe_model_memory_estimate(&c, recipe, MOE_RECOMPUTE_NONE, B, T, 1, NULL, mdt, gdt, master,
                               &mem);
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    printf("RESULT preset=%s mode=%s recipe=%s moments=%s expert_grads=%s master=%s params=%lld "
-           "accum=%d lr=%g tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
+    printf("RESULT preset=%s mode=%s recipe=%s wgrad=%s moments=%s expert_grads=%s master=%s "
+           "params=%lld accum=%d lr=%g tokens_per_step=%d step_ms=%.2f tokens_per_s=%.0f "
            "model_tflops=%.2f mfu_pct=%.2f peak_gib=%.2f act_gib=%.2f scratch_est_gib=%.2f "
            "steps=%d loss=%.4f\n",
-           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe), moe_moments_name(mdt),
+           p->name, fwd ? "forward" : "train", moe_recipe_name(recipe),
+           moe_recipe_wgrad_tiles(recipe) ? "x-tiles" : "blocks", moe_moments_name(mdt),
            moe_moments_name(gdt), moe_master_name(master), (long long)n, accum, lr, accum * B * T,
            med * 1e3, tps, tflops, 100.0 * tflops / 790.0, peak_gib, (double)mem.activations / gib,
            (double)mem.gpu_scratch / gib, steps, loss);

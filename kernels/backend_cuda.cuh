@@ -421,10 +421,12 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
 /* Each group's rows of x [M, K] (rows offsets[e] .. offsets[e + 1], offsets [E + 1] host)
  * transposed, in 1 x 128 blocks along the tokens, in one launch for up to 128 groups: group e
  * into q_e [K, np_e] (np_e = moe_cuda_fp8_pad(n_e), zero past n_e) at q + p_e K, p_e the
- * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. K a multiple
- * of 4; x, q and s 16-byte aligned. */
+ * earlier groups' np summed, its scales s_e [np_e / 128, K] at s + p_e / 128 K. With tiles
+ * one scale per 128 x 128 tile of q_e instead (precision.fp8_wgrad x-tiles), s_e
+ * [moe_fp8_tile_scales(K, np_e)] at s + the earlier groups' such sizes summed. K a
+ * multiple of 4; x, q and s 16-byte aligned. */
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
-                        int64_t E, int64_t K, int pow2, const char *op);
+                        int64_t E, int64_t K, int pow2, int tiles, const char *op);
 /* swiglu_backward's fp8-block activation pairs (ops.h, moe/quant.h): da and db [M, K] (M =
  * pairs->offsets[E], K = pairs->K) as pairs from dout, a and b [M, K] (F32 or BF16; K a
  * multiple of 16, every array 16-byte aligned), in one pass: the bytes of the BF16 swiglu

@@ -283,11 +283,15 @@ static int fp8_pair_dgrad(moe_cuda_ctx *c, const char *op, float *dx, float bx, 
 
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per group (dx NULL, dw.p
  * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O], or an fp8-block pair of
- * these groups (moe/quant.h), whose two copies are the products' dy operands as they are. */
+ * these groups (moe/quant.h), whose two copies are the products' dy operands as they are.
+ * prec an fp8-block recipe: its scale rule, and whether the wgrad's x is in tiles
+ * (moe_recipe_wgrad_tiles: cuBLASLt's VEC128 x BLK128x128 product, as the forward's). */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
-                                 int64_t E, int64_t I, int64_t O, int pow2, float bx, float bw) {
+                                 int64_t E, int64_t I, int64_t O, moe_recipe prec, float bx,
+                                 float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
+    const int pow2 = moe_recipe_pow2(prec), xtiles = moe_recipe_wgrad_tiles(prec);
     const int pair = dy.dt == MOE_DTYPE_E4M3 && !dy.s && !dy.mx;
     const moe_fp8_pair_layout pl =
         pair ? moe_fp8_pair_layout_of(offsets, E, O) : moe_fp8_pair_layout{};
@@ -303,23 +307,26 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
     }
     if (!dw.p) return;
     const cudaDataType ct = output_type(dw.dt);
-    int64_t Mpad = 0; /* the groups' rows, each padded to whole blocks */
-    for (int64_t e = 0; e < E; e++)
-        Mpad += moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
+    int64_t Mpad = 0, xs = 0; /* the groups' rows, each padded to whole blocks; x's scales */
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
+        Mpad += np, xs += xtiles ? moe_fp8_tile_scales(I, np) : np / 128 * I;
+    }
     fp8_operand dyt = {(uint8_t *)pq + pl.q_cols, (float *)(pq + pl.s_cols)}, xt;
     if ((!pair && (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
-                   !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, op))) ||
-        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, Mpad / 128 * I, &xt, op) ||
-        !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, op))
+                   !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, 0, op))) ||
+        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, xs, &xt, op) ||
+        !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, xtiles, op))
         return;
-    for (int64_t e = 0, p0 = 0; e < E; e++) {
+    for (int64_t e = 0, p0 = 0, s0 = 0; e < E; e++) {
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         if (np <= 0) continue;
         if (!moe_gemm_fp8(c, op, O, I, np, dyt.q + p0 * O, dyt.s + p0 / 128 * O, SC_VEC128,
-                          xt.q + p0 * I, xt.s + p0 / 128 * I, SC_VEC128, bw,
-                          moe_buf_at(dw, e * O * I).p, ct, GEMM_VARY_K))
+                          xt.q + p0 * I, xt.s + (xtiles ? s0 : p0 / 128 * I),
+                          xtiles ? SC_TILES : SC_VEC128, bw, moe_buf_at(dw, e * O * I).p, ct,
+                          GEMM_VARY_K))
             return;
-        p0 += np;
+        p0 += np, s0 += moe_fp8_tile_scales(I, np);
     }
 }
 
@@ -492,7 +499,7 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
+        fp8_grouped_forward(c, op, y, x, w, rows, 1, I, O, moe_recipe_pow2(prec));
         return;
     }
     cudaDataType dt = operand_type(prec);
@@ -539,9 +546,8 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_c
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_backward(c, op, dx, moe_buf_f32(dw), dy, x, w, rows, 1, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2, moe_grad_beta(dx_st),
-                             moe_grad_beta(dw_st));
+        fp8_grouped_backward(c, op, dx, moe_buf_f32(dw), dy, x, w, rows, 1, I, O, prec,
+                             moe_grad_beta(dx_st), moe_grad_beta(dw_st));
         return;
     }
     if (use_native(c, prec, I, O)) {
@@ -583,7 +589,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (M <= 0 || O <= 0) return;
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (!moe_cuda_typed_ok(c, y.dt, op)) return;
-        fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, prec == MOE_RECIPE_FP8_BLOCK_POW2);
+        fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, moe_recipe_pow2(prec));
         return;
     }
     cudaDataType dt = operand_type(prec);
@@ -636,8 +642,7 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
                            moe_dtype_name(dxb.dt));
             return;
         }
-        fp8_grouped_backward(c, op, (float *)dxb.p, dw, dy, x, w, offsets, E, I, O,
-                             prec == MOE_RECIPE_FP8_BLOCK_POW2, bx, bw);
+        fp8_grouped_backward(c, op, (float *)dxb.p, dw, dy, x, w, offsets, E, I, O, prec, bx, bw);
         return;
     }
     if (use_native(c, prec, I, O)) {

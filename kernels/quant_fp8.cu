@@ -244,17 +244,18 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
 /* The tile's transposed copy from the values raw the 256 threads hold (fp8_tile_of's; zeros
  * where no token is live): group e's q_e [K, np] at q + 128 pb[e] K, columns past the group's
  * rows zero, one scale per 1 x 128 block along the tokens, block b of feature k at s[b * K +
- * k]. The column amax goes through red (one barrier, which also tells the tile whether it
- * holds an infinity: returned), and each thread's 16 bytes of a feature go into the shared
- * tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
+ * k]; or, with st (thread 0's: where the tile's scale goes; NULL elsewhere), one scale for the
+ * whole tile, s unused. The column amax goes through red (one barrier, which also tells the tile
+ * whether it holds an infinity: returned), and each thread's 16 bytes of a feature go into the
+ * shared tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
  * store phase meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte
  * stores. Starts and ends with every thread's shared accesses behind a barrier, so that a
  * block may call it again. With CLEAN the caller says whether the thread's values are all
  * finite (clean): then the encoding leaves out the NaN checks. */
 template <bool CLEAN, typename T>
-__device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
-                                               uint8_t *q, float *s, int K, const fp8_groups &g,
-                                               int pow2, bool clean) {
+__device__ __forceinline__ bool
+fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, float *s, int K,
+               const fp8_groups &g, int pow2, bool clean, bool tile = false, float *st = nullptr) {
     __shared__ float red[8][128];
     __shared__ uint4 tt[128][8];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -278,6 +279,13 @@ __device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const
         m[0] = fmaxf(m[0], r.x), m[1] = fmaxf(m[1], r.y);
         m[2] = fmaxf(m[2], r.z), m[3] = fmaxf(m[3], r.w);
     }
+    if (tile) { /* every warp holds all 128 columns' amax: the tile's is their max */
+        float mt = fmaxf(fmaxf(m[0], m[1]), fmaxf(m[2], m[3]));
+#pragma unroll
+        for (int o = 16; o >= 1; o /= 2)
+            mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, o));
+        m[0] = m[1] = m[2] = m[3] = mt;
+    }
     fp8_quot d[4];
     bool quick = true;
 #pragma unroll
@@ -292,7 +300,9 @@ __device__ __forceinline__ bool fp8_cols_store(const fp8_x4<T> (&raw)[16], const
         fp8_cols_encode<true, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     else
         fp8_cols_encode<false, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
-    if (ty == 0 && t.k < K)
+    if (st)
+        *st = sc[0];
+    else if (!tile && ty == 0 && t.k < K)
         *(float4 *)(s + (int64_t)t.b * K + t.k) = make_float4(sc[0], sc[1], sc[2], sc[3]);
     __syncthreads();
     uint8_t *qe = q + (int64_t)g.pb[t.e] * QB * K + t.m0;
@@ -372,15 +382,26 @@ __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const
 /* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
  * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
  * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
- * s[b * K + k]. One block of 256 threads a tile of 128 tokens by 128 features (fp8_tile_of),
+ * s[b * K + k]; with TILES one scale per 128 x 128 tile of q_e, group e's tiles as a weight's
+ * [K, np_e] (moe_fp8_tile_scales) after the earlier groups': tile (kt, j) at s[ts_e + kt *
+ * round4(nb_e) + j], nb_e = pb[e + 1] - pb[e], ts_e the sum of ceil(K / 128) round4(nb) over
+ * the groups before e. One block of 256 threads a tile of 128 tokens by 128 features (fp8_tile_of),
  * one 8-byte (bf16) or 16-byte (fp32) load a token (a warp a token's 128 features: 256 or
  * 512 contiguous bytes) kept as loaded, then fp8_cols_store. K a multiple of 4; q and x
  * 16-byte aligned. */
-template <typename T>
+template <typename T, bool TILES>
 __global__ void __launch_bounds__(256)
     k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int K,
                  const __grid_constant__ fp8_groups g, int E, int pow2) {
     const fp8_tile_at t = fp8_tile_of(g, E, K);
+    float *st = nullptr;
+    if (TILES && threadIdx.x == 0) {
+        int64_t ts = 0; /* the tile scales of the groups before t.e */
+        for (int j = 0; j < t.e; j++)
+            ts += (int64_t)gridDim.x * ((g.pb[j + 1] - g.pb[j] + 3) / 4 * 4);
+        const int nb4 = (g.pb[t.e + 1] - g.pb[t.e] + 3) / 4 * 4;
+        st = s + ts + (int64_t)blockIdx.x * nb4 + (t.b - g.pb[t.e]);
+    }
     const T *xs = x + t.row0 * K + t.k;
     fp8_x4<T> raw[16];
 #pragma unroll
@@ -389,7 +410,7 @@ __global__ void __launch_bounds__(256)
             raw[i].load(xs + (unsigned)(i * K));
         else
             raw[i] = {};
-    fp8_cols_store<false>(raw, t, q, s, K, g, pow2, false);
+    fp8_cols_store<false>(raw, t, q, s, K, g, pow2, false, TILES, st);
 }
 
 /* An fp8-block activation pair's parts (moe/quant.h's layout) as one launch writes them: the
@@ -662,23 +683,34 @@ template <typename F> static int fp8_group_chunks(const int32_t *offsets, int64_
 }
 
 int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const int32_t *offsets,
-                        int64_t E, int64_t K, int pow2, const char *op) {
+                        int64_t E, int64_t K, int pow2, int tiles, const char *op) {
     if (K <= 0) return 1;
     if (K % 4 != 0 || K >= (1LL << 31) || ((uintptr_t)x.p | (uintptr_t)q | (uintptr_t)s) % 16 != 0)
         return moe_cuda_check(c, cudaErrorInvalidValue, op,
                               "fp8 columns: K=%lld a multiple of 4 and 16-byte aligned buffers "
                               "expected",
                               (long long)K);
+    const int64_t KT = (K + 127) / 128;
+    int64_t ts = 0; /* tiles: the scales of the chunks before */
     return fp8_group_chunks(offsets, E, [&](const fp8_groups &g, int ne, int64_t pb0) {
-        const dim3 grid((unsigned)((K + 127) / 128), (unsigned)g.pb[ne]);
+        const dim3 grid((unsigned)KT, (unsigned)g.pb[ne]);
         uint8_t *qc = q + pb0 * QB * K;
-        float *sc = s + pb0 * K;
-        if (x.dt == MOE_DTYPE_BF16)
-            k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(qc, sc, (const __nv_bfloat16 *)x.p, (int)K, g,
-                                                      ne, pow2);
+        float *sc = tiles ? s + ts : s + pb0 * K;
+        for (int e = 0; e < ne; e++)
+            ts += KT * ((g.pb[e + 1] - g.pb[e] + 3) / 4 * 4);
+        const __nv_bfloat16 *xh = (const __nv_bfloat16 *)x.p;
+        const float *xf = (const float *)x.p;
+        const int k = (int)K;
+        if (x.dt == MOE_DTYPE_BF16 && tiles)
+            k_fp8_cols_t<__nv_bfloat16, true>
+                <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
+        else if (x.dt == MOE_DTYPE_BF16)
+            k_fp8_cols_t<__nv_bfloat16, false>
+                <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
+        else if (tiles)
+            k_fp8_cols_t<float, true><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
         else
-            k_fp8_cols_t<<<grid, 256, 0, c->stream>>>(qc, sc, (const float *)x.p, (int)K, g, ne,
-                                                      pow2);
+            k_fp8_cols_t<float, false><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
         return MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K);
     });
 }
@@ -751,7 +783,7 @@ extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, fl
     const char *op = "fp8_block_operand";
     if (moe_cuda_failed(c)) return;
     if (transpose)
-        moe_cuda_fp8_cols_t(c, q, s, x, offsets, E, K, pow2, op);
+        moe_cuda_fp8_cols_t(c, q, s, x, offsets, E, K, pow2, transpose == 2, op);
     else
         moe_cuda_fp8_rows(c, q, s, x, offsets[E], K, (offsets[E] + 3) / 4 * 4, pow2, op);
 }
@@ -770,9 +802,8 @@ void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const
         return;
     }
     dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
-    k_fp8_tiles<<<grid, TILE_THREADS, 0, c->stream>>>(q, s, q + E * O * I,
-                                                      s + E * moe_fp8_tile_scales(O, I), w, O, I,
-                                                      prec == MOE_RECIPE_FP8_BLOCK_POW2);
+    k_fp8_tiles<<<grid, TILE_THREADS, 0, c->stream>>>(
+        q, s, q + E * O * I, s + E * moe_fp8_tile_scales(O, I), w, O, I, moe_recipe_pow2(prec));
     MOE_CUDA_LAUNCHED(c, op, "E=%lld O=%lld I=%lld", (long long)E, (long long)O, (long long)I);
 }
 
@@ -813,7 +844,7 @@ void moe_cuda_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad,
     }
     const adamw_hp h = adamw_params(lr, beta1, beta2, eps, weight_decay, step, grad_scale);
     const dim3 grid((unsigned)((I + QB - 1) / QB), (unsigned)((O + QB - 1) / QB), (unsigned)E);
-    const int pow2 = prec == MOE_RECIPE_FP8_BLOCK_POW2;
+    const int pow2 = moe_recipe_pow2(prec);
     if (m.dt == MOE_DTYPE_BF16)
         adamw_tiles_g<adamw_bf16>(c, grid, param, grad, m, v, h, q, s, E, O, I, pow2);
     else

@@ -3,9 +3,10 @@
 # bf16: configs/tiny.yaml on lambda (1 kb records, 20% held out) for 300 steps under bf16,
 # fp8-block and mxfp8; the final validation loss of each fp8 recipe within 2% of bf16's and
 # every logged loss finite. Also: fp8 runs are deterministic (the same recipe twice gives the
-# same checkpoint bytes over a short run), precision.skip_layers is applied and logged, mxfp8
-# says at start-up what it does, and --dry-run accepts the recipes and shows mxfp8's smaller
-# activations.
+# same checkpoint bytes over a short run), precision.fp8_scale and precision.fp8_wgrad change
+# the result (fp8_wgrad x-tiles only under fp8-block: exit 2 under mxfp8), precision.skip_layers
+# is applied and logged, mxfp8 says at start-up what it does, and --dry-run accepts the recipes
+# and shows mxfp8's smaller activations.
 set -euo pipefail
 src=${MOE_SRC_DIR:?}
 source "$src/tests/interop/lambda_1kb.sh"
@@ -29,11 +30,19 @@ cmp run-a/ckpt-00000012/model.safetensors run-b/ckpt-00000012/model.safetensors 
 moe-train -q "${short[@]}" precision.fp8_scale=ocp-floor -o run-floor
 moe-train -q "${short[@]}" precision.recipe=fp8-block -o run-amax
 moe-train -q "${short[@]}" precision.recipe=fp8-block precision.fp8_scale=pow2 -o run-pow2
-for pair in "run-a run-floor" "run-amax run-pow2"; do
+# precision.fp8_wgrad x-tiles: the wgrad's x in tiles changes the result too
+moe-train -q "${short[@]}" precision.recipe=fp8-block precision.fp8_wgrad=x-tiles -o run-xtiles
+for pair in "run-a run-floor" "run-amax run-pow2" "run-amax run-xtiles"; do
     set -- $pair
     ! cmp -s "$1/ckpt-00000012/model.safetensors" "$2/ckpt-00000012/model.safetensors" \
-        || fail "$2: precision.fp8_scale changed nothing"
+        || fail "$2: its precision option changed nothing"
 done
+# an option of fp8-block alone: a clear error, exit 2
+set +e
+moe-train "${short[@]}" precision.fp8_wgrad=x-tiles -o run-bad 2> bad.log
+rc=$?
+set -e
+[ "$rc" = 2 ] && grep -q "precision.fp8_wgrad" bad.log || { cat bad.log; fail "x-tiles under mxfp8: rc $rc"; }
 # precision.skip_layers: named in the log, trains
 moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0,-1 -o run-skip \
     2> skip.log

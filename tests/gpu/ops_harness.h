@@ -113,6 +113,8 @@ typedef struct tcase {
 #define BF16 MOE_RECIPE_BF16
 #define FP8B MOE_RECIPE_FP8_BLOCK
 #define FP8P MOE_RECIPE_FP8_BLOCK_POW2
+#define FP8X MOE_RECIPE_FP8_BLOCK_XT /* precision.fp8_wgrad x-tiles */
+#define FP8PX MOE_RECIPE_FP8_BLOCK_POW2_XT
 /* mxfp8: on a GPU whose cuBLASLt multiplies MXFP8 (be->mx_native, sm_100+) the product cases
  * with I and O multiples of 128 run the native products, the others the bf16 form that sm_90
  * runs for all (gemm_cublaslt.cu) */

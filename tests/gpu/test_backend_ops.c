@@ -276,6 +276,10 @@ static const tcase k_cases[] = {
     {"matmul N77 I208 O144 fp8 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8B, 1e-5, 1},
     {"matmul N300 I64 O32 fp8 typed", MOE_OP_MATMUL, {300, 64, 32}, FP8B, 1e-5, 1},
     {"matmul N77 I208 O144 fp8 pow2 typed", MOE_OP_MATMUL, {77, 208, 144}, FP8P, 1e-5, 1},
+    /* precision.fp8_wgrad x-tiles: the wgrad's x in 128 x 128 tiles (partial ones both ways) */
+    {"matmul N512 I384 O640 fp8 x-tiles", MOE_OP_MATMUL, {512, 384, 640}, FP8X, 1e-5, 0},
+    {"matmul N77 I208 O144 fp8 x-tiles typed", MOE_OP_MATMUL, {77, 208, 144}, FP8X, 1e-5, 1},
+    {"matmul N300 I64 O32 fp8 pow2 x-tiles typed", MOE_OP_MATMUL, {300, 64, 32}, FP8PX, 1e-5, 1},
     /* mxfp8 against the CPU emulation: the q/k/v projections (x MXFP8 ln1, y bf16), the
      * o-projection (x bf16, y fp32) and I208 (a bf16 x: rows ending in a block of 16); N not a
      * multiple of 32 (the weight gradient's blocks along N end short), O32 (one block for
@@ -353,6 +357,24 @@ static const tcase k_cases[] = {
     {"grouped E4 I80 O48 fp8 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8B, 1e-5, 1},
     {"grouped E6 I128 O272 fp8", MOE_OP_GROUPED_MATMUL, {6, 128, 272, 300}, FP8B, 1e-5, 0},
     {"grouped E4 I80 O48 fp8 pow2 typed", MOE_OP_GROUPED_MATMUL, {4, 80, 48, 33}, FP8P, 1e-5, 1},
+    {"grouped E8 I256 O384 fp8 x-tiles typed",
+     MOE_OP_GROUPED_MATMUL,
+     {8, 256, 384, 120},
+     FP8X,
+     1e-5,
+     1},
+    {"grouped E6 I208 O272 fp8 x-tiles gw16",
+     MOE_OP_GROUPED_MATMUL,
+     {6, 208, 272, 300},
+     FP8X,
+     1e-5,
+     GW_BF16},
+    {"grouped E4 I80 O48 fp8 pow2 x-tiles typed",
+     MOE_OP_GROUPED_MATMUL,
+     {4, 80, 48, 33},
+     FP8PX,
+     1e-5,
+     1},
     /* the grouped fp8 kernel's stage ring (4 stages at 128 x 256 tiles) wrapping: inside a
      * tile (5 K blocks of 128 both ways), and from tile to tile of a block's walk (about 200
      * tiles for 132 SMs) */
@@ -521,8 +543,10 @@ static void check_supports_shapes(const moe_backend *gpu) {
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_MXFP8, NULL) == MOE_OK);
     CHECK(moe_backend_check(gpu, NULL, MOE_RECIPE_MXFP8_FLOOR, NULL) == MOE_OK);
     /* --dry-run's CUDA estimate exists for exactly the recipes the backend runs (every op) */
-    const moe_recipe all[] = {MOE_RECIPE_FP32,           MOE_RECIPE_BF16,  MOE_RECIPE_FP8_BLOCK,
-                              MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8, MOE_RECIPE_MXFP8_FLOOR};
+    const moe_recipe all[] = {MOE_RECIPE_FP32,         MOE_RECIPE_BF16,
+                              MOE_RECIPE_FP8_BLOCK,    MOE_RECIPE_FP8_BLOCK_POW2,
+                              MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT,
+                              MOE_RECIPE_MXFP8,        MOE_RECIPE_MXFP8_FLOOR};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         CHECK_MSG((moe_backend_scratch_estimate("cuda", &d, all[i]) >= 0) ==
                       (moe_backend_check(gpu, NULL, all[i], NULL) == MOE_OK),

@@ -86,19 +86,38 @@ static void reference_mx(uint8_t **rq, uint8_t **rs, int64_t *qn, int64_t *sn, c
     }
 }
 
-/* The fp8-block reference (moe_cuda_fp8_block_operand's layouts) by moe_fp8_encode_block: the
- * rows' padding scales keep the guard pattern 0xab, as the device's must. */
+/* The fp8-block reference (moe_cuda_fp8_block_operand's layouts) by moe_fp8_encode_block, or
+ * for transpose 2 (x-tiles) by moe_quant_tiles_e4m3 on each group's rows: the padding scales
+ * keep the guard pattern 0xab, as the device's must. */
 static void reference_fp8(uint8_t **rq, uint8_t **rs, int64_t *qn, int64_t *sn, const float *x,
                           const int32_t *off, int64_t E, int64_t K, int transpose, int pow2) {
     const int64_t M = off[E], KB = (K + 127) / 128, ls = (M + 3) / 4 * 4;
     int64_t nb = 0; /* transposed: the groups' padded 128-token blocks */
     for (int64_t e = 0; e < E; e++)
         nb += moe_mx_pad(off[e + 1] - off[e]) / 128;
+    int64_t nt = 0; /* x-tiles: the groups' tile scales */
+    for (int64_t e = 0; e < E; e++)
+        nt += moe_fp8_tile_scales(K, moe_mx_pad(off[e + 1] - off[e]));
     *qn = transpose ? nb * 128 * K : M * K;
-    *sn = (int64_t)sizeof(float) * (transpose ? nb * K : KB * ls);
+    *sn = (int64_t)sizeof(float) * (transpose == 2 ? nt : transpose ? nb * K : KB * ls);
     *rq = malloc((size_t)*qn + 1), *rs = malloc((size_t)*sn + 1);
     memset(*rs, 0xab, (size_t)*sn);
     float sc, col[128];
+    if (transpose == 2) {
+        for (int64_t e = 0, aq = 0, as = 0; e < E; e++) {
+            const int64_t n = off[e + 1] - off[e], np = moe_mx_pad(n);
+            uint8_t *q = malloc((size_t)(n * K) + 1), *qt = malloc((size_t)(n * K) + 1);
+            float *s = malloc((size_t)moe_fp8_tile_scales(n, K) * sizeof(float) + 1);
+            moe_quant_tiles_e4m3(q, s, qt, (float *)(*rs) + as, x + off[e] * K, n, K, pow2);
+            for (int64_t k = 0; k < K; k++) { /* qt [K, n] into q_e [K, np], zeros past n */
+                memcpy(*rq + aq + k * np, qt + k * n, (size_t)n);
+                memset(*rq + aq + k * np + n, 0, (size_t)(np - n));
+            }
+            aq += K * np, as += moe_fp8_tile_scales(K, np);
+            free(q), free(qt), free(s);
+        }
+        return;
+    }
     if (!transpose) {
         for (int64_t r = 0; r < M; r++)
             for (int64_t kb = 0; kb < KB; kb++) {
@@ -191,17 +210,18 @@ static void run_case(const moe_backend *be, const int64_t *counts, int64_t E, in
         if (gs[i] != rs[i] && bad_s++ == 0) first_s = i;
     for (int64_t i = 0; i < GUARD; i++)
         guard += (gq[qn + i] != 0xab) + (gs[sn + i] != 0xab);
-    static const char *names[] = {"", "f32", "bf16", "mxfp8"}, *fmts[] = {"mxfp8", "fp8-block"};
+    static const char *names[] = {"", "f32", "bf16", "mxfp8"}, *fmts[] = {"mxfp8", "fp8-block"},
+                      *forms[] = {"rows", "transposed", "x-tiles"};
     CHECK_MSG(ok && bad_q == 0 && bad_s == 0 && guard == 0,
               "%s %s K=%lld %s rule %d: %lld of %lld bytes differ (first %lld: %02x vs %02x), "
               "%lld of %lld scale bytes (first %lld: %02x vs %02x), %lld guard bytes written",
-              fmts[fmt], names[dt], (long long)K, transpose ? "transposed" : "rows", rule,
-              (long long)bad_q, (long long)qn, (long long)first_q, first_q >= 0 ? gq[first_q] : 0,
+              fmts[fmt], names[dt], (long long)K, forms[transpose], rule, (long long)bad_q,
+              (long long)qn, (long long)first_q, first_q >= 0 ? gq[first_q] : 0,
               first_q >= 0 ? rq[first_q] : 0, (long long)bad_s, (long long)sn, (long long)first_s,
               first_s >= 0 ? gs[first_s] : 0, first_s >= 0 ? rs[first_s] : 0, (long long)guard);
     printf("  %-9s %-5s K=%-3lld %-10s rule %d: %lld bytes, %lld scale bytes%s\n", fmts[fmt],
-           names[dt], (long long)K, transpose ? "transposed" : "rows", rule, (long long)qn,
-           (long long)sn, bad_q || bad_s || guard ? "  FAILED" : "  identical");
+           names[dt], (long long)K, forms[transpose], rule, (long long)qn, (long long)sn,
+           bad_q || bad_s || guard ? "  FAILED" : "  identical");
     be->free(be, d_q);
     be->free(be, d_s);
     be->free(be, d_in);
@@ -353,9 +373,9 @@ int main(void) {
     const int64_t E = sizeof counts / sizeof counts[0];
     static const int64_t Ks[] = {96, 208, 256};
     for (int k = 0; k < 3; k++)
-        for (int t = 0; t < 2; t++)
+        for (int t = 0; t < 3; t++) /* rows, transposed, transposed in tiles (fp8-block) */
             for (int rule = 0; rule < 2; rule++) {
-                for (int dt = 1; dt <= 3 && Ks[k] % 32 == 0; dt++)
+                for (int dt = 1; dt <= 3 && Ks[k] % 32 == 0 && t < 2; dt++)
                     run_case(be, counts, E, Ks[k], dt, t, rule, MXFP8);
                 for (int dt = 1; dt <= 2; dt++)
                     run_case(be, counts, E, Ks[k], dt, t, rule, FP8_BLOCK);

@@ -423,6 +423,24 @@ static void test_overrides(void) {
         CHECK(moe_config_validate(&sc, &e) == MOE_OK);
         CHECK(moe_config_recipe(&sc) == MOE_RECIPE_FP8_BLOCK_POW2);
         CHECK(strcmp(moe_recipe_name(moe_config_recipe(&sc)), "fp8-block") == 0);
+        /* precision.fp8_wgrad x-tiles: with either scale rule, fp8-block's name */
+        CHECK(moe_config_set(&sc, "precision.fp8_wgrad", "x-tiles", &e) == MOE_OK);
+        CHECK(moe_config_validate(&sc, &e) == MOE_OK);
+        CHECK(moe_config_recipe(&sc) == MOE_RECIPE_FP8_BLOCK_POW2_XT);
+        CHECK(moe_recipe_pow2(moe_config_recipe(&sc)) &&
+              moe_recipe_wgrad_tiles(moe_config_recipe(&sc)));
+        CHECK(strcmp(moe_recipe_name(moe_config_recipe(&sc)), "fp8-block") == 0);
+        CHECK(moe_config_set(&sc, "precision.fp8_scale", "default", &e) == MOE_OK);
+        CHECK(moe_config_recipe(&sc) == MOE_RECIPE_FP8_BLOCK_XT);
+        CHECK(!moe_recipe_pow2(moe_config_recipe(&sc)) &&
+              moe_recipe_wgrad_tiles(moe_config_recipe(&sc)));
+        CHECK(moe_recipe_format(moe_config_recipe(&sc)) == MOE_RECIPE_FP8_BLOCK);
+        CHECK(moe_config_set(&sc, "precision.recipe", "bf16", &e) == MOE_OK);
+        CHECK(moe_config_validate(&sc, &e) == MOE_ERR_INPUT); /* x-tiles is fp8-block's */
+        CHECK(strstr(e.msg, "precision.fp8_wgrad") != NULL);
+        CHECK(moe_config_set(&sc, "precision.fp8_wgrad", "tiles", &e) == MOE_ERR_INPUT);
+        CHECK(moe_config_set(&sc, "precision.fp8_wgrad", "blocks", &e) == MOE_OK);
+        CHECK(moe_config_set(&sc, "precision.fp8_scale", "pow2", &e) == MOE_OK);
         CHECK(moe_config_set(&sc, "precision.recipe", "mxfp8", &e) == MOE_OK);
         CHECK(moe_config_validate(&sc, &e) == MOE_ERR_INPUT);
         CHECK(moe_config_set(&sc, "precision.fp8_scale", "ocp-floor", &e) == MOE_OK);

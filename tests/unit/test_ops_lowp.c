@@ -283,6 +283,68 @@ static void test_fp8_products(void) {
     free(x), free(w), free(dy), free(y32), free(dx32), free(dw32), free(y16);
 }
 
+/* precision.fp8_wgrad x-tiles (MOE_RECIPE_FP8_BLOCK_XT and _POW2_XT): the wgrad reads x in
+ * 128 x 128 tiles from each group's first row and nothing else changes: dx is fp8-block's bit
+ * for bit, dw is dy^T (along the tokens) times x (tiles) as moe/quant.h's fake quantizers give
+ * them, and differs from fp8-block's (the check could tell them apart: the same reference is
+ * far from fp8-block's dw). Groups of 130 (a partial second tile), 0 and 70 rows; I 208 (a
+ * partial tile along the features). */
+static void test_fp8_wgrad_tiles(void) {
+    enum { E = 3, N = 200, I = 208, O = 144 };
+    const int32_t off[E + 1] = {0, 130, 130, 200};
+    float *x = gc_buf(N * I, 70, -1, 1), *w = gc_buf(E * O * I, 71, -1, 1),
+          *dy = gc_buf(N * O, 72, -1, 1);
+    for (int64_t r = 0; r < N; r++) /* an outlier feature: its tiles' other features lose bits */
+        x[r * I + 5] *= 300.0f;
+    for (int pow2 = 0; pow2 < 2; pow2++) {
+        const moe_recipe rb = pow2 ? MOE_RECIPE_FP8_BLOCK_POW2 : MOE_RECIPE_FP8_BLOCK,
+                         rt = pow2 ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_XT;
+        CHECK(moe_recipe_format(rt) == MOE_RECIPE_FP8_BLOCK && moe_recipe_pow2(rt) == pow2 &&
+              moe_recipe_wgrad_tiles(rt) && !moe_recipe_wgrad_tiles(rb));
+        moe_cbuf wE = gc_weight(be, w, E, O, I, rt);
+        float *dxb = gc_buf(N * I, 0, 0, 0), *dwb = gc_buf(E * O * I, 0, 0, 0),
+              *dxt = gc_buf(N * I, 0, 0, 0), *dwt = gc_buf(E * O * I, 0, 0, 0),
+              *ref = gc_buf(E * O * I, 0, 0, 0);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxb), moe_buf_f32(dwb), moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wE, off, E, I, O, rb, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, moe_buf_f32(dxt), moe_buf_f32(dwt), moe_cbuf_f32(dy),
+                                    moe_cbuf_f32(x), wE, off, E, I, O, rt, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+        CHECK(memcmp(dxb, dxt, sizeof(float) * N * I) == 0);
+        /* the reference: each group's dy along its tokens, its x in tiles, summed in double */
+        const moe_quant_opts ob = moe_quant_opts_of(rb);
+        float *dq = gc_buf(N * O, 0, 0, 0), *xq = gc_buf(N * I, 0, 0, 0);
+        for (int e = 0; e < E; e++) {
+            const int64_t r0 = off[e], n = off[e + 1] - r0;
+            if (n == 0) continue;
+            moe_quant_fake_vectors(dq + r0 * O, dy + r0 * O, O, 1, n, O, &ob);
+            moe_quant_fake_tiles(xq + r0 * I, x + r0 * I, n, I, pow2);
+            for (int64_t o = 0; o < O; o++)
+                for (int64_t i = 0; i < I; i++) {
+                    double a = 0;
+                    for (int64_t r = r0; r < r0 + n; r++)
+                        a += (double)dq[r * O + o] * xq[r * I + i];
+                    ref[(e * O + o) * I + i] = (float)a;
+                }
+        }
+        const double et = nmse(dwt, ref, E * O * I), eb = nmse(dwb, ref, E * O * I);
+        CHECK_MSG(et < 1e-12 && eb > 1e4 * et && eb > 0,
+                  "pow2 %d: x-tiles dw nmse %g to its reference, "
+                  "fp8-block's %g",
+                  pow2, et, eb);
+        /* the dense product: one group */
+        float *ddt = gc_buf(O * I, 0, 0, 0);
+        moe_cbuf w1 = gc_weight(be, w, 1, O, I, rt);
+        be->matmul_backward(be, NULL, ddt, moe_cbuf_f32(dy), moe_cbuf_f32(x), w1, 130, I, O, rt,
+                            MOE_GRAD_SET, MOE_GRAD_SET);
+        CHECK_MSG(nmse(ddt, ref, O * I) < 1e-12, "dense x-tiles dw nmse %g", nmse(ddt, ref, O * I));
+        free(dxb), free(dwb), free(dxt), free(dwt), free(ref), free(dq), free(xq), free(ddt);
+        gc_weight_free(wE), gc_weight_free(w1);
+    }
+    free(x), free(w), free(dy);
+}
+
 /* fp8-block activation pairs (moe_buf_fp8_pair): SwiGLU's backward writing dh1 and dh3 as
  * pairs and the grouped backward reading one as dy give the bits of the unfused path (BF16
  * dh1/dh3 quantized by the grouped backward itself) - dx written then added, an F32 and a BF16
@@ -384,5 +446,6 @@ int main(void) {
     be = moe_backend_cpu();
     test_bf16();
     test_fp8_pairs();
+    test_fp8_wgrad_tiles();
     return test_summary("test_ops_lowp");
 }

@@ -53,8 +53,11 @@ void moe_cuda_mx_native_operand(const moe_backend *be, uint8_t *q, uint8_t *sc, 
  * 16): q [M, K] and scale of row r's block kb at s[kb * round_up(M, 4) + r]; transpose 1, the
  * wgrad's columns over groups of rows (offsets [E + 1], host; K a multiple of 4): group e as q_e
  * [K, moe_mx_pad(n_e)] (its tokens padded to 128 with zeros), the groups one after another, and the
- * scale of padded block b (counted over all groups) of feature k at s[b * K + k].
- * gpu.quant_operands checks their bytes; errors as be->synchronize reports them. */
+ * scale of padded block b (counted over all groups) of feature k at s[b * K + k]; transpose 2,
+ * the same bytes under precision.fp8_wgrad x-tiles: one scale per 128 x 128 tile of each q_e,
+ * in moe_fp8_tile_scales(K, moe_mx_pad(n_e))'s layout (moe_quant_tiles_e4m3's transposed
+ * scales), the groups one after another. gpu.quant_operands checks their bytes; errors as
+ * be->synchronize reports them. */
 void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,
                                 const int32_t *offsets, int64_t E, int64_t K, int transpose,
                                 int pow2);

@@ -96,9 +96,16 @@ typedef enum moe_fp8_scale {
     MOE_FP8_SCALE_OCP_FLOOR /* mxfp8: OCP's 2^(floor(log2 amax) - 8) */
 } moe_fp8_scale;
 
+/* precision.fp8_wgrad: the scales of an fp8-block wgrad's activation operand (docs/dtypes.md). */
+typedef enum moe_fp8_wgrad {
+    MOE_FP8_WGRAD_BLOCKS, /* x in 1 x 128 blocks along the tokens, as dy (the default) */
+    MOE_FP8_WGRAD_X_TILES /* x in 128 x 128 tiles of tokens and features */
+} moe_fp8_wgrad;
+
 typedef struct moe_precision_config {
     moe_recipe recipe;
     moe_fp8_scale fp8_scale;
+    moe_fp8_wgrad fp8_wgrad;
     char skip_layers[256]; /* layers whose products stay unquantized under an fp8 recipe:
                               comma-separated indices, negative from the end ("0,-1") */
 } moe_precision_config;
@@ -167,7 +174,7 @@ void moe_config_write_markdown(FILE *fp);
 
 const char *moe_recipe_name(moe_recipe r); /* "fp32","bf16","fp8-block","mxfp8" */
 /* The recipe the model and the ops run: precision.recipe with its precision.fp8_scale rule
- * (MOE_RECIPE_FP8_BLOCK_POW2, MOE_RECIPE_MXFP8_FLOOR). */
+ * and precision.fp8_wgrad (MOE_RECIPE_FP8_BLOCK_POW2, _XT, _POW2_XT, MOE_RECIPE_MXFP8_FLOOR). */
 moe_recipe moe_config_recipe(const moe_config *c);
 /* precision.skip_layers of c as a mask: skip[l] = 1 for each layer it names (skip [L] host,
  * L = model.num_hidden_layers; may be NULL to only check). MOE_ERR_INPUT naming the item

@@ -433,8 +433,12 @@ static moe_status rule_fail(moe_err *err, const char **bad, const char *a, const
 
 moe_recipe moe_config_recipe(const moe_config *c) {
     moe_recipe r = c->precision.recipe;
-    if (r == MOE_RECIPE_FP8_BLOCK && c->precision.fp8_scale == MOE_FP8_SCALE_POW2)
-        return MOE_RECIPE_FP8_BLOCK_POW2;
+    if (r == MOE_RECIPE_FP8_BLOCK) {
+        const int pow2 = c->precision.fp8_scale == MOE_FP8_SCALE_POW2,
+                  xt = c->precision.fp8_wgrad == MOE_FP8_WGRAD_X_TILES;
+        return xt ? (pow2 ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_XT)
+                  : (pow2 ? MOE_RECIPE_FP8_BLOCK_POW2 : r);
+    }
     if (r == MOE_RECIPE_MXFP8 && c->precision.fp8_scale == MOE_FP8_SCALE_OCP_FLOOR)
         return MOE_RECIPE_MXFP8_FLOOR;
     return r;
@@ -487,6 +491,12 @@ static moe_status validate(const moe_config *c, moe_err *err, const char **bad) 
                          "pow2 is a rule of fp8-block, ocp-floor one of mxfp8",
                          "precision.fp8_scale %s does not apply to precision.recipe %s",
                          pc->fp8_scale == MOE_FP8_SCALE_POW2 ? "pow2" : "ocp-floor",
+                         moe_recipe_name(pc->recipe));
+    if (pc->fp8_wgrad == MOE_FP8_WGRAD_X_TILES && pc->recipe != MOE_RECIPE_FP8_BLOCK)
+        return rule_fail(err, bad, "precision.fp8_wgrad", "precision.recipe",
+                         "use precision.fp8_wgrad: blocks (the default) with this recipe",
+                         "precision.fp8_wgrad x-tiles is an option of precision.recipe "
+                         "fp8-block, got %s",
                          moe_recipe_name(pc->recipe));
     if (c->optim.master == MOE_MASTER_SPLIT && pc->recipe != MOE_RECIPE_BF16)
         return rule_fail(err, bad, "optim.master", "precision.recipe",

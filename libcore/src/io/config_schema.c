@@ -16,11 +16,12 @@
 
 /* Adding a field to moe_config means adding its row below: this size is the reminder (x86-64
  * and aarch64 LP64), and unit.config checks that only padding is left without a row. */
-_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3696,
+_Static_assert(sizeof(void *) != 8 || sizeof(moe_config) == 3704,
                "moe_config changed: update moe_cfg_keys[] and this size together");
 _Static_assert(sizeof(moe_device_kind) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recipe) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_fp8_scale) == sizeof(int), "enum fields are stored as int");
+_Static_assert(sizeof(moe_fp8_wgrad) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_lr_schedule) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_recompute) == sizeof(int), "enum fields are stored as int");
 _Static_assert(sizeof(moe_stop_signal) == sizeof(int), "enum fields are stored as int");
@@ -32,6 +33,7 @@ _Static_assert(MOE_DTYPE_F32 == 0 && MOE_DTYPE_BF16 == 1, "moments_names index m
 static const char *const device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const recipe_names[] = {"fp32", "bf16", "fp8-block", "mxfp8", NULL};
 static const char *const fp8_scale_names[] = {"default", "pow2", "ocp-floor", NULL};
+static const char *const fp8_wgrad_names[] = {"blocks", "x-tiles", NULL};
 static const char *const schedule_names[] = {"cosine", "linear", "constant", NULL};
 static const char *const recompute_names[] = {"none", "attn", "moe", "full", NULL};
 static const char *const stop_signal_names[] = {"usr1", "usr2", "hup", "none", NULL};
@@ -198,6 +200,12 @@ const moe_cfg_key moe_cfg_keys[] = {
      "Scale rule of the fp8 recipes: default (fp8-block amax / 448, mxfp8 the E8M0 ceil of "
      "amax / 448: nothing saturates), pow2 (fp8-block, rounded up to a power of two), "
      "ocp-floor (mxfp8, OCP MX's 2^(floor(log2 amax) - 8)). docs/dtypes.md."},
+    {"precision.fp8_wgrad", MOE_CFG_ENUM, FIELD(precision.fp8_wgrad), "blocks", 0, 0, 0,
+     fp8_wgrad_names,
+     "Scales of the activation x in an fp8-block weight gradient dW = dy^T x: blocks (1 x 128 "
+     "along the tokens, as dy), or x-tiles (one scale per 128 x 128 tile of tokens and "
+     "features: cuBLASLt's faster block x tile product, a coarser x). fp8-block only. "
+     "docs/dtypes.md."},
     {"precision.skip_layers", MOE_CFG_STRING, FIELD(precision.skip_layers), "\"\"", 0, 0, 0, NULL,
      "Layers whose products stay bf16 under an fp8 recipe (as BioNeMo keeps the first and "
      "last): comma-separated indices, negative from the end, e.g. \"0,-1\"; empty = none."},

@@ -394,7 +394,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
          * backend takes them, as fp8-block pairs: the operands the w1 and w3 products read */
         const int pairs = a->dh1p && moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK && El >= 1 &&
                           El <= be->fp8_pairs;
-        const moe_fp8_groups pg = {eoff, El, F, prec == MOE_RECIPE_FP8_BLOCK_POW2};
+        const moe_fp8_groups pg = {eoff, El, F, moe_recipe_pow2(prec)};
         moe_buf dh1 = pairs ? moe_buf_fp8_pair(a->dh1p) : h1;
         moe_buf dh3 = pairs ? moe_buf_fp8_pair(a->dh3p) : h3;
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),

@@ -19,8 +19,7 @@ static inline float amax_step(float m, float v) {
 }
 
 moe_quant_opts moe_quant_opts_of(moe_recipe r) {
-    moe_quant_opts o = {moe_recipe_format(r), r == MOE_RECIPE_MXFP8_FLOOR,
-                        r == MOE_RECIPE_FP8_BLOCK_POW2};
+    moe_quant_opts o = {moe_recipe_format(r), r == MOE_RECIPE_MXFP8_FLOOR, moe_recipe_pow2(r)};
     return o;
 }
 

@@ -6,7 +6,8 @@
  * The one thing a reader must know is which way each operand is quantized:
  *   forward  y = x W^T    x along its rows (over I); W as a weight (over I)
  *   dgrad   dx = dy W     dy along its rows (over O); W as a weight (over O)
- *   wgrad   dW = dy^T x   dy and x along their columns (over the tokens N)
+ *   wgrad   dW = dy^T x   dy and x along their columns (over the tokens N); under
+ *                         precision.fp8_wgrad x-tiles x in 128 x 128 tiles instead
  * A weight under fp8-block is read from its persistent e4m3 copies (moe/ops.h: written by
  * moe_cpu_quantize_weight from the master, one scale per 128 x 128 tile): the row-wise copy
  * for the forward, the transposed one for dgrad, decoded back to [O, I] so that the fp32
@@ -23,7 +24,7 @@
 #include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
 
-enum { Q_ROWS, Q_COLS, Q_WEIGHT_ROWS, Q_WEIGHT_COLS };
+enum { Q_ROWS, Q_COLS, Q_WEIGHT_ROWS, Q_WEIGHT_COLS, Q_WGRAD_X };
 
 int moe_cpu_is_fp8(moe_recipe prec) {
     return moe_recipe_is_fp8(prec);
@@ -65,10 +66,11 @@ static float *weight_copy(moe_cbuf w, int64_t E, int64_t e, int64_t O, int64_t I
 /* The values the product multiplies for operand m, a row-major [R, K] of m's type: a
  * malloc'ed fp32 copy quantized along rows (Q_ROWS, the product reduces over K), columns
  * (Q_COLS, over R), or as an mxfp8 weight whose product reduces over K (Q_WEIGHT_ROWS) or R
- * (Q_WEIGHT_COLS). An MXFP8 operand read along its rows under mxfp8's ceil rule is already
- * what that quantization gives (its blocks of 32 are the rows' when K is a multiple of 32,
- * and re-quantizing MXFP8 values returns them: unit.quant), so its values are used as
- * they are. */
+ * (Q_WEIGHT_COLS); Q_WGRAD_X is a wgrad's x (reducing over R): in 128 x 128 tiles from its
+ * first row under moe_recipe_wgrad_tiles, else as Q_COLS. An MXFP8 operand read along its rows
+ * under mxfp8's ceil rule is already what that quantization gives (its blocks of 32 are the rows'
+ * when K is a multiple of 32, and re-quantizing MXFP8 values returns them: unit.quant), so its
+ * values are used as they are. */
 static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec) {
     float *c = scratch(R * K);
 #pragma omp parallel for schedule(static)
@@ -76,7 +78,9 @@ static float *operand(moe_cbuf m, int64_t R, int64_t K, int how, moe_recipe prec
         c[i] = moe_cbuf_get(m, i);
     const moe_quant_opts o = moe_quant_opts_of(prec);
     if (m.mx && how == Q_ROWS && prec == MOE_RECIPE_MXFP8 && K % 32 == 0) return c;
-    if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
+    if (how == Q_WGRAD_X && moe_recipe_wgrad_tiles(prec))
+        moe_quant_fake_tiles(c, c, R, K, o.pow2);
+    else if (how == Q_ROWS || how == Q_WEIGHT_ROWS)
         moe_quant_fake_vectors(c, c, R, K, K, 1, &o);
     else
         moe_quant_fake_vectors(c, c, K, 1, R, K, &o);
@@ -94,7 +98,7 @@ static float *weight(moe_cbuf w, int64_t E, int64_t e, int64_t O, int64_t I, int
 void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
                              int64_t O, int64_t I, moe_recipe prec) {
     (void)be;
-    const int pow2 = prec == MOE_RECIPE_FP8_BLOCK_POW2;
+    const int pow2 = moe_recipe_pow2(prec);
     const int64_t ts = moe_fp8_tile_scales(O, I), tst = moe_fp8_tile_scales(I, O);
     for (int64_t e = 0; e < E; e++)
         moe_quant_tiles_e4m3(q + e * O * I, s + e * ts, q + (E + e) * O * I, s + E * ts + e * tst,
@@ -130,7 +134,7 @@ void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, 
         free(dq), free(wq);
     }
     if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I], reducing over N */
-        float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_COLS, prec);
+        float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_WGRAD_X, prec);
         moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, moe_grad_beta(dw_st), dw);
         free(dq), free(xq);
     }
@@ -185,7 +189,7 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
         if (!dw) continue;
         /* the expert's rows are their own group along N */
         float *dc = grad_operand(dy, offsets, E, O, e, Q_COLS, prec);
-        float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_COLS, prec);
+        float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_WGRAD_X, prec);
         moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, moe_grad_beta(dw_st), dw + e * O * I);
         free(dc), free(xc);
     }
