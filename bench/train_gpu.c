@@ -160,11 +160,13 @@ int main(int argc, char **argv) {
                     gdt = gb ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
     const moe_master master = sp ? MOE_MASTER_SPLIT : MOE_MASTER_FP32;
     const char *aname = getenv("ACCUM");
-    const int accum = aname ? atoi(aname) : 1;
-    if (accum < 1 || accum > 64 || (fwd && accum != 1)) {
+    char *aend = NULL;
+    const long an = aname ? strtol(aname, &aend, 10) : 1;
+    if ((aname && (aend == aname || *aend)) || an < 1 || an > 64 || (fwd && an != 1)) {
         fprintf(stderr, "bench_train_gpu: ACCUM=%s: expected 1 to 64 (1 with forward)\n", aname);
         return 2;
     }
+    const int accum = (int)an;
     /* TOKENS=n: a training micro-batch of n tokens (whole rows of the preset's sequence) */
     const char *tname = getenv("TOKENS");
     char *tend = NULL;
@@ -177,8 +179,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *lname = getenv("LR");
-    const float lr = lname ? strtof(lname, NULL) : 3e-4f;
-    if (!(lr >= 0.0f && lr < 1.0f)) {
+    char *lend = NULL;
+    const float lr = lname ? strtof(lname, &lend) : 3e-4f;
+    if ((lname && (lend == lname || *lend)) || !(lr >= 0.0f && lr < 1.0f)) {
         fprintf(stderr, "bench_train_gpu: LR=%s: expected a learning rate in [0, 1)\n", lname);
         return 2;
     }
