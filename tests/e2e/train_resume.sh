@@ -66,6 +66,8 @@ resumes_exactly() {
 # fp8-block (pow2 scales, the last layer kept in bf16): the e4m3 weight copies are not in the
 # checkpoint, the resumed run quantizes them again from the restored masters; the same bytes.
 resumes_exactly 8 fp8-block precision.recipe=fp8-block precision.fp8_scale=pow2 precision.skip_layers=-1
+# fp8-block with the weight gradients' x in tiles (precision.fp8_wgrad x-tiles): the same bytes
+resumes_exactly 9 "fp8-block x-tiles" precision.recipe=fp8-block precision.fp8_wgrad=x-tiles
 # mxfp8 (its expert activations stored in MXFP8, the last layer's in bf16: the skip lays the
 # activations out again at start-up, resumed or not): the same bytes.
 resumes_exactly 32 mxfp8 precision.recipe=mxfp8 precision.skip_layers=-1
