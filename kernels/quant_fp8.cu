@@ -697,7 +697,7 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         uint8_t *qc = q + pb0 * QB * K;
         float *sc = tiles ? s + ts : s + pb0 * K;
         for (int e = 0; e < ne; e++)
-            ts += KT * ((g.pb[e + 1] - g.pb[e] + 3) / 4 * 4);
+            ts += moe_fp8_tile_scales(K, (int64_t)(g.pb[e + 1] - g.pb[e]) * QB);
         const __nv_bfloat16 *xh = (const __nv_bfloat16 *)x.p;
         const float *xf = (const float *)x.p;
         const int k = (int)K;

@@ -42,7 +42,8 @@ set +e
 moe-train "${short[@]}" precision.fp8_wgrad=x-tiles -o run-bad 2> bad.log
 rc=$?
 set -e
-[ "$rc" = 2 ] && grep -q "precision.fp8_wgrad" bad.log || { cat bad.log; fail "x-tiles under mxfp8: rc $rc"; }
+[ "$rc" = 2 ] && grep -q "precision.fp8_wgrad" bad.log ||
+    { cat bad.log; fail "x-tiles under mxfp8: rc $rc"; }
 # precision.skip_layers: named in the log, trains
 moe-train "${short[@]}" train.steps=2 checkpoint.every=2 precision.skip_layers=0,-1 -o run-skip \
     2> skip.log
