@@ -31,7 +31,10 @@ moe-train -q "${short[@]}" precision.fp8_scale=ocp-floor -o run-floor
 moe-train -q "${short[@]}" precision.recipe=fp8-block -o run-amax
 moe-train -q "${short[@]}" precision.recipe=fp8-block precision.fp8_scale=pow2 -o run-pow2
 # precision.fp8_wgrad x-tiles: the wgrad's x in tiles changes the result too
-moe-train -q "${short[@]}" precision.recipe=fp8-block precision.fp8_wgrad=x-tiles -o run-xtiles
+moe-train "${short[@]}" precision.recipe=fp8-block precision.fp8_wgrad=x-tiles -o run-xtiles \
+    2> xtiles.log
+grep -q "precision: fp8-block takes the weight gradients' activations in 128 x 128 tiles" \
+    xtiles.log || { cat xtiles.log; fail "no x-tiles start-up line"; }
 for pair in "run-a run-floor" "run-amax run-pow2" "run-amax run-xtiles"; do
     set -- $pair
     ! cmp -s "$1/ckpt-00000012/model.safetensors" "$2/ckpt-00000012/model.safetensors" \

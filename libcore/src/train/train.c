@@ -506,6 +506,11 @@ moe_status moe_train_run(const moe_config *cfg, const moe_train_opts *opts, moe_
                          : t.be->bf16_native ? "as bf16 products of their decoded values: the GPU "
                                                "has no MXFP8 product before sm_100"
                                              : "emulated by the cpu backend");
+        if (t.cfg.precision.recipe == MOE_RECIPE_FP8_BLOCK &&
+            t.cfg.precision.fp8_wgrad == MOE_FP8_WGRAD_X_TILES)
+            moe_log_info("precision: fp8-block takes the weight gradients' activations in 128 x "
+                         "128 tiles, one scale a tile (precision.fp8_wgrad x-tiles; "
+                         "docs/dtypes.md)");
         if (t.ts.step >= t.end_step)
             moe_log_info("nothing to do: the run is at step %lld of %lld", (long long)t.ts.step,
                          (long long)t.end_step);
