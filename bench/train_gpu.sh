@@ -10,7 +10,8 @@
 # first round only), ROUNDS (default 1: ours then HF, this many times in turn; the summary gives
 # each round's ratio and their median, the spread a single ratio hides),
 # PRESETS (default "mixtral8x7b-2L og2-8x1b"), RECIPES (precision recipes, default bf16; e.g.
-# "bf16 fp8-block mxfp8" adds each recipe's ratio to our bf16: issue 14's table; MOMENTS,
+# "bf16 fp8-block fp8-block:x-tiles mxfp8" adds each recipe's ratio to our bf16, issue 14's
+# table, a recipe with ":x-tiles" run under precision.fp8_wgrad x-tiles (WGRAD); MOMENTS,
 # EXPERT_GRADS, MASTER, ACCUM, TOKENS and LR are passed through to bench_train_gpu; the baseline
 # has neither ACCUM nor TOKENS, so read its ratio without them), HF_IMPLS (experts
 # implementations for the baseline, default grouped_mm; e.g. grouped_mm,eager), HF_SCRIPT (default
@@ -50,8 +51,10 @@ for k in $(seq 1 "$rounds"); do
     for p in $presets; do
         for r in $recipes; do
             echo
-            echo "== round $k: RECIPE=$r bench_train_gpu $p $steps $ps"
-            RECIPE=$r "$bin" "$p" "$steps" "$ps" | tee "$tmp/ours-$p-$r-$k.log"
+            wg=blocks # RECIPE:x-tiles runs it with precision.fp8_wgrad x-tiles
+            [ "${r#*:}" = x-tiles ] && wg=x-tiles
+            echo "== round $k: RECIPE=${r%%:*} WGRAD=$wg bench_train_gpu $p $steps $ps"
+            RECIPE=${r%%:*} WGRAD=$wg "$bin" "$p" "$steps" "$ps" | tee "$tmp/ours-$p-$r-$k.log"
             st=${PIPESTATUS[0]}
             [ "$st" -eq 77 ] && { echo "train_gpu.sh: no CUDA device, nothing measured"; exit 77; }
             [ "$st" -ne 0 ] && { echo "train_gpu.sh: bench_train_gpu $p ($r) failed (exit $st)"; rc=1; }
