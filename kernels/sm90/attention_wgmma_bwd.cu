@@ -39,10 +39,15 @@ typedef __nv_bfloat16 bf16;
 #define FB_STEP 64     /* queries a step */
 #define FB_NS 2        /* stages of Q and dO */
 #define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
-/* Variant (-D at compile time, bench/kernels/attn_variants.sh): FB_SPLIT 0 never splits the
- * query heads of a kv head over blocks (fb_launch's rule otherwise) */
+/* Variants (-D at compile time, bench/kernels/attn_variants.sh): FB_SPLIT 0 never splits the
+ * query heads of a kv head over blocks (fb_launch's rule otherwise); FB_DQ_TURNS 0 adds each
+ * dQ tile as soon as it is ready, in no fixed order: not deterministic, a measurement of what
+ * the turns cost, never a build to ship */
 #ifndef FB_SPLIT
 #define FB_SPLIT 1
+#endif
+#ifndef FB_DQ_TURNS
+#define FB_DQ_TURNS 1
 #endif
 
 /* Shared memory: the resident K and V [FB_ROWS][D]; FB_NS stages of Q and dO [FB_STEP][D]; two
@@ -206,19 +211,25 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
                                            int want, int head, int64_t q0, int b, int64_t i) {
     for (int w = 0; w < 2; w++)
         fa3_bar_wait(m.bqf + 8 * w, (uint32_t)(i & 1));
+#if FB_DQ_TURNS
     int seen;
     do
         asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(seen) : "l"(sem) : "memory");
     while (seen != want);
     asm volatile("fence.proxy.async.global;\n" ::: "memory"); /* the acquire before the adds */
+#else
+    (void)sem, (void)want;
+#endif
     for (int box = 0; box < D / 32; box++)
         fa3_tma_add(mdq, m.dq + box * FB_DQ_BOX, box * 32, head, (int)q0, b);
     fa3_bulk_commit_wait_read();
     for (int w = 0; w < 2; w++)
         fa3_bar_arrive(m.bqe + 8 * w);
     fa3_bulk_wait(); /* the adds are done before the next block's turn */
+#if FB_DQ_TURNS
     asm volatile("fence.proxy.async.global;\n" ::: "memory");
     asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(sem) : "memory");
+#endif
 }
 
 /* dq [B, T, H, D] += scale * dS K (through mdq: boxes of 32 columns, FB_STEP rows), dk/dv
