@@ -1,6 +1,6 @@
 /* adamw.cuh: one AdamW element in the CPU backend's arithmetic (libcore/src/ops/cpu/
  * ops_optim.c), for every kernel that updates weights: the flat AdamW of backend_cuda.cu and
- * the fused AdamW and fp8-block copies of quant_fp8.cu (k_adamw_tiles), so that both give the
+ * the fused AdamW and fp8-block copies of quant_tiles.cu (k_adamw_tiles), so that both give the
  * same bits for the same element. */
 #ifndef MOE_KERNELS_ADAMW_CUH
 #define MOE_KERNELS_ADAMW_CUH
