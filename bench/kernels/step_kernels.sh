@@ -9,8 +9,9 @@
 #   bench/kernels/step_kernels.sh BUILD_DIR PRESET [OUT_DIR]
 #   RECIPE=fp8-block MOMENTS=bf16 EXPERT_GRADS=bf16 bench/kernels/step_kernels.sh build-gpu mixtral8x7b-2L $OUT
 #
-# RECIPE, MOMENTS, EXPERT_GRADS and MASTER reach bench_train_gpu as for its own runs. Writes
-# OUT_DIR/step_kernels_PRESET_RECIPE.csv (ncu's raw CSV) and prints the table. Needs ncu and
+# RECIPE, WGRAD, MOMENTS, EXPERT_GRADS and MASTER reach bench_train_gpu as for its own runs.
+# Writes OUT_DIR/step_kernels_PRESET_RECIPE.csv (RECIPE-WGRAD when WGRAD is set; ncu's raw
+# CSV) and prints the table. Needs ncu and
 # python3 on the GPU machine (both there: docs/performance-gpu.md "Tools").
 set -euo pipefail
 build=${1:?usage: step_kernels.sh BUILD_DIR PRESET [OUT_DIR]}
@@ -19,10 +20,10 @@ out=${3:-.}
 bin="$build/bench/bench_train_gpu"
 [ -x "$bin" ] || { echo "step_kernels.sh: $bin not found (build first)" >&2; exit 2; }
 mkdir -p "$out"
-csv="$out/step_kernels_${preset}_${RECIPE:-bf16}.csv"
+csv="$out/step_kernels_${preset}_${RECIPE:-bf16}${WGRAD:+-$WGRAD}.csv"
 NCU_STEP=1 ncu --profile-from-start off --metrics gpu__time_duration.sum --csv "$bin" "$preset" 1 0 \
     > "$csv"
-python3 - "$csv" "$preset ${RECIPE:-bf16}" <<'PY'
+python3 - "$csv" "$preset ${RECIPE:-bf16}${WGRAD:+ $WGRAD}" <<'PY'
 import collections, csv, sys
 rows = [l for l in open(sys.argv[1]) if l.startswith('"')]
 to_ms = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0,
