@@ -15,8 +15,7 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} OPENBLAS_NUM_THREADS=${OPENBL
 source "$src/tests/interop/lambda_1kb.sh"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-rm -rf shards full split older full8 split8 full16 split16 full17 split17 full32 split32 \
-    full64 split64
+rm -rf shards full split older
 moe-tokenize -q lambda_1kb.fa --val-fraction 0.2 -o shards/
 # 4 sequences of 128 tokens per step in 2 micro-steps (gradient accumulation), evaluation
 # and checkpoints at odd places, a cosine schedule that depends on train.steps.
@@ -54,6 +53,7 @@ cmp full/ckpt-00000008/model.safetensors older/ckpt-00000008/model.safetensors |
 resumes_exactly() {
     local x=$1 what=$2
     shift 2
+    rm -rf "full$x" "split$x"
     train -o "full$x" "$@"
     train -o "split$x" "$@" --stop-at 4
     train -o "split$x" "$@" --resume auto
