@@ -434,6 +434,11 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
 void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, moe_cbuf dout,
                                     moe_cbuf a, moe_cbuf b, const moe_fp8_groups *pairs,
                                     const char *op);
+/* swiglu_forward's fp8-block activation pair: out [M, K] as a pair (its transposed copy in
+ * tiles where pairs->tiles) from a and b [M, K] (as above), in one pass: the bytes of the BF16
+ * swiglu forward followed by moe_cuda_fp8_rows and moe_cuda_fp8_cols_t. */
+void moe_cuda_swiglu_forward_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf a, moe_cbuf b,
+                                  const moe_fp8_groups *pairs, const char *op);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
@@ -536,7 +541,7 @@ void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos,
 void moe_cuda_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
                             int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                             moe_recipe prec);
+                             moe_recipe prec, const moe_fp8_groups *pairs);
 void moe_cuda_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                               moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs);
 void moe_cuda_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n);

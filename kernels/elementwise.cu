@@ -545,12 +545,23 @@ static void swiglu_fwd_types(moe_cuda_ctx *c, moe_buf out, moe_cbuf a, moe_cbuf 
 }
 
 /* The inputs share one type (both are expert activations); the output may differ. The mxfp8
- * recipe's h1, h3 and g: all three MXFP8, in one pass (k_swiglu_fwd_mx). */
+ * recipe's h1, h3 and g: all three MXFP8, in one pass (k_swiglu_fwd_mx); fp8-block's pair in
+ * one pass too (quant_fp8.cu). */
 void moe_cuda_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                             moe_recipe prec) {
+                             moe_recipe prec, const moe_fp8_groups *pairs) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "swiglu_forward";
     if (moe_cuda_failed(c) || n <= 0) return;
+    if (pairs) {
+        if (out.dt != MOE_DTYPE_E4M3 || out.mx || n != (int64_t)pairs->offsets[pairs->E] * pairs->K)
+            moe_cuda_check(c, cudaErrorInvalidValue, op,
+                           "fp8-block pair: n=%lld, output %s (a pair of offsets[E] x K values "
+                           "expected)",
+                           (long long)n, moe_dtype_name(out.dt));
+        else
+            moe_cuda_swiglu_forward_pair(c, (uint8_t *)out.p, a, b, pairs, op);
+        return;
+    }
     if (swiglu_mx_fused(n, a, b, moe_cbuf_from(out), moe_cbuf_from(out))) {
         k_swiglu_fwd_mx<<<moe_cuda_grid(c, n / 4, 256), 256, 0, c->stream>>>(
             (uint8_t *)out.p, out.mx, (const uint8_t *)a.p, a.mx, (const uint8_t *)b.p, b.mx, n);

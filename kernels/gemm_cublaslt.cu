@@ -251,39 +251,50 @@ static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M,
     return 1;
 }
 
-/* y [M, O] = x [M, I] W_e^T per group, w [E, O, I] (its row-wise copy); fp32 outputs rounded
- * to bf16. */
-static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
-                                const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
-    if (fp8_dims_ok(c, I, O, w, op) &&
-        fp8_grouped_product(c, op, y, 0.0f, x, (const uint8_t *)w.p, w.s, offsets, E, O, I, pow2) &&
-        y.dt == MOE_DTYPE_F32)
-        moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
+/* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
+ * copies' scales nor MXFP8's) */
+static int is_pair(moe_cbuf b) {
+    return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
 }
 
-/* dx [M, I] (+)= dy W_e from an fp8-block pair dy (its row-wise copy; pl its layout) and the
- * transposed weight copy wtq [E, I, O] with scales wts: one grouped launch (beta bx). cuBLASLt
- * cannot read the pair's scale layout, so this needs the sm_90 grouped kernel (the backend
- * offers pairs only where it runs). 0 after a recorded error. */
-static int fp8_pair_dgrad(moe_cuda_ctx *c, const char *op, float *dx, float bx, const uint8_t *pq,
-                          const moe_fp8_pair_layout *pl, const uint8_t *wtq, const float *wts,
-                          const int32_t *offsets, int64_t E, int64_t I, int64_t O) {
+/* y [M, N] (+)= a W_e^T (beta: 1 adds, 0 writes) from an fp8-block pair a [M, K] (its row-wise
+ * copy) of the groups offsets and a weight copy wq [E, N, K] with scales ws: one grouped launch.
+ * cuBLASLt cannot read the pair's scale layout, so this needs the sm_90 grouped kernel (the
+ * backend offers pairs only where it runs). 0 after a recorded error. */
+static int fp8_pair_product(moe_cuda_ctx *c, const char *op, moe_buf y, float beta, moe_cbuf a,
+                            const uint8_t *wq, const float *ws, const int32_t *offsets, int64_t E,
+                            int64_t N, int64_t K) {
+    const moe_fp8_pair_layout pl = moe_fp8_pair_layout_of(offsets, E, K, 0); /* rows: any form */
+    const uint8_t *pq = (const uint8_t *)a.p;
 #if MOE_HAVE_SM90A
-    if (moe_cuda_grouped_fp8_fits(c, E, dx, wtq, wts))
-        return moe_cuda_grouped_fp8(c, moe_buf_f32(dx), bx, pq, (const float *)(pq + pl->s_rows),
-                                    pl->lds, wtq, wts, offsets, E, I, O, op);
+    if (moe_cuda_grouped_fp8_fits(c, E, y.p, wq, ws))
+        return moe_cuda_grouped_fp8(c, y, beta, pq, (const float *)(pq + pl.s_rows), pl.lds, wq, ws,
+                                    offsets, E, N, K, op);
 #else
-    (void)dx, (void)bx, (void)pq, (void)pl, (void)wtq, (void)wts, (void)offsets, (void)I, (void)O;
+    (void)y, (void)beta, (void)pq, (void)wq, (void)ws, (void)N;
 #endif
     return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "an fp8-block pair dy of %lld groups (its row-wise copy is read by the "
+                          "an fp8-block pair of %lld groups (its row-wise copy is read by the "
                           "sm_90 grouped fp8 kernel alone: at most be->fp8_pairs groups)",
                           (long long)E);
 }
 
+/* y [M, O] = x [M, I] W_e^T per group, w [E, O, I] (its row-wise copy); x may be an fp8-block
+ * pair; fp32 outputs rounded to bf16. */
+static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
+                                const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
+    const uint8_t *wq = (const uint8_t *)w.p;
+    if (fp8_dims_ok(c, I, O, w, op) &&
+        (is_pair(x) ? fp8_pair_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I)
+                    : fp8_grouped_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I, pow2)) &&
+        y.dt == MOE_DTYPE_F32)
+        moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
+}
+
 /* dx [M, I] (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per group (dx NULL, dw.p
  * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O], or an fp8-block pair of
- * these groups (moe/quant.h), whose two copies are the products' dy operands as they are.
+ * these groups (moe/quant.h), whose two copies are the products' dy operands as they are; x
+ * [M, I], or a pair whose transposed copy is the wgrad's operand.
  * prec an fp8-block recipe: its scale rule, and whether the wgrad's x is in tiles
  * (moe_recipe_wgrad_tiles: cuBLASLt's VEC128 x BLK128x128 product, as the forward's). */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
@@ -292,15 +303,15 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
                                  float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
     const int pow2 = moe_recipe_pow2(prec), xtiles = moe_recipe_wgrad_tiles(prec);
-    const int pair = dy.dt == MOE_DTYPE_E4M3 && !dy.s && !dy.mx;
+    const int pair = is_pair(dy), xpair = is_pair(x);
     const moe_fp8_pair_layout pl =
-        pair ? moe_fp8_pair_layout_of(offsets, E, O) : moe_fp8_pair_layout{};
+        pair ? moe_fp8_pair_layout_of(offsets, E, O, 0) : moe_fp8_pair_layout{};
     const uint8_t *pq = (const uint8_t *)dy.p;
     if (dx) {
         /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
         const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
         const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
-        if (pair ? !fp8_pair_dgrad(c, op, dx, bx, pq, &pl, wtq, wts, offsets, E, I, O)
+        if (pair ? !fp8_pair_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O)
                  : !fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O,
                                         pow2))
             return;
@@ -312,11 +323,15 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
         const int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         Mpad += np, xs += xtiles ? moe_fp8_tile_scales(I, np) : np / 128 * I;
     }
-    fp8_operand dyt = {(uint8_t *)pq + pl.q_cols, (float *)(pq + pl.s_cols)}, xt;
+    const moe_fp8_pair_layout xl =
+        xpair ? moe_fp8_pair_layout_of(offsets, E, I, xtiles) : moe_fp8_pair_layout{};
+    const uint8_t *xq = (const uint8_t *)x.p;
+    fp8_operand dyt = {(uint8_t *)pq + pl.q_cols, (float *)(pq + pl.s_cols)},
+                xt = {(uint8_t *)xq + xl.q_cols, (float *)(xq + xl.s_cols)};
     if ((!pair && (!fp8_scratch(c, MOE_CUDA_SCRATCH_C, O * Mpad, Mpad / 128 * O, &dyt, op) ||
                    !moe_cuda_fp8_cols_t(c, dyt.q, dyt.s, dy, offsets, E, O, pow2, 0, op))) ||
-        !fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, xs, &xt, op) ||
-        !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, xtiles, op))
+        (!xpair && (!fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, xs, &xt, op) ||
+                    !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, xtiles, op))))
         return;
     for (int64_t e = 0, p0 = 0, s0 = 0; e < E; e++) {
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
@@ -587,6 +602,10 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
+    if (is_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair x outside fp8-block");
+        return;
+    }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, moe_recipe_pow2(prec));
@@ -636,6 +655,10 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
     int64_t M = offsets[E];
     if (M <= 0) return;
     const float bx = moe_grad_beta(dx_st), bw = moe_grad_beta(dw_st);
+    if ((is_pair(dy) || is_pair(x)) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair dy or x outside fp8-block");
+        return;
+    }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (dxb.dt != MOE_DTYPE_F32) {
             moe_cuda_check(c, cudaErrorInvalidValue, op, "a %s dx under fp8-block (f32 expected)",

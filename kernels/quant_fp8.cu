@@ -290,6 +290,18 @@ __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const
         fp8_rows_encode<false, true>(raw, d, q, t, n, K);
 }
 
+/* With the transposed copy in tiles: thread 0's address of its tile's scale in s (the launch's
+ * first group's tile scales; moe_cuda_fp8_cols_t's layout), NULL in the other threads. */
+__device__ __forceinline__ float *fp8_tile_scale_at(const fp8_tile_at &t, const fp8_groups &g,
+                                                    float *s) {
+    if (threadIdx.x != 0) return nullptr;
+    int64_t ts = 0; /* the tile scales of the groups before t.e */
+    for (int j = 0; j < t.e; j++)
+        ts += (int64_t)gridDim.x * ((g.pb[j + 1] - g.pb[j] + 3) / 4 * 4);
+    const int nb4 = (g.pb[t.e + 1] - g.pb[t.e] + 3) / 4 * 4;
+    return s + ts + (int64_t)blockIdx.x * nb4 + (t.b - g.pb[t.e]);
+}
+
 /* Each group's rows of x [M, K] transposed into its own q_e [K, np_e] at q + 128 pb[e] K
  * (np_e = 128 (pb[e + 1] - pb[e]), columns past the group's n_e rows zero), one scale per
  * 1 x 128 block along the tokens: block b (b counted over all groups) of feature k at
@@ -305,14 +317,7 @@ __global__ void __launch_bounds__(256)
     k_fp8_cols_t(uint8_t *__restrict__ q, float *__restrict__ s, const T *__restrict__ x, int K,
                  const __grid_constant__ fp8_groups g, int E, int pow2) {
     const fp8_tile_at t = fp8_tile_of(g, E, K);
-    float *st = nullptr;
-    if (TILES && threadIdx.x == 0) {
-        int64_t ts = 0; /* the tile scales of the groups before t.e */
-        for (int j = 0; j < t.e; j++)
-            ts += (int64_t)gridDim.x * ((g.pb[j + 1] - g.pb[j] + 3) / 4 * 4);
-        const int nb4 = (g.pb[t.e + 1] - g.pb[t.e] + 3) / 4 * 4;
-        st = s + ts + (int64_t)blockIdx.x * nb4 + (t.b - g.pb[t.e]);
-    }
+    float *st = TILES ? fp8_tile_scale_at(t, g, s) : nullptr;
     const T *xs = x + t.row0 * K + t.k;
     fp8_x4<T> raw[16];
 #pragma unroll
@@ -331,6 +336,22 @@ struct fp8_pair_out {
     uint8_t *q, *qt;
     float *s, *st;
 };
+
+/* Both copies of pair po from the bf16 values r the block's 256 threads hold (fp8_tile_of's
+ * tile): the transposed one (in tiles where tiles), then the row-wise one, without NaN checks
+ * where a thread's values are all finite. */
+__device__ __forceinline__ void fp8_pair_store(const fp8_x4<__nv_bfloat16> (&r)[16],
+                                               const fp8_tile_at &t, fp8_pair_out po, int64_t ls,
+                                               int K, const fp8_groups &g, int pow2, bool tiles) {
+    uint32_t sp = 0;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+        sp |= r[i].special();
+    const bool clean = sp == 0; /* no NaN to sign, no infinity */
+    const bool inf = fp8_cols_store<true>(r, t, po.qt, po.st, K, g, pow2, clean, tiles,
+                                          tiles ? fp8_tile_scale_at(t, g, po.st) : nullptr);
+    fp8_rows_store(r, t, po.q, po.s, ls, K, inf, pow2, clean);
+}
 
 /* SwiGLU's backward (elementwise.cu's swiglu_grad) written as two fp8-block activation pairs,
  * pa for a's gradient and pb for b's: each value rounded to bf16 (what the BF16 outputs would
@@ -405,15 +426,50 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
 #pragma unroll
             for (int i = 0; i < 16; i++)
                 ra[i].w = keep[i][threadIdx.x];
-        uint32_t sp = 0;
-#pragma unroll
-        for (int i = 0; i < 16; i++)
-            sp |= ra[i].special();
-        const bool clean = sp == 0; /* no NaN to sign, no infinity */
-        const bool inf =
-            fp8_cols_store<true>(ra, t, j ? pb.qt : pa.qt, j ? pb.st : pa.st, K, g, pow2, clean);
-        fp8_rows_store(ra, t, j ? pb.q : pa.q, j ? pb.s : pa.s, ls, K, inf, pow2, clean);
+        const fp8_pair_out po = {j ? pb.q : pa.q, j ? pb.qt : pa.qt, j ? pb.s : pa.s,
+                                 j ? pb.st : pa.st}; /* field by field: no local copies */
+        fp8_pair_store(ra, t, po, ls, K, g, pow2, false);
     }
+}
+
+/* SwiGLU's forward (swiglu_val) written as an fp8-block activation pair po: each value rounded
+ * to bf16 (what a BF16 output would hold) and both copies written from the tile of
+ * fp8_tile_of, the transposed one in blocks or (tiles) in 128 x 128 tiles: the bytes of
+ * moe_cuda_fp8_rows and moe_cuda_fp8_cols_t on those bf16 values. A thread loads its 16
+ * tokens' 4 values of a and b (K a multiple of 4; every array 16-byte aligned). */
+template <typename TA>
+__global__ void __launch_bounds__(256, 2)
+    k_swiglu_fwd_pair(fp8_pair_out po, int64_t ls, const TA *__restrict__ a,
+                      const TA *__restrict__ b, int K, const __grid_constant__ fp8_groups g, int E,
+                      int pow2, int tiles) {
+    const fp8_tile_at t = fp8_tile_of(g, E, K);
+    const int64_t at = t.row0 * K + t.k;
+    fp8_x4<__nv_bfloat16> r[16];
+    /* 8 tokens' loads at once, each from a live row (as k_swiglu_bwd_pairs) */
+#pragma unroll
+    for (int c = 0; c < 16; c += 8) {
+        fp8_x4<TA> av[8], bv[8];
+        if (t.rows > 0)
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const unsigned rr = (unsigned)(min(c + u, t.rows - 1) * K);
+                av[u].load(a + at + rr);
+                bv[u].load(b + at + rr);
+            }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            r[c + u] = {};
+            if (c + u < t.rows) {
+                float af[4], bf[4], v[4];
+                av[u].get(af), bv[u].get(bf);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    v[j] = swiglu_val(af[j], bf[j]);
+                r[c + u].set(v);
+            }
+        }
+    }
+    fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
 }
 
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
@@ -436,12 +492,14 @@ int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t
     return MOE_CUDA_LAUNCHED(c, op, "fp8 rows R=%lld K=%lld", (long long)R, (long long)K);
 }
 
-/* The transposed quantizers' launches over groups offsets [E + 1] (host), FP8_COLS_MAXE groups
- * a launch: launch(g, ne, pb0) for each chunk with a padded block, g its ne groups (rows
- * absolute) and pb0 the padded blocks of the groups before it (its part of a transposed copy
- * starts at 128 pb0 K bytes, of the scales at pb0 K). 0 after a failed launch. */
-template <typename F> static int fp8_group_chunks(const int32_t *offsets, int64_t E, F launch) {
-    int64_t pb0 = 0;
+/* The transposed quantizers' launches over groups offsets [E + 1] (host) of K columns,
+ * FP8_COLS_MAXE groups a launch: launch(g, ne, pb0, ts0) for each chunk with a padded block, g
+ * its ne groups (rows absolute), pb0 the padded blocks and ts0 the tile scales of the groups
+ * before it (its part of a transposed copy starts at 128 pb0 K bytes, of the scales at pb0 K,
+ * or ts0 in tiles). 0 after a failed launch. */
+template <typename F>
+static int fp8_group_chunks(const int32_t *offsets, int64_t E, int64_t K, F launch) {
+    int64_t pb0 = 0, ts0 = 0;
     for (int64_t e0 = 0; e0 < E; e0 += FP8_COLS_MAXE) {
         const int ne = (int)(E - e0 < FP8_COLS_MAXE ? E - e0 : FP8_COLS_MAXE);
         fp8_groups g;
@@ -450,8 +508,10 @@ template <typename F> static int fp8_group_chunks(const int32_t *offsets, int64_
             g.off[e] = offsets[e0 + e];
         for (int e = 0; e < ne; e++)
             g.pb[e + 1] = g.pb[e] + (int32_t)(moe_cuda_fp8_pad(g.off[e + 1] - g.off[e]) / QB);
-        if (g.pb[ne] > 0 && !launch(g, ne, pb0)) return 0;
+        if (g.pb[ne] > 0 && !launch(g, ne, pb0, ts0)) return 0;
         pb0 += g.pb[ne];
+        for (int e = 0; e < ne; e++)
+            ts0 += moe_fp8_tile_scales(K, (int64_t)(g.pb[e + 1] - g.pb[e]) * QB);
     }
     return 1;
 }
@@ -465,28 +525,26 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
                               "expected",
                               (long long)K);
     const int64_t KT = (K + 127) / 128;
-    int64_t ts = 0; /* tiles: the scales of the chunks before */
-    return fp8_group_chunks(offsets, E, [&](const fp8_groups &g, int ne, int64_t pb0) {
-        const dim3 grid((unsigned)KT, (unsigned)g.pb[ne]);
-        uint8_t *qc = q + pb0 * QB * K;
-        float *sc = tiles ? s + ts : s + pb0 * K;
-        for (int e = 0; e < ne; e++)
-            ts += moe_fp8_tile_scales(K, (int64_t)(g.pb[e + 1] - g.pb[e]) * QB);
-        const __nv_bfloat16 *xh = (const __nv_bfloat16 *)x.p;
-        const float *xf = (const float *)x.p;
-        const int k = (int)K;
-        if (x.dt == MOE_DTYPE_BF16 && tiles)
-            k_fp8_cols_t<__nv_bfloat16, true>
-                <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
-        else if (x.dt == MOE_DTYPE_BF16)
-            k_fp8_cols_t<__nv_bfloat16, false>
-                <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
-        else if (tiles)
-            k_fp8_cols_t<float, true><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
-        else
-            k_fp8_cols_t<float, false><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
-        return MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K);
-    });
+    return fp8_group_chunks(
+        offsets, E, K, [&](const fp8_groups &g, int ne, int64_t pb0, int64_t ts0) {
+            const dim3 grid((unsigned)KT, (unsigned)g.pb[ne]);
+            uint8_t *qc = q + pb0 * QB * K;
+            float *sc = tiles ? s + ts0 : s + pb0 * K;
+            const __nv_bfloat16 *xh = (const __nv_bfloat16 *)x.p;
+            const float *xf = (const float *)x.p;
+            const int k = (int)K;
+            if (x.dt == MOE_DTYPE_BF16 && tiles)
+                k_fp8_cols_t<__nv_bfloat16, true>
+                    <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
+            else if (x.dt == MOE_DTYPE_BF16)
+                k_fp8_cols_t<__nv_bfloat16, false>
+                    <<<grid, 256, 0, c->stream>>>(qc, sc, xh, k, g, ne, pow2);
+            else if (tiles)
+                k_fp8_cols_t<float, true><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
+            else
+                k_fp8_cols_t<float, false><<<grid, 256, 0, c->stream>>>(qc, sc, xf, k, g, ne, pow2);
+            return MOE_CUDA_LAUNCHED(c, op, "fp8 columns E=%d K=%lld", ne, (long long)K);
+        });
 }
 
 /* k_swiglu_bwd_pairs for a's and dout's types */
@@ -511,8 +569,13 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
                                     moe_cbuf a, moe_cbuf b, const moe_fp8_groups *pairs,
                                     const char *op) {
     const int64_t K = pairs->K;
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K);
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K, 0);
     if (l.M <= 0 || K <= 0) return;
+    if (pairs->tiles) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pairs of gradients (dy operands) in tiles: blocks expected");
+        return;
+    }
     const uintptr_t al =
         (uintptr_t)da | (uintptr_t)db | (uintptr_t)dout.p | (uintptr_t)a.p | (uintptr_t)b.p;
     if (K % 16 != 0 || l.M * l.KB >= (1LL << 30) || K >= (1LL << 31) || al % 16 != 0 ||
@@ -524,30 +587,65 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
                        moe_dtype_name(b.dt));
         return;
     }
-    fp8_group_chunks(pairs->offsets, pairs->E, [&](const fp8_groups &g, int ne, int64_t pb0) {
-        fp8_pair_out pa, pb;
-        uint8_t *base[2] = {da, db};
-        fp8_pair_out *out[2] = {&pa, &pb};
-        for (int i = 0; i < 2; i++) {
-            out[i]->q = base[i];
-            out[i]->s = (float *)(base[i] + l.s_rows);
-            out[i]->qt = base[i] + l.q_cols + pb0 * QB * K;
-            out[i]->st = (float *)(base[i] + l.s_cols) + pb0 * K;
-        }
-        const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
-        const int bf_a = a.dt == MOE_DTYPE_BF16, bf_d = dout.dt == MOE_DTYPE_BF16;
-        typedef __nv_bfloat16 bf;
-        const int ok = bf_a && bf_d ? swiglu_pairs_launch<bf, bf>(c, grid, pa, pb, l.lds, dout, a,
-                                                                  b, (int)K, g, ne, pairs->pow2, op)
-                       : bf_a ? swiglu_pairs_launch<bf, float>(c, grid, pa, pb, l.lds, dout, a, b,
-                                                               (int)K, g, ne, pairs->pow2, op)
-                       : bf_d
-                           ? swiglu_pairs_launch<float, bf>(c, grid, pa, pb, l.lds, dout, a, b,
-                                                            (int)K, g, ne, pairs->pow2, op)
-                           : swiglu_pairs_launch<float, float>(c, grid, pa, pb, l.lds, dout, a, b,
-                                                               (int)K, g, ne, pairs->pow2, op);
-        return ok && MOE_CUDA_LAUNCHED(c, op, "fp8-block pairs E=%d K=%lld", ne, (long long)K);
-    });
+    fp8_group_chunks(
+        pairs->offsets, pairs->E, K, [&](const fp8_groups &g, int ne, int64_t pb0, int64_t) {
+            fp8_pair_out pa, pb;
+            uint8_t *base[2] = {da, db};
+            fp8_pair_out *out[2] = {&pa, &pb};
+            for (int i = 0; i < 2; i++) {
+                out[i]->q = base[i];
+                out[i]->s = (float *)(base[i] + l.s_rows);
+                out[i]->qt = base[i] + l.q_cols + pb0 * QB * K;
+                out[i]->st = (float *)(base[i] + l.s_cols) + pb0 * K;
+            }
+            const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
+            const int bf_a = a.dt == MOE_DTYPE_BF16, bf_d = dout.dt == MOE_DTYPE_BF16;
+            typedef __nv_bfloat16 bf;
+            const int ok =
+                bf_a && bf_d ? swiglu_pairs_launch<bf, bf>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                           (int)K, g, ne, pairs->pow2, op)
+                : bf_a ? swiglu_pairs_launch<bf, float>(c, grid, pa, pb, l.lds, dout, a, b, (int)K,
+                                                        g, ne, pairs->pow2, op)
+                : bf_d ? swiglu_pairs_launch<float, bf>(c, grid, pa, pb, l.lds, dout, a, b, (int)K,
+                                                        g, ne, pairs->pow2, op)
+                       : swiglu_pairs_launch<float, float>(c, grid, pa, pb, l.lds, dout, a, b,
+                                                           (int)K, g, ne, pairs->pow2, op);
+            return ok && MOE_CUDA_LAUNCHED(c, op, "fp8-block pairs E=%d K=%lld", ne, (long long)K);
+        });
+}
+
+void moe_cuda_swiglu_forward_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf a, moe_cbuf b,
+                                  const moe_fp8_groups *pairs, const char *op) {
+    const int64_t K = pairs->K;
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K, pairs->tiles);
+    if (l.M <= 0 || K <= 0) return;
+    const uintptr_t al = (uintptr_t)out | (uintptr_t)a.p | (uintptr_t)b.p;
+    if (K % 16 != 0 || l.M * l.KB >= (1LL << 30) || K >= (1LL << 31) || al % 16 != 0 ||
+        a.dt != b.dt || !moe_cuda_typed_ok(c, a.dt, op)) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pair: K=%lld (a multiple of 16), M=%lld, inputs %s/%s (F32 or "
+                       "BF16, of one type) and 16-byte aligned arrays expected",
+                       (long long)K, (long long)l.M, moe_dtype_name(a.dt), moe_dtype_name(b.dt));
+        return;
+    }
+    fp8_group_chunks(
+        pairs->offsets, pairs->E, K, [&](const fp8_groups &g, int ne, int64_t pb0, int64_t ts0) {
+            fp8_pair_out po;
+            po.q = out;
+            po.s = (float *)(out + l.s_rows);
+            po.qt = out + l.q_cols + pb0 * QB * K;
+            po.st = (float *)(out + l.s_cols) + (pairs->tiles ? ts0 : pb0 * K);
+            const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
+            if (a.dt == MOE_DTYPE_BF16)
+                k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(
+                    po, l.lds, (const __nv_bfloat16 *)a.p, (const __nv_bfloat16 *)b.p, (int)K, g,
+                    ne, pairs->pow2, pairs->tiles);
+            else
+                k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const float *)a.p,
+                                                               (const float *)b.p, (int)K, g, ne,
+                                                               pairs->pow2, pairs->tiles);
+            return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
+        });
 }
 
 extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,

@@ -408,7 +408,8 @@ static void run_perf(gctx *g, const pcase *pc) {
                                         moe_buf_of(b, MOE_DTYPE_BF16), moe_cbuf_f32(a), a16, b16,
                                         s[0], NULL);
                 else
-                    be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16);
+                    be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16,
+                                       NULL);
                 break;
             case MOE_OP_CROSS_ENTROPY:
                 be->cross_entropy_forward(be, b, c, a, ia, NULL, s[0], s[1]);

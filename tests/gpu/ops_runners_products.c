@@ -375,11 +375,11 @@ void run_swiglu(gctx *g, const tcase *tc) {
     const moe_recipe p16 = moe_recipe_unquantized(tc->prec); /* SwiGLU's, as the model says */
     float *a = frand(n, -4, 4), *b = frand(n, -2, 2), *o = xmalloc(F(n));
     as_stored(a, n, adt), as_stored(b, n, adt);
-    g->cpu->swiglu_forward(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n, p16);
+    g->cpu->swiglu_forward(g->cpu, moe_buf_f32(o), moe_cbuf_f32(a), moe_cbuf_f32(b), n, p16, NULL);
     moe_cbuf da_ = moe_cbuf_from(dev_operand(g, adt, "a", a, n));
     moe_cbuf db_ = moe_cbuf_from(dev_operand(g, adt, "b", b, n));
     moe_buf do_ = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "out", NULL, n);
-    g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, p16);
+    g->gpu->swiglu_forward(g->gpu, do_, da_, db_, n, p16, NULL);
     check_sync_guards(g, "swiglu_forward");
     cmp_typed(g, "out", do_, o, n, tc->tol);
     float *gy = frand(n, -1, 1), *ga = xmalloc(F(n)), *gb = xmalloc(F(n));

@@ -6,9 +6,10 @@
  *   fp8-block: the activations' and gradients' 1 x 128 operands (moe_cuda_fp8_block_operand,
  *     kernels/quant_fp8.cu) against moe_fp8_encode_block: e4m3 values and fp32 scales, with
  *     blocks whose scale lies outside the kernels' quick division (2^-60 .. 2^60); and the
- *     fp8-block activation pairs SwiGLU's backward writes in one pass (where be->fp8_pairs)
- *     against the CPU's moe_fp8_pair_encode of the same op's BF16 outputs, then the grouped
- *     backward reading such a pair as dy against the same product on the BF16 values.
+ *     fp8-block activation pairs SwiGLU's backward (dh1, dh3) and forward (g, its transposed
+ *     copy in blocks or tiles) write in one pass (where be->fp8_pairs) against the CPU's
+ *     moe_fp8_pair_encode of the same op's BF16 outputs, then the grouped products reading
+ *     such a pair as dy or x against the same products on the BF16 values.
  *
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
  * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
@@ -272,8 +273,8 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
     for (int64_t e = 0; e < E; e++)
         off[e + 1] = off[e] + (int32_t)counts[e];
     const int64_t M = off[E], n = M * K;
-    const moe_fp8_groups pg = {off, E, K, rule};
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+    const moe_fp8_groups pg = {off, E, K, rule, 0};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, 0);
     const size_t pbytes = l.bytes + GUARD;
     float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4), *hg = malloc((size_t)n * 4);
     fill(ha, M, K, 2);
@@ -297,7 +298,7 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
         memset(ref[j], 0xab, pbytes);
         for (int64_t i = 0; i < n; i++)
             v[i] = moe_bf16_to_f32(hv[j][i]);
-        moe_fp8_pair_encode(ref[j], v, off, E, K, rule);
+        moe_fp8_pair_encode(ref[j], v, off, E, K, rule, 0);
     }
     /* the pairs in one pass */
     uint8_t *fillb = malloc(pbytes);
@@ -364,6 +365,102 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
     free(ha), free(hb), free(hg), free(off);
 }
 
+/* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
+ * transposed copy in blocks or, tiles, in 128 x 128 tiles) against the same op's BF16 g encoded
+ * by the CPU (moe_fp8_pair_encode), the whole buffer byte for byte (guard bytes after it); then
+ * w2's products reading the pair as x against the same products on the BF16 g: the forward's y
+ * and the weight gradient bit for bit. a, b of type dta (1 F32, 2 BF16), with fill's NaN,
+ * infinities, zeros and outliers. */
+static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
+                       int rule, int tiles) {
+    const int64_t O = 128; /* w2's output width */
+    int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++)
+        off[e + 1] = off[e] + (int32_t)counts[e];
+    const int64_t M = off[E], n = M * K;
+    const moe_fp8_groups pg = {off, E, K, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4);
+    fill(ha, M, K, 3);
+    fill(hb, M, K, 3);
+    void *da_, *db_;
+    moe_cbuf a = dev_typed(be, ha, n, dta, &da_), b = dev_typed(be, hb, n, dta, &db_);
+    uint16_t *hg = malloc((size_t)n * 2);
+    void *dg = be->alloc(be, (size_t)n * 2);
+    be->swiglu_forward(be, moe_buf_of(dg, MOE_DTYPE_BF16), a, b, n, MOE_RECIPE_BF16, NULL);
+    be->memcpy_d2h(be, hg, dg, (size_t)n * 2);
+    uint8_t *ref = malloc(pbytes), *fillb = malloc(pbytes);
+    memset(ref, 0xab, pbytes), memset(fillb, 0xab, pbytes);
+    float *v = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_bf16_to_f32(hg[i]);
+    moe_fp8_pair_encode(ref, v, off, E, K, rule, tiles);
+    void *p = dev(be, fillb, pbytes);
+    be->swiglu_forward(be, moe_buf_fp8_pair(p), a, b, n, MOE_RECIPE_BF16, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "swiglu_forward pair: %s", err.msg);
+    int64_t first, bad = bytes_differ(be, p, ref, (int64_t)pbytes, &first);
+    static const char *names[] = {"", "f32", "bf16"};
+    CHECK_MSG(ok && bad == 0,
+              "g pair a %s K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts "
+              "at 0, %zu, %zu, %zu)",
+              names[dta], (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first,
+              l.s_rows, l.q_cols, l.s_cols);
+    /* w2's products, x the pair or the BF16 g */
+    const int64_t nw = E * O * K;
+    float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hw[i] = urand() * 0.05f;
+    for (int64_t i = 0; i < M * O; i++)
+        hdy[i] = urand();
+    void *dw32 = dev(be, hw, (size_t)nw * 4), *ddy;
+    moe_cbuf dy = dev_typed(be, hdy, M * O, 2, &ddy);
+    const moe_recipe prec = rule
+                                ? (tiles ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_POW2)
+                                : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
+    const int64_t nws = moe_fp8_weight_scales(E, O, K);
+    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
+    float *ws = be->alloc(be, (size_t)nws * 4);
+    be->quantize_weight(be, wq, ws, dw32, E, O, K, prec);
+    float *oy[2], *ow[2];
+    const moe_cbuf xs[2] = {moe_cbuf_of(dg, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
+    for (int j = 0; j < 2; j++) {
+        oy[j] = be->alloc(be, (size_t)(M * O) * 4);
+        ow[j] = be->alloc(be, (size_t)nw * 4);
+        be->grouped_matmul_forward(be, moe_buf_f32(oy[j]), xs[j], moe_cbuf_e4m3(wq, ws), off, E, K,
+                                   O, prec);
+        be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j],
+                                    moe_cbuf_e4m3(wq, ws), off, E, K, O, prec, MOE_GRAD_SET,
+                                    MOE_GRAD_SET);
+    }
+    ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "w2's products on a g pair: %s", err.msg);
+    float *hy = malloc((size_t)(M * O) * 4), *hy2 = malloc((size_t)(M * O) * 4),
+          *hw2 = malloc((size_t)nw * 4);
+    be->memcpy_d2h(be, hy, oy[0], (size_t)(M * O) * 4);
+    be->memcpy_d2h(be, hy2, oy[1], (size_t)(M * O) * 4);
+    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
+    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
+    const int same_y = memcmp(hy, hy2, (size_t)(M * O) * 4) == 0,
+              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
+    CHECK_MSG(ok && same_y && same_w, "w2 on a g pair K=%lld rule %d tiles %d: y %s, dw %s",
+              (long long)K, rule, tiles, same_y ? "identical" : "DIFFERS",
+              same_w ? "identical" : "DIFFERS");
+    printf("  g pair    a %-4s K=%-3lld rule %d %s: %zu bytes%s; w2 forward y, dw%s\n", names[dta],
+           (long long)K, rule, tiles ? "tiles " : "blocks", l.bytes,
+           bad ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
+    for (int j = 0; j < 2; j++)
+        be->free(be, oy[j]), be->free(be, ow[j]);
+    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, ddy), be->free(be, p);
+    be->free(be, dg), be->free(be, da_), be->free(be, db_);
+    free(hy), free(hy2), free(hw2), free(hw), free(hdy), free(ref), free(fillb), free(v), free(hg);
+    free(ha), free(hb), free(off);
+}
+
 int main(void) {
     const moe_backend *be = test_cuda_backend("gpu_test_quant_operands");
     if (!be) return 77;
@@ -385,6 +482,11 @@ int main(void) {
             for (int rule = 0; rule < 2; rule++)
                 for (int dt = 1; dt <= 2; dt++)
                     run_pairs(be, counts, E, Ks[k], 2 - (k == 1 && rule == 0 && dt == 1), dt, rule);
+    if (be->fp8_pairs >= E) /* a, b bf16 as the model has them; once f32 */
+        for (int k = 0; k < 3; k++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int tiles = 0; tiles < 2; tiles++)
+                    run_g_pair(be, counts, E, Ks[k], 2 - (k == 1 && rule == tiles), rule, tiles);
     else
         printf("fp8-block pairs: not on this GPU (be->fp8_pairs %d: sm_90 only)\n", be->fp8_pairs);
     be->destroy(be);

@@ -91,7 +91,7 @@ static void ops_forward(fwd_t *s) {
     be->grouped_matmul_forward(be, moe_buf_f32(s->h3), moe_cbuf_f32(s->xp), moe_cbuf_f32(w3),
                                s->off, E, C, F, MOE_RECIPE_FP32);
     be->swiglu_forward(be, moe_buf_f32(s->g), moe_cbuf_f32(s->h1), moe_cbuf_f32(s->h3), N * K * F,
-                       MOE_RECIPE_FP32);
+                       MOE_RECIPE_FP32, NULL);
     be->grouped_matmul_forward(be, moe_buf_f32(s->yp), moe_cbuf_f32(s->g), moe_cbuf_f32(w2), s->off,
                                E, F, C, MOE_RECIPE_FP32);
     be->unpermute_forward(be, moe_buf_f32(s->y), moe_cbuf_f32(NULL), moe_cbuf_f32(s->yp), s->tw,

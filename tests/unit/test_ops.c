@@ -221,7 +221,7 @@ typedef struct {
 static double sw_loss(void *p) {
     sw_st *s = p;
     be->swiglu_forward(be, moe_buf_f32(s->out), moe_cbuf_f32(s->a), moe_cbuf_f32(s->b), s->n,
-                       MOE_RECIPE_FP32);
+                       MOE_RECIPE_FP32, NULL);
     return gc_dot(s->out, s->r, s->n);
 }
 static void test_swiglu(void) {

@@ -85,7 +85,7 @@ static void test_bf16_activations(void) {
         be->grouped_matmul_forward(be, moe_buf_of(h, dt), moe_cbuf_of(xp, dt), moe_cbuf_f32(w1),
                                    off, E, C, F, MOE_RECIPE_BF16);
         be->swiglu_forward(be, moe_buf_of(g, dt), moe_cbuf_of(h, dt), moe_cbuf_of(h, dt), NK * F,
-                           MOE_RECIPE_BF16);
+                           MOE_RECIPE_BF16, NULL);
         be->grouped_matmul_forward(be, moe_buf_of(yp, dt), moe_cbuf_of(g, dt), moe_cbuf_f32(w2),
                                    off, E, F, C, MOE_RECIPE_BF16);
         be->unpermute_forward(be, moe_buf_f32(r[k][0]), moe_cbuf_f32(NULL), moe_cbuf_of(yp, dt), tw,
@@ -158,9 +158,10 @@ static void test_mxfp8_activations(void) {
                                moe_cbuf_f32(w1), off, E, C, F, mx);
     CHECK_MSG(mx_is(h1, h1 + NK * F, r16, NK * F), "grouped forward into MXFP8");
     float *h1v = mx_values(h1, NK * F), *h3v = mx_values(h3, NK * F);
-    be->swiglu_forward(be, gb, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F, MOE_RECIPE_BF16);
+    be->swiglu_forward(be, gb, moe_cbuf_from(h1b), moe_cbuf_from(h3b), NK * F, MOE_RECIPE_BF16,
+                       NULL);
     be->swiglu_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), moe_cbuf_f32(h1v), moe_cbuf_f32(h3v),
-                       NK * F, MOE_RECIPE_BF16);
+                       NK * F, MOE_RECIPE_BF16, NULL);
     CHECK_MSG(mx_is(g, g + NK * F, r16, NK * F), "swiglu forward into MXFP8");
     /* the weight gradients read MXFP8 operands as their values */
     float *dw[2] = {gc_buf(E * F * C, 0, 0, 0), gc_buf(E * F * C, 0, 0, 0)};
@@ -373,7 +374,7 @@ static void test_fp8_pairs(void) {
                 dx[k] = gc_buf(M * C, 0, 0, 0), dw1[k] = gc_buf(E * F * C, 0, 0, 0);
                 dw3[k] = calloc((size_t)(E * F * C), 2);
                 /* k = 0 unfused: BF16 gradients, quantized by the products; k = 1 pairs */
-                const moe_fp8_groups grp = {off, E, F, prec == MOE_RECIPE_FP8_BLOCK_POW2};
+                const moe_fp8_groups grp = {off, E, F, prec == MOE_RECIPE_FP8_BLOCK_POW2, 0};
                 const size_t bytes = k ? moe_fp8_pair_bytes_max(M, E, F) : (size_t)(M * F) * 2;
                 void *g1 = be->alloc(be, bytes), *g3 = be->alloc(be, bytes);
                 const moe_buf dh1 = k ? moe_buf_fp8_pair(g1) : moe_buf_of(g1, MOE_DTYPE_BF16);
@@ -398,6 +399,62 @@ static void test_fp8_pairs(void) {
                 free(dx[k]), free(dw1[k]), free(dw3[k]);
             gc_weight_free(w1q), gc_weight_free(w3q);
             free(h1), free(h3), free(dg), free(x), free(w1), free(w3);
+        }
+}
+
+/* SwiGLU's output g as an fp8-block activation pair (swiglu_forward with groups) read by w2's
+ * products as x give the bits of the unfused path (BF16 g quantized by the products): the
+ * forward's y and the weight gradient (F32 and BF16), under both scale rules and both
+ * precision.fp8_wgrad forms (the pair's transposed copy in blocks or in tiles), for uneven
+ * groups (an empty one, one of 129 rows) and widths F not a multiple of 128 and a multiple. */
+static void test_fp8_g_pairs(void) {
+    enum { E = 4, M = 300, C = 48 };
+    const int32_t off[E + 1] = {0, 150, 150, 279, 300};
+    const int64_t Fs[2] = {208, 256};
+    const moe_recipe rs[4] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2,
+                              MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT};
+    for (int fi = 0; fi < 2; fi++)
+        for (int ri = 0; ri < 4; ri++) {
+            const int64_t F = Fs[fi];
+            const moe_recipe prec = rs[ri];
+            float *h1 = gc_buf(M * F, 96, -3, 3), *h3 = gc_buf(M * F, 97, -2, 2);
+            float *dy = gc_buf(M * C, 98, -1, 1), *w2 = gc_buf(E * C * F, 99, -1, 1);
+            for (int64_t i = 0; i < M * F; i += 173)
+                h3[i] *= 300.0f; /* outliers: blocks and tiles of very different scales */
+            moe_cbuf w2q = gc_weight(be, w2, E, C, F, prec);
+            float *y[2], *dw[2];
+            uint16_t *dw16[2];
+            for (int k = 0; k < 2; k++) { /* k = 0 unfused: BF16 g; k = 1 the pair */
+                y[k] = gc_buf(M * C, 0, 0, 0), dw[k] = gc_buf(E * C * F, 0, 0, 0);
+                dw16[k] = calloc((size_t)(E * C * F), 2);
+                const moe_fp8_groups grp = {off, E, F, moe_recipe_pow2(prec),
+                                            moe_recipe_wgrad_tiles(prec)};
+                const size_t bytes = k ? moe_fp8_pair_bytes_max(M, E, F) : (size_t)(M * F) * 2;
+                void *gm = be->alloc(be, bytes);
+                const moe_buf g = k ? moe_buf_fp8_pair(gm) : moe_buf_of(gm, MOE_DTYPE_BF16);
+                be->swiglu_forward(be, g, moe_cbuf_f32(h1), moe_cbuf_f32(h3), M * F,
+                                   MOE_RECIPE_BF16, k ? &grp : NULL);
+                be->grouped_matmul_forward(be, moe_buf_f32(y[k]), moe_cbuf_from(g), w2q, off, E, F,
+                                           C, prec);
+                be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(dw[k]),
+                                            moe_cbuf_f32(dy), moe_cbuf_from(g), w2q, off, E, F, C,
+                                            prec, MOE_GRAD_SET, MOE_GRAD_SET);
+                be->grouped_matmul_backward(
+                    be, moe_buf_f32(NULL), moe_buf_of(dw16[k], MOE_DTYPE_BF16), moe_cbuf_f32(dy),
+                    moe_cbuf_from(g), w2q, off, E, F, C, prec, MOE_GRAD_SET, MOE_GRAD_SET);
+                be->free(be, gm);
+            }
+            CHECK_MSG(memcmp(y[0], y[1], (size_t)(M * C) * 4) == 0 &&
+                          memcmp(dw[0], dw[1], (size_t)(E * C * F) * 4) == 0 &&
+                          memcmp(dw16[0], dw16[1], (size_t)(E * C * F) * 2) == 0,
+                      "%s%s F %lld: the g pair path differs from the BF16 one",
+                      moe_recipe_name(prec), moe_recipe_wgrad_tiles(prec) ? " x-tiles" : "",
+                      (long long)F);
+            CHECK(y[0][0] != 0.0f && dw[0][0] != 0.0f); /* the products ran */
+            for (int k = 0; k < 2; k++)
+                free(y[k]), free(dw[k]), free(dw16[k]);
+            gc_weight_free(w2q);
+            free(h1), free(h3), free(dy), free(w2);
         }
 }
 
@@ -430,7 +487,8 @@ static void test_bf16(void) {
     test_mxfp8_norm_output();
     test_fp8_products();
     float a[3] = {1.00390625f, -2.5f, 3.14159f}, b[3] = {1, 1, 1}, o16[3];
-    be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16);
+    be->swiglu_forward(be, moe_buf_f32(o16), moe_cbuf_f32(a), moe_cbuf_f32(b), 3, MOE_RECIPE_BF16,
+                       NULL);
     CHECK(all_bf16(o16, 3));
     /* supports */
     CHECK(be->supports(be, MOE_OP_MATMUL, NULL, MOE_RECIPE_BF16));
@@ -446,6 +504,7 @@ int main(void) {
     be = moe_backend_cpu();
     test_bf16();
     test_fp8_pairs();
+    test_fp8_g_pairs();
     test_fp8_wgrad_tiles();
     return test_summary("test_ops_lowp");
 }

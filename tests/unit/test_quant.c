@@ -314,7 +314,7 @@ static int pair_cols_are_blocks(const uint8_t *pair, const moe_fp8_pair_layout *
 /* The layout's offsets as moe/quant.h states them (the CUDA quantizers' parts, each 256-byte
  * aligned) for groups off [E + 1], and moe_fp8_pair_bytes_max at least its bytes. */
 static int pair_layout_is_spec(const int32_t *off, int64_t E, int64_t K) {
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, 0);
     const int64_t M = off[E], KB = (K + 127) / 128, lds = (M + 3) / 4 * 4;
     int64_t PB = 0;
     for (int64_t e = 0; e < E; e++)
@@ -354,8 +354,8 @@ static void test_fp8_pair_bytes_max(void) {
             ok &= pair_layout_is_spec(off, E, K);
         }
         ok &= pair_layout_is_spec(ones, E, K) && pair_layout_is_spec(worst, E, K);
-        ok &= moe_fp8_pair_layout_of(ones, E, K).bytes == moe_fp8_pair_bytes_max(E, E, K);
-        ok &= moe_fp8_pair_layout_of(worst, E, K).bytes == moe_fp8_pair_bytes_max(646, E, K);
+        ok &= moe_fp8_pair_layout_of(ones, E, K, 0).bytes == moe_fp8_pair_bytes_max(E, E, K);
+        ok &= moe_fp8_pair_layout_of(worst, E, K, 0).bytes == moe_fp8_pair_bytes_max(646, E, K);
         CHECK_MSG(ok, "pair layout or bytes_max off the spec (K = %lld)", (long long)K);
     }
 }
@@ -384,16 +384,16 @@ static void test_fp8_pairs(void) {
         x[1 * K + 1] = 1e-5f, x[1 * K + 2] = -1e-40f; /* an E4M3 and an fp32 subnormal */
         x[2 * K + 4] = NAN, x[310 * K + 4] = -NAN, x[3 * K + 5] = INFINITY;
         x[428 * K + 6] = -INFINITY, x[556 * K + 95] = -0.0f;
-        const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K);
+        const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, 0);
         CHECK(l.PB == 6 && l.lds == 560 && pair_layout_is_spec(off, E, K));
         uint8_t *pair = malloc(l.bytes), *pair1 = malloc(l.bytes);
         for (int pow2 = 0; pow2 < 2; pow2++) {
             const moe_quant_opts o = {MOE_RECIPE_FP8_BLOCK, 0, pow2};
             memset(pair, 0xa5, l.bytes), memset(pair1, 0xa5, l.bytes);
             omp_set_num_threads(3);
-            moe_fp8_pair_encode(pair, x, off, E, K, pow2);
+            moe_fp8_pair_encode(pair, x, off, E, K, pow2, 0);
             omp_set_num_threads(1);
-            moe_fp8_pair_encode(pair1, x, off, E, K, pow2);
+            moe_fp8_pair_encode(pair1, x, off, E, K, pow2, 0);
             CHECK(memcmp(pair, pair1, l.bytes) == 0);
             CHECK_MSG(pair_rows_are_blocks(pair, &l, x, pow2), "rows copy K %lld pow2 %d",
                       (long long)K, pow2);
@@ -413,6 +413,41 @@ static void test_fp8_pairs(void) {
             CHECK_MSG(same, "cols values K %lld pow2 %d", (long long)K, pow2);
             CHECK(pair[2 * K + 4] == 0x7f && pair[310 * K + 4] == 0xff &&
                   pair[556 * K + 95] == 0x80); /* NaN of either sign, -0 kept */
+            /* tiles: the rows copy as before; each group's transposed copy and its tile scales
+             * moe_quant_tiles_e4m3's of the group's rows zero-padded to whole tiles, at the
+             * layout's offsets; decoding gives moe_quant_fake_tiles's values */
+            const moe_fp8_pair_layout lt = moe_fp8_pair_layout_of(off, E, K, 1);
+            CHECK(lt.tiles && lt.q_cols == l.q_cols && lt.s_cols == l.s_cols &&
+                  lt.bytes <= l.bytes);
+            uint8_t *tp = malloc(lt.bytes), *tp1 = malloc(lt.bytes);
+            memset(tp, 0xa5, lt.bytes), memset(tp1, 0xa5, lt.bytes);
+            omp_set_num_threads(3);
+            moe_fp8_pair_encode(tp, x, off, E, K, pow2, 1);
+            omp_set_num_threads(1);
+            moe_fp8_pair_encode(tp1, x, off, E, K, pow2, 1);
+            CHECK(memcmp(tp, tp1, lt.bytes) == 0 && memcmp(tp, pair, l.q_cols) == 0);
+            int tiled = 1;
+            int64_t pb = 0, ts = 0;
+            for (int64_t e = 0; e < E; e++) {
+                const int64_t n = off[e + 1] - off[e], np = (n + 127) / 128 * 128;
+                const int64_t nts = (K + 127) / 128 * ((np / 128 + 3) / 4 * 4);
+                float *xe = calloc((size_t)(np * K) + 1, 4), *st = malloc(4 * (size_t)nts + 4);
+                uint8_t *q = malloc((size_t)(np * K) + 1), *qt = malloc((size_t)(np * K) + 1);
+                float *sr = malloc(4 * (size_t)(np / 128 * ((K + 127) / 128 + 3)) + 4);
+                memcpy(xe, x + off[e] * K, 4 * (size_t)(n * K));
+                memcpy(st, tp + lt.s_cols + 4 * ts, 4 * (size_t)nts); /* padding entries kept */
+                moe_quant_tiles_e4m3(q, sr, qt, st, xe, np, K, pow2);
+                tiled &= memcmp(qt, tp + lt.q_cols + 128 * pb * K, (size_t)(np * K)) == 0 &&
+                         memcmp(st, tp + lt.s_cols + 4 * ts, 4 * (size_t)nts) == 0;
+                moe_fp8_pair_cols(dec, tp, &lt, off, e);
+                moe_quant_fake_tiles(fake, x + off[e] * K, n, K, pow2);
+                tiled &= memcmp(dec, fake, (size_t)(n * K) * 4) == 0;
+                pb += np / 128, ts += nts;
+                free(xe), free(st), free(q), free(qt), free(sr);
+            }
+            CHECK_MSG(tiled && lt.s_cols + 4 * (size_t)ts <= lt.bytes, "tiled cols K %lld pow2 %d",
+                      (long long)K, pow2);
+            free(tp), free(tp1);
         }
         free(x), free(dec), free(fake), free(pair), free(pair1);
     }

@@ -70,10 +70,10 @@ static void count_free(const moe_backend *be, void *p) {
 }
 
 static void count_swiglu(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                         moe_recipe prec) {
+                         moe_recipe prec, const moe_fp8_groups *pairs) {
     counter *c = be->ctx;
     c->n_swiglu++;
-    c->cpu->swiglu_forward(c->cpu, out, a, b, n, prec);
+    c->cpu->swiglu_forward(c->cpu, out, a, b, n, prec, pairs);
 }
 
 static moe_backend counting_backend(counter *c) {

@@ -175,20 +175,24 @@ static inline moe_buf moe_buf_mxfp8(uint8_t *q, uint8_t *mx) {
     return b;
 }
 /* An fp8-block activation pair (moe/quant.h's layout: the row-wise e4m3 copy and each row
- * group's transposed one, with their 1 x 128 block scales, in one buffer of
- * moe_fp8_pair_bytes_max bytes): E4M3 with neither s nor mx. Under fp8-block, on a backend with
- * fp8_pairs, swiglu_backward writes dh1 and dh3 so and grouped_matmul_backward reads them as
- * dy: the quantization done where the gradient is made, not in two more passes over it. */
+ * group's transposed one, with their 1 x 128 block (or the transposed copy's 128 x 128 tile)
+ * scales, in one buffer of moe_fp8_pair_bytes_max bytes): E4M3 with neither s nor mx. Under
+ * fp8-block, on a backend with fp8_pairs, swiglu_backward writes dh1 and dh3 so and
+ * grouped_matmul_backward reads them as dy, and swiglu_forward writes g so and w2's
+ * grouped_matmul_forward and _backward read it as x: the quantization done where the
+ * activation is made, not in more passes over it. */
 static inline moe_buf moe_buf_fp8_pair(void *p) {
     moe_buf b = {p, MOE_DTYPE_E4M3, NULL};
     return b;
 }
 /* The row groups of fp8-block activation pairs: rows offsets[e] .. offsets[e + 1] (host) of
- * K columns each, E groups; pow2 the power-of-two scale rule (MOE_RECIPE_FP8_BLOCK_POW2). */
+ * K columns each, E groups; pow2 the power-of-two scale rule (MOE_RECIPE_FP8_BLOCK_POW2);
+ * tiles: the transposed copy in 128 x 128 tiles (a weight gradient's x under
+ * moe_recipe_wgrad_tiles; a dy never). */
 typedef struct moe_fp8_groups {
     const int32_t *offsets;
     int64_t E, K;
-    int pow2;
+    int pow2, tiles;
 } moe_fp8_groups;
 /* Scales of one [R, K] matrix in 128 x 128 tiles, cuBLASLt's BLK128x128_32F layout: tile
  * (rb, kb) at rb * round_up(ceil(K / 128), 4) + kb; the entries past ceil(K / 128) in a row
@@ -252,8 +256,8 @@ struct moe_backend {
                          sm_100+); 0: as bf16 products of the quantized values (sm_90) or
                          emulated (the CPU) */
     int fp8_pairs;    /* the most row groups (experts) of an fp8-block activation pair
-                         (moe_buf_fp8_pair) that swiglu_backward writes and
-                         grouped_matmul_backward reads as dy; 0: none */
+                         (moe_buf_fp8_pair) that swiglu_forward and _backward write and
+                         the grouped matmuls read; 0: none */
 
     /* 1 when the backend implements op (both directions) at precision prec for calls of
      * sizes dims, else 0. dims NULL asks about the recipe alone (some sizes work). */
@@ -434,8 +438,10 @@ struct moe_backend {
      * y[r] = x[r] W[e]^T. offsets is HOST memory; experts with no rows are skipped (their
      * weight gradient is left untouched under MOE_GRAD_ADD, zeroed under SET). M = offsets[E].
      * ---- */
+    /* Under fp8-block, on a backend with fp8_pairs, x may be an fp8-block activation pair of
+     * the call's groups (offsets, E, K = I): its row-wise copy is the product's operand */
     void (*grouped_matmul_forward)(const moe_backend *be, moe_buf y, /* [M, O] dev, F32|BF16 */
-                                   moe_cbuf x,                       /* [M, I] dev, F32|BF16 */
+                                   moe_cbuf x,                       /* [M, I] dev, F32|BF16|pair */
                                    moe_cbuf w,             /* [E, O, I] dev, F32|BF16|E4M3 */
                                    const int32_t *offsets, /* [E + 1] host */
                                    int64_t E, int64_t I, int64_t O, moe_recipe prec);
@@ -444,22 +450,26 @@ struct moe_backend {
      * experts' gradients under optim.expert_grads: bf16) holds the fp32 result rounded, an
      * added one the rounded fp32 sum of its value and the product. Under fp8-block, on a
      * backend with fp8_pairs, dy may be an fp8-block activation pair of the call's groups
-     * (offsets, E, K = O): its row-wise copy is dgrad's operand and its transposed one wgrad's,
-     * the values the products would have quantized dy to */
+     * (offsets, E, K = O; blocks): its row-wise copy is dgrad's operand and its transposed
+     * one wgrad's, the values the products would have quantized dy to; and x a pair (K = I;
+     * tiles as moe_recipe_wgrad_tiles(prec)), whose transposed copy is wgrad's operand */
     void (*grouped_matmul_backward)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
                                     moe_buf dw,  /* [E, O, I] dev, F32|BF16, or .p NULL */
                                     moe_cbuf dy, /* [M, O] dev, F32|BF16|pair */
-                                    moe_cbuf x,  /* [M, I] dev, F32 or BF16 */
+                                    moe_cbuf x,  /* [M, I] dev, F32|BF16|pair */
                                     moe_cbuf w,  /* [E, O, I] dev, F32|BF16|E4M3 */
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec,
                                     moe_grad_store dx_st, moe_grad_store dw_st);
 
-    /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ---- */
-    void (*swiglu_forward)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16 */
+    /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ----
+     * With pairs (on a backend with fp8_pairs; NULL otherwise) out is an fp8-block activation
+     * pair of pairs' groups, n = offsets[E] K, holding the encoding of the BF16 values it would
+     * otherwise write (prec then MOE_RECIPE_BF16) */
+    void (*swiglu_forward)(const moe_backend *be, moe_buf out, /* [n] dev, F32|BF16|pair */
                            moe_cbuf a,                         /* [n] dev (w1 output) */
                            moe_cbuf b, /* [n] dev (w3 output), of a's type */
-                           int64_t n, moe_recipe prec);
+                           int64_t n, moe_recipe prec, const moe_fp8_groups *pairs);
     /* WRITES (does not accumulate) da and db: each has this one producer, so no zeroing.
      * In place allowed: da may be a and db b (each element read before it is written).
      * With pairs (on a backend with fp8_pairs; NULL otherwise) da and db are fp8-block

@@ -62,30 +62,37 @@ void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n,
  * An activation x [M, K] whose rows fall in E groups (group e: rows offsets[e] .. offsets[e + 1],
  * offsets[0] = 0, M = offsets[E]) stored as both operands of its fp8-block products, in one
  * buffer: the row-wise copy (1 x 128 blocks along K: the operand of a product reducing over K,
- * dgrad's dy) and each group's transposed copy (1 x 128 blocks along the group's rows, zero-
- * padded to whole blocks: wgrad's operand), in the layouts the CUDA backend's quantizers write
- * (kernels/quant_fp8.cu), each block moe_fp8_encode_block's bytes:
+ * the forward's x and dgrad's dy) and each group's transposed copy (wgrad's operand: 1 x 128
+ * blocks along the group's rows, zero-padded to whole blocks; or, with tiles, one scale per
+ * 128 x 128 tile, precision.fp8_wgrad x-tiles' x), in the layouts the CUDA backend's
+ * quantizers write (kernels/quant_fp8.cu), each block moe_fp8_encode_block's bytes and each
+ * tile moe_quant_tiles_e4m3's:
  *   rows  q [M, K] at byte 0; block (r, kb)'s scale at s_rows[kb * lds + r], lds = M rounded
  *         up to a multiple of 4 (entries of rows M .. lds - 1 unwritten)
  *   cols  group e's rows transposed, q_e [K, np_e] (np_e = 128 ceil(n_e / 128) columns, those
  *         past n_e zero) at q_cols + 128 pb_e K, pb_e the padded blocks of the groups before e
- *         (PB in all); block b (counted over all groups) of column k at s_cols[b * K + k]
+ *         (PB in all); block b (counted over all groups) of column k at s_cols[b * K + k];
+ *         with tiles, group e's tile scales as those of a weight [K, np_e]
+ *         (moe_fp8_tile_scales) after the earlier groups': tile (kt, j) at
+ *         s_cols[ts_e + kt * round4(np_e / 128) + j], ts_e the sum over the groups before e
  * The parts start at the byte offsets of moe_fp8_pair_layout_of, each 256-byte aligned; the
  * gaps between them are unwritten. */
 typedef struct moe_fp8_pair_layout {
     int64_t M, K, KB, lds, PB;            /* KB = ceil(K / 128) blocks a row */
+    int tiles;                            /* the transposed copy's scales per tile */
     size_t s_rows, q_cols, s_cols, bytes; /* byte offsets of the parts, and the end */
 } moe_fp8_pair_layout;
-moe_fp8_pair_layout moe_fp8_pair_layout_of(const int32_t *offsets, int64_t E, int64_t K);
-/* The most bytes a pair of M rows in E groups of K columns takes, whatever the split. */
+moe_fp8_pair_layout moe_fp8_pair_layout_of(const int32_t *offsets, int64_t E, int64_t K, int tiles);
+/* The most bytes a pair of M rows in E groups of K columns takes, whatever the split (the
+ * blocks' scales: tiles take fewer). */
 size_t moe_fp8_pair_bytes_max(int64_t M, int64_t E, int64_t K);
 /* pair = x [M, K] (fp32 values) in that layout; pow2: the power-of-two scale rule. */
 void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, int64_t E,
-                         int64_t K, int pow2);
+                         int64_t K, int pow2, int tiles);
 /* x [M, K] = the values of the pair's row-wise copy (moe_quant_fake_vectors's along K). */
 void moe_fp8_pair_rows(float *x, const uint8_t *pair, const moe_fp8_pair_layout *l);
 /* x [n_e, K] = the values of group e's transposed copy, back in row-major order (group e's
- * rows fake-quantized along its own rows). */
+ * rows fake-quantized along its own rows, or in its tiles: moe_quant_fake_tiles's). */
 void moe_fp8_pair_cols(float *x, const uint8_t *pair, const moe_fp8_pair_layout *l,
                        const int32_t *offsets, int64_t e);
 

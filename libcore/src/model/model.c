@@ -237,7 +237,9 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     p->dxe = own ? dxe : p->dxp;
     uend = u > uend ? u : uend;
     /* fp8-block: dh1 and dh3 as fp8-block pairs, written by SwiGLU's backward while it reads
-     * dg and read by the w1 and w3 products while they write dxe: after both */
+     * dg and read by the w1 and w3 products while they write dxe: after both. dh1p holds g
+     * as a pair before that (SwiGLU's forward to w2's products, forward and backward), where
+     * no other buffer of the forward lies */
     p->dh1p = p->dh3p = NULL;
     if (moe_recipe_format(recipe) == MOE_RECIPE_FP8_BLOCK) {
         const size_t pb = moe_fp8_pair_bytes_max(cap, E / (ep > 1 ? ep : 1), F);

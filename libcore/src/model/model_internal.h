@@ -118,10 +118,11 @@ struct moe_acts {
     void *dh1p, *dh3p; /* fp8-block training: dh1 and dh3 as fp8-block activation pairs
                           [moe_fp8_pair_bytes_max(cap, local experts, F)] (moe/quant.h), where
                           the backend has fp8_pairs (else h1 and h3 take them as above); in
-                          dg's region, after dg and dxp; NULL otherwise */
-    int g_layer;       /* the layer whose g the shared region holds (the last MoE block run),
-                          -1 once anything was written over it: the backward makes g again
-                          only where it is another layer's */
+                          dg's region, after dg and dxp; NULL otherwise. dh1p also holds g as
+                          a pair (w2's x) from SwiGLU's forward until SwiGLU's backward */
+    int g_layer;       /* the layer whose g the shared region (or dh1p) holds (the last MoE
+                          block run), -1 once anything was written over it: the backward
+                          makes g again only where it is another layer's */
     /* the document mask (moe_model_set_document_separator), derived from the tokens by each
      * pass; training plans only */
     int32_t *doc_start;   /* [N] first position of each position's document in its row */

@@ -89,6 +89,27 @@ static void ln2_forward(moe_model *m, int l, int64_t N) {
         moe_recipe_unquantized(moe_model_layer_recipe(m, l)));
 }
 
+/* Whether layer l's expert activations g, dh1 and dh3 go as fp8-block activation pairs (of El
+ * local experts): under fp8-block, where the backend takes pairs of that many groups. */
+static int expert_pairs(const moe_model *m, moe_recipe prec, int64_t El) {
+    return m->acts->dh1p && moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK && El >= 1 &&
+           El <= m->be->fp8_pairs;
+}
+/* g as the layer's products read it: under expert_pairs an fp8-block pair in dh1p (the w2
+ * products' x; its transposed copy in tiles where the recipe's weight gradients take them),
+ * which swiglu_forward writes with groups *gp; else the activation itself (gp NULL). */
+static moe_buf g_operand(const moe_model *m, int l, moe_recipe prec, const int32_t *eoff,
+                         int64_t El, moe_fp8_groups *gp, const moe_fp8_groups **gpp) {
+    struct moe_acts *a = m->acts;
+    const moe_layer_acts *la = &a->layer[l];
+    *gpp = NULL;
+    if (!expert_pairs(m, prec, El)) return act(la->g, la->g_mx, a->adt);
+    const moe_fp8_groups g = {eoff, El, m->cfg.intermediate_size, moe_recipe_pow2(prec),
+                              moe_recipe_wgrad_tiles(prec)};
+    *gp = g, *gpp = gp;
+    return moe_buf_fp8_pair(a->dh1p);
+}
+
 void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -124,11 +145,13 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     int64_t El, R;
     const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
     moe_buf h1 = act(la->h1, la->h1_mx, adt), h3 = act(la->h3, la->h3_mx, adt);
-    moe_buf g = act(la->g, la->g_mx, adt);
+    moe_fp8_groups gg;
+    const moe_fp8_groups *gp;
+    moe_buf g = g_operand(m, l, prec, eoff, El, &gg, &gp);
     moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
     be->grouped_matmul_forward(be, h1, xe, moe_model_weight(m, li->w1), eoff, El, C, F, prec);
     be->grouped_matmul_forward(be, h3, xe, moe_model_weight(m, li->w3), eoff, El, C, F, prec);
-    be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
+    be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
     a->g_layer = l;
     be->grouped_matmul_forward(be, moe_buf_of(la->ye, adt), moe_cbuf_from(g),
                                moe_model_weight(m, li->w2), eoff, El, F, C, prec);
@@ -374,15 +397,18 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         if (a->ep > 1) moe_model_ep_dispatch(m, l, dyp, dye, (size_t)C * moe_dtype_size(adt), 0);
         int64_t El, R;
         const int32_t *eoff = moe_model_expert_rows(m, l, &El, &R);
-        /* g shares its region with dg (moe_acts_plan): unless it still holds this layer's
-         * g (the last layer's forward, or the MoE block just recomputed) it is made again
-         * from h1 and h3, read by w2's weight gradient, and then overwritten by dg */
+        /* g shares its region with dg (moe_acts_plan), or as a pair dh1p's: unless it still
+         * holds this layer's g (the last layer's forward, or the MoE block just recomputed)
+         * it is made again from h1 and h3, read by w2's weight gradient, and then
+         * overwritten by dg (or dh1) */
         moe_buf h1 = act(la->h1, la->h1_mx, adt), h3 = act(la->h3, la->h3_mx, adt);
-        moe_buf gb = act(la->g, la->g_mx, adt);
+        moe_fp8_groups gg;
+        const moe_fp8_groups *gp;
+        moe_buf gb = g_operand(m, l, prec, eoff, El, &gg, &gp);
         moe_cbuf g = moe_cbuf_from(gb), w2 = moe_model_weight(m, li->w2);
         moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
         if (a->g_layer != l)
-            be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16);
+            be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), expert_grad(&P[li->w2]),
                                     moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
                                     MOE_GRAD_SET, gw);
@@ -392,9 +418,8 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         a->g_layer = -1;
         /* dh1 and dh3 written over h1 and h3, of their type; or under fp8-block, where the
          * backend takes them, as fp8-block pairs: the operands the w1 and w3 products read */
-        const int pairs = a->dh1p && moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK && El >= 1 &&
-                          El <= be->fp8_pairs;
-        const moe_fp8_groups pg = {eoff, El, F, moe_recipe_pow2(prec)};
+        const int pairs = expert_pairs(m, prec, El);
+        const moe_fp8_groups pg = {eoff, El, F, moe_recipe_pow2(prec), 0};
         moe_buf dh1 = pairs ? moe_buf_fp8_pair(a->dh1p) : h1;
         moe_buf dh3 = pairs ? moe_buf_fp8_pair(a->dh3p) : h3;
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),

@@ -5,9 +5,11 @@
  * over vectors, bit-identical for any thread count. */
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe/dtype.h"
+#include "moe/ops.h" /* moe_fp8_tile_scales */
 #include "moe/quant.h"
 
 #define FP8_MAX 448.0f /* largest finite E4M3 */
@@ -104,14 +106,15 @@ static size_t align256(size_t n) {
     return (n + 255) / 256 * 256;
 }
 
-/* The layout of M rows of K columns whose groups take PB padded blocks of 128 tokens. */
-static moe_fp8_pair_layout pair_layout(int64_t M, int64_t K, int64_t PB) {
+/* The layout of M rows of K columns whose groups take PB padded blocks of 128 tokens, with
+ * ncs scales in the transposed copy. */
+static moe_fp8_pair_layout pair_layout(int64_t M, int64_t K, int64_t PB, int64_t ncs, int tiles) {
     moe_fp8_pair_layout l;
-    l.M = M, l.K = K, l.KB = (K + 127) / 128, l.lds = (M + 3) / 4 * 4, l.PB = PB;
+    l.M = M, l.K = K, l.KB = (K + 127) / 128, l.lds = (M + 3) / 4 * 4, l.PB = PB, l.tiles = tiles;
     l.s_rows = align256((size_t)(M * K));
     l.q_cols = align256(l.s_rows + sizeof(float) * (size_t)(l.KB * l.lds));
     l.s_cols = align256(l.q_cols + (size_t)(128 * PB * K));
-    l.bytes = align256(l.s_cols + sizeof(float) * (size_t)(PB * K));
+    l.bytes = align256(l.s_cols + sizeof(float) * (size_t)ncs);
     return l;
 }
 
@@ -125,20 +128,32 @@ static int64_t blocks_before(const int32_t *offsets, int64_t e) {
         pb += group_blocks(offsets, g);
     return pb;
 }
+/* The tile scales of the transposed copies of the groups before e (K columns). */
+static int64_t tile_scales_before(const int32_t *offsets, int64_t e, int64_t K) {
+    int64_t ts = 0;
+    for (int64_t g = 0; g < e; g++)
+        ts += moe_fp8_tile_scales(K, 128 * group_blocks(offsets, g));
+    return ts;
+}
 
-moe_fp8_pair_layout moe_fp8_pair_layout_of(const int32_t *offsets, int64_t E, int64_t K) {
-    return pair_layout(offsets[E], K, blocks_before(offsets, E));
+moe_fp8_pair_layout moe_fp8_pair_layout_of(const int32_t *offsets, int64_t E, int64_t K,
+                                           int tiles) {
+    const int64_t PB = blocks_before(offsets, E);
+    return pair_layout(offsets[E], K, PB, tiles ? tile_scales_before(offsets, E, K) : PB * K,
+                       tiles);
 }
 
 /* sum_e ceil(n_e / 128) = sum_e floor((n_e + 127) / 128) <= floor((M + 127 E) / 128): the sum of
- * floors is at most the floor of the sum, and every part of the layout grows with PB. */
+ * floors is at most the floor of the sum, and every part of the layout grows with PB. Tiles
+ * take ceil(K / 128) round4(nb_e) <= 4 ceil(K / 128) nb_e <= K nb_e scales (K >= 4). */
 size_t moe_fp8_pair_bytes_max(int64_t M, int64_t E, int64_t K) {
-    return pair_layout(M, K, (M + 127 * E) / 128).bytes;
+    const int64_t PB = (M + 127 * E) / 128;
+    return pair_layout(M, K, PB, PB * K, 0).bytes;
 }
 
 void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, int64_t E,
-                         int64_t K, int pow2) {
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K);
+                         int64_t K, int pow2, int tiles) {
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K, tiles);
     float *s_rows = (float *)(pair + l.s_rows), *s_cols = (float *)(pair + l.s_cols);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < l.M; r++)
@@ -147,12 +162,22 @@ void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, 
             moe_fp8_encode_block(pair + r * K + k0, &s_rows[kb * l.lds + r], x + r * K + k0, len,
                                  pow2);
         }
-    int64_t pb = 0; /* the blocks of the groups before e */
+    int64_t pb = 0, ts = 0; /* the blocks and tile scales of the groups before e */
     for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = offsets[e], n = offsets[e + 1] - r0, nb = group_blocks(offsets, e);
         uint8_t *qe = pair + l.q_cols + 128 * pb * K; /* q_e [K, 128 nb] */
+        if (tiles && nb > 0) { /* the group's rows, zero-padded, as a weight's tiles */
+            const int64_t np = 128 * nb;
+            float *xe = calloc((size_t)(np * K), sizeof(float));
+            uint8_t *qr = malloc((size_t)(np * K));
+            float *sr = malloc(sizeof(float) * (size_t)moe_fp8_tile_scales(np, K));
+            if (!xe || !qr || !sr) abort();
+            memcpy(xe, x + r0 * K, sizeof(float) * (size_t)(n * K));
+            moe_quant_tiles_e4m3(qr, sr, qe, s_cols + ts, xe, np, K, pow2);
+            free(xe), free(qr), free(sr);
+        }
 #pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < nb * K; t++) { /* column k of block b of the group */
+        for (int64_t t = 0; t < (tiles ? 0 : nb * K); t++) { /* column k of block b */
             const int64_t b = t / K, k = t % K, j0 = b * 128, len = n - j0 < 128 ? n - j0 : 128;
             float v[128];
             uint8_t q[128] = {0}; /* the tokens past the group's end stay zero bytes */
@@ -161,7 +186,7 @@ void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, 
             moe_fp8_encode_block(q, &s_cols[(pb + b) * K + k], v, len, pow2);
             memcpy(qe + k * 128 * nb + j0, q, 128);
         }
-        pb += nb;
+        pb += nb, ts += moe_fp8_tile_scales(K, 128 * nb);
     }
 }
 
@@ -176,14 +201,16 @@ void moe_fp8_pair_rows(float *x, const uint8_t *pair, const moe_fp8_pair_layout 
 
 void moe_fp8_pair_cols(float *x, const uint8_t *pair, const moe_fp8_pair_layout *l,
                        const int32_t *offsets, int64_t e) {
-    const int64_t K = l->K, n = offsets[e + 1] - offsets[e], np = 128 * group_blocks(offsets, e);
-    const int64_t pb = blocks_before(offsets, e);
+    const int64_t K = l->K, n = offsets[e + 1] - offsets[e], nb = group_blocks(offsets, e);
+    const int64_t np = 128 * nb, pb = blocks_before(offsets, e), nb4 = (nb + 3) / 4 * 4;
     const uint8_t *q = pair + l->q_cols + 128 * pb * K; /* q_e [K, np] */
-    const float *s = (const float *)(pair + l->s_cols) + pb * K;
+    const float *s =
+        (const float *)(pair + l->s_cols) + (l->tiles ? tile_scales_before(offsets, e, K) : pb * K);
 #pragma omp parallel for schedule(static)
     for (int64_t j = 0; j < n; j++)
         for (int64_t k = 0; k < K; k++)
-            x[j * K + k] = moe_e4m3_to_f32(q[k * np + j]) * s[j / 128 * K + k];
+            x[j * K + k] = moe_e4m3_to_f32(q[k * np + j]) *
+                           (l->tiles ? s[k / 128 * nb4 + j / 128] : s[j / 128 * K + k]);
 }
 
 /* The scale of the tile [r0, r1) x [k0, k1) of src [R, K]. */

@@ -283,10 +283,10 @@ static void pr_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_bu
 }
 
 static void pr_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                              moe_recipe prec) {
+                              moe_recipe prec, const moe_fp8_groups *pairs) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->swiglu_forward(p->inner, out, a, b, n, prec);
+    p->inner->swiglu_forward(p->inner, out, a, b, n, prec, pairs);
     prof_end_op(p, t0, MOE_OP_SWIGLU, 0);
 }
 

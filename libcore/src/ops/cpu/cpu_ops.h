@@ -67,7 +67,7 @@ void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
 void moe_cpu_store_block(moe_buf y, int64_t i0, const float *v, int64_t cnt);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
 /* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
- * copies' scales nor MXFP8's): swiglu_backward's output, the fp8-block grouped backward's dy. */
+ * copies' scales nor MXFP8's): swiglu's outputs, the fp8-block grouped products' x or dy. */
 static inline int moe_cpu_is_pair(moe_cbuf b) {
     return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
 }
@@ -122,7 +122,7 @@ void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, 
 void moe_cpu_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, const int32_t *pos,
                            int64_t B, int64_t T, int64_t NH, int64_t D, double theta);
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                            moe_recipe prec);
+                            moe_recipe prec, const moe_fp8_groups *pairs);
 void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs);
 void moe_cpu_add(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n);

@@ -16,8 +16,9 @@
  * products each expert's rows are their own group: the wgrad blocks along N start at the
  * expert's first row. The expert activations may be MXFP8 operands (the model stores them so
  * under mxfp8): read as their values; an MXFP8 output holds the encoding of the bf16 output.
- * Under fp8-block the grouped backward's dy may be an fp8-block activation pair (SwiGLU's
- * gradients, moe/quant.h): its two copies are dgrad's and wgrad's operands as they stand. */
+ * Under fp8-block the grouped products' x (SwiGLU's output g) and the grouped backward's dy
+ * (SwiGLU's gradients) may be fp8-block activation pairs (moe/quant.h): their copies are the
+ * products' operands as they stand. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -140,10 +141,30 @@ void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, 
     }
 }
 
+/* An activation m [M, K] of the grouped products as they read it: all rows along K (how =
+ * Q_ROWS: the forward's x, dgrad's dy) or group e's rows along the tokens (Q_COLS: wgrad's dy,
+ * Q_WGRAD_X: wgrad's x), a malloc'ed [rows, K]. From an fp8-block activation pair the copy it
+ * holds (x's transposed copy in tiles where the recipe's wgrad has them): the values
+ * quantizing a BF16 m here gives, bit for bit (swiglu encodes what it would store as BF16). */
+static float *group_operand(moe_cbuf m, const int32_t *offsets, int64_t E, int64_t K, int64_t e,
+                            int how, moe_recipe prec) {
+    const int64_t r0 = how == Q_ROWS ? 0 : offsets[e];
+    const int64_t n = (how == Q_ROWS ? offsets[E] : offsets[e + 1]) - r0;
+    if (!moe_cpu_is_pair(m)) return operand(moe_cbuf_at(m, r0 * K), n, K, how, prec);
+    const int tiles = how == Q_WGRAD_X && moe_recipe_wgrad_tiles(prec);
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K, tiles);
+    float *c = scratch(n * K);
+    if (how == Q_ROWS)
+        moe_fp8_pair_rows(c, m.p, &l);
+    else
+        moe_fp8_pair_cols(c, m.p, &l, offsets, e);
+    return c;
+}
+
 void moe_cpu_fp8_grouped_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, moe_recipe prec) {
     int64_t M = offsets[E];
-    float *xq = operand(x, M, I, Q_ROWS, prec), *y = moe_cpu_output(yb, M * O);
+    float *xq = group_operand(x, offsets, E, I, 0, Q_ROWS, prec), *y = moe_cpu_output(yb, M * O);
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue;
@@ -156,28 +177,10 @@ void moe_cpu_fp8_grouped_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, const int32
     free(xq);
 }
 
-/* dy [M, O] of the grouped backward as its products read it: all rows along O (how = Q_ROWS,
- * dgrad) or group e's rows along the tokens (Q_COLS, wgrad), a malloc'ed [rows, O]. From an
- * fp8-block activation pair the copy it holds: the values quantizing a BF16 dy here gives, bit
- * for bit (swiglu_backward encodes what it would store as BF16). */
-static float *grad_operand(moe_cbuf dy, const int32_t *offsets, int64_t E, int64_t O, int64_t e,
-                           int how, moe_recipe prec) {
-    const int64_t r0 = how == Q_ROWS ? 0 : offsets[e];
-    const int64_t n = (how == Q_ROWS ? offsets[E] : offsets[e + 1]) - r0;
-    if (!moe_cpu_is_pair(dy)) return operand(moe_cbuf_at(dy, r0 * O), n, O, how, prec);
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, O);
-    float *c = scratch(n * O);
-    if (how == Q_ROWS)
-        moe_fp8_pair_rows(c, dy.p, &l);
-    else
-        moe_fp8_pair_cols(c, dy.p, &l, offsets, e);
-    return c;
-}
-
 void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
                                   const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                   moe_recipe prec, moe_grad_store dx_st, moe_grad_store dw_st) {
-    float *dq = dx ? grad_operand(dy, offsets, E, O, 0, Q_ROWS, prec) : NULL;
+    float *dq = dx ? group_operand(dy, offsets, E, O, 0, Q_ROWS, prec) : NULL;
     for (int64_t e = 0; e < E; e++) {
         int64_t r0 = offsets[e], n = offsets[e + 1] - r0;
         if (n <= 0) continue; /* zeroed under SET by the caller */
@@ -188,8 +191,8 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
         }
         if (!dw) continue;
         /* the expert's rows are their own group along N */
-        float *dc = grad_operand(dy, offsets, E, O, e, Q_COLS, prec);
-        float *xc = operand(moe_cbuf_at(x, r0 * I), n, I, Q_WGRAD_X, prec);
+        float *dc = group_operand(dy, offsets, E, O, e, Q_COLS, prec);
+        float *xc = group_operand(x, offsets, E, I, e, Q_WGRAD_X, prec);
         moe_cpu_gemm(1, 0, O, I, n, 1.0f, dc, xc, moe_grad_beta(dw_st), dw + e * O * I);
         free(dc), free(xc);
     }

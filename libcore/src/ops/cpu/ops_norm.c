@@ -148,10 +148,17 @@ void moe_cpu_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, c
  * at a time (moe_cpu_store_block) after its block's inputs were read: in place is safe. */
 enum { SWIGLU_BLOCK = 32 };
 
-void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
-                            moe_recipe prec) {
-    (void)be;
-    const int round = prec == MOE_RECIPE_BF16;
+/* pairs: n = offsets[E] K, or abort with what came */
+static void pairs_check(const char *op, int is_pair, const moe_fp8_groups *pairs, int64_t n) {
+    if (is_pair == !!pairs && (!pairs || n == pairs->offsets[pairs->E] * pairs->K)) return;
+    fprintf(stderr,
+            "moe: cpu backend: %s got %s and %s groups for n = %lld (an fp8-block pair comes "
+            "with the groups of its n = offsets[E] K elements; other outputs without groups)\n",
+            op, is_pair ? "a pair" : "no pair", pairs ? "its" : "no", (long long)n);
+    abort();
+}
+
+static void swiglu_values(moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n, int round) {
 #pragma omp parallel for schedule(static)
     for (int64_t i0 = 0; i0 < n; i0 += SWIGLU_BLOCK) {
         int64_t cnt = n - i0 < SWIGLU_BLOCK ? n - i0 : SWIGLU_BLOCK;
@@ -164,6 +171,21 @@ void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_
         }
         moe_cpu_store_block(out, i0, v, cnt);
     }
+}
+
+void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
+                            moe_recipe prec, const moe_fp8_groups *pairs) {
+    (void)be;
+    pairs_check("swiglu_forward", moe_cpu_is_pair(moe_cbuf_from(out)), pairs, n);
+    if (!pairs) {
+        swiglu_values(out, a, b, n, prec == MOE_RECIPE_BF16);
+        return;
+    }
+    /* the BF16 values the other path stores, then their encoding */
+    float *g = moe_cpu_output(out, n); /* fp32 scratch */
+    swiglu_values(moe_buf_f32(g), a, b, n, 1);
+    moe_fp8_pair_encode(out.p, g, pairs->offsets, pairs->E, pairs->K, pairs->pow2, pairs->tiles);
+    free(g);
 }
 
 /* SwiGLU's gradients, each stored in its output's type (moe_cpu_store_block) */
@@ -194,14 +216,11 @@ static void swiglu_grads(moe_buf da,    /* [n] F32|BF16|MXFP8, may be a */
 void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs) {
     (void)be;
-    const int pa = moe_cpu_is_pair(moe_cbuf_from(da)), pb = moe_cpu_is_pair(moe_cbuf_from(db));
-    if (pa != !!pairs || pb != !!pairs || (pairs && n != pairs->offsets[pairs->E] * pairs->K)) {
-        fprintf(stderr,
-                "moe: cpu backend: swiglu_backward got da %s, db %s and %s groups for n = %lld "
-                "(fp8-block pairs come both, with the groups of their n = offsets[E] K "
-                "elements; other outputs without groups)\n",
-                pa ? "a pair" : "no pair", pb ? "a pair" : "no pair", pairs ? "its" : "no",
-                (long long)n);
+    pairs_check("swiglu_backward (da)", moe_cpu_is_pair(moe_cbuf_from(da)), pairs, n);
+    pairs_check("swiglu_backward (db)", moe_cpu_is_pair(moe_cbuf_from(db)), pairs, n);
+    if (pairs && pairs->tiles) {
+        fprintf(stderr, "moe: cpu backend: swiglu_backward's pairs are dy operands: in blocks, "
+                        "not tiles\n");
         abort();
     }
     if (!pairs) {
@@ -213,8 +232,8 @@ void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_
     swiglu_grads(moe_buf_f32(ga), moe_buf_f32(gb), dout, a, b, n);
     moe_cpu_round_bf16_inplace(ga, n);
     moe_cpu_round_bf16_inplace(gb, n);
-    moe_fp8_pair_encode(da.p, ga, pairs->offsets, pairs->E, pairs->K, pairs->pow2);
-    moe_fp8_pair_encode(db.p, gb, pairs->offsets, pairs->E, pairs->K, pairs->pow2);
+    moe_fp8_pair_encode(da.p, ga, pairs->offsets, pairs->E, pairs->K, pairs->pow2, 0);
+    moe_fp8_pair_encode(db.p, gb, pairs->offsets, pairs->E, pairs->K, pairs->pow2, 0);
     free(ga), free(gb);
 }
 
