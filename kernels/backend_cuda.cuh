@@ -193,6 +193,10 @@ __device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool *ok) {
     *ok = (__float_as_uint(x) >> 23 & 0xffu) - 1u < 252u;
     return __fmaf_rn(r, -__fmaf_rn(x, r, -1.0f), r);
 }
+/* swiglu_val through swiglu_sigmoid_quick: its bits where *ok, else the caller's to take */
+__device__ __forceinline__ float swiglu_val_quick(float a, float b, bool *ok) {
+    return a * swiglu_sigmoid_quick(a, ok) * b;
+}
 /* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
 __device__ __forceinline__ float moe_finite_abs(float x) {
     return isfinite(x) ? fabsf(x) : 0.0f;

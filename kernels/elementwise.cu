@@ -442,11 +442,19 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
         float av[V], bv[V], o[V];
         moe_ldv<V>(a, i, av);
         moe_ldv<V>(b, i, bv);
+        bool ok = true; /* swiglu_val_quick for all V, else swiglu_val: one branch */
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            const float v = swiglu_val(av[j], bv[j]);
-            o[j] = round_bf16 ? moe_dev_round_bf16(v) : v;
+            bool okj;
+            o[j] = swiglu_val_quick(av[j], bv[j], &okj);
+            ok &= okj;
         }
+        if (!ok)
+            for (int j = 0; j < V; j++)
+                o[j] = swiglu_val(av[j], bv[j]);
+#pragma unroll
+        for (int j = 0; j < V; j++)
+            o[j] = round_bf16 ? moe_dev_round_bf16(o[j]) : o[j];
         moe_stv<V>(out, i, o);
     }
 }
@@ -460,9 +468,16 @@ __global__ void k_swiglu_bwd(TG *da, TG *db, const TD *__restrict__ dout, const 
         moe_ldv<V>(a, i, av);
         moe_ldv<V>(b, i, bv);
         moe_ldv<V>(dout, i, g);
+        bool ok = true; /* swiglu_sigmoid_quick for all V, else swiglu_grad: one branch */
 #pragma unroll
-        for (int j = 0; j < V; j++)
-            swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
+        for (int j = 0; j < V; j++) {
+            bool okj;
+            swiglu_grad_s(g[j], av[j], bv[j], swiglu_sigmoid_quick(av[j], &okj), &dav[j], &dbv[j]);
+            ok &= okj;
+        }
+        if (!ok)
+            for (int j = 0; j < V; j++)
+                swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
         moe_stv<V>(da, i, dav);
         moe_stv<V>(db, i, dbv);
     }

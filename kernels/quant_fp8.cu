@@ -456,6 +456,9 @@ __global__ void __launch_bounds__(256, 2)
                 av[u].load(a + at + rr);
                 bv[u].load(b + at + rr);
             }
+        /* through swiglu_val_quick; again through swiglu_val where it did not apply, one
+         * branch a chunk (as k_swiglu_bwd_pairs) */
+        bool ok = true;
 #pragma unroll
         for (int u = 0; u < 8; u++) {
             r[c + u] = {};
@@ -463,11 +466,22 @@ __global__ void __launch_bounds__(256, 2)
                 float af[4], bf[4], v[4];
                 av[u].get(af), bv[u].get(bf);
 #pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    bool okj;
+                    v[j] = swiglu_val_quick(af[j], bf[j], &okj);
+                    ok &= okj;
+                }
+                r[c + u].set(v);
+            }
+        }
+        if (!ok)
+            for (int u = 0; u < 8 && c + u < t.rows; u++) {
+                float af[4], bf[4], v[4];
+                av[u].get(af), bv[u].get(bf);
                 for (int j = 0; j < 4; j++)
                     v[j] = swiglu_val(af[j], bf[j]);
                 r[c + u].set(v);
             }
-        }
     }
     fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
 }

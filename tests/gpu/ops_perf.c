@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "moe/ops.h"
+#include "moe/quant.h"
 #include "ops_harness.h"
 
 /* ------------------------------------------------------------------------------------------
@@ -89,6 +90,11 @@ static const pcase k_perf[] = {
     {"rmsnorm N16384 C4096", MOE_OP_RMSNORM, 1, {16384, 4096}},
     {"swiglu n=16384*8192", MOE_OP_SWIGLU, 0, {16384LL * 8192}},
     {"swiglu n=16384*8192", MOE_OP_SWIGLU, 1, {16384LL * 8192}},
+    /* s[1] E, s[2] K: fp8-block pairs of E even groups of s[0] / K rows (mixtral8x7b-2L's
+     * experts): the forward's g pair with its transposed copy in tiles (x-tiles), the
+     * backward's dh1 and dh3 pairs */
+    {"swiglu pairs E8 M16384 K14336", MOE_OP_SWIGLU, 0, {16384LL * 14336, 8, 14336}},
+    {"swiglu pairs E8 M16384 K14336", MOE_OP_SWIGLU, 1, {16384LL * 14336, 8, 14336}},
     {"rmsnorm N16384 C2048", MOE_OP_RMSNORM, 0, {16384, 2048}},
     {"rmsnorm N16384 C2048", MOE_OP_RMSNORM, 1, {16384, 2048}},
     {"xent N16384 V256", MOE_OP_CROSS_ENTROPY, 0, {16384, 256}},
@@ -184,6 +190,7 @@ static void run_perf(gctx *g, const pcase *pc) {
     /* bf16 views and copies: the operands as the model passes them under the bf16 recipe */
     moe_cbuf w16 = moe_cbuf_of(NULL, MOE_DTYPE_BF16), a16 = w16, b16 = w16, c16 = w16;
     int64_t M = 0;
+    moe_fp8_groups pairs = {0}; /* swiglu: the pairs' groups (s[1] experts) */
     switch (pc->op) {
     case MOE_OP_MATMUL:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[2] * s[1]), c = perf_buf(g, s[0] * s[2]);
@@ -271,6 +278,14 @@ static void run_perf(gctx *g, const pcase *pc) {
         /* bf16 in and out, as the model runs it; the backward also reads the fp32 gradient
          * and writes bf16 da, db */
         bytes = (pc->dir ? 12.0 : 6.0) * (double)s[0];
+        if (s[1]) { /* pairs: two e4m3 copies (2 bytes) in place of each bf16 output */
+            off = xmalloc(I32(s[1] + 1));
+            perf_offsets(off, s[1], s[0] / s[2] / s[1], 0);
+            const size_t pb = moe_fp8_pair_bytes_max(off[s[1]], s[1], s[2]);
+            c = perf_buf(g, (int64_t)pb / 4 + 1);
+            if (pc->dir) b = perf_buf(g, (int64_t)pb / 4 + 1);
+            pairs = (moe_fp8_groups){off, s[1], s[2], 0, !pc->dir};
+        }
         break;
     case MOE_OP_CROSS_ENTROPY: {
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[0]), c = perf_buf(g, s[0]);
@@ -404,12 +419,14 @@ static void run_perf(gctx *g, const pcase *pc) {
                 break;
             case MOE_OP_SWIGLU:
                 if (pc->dir)
-                    be->swiglu_backward(be, moe_buf_of(c, MOE_DTYPE_BF16),
-                                        moe_buf_of(b, MOE_DTYPE_BF16), moe_cbuf_f32(a), a16, b16,
-                                        s[0], NULL);
+                    be->swiglu_backward(be,
+                                        s[1] ? moe_buf_fp8_pair(c) : moe_buf_of(c, MOE_DTYPE_BF16),
+                                        s[1] ? moe_buf_fp8_pair(b) : moe_buf_of(b, MOE_DTYPE_BF16),
+                                        moe_cbuf_f32(a), a16, b16, s[0], s[1] ? &pairs : NULL);
                 else
-                    be->swiglu_forward(be, moe_buf_of(c, MOE_DTYPE_BF16), a16, b16, s[0], BF16,
-                                       NULL);
+                    be->swiglu_forward(be,
+                                       s[1] ? moe_buf_fp8_pair(c) : moe_buf_of(c, MOE_DTYPE_BF16),
+                                       a16, b16, s[0], BF16, s[1] ? &pairs : NULL);
                 break;
             case MOE_OP_CROSS_ENTROPY:
                 be->cross_entropy_forward(be, b, c, a, ia, NULL, s[0], s[1]);
