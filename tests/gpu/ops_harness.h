@@ -162,5 +162,6 @@ void run_sum_squares(gctx *g, const tcase *tc);
  * perf mode (ops_perf.c) */
 
 void run_perf_cases(gctx *g, const char *only);
+int perf_cases_matching(const char *only);
 
 #endif

@@ -491,6 +491,14 @@ static void run_perf(gctx *g, const pcase *pc) {
     free(off);
 }
 
+/* How many perf cases' names contain only (all of them when only is NULL). */
+int perf_cases_matching(const char *only) {
+    int n = 0;
+    for (int i = 0; i < NPERF; i++)
+        n += !only || strstr(k_perf[i].name, only) != NULL;
+    return n;
+}
+
 /* Times every perf case whose name contains only (all of them when only is NULL), in table
  * order. */
 void run_perf_cases(gctx *g, const char *only) {

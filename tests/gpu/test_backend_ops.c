@@ -580,6 +580,20 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
+    /* a filter that matches no case would check nothing and pass: an error, before any GPU
+     * is looked for (the two modes' tables name their cases differently) */
+    int matching = 0;
+    for (int i = 0; i < NCASES; i++)
+        matching += !only || strstr(k_cases[i].name, only) != NULL;
+    if (perf) matching = perf_cases_matching(only);
+    if (matching == 0) {
+        fprintf(stderr,
+                "test_backend_ops: no %s case's name contains \"%s\" (the compare and --perf "
+                "modes name their cases differently: see k_cases in test_backend_ops.c and k_perf "
+                "in ops_perf.c)\n",
+                perf ? "--perf" : "compare", only);
+        return 2;
+    }
     moe_err err;
     moe_err_clear(&err);
     gctx g;
