@@ -564,6 +564,14 @@ static void check_supports_shapes(const moe_backend *gpu) {
 
 /* ------------------------------------------------------------------------------------------ */
 
+/* How many compare cases' names contain only (all of them when only is NULL). */
+static int compare_cases_matching(const char *only) {
+    int n = 0;
+    for (int i = 0; i < NCASES; i++)
+        n += !only || strstr(k_cases[i].name, only) != NULL;
+    return n;
+}
+
 int main(int argc, char **argv) {
     int perf = 0;
     const char *only = NULL;
@@ -582,11 +590,7 @@ int main(int argc, char **argv) {
     }
     /* a filter that matches no case would check nothing and pass: an error, before any GPU
      * is looked for (the two modes' tables name their cases differently) */
-    int matching = 0;
-    for (int i = 0; i < NCASES; i++)
-        matching += !only || strstr(k_cases[i].name, only) != NULL;
-    if (perf) matching = perf_cases_matching(only);
-    if (matching == 0) {
+    if ((perf ? perf_cases_matching(only) : compare_cases_matching(only)) == 0) {
         fprintf(stderr,
                 "test_backend_ops: no %s case's name contains \"%s\" (the compare and --perf "
                 "modes name their cases differently: see k_cases in test_backend_ops.c and k_perf "

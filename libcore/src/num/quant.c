@@ -151,6 +151,38 @@ size_t moe_fp8_pair_bytes_max(int64_t M, int64_t E, int64_t K) {
     return pair_layout(M, K, PB, PB * K, 0).bytes;
 }
 
+/* One group's transposed copy q_e [K, 128 nb] from its rows x_e [n, K] (nb = ceil(n / 128)
+ * blocks, the tokens past n zero bytes): 1 x 128 blocks along the tokens, block b of column k
+ * at s[b * K + k] */
+static void group_cols_blocks(uint8_t *qe, float *s, const float *xe, int64_t n, int64_t nb,
+                              int64_t K, int pow2) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < nb * K; t++) { /* column k of block b */
+        const int64_t b = t / K, k = t % K, j0 = b * 128, len = n - j0 < 128 ? n - j0 : 128;
+        float v[128];
+        uint8_t q[128] = {0}; /* the tokens past the group's end stay zero bytes */
+        for (int64_t j = 0; j < len; j++)
+            v[j] = xe[(j0 + j) * K + k];
+        moe_fp8_encode_block(q, &s[b * K + k], v, len, pow2);
+        memcpy(qe + k * 128 * nb + j0, q, 128);
+    }
+}
+
+/* The same in 128 x 128 tiles: the group's rows, zero-padded to 128 nb, quantized as a
+ * weight's tiles (moe_quant_tiles_e4m3's transposed copy and its scales s) */
+static void group_cols_tiles(uint8_t *qe, float *s, const float *xe, int64_t n, int64_t nb,
+                             int64_t K, int pow2) {
+    const int64_t np = 128 * nb;
+    if (np == 0) return;
+    float *xp = calloc((size_t)(np * K), sizeof(float));
+    uint8_t *qr = malloc((size_t)(np * K)); /* the row-wise copy, not kept */
+    float *sr = malloc(sizeof(float) * (size_t)moe_fp8_tile_scales(np, K));
+    if (!xp || !qr || !sr) abort();
+    memcpy(xp, xe, sizeof(float) * (size_t)(n * K));
+    moe_quant_tiles_e4m3(qr, sr, qe, s, xp, np, K, pow2);
+    free(xp), free(qr), free(sr);
+}
+
 void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, int64_t E,
                          int64_t K, int pow2, int tiles) {
     const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K, tiles);
@@ -166,26 +198,10 @@ void moe_fp8_pair_encode(uint8_t *pair, const float *x, const int32_t *offsets, 
     for (int64_t e = 0; e < E; e++) {
         const int64_t r0 = offsets[e], n = offsets[e + 1] - r0, nb = group_blocks(offsets, e);
         uint8_t *qe = pair + l.q_cols + 128 * pb * K; /* q_e [K, 128 nb] */
-        if (tiles && nb > 0) { /* the group's rows, zero-padded, as a weight's tiles */
-            const int64_t np = 128 * nb;
-            float *xe = calloc((size_t)(np * K), sizeof(float));
-            uint8_t *qr = malloc((size_t)(np * K));
-            float *sr = malloc(sizeof(float) * (size_t)moe_fp8_tile_scales(np, K));
-            if (!xe || !qr || !sr) abort();
-            memcpy(xe, x + r0 * K, sizeof(float) * (size_t)(n * K));
-            moe_quant_tiles_e4m3(qr, sr, qe, s_cols + ts, xe, np, K, pow2);
-            free(xe), free(qr), free(sr);
-        }
-#pragma omp parallel for schedule(static)
-        for (int64_t t = 0; t < (tiles ? 0 : nb * K); t++) { /* column k of block b */
-            const int64_t b = t / K, k = t % K, j0 = b * 128, len = n - j0 < 128 ? n - j0 : 128;
-            float v[128];
-            uint8_t q[128] = {0}; /* the tokens past the group's end stay zero bytes */
-            for (int64_t j = 0; j < len; j++)
-                v[j] = x[(r0 + j0 + j) * K + k];
-            moe_fp8_encode_block(q, &s_cols[(pb + b) * K + k], v, len, pow2);
-            memcpy(qe + k * 128 * nb + j0, q, 128);
-        }
+        if (tiles)
+            group_cols_tiles(qe, s_cols + ts, x + r0 * K, n, nb, K, pow2);
+        else
+            group_cols_blocks(qe, s_cols + pb * K, x + r0 * K, n, nb, K, pow2);
         pb += nb, ts += moe_fp8_tile_scales(K, 128 * nb);
     }
 }
