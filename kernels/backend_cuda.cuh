@@ -195,7 +195,7 @@ __device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool *ok) {
     const float x = 1.0f + swiglu_exp_neg(a);
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    *ok = (__float_as_uint(x) >> 23 & 0xffu) - 1u < 252u;
+    *ok = x < 0x1p126f; /* x >= 1 or NaN: its exponent field in 1 .. 252, one comparison */
     return __fmaf_rn(r, -__fmaf_rn(x, r, -1.0f), r);
 }
 /* swiglu_val through swiglu_sigmoid_quick: its bits where *ok, else the caller's to take */
