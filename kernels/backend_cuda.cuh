@@ -165,13 +165,19 @@ __device__ __forceinline__ float moe_dev_round_bf16(float x) {
     return __bfloat162float(__float2bfloat16_rn(x));
 }
 /* SwiGLU's value and gradients at one element: the formulas of every SwiGLU kernel
- * (elementwise.cu, and the fp8-block pairs' in quant_fp8.cu); s = sigmoid(a), 1 / (1 +
- * exp(-a)) correctly rounded (the division's bits). */
-__device__ __forceinline__ float swiglu_sigmoid(float a) {
-    return __frcp_rn(1.0f + expf(-a));
+ * (elementwise.cu, and the fp8-block pairs' in quant_fp8.cu); s = sigmoid(a), 1 / (1 + e)
+ * correctly rounded (the division's bits), e = exp(-a). fast: the kernel's outputs are
+ * rounded to bf16 (or below), and e comes from the hardware's exp2 (__expf: 2 instructions
+ * where expf takes about 8; within 2 + 1.2 |a| ulps of exp(-a), s within about as many of
+ * the sigmoid, far below a bf16 rounding); else from expf (fp32 outputs). */
+__device__ __forceinline__ float swiglu_exp_neg(float a, bool fast) {
+    return fast ? __expf(-a) : expf(-a);
 }
-__device__ __forceinline__ float swiglu_val(float a, float b) {
-    return a * swiglu_sigmoid(a) * b;
+__device__ __forceinline__ float swiglu_sigmoid(float a, bool fast) {
+    return __frcp_rn(1.0f + swiglu_exp_neg(a, fast));
+}
+__device__ __forceinline__ float swiglu_val(float a, float b, bool fast) {
+    return a * swiglu_sigmoid(a, fast) * b;
 }
 __device__ __forceinline__ void swiglu_grad_s(float g, float a, float b, float s, float *da,
                                               float *db) {
@@ -179,23 +185,24 @@ __device__ __forceinline__ void swiglu_grad_s(float g, float a, float b, float s
     *da = g * b * (s + silu * (1.0f - s));
     *db = g * silu;
 }
-__device__ __forceinline__ void swiglu_grad(float g, float a, float b, float *da, float *db) {
-    swiglu_grad_s(g, a, b, swiglu_sigmoid(a), da, db);
+__device__ __forceinline__ void swiglu_grad(float g, float a, float b, bool fast, float *da,
+                                            float *db) {
+    swiglu_grad_s(g, a, b, swiglu_sigmoid(a, fast), da, db);
 }
 /* swiglu_sigmoid without __frcp_rn's branch a value: its inline path (the approximate
- * reciprocal and one Newton step, the same bits) where it applies, x = 1 + exp(-a) with an
- * exponent field 1 .. 252; *ok = 0 elsewhere (a < about -87, or NaN), where the caller must
- * take swiglu_sigmoid. */
-__device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool *ok) {
-    const float x = 1.0f + expf(-a);
+ * reciprocal and one Newton step, the same bits) where it applies, x = 1 + e with an exponent
+ * field 1 .. 252; *ok = 0 elsewhere (a < about -87, or NaN), where the caller must take
+ * swiglu_sigmoid. */
+__device__ __forceinline__ float swiglu_sigmoid_quick(float a, bool fast, bool *ok) {
+    const float x = 1.0f + swiglu_exp_neg(a, fast);
     float r;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-    *ok = (__float_as_uint(x) >> 23 & 0xffu) - 1u < 252u;
+    *ok = x < 0x1p126f; /* x >= 1 or NaN: its exponent field in 1 .. 252, one comparison */
     return __fmaf_rn(r, -__fmaf_rn(x, r, -1.0f), r);
 }
 /* swiglu_val through swiglu_sigmoid_quick: its bits where *ok, else the caller's to take */
-__device__ __forceinline__ float swiglu_val_quick(float a, float b, bool *ok) {
-    return a * swiglu_sigmoid_quick(a, ok) * b;
+__device__ __forceinline__ float swiglu_val_quick(float a, float b, bool fast, bool *ok) {
+    return a * swiglu_sigmoid_quick(a, fast, ok) * b;
 }
 /* |x| for finite x, 0 for NaN and +-Inf: a block's amax is over its finite values. */
 __device__ __forceinline__ float moe_finite_abs(float x) {

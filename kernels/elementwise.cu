@@ -442,16 +442,17 @@ __global__ void k_swiglu_fwd(TO *__restrict__ out, const TI *__restrict__ a,
         float av[V], bv[V], o[V];
         moe_ldv<V>(a, i, av);
         moe_ldv<V>(b, i, bv);
+        const bool fast = round_bf16 || sizeof(TO) == 2; /* outputs rounded to bf16 */
         bool ok = true; /* swiglu_val_quick for all V, else swiglu_val: one branch */
 #pragma unroll
         for (int j = 0; j < V; j++) {
             bool okj;
-            o[j] = swiglu_val_quick(av[j], bv[j], &okj);
+            o[j] = swiglu_val_quick(av[j], bv[j], fast, &okj);
             ok &= okj;
         }
         if (!ok)
             for (int j = 0; j < V; j++)
-                o[j] = swiglu_val(av[j], bv[j]);
+                o[j] = swiglu_val(av[j], bv[j], fast);
 #pragma unroll
         for (int j = 0; j < V; j++)
             o[j] = round_bf16 ? moe_dev_round_bf16(o[j]) : o[j];
@@ -468,16 +469,18 @@ __global__ void k_swiglu_bwd(TG *da, TG *db, const TD *__restrict__ dout, const 
         moe_ldv<V>(a, i, av);
         moe_ldv<V>(b, i, bv);
         moe_ldv<V>(dout, i, g);
+        const bool fast = sizeof(TG) == 2; /* bf16 gradients */
         bool ok = true; /* swiglu_sigmoid_quick for all V, else swiglu_grad: one branch */
 #pragma unroll
         for (int j = 0; j < V; j++) {
             bool okj;
-            swiglu_grad_s(g[j], av[j], bv[j], swiglu_sigmoid_quick(av[j], &okj), &dav[j], &dbv[j]);
+            swiglu_grad_s(g[j], av[j], bv[j], swiglu_sigmoid_quick(av[j], fast, &okj), &dav[j],
+                          &dbv[j]);
             ok &= okj;
         }
         if (!ok)
             for (int j = 0; j < V; j++)
-                swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
+                swiglu_grad(g[j], av[j], bv[j], fast, &dav[j], &dbv[j]);
         moe_stv<V>(da, i, dav);
         moe_stv<V>(db, i, dbv);
     }
@@ -497,7 +500,7 @@ __global__ void k_swiglu_fwd_mx(uint8_t *oq, uint8_t *omx, const uint8_t *aq, co
             moe_mx_load4(bq, bmx, i, bv);
 #pragma unroll
             for (int j = 0; j < 4; j++)
-                o[j] = moe_dev_round_bf16(swiglu_val(av[j], bv[j]));
+                o[j] = moe_dev_round_bf16(swiglu_val(av[j], bv[j], true));
         }
         uint8_t code;
         const uint32_t w = moe_mx_encode4(o, 0, &code);
@@ -519,7 +522,7 @@ __global__ void k_swiglu_bwd_mx(uint8_t *daq, uint8_t *damx, uint8_t *dbq, uint8
             moe_ldv<4>(dout, i, g);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
-                swiglu_grad(g[j], av[j], bv[j], &dav[j], &dbv[j]);
+                swiglu_grad(g[j], av[j], bv[j], true, &dav[j], &dbv[j]);
                 dav[j] = moe_dev_round_bf16(dav[j]), dbv[j] = moe_dev_round_bf16(dbv[j]);
             }
         }

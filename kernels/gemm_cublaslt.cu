@@ -291,13 +291,13 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
         moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
 }
 
-/* dx [M, I] (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per group (dx NULL, dw.p
- * NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O], or an fp8-block pair of
- * these groups (moe/quant.h), whose two copies are the products' dy operands as they are; x
+/* dx [M, I] (F32, or BF16 with bx 0) (+)= dy W_e and dw [E, O, I] (F32|BF16) (+)= dy^T x per
+ * group (dx.p, dw.p NULL: not computed; betas bx, bw: 1 adds, 0 writes); dy [M, O], or an fp8-block
+ * pair of these groups (moe/quant.h), whose two copies are the products' dy operands as they are; x
  * [M, I], or a pair whose transposed copy is the wgrad's operand.
  * prec an fp8-block recipe: its scale rule, and whether the wgrad's x is in tiles
  * (moe_recipe_wgrad_tiles: cuBLASLt's VEC128 x BLK128x128 product, as the forward's). */
-static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe_buf dw,
+static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, moe_buf dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, moe_recipe prec, float bx,
                                  float bw) {
@@ -307,13 +307,12 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, float *dx, moe
     const moe_fp8_pair_layout pl =
         pair ? moe_fp8_pair_layout_of(offsets, E, O, 0) : moe_fp8_pair_layout{};
     const uint8_t *pq = (const uint8_t *)dy.p;
-    if (dx) {
+    if (dx.p) {
         /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
         const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
         const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
-        if (pair ? !fp8_pair_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O)
-                 : !fp8_grouped_product(c, op, moe_buf_f32(dx), bx, dy, wtq, wts, offsets, E, I, O,
-                                        pow2))
+        if (pair ? !fp8_pair_product(c, op, dx, bx, dy, wtq, wts, offsets, E, I, O)
+                 : !fp8_grouped_product(c, op, dx, bx, dy, wtq, wts, offsets, E, I, O, pow2))
             return;
     }
     if (!dw.p) return;
@@ -561,7 +560,7 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_c
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         const int32_t rows[2] = {0, (int32_t)N};
-        fp8_grouped_backward(c, op, dx, moe_buf_f32(dw), dy, x, w, rows, 1, I, O, prec,
+        fp8_grouped_backward(c, op, moe_buf_f32(dx), moe_buf_f32(dw), dy, x, w, rows, 1, I, O, prec,
                              moe_grad_beta(dx_st), moe_grad_beta(dw_st));
         return;
     }
@@ -660,12 +659,13 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
         return;
     }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
-        if (dxb.dt != MOE_DTYPE_F32) {
-            moe_cuda_check(c, cudaErrorInvalidValue, op, "a %s dx under fp8-block (f32 expected)",
+        if (dxb.dt != MOE_DTYPE_F32 && (dxb.dt != MOE_DTYPE_BF16 || dx_st != MOE_GRAD_SET)) {
+            moe_cuda_check(c, cudaErrorInvalidValue, op,
+                           "a %s dx under fp8-block (f32 expected, or bf16 written, not added)",
                            moe_dtype_name(dxb.dt));
             return;
         }
-        fp8_grouped_backward(c, op, (float *)dxb.p, dw, dy, x, w, offsets, E, I, O, prec, bx, bw);
+        fp8_grouped_backward(c, op, dxb, dw, dy, x, w, offsets, E, I, O, prec, bx, bw);
         return;
     }
     if (use_native(c, prec, I, O)) {

@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     bool okj;
-                    const float sj = swiglu_sigmoid_quick(af[j], &okj);
+                    const float sj = swiglu_sigmoid_quick(af[j], true, &okj);
                     swiglu_grad_s(gf[j], af[j], bf[j], sj, &da[j], &db[j]);
                     ok &= okj;
                 }
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
                 float gf[4], af[4], bf[4], da[4], db[4];
                 gd[u].get(gf), av[u].get(af), bv[u].get(bf);
                 for (int j = 0; j < 4; j++)
-                    swiglu_grad(gf[j], af[j], bf[j], &da[j], &db[j]);
+                    swiglu_grad(gf[j], af[j], bf[j], true, &da[j], &db[j]);
                 fp8_x4<__nv_bfloat16> rb;
                 ra[c + u].set(da), rb.set(db);
                 keep[c + u][threadIdx.x] = rb.w;
@@ -468,7 +468,7 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
                     bool okj;
-                    v[j] = swiglu_val_quick(af[j], bf[j], &okj);
+                    v[j] = swiglu_val_quick(af[j], bf[j], true, &okj);
                     ok &= okj;
                 }
                 r[c + u].set(v);
@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(256, 2)
                 float af[4], bf[4], v[4];
                 av[u].get(af), bv[u].get(bf);
                 for (int j = 0; j < 4; j++)
-                    v[j] = swiglu_val(af[j], bf[j]);
+                    v[j] = swiglu_val(af[j], bf[j], true);
                 r[c + u].set(v);
             }
     }

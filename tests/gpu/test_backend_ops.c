@@ -375,6 +375,20 @@ static const tcase k_cases[] = {
      FP8PX,
      1e-5,
      1},
+    /* the model's w2 backward under fp8-block: dg (the dx) written in bf16 (moe_layer_acts.dgt);
+     * the grouped kernel's bf16 output, as the forward's, for dgrad */
+    {"grouped E8 I384 O256 fp8 dg16 typed",
+     MOE_OP_GROUPED_MATMUL,
+     {8, 384, 256, 120},
+     FP8B,
+     1e-5,
+     TYPED | DX_BF16},
+    {"grouped E6 I208 O272 fp8 x-tiles dg16 typed",
+     MOE_OP_GROUPED_MATMUL,
+     {6, 208, 272, 300},
+     FP8X,
+     1e-5,
+     TYPED | DX_BF16},
     /* the grouped fp8 kernel's stage ring (4 stages at 128 x 256 tiles) wrapping: inside a
      * tile (5 K blocks of 128 both ways), and from tile to tile of a block's walk (about 200
      * tiles for 132 SMs) */

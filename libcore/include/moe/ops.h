@@ -448,7 +448,8 @@ struct moe_backend {
     /* dx (+)= dy W_e ; dw[e] (+)= dy_e^T x_e, each added or written as dx_st / dw_st say
      * (dx.p or dw.p may be NULL: not computed, and x not read without dw); a BF16 dw (the
      * experts' gradients under optim.expert_grads: bf16) holds the fp32 result rounded, an
-     * added one the rounded fp32 sum of its value and the product. Under fp8-block, on a
+     * added one the rounded fp32 sum of its value and the product; a BF16 dx (dg under mxfp8
+     * and fp8-block) the fp32 result rounded, written (dx_st SET) under fp8-block. Under fp8-block, on a
      * backend with fp8_pairs, dy may be an fp8-block activation pair of the call's groups
      * (offsets, E, K = O; blocks): its row-wise copy is dgrad's operand and its transposed
      * one wgrad's, the values the products would have quantized dy to; and x a pair (K = I;

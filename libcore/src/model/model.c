@@ -45,6 +45,14 @@ int moe_model_layer_mx(const moe_model_config *cfg, moe_recipe recipe, const uin
            cfg->hidden_size % 32 == 0 && cfg->intermediate_size % 32 == 0;
 }
 
+/* Layer l's dg type (moe_layer_acts.dgt) in a plan that trains (train), else F32 (no dg). */
+static moe_dtype dg_type(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l,
+                         int train) {
+    const int fp8 = moe_recipe_format(recipe) == MOE_RECIPE_FP8_BLOCK && !(skip && skip[l]);
+    return train && (fp8 || moe_model_layer_mx(cfg, recipe, skip, l)) ? MOE_DTYPE_BF16
+                                                                      : MOE_DTYPE_F32;
+}
+
 /* Bytes of the one gradient allocation (moe_model.grad_mem) for `dense` dense and `experts`
  * expert elements: the dense part's fp32 gradients, then the experts' in dt, one flat fp32
  * array, or for bf16 ones from the next 256 bytes. */
@@ -118,15 +126,18 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     size_t ef = moe_dtype_size(moe_model_act_dtype(recipe)); /* the void * activations */
     int train = plan != MOE_PLAN_FORWARD, keep_attn, keep_mid, keep_moe;
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
-    /* all_mx: every layer stores MXFP8 (the shared buffers are sized so too); any_mx: one does */
-    int all_mx = 1, any_mx = 0;
+    /* all_mx: every layer stores MXFP8 (the shared buffers are sized so too); any_mx: one does;
+     * all_dg16: every layer's dg is bf16 */
+    int all_mx = 1, any_mx = 0, all_dg16 = 1;
     for (int l = 0; l < (int)L; l++) {
         const int mx = moe_model_layer_mx(cfg, recipe, skip, l);
         all_mx &= mx, any_mx |= mx;
+        all_dg16 &= dg_type(cfg, recipe, skip, l, train) == MOE_DTYPE_BF16;
     }
-    /* bytes an element of the shared buffers of the layers' rdt type (x_mid when not kept, dg):
-     * bf16 when every layer trains with a bf16 residual, else fp32 */
+    /* bytes an element of x_mid when not kept (of the layers' rdt type) and of dg (dgt): bf16
+     * when every layer's is, else fp32 */
     const size_t rf = train && all_mx ? sizeof(uint16_t) : f;
+    const size_t gf = train && all_dg16 ? sizeof(uint16_t) : f;
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
@@ -170,6 +181,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         const int mx = moe_model_layer_mx(cfg, recipe, skip, (int)l);
         *la = sh;
         la->rdt = train && mx ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        la->dgt = dg_type(cfg, recipe, skip, (int)l, train);
         size_t rbytes = (size_t)(N * C) * moe_dtype_size(la->rdt);
         la->x_in = train ? carve(&off, base, rbytes) : xbuf[l & 1];
         if (keep_attn) {
@@ -221,7 +233,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
      * once permute's backward has read dxp. Forward-only plans hold g alone. */
     size_t u = off, uend = off;
     void *g = carve(&u, base,
-                    train ? (size_t)(cap * F) * rf /* dg; g fits */
+                    train ? (size_t)(cap * F) * gf /* dg; g fits */
                           : act_bytes(cap * F, all_mx, ef));
     p->dg = train ? g : NULL;
     if (base)
@@ -453,7 +465,10 @@ moe_status moe_model_set_document_separator(moe_model *m, int32_t sep, moe_err *
 
 moe_status moe_model_replan_acts(moe_model *m, moe_err *err) {
     struct moe_acts *a = m->acts;
-    if (moe_recipe_format(m->recipe) != MOE_RECIPE_MXFP8 || !a || !a->mem) return MOE_OK;
+    const moe_recipe f = moe_recipe_format(m->recipe);
+    /* the plans that depend on the skipped layers: mxfp8's (the stored types) and both fp8
+     * recipes' dg (moe_layer_acts.dgt) */
+    if ((f != MOE_RECIPE_MXFP8 && f != MOE_RECIPE_FP8_BLOCK) || !a || !a->mem) return MOE_OK;
     const moe_backend *be = m->be;
     be->free(be, a->mem);
     a->bytes =

@@ -24,9 +24,12 @@ enum { MOE_PLAN_FORWARD = 4 };
  * activations the bf16 recipe rounds anyway, of element type moe_acts.adt. */
 typedef struct moe_layer_acts {
     /* F32, or BF16 in a training plan's layer that stores MXFP8 (moe_model_layer_mx): the
-     * type of the residual stream x_in and x_mid (Megatron-Core's bf16 residual) and of the
-     * layer's dg in the backward (moe_acts.dg) */
+     * type of the residual stream x_in and x_mid (Megatron-Core's bf16 residual) */
     moe_dtype rdt;
+    /* the type of the layer's dg in the backward (moe_acts.dg): BF16 where the layer trains
+     * under mxfp8 (as its residual) or fp8-block (SwiGLU's backward makes dh1 and dh3 from it,
+     * quantized to e4m3 next: a bf16 rounding before that is far below theirs), else F32 */
+    moe_dtype dgt;
     void *x_in;        /* [N, C] residual stream entering the layer */
     void *ln1;         /* [N, C] */
     float *rstd1;      /* [N] */
@@ -151,7 +154,8 @@ int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep
 size_t moe_acts_plan(const moe_model_config *cfg, int64_t max_tokens, int plan, moe_recipe recipe,
                      int ep, const uint8_t *skip, struct moe_acts *a, char *base);
 /* Lays m's activations out again for its skip_quant when their layout depends on it
- * (mxfp8: the skipped layers' expert path is not MXFP8); a no-op otherwise. Releases the
+ * (mxfp8: the skipped layers' expert path is not MXFP8; mxfp8 and fp8-block: their dg is
+ * fp32, moe_layer_acts.dgt); a no-op otherwise. Releases the
  * old allocation first; out of memory: MOE_ERR_RUNTIME with a hint. What the buffers held
  * is gone: call it between passes only (moe_model_set_skip_layers). */
 moe_status moe_model_replan_acts(moe_model *m, moe_err *err);

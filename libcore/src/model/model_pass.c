@@ -412,7 +412,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), expert_grad(&P[li->w2]),
                                     moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
                                     MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->rdt), moe_buf_f32(NULL),
+        be->grouped_matmul_backward(be, moe_buf_of(a->dg, la->dgt), moe_buf_f32(NULL),
                                     moe_cbuf_of(dye, adt), g, w2, eoff, El, F, C, prec,
                                     MOE_GRAD_SET, gw);
         a->g_layer = -1;
@@ -422,7 +422,7 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         const moe_fp8_groups pg = {eoff, El, F, moe_recipe_pow2(prec), 0};
         moe_buf dh1 = pairs ? moe_buf_fp8_pair(a->dh1p) : h1;
         moe_buf dh3 = pairs ? moe_buf_fp8_pair(a->dh3p) : h3;
-        be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->rdt), moe_cbuf_from(h1),
+        be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->dgt), moe_cbuf_from(h1),
                             moe_cbuf_from(h3), R * F, pairs ? &pg : NULL);
         be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w1]),
                                     moe_cbuf_from(dh1), xe, moe_model_weight(m, li->w1), eoff, El,
