@@ -251,12 +251,6 @@ static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M,
     return 1;
 }
 
-/* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
- * copies' scales nor MXFP8's) */
-static int is_pair(moe_cbuf b) {
-    return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
-}
-
 /* y [M, N] (+)= a W_e^T (beta: 1 adds, 0 writes) from an fp8-block pair a [M, K] (its row-wise
  * copy) of the groups offsets and a weight copy wq [E, N, K] with scales ws: one grouped launch.
  * cuBLASLt cannot read the pair's scale layout, so this needs the sm_90 grouped kernel (the
@@ -285,8 +279,9 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
                                 const int32_t *offsets, int64_t E, int64_t I, int64_t O, int pow2) {
     const uint8_t *wq = (const uint8_t *)w.p;
     if (fp8_dims_ok(c, I, O, w, op) &&
-        (is_pair(x) ? fp8_pair_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I)
-                    : fp8_grouped_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I, pow2)) &&
+        (moe_cbuf_is_fp8_pair(x)
+             ? fp8_pair_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I)
+             : fp8_grouped_product(c, op, y, 0.0f, x, wq, w.s, offsets, E, O, I, pow2)) &&
         y.dt == MOE_DTYPE_F32)
         moe_cuda_round_bf16(c, (float *)y.p, offsets[E] * O, op);
 }
@@ -303,7 +298,7 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, mo
                                  float bw) {
     if (!fp8_dims_ok(c, I, O, w, op)) return;
     const int pow2 = moe_recipe_pow2(prec), xtiles = moe_recipe_wgrad_tiles(prec);
-    const int pair = is_pair(dy), xpair = is_pair(x);
+    const int pair = moe_cbuf_is_fp8_pair(dy), xpair = moe_cbuf_is_fp8_pair(x);
     const moe_fp8_pair_layout pl =
         pair ? moe_fp8_pair_layout_of(offsets, E, O, 0) : moe_fp8_pair_layout{};
     const uint8_t *pq = (const uint8_t *)dy.p;
@@ -601,7 +596,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
-    if (is_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+    if (moe_cbuf_is_fp8_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair x outside fp8-block");
         return;
     }
@@ -654,7 +649,8 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
     int64_t M = offsets[E];
     if (M <= 0) return;
     const float bx = moe_grad_beta(dx_st), bw = moe_grad_beta(dw_st);
-    if ((is_pair(dy) || is_pair(x)) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+    if ((moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x)) &&
+        moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair dy or x outside fp8-block");
         return;
     }

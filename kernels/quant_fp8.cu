@@ -353,6 +353,20 @@ __device__ __forceinline__ void fp8_pair_store(const fp8_x4<__nv_bfloat16> (&r)[
     fp8_rows_store(r, t, po.q, po.s, ls, K, inf, pow2, clean);
 }
 
+/* Tokens c .. c + 7 of a SwiGLU pair kernel's tile (rows live ones) of one input, x at the
+ * tile's first token and column, tokens K apart: the 8 loads issued at once, each from a live
+ * row (the dead tokens read the last live one and are never used; no rows: nothing loaded). A
+ * load under its token's condition waited for the token before it to be computed: 16 memory
+ * latencies a tile. */
+template <typename T>
+__device__ __forceinline__ void swiglu_chunk_load(fp8_x4<T> (&v)[8], const T *__restrict__ x, int c,
+                                                  int rows, int K) {
+    if (rows > 0)
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u].load(x + (unsigned)(min(c + u, rows - 1) * K));
+}
+
 /* SwiGLU's backward (elementwise.cu's swiglu_grad) written as two fp8-block activation pairs,
  * pa for a's gradient and pb for b's: each value rounded to bf16 (what the BF16 outputs would
  * hold) and both copies of each written from the tile of fp8_tile_of, the rows and
@@ -371,21 +385,13 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
     const fp8_tile_at t = fp8_tile_of(g, E, K);
     const int64_t at = t.row0 * K + t.k;
     fp8_x4<__nv_bfloat16> ra[16];
-    /* 8 tokens' loads at once, each from a live row (the dead tokens read the last live one
-     * and are zeroed after): a load under its token's condition waited for the token before it
-     * to be computed, 16 memory latencies a tile */
 #pragma unroll
     for (int c = 0; c < 16; c += 8) {
         fp8_x4<TD> gd[8];
         fp8_x4<TA> av[8], bv[8];
-        if (t.rows > 0)
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const unsigned r = (unsigned)(min(c + u, t.rows - 1) * K);
-                gd[u].load(dout + at + r);
-                av[u].load(a + at + r);
-                bv[u].load(b + at + r);
-            }
+        swiglu_chunk_load(gd, dout + at, c, t.rows, K);
+        swiglu_chunk_load(av, a + at, c, t.rows, K);
+        swiglu_chunk_load(bv, b + at, c, t.rows, K);
         /* the chunk's gradients through swiglu_sigmoid_quick; again through swiglu_sigmoid
          * where it did not apply to a value (a < -87: rare), one branch a chunk */
         bool ok = true;
@@ -445,17 +451,11 @@ __global__ void __launch_bounds__(256, 2)
     const fp8_tile_at t = fp8_tile_of(g, E, K);
     const int64_t at = t.row0 * K + t.k;
     fp8_x4<__nv_bfloat16> r[16];
-    /* 8 tokens' loads at once, each from a live row (as k_swiglu_bwd_pairs) */
 #pragma unroll
     for (int c = 0; c < 16; c += 8) {
         fp8_x4<TA> av[8], bv[8];
-        if (t.rows > 0)
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                const unsigned rr = (unsigned)(min(c + u, t.rows - 1) * K);
-                av[u].load(a + at + rr);
-                bv[u].load(b + at + rr);
-            }
+        swiglu_chunk_load(av, a + at, c, t.rows, K);
+        swiglu_chunk_load(bv, b + at, c, t.rows, K);
         /* through swiglu_val_quick; again through swiglu_val where it did not apply, one
          * branch a chunk (as k_swiglu_bwd_pairs) */
         bool ok = true;

@@ -219,6 +219,11 @@ static inline moe_cbuf moe_cbuf_from(moe_buf b) {
     moe_cbuf c = {b.p, b.dt, NULL, b.mx};
     return c;
 }
+/* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
+ * copies' scales nor MXFP8's): swiglu's outputs, the fp8-block grouped products' x or dy. */
+static inline int moe_cbuf_is_fp8_pair(moe_cbuf b) {
+    return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
+}
 /* b advanced by n elements of its own type (an MXFP8 operand by a multiple of 32). */
 static inline moe_buf moe_buf_at(moe_buf b, int64_t n) {
     b.p = (char *)b.p + (size_t)n * moe_dtype_size(b.dt);

@@ -66,11 +66,6 @@ void moe_cpu_output_store(moe_buf y, float *scratch, int64_t n);
  * 32 values at a time through it, so that every output type takes the same loop. */
 void moe_cpu_store_block(moe_buf y, int64_t i0, const float *v, int64_t cnt);
 void moe_cpu_round_bf16_inplace(float *x, int64_t n);
-/* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
- * copies' scales nor MXFP8's): swiglu's outputs, the fp8-block grouped products' x or dy. */
-static inline int moe_cpu_is_pair(moe_cbuf b) {
-    return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
-}
 
 /* ops_dense.c */
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N,

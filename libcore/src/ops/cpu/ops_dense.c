@@ -211,7 +211,7 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec) {
     (void)be;
-    if (moe_cpu_is_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+    if (moe_cbuf_is_fp8_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
         fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as the x of a grouped "
                         "forward outside the fp8-block recipes\n");
         abort();
@@ -267,7 +267,7 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
-    if ((moe_cpu_is_pair(dy) || moe_cpu_is_pair(x)) &&
+    if ((moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x)) &&
         moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
         fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as the dy or x of a "
                         "grouped backward outside the fp8-block recipes\n");

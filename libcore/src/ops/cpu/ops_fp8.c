@@ -150,7 +150,7 @@ static float *group_operand(moe_cbuf m, const int32_t *offsets, int64_t E, int64
                             int how, moe_recipe prec) {
     const int64_t r0 = how == Q_ROWS ? 0 : offsets[e];
     const int64_t n = (how == Q_ROWS ? offsets[E] : offsets[e + 1]) - r0;
-    if (!moe_cpu_is_pair(m)) return operand(moe_cbuf_at(m, r0 * K), n, K, how, prec);
+    if (!moe_cbuf_is_fp8_pair(m)) return operand(moe_cbuf_at(m, r0 * K), n, K, how, prec);
     const int tiles = how == Q_WGRAD_X && moe_recipe_wgrad_tiles(prec);
     const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(offsets, E, K, tiles);
     float *c = scratch(n * K);

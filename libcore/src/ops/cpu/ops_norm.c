@@ -176,7 +176,7 @@ static void swiglu_values(moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n, int ro
 void moe_cpu_swiglu_forward(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n,
                             moe_recipe prec, const moe_fp8_groups *pairs) {
     (void)be;
-    pairs_check("swiglu_forward", moe_cpu_is_pair(moe_cbuf_from(out)), pairs, n);
+    pairs_check("swiglu_forward", moe_cbuf_is_fp8_pair(moe_cbuf_from(out)), pairs, n);
     if (!pairs) {
         swiglu_values(out, a, b, n, prec == MOE_RECIPE_BF16);
         return;
@@ -216,8 +216,8 @@ static void swiglu_grads(moe_buf da,    /* [n] F32|BF16|MXFP8, may be a */
 void moe_cpu_swiglu_backward(const moe_backend *be, moe_buf da, moe_buf db, moe_cbuf dout,
                              moe_cbuf a, moe_cbuf b, int64_t n, const moe_fp8_groups *pairs) {
     (void)be;
-    pairs_check("swiglu_backward (da)", moe_cpu_is_pair(moe_cbuf_from(da)), pairs, n);
-    pairs_check("swiglu_backward (db)", moe_cpu_is_pair(moe_cbuf_from(db)), pairs, n);
+    pairs_check("swiglu_backward (da)", moe_cbuf_is_fp8_pair(moe_cbuf_from(da)), pairs, n);
+    pairs_check("swiglu_backward (db)", moe_cbuf_is_fp8_pair(moe_cbuf_from(db)), pairs, n);
     if (pairs && pairs->tiles) {
         fprintf(stderr, "moe: cpu backend: swiglu_backward's pairs are dy operands: in blocks, "
                         "not tiles\n");
