@@ -150,12 +150,11 @@ fb_produce(const fb_smem<D> &m, const CUtensorMap *ra, const CUtensorMap *rb, in
 template <int D>
 __device__ __forceinline__ void fb_scores(float (&x)[FB_STEP / 8][4], uint32_t res, uint32_t st,
                                           int wg) {
+    const uint64_t da = fa3_desc(res + wg * 64 * 128, 16, 1024), db = fa3_desc(st, 16, 1024);
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const uint32_t a = (ks >> 2) * FB_ROWS * 128 + wg * 64 * 128 + (ks & 3) * 32;
-        const uint32_t bo = (ks >> 2) * FB_STEP * 128 + (ks & 3) * 32;
-        fa3_mma_ss(x, fa3_desc(res + a, 16, 1024), fa3_desc(st + bo, 16, 1024), ks > 0);
-    }
+    for (int ks = 0; ks < D / 16; ks++)
+        fa3_mma_ss(x, fa3_desc_add(da, (ks >> 2) * FB_ROWS * 128 + (ks & 3) * 32),
+                   fa3_desc_add(db, (ks >> 2) * FB_STEP * 128 + (ks & 3) * 32), ks > 0);
     fa3_commit();
 }
 
@@ -262,7 +261,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         head = h0 + (int)(i / nqt);
         row = k0 + (i % nqt) * FB_STEP;
     };
-    if (threadIdx.x >= 256) {
+    const int wg = fa3_warpgroup(); /* 2: the producer */
+    if (wg == 2) {
         fb_regs_producer();
         const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
         if (warp == 1 && lane == 0) { /* the dQ writer */
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         return;
     }
     fb_regs_consumer();
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, r = wg * 64 + warp * 16 + g; /* r: key row in block */
     const int64_t krow = k0 + wg * 64, key0 = k0 + r, key1 = key0 + 8;
     /* this warpgroup's dQ columns: where they start in K's tile and in the dQ boxes */
@@ -332,9 +332,11 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         for (int kk = 0; kk < FB_STEP / 16; kk++)
             c_to_a(pa[kk], sc, kk);
         fa3_fence();
+        /* the step's dO as an N-major B operand (16 queries: 16 rows of 128 bytes) */
+        const uint64_t dot = fa3_desc(m.sb + tile, FB_STEP * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < FB_STEP / 16; kk++) /* dV += P^T dO, 16 queries at a time */
-            fa3_mma_rs(dva, pa[kk], fa3_desc(m.sb + tile + kk * 16 * 128, FB_STEP * 128, 1024));
+            fa3_mma_rs(dva, pa[kk], fa3_desc_add(dot, kk * 16 * 128));
         fa3_commit();
         fa3_wait<1>(); /* dP^T; dV may still run */
         fa3_hold(dp);
@@ -347,18 +349,21 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fb_store_ds(ds, sa, r, t);
         fa3_fence_smem();
         fa3_fence();
+        const uint64_t dqt = fa3_desc(m.sa + tile, FB_STEP * 128, 1024); /* Q, as dO above */
 #pragma unroll
         for (int kk = 0; kk < FB_STEP / 16; kk++) /* dK += dS^T Q */
-            fa3_mma_rs(dka, sa[kk], fa3_desc(m.sa + tile + kk * 16 * 128, FB_STEP * 128, 1024));
+            fa3_mma_rs(dka, sa[kk], fa3_desc_add(dqt, kk * 16 * 128));
         fa3_commit();
         asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* both halves of dS^T are stored */
         float dqa[FB_DQ_N(D) / 8][4];
         fa_zero<FB_DQ_N(D) / 8>(dqa);
         fa3_fence();
+        const uint64_t dds = fa3_desc(ds, FB_ROWS * 128, 1024),
+                       dkc = fa3_desc(m.ra + kcols, FB_ROWS * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < FB_ROWS / 16; kk++) /* dQ [64 queries, this wg's columns] = dS K */
-            fa3_mma_ss_t(dqa, fa3_desc(ds + kk * 16 * 128, FB_ROWS * 128, 1024),
-                         fa3_desc(m.ra + kcols + kk * 16 * 128, FB_ROWS * 128, 1024), kk > 0);
+            fa3_mma_ss_t(dqa, fa3_desc_add(dds, kk * 16 * 128), fa3_desc_add(dkc, kk * 16 * 128),
+                         kk > 0);
         fa3_commit_wait();
         fa3_hold(dva);
         fa3_hold(dka);

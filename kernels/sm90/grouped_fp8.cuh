@@ -120,8 +120,9 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     }
     __syncthreads();
 
-    if (threadIdx.x >= 256) { /* the producer warpgroup: thread 256 issues every load */
-        fa3_regs_dec<40>();   /* 128 x 40 + 2 x 128 x 232 <= 64 K: CUTLASS's split */
+    const int wg = fa3_warpgroup();
+    if (wg == 2) {          /* the producer warpgroup: thread 256 issues every load */
+        fa3_regs_dec<40>(); /* 128 x 40 + 2 x 128 x 232 <= 64 K: CUTLASS's split */
         if (threadIdx.x != 256) return;
         const int RB = (N + 127) / 128, KB4 = (KB + 3) / 4 * 4;
         auto load = [&](const gg_tile &tl, int kb, int s, uint32_t bar) {
@@ -142,7 +143,6 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
     }
 
     fa3_regs_inc<232>();
-    const int wg = threadIdx.x >> 7;
     /* this thread's rows of the tile: row and row + 8 (the accumulator fragment's) */
     const int row = wg * 64 + ((threadIdx.x >> 5) & 3) * 16 + ((threadIdx.x & 31) >> 2);
     float acc[NH][16][4]; /* columns n0 + 128 h + [0, 128) */
@@ -156,7 +156,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
             const int s = it % NS;
             const uint32_t sc = sS + s * GF_SC_BYTES;
             fa3_bar_wait(bfull + 8 * s, (it / NS) & 1);
-            const uint32_t a = sA + s * GF_A_BYTES + wg * 64 * 128, b = sB + s * B_BYTES;
+            const uint64_t da = fa3_desc(sA + s * GF_A_BYTES + wg * 64 * 128, 16, 1024),
+                           db = fa3_desc(sB + s * B_BYTES, 16, 1024);
             float sa0, sa1, sb[NH];
 #pragma unroll
             for (int h = 0; h < NH; h++) {
@@ -165,8 +166,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
                 fa3_fence();
 #pragma unroll
                 for (int ks = 0; ks < GF_BK / 32; ks++) /* 32 columns of K: 32 bytes of a row */
-                    gf_mma(p, fa3_desc(a + ks * 32, 16, 1024),
-                           fa3_desc(b + h * 128 * 128 + ks * 32, 16, 1024), ks);
+                    gf_mma(p, fa3_desc_add(da, ks * 32), fa3_desc_add(db, h * 128 * 128 + ks * 32),
+                           ks);
                 fa3_commit();
                 if (h == 0) { /* the stage's scales, read under the first batch (their latency
                                  off the path from one batch to the next) and before the

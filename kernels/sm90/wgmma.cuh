@@ -30,6 +30,24 @@ __device__ __forceinline__ uint64_t fa3_desc(uint32_t a, uint32_t lbo, uint32_t 
            (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* Descriptor d advanced by `bytes` (a multiple of 16) along its start address: one add on
+ * its low word, which cannot carry out of the address field (shared addresses are below
+ * 2^18). A loop's descriptors as one base and constant steps, not each built from its address. */
+__device__ __forceinline__ uint64_t fa3_desc_add(uint64_t d, uint32_t bytes) {
+    return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
+
+/* This thread's warpgroup (threadIdx.x / 128) as lane 0's, shuffled: the compiler then knows
+ * it is one value in the whole warp, so a branch on it (producer or consumer) is uniform and
+ * what is made from it, the wgmma descriptors above all, is computed once a warp in uniform
+ * registers. Taken from threadIdx.x directly, each descriptor was built in every lane and moved
+ * into uniform registers for its wgmma (R2UR; with the LOP3 and IMAD building them about a
+ * third of the attention backward's instructions: ncu, H100, 2026-12-06). CUTLASS reads its
+ * warp-group index the same way. */
+__device__ __forceinline__ int fa3_warpgroup() {
+    return __shfl_sync(0xffffffffu, (int)(threadIdx.x >> 7), 0);
+}
+
 __device__ __forceinline__ void fa3_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
