@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     fa3_regs_inc<240>(); /* 2 x 128 x 240 + 128 x 24 registers: the SM's 64 K */
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const uint64_t dq = fa3_desc(sQ + wg * 64 * 128, 16, 1024); /* this warpgroup's Q rows */
+    const uint64_t desc_q = fa3_desc(sQ + wg * 64 * 128, 16, 1024); /* this warpgroup's Q rows */
     float o[D / 8][4];
     fa_zero<D / 8>(o);
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         fa_zero<BK / 8>(sc);
         fa3_bar_wait(bk + 8 * st, parity);
         fa3_fence();
-        const uint64_t dk = fa3_desc(sKb + st * TILE, 16, 1024);
+        const uint64_t desc_k = fa3_desc(sKb + st * TILE, 16, 1024);
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
             const uint32_t col = (uint32_t)(ks & 3) * 32;
-            fa3_mma_ss(sc, fa3_desc_add(dq, (ks >> 2) * FA3_BQ * 128 + col),
-                       fa3_desc_add(dk, (ks >> 2) * BK * 128 + col), ks > 0);
+            fa3_mma_ss(sc, fa3_desc_add(desc_q, (ks >> 2) * FA3_BQ * 128 + col),
+                       fa3_desc_add(desc_k, (ks >> 2) * BK * 128 + col), ks > 0);
         }
         fa3_commit();
         fa3_hold(sc);
@@ -134,10 +134,10 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) fa_rescale<D / 8>(o, a0, a1);
         fa3_bar_wait(bv + 8 * st, parity);
         fa3_fence();
-        const uint64_t dv = fa3_desc(sVb + st * TILE, BK * 128, 1024);
+        const uint64_t desc_v = fa3_desc(sVb + st * TILE, BK * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) /* 16 keys: 16 rows of 128 bytes */
-            fa3_mma_rs(o, p[kk], fa3_desc_add(dv, kk * 16 * 128));
+            fa3_mma_rs(o, p[kk], fa3_desc_add(desc_v, kk * 16 * 128));
         fa3_commit();
     };
     /* the softmax of a block's scores (waited for) into p; the stage's K is released */

@@ -333,10 +333,10 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
             c_to_a(pa[kk], sc, kk);
         fa3_fence();
         /* the step's dO as an N-major B operand (16 queries: 16 rows of 128 bytes) */
-        const uint64_t dot = fa3_desc(m.sb + tile, FB_STEP * 128, 1024);
+        const uint64_t desc_do = fa3_desc(m.sb + tile, FB_STEP * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < FB_STEP / 16; kk++) /* dV += P^T dO, 16 queries at a time */
-            fa3_mma_rs(dva, pa[kk], fa3_desc_add(dot, kk * 16 * 128));
+            fa3_mma_rs(dva, pa[kk], fa3_desc_add(desc_do, kk * 16 * 128));
         fa3_commit();
         fa3_wait<1>(); /* dP^T; dV may still run */
         fa3_hold(dp);
@@ -349,21 +349,21 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fb_store_ds(ds, sa, r, t);
         fa3_fence_smem();
         fa3_fence();
-        const uint64_t dqt = fa3_desc(m.sa + tile, FB_STEP * 128, 1024); /* Q, as dO above */
+        const uint64_t desc_q = fa3_desc(m.sa + tile, FB_STEP * 128, 1024); /* Q, as dO above */
 #pragma unroll
         for (int kk = 0; kk < FB_STEP / 16; kk++) /* dK += dS^T Q */
-            fa3_mma_rs(dka, sa[kk], fa3_desc_add(dqt, kk * 16 * 128));
+            fa3_mma_rs(dka, sa[kk], fa3_desc_add(desc_q, kk * 16 * 128));
         fa3_commit();
         asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* both halves of dS^T are stored */
         float dqa[FB_DQ_N(D) / 8][4];
         fa_zero<FB_DQ_N(D) / 8>(dqa);
         fa3_fence();
-        const uint64_t dds = fa3_desc(ds, FB_ROWS * 128, 1024),
-                       dkc = fa3_desc(m.ra + kcols, FB_ROWS * 128, 1024);
+        const uint64_t desc_ds = fa3_desc(ds, FB_ROWS * 128, 1024),
+                       desc_k = fa3_desc(m.ra + kcols, FB_ROWS * 128, 1024);
 #pragma unroll
         for (int kk = 0; kk < FB_ROWS / 16; kk++) /* dQ [64 queries, this wg's columns] = dS K */
-            fa3_mma_ss_t(dqa, fa3_desc_add(dds, kk * 16 * 128), fa3_desc_add(dkc, kk * 16 * 128),
-                         kk > 0);
+            fa3_mma_ss_t(dqa, fa3_desc_add(desc_ds, kk * 16 * 128),
+                         fa3_desc_add(desc_k, kk * 16 * 128), kk > 0);
         fa3_commit_wait();
         fa3_hold(dva);
         fa3_hold(dka);
