@@ -82,15 +82,18 @@ for tag in "${tags[@]}"; do
     IFS=',' read -ra names <<< "$CHECK"
     for name in "${names[@]}"; do
         log="$WORK/$tag.check-${name// /_}.log"
-        if "$ops" --only "$name" > "$log" 2>&1 && ! grep -q '^skipped' "$log"; then
-            if grep -q ' 0 cases, ' "$log"; then
-                echo "$tag: CHECK \"$name\" MATCHED NO CASE (see $log)"
-                fail=1
-            else
-                echo "$tag: check \"$name\" ok ($(grep -o '[0-9]* cases, 0 failed, worst nmse [0-9.e+-]*' "$log"))"
-            fi
+        "$ops" --only "$name" > "$log" 2>&1
+        st=$?
+        if [ "$st" -eq 2 ] && grep -q "no compare case's name contains" "$log"; then
+            echo "$tag: CHECK \"$name\" MATCHED NO CASE (compare-mode names differ from --perf ones: $log)"
+            fail=1
+        elif [ "$st" -eq 77 ] || grep -q '^skipped' "$log"; then
+            echo "$tag: CHECK \"$name\" SKIPPED ($(grep -m1 '^skipped' "$log"))"
+            fail=1
+        elif [ "$st" -eq 0 ]; then
+            echo "$tag: check \"$name\" ok ($(grep -o '[0-9]* cases, 0 failed, worst nmse [0-9.e+-]*' "$log"))"
         else
-            echo "$tag: CHECK \"$name\" FAILED or skipped (see $log)"
+            echo "$tag: CHECK \"$name\" FAILED, exit $st (see $log)"
             fail=1
         fi
     done
