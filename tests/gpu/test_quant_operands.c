@@ -258,6 +258,31 @@ static int64_t bytes_differ(const moe_backend *be, const void *p, const uint8_t 
     return bad;
 }
 
+/* 1 when device buffers a and b hold the same n bytes. */
+static int same_on_dev(const moe_backend *be, const void *a, const void *b, size_t n) {
+    uint8_t *ha = malloc(n), *hb = malloc(n);
+    be->memcpy_d2h(be, ha, a, n), be->memcpy_d2h(be, hb, b, n);
+    const int same = memcmp(ha, hb, n) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* A weight [E, O, I] on the device as the fp8-block products read it: the e4m3 copies and
+ * scales quantize_weight makes of w (fp32, host) under prec. Free with dev_weight_free. */
+static moe_cbuf dev_weight(const moe_backend *be, const float *w, int64_t E, int64_t O, int64_t I,
+                           moe_recipe prec) {
+    void *d32 = dev(be, w, (size_t)(E * O * I) * 4);
+    uint8_t *q = be->alloc(be, (size_t)(2 * E * O * I));
+    float *s = be->alloc(be, (size_t)moe_fp8_weight_scales(E, O, I) * 4);
+    be->quantize_weight(be, q, s, d32, E, O, I, prec);
+    be->free(be, d32); /* (cudaFree waits for the quantizer) */
+    return moe_cbuf_e4m3(q, s);
+}
+static void dev_weight_free(const moe_backend *be, moe_cbuf w) {
+    be->free(be, (void *)w.p);
+    be->free(be, (void *)w.s);
+}
+
 /* fp8-block activation pairs (moe/quant.h): SwiGLU's backward written as pairs in one pass
  * (be->swiglu_backward with groups) against the same op's BF16 dh1, dh3 encoded by the CPU
  * (moe_fp8_pair_encode), the whole buffer byte for byte (gaps and the rows' padding scales
@@ -325,31 +350,22 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
         hw[i] = urand() * 0.05f;
     for (int64_t i = 0; i < M * I; i++)
         hx[i] = urand();
-    void *dw32 = dev(be, hw, (size_t)nw * 4), *dxin;
+    void *dxin;
     moe_cbuf x = dev_typed(be, hx, M * I, 2, &dxin);
     const moe_recipe prec = rule ? MOE_RECIPE_FP8_BLOCK_POW2 : MOE_RECIPE_FP8_BLOCK;
-    const int64_t nws = moe_fp8_weight_scales(E, K, I);
-    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
-    float *ws = be->alloc(be, (size_t)nws * 4);
-    be->quantize_weight(be, wq, ws, dw32, E, K, I, prec);
+    const moe_cbuf w = dev_weight(be, hw, E, K, I, prec);
     float *ox[2], *ow[2];
     const moe_cbuf dys[2] = {moe_cbuf_of(d1, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p1))};
     for (int j = 0; j < 2; j++) {
         ox[j] = be->alloc(be, (size_t)(M * I) * 4);
         ow[j] = be->alloc(be, (size_t)nw * 4);
-        be->grouped_matmul_backward(be, moe_buf_f32(ox[j]), moe_buf_f32(ow[j]), dys[j], x,
-                                    moe_cbuf_e4m3(wq, ws), off, E, I, K, prec, MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, moe_buf_f32(ox[j]), moe_buf_f32(ow[j]), dys[j], x, w, off,
+                                    E, I, K, prec, MOE_GRAD_SET, MOE_GRAD_SET);
     }
     ok = be->synchronize(be, &err) == MOE_OK;
     CHECK_MSG(ok, "grouped_matmul_backward on a pair: %s", err.msg);
-    float *hx2 = malloc((size_t)(M * I) * 4), *hw2 = malloc((size_t)nw * 4);
-    be->memcpy_d2h(be, hx, ox[0], (size_t)(M * I) * 4);
-    be->memcpy_d2h(be, hx2, ox[1], (size_t)(M * I) * 4);
-    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
-    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
-    const int same_x = memcmp(hx, hx2, (size_t)(M * I) * 4) == 0,
-              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
+    const int same_x = same_on_dev(be, ox[0], ox[1], (size_t)(M * I) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
     CHECK_MSG(ok && same_x && same_w, "grouped backward K=%lld rule %d: dx %s, dw %s", (long long)K,
               rule, same_x ? "identical" : "DIFFERS", same_w ? "identical" : "DIFFERS");
     printf("  pairs     a %-4s dout %-4s K=%-3lld rule %d: %zu bytes a pair%s; grouped backward "
@@ -358,11 +374,17 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
            bad1 || bad3 ? "  FAILED" : "  identical", same_x && same_w ? " identical" : " DIFFER");
     for (int j = 0; j < 2; j++)
         be->free(be, ox[j]), be->free(be, ow[j]), free(ref[j]);
-    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, dxin);
+    dev_weight_free(be, w), be->free(be, dxin);
     be->free(be, p1), be->free(be, p3), be->free(be, d1), be->free(be, d3);
     be->free(be, da_), be->free(be, db_), be->free(be, dg_);
-    free(hx2), free(hw2), free(hw), free(hx), free(fillb), free(v), free(h1), free(h3);
+    free(hw), free(hx), free(fillb), free(v), free(h1), free(h3);
     free(ha), free(hb), free(hg), free(off);
+}
+
+/* The fp8-block recipe of a scale rule (pow2) and precision.fp8_wgrad form (x-tiles). */
+static moe_recipe fp8_recipe(int pow2, int tiles) {
+    return pow2 ? (tiles ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_POW2)
+                : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
 }
 
 /* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
@@ -417,36 +439,23 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
         hw[i] = urand() * 0.05f;
     for (int64_t i = 0; i < M * O; i++)
         hdy[i] = urand();
-    void *dw32 = dev(be, hw, (size_t)nw * 4), *ddy;
+    void *ddy;
     moe_cbuf dy = dev_typed(be, hdy, M * O, 2, &ddy);
-    const moe_recipe prec = rule
-                                ? (tiles ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_POW2)
-                                : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
-    const int64_t nws = moe_fp8_weight_scales(E, O, K);
-    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
-    float *ws = be->alloc(be, (size_t)nws * 4);
-    be->quantize_weight(be, wq, ws, dw32, E, O, K, prec);
+    const moe_recipe prec = fp8_recipe(rule, tiles);
+    const moe_cbuf w = dev_weight(be, hw, E, O, K, prec);
     float *oy[2], *ow[2];
     const moe_cbuf xs[2] = {moe_cbuf_of(dg, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
     for (int j = 0; j < 2; j++) {
         oy[j] = be->alloc(be, (size_t)(M * O) * 4);
         ow[j] = be->alloc(be, (size_t)nw * 4);
-        be->grouped_matmul_forward(be, moe_buf_f32(oy[j]), xs[j], moe_cbuf_e4m3(wq, ws), off, E, K,
-                                   O, prec);
-        be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j],
-                                    moe_cbuf_e4m3(wq, ws), off, E, K, O, prec, MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
+        be->grouped_matmul_forward(be, moe_buf_f32(oy[j]), xs[j], w, off, E, K, O, prec);
+        be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j], w, off, E,
+                                    K, O, prec, MOE_GRAD_SET, MOE_GRAD_SET);
     }
     ok = be->synchronize(be, &err) == MOE_OK;
     CHECK_MSG(ok, "w2's products on a g pair: %s", err.msg);
-    float *hy = malloc((size_t)(M * O) * 4), *hy2 = malloc((size_t)(M * O) * 4),
-          *hw2 = malloc((size_t)nw * 4);
-    be->memcpy_d2h(be, hy, oy[0], (size_t)(M * O) * 4);
-    be->memcpy_d2h(be, hy2, oy[1], (size_t)(M * O) * 4);
-    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
-    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
-    const int same_y = memcmp(hy, hy2, (size_t)(M * O) * 4) == 0,
-              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
+    const int same_y = same_on_dev(be, oy[0], oy[1], (size_t)(M * O) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
     CHECK_MSG(ok && same_y && same_w, "w2 on a g pair K=%lld rule %d tiles %d: y %s, dw %s",
               (long long)K, rule, tiles, same_y ? "identical" : "DIFFERS",
               same_w ? "identical" : "DIFFERS");
@@ -455,9 +464,9 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
            bad ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
     for (int j = 0; j < 2; j++)
         be->free(be, oy[j]), be->free(be, ow[j]);
-    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, ddy), be->free(be, p);
+    dev_weight_free(be, w), be->free(be, ddy), be->free(be, p);
     be->free(be, dg), be->free(be, da_), be->free(be, db_);
-    free(hy), free(hy2), free(hw2), free(hw), free(hdy), free(ref), free(fillb), free(v), free(hg);
+    free(hw), free(hdy), free(ref), free(fillb), free(v), free(hg);
     free(ha), free(hb), free(off);
 }
 
