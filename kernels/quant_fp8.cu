@@ -1,9 +1,9 @@
 /* quant_fp8: the fp8-block activation quantizers of the CUDA backend - the operands of
  * cuBLASLt's block-scaled fp8 products and of the grouped fp8 kernel (row-wise, transposed per
- * expert, in tiles under precision.fp8_wgrad x-tiles, and SwiGLU's backward written as
- * activation pairs), each the exact bytes of moe/quant.h's CPU emulation: the encoding of
- * quant_fp8.cuh (the weights' copies: quant_tiles.cu), so a GPU product and the CPU emulation
- * differ only in the order of their fp32 sums.
+ * expert, in tiles under precision.fp8_wgrad x-tiles, and activation pairs: SwiGLU's forward
+ * and backward and RMSNorm's ln1 written as both copies in one pass), each the exact bytes of
+ * moe/quant.h's CPU emulation: the encoding of quant_fp8.cuh (the weights' copies: quant_tiles.cu),
+ * so a GPU product and the CPU emulation differ only in the order of their fp32 sums.
  *
  * The one thing a reader must know is cuBLASLt's scale layouts (sm_90, checked on an H200
  * 2026-12-01 against a double-precision reference): for an operand stored row-major [R, K]
@@ -486,6 +486,27 @@ __global__ void __launch_bounds__(256, 2)
     fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
 }
 
+/* x, the bf16 values an op would have stored (RMSNorm's ln1), written as an fp8-block
+ * activation pair po: both copies from the tile of fp8_tile_of, the transposed one in blocks or
+ * (tiles) in 128 x 128 tiles, the bytes of moe_cuda_fp8_rows and moe_cuda_fp8_cols_t on x, in one
+ * pass where they take two. A thread loads its 16 tokens' 4 values (K a multiple of 4; x
+ * 16-byte aligned); the dead tokens hold zeros, as fp8_pair_store expects. */
+__global__ void __launch_bounds__(256, 2)
+    k_fp8_pair(fp8_pair_out po, int64_t ls, const __nv_bfloat16 *__restrict__ x, int K,
+               const __grid_constant__ fp8_groups g, int E, int pow2, int tiles) {
+    const fp8_tile_at t = fp8_tile_of(g, E, K);
+    fp8_x4<__nv_bfloat16> r[16];
+#pragma unroll
+    for (int c = 0; c < 16; c += 8) {
+        fp8_x4<__nv_bfloat16> v[8];
+        tile_chunk_load(v, x + t.row0 * K + t.k, c, t.rows, K);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            r[c + u] = c + u < t.rows ? v[u] : fp8_x4<__nv_bfloat16>{};
+    }
+    fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
+}
+
 int moe_cuda_fp8_rows(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, int64_t R, int64_t K,
                       int64_t ls, int pow2, const char *op) {
     if (R <= 0 || K <= 0) return 1;
@@ -675,6 +696,25 @@ void moe_cuda_swiglu_forward_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf a, moe
             k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const float *)a.p,
                                                            (const float *)b.p, (int)K, g, ne,
                                                            pairs->pow2, pairs->tiles);
+        return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
+    });
+}
+
+void moe_cuda_fp8_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf x, const moe_fp8_groups *pairs,
+                       const char *op) {
+    const int64_t K = pairs->K;
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K, pairs->tiles);
+    if (l.M <= 0 || K <= 0) return;
+    if (!pair_shape_ok(l, (uintptr_t)out | (uintptr_t)x.p) || x.dt != MOE_DTYPE_BF16) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pair: K=%lld (a multiple of 16), M=%lld, input %s (BF16) and "
+                       "16-byte aligned arrays expected",
+                       (long long)K, (long long)l.M, moe_dtype_name(x.dt));
+        return;
+    }
+    pair_chunks(out, l, pairs, [&](const fp8_pair_out &po, dim3 grid, const fp8_groups &g, int ne) {
+        k_fp8_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const __nv_bfloat16 *)x.p, (int)K, g,
+                                                ne, pairs->pow2, pairs->tiles);
         return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
     });
 }

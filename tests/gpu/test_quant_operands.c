@@ -9,7 +9,9 @@
  *     fp8-block activation pairs SwiGLU's backward (dh1, dh3) and forward (g, its transposed
  *     copy in blocks or tiles) write in one pass (where be->fp8_pairs) against the CPU's
  *     moe_fp8_pair_encode of the same op's BF16 outputs, then the grouped products reading
- *     such a pair as dy or x against the same products on the BF16 values.
+ *     such a pair as dy or x against the same products on the BF16 values; and RMSNorm's ln1
+ *     written as a pair of one group (fp8-block training), then the dense q-like product
+ *     reading it as x (y, dw) against the same product on the BF16 ln1.
  *
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
  * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
@@ -470,6 +472,95 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
     free(ha), free(hb), free(off);
 }
 
+/* RMSNorm's ln1 as an fp8-block activation pair of one group (be->rmsnorm_forward with
+ * groups; fp8-block training) against the same op's BF16 ln1 encoded by the CPU
+ * (moe_fp8_pair_encode), the whole buffer byte for byte (guard bytes after it), rstd bit for
+ * bit; then the q/k/v-like dense products reading the pair as x against the same products on
+ * the BF16 ln1: y and dw bit for bit (N a multiple of 16: cuBLASLt reads the pair's row-wise
+ * copy as it reads x's own quantization). x [N, C] of type dtx (1 F32, 2 BF16) with fill's
+ * special values; the norm's weight spans 2^-90 .. 2^90 by columns, so that both division
+ * paths run. */
+static void run_ln1_pair(const moe_backend *be, int64_t N, int64_t C, int dtx, int rule,
+                         int tiles) {
+    const int64_t O = 128; /* the q projection's output width */
+    const int32_t rows[2] = {0, (int32_t)N};
+    const moe_fp8_groups pg = {rows, 1, C, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(rows, 1, C, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *hx = malloc((size_t)(N * C) * 4), *hw = malloc((size_t)C * 4);
+    fill(hx, N, C, 4);
+    for (int64_t c = 0; c < C; c++)
+        hw[c] = (0.5f + 0.5f * fabsf(urand())) * ldexpf(1.0f, (int)((c / 16) % 13) * 15 - 90);
+    void *dxin, *dnw = dev(be, hw, (size_t)C * 4);
+    moe_cbuf x = dev_typed(be, hx, N * C, dtx, &dxin);
+    /* the BF16 ln1, and the CPU's pair of it */
+    uint16_t *h16 = malloc((size_t)(N * C) * 2);
+    void *d16 = be->alloc(be, (size_t)(N * C) * 2);
+    float *r16 = be->alloc(be, (size_t)N * 4), *rp = be->alloc(be, (size_t)N * 4);
+    be->rmsnorm_forward(be, moe_buf_of(d16, MOE_DTYPE_BF16), r16, x, dnw, N, C, 1e-5f,
+                        MOE_RECIPE_BF16, NULL);
+    be->memcpy_d2h(be, h16, d16, (size_t)(N * C) * 2);
+    uint8_t *ref = malloc(pbytes), *fillb = malloc(pbytes);
+    memset(ref, 0xab, pbytes), memset(fillb, 0xab, pbytes);
+    float *v = malloc((size_t)(N * C) * 4);
+    for (int64_t i = 0; i < N * C; i++)
+        v[i] = moe_bf16_to_f32(h16[i]);
+    moe_fp8_pair_encode(ref, v, rows, 1, C, rule, tiles);
+    /* the pair in one op */
+    void *p = dev(be, fillb, pbytes);
+    be->rmsnorm_forward(be, moe_buf_fp8_pair(p), rp, x, dnw, N, C, 1e-5f, MOE_RECIPE_BF16, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "rmsnorm_forward pair: %s", err.msg);
+    int64_t first, fr, bad = bytes_differ(be, p, ref, (int64_t)pbytes, &first);
+    float *hr = malloc((size_t)N * 4);
+    be->memcpy_d2h(be, hr, r16, (size_t)N * 4);
+    const int64_t bad_r = bytes_differ(be, rp, (const uint8_t *)hr, N * 4, &fr);
+    static const char *names[] = {"", "f32", "bf16"};
+    CHECK_MSG(ok && bad == 0 && bad_r == 0,
+              "ln1 pair x %s N=%lld C=%lld rule %d tiles %d: %lld of %zu bytes differ (first at "
+              "%lld; parts at 0, %zu, %zu, %zu), rstd %lld bytes",
+              names[dtx], (long long)N, (long long)C, rule, tiles, (long long)bad, pbytes,
+              (long long)first, l.s_rows, l.q_cols, l.s_cols, (long long)bad_r);
+    /* the dense products, x the pair or the BF16 ln1 */
+    const int64_t nw = O * C;
+    float *hq = malloc((size_t)nw * 4), *hdy = malloc((size_t)(N * O) * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hq[i] = urand() * 0.05f;
+    for (int64_t i = 0; i < N * O; i++)
+        hdy[i] = urand();
+    void *ddy = dev(be, hdy, (size_t)(N * O) * 4);
+    const moe_recipe prec = fp8_recipe(rule, tiles);
+    const moe_cbuf w = dev_weight(be, hq, 1, O, C, prec);
+    float *oy[2], *ow[2];
+    const moe_cbuf xs[2] = {moe_cbuf_of(d16, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
+    for (int j = 0; j < 2; j++) {
+        oy[j] = be->alloc(be, (size_t)(N * O) * 4);
+        ow[j] = be->alloc(be, (size_t)nw * 4);
+        be->matmul_forward(be, moe_buf_f32(oy[j]), xs[j], w, N, C, O, prec);
+        be->matmul_backward(be, NULL, ow[j], moe_cbuf_f32(ddy), xs[j], w, N, C, O, prec,
+                            MOE_GRAD_SET, MOE_GRAD_SET);
+    }
+    ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "the dense products on an ln1 pair: %s", err.msg);
+    const int same_y = same_on_dev(be, oy[0], oy[1], (size_t)(N * O) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
+    CHECK_MSG(ok && same_y && same_w,
+              "dense products on an ln1 pair N=%lld C=%lld rule %d tiles %d: y %s, dw %s",
+              (long long)N, (long long)C, rule, tiles, same_y ? "identical" : "DIFFERS",
+              same_w ? "identical" : "DIFFERS");
+    printf("  ln1 pair  x %-4s N=%-3lld C=%-3lld rule %d %s: %zu bytes%s; q forward y, dw%s\n",
+           names[dtx], (long long)N, (long long)C, rule, tiles ? "tiles " : "blocks", l.bytes,
+           bad || bad_r ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
+    for (int j = 0; j < 2; j++)
+        be->free(be, oy[j]), be->free(be, ow[j]);
+    dev_weight_free(be, w), be->free(be, ddy), be->free(be, p), be->free(be, d16);
+    be->free(be, r16), be->free(be, rp), be->free(be, dxin), be->free(be, dnw);
+    free(hq), free(hdy), free(ref), free(fillb), free(v), free(h16);
+    free(hr), free(hx), free(hw);
+}
+
 int main(void) {
     const moe_backend *be = test_cuda_backend("gpu_test_quant_operands");
     if (!be) return 77;
@@ -496,7 +587,14 @@ int main(void) {
             for (int rule = 0; rule < 2; rule++)
                 for (int tiles = 0; tiles < 2; tiles++)
                     run_g_pair(be, counts, E, Ks[k], 2 - (k == 1 && rule == tiles), rule, tiles);
-    else
+    static const int64_t ln1_shapes[2][2] = {{304, 48}, {208, 256}}; /* N, C */
+    if (be->fp8_pairs >= 1)
+        for (int sh = 0; sh < 2; sh++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int tiles = 0; tiles < 2; tiles++)
+                    for (int dt = 1; dt <= 2; dt++)
+                        run_ln1_pair(be, ln1_shapes[sh][0], ln1_shapes[sh][1], dt, rule, tiles);
+    if (be->fp8_pairs < E)
         printf("fp8-block pairs: not on this GPU (be->fp8_pairs %d: sm_90 only)\n", be->fp8_pairs);
     be->destroy(be);
     return test_summary("gpu_test_quant_operands");

@@ -55,7 +55,7 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     moe_buf ln1b = act(la->ln1, la->ln1_mx, adt);
     moe_cbuf ln1 = moe_cbuf_from(ln1b);
     be->rmsnorm_forward(be, ln1b, la->rstd1, moe_cbuf_of(la->x_in, la->rdt), P[li->ln1].data, N, C,
-                        (float)c->rms_norm_eps, p16);
+                        (float)c->rms_norm_eps, p16, NULL);
     moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
     be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
@@ -86,7 +86,7 @@ static void ln2_forward(moe_model *m, int l, int64_t N) {
     be->rmsnorm_forward(
         be, moe_buf_of(la->ln2, m->acts->adt), la->rstd2, moe_cbuf_of(la->x_mid, la->rdt),
         m->table.params[m->table.layer[l].ln2].data, N, C, (float)m->cfg.rms_norm_eps,
-        moe_recipe_unquantized(moe_model_layer_recipe(m, l)));
+        moe_recipe_unquantized(moe_model_layer_recipe(m, l)), NULL);
 }
 
 /* Whether layer l's expert activations g, dh1 and dh3 go as fp8-block activation pairs (of El
@@ -241,7 +241,7 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     /* lnf as adt: lm_head's forward and weight gradient read the bf16 values directly */
     be->rmsnorm_forward(be, moe_buf_of(a->lnf, a->adt), a->rstdf, moe_cbuf_f32(a->x_final),
                         m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                        moe_recipe_unquantized(m->recipe));
+                        moe_recipe_unquantized(m->recipe), NULL);
     be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_of(a->lnf, a->adt),
                        moe_model_weight(m, m->table.p_lm_head), N, C, V,
                        moe_recipe_unquantized(m->recipe));
@@ -499,7 +499,7 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     if (layer == L) {
         be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, moe_cbuf_f32(a->x_final),
                             m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                            moe_recipe_unquantized(m->recipe));
+                            moe_recipe_unquantized(m->recipe), NULL);
         *src = a->lnf;
     } else if (a->layer[layer].rdt == MOE_DTYPE_F32) {
         *src = a->layer[layer].x_in;
