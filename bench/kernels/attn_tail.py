@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""attn_tail.py: how much of the Hopper attention kernels' time the grid's tail costs, by a
+simulation: blocks of known lengths (key blocks a forward block multiplies, query steps a
+backward block walks) handed in launch order to the SM that frees up first, as the hardware
+dispatches them. Prints the makespan over the ideal (the total spread evenly) for the orders
+the kernels could use: the forward's head by head (each head's blocks longest first: its grid
+today), in groups of G heads taking turns (fa3_tile_group's rule: commit 722921e, which waits
+for a GPU, reverted by abca20a; bench/kernels/prepare_ab.sh restores it) and longest first over
+all heads; the backward's head by head (its grid today: its deterministic dQ order needs each
+head's key blocks shortest first) and in groups of 8 heads.
+
+    python3 bench/kernels/attn_tail.py [SMS]      (default 132, an H100 or H200)
+
+No GPU needed: the lengths are counted, not timed, so per-block costs and the clocks are left
+out; what it shows is the share of SMs idle at the end."""
+import heapq
+import sys
+
+sms = int(sys.argv[1]) if len(sys.argv) > 1 else 132
+
+
+def makespan(order, length):
+    free = [0] * sms
+    for b in order:
+        heapq.heappush(free, heapq.heappop(free) + length[b])
+    return max(free) / (sum(length.values()) / sms)
+
+
+def in_groups(bh, nblk, g):
+    """blocks (head, block) of g heads at a time, the heads in turn at each block index, the
+    indices counting down (the forward's longest first, the backward's shortest)"""
+    out = []
+    for g0 in range(0, bh, g):
+        gl = min(g, bh - g0)
+        for j in range(gl * nblk):
+            k = j // gl
+            out.append((g0 + j % gl, nblk - 1 - k))
+    return out
+
+
+# (B * H, T, GQA group, D): the op harness's perf shapes (tests/gpu/ops_perf.c)
+shapes = [(32, 8192, 2, 128), (64, 4096, 4, 128), (64, 2048, 2, 64), (16, 32768, 2, 128),
+          (16, 131072, 2, 128)]
+print(f"makespan / ideal on {sms} SMs (1.000: no tail)")
+print("| B*H | T | D | fwd head by head | fwd groups (G) | fwd longest first | bwd head by head |"
+      " bwd groups of 8 |")
+print("|---|---|---|---|---|---|---|---|")
+for bh, t, group, d in shapes:
+    nb = t // 128
+    fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
+    bwd = {(h, k): (t - 128 * k) // 64 for h in range(bh) for k in range(nb)}  # 64-query steps
+    kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
+    g = min(bh, kv * group)
+    lpt = sorted(fwd, key=lambda b: -fwd[b])
+    print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
+          f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
+          f"{makespan(in_groups(bh, nb, 1), bwd):.3f} | {makespan(in_groups(bh, nb, 8), bwd):.3f} |")
