@@ -24,16 +24,11 @@
  *
  * dQ is deterministic without an owner per element: each step's dQ tile goes to shared memory
  * and a writer warp adds it into dq with a TMA reduce-add, and the key blocks of one query
- * block add in a fixed order, the first key block first (FlashAttention-3's deterministic
- * mode, in its order): a semaphore per query block counts the adds done, and a block waits
- * for its turn. The blocks start longest first - the first key blocks (every later query sees
- * them) of all heads, the heads in turn - so that the grid ends on short blocks (its tail: 8%
- * at T <= 8,192 when each head's blocks went shortest first, by bench/kernels/attn_tail.py),
- * and a block only waits for blocks that started before it. A block walks its queries from the
- * last down to its diagonal (the query heads it walks in turn at each), so the blocks of a
- * head that start together meet at the same query block in the same step, each one add behind
- * the block before it: the turns cost a block the adds of the blocks of its head started with
- * it, once. Rounding as the portable
+ * block add in a fixed order, the last key block first (FlashAttention-3's deterministic
+ * mode): a semaphore per query block counts the adds done, and a block waits for its turn.
+ * The blocks start in that order (the last key block first), so a block only waits for
+ * blocks that started before it, and the key block after it is two query blocks ahead (it
+ * starts at the diagonal): the turns cost nothing in steady state. Rounding as the portable
  * kernels: P and dS enter the products as bf16, the gradients stay fp32. */
 #include "wgmma.cuh"
 
@@ -208,7 +203,7 @@ __device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[NT][4
 
 /* The dQ writer (one thread): for each step, once both warpgroups' dQ tiles are in shared
  * memory and this block's turn has come for the query block (sem [1]: the key blocks that
- * have added to it, the first first; want: how many come before this one), adds them into dq
+ * have added to it, the last first; want: how many come before this one), adds them into dq
  * (TMA reduce-add), frees the tiles and passes the turn on. */
 template <int D>
 __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMap *mdq, int *sem,
@@ -239,9 +234,9 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
 /* dq [B, T, H, D] += scale * dS K (through mdq: boxes of 32 columns, FB_STEP rows), dk/dv
  * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
  * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
- * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, nb] zeros; nb = ceil(T /
- * FB_ROWS) key blocks; a grid of nb * B * H blocks when split, else nb * B * KV, the first key
- * block of each (batch, head) first, so that a block only waits for blocks started before it. */
+ * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, ceil(T / FB_ROWS)] zeros;
+ * grid (ceil(T / FB_ROWS), B * H) when split, else (ceil(T / FB_ROWS), B * KV); the last key
+ * block first, so that a block only waits for blocks started before it. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
@@ -249,12 +244,12 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
              const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
              const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
              const float *__restrict__ delta, const int32_t *__restrict__ dstart,
-             int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, int nb,
-             float scale, int add, int split) {
+             int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, float scale,
+             int add, int split) {
     const fb_smem<D> m = fb_begin<D>();
     const int group = H / KV, nh = split ? 1 : group; /* the query heads this block walks */
-    const int nby = (int)(gridDim.x / nb), kb = (int)blockIdx.x / nby, by = (int)blockIdx.x % nby;
-    const int b = by / (H / nh), h0 = by % (H / nh) * nh; /* the first */
+    const int kb = gridDim.x - 1 - blockIdx.x;
+    const int by = blockIdx.y, b = by / (H / nh), h0 = by % (H / nh) * nh; /* the first */
     const int hk = h0 / group, gi = h0 % group; /* gi > 0: split, and not the group's first */
     const int64_t k0 = (int64_t)kb * FB_ROWS;
     /* the queries that see this block's keys */
@@ -262,11 +257,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
     const int nqt = (int)((q_end - k0 + FB_STEP - 1) / FB_STEP); /* query blocks a head */
     const int64_t ntiles = (int64_t)nqt * nh;
-    /* step i's head and first query: the query blocks from the last down, the heads in turn
-     * at each (so that the blocks of a chain meet each head's query block in the same step) */
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
-        head = h0 + (int)(i % nh);
-        row = k0 + (nqt - 1 - i / nh) * FB_STEP;
+        head = h0 + (int)(i / nqt);
+        row = k0 + (i % nqt) * FB_STEP;
     };
     const int wg = fa3_warpgroup(); /* 2: the producer */
     if (wg == 2) {
@@ -278,11 +271,8 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                 int head;
                 int64_t q0;
                 coord(i, head, q0);
-                /* the key blocks before this one that add to the query block: from the one
-                 * holding its first row's document start */
-                const int first = dsb ? dsb[q0] / FB_ROWS : 0;
                 fb_dq_turn<D>(m, &mdq, sem + ((int64_t)b * H + head) * nq + q0 / FB_STEP,
-                              kb - first, head, q0, b, i);
+                              (int)(q0 / FB_ROWS) - kb, head, q0, b, i);
             }
         }
         if (warp != 0) return;
@@ -317,7 +307,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa3_bar_wait(m.br, 0);
     for (int i = 0; i < (int)ntiles; i++) { /* 32-bit: no 64-bit division a step */
         const int s = i % FB_NS;
-        const int64_t q0 = k0 + (int64_t)(nqt - 1 - i / nh) * FB_STEP;
+        const int64_t q0 = k0 + (int64_t)(i % nqt) * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
         /* The products are issued as soon as their operands exist, each group waited for
@@ -387,7 +377,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_bar_arrive(m.bqf + 8 * wg);
     }
     /* dK, dV: a split group's query heads add in head order (semkv counts them) */
-    int *turn = semkv + ((int64_t)b * KV + hk) * nb + kb;
+    int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
     if (split) {
         if (threadIdx.x == 0 && gi > 0) {
             int seen;
@@ -443,15 +433,9 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                         op, "shared memory %zu bytes", smem))
         return;
     const int split = FB_SPLIT && !dstart && H > KV && T > 2048;
-    const int64_t blocks = (int64_t)nb * B * (split ? H : KV);
-    if (blocks > INT_MAX) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "%lld blocks of %d keys: more than %d",
-                       (long long)blocks, FB_ROWS, INT_MAX);
-        return;
-    }
-    k_fb_bwd<D><<<(unsigned)blocks, FB_THREADS, smem, c->stream>>>(
+    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * (split ? H : KV))), FB_THREADS, smem, c->stream>>>(
         dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
-        (int)nb, scale, add, split);
+        scale, add, split);
     MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }
