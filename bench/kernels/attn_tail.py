@@ -6,8 +6,11 @@ dispatches them. Prints the makespan over the ideal (the total spread evenly) fo
 the kernels could use: the forward's head by head (each head's blocks longest first: its grid
 today), in groups of G heads taking turns (fa3_tile_group's rule: commit 722921e, which waits
 for a GPU, reverted by abca20a; bench/kernels/prepare_ab.sh restores it) and longest first over
-all heads; the backward's head by head (its grid today: its deterministic dQ order needs each
-head's key blocks shortest first) and in groups of 8 heads.
+all heads; the backward's head by head (its grid today: its dQ order, the last key block
+first, needs each head's key blocks shortest first), in groups of 8 heads, and longest first
+with the heads in turn (the order of commit 3ce6ee1, which waits for a GPU too, reverted by
+bf5393b: dQ added first key block first, each block walking its queries from the last; the
+wait of a block for the adds of the blocks of its head started with it is left out).
 
     python3 bench/kernels/attn_tail.py [SMS]      (default 132, an H100 or H200)
 
@@ -43,15 +46,19 @@ shapes = [(32, 8192, 2, 128), (64, 4096, 4, 128), (64, 2048, 2, 64), (16, 32768,
           (16, 131072, 2, 128)]
 print(f"makespan / ideal on {sms} SMs (1.000: no tail)")
 print("| B*H | T | D | fwd head by head | fwd groups (G) | fwd longest first | bwd head by head |"
-      " bwd groups of 8 |")
-print("|---|---|---|---|---|---|---|---|")
+      " bwd groups of 8 | bwd longest first |")
+print("|---|---|---|---|---|---|---|---|---|")
 for bh, t, group, d in shapes:
     nb = t // 128
     fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
-    bwd = {(h, k): (t - 128 * k) // 64 for h in range(bh) for k in range(nb)}  # 64-query steps
+    # the backward's blocks: one a query head above 2,048 tokens (fb_launch's split), else one
+    # a kv head walking its group's query heads; 64-query steps
+    nbh, walk = (bh, 1) if t > 2048 else (bh // group, group)
+    bwd = {(h, k): walk * (t - 128 * k) // 64 for h in range(nbh) for k in range(nb)}
     kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
     g = min(bh, kv * group)
     lpt = sorted(fwd, key=lambda b: -fwd[b])
     print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
           f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
-          f"{makespan(in_groups(bh, nb, 1), bwd):.3f} | {makespan(in_groups(bh, nb, 8), bwd):.3f} |")
+          f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | {makespan(in_groups(nbh, nb, 8), bwd):.3f} | "
+          f"{makespan([(h, k) for k in range(nb) for h in range(nbh)], bwd):.3f} |")
