@@ -17,6 +17,9 @@
 #   CHECK="attn" PERF="attn bf16" ROUNDS=2 bench/kernels/ab_revs.sh /tmp/ab main attn-bwd-decouple
 #   CHECK="sum_squares,attn" PERF="sum_squares,attn bf16" ...
 #
+# FULL_CHECK=DIR then runs bench/gpu_check.sh (ctest -L gpu and memcheck; GPU_CHECK_J and
+# GPU_CHECK_QUICK as there) on the last revision's tree, into DIR, reusing the A/B's build (the
+# rest of the targets only: a session's start or end check without a build of its own).
 # TRAIN="bf16:mixtral8x7b-2L fp8-block:mixtral8x7b-2L" adds `RECIPE=r bench_train_gpu preset 5 1`
 # for each revision (its RESULT line); the bench's other settings come from the environment as
 # for its own runs (e.g. MOMENTS=bf16 EXPERT_GRADS=bf16, which og2-8x1b's fp8-block run needs
@@ -26,6 +29,7 @@
 # Exit status 1 when a build or a check failed.
 set -uo pipefail
 WORK=${1:?usage: ab_revs.sh WORK_DIR REV [REV ...]}
+root=$PWD
 shift
 [ $# -gt 0 ] || { echo "ab_revs.sh: name at least one revision" >&2; exit 2; }
 CHECK=${CHECK-attn}
@@ -118,4 +122,18 @@ for job in ${TRAIN:-}; do
         RECIPE=${job%%:*} "$bin" "${job#*:}" 5 1 2>&1 | grep '^RESULT' | sed "s/^/$tag: /"
     done
 done
+if [ -n "${FULL_CHECK:-}" ] && [ ${#tags[@]} -gt 0 ]; then
+    last=${tags[${#tags[@]}-1]}
+    mkdir -p "$FULL_CHECK"
+    ln -sfn "$root/.deps" "$src/.deps"
+    (cd "$src" && bash bench/gpu_check.sh "$WORK/build" "$FULL_CHECK" > "$FULL_CHECK/check.log" 2>&1)
+    st=$?
+    echo "revision: $last (the tree ab_revs.sh built last)" >> "$FULL_CHECK/summary.txt"
+    if [ $st -eq 0 ]; then
+        echo "$last: full check passed (bench/gpu_check.sh: $FULL_CHECK/summary.txt)"
+    else
+        echo "$last: FULL CHECK FAILED or skipped (see $FULL_CHECK/check.log, summary.txt)"
+        fail=1
+    fi
+fi
 exit $fail
