@@ -41,14 +41,14 @@ int64_t moe_model_expert_rows_max(const moe_model_config *cfg, int64_t N, int ep
 }
 
 int moe_model_layer_mx(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l) {
-    return moe_recipe_format(recipe) == MOE_RECIPE_MXFP8 && !(skip && skip[l]) &&
+    return moe_recipe_format(moe_layer_recipe(recipe, skip, l)) == MOE_RECIPE_MXFP8 &&
            cfg->hidden_size % 32 == 0 && cfg->intermediate_size % 32 == 0;
 }
 
 /* Layer l's dg type (moe_layer_acts.dgt) in a plan that trains (train), else F32 (no dg). */
 static moe_dtype dg_type(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l,
                          int train) {
-    const int fp8 = moe_recipe_format(recipe) == MOE_RECIPE_FP8_BLOCK && !(skip && skip[l]);
+    const int fp8 = moe_recipe_format(moe_layer_recipe(recipe, skip, l)) == MOE_RECIPE_FP8_BLOCK;
     return train && (fp8 || moe_model_layer_mx(cfg, recipe, skip, l)) ? MOE_DTYPE_BF16
                                                                       : MOE_DTYPE_F32;
 }

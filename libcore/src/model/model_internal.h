@@ -182,10 +182,13 @@ void moe_model_kv_layer(moe_model *m, int l, const moe_kv_use *kv, const void *k
  * call (moe_model_logprobs), so that embedding never pays for [N, V] logits. */
 moe_status moe_model_alloc_head(moe_model *m, moe_err *err);
 
-/* The recipe of layer l's matrix products: the model's, or its unquantized form for a layer
- * precision.skip_layers names. */
+/* The recipe of layer l's matrix products: recipe, or its unquantized form for a layer that
+ * skip (precision.skip_layers as flags a layer, or NULL) names. */
+static inline moe_recipe moe_layer_recipe(moe_recipe recipe, const uint8_t *skip, int l) {
+    return skip && skip[l] ? moe_recipe_unquantized(recipe) : recipe;
+}
 static inline moe_recipe moe_model_layer_recipe(const moe_model *m, int l) {
-    return m->skip_quant && m->skip_quant[l] ? moe_recipe_unquantized(m->recipe) : m->recipe;
+    return moe_layer_recipe(m->recipe, m->skip_quant, l);
 }
 
 /* The operand the matrix products read for parameter i: its fp8-block copies (E4M3) when the
