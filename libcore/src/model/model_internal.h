@@ -31,7 +31,9 @@ typedef struct moe_layer_acts {
      * quantized to e4m3 next: a bf16 rounding before that is far below theirs), else F32 */
     moe_dtype dgt;
     void *x_in;        /* [N, C] residual stream entering the layer */
-    void *ln1;         /* [N, C] */
+    void *ln1;         /* [N, C]; in fp8-block training (a layer not skipped) room for an
+                          fp8-block pair of one group too, which it holds where the backend
+                          takes pairs (model_pass.c's ln1_pair) */
     float *rstd1;      /* [N] */
     void *q;           /* [N, H*D] after RoPE */
     void *k;           /* [N, KV*D] after RoPE */

@@ -132,10 +132,11 @@ static void pr_embedding_backward(const moe_backend *be, float *dwte, const floa
 }
 
 static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                               const moe_fp8_groups *pairs) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->rmsnorm_forward(p->inner, out, rstd, x, w, N, C, eps, prec);
+    p->inner->rmsnorm_forward(p->inner, out, rstd, x, w, N, C, eps, prec, pairs);
     prof_end_op(p, t0, MOE_OP_RMSNORM, 0);
 }
 

@@ -109,7 +109,8 @@ void moe_cpu_embedding_forward(const moe_backend *be, moe_buf out, const int32_t
 void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V);
 void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
+                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                             const moe_fp8_groups *pairs);
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                               moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,
