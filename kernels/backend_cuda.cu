@@ -770,6 +770,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->adamw = moe_cuda_adamw;
     be->cast_bf16 = moe_cuda_cast_bf16;
     be->quantize_weight = moe_cuda_quantize_weight;
+    be->quantize_pair = moe_cuda_quantize_pair;
     be->adamw_quantize = moe_cuda_adamw_quantize;
     be->sum_squares = moe_cuda_sum_squares;
     be->pool_forward = moe_cuda_pool_forward;

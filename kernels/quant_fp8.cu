@@ -719,6 +719,22 @@ void moe_cuda_fp8_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf x, const moe_fp8_
     });
 }
 
+void moe_cuda_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                            const moe_fp8_groups *pairs) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "quantize_pair";
+    if (moe_cuda_failed(c)) return;
+    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.mx ||
+        pairs->E > be->fp8_pairs) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "an fp8-block pair output with its groups (at most %d) expected, got %s "
+                       "with %lld groups",
+                       be->fp8_pairs, moe_dtype_name(out.dt), pairs ? (long long)pairs->E : 0LL);
+        return;
+    }
+    moe_cuda_fp8_pair(c, (uint8_t *)out.p, x, pairs, op);
+}
+
 extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,
                                            const int32_t *offsets, int64_t E, int64_t K,
                                            int transpose, int pow2) {

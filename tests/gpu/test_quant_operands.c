@@ -389,53 +389,32 @@ static moe_recipe fp8_recipe(int pow2, int tiles) {
                 : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
 }
 
-/* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
- * transposed copy in blocks or, tiles, in 128 x 128 tiles) against the same op's BF16 g encoded
- * by the CPU (moe_fp8_pair_encode), the whole buffer byte for byte (guard bytes after it); then
- * w2's products reading the pair as x against the same products on the BF16 g: the forward's y
- * and the weight gradient bit for bit. a, b of type dta (1 F32, 2 BF16), with fill's NaN,
- * infinities, zeros and outliers. */
-static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
-                       int rule, int tiles) {
-    const int64_t O = 128; /* w2's output width */
-    int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
-    off[0] = 0;
-    for (int64_t e = 0; e < E; e++)
-        off[e + 1] = off[e] + (int32_t)counts[e];
-    const int64_t M = off[E], n = M * K;
-    const moe_fp8_groups pg = {off, E, K, rule, tiles};
-    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
-    const size_t pbytes = l.bytes + GUARD;
-    float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4);
-    fill(ha, M, K, 3);
-    fill(hb, M, K, 3);
-    void *da_, *db_;
-    moe_cbuf a = dev_typed(be, ha, n, dta, &da_), b = dev_typed(be, hb, n, dta, &db_);
-    uint16_t *hg = malloc((size_t)n * 2);
-    void *dg = be->alloc(be, (size_t)n * 2);
-    be->swiglu_forward(be, moe_buf_of(dg, MOE_DTYPE_BF16), a, b, n, MOE_RECIPE_BF16, NULL);
-    be->memcpy_d2h(be, hg, dg, (size_t)n * 2);
-    uint8_t *ref = malloc(pbytes), *fillb = malloc(pbytes);
-    memset(ref, 0xab, pbytes), memset(fillb, 0xab, pbytes);
+/* Bytes of pair p (device, pbytes with its guard) that differ from the CPU's encoding
+ * (moe_fp8_pair_encode) of the n = offsets[E] K bf16 values at device address d16; *first the
+ * first such byte. */
+static int64_t pair_vs_cpu(const moe_backend *be, const void *p, size_t pbytes, const void *d16,
+                           const int32_t *off, int64_t E, int64_t K, int rule, int tiles,
+                           int64_t *first) {
+    const int64_t n = off[E] * K;
+    uint16_t *h16 = malloc((size_t)n * 2);
+    be->memcpy_d2h(be, h16, d16, (size_t)n * 2);
+    uint8_t *ref = malloc(pbytes);
+    memset(ref, 0xab, pbytes);
     float *v = malloc((size_t)n * 4);
     for (int64_t i = 0; i < n; i++)
-        v[i] = moe_bf16_to_f32(hg[i]);
+        v[i] = moe_bf16_to_f32(h16[i]);
     moe_fp8_pair_encode(ref, v, off, E, K, rule, tiles);
-    void *p = dev(be, fillb, pbytes);
-    be->swiglu_forward(be, moe_buf_fp8_pair(p), a, b, n, MOE_RECIPE_BF16, &pg);
-    moe_err err;
-    moe_err_clear(&err);
-    int ok = be->synchronize(be, &err) == MOE_OK;
-    CHECK_MSG(ok, "swiglu_forward pair: %s", err.msg);
-    int64_t first, bad = bytes_differ(be, p, ref, (int64_t)pbytes, &first);
-    static const char *names[] = {"", "f32", "bf16"};
-    CHECK_MSG(ok && bad == 0,
-              "g pair a %s K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts "
-              "at 0, %zu, %zu, %zu)",
-              names[dta], (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first,
-              l.s_rows, l.q_cols, l.s_cols);
-    /* w2's products, x the pair or the BF16 g */
-    const int64_t nw = E * O * K;
+    const int64_t bad = bytes_differ(be, p, ref, (int64_t)pbytes, first);
+    free(h16), free(ref), free(v);
+    return bad;
+}
+
+/* A grouped product's forward y and weight gradient (dy [M, O] BF16) with x the pair p or the
+ * BF16 x at d16 [M, K], bit for bit: 1 when both are identical (what names the product). */
+static int grouped_on_pair(const moe_backend *be, const void *d16, void *p,
+                           const int32_t *off, int64_t E, int64_t K, int rule, int tiles,
+                           const char *what) {
+    const int64_t O = 128, M = off[E], nw = E * O * K;
     float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
     for (int64_t i = 0; i < nw; i++)
         hw[i] = urand() * 0.05f;
@@ -446,7 +425,7 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
     const moe_recipe prec = fp8_recipe(rule, tiles);
     const moe_cbuf w = dev_weight(be, hw, E, O, K, prec);
     float *oy[2], *ow[2];
-    const moe_cbuf xs[2] = {moe_cbuf_of(dg, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
+    const moe_cbuf xs[2] = {moe_cbuf_of(d16, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
     for (int j = 0; j < 2; j++) {
         oy[j] = be->alloc(be, (size_t)(M * O) * 4);
         ow[j] = be->alloc(be, (size_t)nw * 4);
@@ -454,22 +433,108 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j], w, off, E,
                                     K, O, prec, MOE_GRAD_SET, MOE_GRAD_SET);
     }
-    ok = be->synchronize(be, &err) == MOE_OK;
-    CHECK_MSG(ok, "w2's products on a g pair: %s", err.msg);
+    moe_err err;
+    moe_err_clear(&err);
+    const int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "%s's products on a pair: %s", what, err.msg);
     const int same_y = same_on_dev(be, oy[0], oy[1], (size_t)(M * O) * 4),
               same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
-    CHECK_MSG(ok && same_y && same_w, "w2 on a g pair K=%lld rule %d tiles %d: y %s, dw %s",
+    CHECK_MSG(ok && same_y && same_w, "%s on a pair K=%lld rule %d tiles %d: y %s, dw %s", what,
               (long long)K, rule, tiles, same_y ? "identical" : "DIFFERS",
               same_w ? "identical" : "DIFFERS");
-    printf("  g pair    a %-4s K=%-3lld rule %d %s: %zu bytes%s; w2 forward y, dw%s\n", names[dta],
-           (long long)K, rule, tiles ? "tiles " : "blocks", l.bytes,
-           bad ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
     for (int j = 0; j < 2; j++)
         be->free(be, oy[j]), be->free(be, ow[j]);
-    dev_weight_free(be, w), be->free(be, ddy), be->free(be, p);
-    be->free(be, dg), be->free(be, da_), be->free(be, db_);
-    free(hw), free(hdy), free(ref), free(fillb), free(v), free(hg);
-    free(ha), free(hb), free(off);
+    dev_weight_free(be, w), be->free(be, ddy);
+    free(hw), free(hdy);
+    return ok && same_y && same_w;
+}
+
+/* The offsets [E + 1] of groups of counts[e] rows (malloc'ed). */
+static int32_t *offsets_of(const int64_t *counts, int64_t E) {
+    int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
+    off[0] = 0;
+    for (int64_t e = 0; e < E; e++)
+        off[e + 1] = off[e] + (int32_t)counts[e];
+    return off;
+}
+
+/* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
+ * transposed copy in blocks or, tiles, in 128 x 128 tiles) against the same op's BF16 g encoded
+ * by the CPU (pair_vs_cpu), the whole buffer byte for byte (guard bytes after it); then w2's
+ * products reading the pair as x against the same products on the BF16 g (grouped_on_pair).
+ * a, b of type dta (1 F32, 2 BF16), with fill's NaN, infinities, zeros and outliers. */
+static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
+                       int rule, int tiles) {
+    int32_t *off = offsets_of(counts, E);
+    const int64_t M = off[E], n = M * K;
+    const moe_fp8_groups pg = {off, E, K, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *ha = malloc((size_t)n * 4), *hb = malloc((size_t)n * 4);
+    fill(ha, M, K, 3);
+    fill(hb, M, K, 3);
+    void *da_, *db_;
+    moe_cbuf a = dev_typed(be, ha, n, dta, &da_), b = dev_typed(be, hb, n, dta, &db_);
+    void *dg = be->alloc(be, (size_t)n * 2);
+    be->swiglu_forward(be, moe_buf_of(dg, MOE_DTYPE_BF16), a, b, n, MOE_RECIPE_BF16, NULL);
+    uint8_t *fillb = malloc(pbytes);
+    memset(fillb, 0xab, pbytes);
+    void *p = dev(be, fillb, pbytes);
+    be->swiglu_forward(be, moe_buf_fp8_pair(p), a, b, n, MOE_RECIPE_BF16, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "swiglu_forward pair: %s", err.msg);
+    int64_t first, bad = pair_vs_cpu(be, p, pbytes, dg, off, E, K, rule, tiles, &first);
+    static const char *names[] = {"", "f32", "bf16"};
+    CHECK_MSG(ok && bad == 0,
+              "g pair a %s K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts "
+              "at 0, %zu, %zu, %zu)",
+              names[dta], (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first,
+              l.s_rows, l.q_cols, l.s_cols);
+    const int same = grouped_on_pair(be, dg, p, off, E, K, rule, tiles, "w2");
+    printf("  g pair    a %-4s K=%-3lld rule %d %s: %zu bytes%s; w2 forward y, dw%s\n", names[dta],
+           (long long)K, rule, tiles ? "tiles " : "blocks", l.bytes,
+           bad ? "  FAILED" : "  identical", same ? " identical" : " DIFFER");
+    be->free(be, p), be->free(be, dg), be->free(be, da_), be->free(be, db_);
+    free(fillb), free(ha), free(hb), free(off);
+}
+
+/* The expert inputs xe as an fp8-block activation pair (be->quantize_pair; fp8-block training)
+ * from BF16 x [M, K] with fill's special values, against the CPU's encoding of the same values
+ * byte for byte (guard bytes after it); then w1's products reading the pair as x against the
+ * same products on the BF16 x (grouped_on_pair). */
+static void run_xe_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K,
+                        int rule, int tiles) {
+    int32_t *off = offsets_of(counts, E);
+    const int64_t M = off[E], n = M * K;
+    const moe_fp8_groups pg = {off, E, K, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *hx = malloc((size_t)n * 4);
+    fill(hx, M, K, 3);
+    void *d16;
+    const moe_cbuf x = dev_typed(be, hx, n, 2, &d16);
+    uint8_t *fillb = malloc(pbytes);
+    memset(fillb, 0xab, pbytes);
+    void *p = dev(be, fillb, pbytes);
+    be->quantize_pair(be, moe_buf_fp8_pair(p), x, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    const int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "quantize_pair: %s", err.msg);
+    int64_t first, bad = pair_vs_cpu(be, p, pbytes, d16, off, E, K, rule, tiles, &first);
+    CHECK_MSG(ok && bad == 0,
+              "xe pair K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts at "
+              "0, %zu, %zu, %zu)",
+              (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first, l.s_rows,
+              l.q_cols, l.s_cols);
+    const int same = grouped_on_pair(be, d16, p, off, E, K, rule, tiles, "w1");
+    printf("  xe pair   K=%-3lld rule %d %s: %zu bytes%s; w1 forward y, dw%s\n", (long long)K,
+           rule, tiles ? "tiles " : "blocks", l.bytes, bad ? "  FAILED" : "  identical",
+           same ? " identical" : " DIFFER");
+    be->free(be, p), be->free(be, d16);
+    free(fillb), free(hx), free(off);
 }
 
 /* RMSNorm's ln1 as an fp8-block activation pair of one group (be->rmsnorm_forward with
@@ -587,6 +652,11 @@ int main(void) {
             for (int rule = 0; rule < 2; rule++)
                 for (int tiles = 0; tiles < 2; tiles++)
                     run_g_pair(be, counts, E, Ks[k], 2 - (k == 1 && rule == tiles), rule, tiles);
+    if (be->fp8_pairs >= E)
+        for (int k = 0; k < 3; k++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int tiles = 0; tiles < 2; tiles++)
+                    run_xe_pair(be, counts, E, Ks[k], rule, tiles);
     static const int64_t ln1_shapes[2][2] = {{304, 48}, {208, 256}}; /* N, C */
     if (be->fp8_pairs >= 1)
         for (int sh = 0; sh < 2; sh++)

@@ -459,6 +459,74 @@ static void test_fp8_g_pairs(void) {
         }
 }
 
+/* The expert inputs xe as an fp8-block activation pair (quantize_pair, fp8-block training) read
+ * by w1's and w3's products as x: the pair holds byte for byte moe_fp8_pair_encode of x's BF16
+ * values (the bytes past it untouched), and the forward's y and the weight gradients (F32 and
+ * BF16) are those of the BF16 xe - under both scale rules and both precision.fp8_wgrad forms,
+ * for uneven groups (an empty one, one of 129 rows) and widths C 208 (a partial block) and
+ * 256. */
+static void test_fp8_xe_pair(void) {
+    enum { E = 4, M = 300, F = 144 };
+    const int32_t off[E + 1] = {0, 150, 150, 279, 300};
+    const int64_t Cs[2] = {208, 256};
+    const moe_recipe rs[4] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2,
+                              MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT};
+    CHECK(be->fp8_pairs >= E);
+    for (int ci = 0; ci < 2; ci++)
+        for (int ri = 0; ri < 4; ri++) {
+            const int64_t C = Cs[ci];
+            const moe_recipe prec = rs[ri];
+            const int pow2 = moe_recipe_pow2(prec), tiles = moe_recipe_wgrad_tiles(prec);
+            float *x = gc_buf(M * C, 120, -2, 2), *w1 = gc_buf(E * F * C, 121, -1, 1);
+            float *dy = gc_buf(M * F, 122, -1, 1);
+            for (int64_t r = 0; r < M; r += 5) /* rows, blocks and tiles of different scales */
+                x[r * C + (r * 7) % C] *= 300.0f;
+            uint16_t *x16 = calloc((size_t)(M * C), 2);
+            float *v = gc_buf(M * C, 0, 0, 0);
+            for (int64_t i = 0; i < M * C; i++)
+                x16[i] = moe_f32_to_bf16(x[i]), v[i] = moe_bf16_to_f32(x16[i]);
+            const moe_fp8_groups grp = {off, E, C, pow2, tiles};
+            const size_t bytes = moe_fp8_pair_bytes_max(M, E, C) + 64;
+            uint8_t *pair = be->alloc(be, bytes), *ref = be->alloc(be, bytes);
+            memset(pair, 0xa5, bytes), memset(ref, 0xa5, bytes);
+            be->quantize_pair(be, moe_buf_fp8_pair(pair), moe_cbuf_of(x16, MOE_DTYPE_BF16), &grp);
+            moe_fp8_pair_encode(ref, v, off, E, C, pow2, tiles);
+            CHECK_MSG(memcmp(pair, ref, bytes) == 0,
+                      "%s%s%s C %lld: the xe pair is not the encoding of x's bf16 values",
+                      moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                      (long long)C);
+            moe_cbuf w1q = gc_weight(be, w1, E, F, C, prec);
+            float *y[2], *dw[2];
+            uint16_t *dw16[2];
+            for (int k = 0; k < 2; k++) { /* k = 0 the BF16 xe, k = 1 the pair */
+                const moe_cbuf xe = k ? moe_cbuf_from(moe_buf_fp8_pair(pair))
+                                      : moe_cbuf_of(x16, MOE_DTYPE_BF16);
+                y[k] = gc_buf(M * F, 0, 0, 0), dw[k] = gc_buf(E * F * C, 0, 0, 0);
+                dw16[k] = calloc((size_t)(E * F * C), 2);
+                be->grouped_matmul_forward(be, moe_buf_f32(y[k]), xe, w1q, off, E, C, F, prec);
+                be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(dw[k]),
+                                            moe_cbuf_f32(dy), xe, w1q, off, E, C, F, prec,
+                                            MOE_GRAD_SET, MOE_GRAD_SET);
+                be->grouped_matmul_backward(be, moe_buf_f32(NULL),
+                                            moe_buf_of(dw16[k], MOE_DTYPE_BF16), moe_cbuf_f32(dy),
+                                            xe, w1q, off, E, C, F, prec, MOE_GRAD_SET,
+                                            MOE_GRAD_SET);
+            }
+            CHECK_MSG(memcmp(y[0], y[1], (size_t)(M * F) * 4) == 0 &&
+                          memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0 &&
+                          memcmp(dw16[0], dw16[1], (size_t)(E * F * C) * 2) == 0,
+                      "%s%s%s C %lld: the products on the xe pair differ from the bf16 ones",
+                      moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                      (long long)C);
+            CHECK(y[0][0] != 0.0f && dw[0][0] != 0.0f); /* the products ran */
+            for (int k = 0; k < 2; k++)
+                free(y[k]), free(dw[k]), free(dw16[k]);
+            gc_weight_free(w1q);
+            be->free(be, pair), be->free(be, ref);
+            free(x), free(w1), free(dy), free(x16), free(v);
+        }
+}
+
 /* RMSNorm's output ln1 as an fp8-block activation pair of one group (rmsnorm_forward with
  * groups, fp8-block training) and the dense products reading it as x: the pair holds byte for
  * byte moe_fp8_pair_encode of the BF16 norm (its gaps and the bytes past it untouched), rstd is
@@ -588,6 +656,7 @@ int main(void) {
     test_bf16();
     test_fp8_pairs();
     test_fp8_g_pairs();
+    test_fp8_xe_pair();
     test_fp8_ln1_pair();
     test_fp8_wgrad_tiles();
     return test_summary("test_ops_lowp");

@@ -557,6 +557,15 @@ struct moe_backend {
                             const float *w, /* [E, O, I] dev */
                             int64_t E, int64_t O, int64_t I, moe_recipe prec);
 
+    /* ---- an fp8-block activation pair (moe_buf_fp8_pair; not on x) of pairs' groups from
+     * x's BF16 values: the bytes of moe/quant.h's moe_fp8_pair_encode, the operands the
+     * fp8-block products would quantize x to (on a backend with fp8_pairs >= pairs->E). The
+     * model's expert inputs xe under fp8-block: read by w1's and w3's products, forward and
+     * wgrad, their copies made once a layer where each of the four made its own ---- */
+    void (*quantize_pair)(const moe_backend *be, moe_buf out, /* pair of [offsets[E], K] dev */
+                          moe_cbuf x,                         /* [offsets[E], K] dev, BF16 */
+                          const moe_fp8_groups *pairs);
+
     /* ---- adamw on a whole weight w [E, O, I] with an fp32 master (no bf16 copy), then its
      * fp8-block copies from the new master: the bytes of adamw followed by quantize_weight,
      * in one pass where the backend can (the CUDA backend: one kernel a 128 x 128 tile, which

@@ -139,6 +139,31 @@ static moe_buf g_operand(const moe_model *m, int l, moe_recipe prec, const int32
     return moe_buf_fp8_pair(a->dh1p);
 }
 
+/* Whether layer l's expert inputs xe go as an fp8-block activation pair of its experts' groups:
+ * the plan gave xp room for one (moe_xe_pair_room: training, fp8-block, the layer not skipped,
+ * ep 1) and the backend takes pairs of that many groups. Its two copies are the operands of
+ * the w1 and w3 products, forward and wgrad, made once a layer where each of the four made
+ * its own. */
+static int xe_pair(const moe_model *m, int l) {
+    const struct moe_acts *a = m->acts;
+    return moe_xe_pair_room(&m->cfg, m->recipe, m->skip_quant, l, a->plan != MOE_PLAN_FORWARD,
+                            a->ep) &&
+           m->cfg.num_local_experts <= m->be->fp8_pairs;
+}
+/* xe as the w1 and w3 products read it: under xe_pair the pair in xp's buffer, *gp its groups
+ * (eoff, El: the experts' rows of C; the transposed copy in tiles where the recipe's weight
+ * gradients take them) and *gpp = gp; else the activation itself and *gpp = NULL. */
+static moe_buf xe_operand(const moe_model *m, int l, moe_recipe prec, const int32_t *eoff,
+                          int64_t El, moe_fp8_groups *gp, const moe_fp8_groups **gpp) {
+    const moe_layer_acts *la = &m->acts->layer[l];
+    *gpp = NULL;
+    if (!xe_pair(m, l)) return act(la->xe, la->xe_mx, m->acts->adt);
+    const moe_fp8_groups g = {eoff, El, m->cfg.hidden_size, moe_recipe_pow2(prec),
+                              moe_recipe_wgrad_tiles(prec)};
+    *gp = g, *gpp = gp;
+    return moe_buf_fp8_pair(la->xe);
+}
+
 void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -158,8 +183,11 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
-    be->permute_forward(be, act(la->xp, la->xp_mx, adt), la->row_src, la->slot_row, la->offsets,
-                        ln2, la->topk_idx, N, C, E, K);
+    /* under xe_pair the permuted rows go to h1 (free until w1's product, which reads the pair
+     * quantize_pair makes of them in xp's buffer) */
+    const int xpair = xe_pair(m, l);
+    be->permute_forward(be, xpair ? moe_buf_of(la->h1, adt) : act(la->xp, la->xp_mx, adt),
+                        la->row_src, la->slot_row, la->offsets, ln2, la->topk_idx, N, C, E, K);
     be->memcpy_d2h(be, a->h_offsets + (int64_t)l * (E + 1), la->offsets,
                    (size_t)(E + 1) * sizeof(int32_t));
     /* expert parallelism: the rows to their experts' owners (xp -> xe; MXFP8 rows with their
@@ -177,7 +205,11 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     moe_fp8_groups gg;
     const moe_fp8_groups *gp;
     moe_buf g = g_operand(m, l, prec, eoff, El, &gg, &gp);
-    moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+    moe_fp8_groups xg;
+    const moe_fp8_groups *xgp;
+    const moe_buf xeb = xe_operand(m, l, prec, eoff, El, &xg, &xgp);
+    if (xpair) be->quantize_pair(be, xeb, moe_cbuf_of(la->h1, adt), xgp);
+    const moe_cbuf xe = moe_cbuf_from(xeb);
     be->grouped_matmul_forward(be, h1, xe, moe_model_weight(m, li->w1), eoff, El, C, F, prec);
     be->grouped_matmul_forward(be, h3, xe, moe_model_weight(m, li->w3), eoff, El, C, F, prec);
     be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
@@ -435,7 +467,9 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         const moe_fp8_groups *gp;
         moe_buf gb = g_operand(m, l, prec, eoff, El, &gg, &gp);
         moe_cbuf g = moe_cbuf_from(gb), w2 = moe_model_weight(m, li->w2);
-        moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+        moe_fp8_groups xg;
+        const moe_fp8_groups *xgp;
+        moe_cbuf xe = moe_cbuf_from(xe_operand(m, l, prec, eoff, El, &xg, &xgp));
         if (a->g_layer != l)
             be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), expert_grad(&P[li->w2]),

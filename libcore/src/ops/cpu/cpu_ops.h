@@ -98,6 +98,8 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
 void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
                              int64_t O, int64_t I, moe_recipe prec);
 /* adamw_quantize (ops.h): moe_cpu_adamw then moe_cpu_quantize_weight. */
+void moe_cpu_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                           const moe_fp8_groups *pairs);
 void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
                             moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
                             moe_recipe prec, float lr, float beta1, float beta2, float eps,

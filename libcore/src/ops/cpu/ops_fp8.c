@@ -108,6 +108,25 @@ void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const 
                              w + e * O * I, O, I, pow2);
 }
 
+void moe_cpu_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                           const moe_fp8_groups *pairs) {
+    (void)be;
+    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.dt != MOE_DTYPE_BF16 || x.mx) {
+        fprintf(stderr, "moe: cpu backend: quantize_pair got %s x, %s output and %s groups (a "
+                        "BF16 x, an fp8-block pair and its groups expected)\n",
+                moe_dtype_name(x.dt), moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) ? "a pair" : "no pair",
+                pairs ? "its" : "no");
+        abort();
+    }
+    const int64_t n = (int64_t)pairs->offsets[pairs->E] * pairs->K;
+    float *v = scratch(n);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_cbuf_get(x, i);
+    moe_fp8_pair_encode(out.p, v, pairs->offsets, pairs->E, pairs->K, pairs->pow2, pairs->tiles);
+    free(v);
+}
+
 void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
                             moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
                             moe_recipe prec, float lr, float beta1, float beta2, float eps,
