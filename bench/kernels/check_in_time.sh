@@ -38,9 +38,10 @@ fits() {
     fail=1
     return 1
 }
-# built STEP: whether the op harness was built; reports STEP left out otherwise
+# built STEP [BINARY]: whether BINARY (default the op harness) was built; reports STEP left out
+# otherwise
 built() {
-    [ -x "$build/tests/gpu_test_backend_ops" ] && return 0
+    [ -x "${2:-$build/tests/gpu_test_backend_ops}" ] && return 0
     echo "$1: LEFT OUT (not built)"
     fail=1
     return 1
@@ -64,11 +65,7 @@ if fits build "${COST_BUILD:-150}"; then
     outcome build $? "$log"
 fi
 for t in quant_operands model_cuda backend_ops; do
-    if [ ! -x "$build/tests/gpu_test_$t" ]; then
-        echo "gpu_test_$t: LEFT OUT (not built)"
-        fail=1
-        continue
-    fi
+    built "gpu_test_$t" "$build/tests/gpu_test_$t" || continue
     fits "gpu_test_$t" $(((${COST_TESTS:-60} + 2) / 3)) || continue
     log=$out/$t.log
     timeout "$(left)" "$build/tests/gpu_test_$t" > "$log" 2>&1
