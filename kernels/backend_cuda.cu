@@ -730,7 +730,8 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->ctx = c;
     be->bf16_native = 1;
     be->mx_native = c->mx_native;
-#if MOE_HAVE_SM90A /* the pairs' row-wise copy is read by the grouped fp8 kernel alone */
+#if MOE_HAVE_SM90A /* the pairs' row-wise copy is read by the grouped fp8 kernel (cuBLASLt reads   \
+                      one group of a multiple of 16 rows: ln1's, gemm_cublaslt.cu) */
     be->fp8_pairs = c->sm == 90 ? MOE_CUDA_GROUPED_MAXE : 0;
 #endif
     be->supports = cu_supports;
@@ -769,6 +770,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->adamw = moe_cuda_adamw;
     be->cast_bf16 = moe_cuda_cast_bf16;
     be->quantize_weight = moe_cuda_quantize_weight;
+    be->quantize_pair = moe_cuda_quantize_pair;
     be->adamw_quantize = moe_cuda_adamw_quantize;
     be->sum_squares = moe_cuda_sum_squares;
     be->pool_forward = moe_cuda_pool_forward;

@@ -450,6 +450,15 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
  * swiglu forward followed by moe_cuda_fp8_rows and moe_cuda_fp8_cols_t. */
 void moe_cuda_swiglu_forward_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf a, moe_cbuf b,
                                   const moe_fp8_groups *pairs, const char *op);
+/* An fp8-block activation pair out of pairs' groups [M, K] (moe/quant.h; its transposed copy in
+ * tiles where pairs->tiles) from x [M, K] BF16 (K a multiple of 16, 16-byte aligned), in one pass:
+ * the bytes of moe_cuda_fp8_rows and moe_cuda_fp8_cols_t on x. RMSNorm's ln1 under fp8-block
+ * training, the norm staged in bf16; quantize_pair's (the expert inputs). */
+void moe_cuda_fp8_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf x, const moe_fp8_groups *pairs,
+                       const char *op);
+/* quantize_pair (ops.h): moe_cuda_fp8_pair of x into out, with the op's checks. */
+void moe_cuda_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                            const moe_fp8_groups *pairs);
 /* quantize_weight (ops.h): the fp8-block copies of w [E, O, I] fp32 (O and I multiples of
  * 16), row-wise and transposed with their tile scales, in one kernel that reads w once. */
 void moe_cuda_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w,
@@ -544,7 +553,8 @@ void moe_cuda_embedding_forward(const moe_backend *be, moe_buf out, const int32_
 void moe_cuda_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                  const int32_t *tokens, int64_t N, int64_t C, int64_t V);
 void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
+                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                              const moe_fp8_groups *pairs);
 void moe_cuda_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                                moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cuda_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,

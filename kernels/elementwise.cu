@@ -240,20 +240,36 @@ static void rmsnorm_fwd_out(moe_cuda_ctx *c, moe_buf out, float *rstd, const TX 
         rmsnorm_fwd_vec(c, (float *)out.p, rstd, x, w, N, C, eps, rb);
 }
 
+/* An MXFP8 out: normalised in bf16, then encoded; an fp8-block pair (pairs) likewise, both
+ * copies written from the bf16 norm in scratch (quant_fp8.cu's moe_cuda_fp8_pair). */
 void moe_cuda_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf xb,
-                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+                              const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                              const moe_fp8_groups *pairs) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "rmsnorm_forward";
     if (moe_cuda_failed(c) || !moe_cuda_typed_ok(c, xb.dt, op) || N <= 0 || C <= 0) return;
-    /* an MXFP8 out: normalised in bf16, then encoded */
-    moe_buf os = moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_A, out, N * C, op);
+    if (pairs && (out.dt != MOE_DTYPE_E4M3 || out.mx ||
+                  N * C != (int64_t)pairs->offsets[pairs->E] * pairs->K)) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pair: N=%lld C=%lld, output %s (a pair of offsets[E] x K values "
+                       "expected)",
+                       (long long)N, (long long)C, moe_dtype_name(out.dt));
+        return;
+    }
+    moe_buf os = pairs ? moe_buf_of(moe_cuda_scratch(c, MOE_CUDA_SCRATCH_A,
+                                                     (size_t)(N * C) * sizeof(__nv_bfloat16), op),
+                                    MOE_DTYPE_BF16)
+                       : moe_cuda_mx_stage(c, MOE_CUDA_SCRATCH_A, out, N * C, op);
     if (!os.p) return;
-    int rb = prec == MOE_RECIPE_BF16;
+    int rb = pairs || prec == MOE_RECIPE_BF16;
     if (xb.dt == MOE_DTYPE_BF16)
         rmsnorm_fwd_out(c, os, rstd, (const __nv_bfloat16 *)xb.p, w, N, C, eps, rb);
     else
         rmsnorm_fwd_out(c, os, rstd, (const float *)xb.p, w, N, C, eps, rb);
-    if (MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C))
+    if (!MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld", (long long)N, (long long)C)) return;
+    if (pairs)
+        moe_cuda_fp8_pair(c, (uint8_t *)out.p, moe_cbuf_from(os), pairs, op);
+    else
         moe_cuda_mx_write(c, out, os, N * C, op);
 }
 

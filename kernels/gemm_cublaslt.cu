@@ -49,6 +49,16 @@ static int prec_ok(moe_cuda_ctx *c, moe_recipe prec, const char *op) {
     return 0;
 }
 
+/* 1 unless an fp8-block activation pair (pair: one of the op's operands, named by what) comes
+ * outside the fp8-block recipes, whose products alone read pairs: then 0 after recording an
+ * error. */
+static int pair_in_fp8(moe_cuda_ctx *c, int pair, moe_recipe prec, const char *what,
+                       const char *op) {
+    if (!pair || moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) return 1;
+    moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair %s outside fp8-block", what);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------------------------
  * mxfp8 products (docs/dtypes.md): bf16 tiles of each operand's values quantized in blocks
  * of 32 along the product's reduction (mxfp8.cu), as the CPU emulation quantizes them
@@ -252,25 +262,30 @@ static int fp8_grouped_product(moe_cuda_ctx *c, const char *op, moe_buf y /* [M,
 }
 
 /* y [M, N] (+)= a W_e^T (beta: 1 adds, 0 writes) from an fp8-block pair a [M, K] (its row-wise
- * copy) of the groups offsets and a weight copy wq [E, N, K] with scales ws: one grouped launch.
- * cuBLASLt cannot read the pair's scale layout, so this needs the sm_90 grouped kernel (the
- * backend offers pairs only where it runs). 0 after a recorded error. */
+ * copy) of the groups offsets and a weight copy wq [E, N, K] with scales ws. A pair of one group
+ * of whole 16-row blocks (RMSNorm's ln1, a dense product's x) is what cuBLASLt reads: its scales'
+ * row stride lds is then M, and the call is the one an unpaired x gets after its own quantization
+ * (fp8_group_product's body), so the result is the same bits. Other pairs need the layout the
+ * sm_90 grouped kernel reads (the backend offers pairs only where it runs): one grouped launch.
+ * 0 after a recorded error. */
 static int fp8_pair_product(moe_cuda_ctx *c, const char *op, moe_buf y, float beta, moe_cbuf a,
                             const uint8_t *wq, const float *ws, const int32_t *offsets, int64_t E,
                             int64_t N, int64_t K) {
     const moe_fp8_pair_layout pl = moe_fp8_pair_layout_of(offsets, E, K, 0); /* rows: any form */
     const uint8_t *pq = (const uint8_t *)a.p;
+    const float *ps = (const float *)(pq + pl.s_rows);
+    if (E == 1 && pl.M % FP8_ROWS == 0)
+        return moe_gemm_fp8(c, op, pl.M, N, K, pq, ps, SC_VEC128, wq, ws, SC_TILES, beta, y.p,
+                            output_type(y.dt), GEMM_VARY_M);
 #if MOE_HAVE_SM90A
     if (moe_cuda_grouped_fp8_fits(c, E, y.p, wq, ws))
-        return moe_cuda_grouped_fp8(c, y, beta, pq, (const float *)(pq + pl.s_rows), pl.lds, wq, ws,
-                                    offsets, E, N, K, op);
-#else
-    (void)y, (void)beta, (void)pq, (void)wq, (void)ws, (void)N;
+        return moe_cuda_grouped_fp8(c, y, beta, pq, ps, pl.lds, wq, ws, offsets, E, N, K, op);
 #endif
     return moe_cuda_check(c, cudaErrorInvalidValue, op,
-                          "an fp8-block pair of %lld groups (its row-wise copy is read by the "
-                          "sm_90 grouped fp8 kernel alone: at most be->fp8_pairs groups)",
-                          (long long)E);
+                          "an fp8-block pair of %lld groups, %lld rows (its row-wise copy is read "
+                          "by cuBLASLt as one group of a multiple of 16 rows, else by the sm_90 "
+                          "grouped fp8 kernel alone: at most be->fp8_pairs groups)",
+                          (long long)E, (long long)pl.M);
 }
 
 /* y [M, O] = x [M, I] W_e^T per group, w [E, O, I] (its row-wise copy); x may be an fp8-block
@@ -500,7 +515,9 @@ void moe_cuda_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf x, moe_c
                              int64_t I, int64_t O, moe_recipe prec) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_forward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || N <= 0 || O <= 0) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) ||
+        !pair_in_fp8(c, moe_cbuf_is_fp8_pair(x), prec, "x", op) || N <= 0 || O <= 0)
+        return;
     if (moe_cuda_skinny_ok(prec, x, w, I, O, y.dt, NULL)) { /* few outputs: the router's gate */
         moe_cuda_skinny_forward(c, y, x, (const float *)w.p, N, I, O, op);
         return;
@@ -543,7 +560,9 @@ void moe_cuda_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_c
                               moe_grad_store dx_st, moe_grad_store dw_st) {
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "matmul_backward";
-    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dy.dt, op)) return;
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) ||
+        !pair_in_fp8(c, moe_cbuf_is_fp8_pair(x), prec, "x", op) || !moe_cuda_typed_ok(c, dy.dt, op))
+        return;
     if (N <= 0) {
         zero_unreached(c, moe_buf_f32(dw), O * I, dw_st, op);
         return;
@@ -596,10 +615,7 @@ void moe_cuda_grouped_matmul_forward(const moe_backend *be, moe_buf y, moe_cbuf 
     if (moe_cuda_failed(c) || !prec_ok(c, prec, op)) return;
     int64_t M = offsets[E];
     if (M <= 0 || O <= 0) return;
-    if (moe_cbuf_is_fp8_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair x outside fp8-block");
-        return;
-    }
+    if (!pair_in_fp8(c, moe_cbuf_is_fp8_pair(x), prec, "x", op)) return;
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (!moe_cuda_typed_ok(c, y.dt, op)) return;
         fp8_grouped_forward(c, op, y, x, w, offsets, E, I, O, moe_recipe_pow2(prec));
@@ -649,11 +665,8 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
     int64_t M = offsets[E];
     if (M <= 0) return;
     const float bx = moe_grad_beta(dx_st), bw = moe_grad_beta(dw_st);
-    if ((moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x)) &&
-        moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
-        moe_cuda_check(c, cudaErrorInvalidValue, op, "an fp8-block pair dy or x outside fp8-block");
+    if (!pair_in_fp8(c, moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x), prec, "dy or x", op))
         return;
-    }
     if (moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) {
         if (dxb.dt != MOE_DTYPE_F32 && (dxb.dt != MOE_DTYPE_BF16 || dx_st != MOE_GRAD_SET)) {
             moe_cuda_check(c, cudaErrorInvalidValue, op,

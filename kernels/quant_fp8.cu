@@ -1,9 +1,9 @@
 /* quant_fp8: the fp8-block activation quantizers of the CUDA backend - the operands of
  * cuBLASLt's block-scaled fp8 products and of the grouped fp8 kernel (row-wise, transposed per
- * expert, in tiles under precision.fp8_wgrad x-tiles, and SwiGLU's backward written as
- * activation pairs), each the exact bytes of moe/quant.h's CPU emulation: the encoding of
- * quant_fp8.cuh (the weights' copies: quant_tiles.cu), so a GPU product and the CPU emulation
- * differ only in the order of their fp32 sums.
+ * expert, in tiles under precision.fp8_wgrad x-tiles, and activation pairs: SwiGLU's forward
+ * and backward and RMSNorm's ln1 written as both copies in one pass), each the exact bytes of
+ * moe/quant.h's CPU emulation: the encoding of quant_fp8.cuh (the weights' copies: quant_tiles.cu),
+ * so a GPU product and the CPU emulation differ only in the order of their fp32 sums.
  *
  * The one thing a reader must know is cuBLASLt's scale layouts (sm_90, checked on an H200
  * 2026-12-01 against a double-precision reference): for an operand stored row-major [R, K]
@@ -353,14 +353,14 @@ __device__ __forceinline__ void fp8_pair_store(const fp8_x4<__nv_bfloat16> (&r)[
     fp8_rows_store(r, t, po.q, po.s, ls, K, inf, pow2, clean);
 }
 
-/* Tokens c .. c + 7 of a SwiGLU pair kernel's tile (rows live ones) of one input, x at the
- * tile's first token and column, tokens K apart: the 8 loads issued at once, each from a live
+/* Tokens c .. c + 7 of a pair kernel's tile (rows live ones) of one input, x at the tile's
+ * first token and column, tokens K apart: the 8 loads issued at once, each from a live
  * row (the dead tokens read the last live one and are never used; no rows: nothing loaded). A
  * load under its token's condition waited for the token before it to be computed: 16 memory
  * latencies a tile. */
 template <typename T>
-__device__ __forceinline__ void swiglu_chunk_load(fp8_x4<T> (&v)[8], const T *__restrict__ x, int c,
-                                                  int rows, int K) {
+__device__ __forceinline__ void tile_chunk_load(fp8_x4<T> (&v)[8], const T *__restrict__ x, int c,
+                                                int rows, int K) {
     if (rows > 0)
 #pragma unroll
         for (int u = 0; u < 8; u++)
@@ -389,9 +389,9 @@ __global__ void __launch_bounds__(256, 2) /* two blocks a SM: 128 registers */
     for (int c = 0; c < 16; c += 8) {
         fp8_x4<TD> gd[8];
         fp8_x4<TA> av[8], bv[8];
-        swiglu_chunk_load(gd, dout + at, c, t.rows, K);
-        swiglu_chunk_load(av, a + at, c, t.rows, K);
-        swiglu_chunk_load(bv, b + at, c, t.rows, K);
+        tile_chunk_load(gd, dout + at, c, t.rows, K);
+        tile_chunk_load(av, a + at, c, t.rows, K);
+        tile_chunk_load(bv, b + at, c, t.rows, K);
         /* the chunk's gradients through swiglu_sigmoid_quick; again through swiglu_sigmoid
          * where it did not apply to a value (a < -87: rare), one branch a chunk */
         bool ok = true;
@@ -454,8 +454,8 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
     for (int c = 0; c < 16; c += 8) {
         fp8_x4<TA> av[8], bv[8];
-        swiglu_chunk_load(av, a + at, c, t.rows, K);
-        swiglu_chunk_load(bv, b + at, c, t.rows, K);
+        tile_chunk_load(av, a + at, c, t.rows, K);
+        tile_chunk_load(bv, b + at, c, t.rows, K);
         /* through swiglu_val_quick; again through swiglu_val where it did not apply, one
          * branch a chunk (as k_swiglu_bwd_pairs) */
         bool ok = true;
@@ -482,6 +482,27 @@ __global__ void __launch_bounds__(256, 2)
                     v[j] = swiglu_val(af[j], bf[j], true);
                 r[c + u].set(v);
             }
+    }
+    fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
+}
+
+/* x, the bf16 values an op would have stored (RMSNorm's ln1), written as an fp8-block
+ * activation pair po: both copies from the tile of fp8_tile_of, the transposed one in blocks or
+ * (tiles) in 128 x 128 tiles, the bytes of moe_cuda_fp8_rows and moe_cuda_fp8_cols_t on x, in one
+ * pass where they take two. A thread loads its 16 tokens' 4 values (K a multiple of 4; x
+ * 16-byte aligned); the dead tokens hold zeros, as fp8_pair_store expects. */
+__global__ void __launch_bounds__(256, 2)
+    k_fp8_pair(fp8_pair_out po, int64_t ls, const __nv_bfloat16 *__restrict__ x, int K,
+               const __grid_constant__ fp8_groups g, int E, int pow2, int tiles) {
+    const fp8_tile_at t = fp8_tile_of(g, E, K);
+    fp8_x4<__nv_bfloat16> r[16];
+#pragma unroll
+    for (int c = 0; c < 16; c += 8) {
+        fp8_x4<__nv_bfloat16> v[8];
+        tile_chunk_load(v, x + t.row0 * K + t.k, c, t.rows, K);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            r[c + u] = c + u < t.rows ? v[u] : fp8_x4<__nv_bfloat16>{};
     }
     fp8_pair_store(r, t, po, ls, K, g, pow2, tiles);
 }
@@ -561,6 +582,39 @@ int moe_cuda_fp8_cols_t(moe_cuda_ctx *c, uint8_t *q, float *s, moe_cbuf x, const
         });
 }
 
+/* ---- the pair launchers: one block a 128 x 128 tile (fp8_tile_of), FP8_COLS_MAXE groups a
+ * launch ---- */
+
+/* 1 when the pair kernels take a pair of layout l (K a multiple of 16, fewer than 2^30 row
+ * blocks, K < 2^31) with arrays whose addresses or-ed are al (each 16-byte aligned). */
+static bool pair_shape_ok(const moe_fp8_pair_layout &l, uintptr_t al) {
+    return l.K % 16 == 0 && l.M * l.KB < (1LL << 30) && l.K < (1LL << 31) && al % 16 == 0;
+}
+
+/* The parts of pair p (layout l) that a launch over the groups after pb0 padded blocks and
+ * ts0 tile scales writes (fp8_group_chunks' chunk). */
+static fp8_pair_out pair_out_at(uint8_t *p, const moe_fp8_pair_layout &l, int64_t pb0,
+                                int64_t ts0) {
+    fp8_pair_out po;
+    po.q = p;
+    po.s = (float *)(p + l.s_rows);
+    po.qt = p + l.q_cols + pb0 * QB * l.K;
+    po.st = (float *)(p + l.s_cols) + (l.tiles ? ts0 : pb0 * l.K);
+    return po;
+}
+
+/* The launches writing pair out (layout l) over pairs' groups: launch(po, grid, g, ne) a
+ * chunk of ne groups g, po its parts of out, grid one block a tile. 0 after a failed launch. */
+template <typename F>
+static int pair_chunks(uint8_t *out, const moe_fp8_pair_layout &l, const moe_fp8_groups *pairs,
+                       F launch) {
+    return fp8_group_chunks(pairs->offsets, pairs->E, l.K,
+                            [&](const fp8_groups &g, int ne, int64_t pb0, int64_t ts0) {
+                                return launch(pair_out_at(out, l, pb0, ts0),
+                                              dim3((unsigned)l.KB, (unsigned)g.pb[ne]), g, ne);
+                            });
+}
+
 /* k_swiglu_bwd_pairs for a's and dout's types */
 #define PAIRS_KEEP (16 * 256 * sizeof(uint2)) /* k_swiglu_bwd_pairs's dynamic shared memory */
 template <typename TA, typename TD>
@@ -592,8 +646,8 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
     }
     const uintptr_t al =
         (uintptr_t)da | (uintptr_t)db | (uintptr_t)dout.p | (uintptr_t)a.p | (uintptr_t)b.p;
-    if (K % 16 != 0 || l.M * l.KB >= (1LL << 30) || K >= (1LL << 31) || al % 16 != 0 ||
-        a.dt != b.dt || !moe_cuda_typed_ok(c, a.dt, op) || !moe_cuda_typed_ok(c, dout.dt, op)) {
+    if (!pair_shape_ok(l, al) || a.dt != b.dt || !moe_cuda_typed_ok(c, a.dt, op) ||
+        !moe_cuda_typed_ok(c, dout.dt, op)) {
         moe_cuda_check(c, cudaErrorInvalidValue, op,
                        "fp8-block pairs: K=%lld (a multiple of 16), M=%lld, inputs %s/%s/%s (F32 "
                        "or BF16, a and b of one type) and 16-byte aligned arrays expected",
@@ -603,15 +657,7 @@ void moe_cuda_swiglu_backward_pairs(moe_cuda_ctx *c, uint8_t *da, uint8_t *db, m
     }
     fp8_group_chunks(
         pairs->offsets, pairs->E, K, [&](const fp8_groups &g, int ne, int64_t pb0, int64_t) {
-            fp8_pair_out pa, pb;
-            uint8_t *base[2] = {da, db};
-            fp8_pair_out *out[2] = {&pa, &pb};
-            for (int i = 0; i < 2; i++) {
-                out[i]->q = base[i];
-                out[i]->s = (float *)(base[i] + l.s_rows);
-                out[i]->qt = base[i] + l.q_cols + pb0 * QB * K;
-                out[i]->st = (float *)(base[i] + l.s_cols) + pb0 * K;
-            }
+            const fp8_pair_out pa = pair_out_at(da, l, pb0, 0), pb = pair_out_at(db, l, pb0, 0);
             const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
             const int bf_a = a.dt == MOE_DTYPE_BF16, bf_d = dout.dt == MOE_DTYPE_BF16;
             typedef __nv_bfloat16 bf;
@@ -633,33 +679,60 @@ void moe_cuda_swiglu_forward_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf a, moe
     const int64_t K = pairs->K;
     const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K, pairs->tiles);
     if (l.M <= 0 || K <= 0) return;
-    const uintptr_t al = (uintptr_t)out | (uintptr_t)a.p | (uintptr_t)b.p;
-    if (K % 16 != 0 || l.M * l.KB >= (1LL << 30) || K >= (1LL << 31) || al % 16 != 0 ||
-        a.dt != b.dt || !moe_cuda_typed_ok(c, a.dt, op)) {
+    if (!pair_shape_ok(l, (uintptr_t)out | (uintptr_t)a.p | (uintptr_t)b.p) || a.dt != b.dt ||
+        !moe_cuda_typed_ok(c, a.dt, op)) {
         moe_cuda_check(c, cudaErrorInvalidValue, op,
                        "fp8-block pair: K=%lld (a multiple of 16), M=%lld, inputs %s/%s (F32 or "
                        "BF16, of one type) and 16-byte aligned arrays expected",
                        (long long)K, (long long)l.M, moe_dtype_name(a.dt), moe_dtype_name(b.dt));
         return;
     }
-    fp8_group_chunks(
-        pairs->offsets, pairs->E, K, [&](const fp8_groups &g, int ne, int64_t pb0, int64_t ts0) {
-            fp8_pair_out po;
-            po.q = out;
-            po.s = (float *)(out + l.s_rows);
-            po.qt = out + l.q_cols + pb0 * QB * K;
-            po.st = (float *)(out + l.s_cols) + (pairs->tiles ? ts0 : pb0 * K);
-            const dim3 grid((unsigned)l.KB, (unsigned)g.pb[ne]);
-            if (a.dt == MOE_DTYPE_BF16)
-                k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(
-                    po, l.lds, (const __nv_bfloat16 *)a.p, (const __nv_bfloat16 *)b.p, (int)K, g,
-                    ne, pairs->pow2, pairs->tiles);
-            else
-                k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const float *)a.p,
-                                                               (const float *)b.p, (int)K, g, ne,
-                                                               pairs->pow2, pairs->tiles);
-            return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
-        });
+    pair_chunks(out, l, pairs, [&](const fp8_pair_out &po, dim3 grid, const fp8_groups &g, int ne) {
+        if (a.dt == MOE_DTYPE_BF16)
+            k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const __nv_bfloat16 *)a.p,
+                                                           (const __nv_bfloat16 *)b.p, (int)K, g,
+                                                           ne, pairs->pow2, pairs->tiles);
+        else
+            k_swiglu_fwd_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const float *)a.p,
+                                                           (const float *)b.p, (int)K, g, ne,
+                                                           pairs->pow2, pairs->tiles);
+        return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
+    });
+}
+
+void moe_cuda_fp8_pair(moe_cuda_ctx *c, uint8_t *out, moe_cbuf x, const moe_fp8_groups *pairs,
+                       const char *op) {
+    const int64_t K = pairs->K;
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(pairs->offsets, pairs->E, K, pairs->tiles);
+    if (l.M <= 0 || K <= 0) return;
+    if (!pair_shape_ok(l, (uintptr_t)out | (uintptr_t)x.p) || x.dt != MOE_DTYPE_BF16) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "fp8-block pair: K=%lld (a multiple of 16), M=%lld, input %s (BF16) and "
+                       "16-byte aligned arrays expected",
+                       (long long)K, (long long)l.M, moe_dtype_name(x.dt));
+        return;
+    }
+    pair_chunks(out, l, pairs, [&](const fp8_pair_out &po, dim3 grid, const fp8_groups &g, int ne) {
+        k_fp8_pair<<<grid, 256, 0, c->stream>>>(po, l.lds, (const __nv_bfloat16 *)x.p, (int)K, g,
+                                                ne, pairs->pow2, pairs->tiles);
+        return MOE_CUDA_LAUNCHED(c, op, "fp8-block pair E=%d K=%lld", ne, (long long)K);
+    });
+}
+
+void moe_cuda_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                            const moe_fp8_groups *pairs) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "quantize_pair";
+    if (moe_cuda_failed(c)) return;
+    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.mx ||
+        pairs->E > be->fp8_pairs) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op,
+                       "an fp8-block pair output with its groups (at most %d) expected, got %s "
+                       "with %lld groups",
+                       be->fp8_pairs, moe_dtype_name(out.dt), pairs ? (long long)pairs->E : 0LL);
+        return;
+    }
+    moe_cuda_fp8_pair(c, (uint8_t *)out.p, x, pairs, op);
 }
 
 extern "C" void moe_cuda_fp8_block_operand(const moe_backend *be, uint8_t *q, float *s, moe_cbuf x,

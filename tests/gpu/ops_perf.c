@@ -267,7 +267,8 @@ static void run_perf(gctx *g, const pcase *pc) {
     case MOE_OP_RMSNORM:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[1]), c = perf_buf(g, s[0] * s[1]);
         d = perf_buf(g, s[0]), e = perf_buf(g, s[0] * s[1]);
-        be->rmsnorm_forward(be, moe_buf_f32(c), d, moe_cbuf_f32(a), b, s[0], s[1], 1e-5f, BF16);
+        be->rmsnorm_forward(be, moe_buf_f32(c), d, moe_cbuf_f32(a), b, s[0], s[1], 1e-5f, BF16,
+                            NULL);
         bytes = (pc->dir ? 4.0 : 2.0) * 4.0 * (double)s[0] * s[1];
         break;
     case MOE_OP_SWIGLU:
@@ -415,7 +416,7 @@ static void run_perf(gctx *g, const pcase *pc) {
                     be->rmsnorm_backward(be, e, b, c, moe_cbuf_f32(a), b, d, s[0], s[1]);
                 else
                     be->rmsnorm_forward(be, moe_buf_f32(c), d, moe_cbuf_f32(a), b, s[0], s[1],
-                                        1e-5f, BF16);
+                                        1e-5f, BF16, NULL);
                 break;
             case MOE_OP_SWIGLU:
                 if (pc->dir)

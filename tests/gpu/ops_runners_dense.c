@@ -77,12 +77,13 @@ void run_rmsnorm(gctx *g, const tcase *tc) {
     float *x = frand(N * C, -2, 2), *w = frand(C, 0.5f, 1.5f);
     float *out = xmalloc(F(N * C)), *rstd = xmalloc(F(N));
     as_stored(x, N * C, xdt);
-    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, moe_cbuf_f32(x), w, N, C, eps, p16);
+    g->cpu->rmsnorm_forward(g->cpu, moe_buf_f32(out), rstd, moe_cbuf_f32(x), w, N, C, eps, p16,
+                            NULL);
     moe_cbuf dx_ = moe_cbuf_from(dev_operand(g, xdt, "x", x, N * C));
     float *dw_ = dup_dev(g, "w", w, F(C));
     moe_buf dout = dev_operand(g, role_dt(tc, ROLE_Y, typed_dt(tc)), "out", NULL, N * C);
     float *drstd = dup_dev(g, "rstd", NULL, F(N));
-    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, p16);
+    g->gpu->rmsnorm_forward(g->gpu, dout, drstd, dx_, dw_, N, C, eps, p16, NULL);
     check_sync_guards(g, "rmsnorm_forward");
     cmp_typed(g, "out", dout, out, N * C, tc->tol);
     cmp_f32(g, "rstd", drstd, rstd, N, tc->tol);

@@ -9,7 +9,9 @@
  *     fp8-block activation pairs SwiGLU's backward (dh1, dh3) and forward (g, its transposed
  *     copy in blocks or tiles) write in one pass (where be->fp8_pairs) against the CPU's
  *     moe_fp8_pair_encode of the same op's BF16 outputs, then the grouped products reading
- *     such a pair as dy or x against the same products on the BF16 values.
+ *     such a pair as dy or x against the same products on the BF16 values; and RMSNorm's ln1
+ *     written as a pair of one group (fp8-block training), then the dense q-like product
+ *     reading it as x (y, dw) against the same product on the BF16 ln1.
  *
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
  * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
@@ -258,6 +260,31 @@ static int64_t bytes_differ(const moe_backend *be, const void *p, const uint8_t 
     return bad;
 }
 
+/* 1 when device buffers a and b hold the same n bytes. */
+static int same_on_dev(const moe_backend *be, const void *a, const void *b, size_t n) {
+    uint8_t *ha = malloc(n), *hb = malloc(n);
+    be->memcpy_d2h(be, ha, a, n), be->memcpy_d2h(be, hb, b, n);
+    const int same = memcmp(ha, hb, n) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* A weight [E, O, I] on the device as the fp8-block products read it: the e4m3 copies and
+ * scales quantize_weight makes of w (fp32, host) under prec. Free with dev_weight_free. */
+static moe_cbuf dev_weight(const moe_backend *be, const float *w, int64_t E, int64_t O, int64_t I,
+                           moe_recipe prec) {
+    void *d32 = dev(be, w, (size_t)(E * O * I) * 4);
+    uint8_t *q = be->alloc(be, (size_t)(2 * E * O * I));
+    float *s = be->alloc(be, (size_t)moe_fp8_weight_scales(E, O, I) * 4);
+    be->quantize_weight(be, q, s, d32, E, O, I, prec);
+    be->free(be, d32); /* (cudaFree waits for the quantizer) */
+    return moe_cbuf_e4m3(q, s);
+}
+static void dev_weight_free(const moe_backend *be, moe_cbuf w) {
+    be->free(be, (void *)w.p);
+    be->free(be, (void *)w.s);
+}
+
 /* fp8-block activation pairs (moe/quant.h): SwiGLU's backward written as pairs in one pass
  * (be->swiglu_backward with groups) against the same op's BF16 dh1, dh3 encoded by the CPU
  * (moe_fp8_pair_encode), the whole buffer byte for byte (gaps and the rows' padding scales
@@ -325,31 +352,22 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
         hw[i] = urand() * 0.05f;
     for (int64_t i = 0; i < M * I; i++)
         hx[i] = urand();
-    void *dw32 = dev(be, hw, (size_t)nw * 4), *dxin;
+    void *dxin;
     moe_cbuf x = dev_typed(be, hx, M * I, 2, &dxin);
     const moe_recipe prec = rule ? MOE_RECIPE_FP8_BLOCK_POW2 : MOE_RECIPE_FP8_BLOCK;
-    const int64_t nws = moe_fp8_weight_scales(E, K, I);
-    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
-    float *ws = be->alloc(be, (size_t)nws * 4);
-    be->quantize_weight(be, wq, ws, dw32, E, K, I, prec);
+    const moe_cbuf w = dev_weight(be, hw, E, K, I, prec);
     float *ox[2], *ow[2];
     const moe_cbuf dys[2] = {moe_cbuf_of(d1, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p1))};
     for (int j = 0; j < 2; j++) {
         ox[j] = be->alloc(be, (size_t)(M * I) * 4);
         ow[j] = be->alloc(be, (size_t)nw * 4);
-        be->grouped_matmul_backward(be, moe_buf_f32(ox[j]), moe_buf_f32(ow[j]), dys[j], x,
-                                    moe_cbuf_e4m3(wq, ws), off, E, I, K, prec, MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
+        be->grouped_matmul_backward(be, moe_buf_f32(ox[j]), moe_buf_f32(ow[j]), dys[j], x, w, off,
+                                    E, I, K, prec, MOE_GRAD_SET, MOE_GRAD_SET);
     }
     ok = be->synchronize(be, &err) == MOE_OK;
     CHECK_MSG(ok, "grouped_matmul_backward on a pair: %s", err.msg);
-    float *hx2 = malloc((size_t)(M * I) * 4), *hw2 = malloc((size_t)nw * 4);
-    be->memcpy_d2h(be, hx, ox[0], (size_t)(M * I) * 4);
-    be->memcpy_d2h(be, hx2, ox[1], (size_t)(M * I) * 4);
-    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
-    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
-    const int same_x = memcmp(hx, hx2, (size_t)(M * I) * 4) == 0,
-              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
+    const int same_x = same_on_dev(be, ox[0], ox[1], (size_t)(M * I) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
     CHECK_MSG(ok && same_x && same_w, "grouped backward K=%lld rule %d: dx %s, dw %s", (long long)K,
               rule, same_x ? "identical" : "DIFFERS", same_w ? "identical" : "DIFFERS");
     printf("  pairs     a %-4s dout %-4s K=%-3lld rule %d: %zu bytes a pair%s; grouped backward "
@@ -358,26 +376,96 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
            bad1 || bad3 ? "  FAILED" : "  identical", same_x && same_w ? " identical" : " DIFFER");
     for (int j = 0; j < 2; j++)
         be->free(be, ox[j]), be->free(be, ow[j]), free(ref[j]);
-    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, dxin);
+    dev_weight_free(be, w), be->free(be, dxin);
     be->free(be, p1), be->free(be, p3), be->free(be, d1), be->free(be, d3);
     be->free(be, da_), be->free(be, db_), be->free(be, dg_);
-    free(hx2), free(hw2), free(hw), free(hx), free(fillb), free(v), free(h1), free(h3);
+    free(hw), free(hx), free(fillb), free(v), free(h1), free(h3);
     free(ha), free(hb), free(hg), free(off);
 }
 
-/* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
- * transposed copy in blocks or, tiles, in 128 x 128 tiles) against the same op's BF16 g encoded
- * by the CPU (moe_fp8_pair_encode), the whole buffer byte for byte (guard bytes after it); then
- * w2's products reading the pair as x against the same products on the BF16 g: the forward's y
- * and the weight gradient bit for bit. a, b of type dta (1 F32, 2 BF16), with fill's NaN,
- * infinities, zeros and outliers. */
-static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
-                       int rule, int tiles) {
-    const int64_t O = 128; /* w2's output width */
+/* The fp8-block recipe of a scale rule (pow2) and precision.fp8_wgrad form (x-tiles). */
+static moe_recipe fp8_recipe(int pow2, int tiles) {
+    return pow2 ? (tiles ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_POW2)
+                : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
+}
+
+/* Bytes of pair p (device, pbytes with its guard) that differ from the CPU's encoding
+ * (moe_fp8_pair_encode) of the n = offsets[E] K bf16 values at device address d16; *first the
+ * first such byte. */
+static int64_t pair_vs_cpu(const moe_backend *be, const void *p, size_t pbytes, const void *d16,
+                           const int32_t *off, int64_t E, int64_t K, int rule, int tiles,
+                           int64_t *first) {
+    const int64_t n = off[E] * K;
+    uint16_t *h16 = malloc((size_t)n * 2);
+    be->memcpy_d2h(be, h16, d16, (size_t)n * 2);
+    uint8_t *ref = malloc(pbytes);
+    memset(ref, 0xab, pbytes);
+    float *v = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_bf16_to_f32(h16[i]);
+    moe_fp8_pair_encode(ref, v, off, E, K, rule, tiles);
+    const int64_t bad = bytes_differ(be, p, ref, (int64_t)pbytes, first);
+    free(h16), free(ref), free(v);
+    return bad;
+}
+
+/* A grouped product's forward y and weight gradient (dy [M, O] BF16) with x the pair p or the
+ * BF16 x at d16 [M, K], bit for bit: 1 when both are identical (what names the product). */
+static int grouped_on_pair(const moe_backend *be, const void *d16, void *p,
+                           const int32_t *off, int64_t E, int64_t K, int rule, int tiles,
+                           const char *what) {
+    const int64_t O = 128, M = off[E], nw = E * O * K;
+    float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hw[i] = urand() * 0.05f;
+    for (int64_t i = 0; i < M * O; i++)
+        hdy[i] = urand();
+    void *ddy;
+    moe_cbuf dy = dev_typed(be, hdy, M * O, 2, &ddy);
+    const moe_recipe prec = fp8_recipe(rule, tiles);
+    const moe_cbuf w = dev_weight(be, hw, E, O, K, prec);
+    float *oy[2], *ow[2];
+    const moe_cbuf xs[2] = {moe_cbuf_of(d16, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
+    for (int j = 0; j < 2; j++) {
+        oy[j] = be->alloc(be, (size_t)(M * O) * 4);
+        ow[j] = be->alloc(be, (size_t)nw * 4);
+        be->grouped_matmul_forward(be, moe_buf_f32(oy[j]), xs[j], w, off, E, K, O, prec);
+        be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j], w, off, E,
+                                    K, O, prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    }
+    moe_err err;
+    moe_err_clear(&err);
+    const int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "%s's products on a pair: %s", what, err.msg);
+    const int same_y = same_on_dev(be, oy[0], oy[1], (size_t)(M * O) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
+    CHECK_MSG(ok && same_y && same_w, "%s on a pair K=%lld rule %d tiles %d: y %s, dw %s", what,
+              (long long)K, rule, tiles, same_y ? "identical" : "DIFFERS",
+              same_w ? "identical" : "DIFFERS");
+    for (int j = 0; j < 2; j++)
+        be->free(be, oy[j]), be->free(be, ow[j]);
+    dev_weight_free(be, w), be->free(be, ddy);
+    free(hw), free(hdy);
+    return ok && same_y && same_w;
+}
+
+/* The offsets [E + 1] of groups of counts[e] rows (malloc'ed). */
+static int32_t *offsets_of(const int64_t *counts, int64_t E) {
     int32_t *off = malloc((size_t)(E + 1) * sizeof *off);
     off[0] = 0;
     for (int64_t e = 0; e < E; e++)
         off[e + 1] = off[e] + (int32_t)counts[e];
+    return off;
+}
+
+/* SwiGLU's output g as an fp8-block activation pair (be->swiglu_forward with groups; its
+ * transposed copy in blocks or, tiles, in 128 x 128 tiles) against the same op's BF16 g encoded
+ * by the CPU (pair_vs_cpu), the whole buffer byte for byte (guard bytes after it); then w2's
+ * products reading the pair as x against the same products on the BF16 g (grouped_on_pair).
+ * a, b of type dta (1 F32, 2 BF16), with fill's NaN, infinities, zeros and outliers. */
+static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K, int dta,
+                       int rule, int tiles) {
+    int32_t *off = offsets_of(counts, E);
     const int64_t M = off[E], n = M * K;
     const moe_fp8_groups pg = {off, E, K, rule, tiles};
     const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
@@ -387,78 +475,155 @@ static void run_g_pair(const moe_backend *be, const int64_t *counts, int64_t E, 
     fill(hb, M, K, 3);
     void *da_, *db_;
     moe_cbuf a = dev_typed(be, ha, n, dta, &da_), b = dev_typed(be, hb, n, dta, &db_);
-    uint16_t *hg = malloc((size_t)n * 2);
     void *dg = be->alloc(be, (size_t)n * 2);
     be->swiglu_forward(be, moe_buf_of(dg, MOE_DTYPE_BF16), a, b, n, MOE_RECIPE_BF16, NULL);
-    be->memcpy_d2h(be, hg, dg, (size_t)n * 2);
-    uint8_t *ref = malloc(pbytes), *fillb = malloc(pbytes);
-    memset(ref, 0xab, pbytes), memset(fillb, 0xab, pbytes);
-    float *v = malloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++)
-        v[i] = moe_bf16_to_f32(hg[i]);
-    moe_fp8_pair_encode(ref, v, off, E, K, rule, tiles);
+    uint8_t *fillb = malloc(pbytes);
+    memset(fillb, 0xab, pbytes);
     void *p = dev(be, fillb, pbytes);
     be->swiglu_forward(be, moe_buf_fp8_pair(p), a, b, n, MOE_RECIPE_BF16, &pg);
     moe_err err;
     moe_err_clear(&err);
     int ok = be->synchronize(be, &err) == MOE_OK;
     CHECK_MSG(ok, "swiglu_forward pair: %s", err.msg);
-    int64_t first, bad = bytes_differ(be, p, ref, (int64_t)pbytes, &first);
+    int64_t first, bad = pair_vs_cpu(be, p, pbytes, dg, off, E, K, rule, tiles, &first);
     static const char *names[] = {"", "f32", "bf16"};
     CHECK_MSG(ok && bad == 0,
               "g pair a %s K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts "
               "at 0, %zu, %zu, %zu)",
               names[dta], (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first,
               l.s_rows, l.q_cols, l.s_cols);
-    /* w2's products, x the pair or the BF16 g */
-    const int64_t nw = E * O * K;
-    float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
-    for (int64_t i = 0; i < nw; i++)
-        hw[i] = urand() * 0.05f;
-    for (int64_t i = 0; i < M * O; i++)
-        hdy[i] = urand();
-    void *dw32 = dev(be, hw, (size_t)nw * 4), *ddy;
-    moe_cbuf dy = dev_typed(be, hdy, M * O, 2, &ddy);
-    const moe_recipe prec = rule
-                                ? (tiles ? MOE_RECIPE_FP8_BLOCK_POW2_XT : MOE_RECIPE_FP8_BLOCK_POW2)
-                                : (tiles ? MOE_RECIPE_FP8_BLOCK_XT : MOE_RECIPE_FP8_BLOCK);
-    const int64_t nws = moe_fp8_weight_scales(E, O, K);
-    uint8_t *wq = be->alloc(be, (size_t)(2 * nw));
-    float *ws = be->alloc(be, (size_t)nws * 4);
-    be->quantize_weight(be, wq, ws, dw32, E, O, K, prec);
-    float *oy[2], *ow[2];
-    const moe_cbuf xs[2] = {moe_cbuf_of(dg, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
-    for (int j = 0; j < 2; j++) {
-        oy[j] = be->alloc(be, (size_t)(M * O) * 4);
-        ow[j] = be->alloc(be, (size_t)nw * 4);
-        be->grouped_matmul_forward(be, moe_buf_f32(oy[j]), xs[j], moe_cbuf_e4m3(wq, ws), off, E, K,
-                                   O, prec);
-        be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(ow[j]), dy, xs[j],
-                                    moe_cbuf_e4m3(wq, ws), off, E, K, O, prec, MOE_GRAD_SET,
-                                    MOE_GRAD_SET);
-    }
-    ok = be->synchronize(be, &err) == MOE_OK;
-    CHECK_MSG(ok, "w2's products on a g pair: %s", err.msg);
-    float *hy = malloc((size_t)(M * O) * 4), *hy2 = malloc((size_t)(M * O) * 4),
-          *hw2 = malloc((size_t)nw * 4);
-    be->memcpy_d2h(be, hy, oy[0], (size_t)(M * O) * 4);
-    be->memcpy_d2h(be, hy2, oy[1], (size_t)(M * O) * 4);
-    be->memcpy_d2h(be, hw, ow[0], (size_t)nw * 4);
-    be->memcpy_d2h(be, hw2, ow[1], (size_t)nw * 4);
-    const int same_y = memcmp(hy, hy2, (size_t)(M * O) * 4) == 0,
-              same_w = memcmp(hw, hw2, (size_t)nw * 4) == 0;
-    CHECK_MSG(ok && same_y && same_w, "w2 on a g pair K=%lld rule %d tiles %d: y %s, dw %s",
-              (long long)K, rule, tiles, same_y ? "identical" : "DIFFERS",
-              same_w ? "identical" : "DIFFERS");
+    const int same = grouped_on_pair(be, dg, p, off, E, K, rule, tiles, "w2");
     printf("  g pair    a %-4s K=%-3lld rule %d %s: %zu bytes%s; w2 forward y, dw%s\n", names[dta],
            (long long)K, rule, tiles ? "tiles " : "blocks", l.bytes,
-           bad ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
+           bad ? "  FAILED" : "  identical", same ? " identical" : " DIFFER");
+    be->free(be, p), be->free(be, dg), be->free(be, da_), be->free(be, db_);
+    free(fillb), free(ha), free(hb), free(off);
+}
+
+/* The expert inputs xe as an fp8-block activation pair (be->quantize_pair; fp8-block training)
+ * from BF16 x [M, K] with fill's special values, against the CPU's encoding of the same values
+ * byte for byte (guard bytes after it); then w1's products reading the pair as x against the
+ * same products on the BF16 x (grouped_on_pair). */
+static void run_xe_pair(const moe_backend *be, const int64_t *counts, int64_t E, int64_t K,
+                        int rule, int tiles) {
+    int32_t *off = offsets_of(counts, E);
+    const int64_t M = off[E], n = M * K;
+    const moe_fp8_groups pg = {off, E, K, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(off, E, K, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *hx = malloc((size_t)n * 4);
+    fill(hx, M, K, 3);
+    void *d16;
+    const moe_cbuf x = dev_typed(be, hx, n, 2, &d16);
+    uint8_t *fillb = malloc(pbytes);
+    memset(fillb, 0xab, pbytes);
+    void *p = dev(be, fillb, pbytes);
+    be->quantize_pair(be, moe_buf_fp8_pair(p), x, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    const int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "quantize_pair: %s", err.msg);
+    int64_t first, bad = pair_vs_cpu(be, p, pbytes, d16, off, E, K, rule, tiles, &first);
+    CHECK_MSG(ok && bad == 0,
+              "xe pair K=%lld rule %d tiles %d: %lld of %zu bytes differ (first at %lld; parts at "
+              "0, %zu, %zu, %zu)",
+              (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first, l.s_rows,
+              l.q_cols, l.s_cols);
+    const int same = grouped_on_pair(be, d16, p, off, E, K, rule, tiles, "w1");
+    printf("  xe pair   K=%-3lld rule %d %s: %zu bytes%s; w1 forward y, dw%s\n", (long long)K,
+           rule, tiles ? "tiles " : "blocks", l.bytes, bad ? "  FAILED" : "  identical",
+           same ? " identical" : " DIFFER");
+    be->free(be, p), be->free(be, d16);
+    free(fillb), free(hx), free(off);
+}
+
+/* RMSNorm's ln1 as an fp8-block activation pair of one group (be->rmsnorm_forward with
+ * groups; fp8-block training) against the same op's BF16 ln1 encoded by the CPU
+ * (moe_fp8_pair_encode), the whole buffer byte for byte (guard bytes after it), rstd bit for
+ * bit; then the q/k/v-like dense products reading the pair as x against the same products on
+ * the BF16 ln1: y and dw bit for bit (N a multiple of 16: cuBLASLt reads the pair's row-wise
+ * copy as it reads x's own quantization). x [N, C] of type dtx (1 F32, 2 BF16) with fill's
+ * special values; the norm's weight spans 2^-90 .. 2^90 by columns, so that both division
+ * paths run. */
+static void run_ln1_pair(const moe_backend *be, int64_t N, int64_t C, int dtx, int rule,
+                         int tiles) {
+    const int64_t O = 128; /* the q projection's output width */
+    const int32_t rows[2] = {0, (int32_t)N};
+    const moe_fp8_groups pg = {rows, 1, C, rule, tiles};
+    const moe_fp8_pair_layout l = moe_fp8_pair_layout_of(rows, 1, C, tiles);
+    const size_t pbytes = l.bytes + GUARD;
+    float *hx = malloc((size_t)(N * C) * 4), *hw = malloc((size_t)C * 4);
+    fill(hx, N, C, 4);
+    for (int64_t c = 0; c < C; c++)
+        hw[c] = (0.5f + 0.5f * fabsf(urand())) * ldexpf(1.0f, (int)((c / 16) % 13) * 15 - 90);
+    void *dxin, *dnw = dev(be, hw, (size_t)C * 4);
+    moe_cbuf x = dev_typed(be, hx, N * C, dtx, &dxin);
+    /* the BF16 ln1, and the CPU's pair of it */
+    uint16_t *h16 = malloc((size_t)(N * C) * 2);
+    void *d16 = be->alloc(be, (size_t)(N * C) * 2);
+    float *r16 = be->alloc(be, (size_t)N * 4), *rp = be->alloc(be, (size_t)N * 4);
+    be->rmsnorm_forward(be, moe_buf_of(d16, MOE_DTYPE_BF16), r16, x, dnw, N, C, 1e-5f,
+                        MOE_RECIPE_BF16, NULL);
+    be->memcpy_d2h(be, h16, d16, (size_t)(N * C) * 2);
+    uint8_t *ref = malloc(pbytes), *fillb = malloc(pbytes);
+    memset(ref, 0xab, pbytes), memset(fillb, 0xab, pbytes);
+    float *v = malloc((size_t)(N * C) * 4);
+    for (int64_t i = 0; i < N * C; i++)
+        v[i] = moe_bf16_to_f32(h16[i]);
+    moe_fp8_pair_encode(ref, v, rows, 1, C, rule, tiles);
+    /* the pair in one op */
+    void *p = dev(be, fillb, pbytes);
+    be->rmsnorm_forward(be, moe_buf_fp8_pair(p), rp, x, dnw, N, C, 1e-5f, MOE_RECIPE_BF16, &pg);
+    moe_err err;
+    moe_err_clear(&err);
+    int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "rmsnorm_forward pair: %s", err.msg);
+    int64_t first, fr, bad = bytes_differ(be, p, ref, (int64_t)pbytes, &first);
+    float *hr = malloc((size_t)N * 4);
+    be->memcpy_d2h(be, hr, r16, (size_t)N * 4);
+    const int64_t bad_r = bytes_differ(be, rp, (const uint8_t *)hr, N * 4, &fr);
+    static const char *names[] = {"", "f32", "bf16"};
+    CHECK_MSG(ok && bad == 0 && bad_r == 0,
+              "ln1 pair x %s N=%lld C=%lld rule %d tiles %d: %lld of %zu bytes differ (first at "
+              "%lld; parts at 0, %zu, %zu, %zu), rstd %lld bytes",
+              names[dtx], (long long)N, (long long)C, rule, tiles, (long long)bad, pbytes,
+              (long long)first, l.s_rows, l.q_cols, l.s_cols, (long long)bad_r);
+    /* the dense products, x the pair or the BF16 ln1 */
+    const int64_t nw = O * C;
+    float *hq = malloc((size_t)nw * 4), *hdy = malloc((size_t)(N * O) * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hq[i] = urand() * 0.05f;
+    for (int64_t i = 0; i < N * O; i++)
+        hdy[i] = urand();
+    void *ddy = dev(be, hdy, (size_t)(N * O) * 4);
+    const moe_recipe prec = fp8_recipe(rule, tiles);
+    const moe_cbuf w = dev_weight(be, hq, 1, O, C, prec);
+    float *oy[2], *ow[2];
+    const moe_cbuf xs[2] = {moe_cbuf_of(d16, MOE_DTYPE_BF16), moe_cbuf_from(moe_buf_fp8_pair(p))};
+    for (int j = 0; j < 2; j++) {
+        oy[j] = be->alloc(be, (size_t)(N * O) * 4);
+        ow[j] = be->alloc(be, (size_t)nw * 4);
+        be->matmul_forward(be, moe_buf_f32(oy[j]), xs[j], w, N, C, O, prec);
+        be->matmul_backward(be, NULL, ow[j], moe_cbuf_f32(ddy), xs[j], w, N, C, O, prec,
+                            MOE_GRAD_SET, MOE_GRAD_SET);
+    }
+    ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "the dense products on an ln1 pair: %s", err.msg);
+    const int same_y = same_on_dev(be, oy[0], oy[1], (size_t)(N * O) * 4),
+              same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
+    CHECK_MSG(ok && same_y && same_w,
+              "dense products on an ln1 pair N=%lld C=%lld rule %d tiles %d: y %s, dw %s",
+              (long long)N, (long long)C, rule, tiles, same_y ? "identical" : "DIFFERS",
+              same_w ? "identical" : "DIFFERS");
+    printf("  ln1 pair  x %-4s N=%-3lld C=%-3lld rule %d %s: %zu bytes%s; q forward y, dw%s\n",
+           names[dtx], (long long)N, (long long)C, rule, tiles ? "tiles " : "blocks", l.bytes,
+           bad || bad_r ? "  FAILED" : "  identical", same_y && same_w ? " identical" : " DIFFER");
     for (int j = 0; j < 2; j++)
         be->free(be, oy[j]), be->free(be, ow[j]);
-    be->free(be, wq), be->free(be, ws), be->free(be, dw32), be->free(be, ddy), be->free(be, p);
-    be->free(be, dg), be->free(be, da_), be->free(be, db_);
-    free(hy), free(hy2), free(hw2), free(hw), free(hdy), free(ref), free(fillb), free(v), free(hg);
-    free(ha), free(hb), free(off);
+    dev_weight_free(be, w), be->free(be, ddy), be->free(be, p), be->free(be, d16);
+    be->free(be, r16), be->free(be, rp), be->free(be, dxin), be->free(be, dnw);
+    free(hq), free(hdy), free(ref), free(fillb), free(v), free(h16);
+    free(hr), free(hx), free(hw);
 }
 
 int main(void) {
@@ -487,7 +652,19 @@ int main(void) {
             for (int rule = 0; rule < 2; rule++)
                 for (int tiles = 0; tiles < 2; tiles++)
                     run_g_pair(be, counts, E, Ks[k], 2 - (k == 1 && rule == tiles), rule, tiles);
-    else
+    if (be->fp8_pairs >= E)
+        for (int k = 0; k < 3; k++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int tiles = 0; tiles < 2; tiles++)
+                    run_xe_pair(be, counts, E, Ks[k], rule, tiles);
+    static const int64_t ln1_shapes[2][2] = {{304, 48}, {208, 256}}; /* N, C */
+    if (be->fp8_pairs >= 1)
+        for (int sh = 0; sh < 2; sh++)
+            for (int rule = 0; rule < 2; rule++)
+                for (int tiles = 0; tiles < 2; tiles++)
+                    for (int dt = 1; dt <= 2; dt++)
+                        run_ln1_pair(be, ln1_shapes[sh][0], ln1_shapes[sh][1], dt, rule, tiles);
+    if (be->fp8_pairs < E)
         printf("fp8-block pairs: not on this GPU (be->fp8_pairs %d: sm_90 only)\n", be->fp8_pairs);
     be->destroy(be);
     return test_summary("gpu_test_quant_operands");

@@ -55,7 +55,7 @@ typedef struct {
 static double rms_loss(void *p) {
     rms_st *s = p;
     be->rmsnorm_forward(be, moe_buf_f32(s->out), s->rstd, moe_cbuf_f32(s->x), s->w, s->N, s->C,
-                        1e-5f, MOE_RECIPE_FP32);
+                        1e-5f, MOE_RECIPE_FP32, NULL);
     return gc_dot(s->out, s->r, s->N * s->C);
 }
 static void test_rmsnorm(void) {

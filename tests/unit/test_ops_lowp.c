@@ -3,7 +3,8 @@
  * a BF16 weight or BF16 activations give the same bits as the F32 values they hold, that the
  * ops writing MXFP8 activations store the encoding of their bf16 output and read one as its
  * values, that the fp8 recipes' emulated products stay close to fp32, and that fp8-block
- * activation pairs give the products the bits of the BF16 gradients they encode. */
+ * activation pairs give the products the bits of the BF16 activations and gradients they
+ * encode (SwiGLU's, RMSNorm's ln1). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -201,9 +202,9 @@ static void test_mxfp8_norm_output(void) {
     uint8_t *ln = calloc(N * C + N * C / 32, 1);
     uint16_t *r16 = calloc(N * C, 2);
     moe_buf lnb = moe_buf_mxfp8(ln, ln + N * C);
-    be->rmsnorm_forward(be, lnb, rstd, moe_cbuf_f32(x), w, N, C, 1e-5f, MOE_RECIPE_BF16);
+    be->rmsnorm_forward(be, lnb, rstd, moe_cbuf_f32(x), w, N, C, 1e-5f, MOE_RECIPE_BF16, NULL);
     be->rmsnorm_forward(be, moe_buf_of(r16, MOE_DTYPE_BF16), rstd, moe_cbuf_f32(x), w, N, C, 1e-5f,
-                        MOE_RECIPE_BF16);
+                        MOE_RECIPE_BF16, NULL);
     CHECK_MSG(mx_is(ln, ln + N * C, r16, N * C), "rmsnorm into MXFP8");
     float *lv = mx_values(ln, N * C);
     float *y[2], *dx[2], *dw[2];
@@ -458,6 +459,156 @@ static void test_fp8_g_pairs(void) {
         }
 }
 
+/* The expert inputs xe as an fp8-block activation pair (quantize_pair, fp8-block training) read
+ * by w1's and w3's products as x: the pair holds byte for byte moe_fp8_pair_encode of x's BF16
+ * values (the bytes past it untouched), and the forward's y and the weight gradients (F32 and
+ * BF16) are those of the BF16 xe - under both scale rules and both precision.fp8_wgrad forms,
+ * for uneven groups (an empty one, one of 129 rows) and widths C 208 (a partial block) and
+ * 256. */
+static void test_fp8_xe_pair(void) {
+    enum { E = 4, M = 300, F = 144 };
+    const int32_t off[E + 1] = {0, 150, 150, 279, 300};
+    const int64_t Cs[2] = {208, 256};
+    const moe_recipe rs[4] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2,
+                              MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT};
+    CHECK(be->fp8_pairs >= E);
+    for (int ci = 0; ci < 2; ci++)
+        for (int ri = 0; ri < 4; ri++) {
+            const int64_t C = Cs[ci];
+            const moe_recipe prec = rs[ri];
+            const int pow2 = moe_recipe_pow2(prec), tiles = moe_recipe_wgrad_tiles(prec);
+            float *x = gc_buf(M * C, 120, -2, 2), *w1 = gc_buf(E * F * C, 121, -1, 1);
+            float *dy = gc_buf(M * F, 122, -1, 1);
+            for (int64_t r = 0; r < M; r += 5) /* rows, blocks and tiles of different scales */
+                x[r * C + (r * 7) % C] *= 300.0f;
+            uint16_t *x16 = calloc((size_t)(M * C), 2);
+            float *v = gc_buf(M * C, 0, 0, 0);
+            for (int64_t i = 0; i < M * C; i++)
+                x16[i] = moe_f32_to_bf16(x[i]), v[i] = moe_bf16_to_f32(x16[i]);
+            const moe_fp8_groups grp = {off, E, C, pow2, tiles};
+            const size_t bytes = moe_fp8_pair_bytes_max(M, E, C) + 64;
+            uint8_t *pair = be->alloc(be, bytes), *ref = be->alloc(be, bytes);
+            memset(pair, 0xa5, bytes), memset(ref, 0xa5, bytes);
+            be->quantize_pair(be, moe_buf_fp8_pair(pair), moe_cbuf_of(x16, MOE_DTYPE_BF16), &grp);
+            moe_fp8_pair_encode(ref, v, off, E, C, pow2, tiles);
+            CHECK_MSG(memcmp(pair, ref, bytes) == 0,
+                      "%s%s%s C %lld: the xe pair is not the encoding of x's bf16 values",
+                      moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                      (long long)C);
+            moe_cbuf w1q = gc_weight(be, w1, E, F, C, prec);
+            float *y[2], *dw[2];
+            uint16_t *dw16[2];
+            for (int k = 0; k < 2; k++) { /* k = 0 the BF16 xe, k = 1 the pair */
+                const moe_cbuf xe = k ? moe_cbuf_from(moe_buf_fp8_pair(pair))
+                                      : moe_cbuf_of(x16, MOE_DTYPE_BF16);
+                y[k] = gc_buf(M * F, 0, 0, 0), dw[k] = gc_buf(E * F * C, 0, 0, 0);
+                dw16[k] = calloc((size_t)(E * F * C), 2);
+                be->grouped_matmul_forward(be, moe_buf_f32(y[k]), xe, w1q, off, E, C, F, prec);
+                be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(dw[k]),
+                                            moe_cbuf_f32(dy), xe, w1q, off, E, C, F, prec,
+                                            MOE_GRAD_SET, MOE_GRAD_SET);
+                be->grouped_matmul_backward(be, moe_buf_f32(NULL),
+                                            moe_buf_of(dw16[k], MOE_DTYPE_BF16), moe_cbuf_f32(dy),
+                                            xe, w1q, off, E, C, F, prec, MOE_GRAD_SET,
+                                            MOE_GRAD_SET);
+            }
+            CHECK_MSG(memcmp(y[0], y[1], (size_t)(M * F) * 4) == 0 &&
+                          memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0 &&
+                          memcmp(dw16[0], dw16[1], (size_t)(E * F * C) * 2) == 0,
+                      "%s%s%s C %lld: the products on the xe pair differ from the bf16 ones",
+                      moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                      (long long)C);
+            CHECK(y[0][0] != 0.0f && dw[0][0] != 0.0f); /* the products ran */
+            for (int k = 0; k < 2; k++)
+                free(y[k]), free(dw[k]), free(dw16[k]);
+            gc_weight_free(w1q);
+            be->free(be, pair), be->free(be, ref);
+            free(x), free(w1), free(dy), free(x16), free(v);
+        }
+}
+
+/* RMSNorm's output ln1 as an fp8-block activation pair of one group (rmsnorm_forward with
+ * groups, fp8-block training) and the dense products reading it as x: the pair holds byte for
+ * byte moe_fp8_pair_encode of the BF16 norm (its gaps and the bytes past it untouched), rstd is
+ * the BF16 path's, and the q/k/v-like product's y, dx and dw (F32 and BF16 y; dw written then
+ * added) are those of the BF16 ln1 - under both scale rules and both precision.fp8_wgrad forms,
+ * widths C 208 (a partial block) and 256, an input x of F32 and of BF16 values, N = 300 rows
+ * (a partial block of tokens, not a multiple of 16). */
+static void test_fp8_ln1_pair(void) {
+    enum { N = 300, O = 144 };
+    const int32_t rows[2] = {0, N};
+    const int64_t Cs[2] = {208, 256};
+    const moe_recipe rs[4] = {MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2,
+                              MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT};
+    CHECK(be->fp8_pairs >= 1);
+    for (int ci = 0; ci < 2; ci++)
+        for (int ri = 0; ri < 4; ri++)
+            for (int xb = 0; xb < 2; xb++) {
+                const int64_t C = Cs[ci];
+                const moe_recipe prec = rs[ri];
+                const int pow2 = moe_recipe_pow2(prec), tiles = moe_recipe_wgrad_tiles(prec);
+                float *x = gc_buf(N * C, 110, -2, 2), *g = gc_buf(C, 111, 0.5, 1.5);
+                float *w = gc_buf(O * C, 112, -1, 1), *dy = gc_buf(N * O, 113, -1, 1);
+                for (int64_t r = 0; r < N; r += 7) /* rows and blocks of very different scales */
+                    x[r * C + r % C] *= 400.0f;
+                uint16_t *x16 = calloc((size_t)(N * C), 2);
+                for (int64_t i = 0; i < N * C; i++)
+                    x16[i] = moe_f32_to_bf16(x[i]);
+                const moe_cbuf xin = xb ? moe_cbuf_of(x16, MOE_DTYPE_BF16) : moe_cbuf_f32(x);
+                /* the BF16 ln1 and the pair from the same op */
+                uint16_t *ln16 = calloc((size_t)(N * C), 2);
+                float *rs16 = gc_buf(N, 0, 0, 0), *rsp = gc_buf(N, 0, 0, 0);
+                be->rmsnorm_forward(be, moe_buf_of(ln16, MOE_DTYPE_BF16), rs16, xin, g, N, C, 1e-5f,
+                                    MOE_RECIPE_BF16, NULL);
+                const moe_fp8_groups grp = {rows, 1, C, pow2, tiles};
+                const size_t bytes = moe_fp8_pair_bytes_max(N, 1, C) + 64;
+                uint8_t *pair = be->alloc(be, bytes), *ref = be->alloc(be, bytes);
+                memset(pair, 0xa5, bytes), memset(ref, 0xa5, bytes);
+                be->rmsnorm_forward(be, moe_buf_fp8_pair(pair), rsp, xin, g, N, C, 1e-5f,
+                                    MOE_RECIPE_BF16, &grp);
+                float *v = gc_buf(N * C, 0, 0, 0);
+                for (int64_t i = 0; i < N * C; i++)
+                    v[i] = moe_bf16_to_f32(ln16[i]);
+                moe_fp8_pair_encode(ref, v, rows, 1, C, pow2, tiles);
+                CHECK_MSG(memcmp(pair, ref, bytes) == 0 && memcmp(rsp, rs16, N * 4) == 0,
+                          "%s%s%s C %lld x %s: the ln1 pair is not the bf16 norm's encoding",
+                          moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                          (long long)C, xb ? "bf16" : "f32");
+                /* the dense product on either: y (F32, BF16), dx, dw written then added */
+                moe_cbuf wq = gc_weight(be, w, 1, O, C, prec);
+                float *y[2], *dx[2], *dw[2];
+                uint16_t *y16[2];
+                for (int k = 0; k < 2; k++) { /* k = 0 the BF16 ln1, k = 1 the pair */
+                    const moe_cbuf ln = k ? moe_cbuf_from(moe_buf_fp8_pair(pair))
+                                          : moe_cbuf_of(ln16, MOE_DTYPE_BF16);
+                    y[k] = gc_buf(N * O, 0, 0, 0), dx[k] = gc_buf(N * C, 0, 0, 0);
+                    dw[k] = gc_buf(O * C, 0, 0, 0), y16[k] = calloc((size_t)(N * O), 2);
+                    be->matmul_forward(be, moe_buf_f32(y[k]), ln, wq, N, C, O, prec);
+                    be->matmul_forward(be, moe_buf_of(y16[k], MOE_DTYPE_BF16), ln, wq, N, C, O,
+                                       prec);
+                    be->matmul_backward(be, dx[k], dw[k], moe_cbuf_f32(dy), ln, wq, N, C, O, prec,
+                                        MOE_GRAD_SET, MOE_GRAD_SET);
+                    be->matmul_backward(be, NULL, dw[k], moe_cbuf_f32(dy), ln, wq, N, C, O, prec,
+                                        MOE_GRAD_SET, MOE_GRAD_ADD);
+                }
+                CHECK_MSG(memcmp(y[0], y[1], (size_t)(N * O) * 4) == 0 &&
+                              memcmp(y16[0], y16[1], (size_t)(N * O) * 2) == 0 &&
+                              memcmp(dx[0], dx[1], (size_t)(N * C) * 4) == 0 &&
+                              memcmp(dw[0], dw[1], (size_t)(O * C) * 4) == 0,
+                          "%s%s%s C %lld x %s: the product on the ln1 pair differs from the "
+                          "bf16 one",
+                          moe_recipe_name(prec), pow2 ? " pow2" : "", tiles ? " x-tiles" : "",
+                          (long long)C, xb ? "bf16" : "f32");
+                CHECK(y[0][0] != 0.0f && dw[0][0] != 0.0f); /* the products ran */
+                for (int k = 0; k < 2; k++)
+                    free(y[k]), free(dx[k]), free(dw[k]), free(y16[k]);
+                gc_weight_free(wq);
+                be->free(be, pair), be->free(be, ref);
+                free(x), free(g), free(w), free(dy), free(x16), free(ln16), free(rs16), free(rsp);
+                free(v);
+            }
+}
+
 static void test_bf16(void) {
     int64_t N = 4, I = 64, O = 8;
     float *x = gc_buf(N * I, 38, -1, 1), *w = gc_buf(O * I, 39, -1, 1);
@@ -505,6 +656,8 @@ int main(void) {
     test_bf16();
     test_fp8_pairs();
     test_fp8_g_pairs();
+    test_fp8_xe_pair();
+    test_fp8_ln1_pair();
     test_fp8_wgrad_tiles();
     return test_summary("test_ops_lowp");
 }

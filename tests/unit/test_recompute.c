@@ -1,9 +1,12 @@
 /* test_recompute: train.recompute (none/attn/moe/full) and the memory estimate.
  *
  * 1. Gradients, losses and router statistics of every recompute mode are BIT-identical to
- *    recompute none, for the fp32, bf16 and mxfp8 (MXFP8 expert activations) recipes, tied
- *    and untied lm_head, over two accumulated micro-batches of different shapes (the second
- *    smaller than the buffers).
+ *    recompute none, for the fp32, bf16, mxfp8 (MXFP8 expert activations) and fp8-block
+ *    (ln1 and the expert path as fp8-block pairs; blocks, and pow2 with x-tiles) recipes,
+ *    tied and untied lm_head, over two accumulated micro-batches of different shapes (the
+ *    second smaller than the buffers); fp8-block writes ln1 as a pair in every layer's
+ *    forward and recomputed attention block, and (pow2 with x-tiles, whose experts are wider
+ *    than the model) xe in every layer's forward and recomputed MoE block (counted).
  * 2. Each mode's activation plan is smaller than the one before it (none > attn, moe > full >
  *    forward-only), and a forward-only model gives the same hidden states as a training one.
  * 3. moe_model_memory_estimate is exact: a counting wrapper around the CPU backend's
@@ -37,7 +40,9 @@ typedef struct counter {
     size_t bytes[NLIVE];
     size_t live, peak;
     int n_alloc;
-    int n_swiglu; /* swiglu_forward calls */
+    int n_swiglu;    /* swiglu_forward calls */
+    int n_norm_pair; /* rmsnorm_forward calls writing an fp8-block pair (ln1's) */
+    int n_xe_pair;   /* quantize_pair calls (the expert inputs xe) */
 } counter;
 
 static void *count_alloc(const moe_backend *be, size_t bytes) {
@@ -76,6 +81,21 @@ static void count_swiglu(const moe_backend *be, moe_buf out, moe_cbuf a, moe_cbu
     c->cpu->swiglu_forward(c->cpu, out, a, b, n, prec, pairs);
 }
 
+static void count_norm(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x, const float *w,
+                       int64_t N, int64_t C, float eps, moe_recipe prec,
+                       const moe_fp8_groups *pairs) {
+    counter *c = be->ctx;
+    c->n_norm_pair += pairs != NULL;
+    c->cpu->rmsnorm_forward(c->cpu, out, rstd, x, w, N, C, eps, prec, pairs);
+}
+
+static void count_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                                const moe_fp8_groups *pairs) {
+    counter *c = be->ctx;
+    c->n_xe_pair++;
+    c->cpu->quantize_pair(c->cpu, out, x, pairs);
+}
+
 static moe_backend counting_backend(counter *c) {
     memset(c, 0, sizeof *c);
     c->cpu = moe_backend_cpu();
@@ -84,6 +104,8 @@ static moe_backend counting_backend(counter *c) {
     be.alloc = count_alloc;
     be.free = count_free;
     be.swiglu_forward = count_swiglu;
+    be.rmsnorm_forward = count_norm;
+    be.quantize_pair = count_quantize_pair;
     return be;
 }
 
@@ -114,6 +136,8 @@ typedef struct run_out {
     float *grads;
     double loss[2], aux[2], z[2];
     int64_t n, act_bytes;
+    int norm_pairs; /* rmsnorm_forward calls that wrote ln1 as an fp8-block pair */
+    int xe_pairs;   /* quantize_pair calls (xe as an fp8-block pair) */
 } run_out;
 
 /* Two accumulated micro-batches: B x T, then 2 x (T - 5) with weights. */
@@ -121,10 +145,12 @@ static run_out run(const moe_model_config *cfg, moe_recipe recipe, moe_recompute
                    const int32_t *tok, const int32_t *tgt, const float *w) {
     run_out o;
     memset(&o, 0, sizeof o);
+    counter cnt;
+    moe_backend cbe = counting_backend(&cnt);
     moe_model m;
     moe_err err;
     moe_err_clear(&err);
-    if (moe_model_create(&m, cfg, recipe, rc, moe_backend_cpu(), B, T, &err) != MOE_OK) {
+    if (moe_model_create(&m, cfg, recipe, rc, &cbe, B, T, &err) != MOE_OK) {
         CHECK_MSG(0, "create: %s", err.msg);
         return o;
     }
@@ -140,6 +166,8 @@ static run_out run(const moe_model_config *cfg, moe_recipe recipe, moe_recompute
     o.act_bytes = (int64_t)m.acts->bytes;
     o.grads = malloc((size_t)o.n * sizeof(float));
     moe_model_copy_grads_to_host(&m, o.grads);
+    o.norm_pairs = cnt.n_norm_pair;
+    o.xe_pairs = cnt.n_xe_pair;
     moe_model_free(&m);
     return o;
 }
@@ -153,13 +181,22 @@ static void test_bit_identical(void) {
         tgt[i] = i % 11 == 3 ? -1 : (int32_t)gc_uniform(&s, 0, 37);
         w[i] = (float)gc_uniform(&s, 0.2, 1.0);
     }
-    const moe_recipe recipes[3] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_MXFP8};
+    const moe_recipe recipes[5] = {MOE_RECIPE_FP32, MOE_RECIPE_BF16, MOE_RECIPE_MXFP8,
+                                   MOE_RECIPE_FP8_BLOCK, MOE_RECIPE_FP8_BLOCK_POW2_XT};
     for (int tied = 0; tied < 2; tied++)
-        for (int r = 0; r < 3; r++) {
+        for (int r = 0; r < 5; r++) {
             moe_model_config cfg = config(tied);
-            if (recipes[r] == MOE_RECIPE_MXFP8) cfg.intermediate_size = 64; /* MXFP8 storage */
+            /* MXFP8 storage; fp8-block's xe as a pair (intermediate_size >= hidden_size; the
+             * first fp8-block recipe keeps 24: xe unpaired) */
+            if (recipes[r] == MOE_RECIPE_MXFP8 || r == 4) cfg.intermediate_size = 64;
+            /* fp8-block's ln1 an fp8-block pair: written by each layer's forward, and again by
+             * the attention blocks the backward recomputes (attn, full); xe likewise where
+             * paired, again by the MoE blocks it recomputes (moe, full) */
+            const int L = (int)cfg.num_hidden_layers, fp8 = r >= 3, xpair = r == 4;
             run_out ref = run(&cfg, recipes[r], MOE_RECOMPUTE_NONE, tok, tgt, w);
             if (!ref.grads) return;
+            CHECK_INT_EQ(ref.norm_pairs, fp8 ? 2 * L : 0);
+            CHECK_INT_EQ(ref.xe_pairs, xpair ? 2 * L : 0);
             double gmax = 0.0;
             for (int64_t i = 0; i < ref.n; i++)
                 if (ref.grads[i] > gmax) gmax = ref.grads[i];
@@ -168,6 +205,14 @@ static void test_bit_identical(void) {
                 run_out o = run(&cfg, recipes[r], (moe_recompute)rc, tok, tgt, w);
                 if (!o.grads) continue;
                 const char *what = moe_recompute_name((moe_recompute)rc);
+                const int again = rc == MOE_RECOMPUTE_ATTN || rc == MOE_RECOMPUTE_FULL;
+                const int moe_again = rc == MOE_RECOMPUTE_MOE || rc == MOE_RECOMPUTE_FULL;
+                CHECK_MSG(o.norm_pairs == (fp8 ? (again ? 4 : 2) * L : 0),
+                          "recompute %s (%s): %d ln1 pairs written", what,
+                          moe_recipe_name(recipes[r]), o.norm_pairs);
+                CHECK_MSG(o.xe_pairs == (xpair ? (moe_again ? 4 : 2) * L : 0),
+                          "recompute %s (%s): %d xe pairs written", what,
+                          moe_recipe_name(recipes[r]), o.xe_pairs);
                 CHECK_MSG(o.n == ref.n, "%s: parameter count", what);
                 CHECK_MSG(memcmp(o.loss, ref.loss, sizeof o.loss) == 0 &&
                               memcmp(o.aux, ref.aux, sizeof o.aux) == 0 &&

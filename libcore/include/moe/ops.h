@@ -178,9 +178,11 @@ static inline moe_buf moe_buf_mxfp8(uint8_t *q, uint8_t *mx) {
  * group's transposed one, with their 1 x 128 block (or the transposed copy's 128 x 128 tile)
  * scales, in one buffer of moe_fp8_pair_bytes_max bytes): E4M3 with neither s nor mx. Under
  * fp8-block, on a backend with fp8_pairs, swiglu_backward writes dh1 and dh3 so and
- * grouped_matmul_backward reads them as dy, and swiglu_forward writes g so and w2's
- * grouped_matmul_forward and _backward read it as x: the quantization done where the
- * activation is made, not in more passes over it. */
+ * grouped_matmul_backward reads them as dy, swiglu_forward writes g so and w2's
+ * grouped_matmul_forward and _backward read it as x, and rmsnorm_forward writes the first
+ * norm's output ln1 so (one group of all N rows) and the q, k and v matmul_forward and
+ * _backward read it as x: the quantization done where the activation is made, not in more
+ * passes over it (ln1's copies once a layer where each of the three products made its own). */
 static inline moe_buf moe_buf_fp8_pair(void *p) {
     moe_buf b = {p, MOE_DTYPE_E4M3, NULL};
     return b;
@@ -220,7 +222,8 @@ static inline moe_cbuf moe_cbuf_from(moe_buf b) {
     return c;
 }
 /* 1 when b is an fp8-block activation pair (moe_buf_fp8_pair: E4M3 with neither the weight
- * copies' scales nor MXFP8's): swiglu's outputs, the fp8-block grouped products' x or dy. */
+ * copies' scales nor MXFP8's): swiglu's and rmsnorm's outputs, the fp8-block products' x or
+ * the grouped ones' dy. */
 static inline int moe_cbuf_is_fp8_pair(moe_cbuf b) {
     return b.dt == MOE_DTYPE_E4M3 && !b.s && !b.mx;
 }
@@ -262,7 +265,8 @@ struct moe_backend {
                          emulated (the CPU) */
     int fp8_pairs;    /* the most row groups (experts) of an fp8-block activation pair
                          (moe_buf_fp8_pair) that swiglu_forward and _backward write and
-                         the grouped matmuls read; 0: none */
+                         the grouped matmuls read (rmsnorm_forward writes and matmul reads
+                         pairs of one group wherever this is >= 1); 0: none */
 
     /* 1 when the backend implements op (both directions) at precision prec for calls of
      * sizes dims, else 0. dims NULL asks about the recipe alone (some sizes work). */
@@ -295,12 +299,16 @@ struct moe_backend {
                                const int32_t *tokens,              /* [N] dev */
                                int64_t N, int64_t C, int64_t V);
 
-    /* ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ---- */
-    void (*rmsnorm_forward)(const moe_backend *be, moe_buf out, /* [N, C] dev, F32|BF16 */
+    /* ---- RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) ----
+     * With pairs (on a backend with fp8_pairs; NULL otherwise) out is an fp8-block activation
+     * pair of pairs' groups, N C = offsets[E] K, holding the encoding of the BF16 values it
+     * would otherwise write (prec then MOE_RECIPE_BF16); the model passes one group (ln1) */
+    void (*rmsnorm_forward)(const moe_backend *be, moe_buf out, /* [N, C] dev, F32|BF16|pair */
                             float *rstd,                        /* [N] dev, saved for backward */
                             moe_cbuf x,                         /* [N, C] dev, F32|BF16 */
                             const float *w,                     /* [C] dev */
-                            int64_t N, int64_t C, float eps, moe_recipe prec);
+                            int64_t N, int64_t C, float eps, moe_recipe prec,
+                            const moe_fp8_groups *pairs);
     void (*rmsnorm_backward)(const moe_backend *be, float *dx, /* [N, C] dev, += */
                              float *dw,                        /* [C] dev, += */
                              const float *dout,                /* [N, C] dev */
@@ -361,16 +369,21 @@ struct moe_backend {
                                int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D,
                                moe_recipe prec, moe_grad_store st);
 
-    /* ---- matmul with a Linear weight [out, in]: y = x W^T ---- */
+    /* ---- matmul with a Linear weight [out, in]: y = x W^T ----
+     * Under fp8-block, on a backend with fp8_pairs, x may be an fp8-block activation pair of
+     * one group (offsets {0, N}, K = I; its transposed copy in tiles as
+     * moe_recipe_wgrad_tiles(prec)): its row-wise copy is the forward's operand and its
+     * transposed one wgrad's, the values the products would have quantized x to. A pair
+     * under another recipe is refused. */
     void (*matmul_forward)(const moe_backend *be, moe_buf y, /* [N, O] dev, F32|BF16 */
-                           moe_cbuf x,                       /* [N, I] dev, F32|BF16 */
+                           moe_cbuf x,                       /* [N, I] dev, F32|BF16|pair */
                            moe_cbuf w,                       /* [O, I] dev, F32|BF16|E4M3 */
                            int64_t N, int64_t I, int64_t O, moe_recipe prec);
     /* dx (+)= dy W ; dw (+)= dy^T x, each added or written as dx_st / dw_st say */
     void (*matmul_backward)(const moe_backend *be, float *dx, /* [N, I] dev, may be NULL */
                             float *dw,                        /* [O, I] dev, may be NULL */
                             moe_cbuf dy, /* [N, O] dev, F32, or BF16 under the bf16 recipe */
-                            moe_cbuf x,  /* [N, I] dev, F32 or BF16 */
+                            moe_cbuf x,  /* [N, I] dev, F32, BF16 or pair (as the forward's) */
                             moe_cbuf w,  /* [O, I] dev, F32|BF16|E4M3 */
                             int64_t N, int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                             moe_grad_store dw_st);
@@ -454,8 +467,8 @@ struct moe_backend {
      * (dx.p or dw.p may be NULL: not computed, and x not read without dw); a BF16 dw (the
      * experts' gradients under optim.expert_grads: bf16) holds the fp32 result rounded, an
      * added one the rounded fp32 sum of its value and the product; a BF16 dx (dg under mxfp8
-     * and fp8-block) the fp32 result rounded, written (dx_st SET) under fp8-block. Under fp8-block, on a
-     * backend with fp8_pairs, dy may be an fp8-block activation pair of the call's groups
+     * and fp8-block) the fp32 result rounded, written (dx_st SET) under fp8-block. Under fp8-block,
+     * on a backend with fp8_pairs, dy may be an fp8-block activation pair of the call's groups
      * (offsets, E, K = O; blocks): its row-wise copy is dgrad's operand and its transposed
      * one wgrad's, the values the products would have quantized dy to; and x a pair (K = I;
      * tiles as moe_recipe_wgrad_tiles(prec)), whose transposed copy is wgrad's operand */
@@ -543,6 +556,15 @@ struct moe_backend {
                             float *s,       /* [moe_fp8_weight_scales(E, O, I)] dev */
                             const float *w, /* [E, O, I] dev */
                             int64_t E, int64_t O, int64_t I, moe_recipe prec);
+
+    /* ---- an fp8-block activation pair (moe_buf_fp8_pair; not on x) of pairs' groups from
+     * x's BF16 values: the bytes of moe/quant.h's moe_fp8_pair_encode, the operands the
+     * fp8-block products would quantize x to (on a backend with fp8_pairs >= pairs->E). The
+     * model's expert inputs xe under fp8-block: read by w1's and w3's products, forward and
+     * wgrad, their copies made once a layer where each of the four made its own ---- */
+    void (*quantize_pair)(const moe_backend *be, moe_buf out, /* pair of [offsets[E], K] dev */
+                          moe_cbuf x,                         /* [offsets[E], K] dev, BF16 */
+                          const moe_fp8_groups *pairs);
 
     /* ---- adamw on a whole weight w [E, O, I] with an fp32 master (no bf16 copy), then its
      * fp8-block copies from the new master: the bytes of adamw followed by quantize_weight,

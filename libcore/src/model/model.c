@@ -88,13 +88,28 @@ static size_t act_bytes(int64_t n, int mx, size_t ef) {
     return mx ? (size_t)(n + n / 32) : (size_t)n * ef;
 }
 
+/* Bytes of layer l's ln1 [N, C] (ef bytes an element, or MXFP8 in a layer that stores it):
+ * in a training plan (train) under fp8-block, a layer not in skip, room for it as an
+ * fp8-block pair of one group too (both copies with their scales and padding,
+ * moe_fp8_pair_bytes_max; model_pass.c's ln1_pair writes it where the backend takes pairs). */
+static size_t ln1_bytes(const moe_model_config *cfg, moe_recipe recipe, const uint8_t *skip, int l,
+                        int train, int64_t N, size_t ef) {
+    const int64_t C = cfg->hidden_size;
+    const size_t b = act_bytes(N * C, moe_model_layer_mx(cfg, recipe, skip, l), ef);
+    if (!train || moe_recipe_format(recipe) != MOE_RECIPE_FP8_BLOCK || (skip && skip[l])) return b;
+    const size_t pb = moe_fp8_pair_bytes_max(N, 1, C);
+    return pb > b ? pb : b;
+}
+
 /* The expert activations of one layer, or of the shared set (see moe_layer_acts): the
  * expert side gets cap rows, and its own xe/ye only with expert parallelism (own); xp, xe,
- * h1 and h3 in MXFP8 when mx (yp and ye stay ef). g is not among them: it lives in the
- * region of moe_acts_plan's phases. */
+ * h1 and h3 in MXFP8 when mx (yp and ye stay ef); xp with room for an fp8-block pair of E
+ * groups too when xpair (moe_xe_pair_room). g is not among them: it lives in the region of
+ * moe_acts_plan's phases. */
 static void carve_experts(moe_layer_acts *la, size_t *off, char *base, int64_t NK, int64_t cap,
-                          int own, int64_t C, int64_t F, size_t ef, int mx) {
-    la->xp = carve(off, base, act_bytes(NK * C, mx, ef));
+                          int own, int64_t C, int64_t F, int64_t E, size_t ef, int mx, int xpair) {
+    const size_t xb = act_bytes(NK * C, mx, ef), pb = xpair ? moe_fp8_pair_bytes_max(NK, E, C) : 0;
+    la->xp = carve(off, base, pb > xb ? pb : xb);
     la->h1 = carve(off, base, act_bytes(cap * F, mx, ef));
     la->h3 = carve(off, base, act_bytes(cap * F, mx, ef));
     la->yp = carve(off, base, (size_t)(NK * C) * ef);
@@ -128,11 +143,15 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     plan_keeps(plan, &keep_attn, &keep_mid, &keep_moe);
     /* all_mx: every layer stores MXFP8 (the shared buffers are sized so too); any_mx: one does;
      * all_dg16: every layer's dg is bf16 */
-    int all_mx = 1, any_mx = 0, all_dg16 = 1;
+    int all_mx = 1, any_mx = 0, all_dg16 = 1, any_xpair = 0;
+    size_t ln1_max = 0; /* the largest layer's ln1: the shared one's size */
     for (int l = 0; l < (int)L; l++) {
         const int mx = moe_model_layer_mx(cfg, recipe, skip, l);
+        const size_t b = ln1_bytes(cfg, recipe, skip, l, train, N, ef);
         all_mx &= mx, any_mx |= mx;
+        any_xpair |= moe_xe_pair_room(cfg, recipe, skip, l, train, ep);
         all_dg16 &= dg_type(cfg, recipe, skip, l, train) == MOE_DTYPE_BF16;
+        ln1_max = b > ln1_max ? b : ln1_max;
     }
     /* bytes an element of x_mid when not kept (of the layers' rdt type) and of dg (dgt): bf16
      * when every layer's is, else fp32 */
@@ -141,7 +160,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
     moe_layer_acts sh; /* the shared set: groups that are not kept point here in every layer */
     memset(&sh, 0, sizeof sh);
     if (!keep_attn) {
-        sh.ln1 = carve(&off, base, act_bytes(N * C, all_mx, ef));
+        sh.ln1 = carve(&off, base, ln1_max);
         sh.rstd1 = carve(&off, base, (size_t)N * f);
         sh.q = carve(&off, base, (size_t)(N * HD) * ef);
         sh.k = carve(&off, base, (size_t)(N * KVD) * ef);
@@ -161,7 +180,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         sh.row_src = carve(&off, base, (size_t)NK * i4);
         sh.slot_row = carve(&off, base, (size_t)NK * i4);
         sh.offsets = carve(&off, base, (size_t)(E + 1) * i4);
-        carve_experts(&sh, &off, base, NK, cap, own, C, F, ef, all_mx);
+        carve_experts(&sh, &off, base, NK, cap, own, C, F, E, ef, all_mx, any_xpair);
     }
     /* A training layer that stores MXFP8 keeps no ln2 of its own: the backward makes it again
      * from x_mid for the router's weight gradient, its one reader there (the same op on the
@@ -185,7 +204,7 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
         size_t rbytes = (size_t)(N * C) * moe_dtype_size(la->rdt);
         la->x_in = train ? carve(&off, base, rbytes) : xbuf[l & 1];
         if (keep_attn) {
-            la->ln1 = carve(&off, base, act_bytes(N * C, mx, ef));
+            la->ln1 = carve(&off, base, ln1_bytes(cfg, recipe, skip, (int)l, train, N, ef));
             la->rstd1 = carve(&off, base, (size_t)N * f);
             la->q = carve(&off, base, (size_t)(N * HD) * ef);
             la->k = carve(&off, base, (size_t)(N * KVD) * ef);
@@ -206,7 +225,8 @@ size_t moe_acts_plan(const moe_model_config *cfg, int64_t N, int plan, moe_recip
             la->row_src = carve(&off, base, (size_t)NK * i4);
             la->slot_row = carve(&off, base, (size_t)NK * i4);
             la->offsets = carve(&off, base, (size_t)(E + 1) * i4);
-            carve_experts(la, &off, base, NK, cap, own, C, F, ef, mx);
+            carve_experts(la, &off, base, NK, cap, own, C, F, E, ef, mx,
+                          moe_xe_pair_room(cfg, recipe, skip, (int)l, train, ep));
         }
         /* router statistics are read after the whole forward: always per layer (tiny) */
         la->counts = counts_all ? counts_all + l * E : NULL;

@@ -31,7 +31,9 @@ typedef struct moe_layer_acts {
      * quantized to e4m3 next: a bf16 rounding before that is far below theirs), else F32 */
     moe_dtype dgt;
     void *x_in;        /* [N, C] residual stream entering the layer */
-    void *ln1;         /* [N, C] */
+    void *ln1;         /* [N, C]; in fp8-block training (a layer not skipped) room for an
+                          fp8-block pair of one group too, which it holds where the backend
+                          takes pairs (model_pass.c's ln1_pair) */
     float *rstd1;      /* [N] */
     void *q;           /* [N, H*D] after RoPE */
     void *k;           /* [N, KV*D] after RoPE */
@@ -54,7 +56,9 @@ typedef struct moe_layer_acts {
     int32_t *offsets;  /* [E + 1] */
     /* the expert activations: this rank's routed rows xp, yp [N*K]; the rows its experts
      * compute, R of them (R = N*K without expert parallelism), xe .. ye [cap = ep N*K] */
-    void *xp; /* [N*K, C] permuted expert inputs */
+    void *xp; /* [N*K, C] permuted expert inputs; or, under moe_xe_pair_room, room for them
+                 as an fp8-block pair of the experts' groups, which it holds where the backend
+                 takes pairs (model_pass.c's xe_pair) */
     void *xe; /* [cap, C] rows the local experts received, by expert (= xp at ep 1) */
     void *h1; /* [cap, F] w1 output */
     void *h3; /* [cap, F] w3 output */
@@ -189,6 +193,18 @@ static inline moe_recipe moe_layer_recipe(moe_recipe recipe, const uint8_t *skip
 }
 static inline moe_recipe moe_model_layer_recipe(const moe_model *m, int l) {
     return moe_layer_recipe(m->recipe, m->skip_quant, l);
+}
+
+/* 1 when a plan that trains (train) gives layer l's expert inputs xe room for an fp8-block
+ * activation pair: under fp8-block, a layer skip does not name, without expert parallelism
+ * (xe is xp) and with intermediate_size >= hidden_size (h1 holds permute's bf16 rows until
+ * quantize_pair has read them). model_pass.c's xe_pair writes it where the backend takes
+ * pairs of num_local_experts groups. */
+static inline int moe_xe_pair_room(const moe_model_config *cfg, moe_recipe recipe,
+                                   const uint8_t *skip, int l, int train, int ep) {
+    return train && ep <= 1 &&
+           moe_recipe_format(moe_layer_recipe(recipe, skip, l)) == MOE_RECIPE_FP8_BLOCK &&
+           cfg->intermediate_size >= cfg->hidden_size;
 }
 
 /* The operand the matrix products read for parameter i: its fp8-block copies (E4M3) when the

@@ -41,6 +41,32 @@ static moe_buf act(void *p, uint8_t *mx, moe_dtype adt) {
     return mx ? moe_buf_mxfp8(p, mx) : moe_buf_of(p, adt);
 }
 
+/* Whether layer l's ln1 goes as an fp8-block activation pair of one group (the N rows): in
+ * training (the plan gave ln1 room for one, moe_acts_plan) under fp8-block, for a layer not in
+ * precision.skip_layers, where the backend takes pairs. Its two copies are the operands of
+ * the q, k and v products, forward and wgrad, made once where each product made its own. */
+static int ln1_pair(const moe_model *m, int l) {
+    return m->acts->plan != MOE_PLAN_FORWARD &&
+           moe_recipe_format(moe_model_layer_recipe(m, l)) == MOE_RECIPE_FP8_BLOCK &&
+           m->be->fp8_pairs >= 1;
+}
+/* ln1 as rmsnorm writes it and the q, k and v products read it: under ln1_pair an fp8-block
+ * pair, *gp its one group of the N rows (offsets in gr; the transposed copy in tiles where the
+ * recipe's weight gradients take them) and *gpp = gp; else the activation itself (MXFP8 or
+ * adt) and *gpp = NULL. */
+static moe_buf ln1_buf(const moe_model *m, int l, int64_t N, int32_t gr[2], moe_fp8_groups *gp,
+                       const moe_fp8_groups **gpp) {
+    const moe_layer_acts *la = &m->acts->layer[l];
+    const moe_recipe prec = moe_model_layer_recipe(m, l);
+    *gpp = NULL;
+    if (!ln1_pair(m, l)) return act(la->ln1, la->ln1_mx, m->acts->adt);
+    gr[0] = 0, gr[1] = (int32_t)N;
+    const moe_fp8_groups g = {gr, 1, m->cfg.hidden_size, moe_recipe_pow2(prec),
+                              moe_recipe_wgrad_tiles(prec)};
+    *gp = g, *gpp = gp;
+    return moe_buf_fp8_pair(la->ln1);
+}
+
 void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -52,10 +78,13 @@ void moe_model_attn_block(moe_model *m, int l, int B, int T, int with_residual) 
     moe_layer_acts *la = &a->layer[l];
     const moe_param_layer *li = &m->table.layer[l];
     const moe_dtype adt = a->adt;
-    moe_buf ln1b = act(la->ln1, la->ln1_mx, adt);
+    int32_t gr[2];
+    moe_fp8_groups g1;
+    const moe_fp8_groups *g1p;
+    moe_buf ln1b = ln1_buf(m, l, N, gr, &g1, &g1p);
     moe_cbuf ln1 = moe_cbuf_from(ln1b);
     be->rmsnorm_forward(be, ln1b, la->rstd1, moe_cbuf_of(la->x_in, la->rdt), P[li->ln1].data, N, C,
-                        (float)c->rms_norm_eps, p16);
+                        (float)c->rms_norm_eps, p16, g1p);
     moe_buf q = moe_buf_of(la->q, adt), k = moe_buf_of(la->k, adt), v = moe_buf_of(la->v, adt);
     be->matmul_forward(be, q, ln1, moe_model_weight(m, li->q), N, C, H * D, prec);
     be->matmul_forward(be, k, ln1, moe_model_weight(m, li->k), N, C, KV * D, prec);
@@ -86,7 +115,7 @@ static void ln2_forward(moe_model *m, int l, int64_t N) {
     be->rmsnorm_forward(
         be, moe_buf_of(la->ln2, m->acts->adt), la->rstd2, moe_cbuf_of(la->x_mid, la->rdt),
         m->table.params[m->table.layer[l].ln2].data, N, C, (float)m->cfg.rms_norm_eps,
-        moe_recipe_unquantized(moe_model_layer_recipe(m, l)));
+        moe_recipe_unquantized(moe_model_layer_recipe(m, l)), NULL);
 }
 
 /* Whether layer l's expert activations g, dh1 and dh3 go as fp8-block activation pairs (of El
@@ -110,6 +139,31 @@ static moe_buf g_operand(const moe_model *m, int l, moe_recipe prec, const int32
     return moe_buf_fp8_pair(a->dh1p);
 }
 
+/* Whether layer l's expert inputs xe go as an fp8-block activation pair of its experts' groups:
+ * the plan gave xp room for one (moe_xe_pair_room: training, fp8-block, the layer not skipped,
+ * ep 1) and the backend takes pairs of that many groups. Its two copies are the operands of
+ * the w1 and w3 products, forward and wgrad, made once a layer where each of the four made
+ * its own. */
+static int xe_pair(const moe_model *m, int l) {
+    const struct moe_acts *a = m->acts;
+    return moe_xe_pair_room(&m->cfg, m->recipe, m->skip_quant, l, a->plan != MOE_PLAN_FORWARD,
+                            a->ep) &&
+           m->cfg.num_local_experts <= m->be->fp8_pairs;
+}
+/* xe as the w1 and w3 products read it: under xe_pair the pair in xp's buffer, *gp its groups
+ * (eoff, El: the experts' rows of C; the transposed copy in tiles where the recipe's weight
+ * gradients take them) and *gpp = gp; else the activation itself and *gpp = NULL. */
+static moe_buf xe_operand(const moe_model *m, int l, moe_recipe prec, const int32_t *eoff,
+                          int64_t El, moe_fp8_groups *gp, const moe_fp8_groups **gpp) {
+    const moe_layer_acts *la = &m->acts->layer[l];
+    *gpp = NULL;
+    if (!xe_pair(m, l)) return act(la->xe, la->xe_mx, m->acts->adt);
+    const moe_fp8_groups g = {eoff, El, m->cfg.hidden_size, moe_recipe_pow2(prec),
+                              moe_recipe_wgrad_tiles(prec)};
+    *gp = g, *gpp = gp;
+    return moe_buf_fp8_pair(la->xe);
+}
+
 void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     const moe_backend *be = m->be;
     const moe_model_config *c = &m->cfg;
@@ -129,8 +183,11 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
                        MOE_RECIPE_FP32);
     be->router_forward(be, la->probs, la->rlse, la->topk_idx, la->topk_w, la->counts, la->rstats,
                        la->rlogits, N, E, K);
-    be->permute_forward(be, act(la->xp, la->xp_mx, adt), la->row_src, la->slot_row, la->offsets,
-                        ln2, la->topk_idx, N, C, E, K);
+    /* under xe_pair the permuted rows go to h1 (free until w1's product, which reads the pair
+     * quantize_pair makes of them in xp's buffer) */
+    const int xpair = xe_pair(m, l);
+    be->permute_forward(be, xpair ? moe_buf_of(la->h1, adt) : act(la->xp, la->xp_mx, adt),
+                        la->row_src, la->slot_row, la->offsets, ln2, la->topk_idx, N, C, E, K);
     be->memcpy_d2h(be, a->h_offsets + (int64_t)l * (E + 1), la->offsets,
                    (size_t)(E + 1) * sizeof(int32_t));
     /* expert parallelism: the rows to their experts' owners (xp -> xe; MXFP8 rows with their
@@ -148,7 +205,11 @@ void moe_model_moe_block(moe_model *m, int l, int B, int T, int with_residual) {
     moe_fp8_groups gg;
     const moe_fp8_groups *gp;
     moe_buf g = g_operand(m, l, prec, eoff, El, &gg, &gp);
-    moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+    moe_fp8_groups xg;
+    const moe_fp8_groups *xgp;
+    const moe_buf xeb = xe_operand(m, l, prec, eoff, El, &xg, &xgp);
+    if (xpair) be->quantize_pair(be, xeb, moe_cbuf_of(la->h1, adt), xgp);
+    const moe_cbuf xe = moe_cbuf_from(xeb);
     be->grouped_matmul_forward(be, h1, xe, moe_model_weight(m, li->w1), eoff, El, C, F, prec);
     be->grouped_matmul_forward(be, h3, xe, moe_model_weight(m, li->w3), eoff, El, C, F, prec);
     be->swiglu_forward(be, g, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
@@ -241,7 +302,7 @@ static void head_forward(moe_model *m, const int32_t *targets, const float *weig
     /* lnf as adt: lm_head's forward and weight gradient read the bf16 values directly */
     be->rmsnorm_forward(be, moe_buf_of(a->lnf, a->adt), a->rstdf, moe_cbuf_f32(a->x_final),
                         m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                        moe_recipe_unquantized(m->recipe));
+                        moe_recipe_unquantized(m->recipe), NULL);
     be->matmul_forward(be, moe_buf_f32(a->logits), moe_cbuf_of(a->lnf, a->adt),
                        moe_model_weight(m, m->table.p_lm_head), N, C, V,
                        moe_recipe_unquantized(m->recipe));
@@ -406,7 +467,9 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         const moe_fp8_groups *gp;
         moe_buf gb = g_operand(m, l, prec, eoff, El, &gg, &gp);
         moe_cbuf g = moe_cbuf_from(gb), w2 = moe_model_weight(m, li->w2);
-        moe_cbuf xe = moe_cbuf_from(act(la->xe, la->xe_mx, adt));
+        moe_fp8_groups xg;
+        const moe_fp8_groups *xgp;
+        moe_cbuf xe = moe_cbuf_from(xe_operand(m, l, prec, eoff, El, &xg, &xgp));
         if (a->g_layer != l)
             be->swiglu_forward(be, gb, moe_cbuf_from(h1), moe_cbuf_from(h3), R * F, p16, gp);
         be->grouped_matmul_backward(be, moe_buf_f32(NULL), expert_grad(&P[li->w2]),
@@ -459,7 +522,11 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         }
         be->rope_backward(be, dqr, a->dq, doc_positions(m), B, T, H, D, c->rope_theta);
         be->rope_backward(be, dkr, a->dk, doc_positions(m), B, T, KV, D, c->rope_theta);
-        moe_cbuf ln1 = moe_cbuf_from(act(la->ln1, la->ln1_mx, adt));
+        /* ln1 as the forward wrote it (rmsnorm's backward reads x_in and rstd1, not ln1) */
+        int32_t gr[2];
+        moe_fp8_groups g1;
+        const moe_fp8_groups *g1p;
+        moe_cbuf ln1 = moe_cbuf_from(ln1_buf(m, l, N, gr, &g1, &g1p));
         be->matmul_backward(be, a->dln, P[li->q].grad, moe_cbuf_from(dqr), ln1,
                             moe_model_weight(m, li->q), N, C, H * D, prec, MOE_GRAD_SET, gw);
         be->matmul_backward(be, a->dln, P[li->k].grad, moe_cbuf_from(dkr), ln1,
@@ -499,7 +566,7 @@ static moe_status hidden_states(moe_model *m, const int32_t *tokens, int B, int 
     if (layer == L) {
         be->rmsnorm_forward(be, moe_buf_f32(a->lnf), a->rstdf, moe_cbuf_f32(a->x_final),
                             m->table.params[m->table.p_norm].data, N, C, (float)c->rms_norm_eps,
-                            moe_recipe_unquantized(m->recipe));
+                            moe_recipe_unquantized(m->recipe), NULL);
         *src = a->lnf;
     } else if (a->layer[layer].rdt == MOE_DTYPE_F32) {
         *src = a->layer[layer].x_in;

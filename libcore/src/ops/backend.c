@@ -252,7 +252,8 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
          * persistent e4m3 copies, so slot B holds only the bf16 conversions of fp32 weights:
          * lm_head's (no bf16 copies under fp8) and those of the layers precision.skip_layers
          * keeps in bf16, e.g. [E, F, C] (this estimate does not know whether any is
-         * skipped: an upper bound) */
+         * skipped: an upper bound). RMSNorm stages ln1 in bf16 [N, C] in slot A before
+         * writing it as an fp8-block pair: within A's bf16 conversions above */
         int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
         /* (the Hopper grouped kernel's scales [W / 128, round_up(rows, 4)]: up to 3 rows more) */

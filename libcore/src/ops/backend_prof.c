@@ -132,10 +132,11 @@ static void pr_embedding_backward(const moe_backend *be, float *dwte, const floa
 }
 
 static void pr_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
+                               const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                               const moe_fp8_groups *pairs) {
     prof_ctx *p = ctx_of(be);
     double t0 = prof_begin(p);
-    p->inner->rmsnorm_forward(p->inner, out, rstd, x, w, N, C, eps, prec);
+    p->inner->rmsnorm_forward(p->inner, out, rstd, x, w, N, C, eps, prec, pairs);
     prof_end_op(p, t0, MOE_OP_RMSNORM, 0);
 }
 
@@ -356,6 +357,14 @@ static void pr_quantize_weight(const moe_backend *be, uint8_t *q, float *s, cons
     prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
 }
 
+static void pr_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                             const moe_fp8_groups *pairs) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->quantize_pair(p->inner, out, x, pairs);
+    prof_end_op(p, t0, MOE_OP_QUANTIZE, 0);
+}
+
 /* counted as AdamW: the pass that replaces AdamW and the quantization after it */
 static void pr_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
                               moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
@@ -430,6 +439,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->adamw = pr_adamw;
     t->cast_bf16 = pr_cast_bf16;
     t->quantize_weight = pr_quantize_weight;
+    t->quantize_pair = pr_quantize_pair;
     t->adamw_quantize = pr_adamw_quantize;
     t->sum_squares = pr_sum_squares;
     return t;

@@ -109,6 +109,7 @@ static const moe_backend cpu_backend = {
     .adamw = moe_cpu_adamw,
     .cast_bf16 = moe_cpu_cast_bf16,
     .quantize_weight = moe_cpu_quantize_weight,
+    .quantize_pair = moe_cpu_quantize_pair,
     .adamw_quantize = moe_cpu_adamw_quantize,
     .sum_squares = moe_cpu_sum_squares,
     .pool_forward = moe_cpu_pool_forward,

@@ -98,6 +98,8 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
 void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const float *w, int64_t E,
                              int64_t O, int64_t I, moe_recipe prec);
 /* adamw_quantize (ops.h): moe_cpu_adamw then moe_cpu_quantize_weight. */
+void moe_cpu_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                           const moe_fp8_groups *pairs);
 void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
                             moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
                             moe_recipe prec, float lr, float beta1, float beta2, float eps,
@@ -109,7 +111,8 @@ void moe_cpu_embedding_forward(const moe_backend *be, moe_buf out, const int32_t
 void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float *dout,
                                 const int32_t *tokens, int64_t N, int64_t C, int64_t V);
 void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec);
+                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                             const moe_fp8_groups *pairs);
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
                               moe_cbuf x, const float *w, const float *rstd, int64_t N, int64_t C);
 void moe_cpu_rope_forward(const moe_backend *be, moe_buf x, const int32_t *pos, int64_t p0,

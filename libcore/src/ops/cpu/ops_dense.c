@@ -168,9 +168,21 @@ void moe_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, flo
 #endif
 }
 
+/* An fp8-block activation pair is an operand of the fp8-block products alone: aborts naming
+ * the op and the operand (what) when one comes under another recipe. */
+static void pair_in_fp8(const char *op, const char *what, int pair, moe_recipe prec) {
+    if (!pair || moe_recipe_format(prec) == MOE_RECIPE_FP8_BLOCK) return;
+    fprintf(stderr,
+            "moe: cpu backend: an fp8-block activation pair as the %s of %s outside the "
+            "fp8-block recipes\n",
+            what, op);
+    abort();
+}
+
 void moe_cpu_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N,
                             int64_t I, int64_t O, moe_recipe prec) {
     (void)be;
+    pair_in_fp8("matmul_forward", "x", moe_cbuf_is_fp8_pair(x), prec);
     if (moe_cpu_is_fp8(prec)) {
         moe_cpu_fp8_matmul_forward(yb, x, w, N, I, O, prec);
         return;
@@ -189,6 +201,8 @@ void moe_cpu_matmul_backward(const moe_backend *be, float *dx, float *dw, moe_cb
                              moe_cbuf w, int64_t N, int64_t I, int64_t O, moe_recipe prec,
                              moe_grad_store dx_st, moe_grad_store dw_st) {
     (void)be;
+    pair_in_fp8("matmul_backward", "dy or x", moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x),
+                prec);
     if (moe_cpu_is_fp8(prec)) {
         moe_cpu_fp8_matmul_backward(dx, dw, dy, x, w, N, I, O, prec, dx_st, dw_st);
         return;
@@ -211,11 +225,7 @@ void moe_cpu_grouped_matmul_forward(const moe_backend *be, moe_buf yb, moe_cbuf 
                                     const int32_t *offsets, int64_t E, int64_t I, int64_t O,
                                     moe_recipe prec) {
     (void)be;
-    if (moe_cbuf_is_fp8_pair(x) && moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
-        fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as the x of a grouped "
-                        "forward outside the fp8-block recipes\n");
-        abort();
-    }
+    pair_in_fp8("grouped_matmul_forward", "x", moe_cbuf_is_fp8_pair(x), prec);
     if (moe_cpu_is_fp8(prec)) {
         moe_cpu_fp8_grouped_forward(yb, x, w, offsets, E, I, O, prec);
         return;
@@ -267,12 +277,8 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st) {
     (void)be;
-    if ((moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x)) &&
-        moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
-        fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as the dy or x of a "
-                        "grouped backward outside the fp8-block recipes\n");
-        abort();
-    }
+    pair_in_fp8("grouped_matmul_backward", "dy or x",
+                moe_cbuf_is_fp8_pair(dy) || moe_cbuf_is_fp8_pair(x), prec);
     int64_t M = offsets[E];
     float *dw = dwb.p ? moe_cpu_grad_output(dwb, E * O * I, dw_st) : NULL; /* fp32 (or dwb) */
     if (dw && dw_st == MOE_GRAD_SET) /* the experts with no rows: their weight gradient is zero */

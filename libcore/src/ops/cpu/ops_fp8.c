@@ -16,11 +16,13 @@
  * products each expert's rows are their own group: the wgrad blocks along N start at the
  * expert's first row. The expert activations may be MXFP8 operands (the model stores them so
  * under mxfp8): read as their values; an MXFP8 output holds the encoding of the bf16 output.
- * Under fp8-block the grouped products' x (SwiGLU's output g) and the grouped backward's dy
- * (SwiGLU's gradients) may be fp8-block activation pairs (moe/quant.h): their copies are the
- * products' operands as they stand. */
+ * Under fp8-block the grouped products' x (SwiGLU's output g), the grouped backward's dy
+ * (SwiGLU's gradients) and the dense products' x (RMSNorm's ln1, a pair of one group: a dense
+ * product is the grouped one of a single group) may be fp8-block activation pairs
+ * (moe/quant.h): their copies are the products' operands as they stand. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "moe/quant.h"
 #include "ops/cpu/cpu_ops.h"
@@ -106,6 +108,25 @@ void moe_cpu_quantize_weight(const moe_backend *be, uint8_t *q, float *s, const 
                              w + e * O * I, O, I, pow2);
 }
 
+void moe_cpu_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
+                           const moe_fp8_groups *pairs) {
+    (void)be;
+    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.dt != MOE_DTYPE_BF16 || x.mx) {
+        fprintf(stderr, "moe: cpu backend: quantize_pair got %s x, %s output and %s groups (a "
+                        "BF16 x, an fp8-block pair and its groups expected)\n",
+                moe_dtype_name(x.dt), moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) ? "a pair" : "no pair",
+                pairs ? "its" : "no");
+        abort();
+    }
+    const int64_t n = (int64_t)pairs->offsets[pairs->E] * pairs->K;
+    float *v = scratch(n);
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++)
+        v[i] = moe_cbuf_get(x, i);
+    moe_fp8_pair_encode(out.p, v, pairs->offsets, pairs->E, pairs->K, pairs->pow2, pairs->tiles);
+    free(v);
+}
+
 void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, moe_buf m,
                             moe_buf v, uint8_t *q, float *s, int64_t E, int64_t O, int64_t I,
                             moe_recipe prec, float lr, float beta1, float beta2, float eps,
@@ -113,32 +134,6 @@ void moe_cpu_adamw_quantize(const moe_backend *be, float *param, moe_cbuf grad, 
     moe_cpu_adamw(be, param, NULL, NULL, grad, m, v, E * O * I, lr, beta1, beta2, eps, weight_decay,
                   step, grad_scale);
     moe_cpu_quantize_weight(be, q, s, param, E, O, I, prec);
-}
-
-void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
-                                moe_recipe prec) {
-    float *xq = operand(x, N, I, Q_ROWS, prec), *wq = weight(w, 1, 0, O, I, Q_WEIGHT_ROWS, prec);
-    float *y = moe_cpu_output(yb, N * O);
-    moe_cpu_gemm(0, 1, N, O, I, 1.0f, xq, wq, 0.0f, y);
-    moe_cpu_round_bf16_inplace(y, N * O);
-    moe_cpu_output_store(yb, y, N * O);
-    free(xq), free(wq);
-}
-
-void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
-                                 int64_t N, int64_t I, int64_t O, moe_recipe prec,
-                                 moe_grad_store dx_st, moe_grad_store dw_st) {
-    if (dx) { /* dx[N,I] (+)= dy[N,O] W[O,I], reducing over O */
-        float *dq = operand(dy, N, O, Q_ROWS, prec),
-              *wq = weight(w, 1, 0, O, I, Q_WEIGHT_COLS, prec);
-        moe_cpu_gemm(0, 0, N, I, O, 1.0f, dq, wq, moe_grad_beta(dx_st), dx);
-        free(dq), free(wq);
-    }
-    if (dw) { /* dw[O,I] (+)= dy^T[O,N] x[N,I], reducing over N */
-        float *dq = operand(dy, N, O, Q_COLS, prec), *xq = operand(x, N, I, Q_WGRAD_X, prec);
-        moe_cpu_gemm(1, 0, O, I, N, 1.0f, dq, xq, moe_grad_beta(dw_st), dw);
-        free(dq), free(xq);
-    }
 }
 
 /* An activation m [M, K] of the grouped products as they read it: all rows along K (how =
@@ -197,4 +192,22 @@ void moe_cpu_fp8_grouped_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x,
         free(dc), free(xc);
     }
     free(dq);
+}
+
+/* The dense products are the grouped ones with a single group of all N rows (the same
+ * operands and GEMM calls): x (ln1 under fp8-block training) may be an fp8-block pair of that
+ * one group. */
+void moe_cpu_fp8_matmul_forward(moe_buf yb, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
+                                moe_recipe prec) {
+    const int32_t rows[2] = {0, (int32_t)N};
+    moe_cpu_fp8_grouped_forward(yb, x, w, rows, 1, I, O, prec);
+}
+
+void moe_cpu_fp8_matmul_backward(float *dx, float *dw, moe_cbuf dy, moe_cbuf x, moe_cbuf w,
+                                 int64_t N, int64_t I, int64_t O, moe_recipe prec,
+                                 moe_grad_store dx_st, moe_grad_store dw_st) {
+    if (dw && N <= 0 && dw_st == MOE_GRAD_SET) /* no rows: dw written as zeros */
+        memset(dw, 0, (size_t)(O * I) * sizeof(float));
+    const int32_t rows[2] = {0, (int32_t)N};
+    moe_cpu_fp8_grouped_backward(dx, dw, dy, x, w, rows, 1, I, O, prec, dx_st, dw_st);
 }

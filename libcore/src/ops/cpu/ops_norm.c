@@ -46,9 +46,20 @@ void moe_cpu_embedding_backward(const moe_backend *be, float *dwte, const float 
  * multiple of 32) is encoded a block at a time. */
 enum { NORM_BLOCK = 32 };
 
-void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
-                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec) {
-    (void)be;
+/* pairs: n = offsets[E] K, or abort with what came */
+static void pairs_check(const char *op, int is_pair, const moe_fp8_groups *pairs, int64_t n) {
+    if (is_pair == !!pairs && (!pairs || n == pairs->offsets[pairs->E] * pairs->K)) return;
+    fprintf(stderr,
+            "moe: cpu backend: %s got %s and %s groups for n = %lld (an fp8-block pair comes "
+            "with the groups of its n = offsets[E] K elements; other outputs without groups)\n",
+            op, is_pair ? "a pair" : "no pair", pairs ? "its" : "no", (long long)n);
+    abort();
+}
+
+/* out [N, C] = the norm of x's rows, each value rounded to bf16 where round (stored in out's
+ * type), rstd [N] */
+static void rmsnorm_values(moe_buf out, float *rstd, moe_cbuf x, const float *w, int64_t N,
+                           int64_t C, float eps, int round) {
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         moe_cbuf xn = moe_cbuf_at(x, n * C);
@@ -64,11 +75,27 @@ void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, mo
             float v[NORM_BLOCK];
             for (int64_t j = 0; j < cnt; j++) {
                 v[j] = moe_cbuf_get(xn, c0 + j) * r * w[c0 + j];
-                if (prec == MOE_RECIPE_BF16) v[j] = moe_round_bf16(v[j]);
+                if (round) v[j] = moe_round_bf16(v[j]);
             }
             moe_cpu_store_block(out, n * C + c0, v, cnt);
         }
     }
+}
+
+void moe_cpu_rmsnorm_forward(const moe_backend *be, moe_buf out, float *rstd, moe_cbuf x,
+                             const float *w, int64_t N, int64_t C, float eps, moe_recipe prec,
+                             const moe_fp8_groups *pairs) {
+    (void)be;
+    pairs_check("rmsnorm_forward", moe_cbuf_is_fp8_pair(moe_cbuf_from(out)), pairs, N * C);
+    if (!pairs) {
+        rmsnorm_values(out, rstd, x, w, N, C, eps, prec == MOE_RECIPE_BF16);
+        return;
+    }
+    /* the BF16 values the other path stores, then their encoding */
+    float *v = moe_cpu_output(out, N * C); /* fp32 scratch */
+    rmsnorm_values(moe_buf_f32(v), rstd, x, w, N, C, eps, 1);
+    moe_fp8_pair_encode(out.p, v, pairs->offsets, pairs->E, pairs->K, pairs->pow2, pairs->tiles);
+    free(v);
 }
 
 void moe_cpu_rmsnorm_backward(const moe_backend *be, float *dx, float *dw, const float *dout,
@@ -147,16 +174,6 @@ void moe_cpu_rope_backward(const moe_backend *be, moe_buf dx, const float *dy, c
 /* Both directions run over blocks of 32 elements, so that an MXFP8 output is encoded a block
  * at a time (moe_cpu_store_block) after its block's inputs were read: in place is safe. */
 enum { SWIGLU_BLOCK = 32 };
-
-/* pairs: n = offsets[E] K, or abort with what came */
-static void pairs_check(const char *op, int is_pair, const moe_fp8_groups *pairs, int64_t n) {
-    if (is_pair == !!pairs && (!pairs || n == pairs->offsets[pairs->E] * pairs->K)) return;
-    fprintf(stderr,
-            "moe: cpu backend: %s got %s and %s groups for n = %lld (an fp8-block pair comes "
-            "with the groups of its n = offsets[E] K elements; other outputs without groups)\n",
-            op, is_pair ? "a pair" : "no pair", pairs ? "its" : "no", (long long)n);
-    abort();
-}
 
 static void swiglu_values(moe_buf out, moe_cbuf a, moe_cbuf b, int64_t n, int round) {
 #pragma omp parallel for schedule(static)
