@@ -762,6 +762,7 @@ extern "C" const moe_backend *moe_backend_cuda_on(int device, moe_err *err) {
     be->unpermute_backward = moe_cuda_unpermute_backward;
     be->grouped_matmul_forward = moe_cuda_grouped_matmul_forward;
     be->grouped_matmul_backward = moe_cuda_grouped_matmul_backward;
+    be->grouped_dgrad_sum = moe_cuda_grouped_dgrad_sum;
     be->swiglu_forward = moe_cuda_swiglu_forward;
     be->swiglu_backward = moe_cuda_swiglu_backward;
     be->cross_entropy_forward = moe_cuda_cross_entropy_forward;

@@ -547,6 +547,9 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_buf
                                       moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                       int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                       moe_grad_store dw_st);
+void moe_cuda_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya, moe_cbuf wa,
+                                moe_cbuf dyb, moe_cbuf wb, const int32_t *offsets, int64_t E,
+                                int64_t I, int64_t O, moe_recipe prec);
 
 void moe_cuda_embedding_forward(const moe_backend *be, moe_buf out, const int32_t *tokens,
                                 const float *wte, int64_t N, int64_t C);
@@ -618,6 +621,16 @@ int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void 
                                    const float *sw);
 int moe_cuda_grouped_fp8_fits(const moe_cuda_ctx *c, int64_t E, const void *y, const void *wq,
                               const float *sw);
+/* The sum of two such products of the same groups and shapes in one launch and one fp32
+ * accumulator, y = dequant(xq[0]) dequant(wq[0]_e)^T + dequant(xq[1]) dequant(wq[1]_e)^T,
+ * written (the activations' scales of the same lds); the experts' w1 and w3 dgrad. */
+int moe_cuda_grouped_fp8_sum(moe_cuda_ctx *c, moe_buf y /* [M, N] */,
+                             const uint8_t *const xq[2] /* [M, K] each */,
+                             const float *const sx[2] /* [KB, lds] each */, int64_t lds,
+                             const uint8_t *const wq[2] /* [E, N, K] each */,
+                             const float *const sw[2] /* [E, moe_fp8_tile_scales(N, K)] each */,
+                             const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N,
+                             int64_t K, const char *op);
 int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const uint8_t *xq /* [M, K] */, const float *sx /* [KB, lds] */,
                          int64_t lds, const uint8_t *wq /* [E, N, K] */,
@@ -648,7 +661,7 @@ void moe_cuda_router_backward(const moe_backend *be, float *dlogits, const float
 void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src,
                               int32_t *slot_row, int32_t *offsets, moe_cbuf x,
                               const int32_t *topk_idx, int64_t N, int64_t C, int64_t E, int64_t K);
-void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+void moe_cuda_permute_backward(const moe_backend *be, float *dx, moe_cbuf dxp,
                                const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
                                moe_grad_store st);
 void moe_cuda_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,

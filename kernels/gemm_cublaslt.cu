@@ -714,3 +714,55 @@ void moe_cuda_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_bu
             return;
     }
 }
+
+/* dx = dya Wa_e + dyb Wb_e (ops.h): under fp8-block with both dy fp8-block pairs one launch of
+ * the sm_90 grouped kernel over both products' blocks (moe_cuda_grouped_fp8_sum, the weights'
+ * transposed copies), dx BF16 or F32; otherwise the two grouped dgrads into an F32 dx. */
+void moe_cuda_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya, moe_cbuf wa,
+                                moe_cbuf dyb, moe_cbuf wb, const int32_t *offsets, int64_t E,
+                                int64_t I, int64_t O, moe_recipe prec) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "grouped_dgrad_sum";
+    const int pa = moe_cbuf_is_fp8_pair(dya), pb = moe_cbuf_is_fp8_pair(dyb);
+    if (moe_cuda_failed(c) || !prec_ok(c, prec, op) || !moe_cuda_typed_ok(c, dx.dt, op) ||
+        !pair_in_fp8(c, pa || pb, prec, "dy", op) || offsets[E] <= 0)
+        return;
+    if (!(pa && pb)) {
+        if (dx.dt != MOE_DTYPE_F32) {
+            moe_cuda_check(c, cudaErrorInvalidValue, op,
+                           "a %s dx (f32 expected; bf16 where both dy are fp8-block pairs)",
+                           moe_dtype_name(dx.dt));
+            return;
+        }
+        const moe_buf none = moe_buf_f32(NULL);
+        moe_cuda_grouped_matmul_backward(be, dx, none, dya, moe_cbuf_f32(NULL), wa, offsets, E, I,
+                                         O, prec, MOE_GRAD_SET, MOE_GRAD_SET);
+        moe_cuda_grouped_matmul_backward(be, dx, none, dyb, moe_cbuf_f32(NULL), wb, offsets, E, I,
+                                         O, prec, MOE_GRAD_ADD, MOE_GRAD_SET);
+        return;
+    }
+    if (!fp8_dims_ok(c, I, O, wa, op) || !fp8_dims_ok(c, I, O, wb, op)) return;
+    /* each pair's row-wise copy and scales; each weight's transposed copy [E, I, O] and its
+     * scales, after the row-wise ones */
+    const moe_fp8_pair_layout pl = moe_fp8_pair_layout_of(offsets, E, O, 0);
+    const moe_cbuf dy[2] = {dya, dyb}, w[2] = {wa, wb};
+    const uint8_t *xq[2], *wq[2];
+    const float *sx[2], *sw[2];
+    for (int j = 0; j < 2; j++) {
+        xq[j] = (const uint8_t *)dy[j].p;
+        sx[j] = (const float *)(xq[j] + pl.s_rows);
+        wq[j] = (const uint8_t *)w[j].p + E * O * I;
+        sw[j] = w[j].s + E * moe_fp8_tile_scales(O, I);
+    }
+#if MOE_HAVE_SM90A
+    if (moe_cuda_grouped_fp8_fits(c, E, dx.p, wq[0], sw[0]) &&
+        moe_cuda_grouped_fp8_fits(c, E, dx.p, wq[1], sw[1])) {
+        moe_cuda_grouped_fp8_sum(c, dx, xq, sx, pl.lds, wq, sw, offsets, E, I, O, op);
+        return;
+    }
+#endif
+    moe_cuda_check(c, cudaErrorInvalidValue, op,
+                   "fp8-block pairs of %lld groups (their row-wise copies are read by the sm_90 "
+                   "grouped fp8 kernel alone: at most be->fp8_pairs groups)",
+                   (long long)E);
+}

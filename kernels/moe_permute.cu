@@ -178,10 +178,10 @@ void moe_cuda_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_sr
         moe_cuda_mx_write(c, xp, xs, NK * C, op);
 }
 
-/* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] (k in order; add: 1 adds into dx, 0 writes it),
- * one block per token */
-template <int V>
-__global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp,
+/* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] (k in order, in fp32; add: 1 adds into dx, 0
+ * writes it), one block per token */
+template <int V, typename TP>
+__global__ void k_perm_bwd(float *__restrict__ dx, const TP *__restrict__ dxp,
                            const int32_t *__restrict__ slot_row, int64_t C, int K, int add) {
     int64_t n = blockIdx.x;
     for (int64_t i = threadIdx.x * V; i < C; i += blockDim.x * V) {
@@ -202,20 +202,29 @@ __global__ void k_perm_bwd(float *__restrict__ dx, const float *__restrict__ dxp
     }
 }
 
-void moe_cuda_permute_backward(const moe_backend *be, float *dx, const float *dxp,
-                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
-                               moe_grad_store st) {
-    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
-    if (moe_cuda_failed(c) || N <= 0 || C <= 0) return;
-    const int add = st == MOE_GRAD_ADD;
+template <typename TP>
+static void perm_bwd(moe_cuda_ctx *c, float *dx, const TP *dxp, const int32_t *slot_row, int64_t N,
+                     int64_t C, int64_t K, int add) {
     if (moe_cuda_vec_ok(C, dx, dxp))
         k_perm_bwd<MOE_VEC><<<(unsigned)N, C / MOE_VEC >= 512 ? 256 : 128, 0, c->stream>>>(
             dx, dxp, slot_row, C, (int)K, add);
     else
         k_perm_bwd<1><<<(unsigned)N, C >= 512 ? 256 : 128, 0, c->stream>>>(dx, dxp, slot_row, C,
                                                                            (int)K, add);
-    MOE_CUDA_LAUNCHED(c, "permute_backward", "N=%lld C=%lld K=%lld", (long long)N, (long long)C,
-                      (long long)K);
+}
+
+void moe_cuda_permute_backward(const moe_backend *be, float *dx, moe_cbuf dxp,
+                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
+                               moe_grad_store st) {
+    moe_cuda_ctx *c = moe_cuda_ctx_of(be);
+    const char *op = "permute_backward";
+    if (moe_cuda_failed(c) || N <= 0 || C <= 0 || !moe_cuda_typed_ok(c, dxp.dt, op)) return;
+    const int add = st == MOE_GRAD_ADD;
+    if (dxp.dt == MOE_DTYPE_BF16)
+        perm_bwd(c, dx, (const __nv_bfloat16 *)dxp.p, slot_row, N, C, K, add);
+    else
+        perm_bwd(c, dx, (const float *)dxp.p, slot_row, N, C, K, add);
+    MOE_CUDA_LAUNCHED(c, op, "N=%lld C=%lld K=%lld", (long long)N, (long long)C, (long long)K);
 }
 
 /* y[n,:] = res[n,:] + s, s = sum_k w[n,k] yp[slot_row[n*K+k], :] summed from 0 in k order

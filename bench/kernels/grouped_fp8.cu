@@ -355,12 +355,11 @@ static void grouped_fp8(int f, bf16 *y /* [M, N] */, const CUtensorMap &mx, cons
         CK(cudaFuncSetAttribute(k_grouped_fp8<2, bf16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 GF_SMEM(2)));
     }
+    const gf_source src = {mx, mw[f], ms, sw}; /* one product: nsrc 1 */
     if (f == 0)
-        k_grouped_fp8<1, bf16>
-            <<<sms, GF_THREADS, GF_SMEM(1)>>>(y, mx, mw[0], ms, sw, off, E, N, K, 0);
+        k_grouped_fp8<1, bf16><<<sms, GF_THREADS, GF_SMEM(1)>>>(y, src, src, off, E, N, K, 0, 1);
     else
-        k_grouped_fp8<2, bf16>
-            <<<sms, GF_THREADS, GF_SMEM(2)>>>(y, mx, mw[1], ms, sw, off, E, N, K, 0);
+        k_grouped_fp8<2, bf16><<<sms, GF_THREADS, GF_SMEM(2)>>>(y, src, src, off, E, N, K, 0, 1);
     CK(cudaGetLastError());
 }
 

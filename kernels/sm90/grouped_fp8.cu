@@ -21,9 +21,8 @@ int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void 
 }
 
 template <typename TO>
-static int launch(moe_cuda_ctx *c, TO *y, const CUtensorMap &mx, const CUtensorMap &mw,
-                  const CUtensorMap &ms, const float *sw, const gg_offsets &off, int E, int N,
-                  int K, int beta, const char *op) {
+static int launch(moe_cuda_ctx *c, TO *y, const gf_source &a, const gf_source &b,
+                  const gg_offsets &off, int E, int N, int K, int beta, int nsrc, const char *op) {
     const int smem = GF_SMEM(GF_NH);
     if (!moe_cuda_check(c,
                         cudaFuncSetAttribute(k_grouped_fp8<GF_NH, TO>,
@@ -31,33 +30,54 @@ static int launch(moe_cuda_ctx *c, TO *y, const CUtensorMap &mx, const CUtensorM
                         op, "shared memory %d bytes", smem))
         return 0;
     k_grouped_fp8<GF_NH, TO>
-        <<<c->num_sms, GF_THREADS, smem, c->stream>>>(y, mx, mw, ms, sw, off, E, N, K, beta);
-    return MOE_CUDA_LAUNCHED(c, op, "grouped fp8 E=%d N=%d K=%d", E, N, K);
+        <<<c->num_sms, GF_THREADS, smem, c->stream>>>(y, a, b, off, E, N, K, beta, nsrc);
+    return MOE_CUDA_LAUNCHED(c, op, "grouped fp8 E=%d N=%d K=%d (%d products)", E, N, K, nsrc);
 }
 
-int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
-                         int64_t lds, const uint8_t *wq, const float *sw, const int32_t *offsets,
-                         int64_t E, int64_t N, int64_t K, const char *op) {
+/* The sum of the nsrc products xq[j] wq[j]^T (moe_cuda_grouped_fp8's operands, j < nsrc),
+ * in one launch. */
+static int grouped(moe_cuda_ctx *c, moe_buf y, float beta, int nsrc, const uint8_t *const *xq,
+                   const float *const *sx, int64_t lds, const uint8_t *const *wq,
+                   const float *const *sw, const int32_t *offsets, int64_t E, int64_t N,
+                   int64_t K, const char *op) {
     const int64_t M = offsets[E], KB = (K + GF_BK - 1) / GF_BK;
     /* xq [M, K] and wq [E * N, K] e4m3 in boxes of 128 bytes of K by 128 or 256 rows with the
      * 128-byte swizzle; sx [KB, lds] fp32 in boxes of GF_SX_BOX rows (those past M read 0) */
     const int64_t dx[2] = {K, M}, dw[2] = {K, E * N}, dsx[2] = {M, KB}, sk[1] = {K},
                   ssx[1] = {lds * (int64_t)sizeof(float)};
     const int bx[2] = {GF_BK, GF_BM}, bw[2] = {GF_BK, GF_BN(GF_NH)}, bs[2] = {GF_SX_BOX, 1};
-    CUtensorMap mx, mw, ms;
-    if (!sm90_tmap(c, &mx, xq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dx, sk, bx,
-                   CU_TENSOR_MAP_SWIZZLE_128B, op) ||
-        !sm90_tmap(c, &mw, wq, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dw, sk, bw,
-                   CU_TENSOR_MAP_SWIZZLE_128B, op) ||
-        !sm90_tmap(c, &ms, sx, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dsx, ssx, bs,
-                   CU_TENSOR_MAP_SWIZZLE_NONE, op))
-        return 0;
+    gf_source src[2];
+    for (int j = 0; j < nsrc; j++) {
+        if (!sm90_tmap(c, &src[j].mx, xq[j], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dx, sk, bx,
+                       CU_TENSOR_MAP_SWIZZLE_128B, op) ||
+            !sm90_tmap(c, &src[j].mw, wq[j], CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dw, sk, bw,
+                       CU_TENSOR_MAP_SWIZZLE_128B, op) ||
+            !sm90_tmap(c, &src[j].ms, sx[j], CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, dsx, ssx, bs,
+                       CU_TENSOR_MAP_SWIZZLE_NONE, op))
+            return 0;
+        src[j].sw = sw[j];
+    }
+    if (nsrc == 1) src[1] = src[0]; /* never read */
     if (y.dt == MOE_DTYPE_BF16 && beta != 0.0f)
         return moe_cuda_check(c, cudaErrorInvalidValue, op, "a bf16 output is written, not added");
     gg_offsets off;
     for (int64_t e = 0; e <= E; e++)
         off.o[e] = offsets[e];
     if (y.dt == MOE_DTYPE_BF16)
-        return launch(c, (bf16 *)y.p, mx, mw, ms, sw, off, (int)E, (int)N, (int)K, 0, op);
-    return launch(c, (float *)y.p, mx, mw, ms, sw, off, (int)E, (int)N, (int)K, beta != 0.0f, op);
+        return launch(c, (bf16 *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, 0, nsrc, op);
+    return launch(c, (float *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, beta != 0.0f,
+                  nsrc, op);
+}
+
+int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
+                         int64_t lds, const uint8_t *wq, const float *sw, const int32_t *offsets,
+                         int64_t E, int64_t N, int64_t K, const char *op) {
+    return grouped(c, y, beta, 1, &xq, &sx, lds, &wq, &sw, offsets, E, N, K, op);
+}
+
+int moe_cuda_grouped_fp8_sum(moe_cuda_ctx *c, moe_buf y, const uint8_t *const xq[2],
+                             const float *const sx[2], int64_t lds, const uint8_t *const wq[2],
+                             const float *const sw[2], const int32_t *offsets, int64_t E,
+                             int64_t N, int64_t K, const char *op) {
+    return grouped(c, y, 0.0f, 2, xq, sx, lds, wq, sw, offsets, E, N, K, op);
 }

@@ -96,16 +96,23 @@ __device__ __forceinline__ float gf_lds(uint32_t a) {
     return v;
 }
 
+/* One product's operands: the tensor maps of xq, wq and sx, and sw (see the header). */
+struct gf_source {
+    CUtensorMap mx; /* xq [M, K] e4m3, boxes {128, 128} */
+    CUtensorMap mw; /* wq [E * N, K] e4m3, boxes {128, BN} */
+    CUtensorMap ms; /* sx [KB, lds] fp32, boxes {132, 1} */
+    const float *sw; /* [E, RB * KB4] */
+};
+
 /* The grouped block-scaled product (see the header): y (+)= dequant(xq) dequant(wq_e)^T per
- * expert's rows, 128 x 128 NH tiles; TO bf16 (written) or float (beta 1 adds). */
+ * expert's rows, 128 x 128 NH tiles; TO bf16 (written) or float (beta 1 adds). With nsrc 2
+ * the sum of two such products of the same shapes, a's and b's, in one accumulator: a tile's
+ * K steps walk a's blocks, then b's (the experts' w1 and w3 dgrad, dxe = dh1 W1 + dh3 W3). */
 template <int NH, typename TO>
 __global__ void __launch_bounds__(GF_THREADS, 1)
-    k_grouped_fp8(TO *__restrict__ y /* [M, N] */,
-                  const __grid_constant__ CUtensorMap mx /* xq [M, K] e4m3, boxes {128, 128} */,
-                  const __grid_constant__ CUtensorMap mw /* wq [E * N, K] e4m3, boxes {128, BN} */,
-                  const __grid_constant__ CUtensorMap ms /* sx [KB, lds] fp32, boxes {132, 1} */,
-                  const float *__restrict__ sw /* [E, RB * KB4] */,
-                  const __grid_constant__ gg_offsets off, int E, int N, int K, int beta) {
+    k_grouped_fp8(TO *__restrict__ y /* [M, N] */, const __grid_constant__ gf_source a,
+                  const __grid_constant__ gf_source b, const __grid_constant__ gg_offsets off,
+                  int E, int N, int K, int beta, int nsrc) {
     constexpr int BN = GF_BN(NH), NS = GF_NS(NH);
     constexpr uint32_t B_BYTES = GF_B_BYTES(NH);
     extern __shared__ __align__(16) unsigned char gg_smem[];
@@ -125,18 +132,20 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
         fa3_regs_dec<40>(); /* 128 x 40 + 2 x 128 x 232 <= 64 K: CUTLASS's split */
         if (threadIdx.x != 256) return;
         const int RB = (N + 127) / 128, KB4 = (KB + 3) / 4 * 4;
-        auto load = [&](const gg_tile &tl, int kb, int s, uint32_t bar) {
+        auto load = [&](const gg_tile &tl, int kt, int s, uint32_t bar) {
+            const gf_source &src = kt < KB ? a : b;
+            const int kb = kt < KB ? kt : kt - KB; /* the block of src's K */
             const uint32_t sc = sS + s * GF_SC_BYTES;
-            gg_tma(sA + s * GF_A_BYTES, &mx, kb * GF_BK, tl.r0, bar);
-            gg_tma(sB + s * B_BYTES, &mw, kb * GF_BK, tl.e * N + tl.n0, bar);
-            gg_tma(sc, &ms, tl.r0 & ~3, kb, bar);
-            const float *we = sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
+            gg_tma(sA + s * GF_A_BYTES, &src.mx, kb * GF_BK, tl.r0, bar);
+            gg_tma(sB + s * B_BYTES, &src.mw, kb * GF_BK, tl.e * N + tl.n0, bar);
+            gg_tma(sc, &src.ms, tl.r0 & ~3, kb, bar);
+            const float *we = src.sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
 #pragma unroll
             for (int h = 0; h < NH; h++) /* columns past N: any tile's scales, not stored */
                 gf_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16,
                         bar);
         };
-        gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, KB,
+        gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, nsrc * KB,
                                        GF_A_BYTES + B_BYTES + GF_SX_BYTES + 16 * NH, bfull, bempty,
                                        load);
         return;
@@ -152,8 +161,8 @@ __global__ void __launch_bounds__(GF_THREADS, 1)
 #pragma unroll
         for (int h = 0; h < NH; h++)
             fa_zero<16>(acc[h]);
-        for (int kb = 0; kb < KB; kb++, it++) {
-            const int s = it % NS;
+        for (int kt = 0, kb = 0; kt < nsrc * KB; kt++, it++, kb = kb + 1 < KB ? kb + 1 : 0) {
+            const int s = it % NS; /* kb: the block of the current source's K */
             const uint32_t sc = sS + s * GF_SC_BYTES;
             fa3_bar_wait(bfull + 8 * s, (it / NS) & 1);
             const uint64_t da = fa3_desc(sA + s * GF_A_BYTES + wg * 64 * 128, 16, 1024),

@@ -201,15 +201,18 @@ void run_permute(gctx *g, const tcase *tc) {
     cmp_i32(g, "row_src", drs, rs, M);
     cmp_i32(g, "slot_row", dsr, sr, M);
     cmp_i32(g, "offsets", doff, off, E + 1);
+    /* dxp of the activations' type (bf16 where the experts' dgrad writes it so) */
     float *gxp = frand(M * C, -1, 1), *gx = frand(N * C, -1, 1);
-    float *dgxp = dup_dev(g, "dxp", gxp, F(M * C)), *dgx = dup_dev(g, "dx", gx, F(N * C));
+    as_stored(gxp, M * C, typed_dt(tc));
+    moe_cbuf dgxp = moe_cbuf_from(dev_operand(g, typed_dt(tc), "dxp", gxp, M * C));
+    float *dgx = dup_dev(g, "dx", gx, F(N * C));
     int32_t *dsrr = dup_dev(g, "slot_row_ref", sr, I32(M));
-    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K, MOE_GRAD_ADD);
+    g->cpu->permute_backward(g->cpu, gx, moe_cbuf_f32(gxp), sr, N, C, K, MOE_GRAD_ADD);
     g->gpu->permute_backward(g->gpu, dgx, dgxp, dsrr, N, C, K, MOE_GRAD_ADD);
     check_sync_guards(g, "permute_backward");
     cmp_f32(g, "dx", dgx, gx, N * C, tc->tol);
     float *sgx = dup_dev(g, "dx (SET)", NULL, F(N * C)); /* written: poisoned, never read */
-    g->cpu->permute_backward(g->cpu, gx, gxp, sr, N, C, K, MOE_GRAD_SET);
+    g->cpu->permute_backward(g->cpu, gx, moe_cbuf_f32(gxp), sr, N, C, K, MOE_GRAD_SET);
     g->gpu->permute_backward(g->gpu, sgx, dgxp, dsrr, N, C, K, MOE_GRAD_SET);
     check_sync_guards(g, "permute_backward SET");
     cmp_f32(g, "dx (SET)", sgx, gx, N * C, tc->tol);

@@ -285,6 +285,60 @@ static void dev_weight_free(const moe_backend *be, moe_cbuf w) {
     be->free(be, (void *)w.s);
 }
 
+/* grouped_dgrad_sum, dx = dh1 W1 + dh3 W3, on the pairs p1 and p3 (the sm_90 kernel's single
+ * launch over both products' blocks) against w1's dgrad written and w3's added (two launches,
+ * the same block products summed in another order): the NMSE of its F32 dx, returned; its BF16
+ * dx must be that F32 dx rounded, bit for bit; and on the BF16 dh1, dh3 (d1, d3: the two
+ * launches inside the op) the two launches' very bits. W1 is w (of host values hw [E, K, I]), W3
+ * another weight; x is unread (no weight gradients). */
+static double run_dgrad_sum(const moe_backend *be, void *p1, void *p3, void *d1, void *d3,
+                            moe_cbuf w, const float *hw, moe_cbuf x, const int32_t *off, int64_t E,
+                            int64_t I, int64_t K, moe_recipe prec) {
+    const int64_t M = off[E], nw = E * K * I;
+    float *hw3 = malloc((size_t)nw * 4);
+    for (int64_t i = 0; i < nw; i++)
+        hw3[i] = hw[(i * 7 + 3) % nw] * -1.5f; /* another weight of the same range */
+    const moe_cbuf w3 = dev_weight(be, hw3, E, K, I, prec);
+    const moe_cbuf q1 = moe_cbuf_from(moe_buf_fp8_pair(p1)), q3 = moe_cbuf_from(moe_buf_fp8_pair(p3));
+    const moe_cbuf b1 = moe_cbuf_of(d1, MOE_DTYPE_BF16), b3 = moe_cbuf_of(d3, MOE_DTYPE_BF16);
+    const size_t n4 = (size_t)(M * I) * 4;
+    float *two = be->alloc(be, n4), *sum = be->alloc(be, n4), *sumb = be->alloc(be, n4);
+    uint16_t *sum16 = be->alloc(be, n4 / 2);
+    be->grouped_matmul_backward(be, moe_buf_f32(two), moe_buf_f32(NULL), q1, x, w, off, E, I, K,
+                                prec, MOE_GRAD_SET, MOE_GRAD_SET);
+    be->grouped_matmul_backward(be, moe_buf_f32(two), moe_buf_f32(NULL), q3, x, w3, off, E, I, K,
+                                prec, MOE_GRAD_ADD, MOE_GRAD_SET);
+    be->grouped_dgrad_sum(be, moe_buf_f32(sum), q1, w, q3, w3, off, E, I, K, prec);
+    be->grouped_dgrad_sum(be, moe_buf_of(sum16, MOE_DTYPE_BF16), q1, w, q3, w3, off, E, I, K, prec);
+    be->grouped_dgrad_sum(be, moe_buf_f32(sumb), b1, w, b3, w3, off, E, I, K, prec);
+    moe_err err;
+    moe_err_clear(&err);
+    const int ok = be->synchronize(be, &err) == MOE_OK;
+    CHECK_MSG(ok, "grouped_dgrad_sum: %s", err.msg);
+    float *h2 = malloc(n4), *hs = malloc(n4);
+    uint16_t *h16 = malloc(n4 / 2);
+    be->memcpy_d2h(be, h2, two, n4);
+    be->memcpy_d2h(be, hs, sum, n4);
+    be->memcpy_d2h(be, h16, sum16, n4 / 2);
+    double num = 0, den = 0;
+    int64_t bad16 = 0;
+    for (int64_t i = 0; i < M * I; i++) {
+        num += ((double)hs[i] - h2[i]) * ((double)hs[i] - h2[i]);
+        den += (double)h2[i] * h2[i];
+        bad16 += h16[i] != moe_f32_to_bf16(hs[i]);
+    }
+    const double e = den > 0 ? num / den : (num > 0 ? 1.0 : 0.0);
+    const int same_b = same_on_dev(be, sumb, two, n4);
+    CHECK_MSG(ok && e < 1e-10 && den > 0 && bad16 == 0 && same_b,
+              "grouped_dgrad_sum K=%lld: nmse %.3g against two products (bound 1e-10), %lld bf16 "
+              "values not the f32 sum rounded, on bf16 dy %s",
+              (long long)K, e, (long long)bad16, same_b ? "identical" : "DIFFERENT");
+    be->free(be, two), be->free(be, sum), be->free(be, sumb), be->free(be, sum16);
+    dev_weight_free(be, w3);
+    free(hw3), free(h2), free(hs), free(h16);
+    return e;
+}
+
 /* fp8-block activation pairs (moe/quant.h): SwiGLU's backward written as pairs in one pass
  * (be->swiglu_backward with groups) against the same op's BF16 dh1, dh3 encoded by the CPU
  * (moe_fp8_pair_encode), the whole buffer byte for byte (gaps and the rows' padding scales
@@ -370,10 +424,12 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
               same_w = same_on_dev(be, ow[0], ow[1], (size_t)nw * 4);
     CHECK_MSG(ok && same_x && same_w, "grouped backward K=%lld rule %d: dx %s, dw %s", (long long)K,
               rule, same_x ? "identical" : "DIFFERS", same_w ? "identical" : "DIFFERS");
+    const double dsum = run_dgrad_sum(be, p1, p3, d1, d3, w, hw, x, off, E, I, K, prec);
     printf("  pairs     a %-4s dout %-4s K=%-3lld rule %d: %zu bytes a pair%s; grouped backward "
-           "dx, dw%s\n",
+           "dx, dw%s; dgrad sum nmse %.2e\n",
            names[dta], names[dtd], (long long)K, rule, l.bytes,
-           bad1 || bad3 ? "  FAILED" : "  identical", same_x && same_w ? " identical" : " DIFFER");
+           bad1 || bad3 ? "  FAILED" : "  identical", same_x && same_w ? " identical" : " DIFFER",
+           dsum);
     for (int j = 0; j < 2; j++)
         be->free(be, ox[j]), be->free(be, ow[j]), free(ref[j]);
     dev_weight_free(be, w), be->free(be, dxin);

@@ -66,8 +66,8 @@ static void test_grad_store(void) {
     float *dxp = gc_buf(N * K * C, 88, -1, 1), *g = gc_buf(N * C, 89, -1, 1);
     float *yp = gc_buf(N * K * C, 90, -1, 1), *tw = gc_buf(N * K, 91, 0, 1);
     float *pa = gc_buf(N * C, 0, 0, 0), *ps = gc_buf(N * C, 92, -9, 9);
-    be->permute_backward(be, pa, dxp, slot, N, C, K, MOE_GRAD_ADD);
-    be->permute_backward(be, ps, dxp, slot, N, C, K, MOE_GRAD_SET);
+    be->permute_backward(be, pa, moe_cbuf_f32(dxp), slot, N, C, K, MOE_GRAD_ADD);
+    be->permute_backward(be, ps, moe_cbuf_f32(dxp), slot, N, C, K, MOE_GRAD_SET);
     CHECK_MSG(same(pa, ps, N * C), "permute_backward SET != ADD into 0");
     for (int bf = 0; bf < 2; bf++) {
         moe_dtype dt = bf ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;

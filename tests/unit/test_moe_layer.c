@@ -161,7 +161,7 @@ int main(void) {
     be->grouped_matmul_backward(be, moe_buf_f32(dxp), moe_buf_f32(dw3), moe_cbuf_f32(dh3),
                                 moe_cbuf_f32(s.xp), moe_cbuf_f32(w3), s.off, E, C, F,
                                 MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);
-    be->permute_backward(be, dx, dxp, s.slot, N, C, K, MOE_GRAD_ADD);
+    be->permute_backward(be, dx, moe_cbuf_f32(dxp), s.slot, N, C, K, MOE_GRAD_ADD);
     be->router_backward(be, dlog, dtw, NULL, 0.0f, s.probs, s.lse, s.idx, s.tw, N, E, K);
     be->matmul_backward(be, dx, dwg, moe_cbuf_f32(dlog), moe_cbuf_f32(x), moe_cbuf_f32(wg), N, C, E,
                         MOE_RECIPE_FP32, MOE_GRAD_ADD, MOE_GRAD_ADD);

@@ -392,7 +392,7 @@ static void test_permute(void) {
               0);
     }
     float *gx = gc_buf(s.N * s.C, 0, 0, 0);
-    be->permute_backward(be, gx, s.r, s.slot, s.N, s.C, s.K, MOE_GRAD_ADD);
+    be->permute_backward(be, gx, moe_cbuf_f32(s.r), s.slot, s.N, s.C, s.K, MOE_GRAD_ADD);
     gc_check("permute dx", &s, pm_loss, s.x, gx, s.N * s.C, 30, 1e-2, ATOL, RTOL);
     /* unpermute */
     s.yp = gc_buf(NK * s.C, 25, -1, 1);

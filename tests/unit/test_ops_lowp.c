@@ -351,7 +351,8 @@ static void test_fp8_wgrad_tiles(void) {
  * pairs and the grouped backward reading one as dy give the bits of the unfused path (BF16
  * dh1/dh3 quantized by the grouped backward itself) - dx written then added, an F32 and a BF16
  * dw - under both scale rules, for uneven groups (an empty one, one of 129 rows) and widths F
- * not a multiple of 128 and a multiple. */
+ * not a multiple of 128 and a multiple; and grouped_dgrad_sum on the two pairs gives that dx,
+ * as it is (F32) and rounded (BF16). */
 static void test_fp8_pairs(void) {
     enum { E = 4, M = 300, C = 48 };
     const int32_t off[E + 1] = {0, 150, 150, 279, 300};
@@ -368,9 +369,10 @@ static void test_fp8_pairs(void) {
             for (int64_t i = 0; i < M * F; i += 211)
                 dg[i] *= 500.0f; /* outliers: blocks of very different scales */
             moe_cbuf w1q = gc_weight(be, w1, E, F, C, prec), w3q = gc_weight(be, w3, E, F, C, prec);
-            /* per path: dx (w1's SET, then w3's ADD), dw1 F32, dw3 BF16 */
-            float *dx[2], *dw1[2];
-            uint16_t *dw3[2];
+            /* per path: dx (w1's SET, then w3's ADD), dw1 F32, dw3 BF16; with pairs also dx as
+             * grouped_dgrad_sum writes it, F32 (dxs) and BF16 (dxs16) */
+            float *dx[2], *dw1[2], *dxs = gc_buf(M * C, 0, 0, 0);
+            uint16_t *dw3[2], *dxs16 = calloc((size_t)(M * C), 2);
             for (int k = 0; k < 2; k++) {
                 dx[k] = gc_buf(M * C, 0, 0, 0), dw1[k] = gc_buf(E * F * C, 0, 0, 0);
                 dw3[k] = calloc((size_t)(E * F * C), 2);
@@ -388,8 +390,22 @@ static void test_fp8_pairs(void) {
                 be->grouped_matmul_backward(
                     be, moe_buf_f32(dx[k]), moe_buf_of(dw3[k], MOE_DTYPE_BF16), moe_cbuf_from(dh3),
                     moe_cbuf_f32(x), w3q, off, E, C, F, prec, MOE_GRAD_ADD, MOE_GRAD_SET);
+                if (k) {
+                    be->grouped_dgrad_sum(be, moe_buf_f32(dxs), moe_cbuf_from(dh1), w1q,
+                                          moe_cbuf_from(dh3), w3q, off, E, C, F, prec);
+                    be->grouped_dgrad_sum(be, moe_buf_of(dxs16, MOE_DTYPE_BF16),
+                                          moe_cbuf_from(dh1), w1q, moe_cbuf_from(dh3), w3q, off, E,
+                                          C, F, prec);
+                }
                 be->free(be, g1), be->free(be, g3);
             }
+            int64_t bad16 = 0;
+            for (int64_t i = 0; i < M * C; i++)
+                bad16 += dxs16[i] != moe_f32_to_bf16(dx[1][i]);
+            CHECK_MSG(memcmp(dxs, dx[1], (size_t)(M * C) * 4) == 0 && bad16 == 0,
+                      "%s F %lld: grouped_dgrad_sum differs from w1's dgrad plus w3's (F32), or "
+                      "from their sum rounded (BF16: %lld values)",
+                      moe_recipe_name(prec), (long long)F, (long long)bad16);
             CHECK_MSG(memcmp(dx[0], dx[1], (size_t)(M * C) * 4) == 0 &&
                           memcmp(dw1[0], dw1[1], (size_t)(E * F * C) * 4) == 0 &&
                           memcmp(dw3[0], dw3[1], (size_t)(E * F * C) * 2) == 0,
@@ -398,6 +414,7 @@ static void test_fp8_pairs(void) {
             CHECK(dx[0][0] != 0.0f && dw1[0][0] != 0.0f); /* the products ran */
             for (int k = 0; k < 2; k++)
                 free(dx[k]), free(dw1[k]), free(dw3[k]);
+            free(dxs), free(dxs16);
             gc_weight_free(w1q), gc_weight_free(w3q);
             free(h1), free(h3), free(dg), free(x), free(w1), free(w3);
         }

@@ -426,9 +426,9 @@ struct moe_backend {
                             moe_cbuf x,                        /* [N, C] dev, F32|BF16 */
                             const int32_t *topk_idx,           /* [N, K] dev */
                             int64_t N, int64_t C, int64_t E, int64_t K);
-    /* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :] */
+    /* dx[n,:] (+)= sum_k dxp[slot_row[n*K+k], :], summed in fp32 in k order (from 0) */
     void (*permute_backward)(const moe_backend *be, float *dx, /* [N, C] dev */
-                             const float *dxp,                 /* [N*K, C] dev */
+                             moe_cbuf dxp,                     /* [N*K, C] dev, F32|BF16 */
                              const int32_t *slot_row,          /* [N*K] dev */
                              int64_t N, int64_t C, int64_t K, moe_grad_store st);
 
@@ -480,6 +480,20 @@ struct moe_backend {
                                     const int32_t *offsets, /* [E + 1] host */
                                     int64_t E, int64_t I, int64_t O, moe_recipe prec,
                                     moe_grad_store dx_st, moe_grad_store dw_st);
+    /* dx = dya Wa_e + dyb Wb_e per group, written: the dgrad of two products of the same x
+     * (the experts' w1 and w3) as one product over both reductions, one fp32 sum stored in
+     * dx's type, so that no second pass reads dx to add to it. dya and dyb as
+     * grouped_matmul_backward's dy, each of its own weight. Under fp8-block, on a backend with
+     * fp8_pairs, both may be fp8-block activation pairs of the call's groups (K = O; their
+     * row-wise copies are the operands), and then dx may be BF16 (the fp32 sum rounded);
+     * otherwise dx is F32. */
+    void (*grouped_dgrad_sum)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
+                              moe_cbuf dya,                      /* [M, O] dev, F32|BF16|pair */
+                              moe_cbuf wa,             /* [E, O, I] dev, F32|BF16|E4M3 */
+                              moe_cbuf dyb,            /* [M, O] dev, of dya's type */
+                              moe_cbuf wb,             /* [E, O, I] dev, of wa's type */
+                              const int32_t *offsets, /* [E + 1] host */
+                              int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
     /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ----
      * With pairs (on a backend with fp8_pairs; NULL otherwise) out is an fp8-block activation

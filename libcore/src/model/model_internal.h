@@ -114,7 +114,8 @@ struct moe_acts {
     float *drl;        /* [N, E] */
     float *dtw;        /* [N, K] */
     float *dprob;      /* [L, E] */
-    float *dxp;        /* [N*K, C] */
+    float *dxp;        /* [N*K, C]; bf16 values where a layer's dxe is written by
+                          grouped_dgrad_sum at ep 1 (fp8-block pairs: moe_model_backward) */
     float *dxe;        /* [cap, C] the expert side's dxp (= dxp at ep 1) */
     void *dye;         /* [cap, C] the expert side's dyp, of element type adt; NULL at ep 1
                           (dyp itself). dyp [N*K, C], dh1 and dh3 [cap, F] (read only by

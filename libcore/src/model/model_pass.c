@@ -487,14 +487,23 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
         moe_buf dh3 = pairs ? moe_buf_fp8_pair(a->dh3p) : h3;
         be->swiglu_backward(be, dh1, dh3, moe_cbuf_of(a->dg, la->dgt), moe_cbuf_from(h1),
                             moe_cbuf_from(h3), R * F, pairs ? &pg : NULL);
-        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w1]),
-                                    moe_cbuf_from(dh1), xe, moe_model_weight(m, li->w1), eoff, El,
+        moe_cbuf w1 = moe_model_weight(m, li->w1), w3 = moe_model_weight(m, li->w3);
+        /* dxe = dh1 W1 + dh3 W3: with pairs one product over both, written once, in bf16 where
+         * it goes to permute's backward as it is (without expert parallelism); else w3's dgrad
+         * adds to w1's in fp32 */
+        const moe_dtype dxt = pairs && a->ep <= 1 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
+        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe),
+                                    expert_grad(&P[li->w1]), moe_cbuf_from(dh1), xe, w1, eoff, El,
                                     C, F, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, moe_buf_f32(a->dxe), expert_grad(&P[li->w3]),
-                                    moe_cbuf_from(dh3), xe, moe_model_weight(m, li->w3), eoff, El,
+        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe),
+                                    expert_grad(&P[li->w3]), moe_cbuf_from(dh3), xe, w3, eoff, El,
                                     C, F, prec, MOE_GRAD_ADD, gw);
+        if (pairs)
+            be->grouped_dgrad_sum(be, moe_buf_of(a->dxe, dxt), moe_cbuf_from(dh1), w1,
+                                  moe_cbuf_from(dh3), w3, eoff, El, C, F, prec);
         if (a->ep > 1) moe_model_ep_combine(m, l, a->dxe, a->dxp, (size_t)C * sizeof(float));
-        be->permute_backward(be, a->dln, a->dxp, la->slot_row, N, C, K, MOE_GRAD_SET);
+        be->permute_backward(be, a->dln, moe_cbuf_of(a->dxp, dxt), la->slot_row, N, C, K,
+                             MOE_GRAD_SET);
         if (la->remake_ln2) ln2_forward(m, l, N);
         ZERO(a->drl, N * E);
         be->router_backward(be, a->drl, a->dtw, a->dprob + l * E, dz, la->probs, la->rlse,

@@ -235,7 +235,7 @@ static void pr_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_s
     prof_end_op(p, t0, MOE_OP_PERMUTE, 0);
 }
 
-static void pr_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+static void pr_permute_backward(const moe_backend *be, float *dx, moe_cbuf dxp,
                                 const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
                                 moe_grad_store st) {
     prof_ctx *p = ctx_of(be);
@@ -280,6 +280,15 @@ static void pr_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_bu
     double t0 = prof_begin(p);
     p->inner->grouped_matmul_backward(p->inner, dx, dw, dy, x, w, offsets, E, I, O, prec, dx_st,
                                       dw_st);
+    prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 1);
+}
+
+static void pr_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya, moe_cbuf wa,
+                                 moe_cbuf dyb, moe_cbuf wb, const int32_t *offsets, int64_t E,
+                                 int64_t I, int64_t O, moe_recipe prec) {
+    prof_ctx *p = ctx_of(be);
+    double t0 = prof_begin(p);
+    p->inner->grouped_dgrad_sum(p->inner, dx, dya, wa, dyb, wb, offsets, E, I, O, prec);
     prof_end_op(p, t0, MOE_OP_GROUPED_MATMUL, 1);
 }
 
@@ -430,6 +439,7 @@ const moe_backend *moe_backend_prof_wrap(const moe_backend *inner, moe_err *err)
     t->unpermute_backward = pr_unpermute_backward;
     t->grouped_matmul_forward = pr_grouped_matmul_forward;
     t->grouped_matmul_backward = pr_grouped_matmul_backward;
+    t->grouped_dgrad_sum = pr_grouped_dgrad_sum;
     t->swiglu_forward = pr_swiglu_forward;
     t->swiglu_backward = pr_swiglu_backward;
     t->pool_forward = pr_pool_forward;

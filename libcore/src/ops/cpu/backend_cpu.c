@@ -101,6 +101,7 @@ static const moe_backend cpu_backend = {
     .unpermute_backward = moe_cpu_unpermute_backward,
     .grouped_matmul_forward = moe_cpu_grouped_matmul_forward,
     .grouped_matmul_backward = moe_cpu_grouped_matmul_backward,
+    .grouped_dgrad_sum = moe_cpu_grouped_dgrad_sum,
     .swiglu_forward = moe_cpu_swiglu_forward,
     .swiglu_backward = moe_cpu_swiglu_backward,
     .cross_entropy_forward = moe_cpu_cross_entropy_forward,

@@ -80,8 +80,11 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dx, moe_buf 
                                      moe_cbuf x, moe_cbuf w, const int32_t *offsets, int64_t E,
                                      int64_t I, int64_t O, moe_recipe prec, moe_grad_store dx_st,
                                      moe_grad_store dw_st);
+void moe_cpu_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya, moe_cbuf wa,
+                               moe_cbuf dyb, moe_cbuf wb, const int32_t *offsets, int64_t E,
+                               int64_t I, int64_t O, moe_recipe prec);
 
-/* ops_fp8.c: the fp8 recipes' products (moe_cpu_is_fp8), called by the four above */
+/* ops_fp8.c: the fp8 recipes' products (moe_cpu_is_fp8), called by the products above */
 int moe_cpu_is_fp8(moe_recipe prec);
 void moe_cpu_fp8_matmul_forward(moe_buf y, moe_cbuf x, moe_cbuf w, int64_t N, int64_t I, int64_t O,
                                 moe_recipe prec);
@@ -149,7 +152,7 @@ void moe_cpu_router_backward(const moe_backend *be, float *dlogits, const float 
 void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src, int32_t *slot_row,
                              int32_t *offsets, moe_cbuf x, const int32_t *topk_idx, int64_t N,
                              int64_t C, int64_t E, int64_t K);
-void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+void moe_cpu_permute_backward(const moe_backend *be, float *dx, moe_cbuf dxp,
                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
                               moe_grad_store st);
 void moe_cpu_unpermute_forward(const moe_backend *be, moe_buf y, moe_cbuf res, moe_cbuf yp,

@@ -293,3 +293,28 @@ void moe_cpu_grouped_matmul_backward(const moe_backend *be, moe_buf dxb, moe_buf
     if (dx) moe_cpu_output_store(dxb, dx, M * I);
     if (dw) moe_cpu_output_store(dwb, dw, E * O * I);
 }
+
+void moe_cpu_grouped_dgrad_sum(const moe_backend *be, moe_buf dxb, moe_cbuf dya, moe_cbuf wa,
+                               moe_cbuf dyb, moe_cbuf wb, const int32_t *offsets, int64_t E,
+                               int64_t I, int64_t O, moe_recipe prec) {
+    (void)be;
+    if ((moe_cbuf_is_fp8_pair(dya) || moe_cbuf_is_fp8_pair(dyb)) &&
+        moe_recipe_format(prec) != MOE_RECIPE_FP8_BLOCK) {
+        fprintf(stderr, "moe: cpu backend: an fp8-block activation pair as a dy of a grouped "
+                        "dgrad sum outside the fp8-block recipes\n");
+        abort();
+    }
+    const int64_t M = offsets[E];
+    float *dx = moe_cpu_grad_output(dxb, M * I, MOE_GRAD_SET); /* fp32 (or dxb): the one sum */
+    const moe_cbuf dy[2] = {dya, dyb}, w[2] = {wa, wb}, none = moe_cbuf_f32(NULL);
+    for (int j = 0; j < 2; j++) {
+        const moe_grad_store st = j ? MOE_GRAD_ADD : MOE_GRAD_SET;
+        if (moe_cpu_is_fp8(prec))
+            moe_cpu_fp8_grouped_backward(dx, NULL, dy[j], none, w[j], offsets, E, I, O, prec, st,
+                                         MOE_GRAD_SET);
+        else
+            dense_grouped_backward(dx, NULL, dy[j], none, w[j], offsets, E, I, O, prec, st,
+                                   MOE_GRAD_SET);
+    }
+    moe_cpu_output_store(dxb, dx, M * I);
+}

@@ -154,7 +154,7 @@ void moe_cpu_permute_forward(const moe_backend *be, moe_buf xp, int32_t *row_src
     }
 }
 
-void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp,
+void moe_cpu_permute_backward(const moe_backend *be, float *dx, moe_cbuf dxp,
                               const int32_t *slot_row, int64_t N, int64_t C, int64_t K,
                               moe_grad_store st) {
     (void)be;
@@ -165,9 +165,14 @@ void moe_cpu_permute_backward(const moe_backend *be, float *dx, const float *dxp
             for (int64_t c = 0; c < C; c++)
                 d[c] = 0.0f;
         for (int64_t kk = 0; kk < K; kk++) {
-            const float *g = dxp + (int64_t)slot_row[n * K + kk] * C;
-            for (int64_t c = 0; c < C; c++)
-                d[c] += g[c];
+            const int64_t r = (int64_t)slot_row[n * K + kk] * C;
+            if (dxp.dt == MOE_DTYPE_F32) {
+                const float *g = (const float *)dxp.p + r;
+                for (int64_t c = 0; c < C; c++)
+                    d[c] += g[c];
+            } else
+                for (int64_t c = 0; c < C; c++)
+                    d[c] += moe_cbuf_get(dxp, r + c);
         }
     }
 }
