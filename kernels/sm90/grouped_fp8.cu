@@ -38,8 +38,8 @@ static int launch(moe_cuda_ctx *c, TO *y, const gf_source &a, const gf_source &b
  * in one launch. */
 static int grouped(moe_cuda_ctx *c, moe_buf y, float beta, int nsrc, const uint8_t *const *xq,
                    const float *const *sx, int64_t lds, const uint8_t *const *wq,
-                   const float *const *sw, const int32_t *offsets, int64_t E, int64_t N,
-                   int64_t K, const char *op) {
+                   const float *const *sw, const int32_t *offsets, int64_t E, int64_t N, int64_t K,
+                   const char *op) {
     const int64_t M = offsets[E], KB = (K + GF_BK - 1) / GF_BK;
     /* xq [M, K] and wq [E * N, K] e4m3 in boxes of 128 bytes of K by 128 or 256 rows with the
      * 128-byte swizzle; sx [KB, lds] fp32 in boxes of GF_SX_BOX rows (those past M read 0) */
@@ -65,8 +65,8 @@ static int grouped(moe_cuda_ctx *c, moe_buf y, float beta, int nsrc, const uint8
         off.o[e] = offsets[e];
     if (y.dt == MOE_DTYPE_BF16)
         return launch(c, (bf16 *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, 0, nsrc, op);
-    return launch(c, (float *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, beta != 0.0f,
-                  nsrc, op);
+    return launch(c, (float *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, beta != 0.0f, nsrc,
+                  op);
 }
 
 int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
@@ -77,7 +77,7 @@ int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *
 
 int moe_cuda_grouped_fp8_sum(moe_cuda_ctx *c, moe_buf y, const uint8_t *const xq[2],
                              const float *const sx[2], int64_t lds, const uint8_t *const wq[2],
-                             const float *const sw[2], const int32_t *offsets, int64_t E,
-                             int64_t N, int64_t K, const char *op) {
+                             const float *const sw[2], const int32_t *offsets, int64_t E, int64_t N,
+                             int64_t K, const char *op) {
     return grouped(c, y, 0.0f, 2, xq, sx, lds, wq, sw, offsets, E, N, K, op);
 }

@@ -98,9 +98,9 @@ __device__ __forceinline__ float gf_lds(uint32_t a) {
 
 /* One product's operands: the tensor maps of xq, wq and sx, and sw (see the header). */
 struct gf_source {
-    CUtensorMap mx; /* xq [M, K] e4m3, boxes {128, 128} */
-    CUtensorMap mw; /* wq [E * N, K] e4m3, boxes {128, BN} */
-    CUtensorMap ms; /* sx [KB, lds] fp32, boxes {132, 1} */
+    CUtensorMap mx;  /* xq [M, K] e4m3, boxes {128, 128} */
+    CUtensorMap mw;  /* wq [E * N, K] e4m3, boxes {128, BN} */
+    CUtensorMap ms;  /* sx [KB, lds] fp32, boxes {132, 1} */
     const float *sw; /* [E, RB * KB4] */
 };
 

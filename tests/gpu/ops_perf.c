@@ -19,7 +19,7 @@ typedef struct pcase {
     const char *name;
     moe_op op;
     int dir; /* 0 forward, 1 backward */
-    int64_t s[6];
+    int64_t s[7];
 } pcase;
 
 static const pcase k_perf[] = {
@@ -72,6 +72,17 @@ static const pcase k_perf[] = {
      MOE_OP_GROUPED_MATMUL,
      1,
      {8, 4096, 14336, 2048, 1, 1}},
+    /* s[6]: the experts' dxe = dh1 W1 + dh3 W3 from two fp8-block pairs (dx alone, 2 products'
+     * FLOPs): 1 grouped_dgrad_sum into a bf16 dx (one launch), 2 the two grouped dgrads into an
+     * fp32 dx, w3's adding to w1's (the model before grouped_dgrad_sum) */
+    {"grouped fp8 E8 M16384 I4096 O14336 uneven dxe sum",
+     MOE_OP_GROUPED_MATMUL,
+     1,
+     {8, 4096, 14336, 2048, 1, 1, 1}},
+    {"grouped fp8 E8 M16384 I4096 O14336 uneven dxe twice",
+     MOE_OP_GROUPED_MATMUL,
+     1,
+     {8, 4096, 14336, 2048, 1, 1, 2}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
@@ -191,6 +202,8 @@ static void run_perf(gctx *g, const pcase *pc) {
     moe_cbuf w16 = moe_cbuf_of(NULL, MOE_DTYPE_BF16), a16 = w16, b16 = w16, c16 = w16;
     int64_t M = 0;
     moe_fp8_groups pairs = {0}; /* swiglu: the pairs' groups (s[1] experts) */
+    moe_fp8_groups pg = {0};    /* grouped s[6]: dh1's and dh3's pairs dyp (s[0] groups) */
+    moe_buf dyp[2] = {moe_buf_f32(NULL), moe_buf_f32(NULL)};
     switch (pc->op) {
     case MOE_OP_MATMUL:
         a = perf_buf(g, s[0] * s[1]), b = perf_buf(g, s[2] * s[1]), c = perf_buf(g, s[0] * s[2]);
@@ -236,6 +249,14 @@ static void run_perf(gctx *g, const pcase *pc) {
             be->cast_bf16(be, (uint16_t *)c16.p, c, M * s[2]);
         }
         flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
+        if (s[6]) { /* dh1's and dh3's pairs of c's values; W3: w16 again */
+            pg = (moe_fp8_groups){off, s[0], s[2], 0, 0};
+            const size_t pb = moe_fp8_pair_bytes_max(M, s[0], s[2]);
+            for (int j = 0; j < 2; j++) {
+                dyp[j] = moe_buf_fp8_pair(perf_buf(g, (int64_t)(pb + 3) / 4));
+                be->quantize_pair(be, dyp[j], c16, &pg);
+            }
+        }
         break;
     case MOE_OP_ATTENTION: {
         int64_t nq = s[0] * s[1] * s[2] * s[4], nk = s[0] * s[1] * s[3] * s[4];
@@ -394,7 +415,17 @@ static void run_perf(gctx *g, const pcase *pc) {
                                        s[2], BF16);
                 break;
             case MOE_OP_GROUPED_MATMUL:
-                if (pc->dir)
+                if (s[6] == 1)
+                    be->grouped_dgrad_sum(be, moe_buf_of(d, MOE_DTYPE_BF16), moe_cbuf_from(dyp[0]),
+                                          w16, moe_cbuf_from(dyp[1]), w16, off, s[0], s[1], s[2],
+                                          FP8B);
+                else if (s[6] == 2)
+                    for (int j = 0; j < 2; j++)
+                        be->grouped_matmul_backward(be, moe_buf_f32(d), moe_buf_f32(NULL),
+                                                    moe_cbuf_from(dyp[j]), a16, w16, off, s[0],
+                                                    s[1], s[2], FP8B,
+                                                    j ? MOE_GRAD_ADD : MOE_GRAD_SET, MOE_GRAD_SET);
+                else if (pc->dir)
                     be->grouped_matmul_backward(be, moe_buf_f32(d), moe_buf_f32(e), c16, a16, w16,
                                                 off, s[0], s[1], s[2], s[4] ? FP8B : BF16,
                                                 MOE_GRAD_ADD, MOE_GRAD_ADD);

@@ -299,7 +299,8 @@ static double run_dgrad_sum(const moe_backend *be, void *p1, void *p3, void *d1,
     for (int64_t i = 0; i < nw; i++)
         hw3[i] = hw[(i * 7 + 3) % nw] * -1.5f; /* another weight of the same range */
     const moe_cbuf w3 = dev_weight(be, hw3, E, K, I, prec);
-    const moe_cbuf q1 = moe_cbuf_from(moe_buf_fp8_pair(p1)), q3 = moe_cbuf_from(moe_buf_fp8_pair(p3));
+    const moe_cbuf q1 = moe_cbuf_from(moe_buf_fp8_pair(p1)),
+                   q3 = moe_cbuf_from(moe_buf_fp8_pair(p3));
     const moe_cbuf b1 = moe_cbuf_of(d1, MOE_DTYPE_BF16), b3 = moe_cbuf_of(d3, MOE_DTYPE_BF16);
     const size_t n4 = (size_t)(M * I) * 4;
     float *two = be->alloc(be, n4), *sum = be->alloc(be, n4), *sumb = be->alloc(be, n4);
@@ -467,9 +468,8 @@ static int64_t pair_vs_cpu(const moe_backend *be, const void *p, size_t pbytes, 
 
 /* A grouped product's forward y and weight gradient (dy [M, O] BF16) with x the pair p or the
  * BF16 x at d16 [M, K], bit for bit: 1 when both are identical (what names the product). */
-static int grouped_on_pair(const moe_backend *be, const void *d16, void *p,
-                           const int32_t *off, int64_t E, int64_t K, int rule, int tiles,
-                           const char *what) {
+static int grouped_on_pair(const moe_backend *be, const void *d16, void *p, const int32_t *off,
+                           int64_t E, int64_t K, int rule, int tiles, const char *what) {
     const int64_t O = 128, M = off[E], nw = E * O * K;
     float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
     for (int64_t i = 0; i < nw; i++)
@@ -586,8 +586,8 @@ static void run_xe_pair(const moe_backend *be, const int64_t *counts, int64_t E,
               (long long)K, rule, tiles, (long long)bad, pbytes, (long long)first, l.s_rows,
               l.q_cols, l.s_cols);
     const int same = grouped_on_pair(be, d16, p, off, E, K, rule, tiles, "w1");
-    printf("  xe pair   K=%-3lld rule %d %s: %zu bytes%s; w1 forward y, dw%s\n", (long long)K,
-           rule, tiles ? "tiles " : "blocks", l.bytes, bad ? "  FAILED" : "  identical",
+    printf("  xe pair   K=%-3lld rule %d %s: %zu bytes%s; w1 forward y, dw%s\n", (long long)K, rule,
+           tiles ? "tiles " : "blocks", l.bytes, bad ? "  FAILED" : "  identical",
            same ? " identical" : " DIFFER");
     be->free(be, p), be->free(be, d16);
     free(fillb), free(hx), free(off);

@@ -393,9 +393,8 @@ static void test_fp8_pairs(void) {
                 if (k) {
                     be->grouped_dgrad_sum(be, moe_buf_f32(dxs), moe_cbuf_from(dh1), w1q,
                                           moe_cbuf_from(dh3), w3q, off, E, C, F, prec);
-                    be->grouped_dgrad_sum(be, moe_buf_of(dxs16, MOE_DTYPE_BF16),
-                                          moe_cbuf_from(dh1), w1q, moe_cbuf_from(dh3), w3q, off, E,
-                                          C, F, prec);
+                    be->grouped_dgrad_sum(be, moe_buf_of(dxs16, MOE_DTYPE_BF16), moe_cbuf_from(dh1),
+                                          w1q, moe_cbuf_from(dh3), w3q, off, E, C, F, prec);
                 }
                 be->free(be, g1), be->free(be, g3);
             }
@@ -516,18 +515,17 @@ static void test_fp8_xe_pair(void) {
             float *y[2], *dw[2];
             uint16_t *dw16[2];
             for (int k = 0; k < 2; k++) { /* k = 0 the BF16 xe, k = 1 the pair */
-                const moe_cbuf xe = k ? moe_cbuf_from(moe_buf_fp8_pair(pair))
-                                      : moe_cbuf_of(x16, MOE_DTYPE_BF16);
+                const moe_cbuf xe =
+                    k ? moe_cbuf_from(moe_buf_fp8_pair(pair)) : moe_cbuf_of(x16, MOE_DTYPE_BF16);
                 y[k] = gc_buf(M * F, 0, 0, 0), dw[k] = gc_buf(E * F * C, 0, 0, 0);
                 dw16[k] = calloc((size_t)(E * F * C), 2);
                 be->grouped_matmul_forward(be, moe_buf_f32(y[k]), xe, w1q, off, E, C, F, prec);
                 be->grouped_matmul_backward(be, moe_buf_f32(NULL), moe_buf_f32(dw[k]),
                                             moe_cbuf_f32(dy), xe, w1q, off, E, C, F, prec,
                                             MOE_GRAD_SET, MOE_GRAD_SET);
-                be->grouped_matmul_backward(be, moe_buf_f32(NULL),
-                                            moe_buf_of(dw16[k], MOE_DTYPE_BF16), moe_cbuf_f32(dy),
-                                            xe, w1q, off, E, C, F, prec, MOE_GRAD_SET,
-                                            MOE_GRAD_SET);
+                be->grouped_matmul_backward(
+                    be, moe_buf_f32(NULL), moe_buf_of(dw16[k], MOE_DTYPE_BF16), moe_cbuf_f32(dy),
+                    xe, w1q, off, E, C, F, prec, MOE_GRAD_SET, MOE_GRAD_SET);
             }
             CHECK_MSG(memcmp(y[0], y[1], (size_t)(M * F) * 4) == 0 &&
                           memcmp(dw[0], dw[1], (size_t)(E * F * C) * 4) == 0 &&

@@ -489,10 +489,10 @@ struct moe_backend {
      * otherwise dx is F32. */
     void (*grouped_dgrad_sum)(const moe_backend *be, moe_buf dx, /* [M, I] dev, F32|BF16 */
                               moe_cbuf dya,                      /* [M, O] dev, F32|BF16|pair */
-                              moe_cbuf wa,             /* [E, O, I] dev, F32|BF16|E4M3 */
-                              moe_cbuf dyb,            /* [M, O] dev, of dya's type */
-                              moe_cbuf wb,             /* [E, O, I] dev, of wa's type */
-                              const int32_t *offsets, /* [E + 1] host */
+                              moe_cbuf wa,                       /* [E, O, I] dev, F32|BF16|E4M3 */
+                              moe_cbuf dyb,                      /* [M, O] dev, of dya's type */
+                              moe_cbuf wb,                       /* [E, O, I] dev, of wa's type */
+                              const int32_t *offsets,            /* [E + 1] host */
                               int64_t E, int64_t I, int64_t O, moe_recipe prec);
 
     /* ---- SwiGLU: out = silu(a) * b, silu(a) = a / (1 + exp(-a)) ----

@@ -492,12 +492,12 @@ moe_status moe_model_backward(moe_model *m, float grad_scale, moe_err *err) {
          * it goes to permute's backward as it is (without expert parallelism); else w3's dgrad
          * adds to w1's in fp32 */
         const moe_dtype dxt = pairs && a->ep <= 1 ? MOE_DTYPE_BF16 : MOE_DTYPE_F32;
-        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe),
-                                    expert_grad(&P[li->w1]), moe_cbuf_from(dh1), xe, w1, eoff, El,
-                                    C, F, prec, MOE_GRAD_SET, gw);
-        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe),
-                                    expert_grad(&P[li->w3]), moe_cbuf_from(dh3), xe, w3, eoff, El,
-                                    C, F, prec, MOE_GRAD_ADD, gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe), expert_grad(&P[li->w1]),
+                                    moe_cbuf_from(dh1), xe, w1, eoff, El, C, F, prec, MOE_GRAD_SET,
+                                    gw);
+        be->grouped_matmul_backward(be, moe_buf_f32(pairs ? NULL : a->dxe), expert_grad(&P[li->w3]),
+                                    moe_cbuf_from(dh3), xe, w3, eoff, El, C, F, prec, MOE_GRAD_ADD,
+                                    gw);
         if (pairs)
             be->grouped_dgrad_sum(be, moe_buf_of(a->dxe, dxt), moe_cbuf_from(dh1), w1,
                                   moe_cbuf_from(dh3), w3, eoff, El, C, F, prec);
