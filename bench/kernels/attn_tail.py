@@ -4,13 +4,13 @@ simulation: blocks of known lengths (key blocks a forward block multiplies, quer
 backward block walks) handed in launch order to the SM that frees up first, as the hardware
 dispatches them. Prints the makespan over the ideal (the total spread evenly) for the orders
 the kernels could use: the forward's head by head (each head's blocks longest first: its grid
-today), in groups of G heads taking turns (fa3_tile_group's rule: commit 722921e, which waits
-for a GPU, reverted by abca20a; bench/kernels/prepare_ab.sh restores it) and longest first over
-all heads; the backward's head by head (its grid today: its dQ order, the last key block
-first, needs each head's key blocks shortest first), in groups of 8 heads, and longest first
-with the heads in turn (the order of commit 3ce6ee1, which waits for a GPU too, reverted by
-bf5393b: dQ added first key block first, each block walking its queries from the last; the
-wait of a block for the adds of the blocks of its head started with it is left out).
+until 2026-12-07), in groups of G heads taking turns (fa3_tile_group's rule, its grid since:
++4% at T8192 on an H100) and longest first over all heads; the backward's head by head (its
+grid: its dQ order, the last key block first, needs each head's key blocks shortest first), in
+groups of 8 heads, and longest first with the heads in turn (the order of commit 3ce6ee1,
+reverted by bf5393b: dQ added first key block first, each block walking its queries from the
+last; the wait of a block for the adds of the blocks of its head started with it is left out
+here, and on an H100 it made the backward take 49% longer at T8192: dropped 2026-12-07).
 
     python3 bench/kernels/attn_tail.py [SMS]      (default 132, an H100 or H200)
 

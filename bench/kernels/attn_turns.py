@@ -2,9 +2,11 @@
 """attn_turns.py: a step-level model of the Hopper attention backward's deterministic dQ turns
 (kernels/sm90/attention_wgmma_bwd.cu), in two block orders: today's (each head's key blocks
 last first, each block walking its query blocks up from its diagonal; dQ added last key block
-first) and the longest-first one of commit 3ce6ee1, which waits for a GPU (reverted by bf5393b;
-the first key blocks of all heads first, each block walking its query blocks down to its
-diagonal, a block's query heads in turn at each; dQ added first key block first).
+first) and the longest-first one of commit 3ce6ee1 (reverted by bf5393b; the first key blocks
+of all heads first, each block walking its query blocks down to its diagonal, a block's query
+heads in turn at each; dQ added first key block first). On an H100 (2026-12-07) 3ce6ee1 made
+the backward take 49% longer at T8192 where this model has it within 1% of the ideal: a tick
+per link understates the waits; dropped.
 
 Blocks start in launch order on SMS slots; a block does one 64-query step a tick if the tile's
 semaphore has reached its `want`, the adds of a tick seen in the next (a wait of one step a
