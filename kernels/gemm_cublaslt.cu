@@ -288,6 +288,13 @@ static int fp8_pair_product(moe_cuda_ctx *c, const char *op, moe_buf y, float be
                           (long long)E, (long long)pl.M);
 }
 
+/* An fp8-block weight's transposed copy [E, I, O] (dgrad's operand) and its scales, which
+ * quantize_weight writes after the row-wise ones. */
+static const uint8_t *weight_cols(moe_cbuf w, int64_t E, int64_t I, int64_t O, const float **s) {
+    *s = w.s + E * moe_fp8_tile_scales(O, I);
+    return (const uint8_t *)w.p + E * O * I;
+}
+
 /* y [M, O] = x [M, I] W_e^T per group, w [E, O, I] (its row-wise copy); x may be an fp8-block
  * pair; fp32 outputs rounded to bf16. */
 static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_cbuf x, moe_cbuf w,
@@ -318,9 +325,8 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, mo
         pair ? moe_fp8_pair_layout_of(offsets, E, O, 0) : moe_fp8_pair_layout{};
     const uint8_t *pq = (const uint8_t *)dy.p;
     if (dx.p) {
-        /* the transposed copy [E, I, O] and its scales, after the row-wise ones */
-        const uint8_t *wtq = (const uint8_t *)w.p + E * O * I;
-        const float *wts = w.s + E * moe_fp8_tile_scales(O, I);
+        const float *wts;
+        const uint8_t *wtq = weight_cols(w, E, I, O, &wts);
         if (pair ? !fp8_pair_product(c, op, dx, bx, dy, wtq, wts, offsets, E, I, O)
                  : !fp8_grouped_product(c, op, dx, bx, dy, wtq, wts, offsets, E, I, O, pow2))
             return;
@@ -742,8 +748,7 @@ void moe_cuda_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya,
         return;
     }
     if (!fp8_dims_ok(c, I, O, wa, op) || !fp8_dims_ok(c, I, O, wb, op)) return;
-    /* each pair's row-wise copy and scales; each weight's transposed copy [E, I, O] and its
-     * scales, after the row-wise ones */
+    /* each pair's row-wise copy and scales; each weight's transposed copy and scales */
     const moe_fp8_pair_layout pl = moe_fp8_pair_layout_of(offsets, E, O, 0);
     const moe_cbuf dy[2] = {dya, dyb}, w[2] = {wa, wb};
     const uint8_t *xq[2], *wq[2];
@@ -751,8 +756,7 @@ void moe_cuda_grouped_dgrad_sum(const moe_backend *be, moe_buf dx, moe_cbuf dya,
     for (int j = 0; j < 2; j++) {
         xq[j] = (const uint8_t *)dy[j].p;
         sx[j] = (const float *)(xq[j] + pl.s_rows);
-        wq[j] = (const uint8_t *)w[j].p + E * O * I;
-        sw[j] = w[j].s + E * moe_fp8_tile_scales(O, I);
+        wq[j] = weight_cols(w[j], E, I, O, &sw[j]);
     }
 #if MOE_HAVE_SM90A
     if (moe_cuda_grouped_fp8_fits(c, E, dx.p, wq[0], sw[0]) &&

@@ -42,6 +42,14 @@ static float urand(void) {
     return (float)((double)(g_rng >> 11) * 0x1.0p-53 * 2.0 - 1.0);
 }
 
+/* n values of urand() scale (malloc'ed) */
+static float *urand_array(int64_t n, float scale) {
+    float *x = malloc((size_t)n * 4);
+    for (int64_t i = 0; i < n; i++)
+        x[i] = urand() * scale;
+    return x;
+}
+
 /* x [M, K] with the special values and a row scale from 2^-span to 2^span (blocks of very
  * different scales, E4M3 subnormals in the small ones). */
 static void fill(float *x, int64_t M, int64_t K, int span) {
@@ -407,11 +415,7 @@ static void run_pairs(const moe_backend *be, const int64_t *counts, int64_t E, i
         (long long)f1, (long long)f3, l.s_rows, l.q_cols, l.s_cols);
     /* the w1 product's backward, dy the pair or the BF16 dh1 */
     const int64_t nw = E * K * I;
-    float *hw = malloc((size_t)nw * 4), *hx = malloc((size_t)(M * I) * 4);
-    for (int64_t i = 0; i < nw; i++)
-        hw[i] = urand() * 0.05f;
-    for (int64_t i = 0; i < M * I; i++)
-        hx[i] = urand();
+    float *hw = urand_array(nw, 0.05f), *hx = urand_array(M * I, 1.0f);
     void *dxin;
     moe_cbuf x = dev_typed(be, hx, M * I, 2, &dxin);
     const moe_recipe prec = rule ? MOE_RECIPE_FP8_BLOCK_POW2 : MOE_RECIPE_FP8_BLOCK;
@@ -476,11 +480,7 @@ static int64_t pair_vs_cpu(const moe_backend *be, const void *p, size_t pbytes, 
 static int grouped_on_pair(const moe_backend *be, const void *d16, void *p, const int32_t *off,
                            int64_t E, int64_t K, int rule, int tiles, const char *what) {
     const int64_t O = 128, M = off[E], nw = E * O * K;
-    float *hw = malloc((size_t)nw * 4), *hdy = malloc((size_t)(M * O) * 4);
-    for (int64_t i = 0; i < nw; i++)
-        hw[i] = urand() * 0.05f;
-    for (int64_t i = 0; i < M * O; i++)
-        hdy[i] = urand();
+    float *hw = urand_array(nw, 0.05f), *hdy = urand_array(M * O, 1.0f);
     void *ddy;
     moe_cbuf dy = dev_typed(be, hdy, M * O, 2, &ddy);
     const moe_recipe prec = fp8_recipe(rule, tiles);
@@ -651,11 +651,7 @@ static void run_ln1_pair(const moe_backend *be, int64_t N, int64_t C, int dtx, i
               (long long)first, l.s_rows, l.q_cols, l.s_cols, (long long)bad_r);
     /* the dense products, x the pair or the BF16 ln1 */
     const int64_t nw = O * C;
-    float *hq = malloc((size_t)nw * 4), *hdy = malloc((size_t)(N * O) * 4);
-    for (int64_t i = 0; i < nw; i++)
-        hq[i] = urand() * 0.05f;
-    for (int64_t i = 0; i < N * O; i++)
-        hdy[i] = urand();
+    float *hq = urand_array(nw, 0.05f), *hdy = urand_array(N * O, 1.0f);
     void *ddy = dev(be, hdy, (size_t)(N * O) * 4);
     const moe_recipe prec = fp8_recipe(rule, tiles);
     const moe_cbuf w = dev_weight(be, hq, 1, O, C, prec);
