@@ -14,7 +14,9 @@
  * slightly different dq), 1.5e-3 over all, so its bounds are 1e-3 and 2e-2; op by op
  * gpu.backend_ops holds mxfp8 to 1e-5; under fp8-block, one step in blocks and one with pow2
  * scales and x-tiles on a model with wider experts and every token on every expert, bounds
- * argued from the recipe's own noise (check_step_ref): not yet run on a GPU); repeating a
+ * argued from the recipe's own noise (check_step_ref): on an H100 (2026-12-07) loss 2.5e-4 and
+ * 4.4e-5 relative, gradients NMSE 1.1e-2 and 1.0e-2 at worst, 4.0e-3 over all, 0.26 and 0.23
+ * of the recipe's noise); repeating a
  * step on the GPU must give bit-identical loss and gradients (no float atomics anywhere).
  * Differences come only from summation order and the bf16 rounding-boundary flips it causes, which
  * compound through the layers: measured on an H200 (2026-11-29), the loss agrees to 2e-5 relative,
