@@ -36,6 +36,8 @@
 #include "testlib.h"
 
 enum { B = 2, T = 96, STEPS = 8 };
+/* the weights of check_step's steps (and of fp32_grads', which must be the same) */
+enum { STEP_SEED = 77 };
 
 static moe_model_config config(void) {
     moe_model_config c;
@@ -115,7 +117,7 @@ static double check_step_ref(const moe_backend *cpu, const moe_backend *gpu,
     }
     int64_t n = mc.table.n_elems;
     float *a = malloc((size_t)n * sizeof(float)), *b = malloc((size_t)n * sizeof(float));
-    moe_model_init_weights(&mc, 77);
+    moe_model_init_weights(&mc, STEP_SEED);
     moe_model_copy_params_to_host(&mc, a);
     moe_model_copy_params_from_host(&mg, a);
     moe_step_stats sc, sg;
@@ -166,7 +168,7 @@ static float *fp32_grads(const moe_backend *cpu, const moe_model_config *cfg, co
     CHECK(moe_model_create(&m, cfg, MOE_RECIPE_FP32, MOE_RECOMPUTE_NONE, cpu, B, T, &err) ==
           MOE_OK);
     float *g = malloc((size_t)m.table.n_elems * sizeof(float));
-    moe_model_init_weights(&m, 77);
+    moe_model_init_weights(&m, STEP_SEED);
     moe_step_stats st;
     run_step(&m, tokens, targets, &st, g);
     moe_model_free(&m);
