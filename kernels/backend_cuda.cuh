@@ -638,22 +638,6 @@ int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y /* [M, N] */, float beta,
                          const int32_t *offsets /* [E + 1] host */, int64_t E, int64_t N, int64_t K,
                          const char *op);
 
-/* The experts' fp8-block weight gradients in one launch of the grouped kernel (precision.fp8_wgrad
- * x-tiles): dw_e [O, I] (+)= dequant(dy_e^T) dequant(x_e^T)^T over expert e's tokens, from the
- * transposed copies of fp8-block pairs of the experts' groups (moe/quant.h): dyq [O, np_e] per
- * expert (np_e = moe_cuda_fp8_pad(n_e), back to back) with dys its 1 x 128 blocks' scales
- * ([np_e / 128, O] per expert), xq [I, np_e] per expert with xs its 128 x 128 tiles' scales
- * ([moe_fp8_tile_scales(I, np_e)] per expert). dw [E, O, I] dev, BF16 or F32 (beta 0 writes, 1
- * adds, the sum rounded once); experts without tokens are left alone. supported: sm_90, E >= 2, at
- * most 32 experts with tokens, O and I multiples of 128, dw 16-byte aligned. 0 after a
- * recorded error. */
-int moe_cuda_grouped_fp8_wgrad_supported(const moe_cuda_ctx *c, const int32_t *offsets, int64_t E,
-                                         int64_t O, int64_t I, moe_buf dw);
-int moe_cuda_grouped_fp8_wgrad(moe_cuda_ctx *c, moe_buf dw /* [E, O, I] */, float beta,
-                               const uint8_t *dyq, const float *dys, const uint8_t *xq,
-                               const float *xs, const int32_t *offsets /* [E + 1] host */,
-                               int64_t E, int64_t O, int64_t I, const char *op);
-
 /* attention_fp32.cu: the fp32 recipe's attention (any D <= 256), same contract as above:
  * q/out/dq/dout [B, T, H, D], k/v/dk/dv [B, T, KV, D], lse [B, H, T], doc_start [B, T] or
  * NULL, all device memory */

@@ -313,8 +313,7 @@ static void fp8_grouped_forward(moe_cuda_ctx *c, const char *op, moe_buf y, moe_
  * pair of these groups (moe/quant.h), whose two copies are the products' dy operands as they are; x
  * [M, I], or a pair whose transposed copy is the wgrad's operand.
  * prec an fp8-block recipe: its scale rule, and whether the wgrad's x is in tiles
- * (moe_recipe_wgrad_tiles: cuBLASLt's VEC128 x BLK128x128 product, as the forward's; on sm_90
- * the experts' products in one launch of the grouped kernel where it takes them). */
+ * (moe_recipe_wgrad_tiles: cuBLASLt's VEC128 x BLK128x128 product, as the forward's). */
 static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, moe_buf dw,
                                  moe_cbuf dy, moe_cbuf x, moe_cbuf w, const int32_t *offsets,
                                  int64_t E, int64_t I, int64_t O, moe_recipe prec, float bx,
@@ -349,12 +348,6 @@ static void fp8_grouped_backward(moe_cuda_ctx *c, const char *op, moe_buf dx, mo
         (!xpair && (!fp8_scratch(c, MOE_CUDA_SCRATCH_D, I * Mpad, xs, &xt, op) ||
                     !moe_cuda_fp8_cols_t(c, xt.q, xt.s, x, offsets, E, I, pow2, xtiles, op))))
         return;
-#if MOE_HAVE_SM90A
-    if (xtiles && moe_cuda_grouped_fp8_wgrad_supported(c, offsets, E, O, I, dw)) {
-        moe_cuda_grouped_fp8_wgrad(c, dw, bw, dyt.q, dyt.s, xt.q, xt.s, offsets, E, O, I, op);
-        return;
-    }
-#endif
     for (int64_t e = 0, p0 = 0, s0 = 0; e < E; e++) {
         int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
         if (np <= 0) continue;

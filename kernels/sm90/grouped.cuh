@@ -86,30 +86,21 @@ __device__ __forceinline__ void gg_ring_init(uint32_t bfull, uint32_t bempty, in
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
-/* The producer's walk (one thread): for the K steps kb < ksteps(e) of each tile (of expert e)
- * of the block's walk, stage s = it % NS once the readers of its previous use have released
- * it: `bytes` expected on its full barrier bar, then load(tile, kb, s, bar) issues the copies
- * that land them. */
-template <int BM, int BN, int NS, typename KS, typename L>
-__device__ __forceinline__ void gg_produce_walk_k(const int *s_pref, const int *s_off, int E,
-                                                  KS ksteps, uint32_t bytes, uint32_t bfull,
-                                                  uint32_t bempty, L load) {
+/* The producer's walk (one thread): for the K steps kb < KB of each tile of the block's walk,
+ * stage s = it % NS once the readers of its previous use have released it: `bytes` expected on
+ * its full barrier bar, then load(tile, kb, s, bar) issues the copies that land them. */
+template <int BM, int BN, int NS, typename L>
+__device__ __forceinline__ void gg_produce_walk(const int *s_pref, const int *s_off, int E, int KB,
+                                                uint32_t bytes, uint32_t bfull, uint32_t bempty,
+                                                L load) {
     gg_tile tl;
     for (int t = blockIdx.x, it = 0; gg_find(s_pref, s_off, E, t, BM, BN, &tl); t += gridDim.x)
-        for (int kb = 0, KB = ksteps(tl.e); kb < KB; kb++, it++) {
+        for (int kb = 0; kb < KB; kb++, it++) {
             const int s = it % NS;
             if (it >= NS) fa3_bar_wait(bempty + 8 * s, ((it / NS) - 1) & 1);
             fa3_bar_expect(bfull + 8 * s, bytes);
             load(tl, kb, s, bfull + 8 * s);
         }
-}
-/* The same with KB steps for every tile. */
-template <int BM, int BN, int NS, typename L>
-__device__ __forceinline__ void gg_produce_walk(const int *s_pref, const int *s_off, int E, int KB,
-                                                uint32_t bytes, uint32_t bfull, uint32_t bempty,
-                                                L load) {
-    gg_produce_walk_k<BM, BN, NS>(
-        s_pref, s_off, E, [KB](int) { return KB; }, bytes, bfull, bempty, load);
 }
 
 /* The epilogue of one warpgroup's accumulator block acc [64 rows, 128 columns] whose first
@@ -130,23 +121,21 @@ __device__ __forceinline__ void gg_store(bf16 *y, const float (&acc)[16][4], int
     }
 }
 
-/* gg_store through shared memory, for bf16 and fp32 outputs (written, or added with beta 1): st
- * is this warpgroup's buffer (GG_ST_WG bytes, 16-byte aligned) and bar its named barrier (128
- * threads). The block goes out in passes of 128 bytes of each staged row (64 bf16 or 32 fp32
- * columns): written into st in the accumulator's layout (a row every P bytes, P chosen so that a
- * warp's stores meet every bank once: 4-byte stores of 8 rows at 144, 8-byte stores of 4 rows a
- * half-warp at 160), then read back 16 bytes a thread and stored as whole row segments, 8
- * threads a row, where gg_store's 4- or 8-byte stores touch 8 rows an instruction. A bf16
- * output added to is staged in fp32 (S float), so that the sum is rounded once, as cuBLASLt's
- * beta-1 epilogue rounds it. y 16-byte aligned, N a multiple of 8; rows from rend and columns
- * from N are left alone. */
+/* gg_store through shared memory, for bf16 (written) and fp32 (written, or added with beta 1)
+ * outputs: st is this warpgroup's buffer (GG_ST_WG bytes, 16-byte aligned) and bar its named
+ * barrier (128 threads). The block goes out in passes of 128 bytes of each row (64 bf16 or 32
+ * fp32 columns): written into st in the accumulator's layout (a row every P bytes, P chosen so
+ * that a warp's stores meet every bank once: 4-byte stores of 8 rows at 144, 8-byte stores of 4
+ * rows a half-warp at 160), then read back 16 bytes a thread and stored as whole 128-byte row
+ * segments, 8 threads a row, where gg_store's 4- or 8-byte stores touch 8 rows an instruction.
+ * y 16-byte aligned, N a multiple of 8; rows from rend and columns from N are left alone. */
 #define GG_ST_WG (64 * 160)
-template <typename S, typename T>
-__device__ __forceinline__ void gg_store_staged_as(T *y, const float (&acc)[16][4], int r, int rend,
-                                                   int c, int N, int beta, uint32_t st, int bar) {
-    constexpr int B2 = sizeof(S) == 2, P = B2 ? 144 : 160, CP = 128 / sizeof(S), NT = CP / 8;
+template <typename T>
+__device__ __forceinline__ void gg_store_staged(T *y, const float (&acc)[16][4], int r, int rend,
+                                                int c, int N, int beta, uint32_t st, int bar) {
+    constexpr int B2 = sizeof(T) == 2, P = B2 ? 144 : 160, CP = 128 / sizeof(T), NT = CP / 8;
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-    const uint32_t w0 = st + (warp * 16 + (lane >> 2)) * P + 2 * sizeof(S) * (lane & 3);
+    const uint32_t w0 = st + (warp * 16 + (lane >> 2)) * P + 2 * sizeof(T) * (lane & 3);
 #pragma unroll
     for (int pass = 0; pass < 128 / CP; pass++) {
         /* the reads of the last pass (or the last tile's) are done */
@@ -180,41 +169,18 @@ __device__ __forceinline__ void gg_store_staged_as(T *y, const float (&acc)[16][
                          : "r"(st + row * P + 16 * ch)
                          : "memory");
             if (r + row >= rend || col >= N) continue;
-            T *p = y + (int64_t)(r + row) * N + col;
-            if constexpr (B2) { /* bf16, written */
-                *reinterpret_cast<uint4 *>(p) = v;
-            } else {
-                float4 f = make_float4(__uint_as_float(v.x), __uint_as_float(v.y),
-                                       __uint_as_float(v.z), __uint_as_float(v.w));
-                if constexpr (sizeof(T) == 2) { /* bf16 from fp32 staging: 4 columns */
-                    uint2 *p2 = reinterpret_cast<uint2 *>(p);
-                    if (beta) {
-                        const uint2 o = *p2;
-                        f.x += __uint_as_float(o.x << 16),
-                            f.y += __uint_as_float(o.x & 0xffff0000u);
-                        f.z += __uint_as_float(o.y << 16),
-                            f.w += __uint_as_float(o.y & 0xffff0000u);
-                    }
-                    *p2 = make_uint2(pack_bf16(f.x, f.y), pack_bf16(f.z, f.w));
-                } else {
-                    float4 *p4 = reinterpret_cast<float4 *>(p);
-                    if (beta) {
-                        const float4 o = *p4;
-                        f.x += o.x, f.y += o.y, f.z += o.z, f.w += o.w;
-                    }
-                    *p4 = f;
+            uint4 *p = reinterpret_cast<uint4 *>(y + (int64_t)(r + row) * N + col);
+            if constexpr (!B2)
+                if (beta) {
+                    const float4 o = *reinterpret_cast<const float4 *>(p);
+                    v.x = __float_as_uint(__uint_as_float(v.x) + o.x);
+                    v.y = __float_as_uint(__uint_as_float(v.y) + o.y);
+                    v.z = __float_as_uint(__uint_as_float(v.z) + o.z);
+                    v.w = __float_as_uint(__uint_as_float(v.w) + o.w);
                 }
-            }
+            *p = v;
         }
     }
-}
-template <typename T>
-__device__ __forceinline__ void gg_store_staged(T *y, const float (&acc)[16][4], int r, int rend,
-                                                int c, int N, int beta, uint32_t st, int bar) {
-    if (sizeof(T) == 2 && !beta)
-        gg_store_staged_as<T>(y, acc, r, rend, c, N, 0, st, bar);
-    else
-        gg_store_staged_as<float>(y, acc, r, rend, c, N, beta, st, bar);
 }
 
 /* The fp32 epilogue (the backward's): as gg_store into y [rows, N] as float2, written (beta

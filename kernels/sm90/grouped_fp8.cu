@@ -1,8 +1,7 @@
-/* grouped_fp8.cu: the launchers of the grouped block-scaled fp8 expert products
- * (grouped_fp8.cuh) for the backend's fp8-block recipe (gemm_cublaslt.cu): one launch over all
- * experts where cuBLASLt needs a call per expert (and a 16-row tail product per expert in the
- * forward and dgrad). Compiled for sm_90a only (CMakeLists.txt); moe_cuda_grouped_fp8_supported
- * and moe_cuda_grouped_fp8_wgrad_supported say when they run. */
+/* grouped_fp8.cu: the launcher of the grouped block-scaled fp8 expert product (grouped_fp8.cuh)
+ * for the backend's fp8-block recipe (gemm_cublaslt.cu): one launch over all experts where
+ * cuBLASLt needs a call per expert and a 16-row tail product per expert. Compiled for sm_90a
+ * only (CMakeLists.txt); moe_cuda_grouped_fp8_supported says when it runs. */
 #include "grouped_fp8.cuh"
 
 #define GF_NH                                                                                      \
@@ -21,25 +20,18 @@ int moe_cuda_grouped_fp8_supported(const moe_cuda_ctx *c, int64_t E, const void 
     return E >= 2 && moe_cuda_grouped_fp8_fits(c, E, y, wq, sw);
 }
 
-/* One persistent launch of kernel k (a block a SM, GF_SMEM(GF_NH) bytes of shared memory) with
- * the arguments args; the caller reports it (MOE_CUDA_LAUNCHED). 0 after a recorded error. */
-template <typename... P, typename... A>
-static int launch(moe_cuda_ctx *c, void (*k)(P...), const char *op, A... args) {
+template <typename TO>
+static int launch(moe_cuda_ctx *c, TO *y, const gf_source &a, const gf_source &b,
+                  const gg_offsets &off, int E, int N, int K, int beta, int nsrc, const char *op) {
     const int smem = GF_SMEM(GF_NH);
     if (!moe_cuda_check(c,
-                        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                        cudaFuncSetAttribute(k_grouped_fp8<GF_NH, TO>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                         op, "shared memory %d bytes", smem))
         return 0;
-    k<<<c->num_sms, GF_THREADS, smem, c->stream>>>(args...);
-    return 1;
-}
-
-template <typename TO>
-static int launch_product(moe_cuda_ctx *c, TO *y, const gf_source &a, const gf_source &b,
-                          const gg_offsets &off, int E, int N, int K, int beta, int nsrc,
-                          const char *op) {
-    return launch(c, k_grouped_fp8<GF_NH, TO>, op, y, a, b, off, E, N, K, beta, nsrc) &&
-           MOE_CUDA_LAUNCHED(c, op, "grouped fp8 E=%d N=%d K=%d (%d products)", E, N, K, nsrc);
+    k_grouped_fp8<GF_NH, TO>
+        <<<c->num_sms, GF_THREADS, smem, c->stream>>>(y, a, b, off, E, N, K, beta, nsrc);
+    return MOE_CUDA_LAUNCHED(c, op, "grouped fp8 E=%d N=%d K=%d (%d products)", E, N, K, nsrc);
 }
 
 /* The sum of the nsrc products xq[j] wq[j]^T (moe_cuda_grouped_fp8's operands, j < nsrc),
@@ -72,10 +64,9 @@ static int grouped(moe_cuda_ctx *c, moe_buf y, float beta, int nsrc, const uint8
     for (int64_t e = 0; e <= E; e++)
         off.o[e] = offsets[e];
     if (y.dt == MOE_DTYPE_BF16)
-        return launch_product(c, (bf16 *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, 0, nsrc,
-                              op);
-    return launch_product(c, (float *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K,
-                          beta != 0.0f, nsrc, op);
+        return launch(c, (bf16 *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, 0, nsrc, op);
+    return launch(c, (float *)y.p, src[0], src[1], off, (int)E, (int)N, (int)K, beta != 0.0f, nsrc,
+                  op);
 }
 
 int moe_cuda_grouped_fp8(moe_cuda_ctx *c, moe_buf y, float beta, const uint8_t *xq, const float *sx,
@@ -89,55 +80,4 @@ int moe_cuda_grouped_fp8_sum(moe_cuda_ctx *c, moe_buf y, const uint8_t *const xq
                              const float *const sw[2], const int32_t *offsets, int64_t E, int64_t N,
                              int64_t K, const char *op) {
     return grouped(c, y, 0.0f, 2, xq, sx, lds, wq, sw, offsets, E, N, K, op);
-}
-
-int moe_cuda_grouped_fp8_wgrad_supported(const moe_cuda_ctx *c, const int32_t *offsets, int64_t E,
-                                         int64_t O, int64_t I, moe_buf dw) {
-    int n = 0;
-    for (int64_t e = 0; e < E; e++)
-        n += offsets[e + 1] > offsets[e];
-    return c->sm == 90 && E >= 2 && n <= GF_WMAXE && O % 128 == 0 && I % 128 == 0 &&
-           ((uintptr_t)dw.p & 15) == 0;
-}
-
-template <typename TO>
-static int launch_wgrad(moe_cuda_ctx *c, TO *dw, const gf_wsources &w, const gg_offsets &off, int n,
-                        int O, int I, int beta, const char *op) {
-    return launch(c, k_grouped_fp8_wgrad<GF_NH, TO>, op, dw, w, off, n, O, I, beta) &&
-           MOE_CUDA_LAUNCHED(c, op, "grouped fp8 wgrad n=%d O=%d I=%d", n, O, I);
-}
-
-int moe_cuda_grouped_fp8_wgrad(moe_cuda_ctx *c, moe_buf dw, float beta, const uint8_t *dyq,
-                               const float *dys, const uint8_t *xq, const float *xs,
-                               const int32_t *offsets, int64_t E, int64_t O, int64_t I,
-                               const char *op) {
-    gf_wsources w; /* the kernel's parameter, 12.8 KB */
-    gg_offsets off;
-    const int bb[2] = {GF_BK, GF_BM}, bx[2] = {GF_BK, GF_BN(GF_NH)}, bs[2] = {GF_SX_BOX, 1};
-    int n = 0;
-    for (int64_t e = 0, p0 = 0, s0 = 0; e < E; e++) {
-        const int64_t np = moe_cuda_fp8_pad(offsets[e + 1] - offsets[e]);
-        if (np <= 0) continue;
-        /* dy_e^T [O, np] and x_e^T [I, np] e4m3, rows of np bytes; sa [np / 128, O] fp32 */
-        const int64_t da[2] = {np, O}, dx[2] = {np, I}, ds[2] = {O, np / 128}, sk[1] = {np},
-                      ss[1] = {O * (int64_t)sizeof(float)};
-        if (!sm90_tmap(c, &w.ma[n], dyq + p0 * O, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, da, sk, bb,
-                       CU_TENSOR_MAP_SWIZZLE_128B, op) ||
-            !sm90_tmap(c, &w.mb[n], xq + p0 * I, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, dx, sk, bx,
-                       CU_TENSOR_MAP_SWIZZLE_128B, op) ||
-            !sm90_tmap(c, &w.ms[n], dys + p0 / 128 * O, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, ds, ss,
-                       bs, CU_TENSOR_MAP_SWIZZLE_NONE, op))
-            return 0;
-        w.sx[n] = xs + s0;
-        w.kb[n] = (int)(np / 128);
-        w.e[n] = (int)e;
-        off.o[n] = (int32_t)(n * O);
-        n++;
-        p0 += np, s0 += moe_fp8_tile_scales(I, np);
-    }
-    off.o[n] = (int32_t)(n * O);
-    if (n == 0) return 1;
-    if (dw.dt == MOE_DTYPE_BF16)
-        return launch_wgrad(c, (bf16 *)dw.p, w, off, n, (int)O, (int)I, beta != 0.0f, op);
-    return launch_wgrad(c, (float *)dw.p, w, off, n, (int)O, (int)I, beta != 0.0f, op);
 }

@@ -104,15 +104,15 @@ struct gf_source {
     const float *sw; /* [E, RB * KB4] */
 };
 
-/* The body of both kernels below (all threads): the tile list of off's E groups of rows, N
- * columns in 128 x 128 NH tiles; a tile of group e takes nsrc * kbs(e) K steps, kbs(e) per
- * source (the scales' block within a source: the step's index modulo kbs(e)); load(tile, kt,
- * A, B, scales, bar) issues step kt's copies into those shared addresses (A [128][128], B
- * [BN][128] e4m3, the scales as the header's stage), completing on bar; out(tile) is the
- * output whose rows the tile's rows index (y, or y shifted for the weight gradients). */
-template <int NH, typename TO, typename KS, typename L, typename Y>
-__device__ __forceinline__ void gf_run(const gg_offsets &off, int E, int N, int beta, int nsrc,
-                                       KS kbs, L load, Y out) {
+/* The grouped block-scaled product (see the header): y (+)= dequant(xq) dequant(wq_e)^T per
+ * expert's rows, 128 x 128 NH tiles; TO bf16 (written) or float (beta 1 adds). With nsrc 2
+ * the sum of two such products of the same shapes, a's and b's, in one accumulator: a tile's
+ * K steps walk a's blocks, then b's (the experts' w1 and w3 dgrad, dxe = dh1 W1 + dh3 W3). */
+template <int NH, typename TO>
+__global__ void __launch_bounds__(GF_THREADS, 1)
+    k_grouped_fp8(TO *__restrict__ y /* [M, N] */, const __grid_constant__ gf_source a,
+                  const __grid_constant__ gf_source b, const __grid_constant__ gg_offsets off,
+                  int E, int N, int K, int beta, int nsrc) {
     constexpr int BN = GF_BN(NH), NS = GF_NS(NH);
     constexpr uint32_t B_BYTES = GF_B_BYTES(NH);
     extern __shared__ __align__(16) unsigned char gg_smem[];
@@ -120,6 +120,7 @@ __device__ __forceinline__ void gf_run(const gg_offsets &off, int E, int N, int 
     const uint32_t sA = (smem_u32(gg_smem) + 1023u) & ~1023u, sB = sA + NS * GF_A_BYTES;
     const uint32_t sS = sB + NS * B_BYTES, bfull = sS + NS * GF_SC_BYTES, bempty = bfull + 8 * NS;
     const uint32_t sT = (bempty + 8 * NS + 15) & ~15u; /* the staged epilogue's 2 buffers */
+    const int KB = (K + GF_BK - 1) / GF_BK;
     if (threadIdx.x == 0) {
         gg_list(off.o, E, N, GF_BM, BN, s_off, s_pref);
         gg_ring_init(bfull, bempty, NS, 2 * 128);
@@ -130,12 +131,23 @@ __device__ __forceinline__ void gf_run(const gg_offsets &off, int E, int N, int 
     if (wg == 2) {          /* the producer warpgroup: thread 256 issues every load */
         fa3_regs_dec<40>(); /* 128 x 40 + 2 x 128 x 232 <= 64 K: CUTLASS's split */
         if (threadIdx.x != 256) return;
-        gg_produce_walk_k<GF_BM, BN, NS>(
-            s_pref, s_off, E, [&](int e) { return nsrc * kbs(e); },
-            GF_A_BYTES + B_BYTES + GF_SX_BYTES + 16 * NH, bfull, bempty,
-            [&](const gg_tile &tl, int kt, int s, uint32_t bar) {
-                load(tl, kt, sA + s * GF_A_BYTES, sB + s * B_BYTES, sS + s * GF_SC_BYTES, bar);
-            });
+        const int RB = (N + 127) / 128, KB4 = (KB + 3) / 4 * 4;
+        auto load = [&](const gg_tile &tl, int kt, int s, uint32_t bar) {
+            const gf_source &src = kt < KB ? a : b;
+            const int kb = kt < KB ? kt : kt - KB; /* the block of src's K */
+            const uint32_t sc = sS + s * GF_SC_BYTES;
+            gg_tma(sA + s * GF_A_BYTES, &src.mx, kb * GF_BK, tl.r0, bar);
+            gg_tma(sB + s * B_BYTES, &src.mw, kb * GF_BK, tl.e * N + tl.n0, bar);
+            gg_tma(sc, &src.ms, tl.r0 & ~3, kb, bar);
+            const float *we = src.sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
+#pragma unroll
+            for (int h = 0; h < NH; h++) /* columns past N: any tile's scales, not stored */
+                gf_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16,
+                        bar);
+        };
+        gg_produce_walk<GF_BM, BN, NS>(s_pref, s_off, E, nsrc * KB,
+                                       GF_A_BYTES + B_BYTES + GF_SX_BYTES + 16 * NH, bfull, bempty,
+                                       load);
         return;
     }
 
@@ -149,7 +161,6 @@ __device__ __forceinline__ void gf_run(const gg_offsets &off, int E, int N, int 
 #pragma unroll
         for (int h = 0; h < NH; h++)
             fa_zero<16>(acc[h]);
-        const int KB = kbs(tl.e);
         for (int kt = 0, kb = 0; kt < nsrc * KB; kt++, it++, kb = kb + 1 < KB ? kb + 1 : 0) {
             const int s = it % NS; /* kb: the block of the current source's K */
             const uint32_t sc = sS + s * GF_SC_BYTES;
@@ -189,80 +200,11 @@ __device__ __forceinline__ void gf_run(const gg_offsets &off, int E, int N, int 
                 }
             }
         }
-        TO *y = out(tl);
 #pragma unroll
         for (int h = 0; h < NH; h++)
             gg_store_staged(y, acc[h], tl.r0 + wg * 64, tl.rend, tl.n0 + 128 * h, N, beta,
                             sT + wg * GG_ST_WG, 3 + wg);
     }
-}
-
-/* The grouped block-scaled product (see the header): y (+)= dequant(xq) dequant(wq_e)^T per
- * expert's rows, 128 x 128 NH tiles; TO bf16 (written) or float (beta 1 adds). With nsrc 2
- * the sum of two such products of the same shapes, a's and b's, in one accumulator: a tile's
- * K steps walk a's blocks, then b's (the experts' w1 and w3 dgrad, dxe = dh1 W1 + dh3 W3). */
-template <int NH, typename TO>
-__global__ void __launch_bounds__(GF_THREADS, 1)
-    k_grouped_fp8(TO *__restrict__ y /* [M, N] */, const __grid_constant__ gf_source a,
-                  const __grid_constant__ gf_source b, const __grid_constant__ gg_offsets off,
-                  int E, int N, int K, int beta, int nsrc) {
-    const int KB = (K + GF_BK - 1) / GF_BK, RB = (N + 127) / 128, KB4 = (KB + 3) / 4 * 4;
-    const auto load = [&](const gg_tile &tl, int kt, uint32_t sa, uint32_t sb, uint32_t sc,
-                          uint32_t bar) {
-        const gf_source &src = kt < KB ? a : b;
-        const int kb = kt < KB ? kt : kt - KB; /* the block of src's K */
-        gg_tma(sa, &src.mx, kb * GF_BK, tl.r0, bar);
-        gg_tma(sb, &src.mw, kb * GF_BK, tl.e * N + tl.n0, bar);
-        gg_tma(sc, &src.ms, tl.r0 & ~3, kb, bar);
-        const float *we = src.sw + (int64_t)tl.e * RB * KB4 + (kb & ~3);
-#pragma unroll
-        for (int h = 0; h < NH; h++) /* columns past N: any tile's scales, not stored */
-            gf_bulk(sc + GF_SX_BYTES + 16 * h, we + min(tl.n0 / 128 + h, RB - 1) * KB4, 16, bar);
-    };
-    gf_run<NH, TO>(
-        off, E, N, beta, nsrc, [KB](int) { return KB; }, load, [y](const gg_tile &) { return y; });
-}
-
-/* The weight gradients' operands of the experts with tokens (j < n, in expert order), in the
- * layouts of an fp8-block pair's transposed copies (moe/quant.h) with x in tiles
- * (precision.fp8_wgrad x-tiles): expert j's dy^T [O, np_j] e4m3 with one fp32 scale per 1 x 128
- * block along its np_j padded tokens, sa [np_j / 128, O] (block kb of row o at kb O + o), and
- * x^T [I, np_j] e4m3 with one scale per 128 x 128 tile, sx [I / 128, round4(np_j / 128)] (a
- * weight's layout). A kernel parameter: GF_WMAXE experts at most (3 maps of 128 bytes each). */
-#define GF_WMAXE 32
-struct gf_wsources {
-    CUtensorMap ma[GF_WMAXE];  /* dy^T, boxes {128, 128} */
-    CUtensorMap mb[GF_WMAXE];  /* x^T, boxes {128, BN} */
-    CUtensorMap ms[GF_WMAXE];  /* sa, boxes {132, 1} */
-    const float *sx[GF_WMAXE]; /* x^T's tile scales */
-    int kb[GF_WMAXE];          /* np_j / 128 */
-    int e[GF_WMAXE];           /* the expert: its gradient's rows e O .. (e + 1) O - 1 */
-};
-
-/* The experts' weight gradients in one launch: dw_e [O, I] (+)= dequant(dy_e^T) dequant(x_e^T)^T
- * for the n experts of w (O and I multiples of 128), the sum over each expert's own tokens
- * (K = np_j); dw [E, O, I] bf16 (written) or float (beta 1 adds); off: j O for j <= n (the
- * tiles' rows: expert j's O rows in the list, shifted to e_j's on output). Rows are O, not
- * tokens, so every tile is whole and a tile's K steps are its expert's token blocks. */
-template <int NH, typename TO>
-__global__ void __launch_bounds__(GF_THREADS, 1)
-    k_grouped_fp8_wgrad(TO *__restrict__ dw /* [E, O, I] */, const __grid_constant__ gf_wsources w,
-                        const __grid_constant__ gg_offsets off, int n, int O, int I, int beta) {
-    const int RB = I / 128;
-    const auto load = [&](const gg_tile &tl, int kb, uint32_t sa, uint32_t sb, uint32_t sc,
-                          uint32_t bar) {
-        const int j = tl.e, r = tl.r0 - off.o[j], KB4 = (w.kb[j] + 3) / 4 * 4;
-        gg_tma(sa, &w.ma[j], kb * GF_BK, r, bar);
-        gg_tma(sb, &w.mb[j], kb * GF_BK, tl.n0, bar);
-        gg_tma(sc, &w.ms[j], r, kb, bar); /* r: a multiple of 128 */
-        const float *xe = w.sx[j] + (kb & ~3);
-#pragma unroll
-        for (int h = 0; h < NH; h++) /* columns past I: any tile's scales, not stored */
-            gf_bulk(sc + GF_SX_BYTES + 16 * h, xe + min(tl.n0 / 128 + h, RB - 1) * KB4, 16, bar);
-    };
-    gf_run<NH, TO>(
-        off, n, I, beta, 1, [&](int j) { return w.kb[j]; }, load,
-        [&](const gg_tile &tl) { return dw + (int64_t)(w.e[tl.e] - tl.e) * O * I; });
 }
 
 #endif

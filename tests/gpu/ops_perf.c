@@ -83,17 +83,6 @@ static const pcase k_perf[] = {
      MOE_OP_GROUPED_MATMUL,
      1,
      {8, 4096, 14336, 2048, 1, 1, 2}},
-    /* s[6] 3: the experts' weight gradients alone under x-tiles as the model runs them, dy
-     * (dh1) and x (xe) as fp8-block pairs, dw bf16 written (optim.expert_grads bf16): one launch
-     * of the grouped kernel on sm_90 (cuBLASLt per expert before it); 2 M I O FLOPs */
-    {"grouped fp8 E8 M16384 I4096 O14336 uneven x-tiles wgrad",
-     MOE_OP_GROUPED_MATMUL,
-     1,
-     {8, 4096, 14336, 2048, 1, 1, 3}},
-    {"grouped fp8 E8 M16384 I14336 O4096 uneven x-tiles wgrad",
-     MOE_OP_GROUPED_MATMUL,
-     1,
-     {8, 14336, 4096, 2048, 1, 1, 3}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 0, {2, 8192, 16, 8, 128}},
     {"attn bf16 B2 H16 KV8 T8192 D128", MOE_OP_ATTENTION, 1, {2, 8192, 16, 8, 128}},
     {"attn bf16 B4 H16 KV8 T2048 D64", MOE_OP_ATTENTION, 0, {4, 2048, 16, 8, 64}},
@@ -259,16 +248,13 @@ static void run_perf(gctx *g, const pcase *pc) {
             c16.p = perf_buf(g, (M * s[2] + 1) / 2);
             be->cast_bf16(be, (uint16_t *)c16.p, c, M * s[2]);
         }
-        flops = (pc->dir && s[6] != 3 ? 4.0 : 2.0) * (double)M * s[1] * s[2];
-        if (s[6]) { /* dh1's and dh3's pairs of c's values; W3: w16 again. s[6] 3: dyp[1] the
-                       pair of a's values (xe's, its transposed copy in tiles) */
+        flops = (pc->dir ? 4.0 : 2.0) * (double)M * s[1] * s[2];
+        if (s[6]) { /* dh1's and dh3's pairs of c's values; W3: w16 again */
             pg = (moe_fp8_groups){off, s[0], s[2], 0, 0};
-            const moe_fp8_groups xg = {off, s[0], s[1], 0, 1};
+            const size_t pb = moe_fp8_pair_bytes_max(M, s[0], s[2]);
             for (int j = 0; j < 2; j++) {
-                const int xe = j == 1 && s[6] == 3;
-                const size_t pb = moe_fp8_pair_bytes_max(M, s[0], xe ? s[1] : s[2]);
                 dyp[j] = moe_buf_fp8_pair(perf_buf(g, (int64_t)(pb + 3) / 4));
-                be->quantize_pair(be, dyp[j], xe ? a16 : c16, xe ? &xg : &pg);
+                be->quantize_pair(be, dyp[j], c16, &pg);
             }
         }
         break;
@@ -433,11 +419,6 @@ static void run_perf(gctx *g, const pcase *pc) {
                     be->grouped_dgrad_sum(be, moe_buf_of(d, MOE_DTYPE_BF16), moe_cbuf_from(dyp[0]),
                                           w16, moe_cbuf_from(dyp[1]), w16, off, s[0], s[1], s[2],
                                           FP8B);
-                else if (s[6] == 3)
-                    be->grouped_matmul_backward(
-                        be, moe_buf_f32(NULL), moe_buf_of(e, MOE_DTYPE_BF16), moe_cbuf_from(dyp[0]),
-                        moe_cbuf_from(dyp[1]), w16, off, s[0], s[1], s[2], FP8X, MOE_GRAD_SET,
-                        MOE_GRAD_SET);
                 else if (s[6] == 2)
                     for (int j = 0; j < 2; j++)
                         be->grouped_matmul_backward(be, moe_buf_f32(d), moe_buf_f32(NULL),

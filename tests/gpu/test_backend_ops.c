@@ -375,21 +375,6 @@ static const tcase k_cases[] = {
      FP8PX,
      1e-5,
      1},
-    /* the experts' weight gradients in one launch of the sm_90 grouped kernel (O and I
-     * multiples of 128): experts of up to 8 token blocks (the stage ring wraps inside a tile),
-     * a partial 256-column tile (I 640), bf16 gradients added and written */
-    {"grouped E4 I640 O384 fp8 x-tiles gw16",
-     MOE_OP_GROUPED_MATMUL,
-     {4, 640, 384, 700},
-     FP8X,
-     1e-5,
-     GW_BF16},
-    {"grouped E6 I256 O1280 fp8 pow2 x-tiles typed",
-     MOE_OP_GROUPED_MATMUL,
-     {6, 256, 1280, 300},
-     FP8PX,
-     1e-5,
-     1},
     /* the model's w2 backward under fp8-block: dg (the dx) written in bf16 (moe_layer_acts.dgt);
      * the grouped kernel's bf16 output, as the forward's, for dgrad */
     {"grouped E8 I384 O256 fp8 dg16 typed",
