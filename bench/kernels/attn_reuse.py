@@ -1,17 +1,25 @@
 #!/usr/bin/env python3
-"""attn_reuse.py: how often the Hopper attention backward's step finds its query tiles still
-in L2, by a simulation of the grid's dispatch (attn_tail.py's: blocks in launch order to the
-SM that frees first, one query step a unit of time). A step of key block kb at query block qb
-reads qb's Q and dO tiles and adds into its dQ tile (bytes B_STEP); the next visit of the same
-(head, qb) by another key block finds them in L2 if the traffic of all SMs in between is less
-than L2's size (an LRU cache, by stack distance approximated as time x traffic rate). Prints,
-for each shape, the share of visits that would hit and the spread of the running blocks'
-positions.
+"""attn_reuse.py: how often the Hopper attention backward's steps would find their query tiles
+still in L2, and what its grid's tail costs, for block orders the kernel could use, by a
+simulation of the dispatch (attn_tail.py's: blocks in launch order to the SM that frees first,
+one query step a unit of time). A step of key block kb at query block qb reads qb's Q and dO
+tiles and adds into its dQ tile (B_STEP bytes); the next visit of the same (head, qb) by another
+key block finds them in L2 if the traffic of all SMs in between is less than L2's size (an LRU
+cache, by stack distance approximated as time x traffic rate). Orders:
+  today       each head's key blocks last first, head by head: what the dQ turns need (a key
+              block adds to a query block after every later key block has)
+  groups 8    the same, 8 heads in turn at each key block (attn_tail.py's)
+  free/head   longest first (first key block first), head by head: possible only where dQ's
+              adds do not depend on their order (e.g. fixed-point sums)
+  free/4      longest first, 4 heads in turn at each key block, the same condition
+  free/all    longest first with all heads in turn, the same condition
+Waits for dQ turns are left out (none in today's order; the free orders have no turns). The
+grids are the split ones (a block a query head, T > 2048: fb_launch's rule without documents).
 
     /usr/bin/python3 bench/kernels/attn_reuse.py [SMS] [L2_MB]   (default 132, 50)
 
-No GPU needed; a model, not a measurement: ncu's lts__t_sector_hit_rate.pct says what the
-kernel really gets."""
+No GPU needed; a model, not a measurement: ncu's lts__t_sector_hit_rate.pct on k_fb_bwd says
+what the kernel really gets."""
 import heapq
 import sys
 
@@ -19,35 +27,52 @@ import numpy as np
 
 sms = int(sys.argv[1]) if len(sys.argv) > 1 else 132
 l2 = (float(sys.argv[2]) if len(sys.argv) > 2 else 50.0) * 2**20
-D = 128
-B_STEP = 64 * D * (2 + 2 + 4 + 4)  # Q and dO bf16 read; dQ fp32 read and written (reduce)
+B_STEP = 64 * 128 * (2 + 2 + 4 + 4)  # D128: Q, dO bf16 read; dQ fp32 read and written
 
 
-def run(B, H, T, split=True):
-    nb = T // 128
-    nq = T // 64
-    # grid: key blocks of a head last first, heads in turn (the kernel's order when split)
+def order(name, bh, nb):
+    if name == "today":
+        return [(h, nb - 1 - x) for h in range(bh) for x in range(nb)]
+    if name == "groups 8":
+        out = []
+        for g0 in range(0, bh, 8):
+            gl = min(8, bh - g0)
+            out += [(g0 + j % gl, nb - 1 - j // gl) for j in range(gl * nb)]
+        return out
+    if name == "free/head":
+        return [(h, kb) for h in range(bh) for kb in range(nb)]
+    if name == "free/4":
+        return [(g0 + j % 4, j // 4) for g0 in range(0, bh, 4) for j in range(4 * nb)]
+    return [(h, kb) for kb in range(nb) for h in range(bh)]  # free/all
+
+
+def run(name, bh, T):
+    nb, nq = T // 128, T // 64
     free = [(0.0, i) for i in range(sms)]
     heapq.heapify(free)
-    starts = np.zeros((B * H, nb))
-    for bh in range(B * H):
-        for x in range(nb):
-            kb = nb - 1 - x
-            t, i = heapq.heappop(free)
-            starts[bh, kb] = t
-            heapq.heappush(free, (t + (nq - 2 * kb), i))
-    rate = sms * B_STEP  # bytes of traffic a unit of time, all SMs busy
+    starts = np.zeros((bh, nb))
+    total = end = 0.0
+    for h, kb in order(name, bh, nb):
+        t, i = heapq.heappop(free)
+        starts[h, kb] = t
+        total += nq - 2 * kb
+        end = max(end, t + nq - 2 * kb)
+        heapq.heappush(free, (t + nq - 2 * kb, i))
+    rate = sms * B_STEP  # bytes a unit of time, all SMs busy
     hits = visits = 0
-    for bh in range(B * H):
-        # visit time of (kb, qb) = start[kb] + (qb - 2 kb), qb >= 2 kb
-        for qb in range(nq):
+    for h in range(bh):
+        for qb in range(nq):  # visit of (kb, qb) at start[kb] + qb - 2 kb, qb >= 2 kb
             kbs = np.arange(0, qb // 2 + 1)
-            times = np.sort(starts[bh, kbs] + (qb - 2 * kbs))
-            gaps = np.diff(times) * rate
-            hits += int(np.sum(gaps < l2))
+            times = np.sort(starts[h, kbs] + (qb - 2 * kbs))
+            hits += int(np.sum(np.diff(times) * rate < l2))
             visits += len(times)
-    return hits / visits
+    return end / (total / sms), hits / visits
 
 
-for (B, H, T) in [(2, 16, 8192), (2, 32, 4096), (1, 16, 32768), (1, 16, 131072)]:
-    print(f"B{B} H{H} T{T} D{D}: predicted L2 hits of the query tiles {100 * run(B, H, T):.0f}%")
+names = ["today", "groups 8", "free/head", "free/4", "free/all"]
+print(f"makespan / ideal and predicted L2 hits of the query tiles, {sms} SMs, L2 {l2 / 2**20:.0f} MB")
+print("| B*H | T | " + " | ".join(names) + " |")
+print("|---|---|" + "---|" * len(names))
+for bh, T in [(32, 8192), (64, 4096), (16, 32768), (16, 131072)]:  # split grids (T > 2048)
+    cells = [run(n, bh, T) for n in names]
+    print(f"| {bh} | {T} | " + " | ".join(f"{m:.3f}, {100 * h:.0f}%" for m, h in cells) + " |")
