@@ -20,53 +20,43 @@ grids are the split ones (a block a query head, T > 2048: fb_launch's rule witho
 
 No GPU needed; a model, not a measurement: ncu's lts__t_sector_hit_rate.pct on k_fb_bwd says
 what the kernel really gets."""
-import heapq
+import os
 import sys
 
 import numpy as np
 
-sms = int(sys.argv[1]) if len(sys.argv) > 1 else 132
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from attn_tail import dispatch, in_groups, sms  # noqa: E402  (sms: argv[1] there too)
+
 l2 = (float(sys.argv[2]) if len(sys.argv) > 2 else 50.0) * 2**20
 B_STEP = 64 * 128 * (2 + 2 + 4 + 4)  # D128: Q, dO bf16 read; dQ fp32 read and written
 
 
 def order(name, bh, nb):
     if name == "today":
-        return [(h, nb - 1 - x) for h in range(bh) for x in range(nb)]
+        return in_groups(bh, nb, 1)
     if name == "groups 8":
-        out = []
-        for g0 in range(0, bh, 8):
-            gl = min(8, bh - g0)
-            out += [(g0 + j % gl, nb - 1 - j // gl) for j in range(gl * nb)]
-        return out
-    if name == "free/head":
-        return [(h, kb) for h in range(bh) for kb in range(nb)]
-    if name == "free/4":
-        return [(g0 + j % 4, j // 4) for g0 in range(0, bh, 4) for j in range(4 * nb)]
-    return [(h, kb) for kb in range(nb) for h in range(bh)]  # free/all
+        return in_groups(bh, nb, 8)
+    g = {"free/head": 1, "free/4": 4, "free/all": bh}[name]  # the same, key blocks counting up
+    return [(h, nb - 1 - kb) for h, kb in in_groups(bh, nb, g)]
 
 
 def run(name, bh, T):
     nb, nq = T // 128, T // 64
-    free = [(0.0, i) for i in range(sms)]
-    heapq.heapify(free)
-    starts = np.zeros((bh, nb))
-    total = end = 0.0
-    for h, kb in order(name, bh, nb):
-        t, i = heapq.heappop(free)
-        starts[h, kb] = t
-        total += nq - 2 * kb
-        end = max(end, t + nq - 2 * kb)
-        heapq.heappush(free, (t + nq - 2 * kb, i))
+    length = {(h, kb): nq - 2 * kb for h in range(bh) for kb in range(nb)}
+    od = order(name, bh, nb)
+    start = dispatch(od, length)
+    end = max(start[b] + length[b] for b in od)
     rate = sms * B_STEP  # bytes a unit of time, all SMs busy
     hits = visits = 0
     for h in range(bh):
+        st = np.array([start[(h, kb)] for kb in range(nb)])
         for qb in range(nq):  # visit of (kb, qb) at start[kb] + qb - 2 kb, qb >= 2 kb
             kbs = np.arange(0, qb // 2 + 1)
-            times = np.sort(starts[h, kbs] + (qb - 2 * kbs))
+            times = np.sort(st[kbs] + (qb - 2 * kbs))
             hits += int(np.sum(np.diff(times) * rate < l2))
             visits += len(times)
-    return end / (total / sms), hits / visits
+    return end / (sum(length.values()) / sms), hits / visits
 
 
 names = ["today", "groups 8", "free/head", "free/4", "free/all"]

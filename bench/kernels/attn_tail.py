@@ -22,11 +22,19 @@ import sys
 sms = int(sys.argv[1]) if len(sys.argv) > 1 else 132
 
 
-def makespan(order, length):
+def dispatch(order, length):
+    """each block's start time, the blocks handed in order to the SM that frees first"""
     free = [0] * sms
+    start = {}
     for b in order:
-        heapq.heappush(free, heapq.heappop(free) + length[b])
-    return max(free) / (sum(length.values()) / sms)
+        start[b] = heapq.heappop(free)
+        heapq.heappush(free, start[b] + length[b])
+    return start
+
+
+def makespan(order, length):
+    start = dispatch(order, length)
+    return max(start[b] + length[b] for b in order) / (sum(length.values()) / sms)
 
 
 def in_groups(bh, nblk, g):
@@ -41,24 +49,25 @@ def in_groups(bh, nblk, g):
     return out
 
 
-# (B * H, T, GQA group, D): the op harness's perf shapes (tests/gpu/ops_perf.c)
-shapes = [(32, 8192, 2, 128), (64, 4096, 4, 128), (64, 2048, 2, 64), (16, 32768, 2, 128),
-          (16, 131072, 2, 128)]
-print(f"makespan / ideal on {sms} SMs (1.000: no tail)")
-print("| B*H | T | D | fwd head by head | fwd groups (G) | fwd longest first | bwd head by head |"
-      " bwd groups of 8 | bwd longest first |")
-print("|---|---|---|---|---|---|---|---|---|")
-for bh, t, group, d in shapes:
-    nb = t // 128
-    fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
-    # the backward's blocks: one a query head above 2,048 tokens (fb_launch's split), else one
-    # a kv head walking its group's query heads; 64-query steps
-    nbh, walk = (bh, 1) if t > 2048 else (bh // group, group)
-    bwd = {(h, k): walk * (t - 128 * k) // 64 for h in range(nbh) for k in range(nb)}
-    kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
-    g = min(bh, kv * group)
-    lpt = sorted(fwd, key=lambda b: -fwd[b])
-    print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
-          f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
-          f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | {makespan(in_groups(nbh, nb, 8), bwd):.3f} | "
-          f"{makespan([(h, k) for k in range(nb) for h in range(nbh)], bwd):.3f} |")
+if __name__ == "__main__":
+    # (B * H, T, GQA group, D): the op harness's perf shapes (tests/gpu/ops_perf.c)
+    shapes = [(32, 8192, 2, 128), (64, 4096, 4, 128), (64, 2048, 2, 64), (16, 32768, 2, 128),
+              (16, 131072, 2, 128)]
+    print(f"makespan / ideal on {sms} SMs (1.000: no tail)")
+    print("| B*H | T | D | fwd head by head | fwd groups (G) | fwd longest first | bwd head by head |"
+          " bwd groups of 8 | bwd longest first |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for bh, t, group, d in shapes:
+        nb = t // 128
+        fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
+        # the backward's blocks: one a query head above 2,048 tokens (fb_launch's split), else one
+        # a kv head walking its group's query heads; 64-query steps
+        nbh, walk = (bh, 1) if t > 2048 else (bh // group, group)
+        bwd = {(h, k): walk * (t - 128 * k) // 64 for h in range(nbh) for k in range(nb)}
+        kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
+        g = min(bh, kv * group)
+        lpt = sorted(fwd, key=lambda b: -fwd[b])
+        print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
+              f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
+              f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | {makespan(in_groups(nbh, nb, 8), bwd):.3f} | "
+              f"{makespan([(h, k) for k in range(nb) for h in range(nbh)], bwd):.3f} |")
