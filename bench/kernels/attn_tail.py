@@ -10,7 +10,10 @@ grid: its dQ order, the last key block first, needs each head's key blocks short
 groups of 8 heads, and longest first with the heads in turn (the order of commit 3ce6ee1,
 reverted by bf5393b: dQ added first key block first, each block walking its queries from the
 last; the wait of a block for the adds of the blocks of its head started with it is left out
-here, and on an H100 it made the backward take 49% longer at T8192: dropped 2026-12-07).
+here, and on an H100 it made the backward take 49% longer at T8192: dropped 2026-12-07). The
+backward's grids here are its split ones (a block a query head above 2,048 tokens); since
+2026-12-07 it has no split and runs longest first with 8 kv heads in turn (3-17% faster on an
+H100: with all heads in turn the blocks of a head lose L2, which this model does not count).
 
     python3 bench/kernels/attn_tail.py [SMS]      (default 132, an H100 or H200)
 

@@ -1,14 +1,10 @@
 /* attention_wgmma_bwd: the backward of causal grouped-query flash attention for Hopper
  * (sm_90a) with warpgroup MMAs, in one kernel: a block per 128 keys of one kv head holds the
  * keys' K and V in shared memory and walks the blocks of 64 queries of the group's query heads
- * that see them; or, split, a block per 128 keys and one query head, the heads of a group adding
- * their dK and dV in head order (a semaphore per key block). Split, the longest block of the
- * grid (the first keys, which every query sees) is 1/group as long, so the grid's tail is
- * shorter; unsplit, each block loads K and V and writes dK and dV once for the whole group.
- * fb_launch splits without a document mask at T > 2,048: with a mask the blocks are as short
- * as the documents (which the host does not know; typically short), and at 2,048 tokens a
- * block's own costs (K/V loads, dK/dV adds) outweigh the shorter tail (H200: split at B4 H16
- * KV8 T2048 D64 5% slower, at T4096-131072 D128 1-7% faster). Per step it
+ * that see them, so it loads K and V and writes dK and dV once for the whole group. (A block
+ * per query head, the heads of a group adding dK and dV in turn, shortened the longest blocks
+ * while the grid ended on them; with the longest blocks first it was 4-14% slower at T >= 4,096,
+ * H100 2026-12-07, and was removed.) Per step it
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
@@ -24,12 +20,20 @@
  *
  * dQ is deterministic without an owner per element: each step's dQ tile goes to shared memory
  * and a writer warp adds it into dq with a TMA reduce-add, and the key blocks of one query
- * block add in a fixed order, the last key block first (FlashAttention-3's deterministic
- * mode): a semaphore per query block counts the adds done, and a block waits for its turn.
- * The blocks start in that order (the last key block first), so a block only waits for
- * blocks that started before it, and the key block after it is two query blocks ahead (it
- * starts at the diagonal): the turns cost nothing in steady state. Rounding as the portable
- * kernels: P and dS enter the products as bf16, the gradients stay fp32. */
+ * block add in a fixed order, the first key block first (FlashAttention-3's deterministic
+ * mode, in its order): a semaphore per query block counts the adds done, and a block waits
+ * for its turn. The blocks start longest first - the first key blocks (every later query sees
+ * them) of FB_ROWS_IN_TURN kv heads, those in turn, then the next ones - so that the grid
+ * ends on short blocks (its tail: 8% at T <= 8,192 when each head's blocks went shortest first,
+ * by bench/kernels/attn_tail.py), and a block only waits for blocks that started before it. A
+ * block walks its queries from the last down to its diagonal (its query heads in turn at
+ * each), so the blocks of a head that start together meet at the same query block in the same
+ * step, each one add behind the block before it, and find its Q and dO in L2 (with all heads in
+ * turn the blocks of a head were too far apart: 35% slower at T8192, 2x at T131072; head by
+ * head, the key blocks of a head started two query blocks apart and walked the whole sequence:
+ * 69% L2 hits at T131072 against 96%; H100 2026-12-07). The turns cost a block the adds of the
+ * blocks of its head started with it, once (1-3% against adding in arrival order). Rounding as the
+ * portable kernels: P and dS enter the products as bf16, the gradients stay fp32. */
 #include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
@@ -39,13 +43,10 @@ typedef __nv_bfloat16 bf16;
 #define FB_STEP 64     /* queries a step */
 #define FB_NS 2        /* stages of Q and dO */
 #define FB_DQ_BOX (64 * 128) /* bytes of one dQ box: [64 queries][32 fp32 columns] */
-/* Variants (-D at compile time, bench/kernels/attn_variants.sh): FB_SPLIT 0 never splits the
- * query heads of a kv head over blocks (fb_launch's rule otherwise); FB_DQ_TURNS 0 adds each
- * dQ tile as soon as it is ready, in no fixed order: not deterministic, a measurement of what
- * the turns cost, never a build to ship */
-#ifndef FB_SPLIT
-#define FB_SPLIT 1
-#endif
+#define FB_ROWS_IN_TURN 8    /* (batch, kv head) rows whose blocks start in turn, longest first */
+/* A variant (-D at compile time, bench/kernels/attn_variants.sh): FB_DQ_TURNS 0 adds each dQ
+ * tile as soon as it is ready, in no fixed order: not deterministic, a measurement of what the
+ * turns cost, never a build to ship */
 #ifndef FB_DQ_TURNS
 #define FB_DQ_TURNS 1
 #endif
@@ -203,7 +204,7 @@ __device__ __forceinline__ void fb_store_dq(uint32_t dst, const float (&d)[NT][4
 
 /* The dQ writer (one thread): for each step, once both warpgroups' dQ tiles are in shared
  * memory and this block's turn has come for the query block (sem [1]: the key blocks that
- * have added to it, the last first; want: how many come before this one), adds them into dq
+ * have added to it, the first first; want: how many come before this one), adds them into dq
  * (TMA reduce-add), frees the tiles and passes the turn on. */
 template <int D>
 __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMap *mdq, int *sem,
@@ -234,9 +235,9 @@ __device__ __forceinline__ void fb_dq_turn(const fb_smem<D> &m, const CUtensorMa
 /* dq [B, T, H, D] += scale * dS K (through mdq: boxes of 32 columns, FB_STEP rows), dk/dv
  * [B, T, KV, D] += scale * dS^T Q, += P^T dO (= under add 0; dq is zeroed by the caller); k/v
  * maps with boxes of FB_ROWS rows, q/dout maps with FB_STEP rows; lse/delta [B, H, T]; dstart
- * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] and semkv [B, KV, ceil(T / FB_ROWS)] zeros;
- * grid (ceil(T / FB_ROWS), B * H) when split, else (ceil(T / FB_ROWS), B * KV); the last key
- * block first, so that a block only waits for blocks started before it. */
+ * [B, T] or NULL; sem [B, H, ceil(T / FB_STEP)] zeros; nb = ceil(T / FB_ROWS) key blocks; a
+ * grid of nb * B * KV blocks, the first key block of each (batch, kv head) first, so that a
+ * block only waits for blocks started before it. */
 template <int D>
 __global__ void __launch_bounds__(FB_THREADS, 1)
     k_fb_bwd(float *__restrict__ dk, float *__restrict__ dv,
@@ -244,22 +245,27 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
              const __grid_constant__ CUtensorMap mv, const __grid_constant__ CUtensorMap mq,
              const __grid_constant__ CUtensorMap mdo, const float *__restrict__ lse,
              const float *__restrict__ delta, const int32_t *__restrict__ dstart,
-             int *__restrict__ sem, int *__restrict__ semkv, int64_t T, int H, int KV, float scale,
-             int add, int split) {
+             int *__restrict__ sem, int64_t T, int H, int KV, int nb, float scale, int add) {
     const fb_smem<D> m = fb_begin<D>();
-    const int group = H / KV, nh = split ? 1 : group; /* the query heads this block walks */
-    const int kb = gridDim.x - 1 - blockIdx.x;
-    const int by = blockIdx.y, b = by / (H / nh), h0 = by % (H / nh) * nh; /* the first */
-    const int hk = h0 / group, gi = h0 % group; /* gi > 0: split, and not the group's first */
+    const int nh = H / KV; /* the query heads this block walks */
+    /* the block's key block kb and row by (a batch and kv head): rows in groups of
+     * FB_ROWS_IN_TURN, each group's blocks the first key block first, the rows in turn */
+    const int nby = (int)(gridDim.x / nb), grp = (int)blockIdx.x / (FB_ROWS_IN_TURN * nb);
+    const int rem = (int)blockIdx.x - grp * FB_ROWS_IN_TURN * nb;
+    const int gsz = min(FB_ROWS_IN_TURN, nby - grp * FB_ROWS_IN_TURN);
+    const int kb = rem / gsz, by = grp * FB_ROWS_IN_TURN + rem % gsz;
+    const int b = by / KV, hk = by % KV, h0 = hk * nh; /* h0: the first query head */
     const int64_t k0 = (int64_t)kb * FB_ROWS;
     /* the queries that see this block's keys */
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int64_t q_end = fa_query_end(dsb, (k0 + FB_ROWS < T ? k0 + FB_ROWS : T) - 1, T);
     const int nqt = (int)((q_end - k0 + FB_STEP - 1) / FB_STEP); /* query blocks a head */
     const int64_t ntiles = (int64_t)nqt * nh;
+    /* step i's head and first query: the query blocks from the last down, the heads in turn
+     * at each (so that the blocks of a chain meet each head's query block in the same step) */
     const auto coord = [&](int64_t i, int &head, int64_t &row) {
-        head = h0 + (int)(i / nqt);
-        row = k0 + (i % nqt) * FB_STEP;
+        head = h0 + (int)(i % nh);
+        row = k0 + (nqt - 1 - i / nh) * FB_STEP;
     };
     const int wg = fa3_warpgroup(); /* 2: the producer */
     if (wg == 2) {
@@ -271,8 +277,11 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
                 int head;
                 int64_t q0;
                 coord(i, head, q0);
+                /* the key blocks before this one that add to the query block: from the one
+                 * holding its first row's document start */
+                const int first = dsb ? dsb[q0] / FB_ROWS : 0;
                 fb_dq_turn<D>(m, &mdq, sem + ((int64_t)b * H + head) * nq + q0 / FB_STEP,
-                              (int)(q0 / FB_ROWS) - kb, head, q0, b, i);
+                              kb - first, head, q0, b, i);
             }
         }
         if (warp != 0) return;
@@ -307,7 +316,7 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
     fa3_bar_wait(m.br, 0);
     for (int i = 0; i < (int)ntiles; i++) { /* 32-bit: no 64-bit division a step */
         const int s = i % FB_NS;
-        const int64_t q0 = k0 + (int64_t)(i % nqt) * FB_STEP;
+        const int64_t q0 = k0 + (int64_t)(nqt - 1 - i / nh) * FB_STEP;
         const uint32_t tile = s * fb_smem<D>::TILE, ds = m.ds + (uint32_t)(i & 1) * fb_smem<D>::DS;
         fa3_bar_wait(m.bf + 8 * s, (uint32_t)((i / FB_NS) & 1));
         /* The products are issued as soon as their operands exist, each group waited for
@@ -376,30 +385,9 @@ __global__ void __launch_bounds__(FB_THREADS, 1)
         fa3_fence_smem();
         fa3_bar_arrive(m.bqf + 8 * wg);
     }
-    /* dK, dV: a split group's query heads add in head order (semkv counts them) */
-    int *turn = semkv + ((int64_t)b * KV + hk) * gridDim.x + kb;
-    if (split) {
-        if (threadIdx.x == 0 && gi > 0) {
-            int seen;
-            do
-                asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n"
-                             : "=r"(seen)
-                             : "l"(turn)
-                             : "memory");
-            while (seen != gi);
-        }
-        asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* the turn has come */
-    }
     const int64_t kstride = (int64_t)KV * D, koff = (int64_t)b * T * kstride + (int64_t)hk * D;
-    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add || gi > 0);
-    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add || gi > 0);
-    if (split && gi + 1 < group) {
-        asm volatile("bar.sync 3, 256;\n" ::: "memory"); /* every thread has added */
-        if (threadIdx.x == 0) {
-            __threadfence();
-            asm volatile("red.release.gpu.global.add.s32 [%0], 1;\n" ::"l"(turn) : "memory");
-        }
-    }
+    fa_add_rows<D>(dk + koff, dka, key0, key1, T, kstride, scale, t, add);
+    fa_add_rows<D>(dv + koff, dva, key0, key1, T, kstride, 1.0f, t, add);
 }
 
 template <int D>
@@ -419,7 +407,7 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
         !fa3_map(c, &mdo, dout, B, T, H, D, FB_STEP, op))
         return;
     const unsigned nb = (unsigned)((T + FB_ROWS - 1) / FB_ROWS);
-    const size_t nsem = (size_t)(B * H * nq + B * KV * nb); /* dq's, then dk/dv's */
+    const size_t nsem = (size_t)(B * H * nq); /* a query block's dQ adds */
     int *sem = (int *)moe_cuda_scratch(c, MOE_CUDA_SCRATCH_F, nsem * sizeof(int), op);
     if (!sem ||
         !moe_cuda_check(c, cudaMemsetAsync(sem, 0, nsem * sizeof(int), c->stream), op,
@@ -432,10 +420,15 @@ static void fb_launch(moe_cuda_ctx *c, float *dq, float *dk, float *dv, const bf
                             k_fb_bwd<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const int split = FB_SPLIT && !dstart && H > KV && T > 2048;
-    k_fb_bwd<D><<<dim3(nb, (unsigned)(B * (split ? H : KV))), FB_THREADS, smem, c->stream>>>(
-        dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, sem + B * H * nq, T, (int)H, (int)KV,
-        scale, add, split);
+    const int64_t blocks = (int64_t)nb * B * KV;
+    if (blocks > INT_MAX) {
+        moe_cuda_check(c, cudaErrorInvalidValue, op, "%lld blocks of %d keys: more than %d",
+                       (long long)blocks, FB_ROWS, INT_MAX);
+        return;
+    }
+    k_fb_bwd<D><<<(unsigned)blocks, FB_THREADS, smem, c->stream>>>(
+        dk, dv, mdq, mk, mv, mq, mdo, lse, delta, dstart, sem, T, (int)H, (int)KV, (int)nb, scale,
+        add);
     MOE_CUDA_LAUNCHED(c, op, "wgmma backward: B=%lld T=%lld H=%lld KV=%lld D=%d", (long long)B,
                       (long long)T, (long long)H, (long long)KV, D);
 }

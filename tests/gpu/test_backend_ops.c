@@ -171,8 +171,8 @@ static const tcase k_cases[] = {
     {"attn docs B3 T77 H4 KV2 D16 rand", MOE_OP_ATTENTION, {3, 77, 4, 2, 16, 2}, BF16, 4e-6, 0},
     {"attn docs B1 T257 H6 KV3 D96", MOE_OP_ATTENTION, {1, 257, 6, 3, 96, 1}, BF16, 4e-6, 0},
     {"attn docs B2 T130 H2 KV1 D32", MOE_OP_ATTENTION, {2, 130, 2, 1, 32, 1}, BF16, 4e-6, 0},
-    /* GQA 4 without a mask above 2,048 tokens (the Hopper backward: a block per query head),
-     * long documents */
+    /* GQA 4 without a mask above 2,048 tokens (the Hopper backward's longest blocks among 18
+     * key blocks a kv head, each walking 4 query heads), long documents */
     {"attn B1 T2300 H4 KV1 D64", MOE_OP_ATTENTION, {1, 2300, 4, 1, 64}, BF16, 4e-6, 0},
     {"attn docs B2 T2400 H4 KV2 D128 long",
      MOE_OP_ATTENTION,
