@@ -174,6 +174,8 @@ static const tcase k_cases[] = {
     /* GQA 4 without a mask above 2,048 tokens (the Hopper backward's longest blocks among 18
      * key blocks a kv head, each walking 4 query heads), long documents */
     {"attn B1 T2300 H4 KV1 D64", MOE_OP_ATTENTION, {1, 2300, 4, 1, 64}, BF16, 4e-6, 0},
+    /* 12 (batch, kv head) rows: the Hopper backward starts a group of 8 in turn, then 4 */
+    {"attn B3 T300 H8 KV4 D64 rows", MOE_OP_ATTENTION, {3, 300, 8, 4, 64}, BF16, 4e-6, 0},
     {"attn docs B2 T2400 H4 KV2 D128 long",
      MOE_OP_ATTENTION,
      {2, 2400, 4, 2, 128, 3},
