@@ -4,7 +4,7 @@
  * that see them, so it loads K and V and writes dK and dV once for the whole group. (A block
  * per query head, the heads of a group adding dK and dV in turn, shortened the longest blocks
  * while the grid ended on them; with the longest blocks first it was 14% slower at T4096 H32,
- * 8% at T8192, 2% at T32768 and even at T131072, H100 2026-12-07, and was removed.) Per step it
+ * 9% at T8192, 2% at T32768 and even at T131072, H100 2026-12-07, and was removed.) Per step it
  * forms S^T = K Q^T and dP^T = V dO^T, dS^T = P^T * (dP^T - delta) in registers (flash_common.cuh),
  * then dV += P^T dO, dK += dS^T Q and this step's share of dQ = dS K (dS^T through shared memory,
  * read as a transposed operand; each consumer warpgroup takes half of dQ's columns over all 128
