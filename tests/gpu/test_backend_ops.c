@@ -176,6 +176,9 @@ static const tcase k_cases[] = {
     {"attn B1 T2300 H4 KV1 D64", MOE_OP_ATTENTION, {1, 2300, 4, 1, 64}, BF16, 4e-6, 0},
     /* 12 (batch, kv head) rows: the Hopper backward starts a group of 8 in turn, then 4 */
     {"attn B3 T300 H8 KV4 D64 rows", MOE_OP_ATTENTION, {3, 300, 8, 4, 64}, BF16, 4e-6, 0},
+    /* GQA 8: a Hopper backward block walks 8 query heads at each query block */
+    {"attn B2 T400 H16 KV2 D128 gqa8", MOE_OP_ATTENTION, {2, 400, 16, 2, 128}, BF16, 4e-6, 0},
+    {"attn docs B1 T600 H8 KV1 D64 gqa8", MOE_OP_ATTENTION, {1, 600, 8, 1, 64, 2}, BF16, 4e-6, 0},
     {"attn docs B2 T2400 H4 KV2 D128 long",
      MOE_OP_ATTENTION,
      {2, 2400, 4, 2, 128, 3},
