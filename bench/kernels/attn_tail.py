@@ -5,15 +5,14 @@ backward block walks) handed in launch order to the SM that frees up first, as t
 dispatches them. Prints the makespan over the ideal (the total spread evenly) for the orders
 the kernels could use: the forward's head by head (each head's blocks longest first: its grid
 until 2026-12-07), in groups of G heads taking turns (fa3_tile_group's rule, its grid since:
-+4% at T8192 on an H100) and longest first over all heads; the backward's head by head (its
-grid: its dQ order, the last key block first, needs each head's key blocks shortest first), in
-groups of 8 heads, and longest first with the heads in turn (the order of commit 3ce6ee1,
-reverted by bf5393b: dQ added first key block first, each block walking its queries from the
-last; the wait of a block for the adds of the blocks of its head started with it is left out
-here, and on an H100 it made the backward take 49% longer at T8192: dropped 2026-12-07). The
-backward's grids here are its split ones (a block a query head above 2,048 tokens); since
-2026-12-07 it has no split and runs longest first with 8 kv heads in turn (3-17% faster on an
-H100: with all heads in turn the blocks of a head lose L2, which this model does not count).
++4% at T8192 on an H100) and longest first over all heads; the backward (a block per kv
+head, walking its group's query heads) head by head, shortest first (its grid until 2026-12-07,
+as its dQ order was then the last key block first, with a block per query head above 2,048
+tokens), in groups of 8 (batch, kv head) rows longest first (its grid since: dQ added first key
+block first, each block walking its queries from the last; 6-18% faster on an H100), and
+longest first with all rows in turn (near 3ce6ee1's order, with all heads in turn: its blocks
+of a head lose L2 and it ran 35% slower at T8192, which this model does not count; nor does it
+count the wait of a block for the dQ adds of the blocks of its head started with it).
 
     python3 bench/kernels/attn_tail.py [SMS]      (default 132, an H100 or H200)
 
@@ -40,15 +39,15 @@ def makespan(order, length):
     return max(start[b] + length[b] for b in order) / (sum(length.values()) / sms)
 
 
-def in_groups(bh, nblk, g):
+def in_groups(bh, nblk, g, up=False):
     """blocks (head, block) of g heads at a time, the heads in turn at each block index, the
-    indices counting down (the forward's longest first, the backward's shortest)"""
+    indices counting down (the forward's longest first, the backward's shortest), or up"""
     out = []
     for g0 in range(0, bh, g):
         gl = min(g, bh - g0)
         for j in range(gl * nblk):
             k = j // gl
-            out.append((g0 + j % gl, nblk - 1 - k))
+            out.append((g0 + j % gl, k if up else nblk - 1 - k))
     return out
 
 
@@ -58,19 +57,20 @@ if __name__ == "__main__":
               (16, 131072, 2, 128)]
     print(f"makespan / ideal on {sms} SMs (1.000: no tail)")
     print("| B*H | T | D | fwd head by head | fwd groups (G) | fwd longest first | bwd head by head |"
-          " bwd groups of 8 | bwd longest first |")
+          " bwd 8 rows in turn, longest first | bwd longest first |")
     print("|---|---|---|---|---|---|---|---|---|")
     for bh, t, group, d in shapes:
         nb = t // 128
         fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
-        # the backward's blocks: one a query head above 2,048 tokens (fb_launch's split), else one
-        # a kv head walking its group's query heads; 64-query steps
-        nbh, walk = (bh, 1) if t > 2048 else (bh // group, group)
+        # the backward's blocks: one a kv head walking its group's query heads, 64-query steps
+        # (until 2026-12-07 one a query head above 2,048 tokens: the split)
+        nbh, walk = bh // group, group
         bwd = {(h, k): walk * (t - 128 * k) // 64 for h in range(nbh) for k in range(nb)}
         kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
         g = min(bh, kv * group)
         lpt = sorted(fwd, key=lambda b: -fwd[b])
         print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
               f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
-              f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | {makespan(in_groups(nbh, nb, 8), bwd):.3f} | "
+              f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | "
+              f"{makespan(in_groups(nbh, nb, 8, up=True), bwd):.3f} | "
               f"{makespan([(h, k) for k in range(nb) for h in range(nbh)], bwd):.3f} |")
