@@ -42,8 +42,8 @@ def order(name, bh, nb):
         return in_groups(bh, nb, 1)
     if name == "groups 8":
         return in_groups(bh, nb, 8)
-    g = {"free/head": 1, "free/4": 4, "free/all": bh}[name]  # the same, key blocks counting up
-    return [(h, nb - 1 - kb) for h, kb in in_groups(bh, nb, g)]
+    g = {"free/head": 1, "free/4": 4, "free/all": bh}[name]
+    return in_groups(bh, nb, g, up=True)  # the same, key blocks counting up
 
 
 def run(name, bh, T):
