@@ -4,71 +4,77 @@
  * statistics; head dims 64 and 128, GQA any ratio, document masks. The portable kernel of
  * attention_flash.cu serves every other GPU and head dim, and the whole backward.
  *
- * A block owns 128 query rows of one head: two consumer warpgroups of 64 rows and a producer
- * warpgroup, which gives up most of its registers (setmaxnreg: 240 a consumer thread, so that
- * a block's scores, probabilities and output fit at once). The producer's thread 0 loads Q
- * once and each key block's K and V with TMA into NS stages (mbarriers: "full" when the bytes
- * have landed, "empty" when all 256 consumer threads are done with a stage's K, or its V).
+ * A block owns 64 NWG query rows of one head: NWG consumer warpgroups of 64 rows (two at head
+ * dim 128, three at 64, FlashAttention-3's tiles: at 64 a key block's K and V serve 192 rows)
+ * and a producer warpgroup, which gives up most of its registers (setmaxnreg: 240 a consumer
+ * thread with two, 160 with three, so that a warpgroup's scores, probabilities and output fit
+ * at once). The producer's first thread loads Q once and each key block's K and V with TMA
+ * into NS stages (mbarriers: "full" when the bytes have landed, "empty" when all consumer
+ * threads are done with a stage's K, or its V).
  * Each consumer warpgroup computes S = Q K^T for the block with wgmma (m64 x BK), the online
  * softmax in registers (flash_common.cuh: the same step as the portable kernel), and O += P V
  * with P as the register A operand, in FlashAttention-3's order: step j issues the score
  * product of block j and then the value product of block j-1 (its P from the last softmax, O
  * rescaled by that softmax's factors), so the softmax of block j runs while the value product
  * is on the tensor cores (the same operations in the same order as one block at a time: the
- * same bits). The two warpgroups take turns to issue their products (ping-pong), so one's
- * softmax also overlaps the other's products. Key blocks before the first row's document
- * start are skipped; with cached keys a warpgroup also multiplies the block after its last
- * row (p = 0). Output and lse as the portable forward: bf16 values, natural-log lse of the
- * scaled scores; cached keys (Tk > T) as the portable forward: row r masked at position
- * r + Tk - T. Compiled for sm_90a only (CMakeLists.txt); moe_cuda_fa3_supported says when it
- * runs.
- * The shared-memory layout of every tile is the one of wgmma.cuh. */
+ * same bits). The warpgroups take turns to issue their products (ping-pong, in a ring), so
+ * one's softmax also overlaps the others' products. Key blocks before the first row's document
+ * start are skipped, and so are, for each warpgroup, those after all of its rows (the last
+ * block of a 192-row block for its first warpgroups; with cached keys). Output and lse as the
+ * portable forward: bf16 values, natural-log lse of the scaled scores; cached keys (Tk > T) as the
+ * portable forward: row r masked at position r + Tk - T. Compiled for sm_90a only (CMakeLists.txt);
+ * moe_cuda_fa3_supported says when it runs. The shared-memory layout of every tile is the one of
+ * wgmma.cuh. */
 #include "wgmma.cuh"
 
 typedef __nv_bfloat16 bf16;
 
-#define FA3_BQ 128 /* query rows per block: two warpgroups of 64 */
 /* Variants (-D at compile time, bench/kernels/attn_variants.sh checks and times them):
- * FA3_NS key/value stages in flight; FA3_PINGPONG 1 makes the two warpgroups take turns to
- * issue their products (wgmma.cuh), so that one's softmax runs while the other's products use
- * the tensor cores. */
+ * FA3_NS key/value stages in flight; FA3_PINGPONG 1 makes the consumer warpgroups take turns
+ * to issue their products (wgmma.cuh), so that one's softmax runs while the others' products
+ * use the tensor cores. */
 #ifndef FA3_NS
 #define FA3_NS 2
 #endif
 #ifndef FA3_PINGPONG
 #define FA3_PINGPONG 1
 #endif
-#define FA3_THREADS 384 /* two consumer warpgroups, a producer warpgroup (one thread loads) */
+/* the consumer warpgroups of a block at head dim D (64 query rows each), and its threads:
+ * theirs and a producer warpgroup's (one thread loads) */
+#define FA3_NWG(D) ((D) == 64 ? 3 : 2)
+#define FA3_THREADS(D) (128 * (FA3_NWG(D) + 1))
 
 /* out [B, T, H, D] (TO: float holding bf16 values, or bf16), lse [B, H, T]; q/k/v: tensor
- * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; a block per tile of 128
- * query rows of one head, ceil(T / 128) * B * H blocks; G heads a group of blocks
+ * maps of [B, T, H or KV, D] bf16 (fa3_map); dstart [B, T] or NULL; a block per tile of BQ =
+ * 64 NWG query rows of one head, ceil(T / BQ) * B * H blocks; G heads a group of blocks
  * (fa3_tile_group).
- * Threads 0-255 are the two consumer warpgroups, 256-383 the producer: thread 256 issues the
- * TMA loads of Q and of each key block's K and V into NS stages (full barriers: the bytes
- * have landed; empty barriers: all 256 consumer threads are done with a stage's K, its V). */
+ * Threads 0 .. 128 NWG - 1 are the consumer warpgroups, the next 128 the producer: its first
+ * thread issues the TMA loads of Q and of each key block's K and V into NS stages (full
+ * barriers: the bytes have landed; empty barriers: all consumer threads are done with a
+ * stage's K, its V). */
 template <int D, int BK, int NS, typename TO>
-__global__ void __launch_bounds__(FA3_THREADS, 1)
+__global__ void __launch_bounds__(FA3_THREADS(D), 1)
     k_fa3_fwd(TO *__restrict__ out, float *__restrict__ lse, const __grid_constant__ CUtensorMap mq,
               const __grid_constant__ CUtensorMap mk, const __grid_constant__ CUtensorMap mv,
               const int32_t *__restrict__ dstart, int64_t T, int64_t Tk, int BH, int H, int KV,
               int G, float scale) {
     extern __shared__ __align__(16) unsigned char fa3_smem[];
-    /* swizzled tiles start on 1024 bytes: Q [128][D], K [NS][BK][D], V [NS][BK][D], then the
+    constexpr int NWG = FA3_NWG(D), BQ = 64 * NWG;
+    /* swizzled tiles start on 1024 bytes: Q [BQ][D], K [NS][BK][D], V [NS][BK][D], then the
      * barriers: q_full, k_full[NS], v_full[NS], k_empty[NS], v_empty[NS] */
     constexpr uint32_t TILE = BK * D * 2;
     const uint32_t sQ = (smem_u32(fa3_smem) + 1023u) & ~1023u;
-    const uint32_t sKb = sQ + FA3_BQ * D * 2, sVb = sKb + NS * TILE;
+    const uint32_t sKb = sQ + BQ * D * 2, sVb = sKb + NS * TILE;
     const uint32_t bq = sVb + NS * TILE, bk = bq + 8, bv = bk + 8 * NS, bek = bv + 8 * NS,
                    bev = bek + 8 * NS;
     /* the blocks of a group of G heads (g0..: the last group may be smaller) go longest
      * (diagonal-most) first, the group's heads in turn at each query block */
-    const int nqb = (int)((T + FA3_BQ - 1) / FA3_BQ), L = (int)blockIdx.x;
+    const int nqb = (int)((T + BQ - 1) / BQ), L = (int)blockIdx.x;
     const int g0 = L / (G * nqb) * G, gl = G < BH - g0 ? G : BH - g0, j = L - g0 * nqb;
     const int qb = nqb - 1 - j / gl;
     const int bh = g0 + j % gl, b = bh / H, h = bh % H, hk = h / (H / KV);
-    const int64_t q0 = (int64_t)qb * FA3_BQ, qoff = Tk - T; /* row r at key position r + qoff */
-    const int kb_last = (int)(((q0 + FA3_BQ < T ? q0 + FA3_BQ : T) - 1 + qoff) / BK);
+    const int64_t q0 = (int64_t)qb * BQ, qoff = Tk - T; /* row r at key position r + qoff */
+    const int kb_last = (int)(((q0 + BQ < T ? q0 + BQ : T) - 1 + qoff) / BK);
     const int32_t *dsb = dstart ? dstart + (int64_t)b * T : NULL;
     const int kb_first = dsb ? dsb[q0] / BK : 0;
     if (threadIdx.x == 0) {
@@ -76,19 +82,19 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         for (int s = 0; s < NS; s++) {
             fa3_bar_init(bk + 8 * s, 1);
             fa3_bar_init(bv + 8 * s, 1);
-            fa3_bar_init(bek + 8 * s, 2 * 128);
-            fa3_bar_init(bev + 8 * s, 2 * 128);
+            fa3_bar_init(bek + 8 * s, NWG * 128);
+            fa3_bar_init(bev + 8 * s, NWG * 128);
         }
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
 
     const int wg = fa3_warpgroup();
-    if (wg == 2) { /* the producer warpgroup gives its registers to the consumers */
+    if (wg == NWG) { /* the producer warpgroup gives its registers to the consumers */
         fa3_regs_dec<24>();
-        if (threadIdx.x != 256) return;
-        fa3_bar_expect(bq, FA3_BQ * D * 2);
-        fa3_tma_tile<D>(sQ, &mq, FA3_BQ, h, q0, b, bq);
+        if (threadIdx.x != 128 * NWG) return;
+        fa3_bar_expect(bq, BQ * D * 2);
+        fa3_tma_tile<D>(sQ, &mq, BQ, h, q0, b, bq);
         for (int kb = kb_first, it = 0; kb <= kb_last; kb++, it++) {
             const int s = it % NS;
             const uint32_t parity = ((it / NS) - 1) & 1;
@@ -102,7 +108,8 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         return;
     }
 
-    fa3_regs_inc<240>(); /* 2 x 128 x 240 + 128 x 24 registers: the SM's 64 K */
+    /* 2 x 128 x 240 (3 x 128 x 160) + 128 x 24 registers: the SM's 64 K */
+    fa3_regs_inc<NWG == 2 ? 240 : 160>();
     const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const uint64_t desc_q = fa3_desc(sQ + wg * 64 * 128, 16, 1024); /* this warpgroup's Q rows */
@@ -114,7 +121,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
     const int64_t st0 = dsb && row0 < T ? dsb[row0] : 0, st1 = dsb && row1 < T ? dsb[row1] : 0;
     const float sl2 = scale * FA_LOG2E;
     fa3_bar_wait(bq, 0);
-    if (FA3_PINGPONG) fa3_turn_begin(wg);
+    if (FA3_PINGPONG) fa3_turn_begin<NWG>(wg);
 
     /* one key block's scores into sc, issued (not waited for) */
     const auto issue_s = [&](float(&sc)[BK / 8][4], int st, uint32_t parity) {
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
 #pragma unroll
         for (int ks = 0; ks < D / 16; ks++) { /* 16 columns of D: 32 bytes in a 128-byte row */
             const uint32_t col = (uint32_t)(ks & 3) * 32;
-            fa3_mma_ss(sc, fa3_desc_add(desc_q, (ks >> 2) * FA3_BQ * 128 + col),
+            fa3_mma_ss(sc, fa3_desc_add(desc_q, (ks >> 2) * BQ * 128 + col),
                        fa3_desc_add(desc_k, (ks >> 2) * BK * 128 + col), ks > 0);
         }
         fa3_commit();
@@ -159,40 +166,54 @@ __global__ void __launch_bounds__(FA3_THREADS, 1)
         fa3_hold(p);
         fa3_bar_arrive(bev + 8 * st); /* this thread is done with the stage's V */
     };
-    /* Every warpgroup multiplies every block up to kb_last: a block after all of its rows (only
-     * with cached keys, Tk > T) gives p = 0 and factors 1. */
-    {
+    /* The blocks this warpgroup's rows see, kb_first .. kb_wl (kb_wl below kb_last for the first
+     * warpgroups of a 192-row block, or with cached keys; kb_first - 1 for a warpgroup whose
+     * rows all lie past T), multiplied; then its turns for the blocks after all of its rows,
+     * each stage released once it has landed (so that its release counts for this use of it). */
+    const int kb_wl =
+        wrow < T ? (int)(((wrow + 63 < T ? wrow + 63 : T - 1) + qoff) / BK) : kb_first - 1;
+    if (kb_wl >= kb_first) {
         float sc[BK / 8][4];
         if (FA3_PINGPONG) fa3_turn_wait(wg);
         issue_s(sc, 0, 0);
-        if (FA3_PINGPONG) fa3_turn_pass(wg, kb_first == kb_last);
+        if (FA3_PINGPONG) fa3_turn_pass<NWG>(wg, kb_first == kb_last);
         fa3_wait<0>();
         softmax(sc, (int64_t)kb_first * BK, 0);
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++)
             c_to_a(p[kk], sc, kk);
-    }
-    for (int kb = kb_first + 1, it = 1; kb <= kb_last; kb++, it++) {
-        const int s = it % NS, sp = (it - 1) % NS;
-        const uint32_t parity = (it / NS) & 1, pp = ((it - 1) / NS) & 1;
-        float sc[BK / 8][4];
-        if (FA3_PINGPONG) fa3_turn_wait(wg);
-        issue_s(sc, s, parity);
-        issue_pv(sp, pp); /* the last block's values, while this block's softmax runs */
-        if (FA3_PINGPONG) fa3_turn_pass(wg, kb == kb_last);
-        fa3_wait<1>(); /* the score product */
-        softmax(sc, (int64_t)kb * BK, s);
-        fa3_wait<0>();
-        retire_pv(sp);
+        for (int kb = kb_first + 1, it = 1; kb <= kb_wl; kb++, it++) {
+            const int s = it % NS, sp = (it - 1) % NS;
+            const uint32_t parity = (it / NS) & 1, pp = ((it - 1) / NS) & 1;
+            float sc[BK / 8][4];
+            if (FA3_PINGPONG) fa3_turn_wait(wg);
+            issue_s(sc, s, parity);
+            issue_pv(sp, pp); /* the last block's values, while this block's softmax runs */
+            if (FA3_PINGPONG) fa3_turn_pass<NWG>(wg, kb == kb_last);
+            fa3_wait<1>(); /* the score product */
+            softmax(sc, (int64_t)kb * BK, s);
+            fa3_wait<0>();
+            retire_pv(sp);
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-            c_to_a(p[kk], sc, kk);
-    }
-    {
-        const int it = kb_last - kb_first, s = it % NS;
+            for (int kk = 0; kk < BK / 16; kk++)
+                c_to_a(p[kk], sc, kk);
+        }
+        const int it = kb_wl - kb_first, s = it % NS;
         issue_pv(s, (uint32_t)(it / NS) & 1);
         fa3_wait<0>();
         retire_pv(s);
+    }
+    for (int kb = kb_wl + 1 > kb_first ? kb_wl + 1 : kb_first; kb <= kb_last; kb++) {
+        const int it = kb - kb_first, s = it % NS;
+        const uint32_t parity = (it / NS) & 1;
+        if (FA3_PINGPONG) {
+            fa3_turn_wait(wg);
+            fa3_turn_pass<NWG>(wg, kb == kb_last);
+        }
+        fa3_bar_wait(bk + 8 * s, parity);
+        fa3_bar_arrive(bek + 8 * s);
+        fa3_bar_wait(bv + 8 * s, parity);
+        fa3_bar_arrive(bev + 8 * s);
     }
     const int64_t qstride = (int64_t)H * D;
     fa_store_rows<D>(out + (int64_t)b * T * qstride + (int64_t)h * D, lse + (int64_t)bh * T, o, m0,
@@ -271,24 +292,25 @@ static void fa3_launch(moe_cuda_ctx *c, TO *out, float *lse, const bf16 *q, cons
                        const bf16 *v, const int32_t *dstart, int64_t B, int64_t T, int64_t Tk,
                        int64_t H, int64_t KV) {
     const char *op = "attention_forward";
+    const int BQ = 64 * FA3_NWG(D); /* query rows a block */
     CUtensorMap mq, mk, mv;
-    if (!fa3_map(c, &mq, q, B, T, H, D, FA3_BQ, op) || !fa3_map(c, &mk, k, B, Tk, KV, D, BK, op) ||
+    if (!fa3_map(c, &mq, q, B, T, H, D, BQ, op) || !fa3_map(c, &mk, k, B, Tk, KV, D, BK, op) ||
         !fa3_map(c, &mv, v, B, Tk, KV, D, BK, op))
         return;
-    const size_t smem = (size_t)(FA3_BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 4 * NS);
+    const size_t smem = (size_t)(BQ + 2 * NS * BK) * D * sizeof(bf16) + 1024 + 8 * (1 + 4 * NS);
     if (!moe_cuda_check(c,
                         cudaFuncSetAttribute(k_fa3_fwd<D, BK, NS, TO>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem),
                         op, "shared memory %zu bytes", smem))
         return;
-    const int64_t blocks = (T + FA3_BQ - 1) / FA3_BQ * B * H;
+    const int64_t blocks = (T + BQ - 1) / BQ * B * H;
     if (blocks > INT_MAX) {
         moe_cuda_check(c, cudaErrorInvalidValue, op, "%lld blocks of %d query rows: more than %d",
-                       (long long)blocks, FA3_BQ, INT_MAX);
+                       (long long)blocks, BQ, INT_MAX);
         return;
     }
-    k_fa3_fwd<D, BK, NS, TO><<<(unsigned)blocks, FA3_THREADS, smem, c->stream>>>(
+    k_fa3_fwd<D, BK, NS, TO><<<(unsigned)blocks, FA3_THREADS(D), smem, c->stream>>>(
         out, lse, mq, mk, mv, dstart, T, Tk, (int)(B * H), (int)H, (int)KV,
         fa3_tile_group(B * H, H / KV, Tk, D), 1.0f / sqrtf((float)D));
     MOE_CUDA_LAUNCHED(c, op, "wgmma: B=%lld T=%lld Tk=%lld H=%lld KV=%lld D=%d", (long long)B,

@@ -177,21 +177,23 @@ __device__ __forceinline__ void fa3_bar_wait(uint32_t bar, uint32_t parity) {
                  "r"(parity)
                  : "memory");
 }
-/* Ping-pong of the two consumer warpgroups over a loop of steps: each waits for its turn
- * before issuing a step's first products and passes the turn on once they are issued, so one
- * warpgroup's softmax or score gradients overlap the other's products. Named barriers 1 and
- * 2 (256 threads: 128 arrive, 128 wait); warpgroup 0 goes first, and warpgroup 1 passes no
- * turn after its last step, so every arrival is waited for. */
-__device__ __forceinline__ void fa3_turn_begin(int wg) {
-    if (wg == 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(1) : "memory");
+/* Ping-pong of NWG consumer warpgroups over a loop of steps, in a ring: each waits for its
+ * turn before issuing a step's first products and passes the turn to the next once they are
+ * issued, so one warpgroup's softmax or score gradients overlap the others' products. Named
+ * barriers 1 .. NWG (256 threads: 128 arrive, 128 wait); warpgroup 0 goes first (the last
+ * one's arrival starts the ring), and the last passes no turn after its last step, so every
+ * arrival is waited for. */
+template <int NWG> __device__ __forceinline__ void fa3_turn_begin(int wg) {
+    if (wg == NWG - 1) asm volatile("bar.arrive %0, 256;\n" ::"r"(1) : "memory");
 }
 /* one barrier instruction with the id in a register, no branch between two immediate ids:
  * the forward ran 409 TFLOP/s this way against 364 with the branch (H200, 2026-12-01) */
 __device__ __forceinline__ void fa3_turn_wait(int wg) {
     asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wg) : "memory");
 }
-__device__ __forceinline__ void fa3_turn_pass(int wg, bool last) {
-    if (wg == 0 || !last) asm volatile("bar.arrive %0, 256;\n" ::"r"(2 - wg) : "memory");
+template <int NWG> __device__ __forceinline__ void fa3_turn_pass(int wg, bool last) {
+    if (wg != NWG - 1 || !last)
+        asm volatile("bar.arrive %0, 256;\n" ::"r"(wg + 1 < NWG ? wg + 2 : 1) : "memory");
 }
 /* one TMA box {64 columns, 1 head, rows, 1 batch} of the tensor map at (col, head, row, b)
  * into shared address dst, completing on bar */
