@@ -59,6 +59,29 @@ __device__ __forceinline__ void fa_st2(__nv_bfloat16 *p, float a, float b) {
     *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
 }
 
+/* Masks this thread's raw scores s [NK/8][4] of keys k0.. for its rows row0 and row1 = row0 +
+ * 8 (document starts st0, st1): a key after the row or before its document start becomes
+ * -inf. In 32 bits: a row sees the block's columns c with lo <= c <= hi, both clamped to
+ * [-1, NK]. One call under one branch (`if (mask)`): a test per tile compiled to a branch
+ * per tile, 16 in a block of 128 keys (SASS of 2026-12-07). */
+__device__ __forceinline__ int fa_rel(int64_t x, int nk) {
+    return (int)(x < -1 ? -1 : x > nk ? nk : x);
+}
+template <int NK>
+__device__ __forceinline__ void fa_mask_rows(float (*s)[4], int64_t k0, int64_t row0, int64_t row1,
+                                             int64_t st0, int64_t st1, int t) {
+    const int hi0 = fa_rel(row0 - k0, NK), hi1 = fa_rel(row1 - k0, NK);
+    const int lo0 = fa_rel(st0 - k0, NK), lo1 = fa_rel(st1 - k0, NK);
+#pragma unroll
+    for (int nt = 0; nt < NK / 8; nt++) {
+        const int c = nt * 8 + 2 * t;
+        s[nt][0] = c <= hi0 && c >= lo0 ? s[nt][0] : -INFINITY;
+        s[nt][1] = c + 1 <= hi0 && c + 1 >= lo0 ? s[nt][1] : -INFINITY;
+        s[nt][2] = c <= hi1 && c >= lo1 ? s[nt][2] : -INFINITY;
+        s[nt][3] = c + 1 <= hi1 && c + 1 >= lo1 ? s[nt][3] : -INFINITY;
+    }
+}
+
 /* One key block of the online softmax for this thread's rows row0 and row1 = row0 + 8:
  * s [NK/8][4] raw scores of keys k0.. (replaced by the probabilities exp2(s * sl2 - max),
  * not yet rounded), m/l the running max (log2 units) and sum, a0/a1 get the factors that take
@@ -70,16 +93,11 @@ __device__ __forceinline__ void fa_softmax_block(float (*s)[4], float &m0, float
                                                  float &l1, float &a0, float &a1, int64_t k0,
                                                  int64_t row0, int64_t row1, int64_t st0,
                                                  int64_t st1, float sl2, int t, bool mask) {
+    /* raw scores: the scale (> 0) keeps the order, it enters with the exponent */
+    if (mask) fa_mask_rows<NK>(s, k0, row0, row1, st0, st1, t);
     float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
-        if (mask) { /* raw scores: the scale (> 0) keeps the order, it enters with the exponent */
-            int64_t key = k0 + nt * 8 + 2 * t;
-            s[nt][0] = key <= row0 && key >= st0 ? s[nt][0] : -INFINITY;
-            s[nt][1] = key + 1 <= row0 && key + 1 >= st0 ? s[nt][1] : -INFINITY;
-            s[nt][2] = key <= row1 && key >= st1 ? s[nt][2] : -INFINITY;
-            s[nt][3] = key + 1 <= row1 && key + 1 >= st1 ? s[nt][3] : -INFINITY;
-        }
         mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
         mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
     }
@@ -157,21 +175,13 @@ __device__ __forceinline__ void fa_dscores_rows(float (*s)[4], const float (*dp)
                                                 int64_t row0, int64_t row1, int64_t st0,
                                                 int64_t st1, float lse0, float lse1, float dl0,
                                                 float dl1, float sl2, int t, bool mask) {
+    if (mask) fa_mask_rows<NK>(s, k0, row0, row1, st0, st1, t); /* exp2(-inf) = 0 */
 #pragma unroll
     for (int nt = 0; nt < NK / 8; nt++) {
-        const int64_t key = k0 + nt * 8 + 2 * t;
-        const bool k00 = !mask || (key <= row0 && key >= st0);
-        const bool k01 = !mask || (key + 1 <= row0 && key + 1 >= st0);
-        const bool k10 = !mask || (key <= row1 && key >= st1);
-        const bool k11 = !mask || (key + 1 <= row1 && key + 1 >= st1);
-        const float p00 = k00 ? fa_exp2(s[nt][0] * sl2 - lse0) : 0.0f;
-        const float p01 = k01 ? fa_exp2(s[nt][1] * sl2 - lse0) : 0.0f;
-        const float p10 = k10 ? fa_exp2(s[nt][2] * sl2 - lse1) : 0.0f;
-        const float p11 = k11 ? fa_exp2(s[nt][3] * sl2 - lse1) : 0.0f;
-        s[nt][0] = p00 * (dp[nt][0] - dl0); /* dS, rounded to bf16 by c_to_a */
-        s[nt][1] = p01 * (dp[nt][1] - dl0);
-        s[nt][2] = p10 * (dp[nt][2] - dl1);
-        s[nt][3] = p11 * (dp[nt][3] - dl1);
+        s[nt][0] = fa_exp2(s[nt][0] * sl2 - lse0) * (dp[nt][0] - dl0); /* dS, rounded by c_to_a */
+        s[nt][1] = fa_exp2(s[nt][1] * sl2 - lse0) * (dp[nt][1] - dl0);
+        s[nt][2] = fa_exp2(s[nt][2] * sl2 - lse1) * (dp[nt][2] - dl1);
+        s[nt][3] = fa_exp2(s[nt][3] * sl2 - lse1) * (dp[nt][3] - dl1);
     }
 }
 
@@ -189,20 +199,25 @@ fa_probs_cols(float (*pt)[4], const float (*s)[4], int64_t q0, int64_t key0, int
               const float *sL, const int32_t *sS, int64_t T, float sl2, int t, bool mask) {
 #pragma unroll
     for (int nt = 0; nt < NQ / 8; nt++) {
+        const float2 l = *reinterpret_cast<const float2 *>(sL + nt * 8 + 2 * t);
+        pt[nt][0] = fa_exp2(s[nt][0] * sl2 - l.x);
+        pt[nt][1] = fa_exp2(s[nt][1] * sl2 - l.y);
+        pt[nt][2] = fa_exp2(s[nt][2] * sl2 - l.x);
+        pt[nt][3] = fa_exp2(s[nt][3] * sl2 - l.y);
+    }
+    if (!mask) return; /* one branch, not one a tile (fa_mask_rows) */
+    /* in 32 bits (fa_rel): column c is a query < T from c < n, at or after key0 from c >= a0;
+     * the document starts are int32 positions, and so are the keys */
+    const int n = fa_rel(T - q0, NQ), a0 = fa_rel(key0 - q0, NQ), a1 = fa_rel(key1 - q0, NQ);
+    const int k0 = (int)key0, k1 = (int)key1;
+#pragma unroll
+    for (int nt = 0; nt < NQ / 8; nt++) {
         const int c = nt * 8 + 2 * t;
-        const int64_t qa = q0 + c, qb = qa + 1;
-        const float2 l = *reinterpret_cast<const float2 *>(sL + c);
-        const float la = l.x, lb = l.y;
         const int2 st = *reinterpret_cast<const int2 *>(sS + c);
-        const int64_t sta = st.x, stb = st.y;
-        const bool k00 = !mask || (qa < T && qa >= key0 && sta <= key0);
-        const bool k01 = !mask || (qb < T && qb >= key0 && stb <= key0);
-        const bool k10 = !mask || (qa < T && qa >= key1 && sta <= key1);
-        const bool k11 = !mask || (qb < T && qb >= key1 && stb <= key1);
-        pt[nt][0] = k00 ? fa_exp2(s[nt][0] * sl2 - la) : 0.0f;
-        pt[nt][1] = k01 ? fa_exp2(s[nt][1] * sl2 - lb) : 0.0f;
-        pt[nt][2] = k10 ? fa_exp2(s[nt][2] * sl2 - la) : 0.0f;
-        pt[nt][3] = k11 ? fa_exp2(s[nt][3] * sl2 - lb) : 0.0f;
+        pt[nt][0] = c < n && c >= a0 && st.x <= k0 ? pt[nt][0] : 0.0f;
+        pt[nt][1] = c + 1 < n && c + 1 >= a0 && st.y <= k0 ? pt[nt][1] : 0.0f;
+        pt[nt][2] = c < n && c >= a1 && st.x <= k1 ? pt[nt][2] : 0.0f;
+        pt[nt][3] = c + 1 < n && c + 1 >= a1 && st.y <= k1 ? pt[nt][3] : 0.0f;
     }
 }
 template <int NQ>
