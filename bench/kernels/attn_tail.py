@@ -2,7 +2,8 @@
 """attn_tail.py: how much of the Hopper attention kernels' time the grid's tail costs, by a
 simulation: blocks of known lengths (key blocks a forward block multiplies, query steps a
 backward block walks) handed in launch order to the SM that frees up first, as the hardware
-dispatches them. Prints the makespan over the ideal (the total spread evenly) for the orders
+dispatches them (the forward's blocks of 192 query rows at D64, 128 at D128, as the kernel's
+since 2026-12-07). Prints the makespan over the ideal (the total spread evenly) for the orders
 the kernels could use: the forward's head by head (each head's blocks longest first: its grid
 until 2026-12-07), in groups of G heads taking turns (fa3_tile_group's rule, its grid since:
 +4% at T8192 on an H100) and longest first over all heads; the backward (a block per kv
@@ -61,7 +62,11 @@ if __name__ == "__main__":
     print("|---|---|---|---|---|---|---|---|---|")
     for bh, t, group, d in shapes:
         nb = t // 128
-        fwd = {(h, q): q + 1 for h in range(bh) for q in range(nb)}  # key blocks of 128 a tile
+        # the forward's tiles: 64 query rows a consumer warpgroup, three at D64 (since
+        # 2026-12-07), two at D128; a tile multiplies the key blocks of 128 up to its last row
+        bq = 192 if d == 64 else 128
+        nq = -(-t // bq)
+        fwd = {(h, q): (min((q + 1) * bq, t) - 1) // 128 + 1 for h in range(bh) for q in range(nq)}
         # the backward's blocks: one a kv head walking its group's query heads, 64-query steps
         # (until 2026-12-07 one a query head above 2,048 tokens: the split)
         nbh, walk = bh // group, group
@@ -69,8 +74,8 @@ if __name__ == "__main__":
         kv = max(1, (24 << 20) // (t * d * 4))  # fa3_tile_group's rule
         g = min(bh, kv * group)
         lpt = sorted(fwd, key=lambda b: -fwd[b])
-        print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nb, 1), fwd):.3f} | "
-              f"{makespan(in_groups(bh, nb, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
+        print(f"| {bh} | {t} | {d} | {makespan(in_groups(bh, nq, 1), fwd):.3f} | "
+              f"{makespan(in_groups(bh, nq, g), fwd):.3f} ({g}) | {makespan(lpt, fwd):.3f} | "
               f"{makespan(in_groups(nbh, nb, 1), bwd):.3f} | "
               f"{makespan(in_groups(nbh, nb, 8, up=True), bwd):.3f} | "
               f"{makespan([(h, k) for k in range(nb) for h in range(nbh)], bwd):.3f} |")
