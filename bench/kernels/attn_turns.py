@@ -1,18 +1,20 @@
 #!/usr/bin/env python3
 """attn_turns.py: a step-level model of the Hopper attention backward's deterministic dQ turns
-(kernels/sm90/attention_wgmma_bwd.cu), in two block orders: today's (each head's key blocks
-last first, each block walking its query blocks up from its diagonal; dQ added last key block
-first) and the longest-first one of commit 3ce6ee1 (reverted by bf5393b; the first key blocks
-of all heads first, each block walking its query blocks down to its diagonal, a block's query
-heads in turn at each; dQ added first key block first). On an H100 (2026-12-07) 3ce6ee1 made
-the backward take 49% longer at T8192 where this model has it within 1% of the ideal: a tick
-per link understates the waits; dropped.
+(kernels/sm90/attention_wgmma_bwd.cu), in two block orders: the kernel's until 06b11fb (each
+head's key blocks last first, each block walking its query blocks up from its diagonal; dQ
+added last key block first) and the longest-first one of commit 3ce6ee1 (reverted by bf5393b;
+the first key blocks of all heads first, each block walking its query blocks down to its
+diagonal, a block's query heads in turn at each; dQ added first key block first). On an H100
+(2026-12-07) 3ce6ee1 made the backward take 49% longer at T8192 where this model has it within
+1% of the ideal: a tick per link understates the waits. The kernel since 06b11fb goes longest
+first too, but 8 (batch, kv head) rows in turn and without the split (attn_tail.py models its
+grid); its dQ turns are the second order's, first key block first.
 
 Blocks start in launch order on SMS slots; a block does one 64-query step a tick if the tile's
 semaphore has reached its `want`, the adds of a tick seen in the next (a wait of one step a
 link of a chain, more than the add's latency). It checks what the kernel relies on: no block
 waits for a block that has not started (no deadlock), and each tile's adders come in key-block
-order with want 0, 1, ... (the kernel's want: today q0 / 128 - kb; longest first kb minus the
+order with want 0, 1, ... (the want: until 06b11fb q0 / 128 - kb; longest first kb minus the
 key block of the tile's first row's document start) - with document masks too. Prints the
 ticks against the ideal (steps / SMS) and the steps lost waiting for a turn.
 
