@@ -6,17 +6,18 @@ one query step a unit of time). A step of key block kb at query block qb reads q
 tiles and adds into its dQ tile (B_STEP bytes); the next visit of the same (head, qb) by another
 key block finds them in L2 if the traffic of all SMs in between is less than L2's size (an LRU
 cache, by stack distance approximated as time x traffic rate). Orders:
-  today       each head's key blocks last first, head by head: what the dQ turns need (a key
-              block adds to a query block after every later key block has)
+  old         each head's key blocks last first, head by head (the kernel's until 06b11fb):
+              what its dQ turns needed (a key block added to a query block after every later
+              key block had)
   groups 8    the same, 8 heads in turn at each key block (attn_tail.py's)
   free/head   longest first (first key block first), head by head: possible only where dQ's
               adds do not depend on their order (e.g. fixed-point sums)
   free/4      longest first, 4 heads in turn at each key block, the same condition
   free/all    longest first with all heads in turn, the same condition
-Waits for dQ turns are left out (none in today's order; the free orders have no turns). The
+Waits for dQ turns are left out (none in the old order; the free orders have no turns). The
 grids are the split ones (a block a query head, T > 2048: fb_launch's rule without documents
 until 2026-12-07).
-Measured on an H100 (2026-12-07): ncu's L2 hit rate of k_fb_bwd at T131072 69% in today's
+Measured on an H100 (2026-12-07): ncu's L2 hit rate of k_fb_bwd at T131072 69% in the old
 order (the model: 7%), 96% longest first with 4 heads in turn (97%); at T8192 94% / 93% (97%).
 The kernel since runs longest first with 8 kv heads in turn and no split, dQ still in turns
 (first key block first, each block walking its queries from the last): 3-17% faster.
@@ -38,7 +39,7 @@ B_STEP = 64 * 128 * (2 + 2 + 4 + 4)  # D128: Q, dO bf16 read; dQ fp32 read and w
 
 
 def order(name, bh, nb):
-    if name == "today":
+    if name == "old":
         return in_groups(bh, nb, 1)
     if name == "groups 8":
         return in_groups(bh, nb, 8)
@@ -64,7 +65,7 @@ def run(name, bh, T):
     return end / (sum(length.values()) / sms), hits / visits
 
 
-names = ["today", "groups 8", "free/head", "free/4", "free/all"]
+names = ["old", "groups 8", "free/head", "free/4", "free/all"]
 print(f"makespan / ideal and predicted L2 hits of the query tiles, {sms} SMs, L2 {l2 / 2**20:.0f} MB")
 print("| B*H | T | " + " | ".join(names) + " |")
 print("|---|---|" + "---|" * len(names))

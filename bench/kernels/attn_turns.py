@@ -103,7 +103,7 @@ def run(blocks, longest_first):
 
 rnd = random.Random(1)
 print(f"ticks over the ideal on {sms} SMs, and steps lost waiting for a dQ turn")
-print("| B H KV T, documents | today | longest first (3ce6ee1) |")
+print("| B H KV T, documents | until 06b11fb | longest first (3ce6ee1) |")
 print("|---|---|---|")
 for B, T, H, KV, docs in [(2, 8192, 16, 8, 0), (2, 4096, 32, 8, 0), (4, 2048, 16, 8, 0),
                           (1, 32768, 16, 8, 0), (2, 8192, 16, 8, 8), (2, 2400, 4, 2, 5),
