@@ -9,9 +9,10 @@ Ours: `gpu_test_backend_ops --perf --only "attn bf16"` (median of 7 x 3 calls af
 warm-up; the backward from saved lse, as training runs it). SDPA: PyTorch's default backend
 choice (cuDNN on the H200) and each backend forced (cudnn, flash, efficient), median of 20
 calls after 5, the backends timed in turn twice and each kept at its faster round; its
-forward+backward is one forward and one backward, ours is the sum of the two medians. FLOPs: forward 2 B H T^2 D (causal), forward+backward 3.5x that, as the anchors
-count; with documents of L tokens the sum of each document's 2 B H L^2 D. The last column puts
-our backward beside that of the best SDPA backend (2.5x the forward's FLOPs over its
+forward+backward is one forward and one backward, ours is the sum of the two medians.
+FLOPs: forward 2 B H T^2 D (causal), forward+backward 3.5x that, as the anchors count; with
+documents of L tokens the sum of each document's 2 B H L^2 D. The last column puts our
+backward beside that of the best SDPA backend (2.5x the forward's FLOPs over its
 forward+backward time less its forward time), so that the table says which pass is behind.
 Document-mask cases have no SDPA counterpart (it has no such mask) and are listed as ours
 only. Prints a markdown table; exit status 2 without torch or the harness."""

@@ -11,9 +11,9 @@
 # FA_BK (key rows per step, forward/dq), FA_BQ_KV (query rows per step, dk/dv), FA_MINB
 # (minimum resident blocks per SM, caps registers); and of kernels/sm90/attention_wgmma.cu
 # (the Hopper forward): FA3_NS (key/value stages), FA3_PINGPONG (0: no turn-taking); and of
-# kernels/sm90/attention_wgmma_bwd.cu: FB_DQ_TURNS (0:
-# dQ added in arrival order, not deterministic: what the turns cost). A variant that fails the check is
-# reported as such and its timings must not be used.
+# kernels/sm90/attention_wgmma_bwd.cu: FB_DQ_TURNS (0: dQ added in arrival order, not
+# deterministic: what the turns cost). A variant that fails the check is reported as such and
+# its timings must not be used.
 set -uo pipefail
 SRC=${1:?usage: attn_variants.sh SRC_DIR WORK_DIR [VARIANT_FLAGS ...]}
 WORK=${2:?usage: attn_variants.sh SRC_DIR WORK_DIR [VARIANT_FLAGS ...]}
