@@ -3,15 +3,16 @@
  * one of them writes the bytes of moe/quant.h's CPU emulation.
  *
  * A block's scale is amax / 448 over its finite values (1 for an all-zero block; with pow2,
- * the smallest power of two >= amax / 448) and each value is e4m3(x / scale), rounded to
- * nearest even and saturating (NaN stays NaN, sign included), in IEEE fp32 arithmetic. The
- * one thing a reader must know: the quotient goes through the scale's correctly rounded
- * reciprocal and two corrections (fp8_div's quick path) only where that gives the IEEE
- * division's bits (fp8_quot_of decides, once a block). */
+ * the smallest power of two >= amax / 448) and each value is e4m3 of moe_fp8_quot's quotient
+ * (x times the scale's reciprocal, rounded once a block), rounded to nearest even and
+ * saturating (NaN stays NaN, sign included), in IEEE fp32 arithmetic. The one thing a reader
+ * must know: the branch of moe_fp8_quot (x / scale where the reciprocal overflows) is taken
+ * once a block (fp8_quot_of's `quick`), not once a value. */
 #ifndef MOE_KERNELS_QUANT_FP8_CUH
 #define MOE_KERNELS_QUANT_FP8_CUH
 
 #include <cuda_fp8.h>
+#include <float.h>
 
 #include "backend_cuda.cuh"
 
@@ -24,40 +25,32 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-/* x / scale for each value of a block, the bits of __fdiv_rn(x, scale) (the CPU's IEEE
- * quotient), at a multiply and four fused multiply-adds a value where the division's inline
- * path takes about ten: y = 1 / scale correctly rounded once a block, then x y corrected twice,
- * q + (x - scale q) y. The first correction makes q faithful, and from a faithful q and
- * y = RN(1 / scale) the second gives RN(x / scale) (Markstein's theorem), as long as x - scale q
- * is exact and normal: so with scale in [2^-60, 2^60] (then for |x / scale| >= 2^-12 the
- * residual's last bit is above 2^-103; a smaller quotient is an e4m3 zero either way: both
- * stay below 2^-10) and no value +-Inf (there x - scale q is NaN): `quick`. Otherwise
- * __fdiv_rn itself. The sign is x's always (the corrections would turn -0 into +0). A block
- * chooses its path once (fp8_encode's QUICK), not once a value. */
+/* A block's scale s and its reciprocal y (correctly rounded), and whether y is finite
+ * (`quick`: the quotient is x y; else x / s, moe_fp8_quot's two branches). */
 struct fp8_quot {
     float s, y;
     bool quick;
 };
-__device__ __forceinline__ fp8_quot fp8_quot_of(float scale, bool inf) {
-    return {scale, __frcp_rn(scale), !inf && scale >= 0x1p-60f && scale <= 0x1p60f};
+__device__ __forceinline__ fp8_quot fp8_quot_of(float scale) {
+    const float y = __frcp_rn(scale);
+    return {scale, y, y <= FLT_MAX};
 }
+/* moe_fp8_quot: with QUICK the caller knows that d is quick; else d.quick decides (a caller
+ * whose encoding covers several blocks takes one path for all, so this one must hold each
+ * block's) */
 template <bool QUICK> __device__ __forceinline__ float fp8_div(float x, const fp8_quot &d) {
-    if constexpr (!QUICK) return __fdiv_rn(x, d.s);
-    float q = __fmul_rn(x, d.y);
-    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
-    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
-    return copysignf(q, x);
+    if (QUICK || d.quick) return __fmul_rn(x, d.y);
+    return __fdiv_rn(x, d.s);
 }
 
-/* The amax over the finite ones of a lane's N values, and whether one of them is +-Inf: one
- * max a value (fmaxf drops a NaN), taken again without the infinities where the max is one. */
-template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, bool *inf) {
+/* The amax over the finite ones of a lane's N values: one max a value (fmaxf drops a NaN),
+ * taken again without the infinities where the max is one. */
+template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v) {
     float a = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; j++)
         a = fmaxf(a, fabsf(v[j]));
-    *inf = isinf(a);
-    if (*inf) {
+    if (isinf(a)) {
         a = 0.0f;
 #pragma unroll
         for (int j = 0; j < N; j++)

@@ -59,9 +59,10 @@ static int64_t copy_mismatches(const uint8_t *q, const float *s, const float *w,
                 float sc = ref_scale(we, O, I, ob, ib, pow2);
                 bad += s[e * OB * IB4 + ob * IB4 + ib] != sc;
                 bad += st[e * IB * OB4 + ib * OB4 + ob] != sc;
+                const float rcp = 1.0f / sc; /* each value times the tile's reciprocal */
                 for (int64_t o = ob * 128; o < O && o < ob * 128 + 128; o++)
                     for (int64_t i = ib * 128; i < I && i < ib * 128 + 128; i++) {
-                        uint8_t b = moe_f32_to_e4m3(we[o * I + i] / sc, 1);
+                        uint8_t b = moe_f32_to_e4m3(we[o * I + i] * rcp, 1);
                         bad += qe[o * I + i] != b;
                         bad += qte[i * O + o] != b;
                     }

@@ -243,6 +243,14 @@ static void test_fp8_block_stored(void) {
         x[i] = 0.0f; /* block 1: all zero */
     x[260] = INFINITY, x[261] = -INFINITY, x[262] = 1e-7f, x[263] = -0.0f, x[264] = NAN;
     x[265] = -NAN;
+    /* block 4: values below 2^-128, whose scale's reciprocal overflows (moe_fp8_quot divides:
+     * a zero stays 0, not 0 * Inf) */
+    int top = 513;
+    for (int i = 512; i < n; i++) {
+        x[i] = ldexpf(urand(&s), -128);
+        top = fabsf(x[i]) > fabsf(x[top]) ? i : top;
+    }
+    x[512] = 0.0f;
     for (int rule = 0; rule < 2; rule++) {
         moe_quant_fake_vectors(fake, x, 1, n, n, 1, rule ? &P2 : &FP8);
         int same = 1;
@@ -258,6 +266,8 @@ static void test_fp8_block_stored(void) {
         CHECK_MSG(same, "decoded fp8-block bytes differ from the fake quantization (rule %d)",
                   rule);
         CHECK(q[263] == 0x80 && q[264] == 0x7f && q[265] == 0xff && q[260] == 0x7e);
+        /* the tiny block's zero, and its amax at 448 (pow2: the scale is E8M0's least, 2^-127) */
+        CHECK(q[512] == 0x00 && (rule || (q[top] & 0x7f) == 0x7e));
     }
 }
 
