@@ -51,7 +51,7 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const
         const int j0 = kb[u] * QB + l8 * 16;
         const fp8_quot d = fp8_quot_of(fp8_scale(amax, pow2));
         uint32_t w[4];
-        fp8_encode_by<16>(v[u], d, w);
+        fp8_encode<16>(v[u], d.y, w);
         if (j0 < K) *(uint4 *)(q + (int64_t)r[u] * K + j0) = make_uint4(w[0], w[1], w[2], w[3]);
         if (l8 == 0) s[kb[u] * ls + r[u]] = d.s;
     }
@@ -137,7 +137,7 @@ __device__ __forceinline__ fp8_tile_at fp8_tile_of(const fp8_groups &g, int E, i
 
 /* The thread's 4 features of its 16 tokens encoded by their scales d, each feature's 16 bytes
  * into chunk ch of its row of the shared tile tt (4 rows from tt's first). */
-template <bool QUICK, bool NANS, typename T>
+template <bool NANS, typename T>
 __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], const fp8_quot (&d)[4],
                                                 uint4 (*tt)[8], int ch) {
 #pragma unroll
@@ -145,7 +145,7 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
         float v[16];
         fp8_cols_feature(raw, f, v);
         uint32_t w[4];
-        fp8_encode<QUICK, 16, NANS>(v, d[f], w);
+        fp8_encode<16, NANS>(v, d[f].y, w);
         tt[f][ch] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
@@ -193,19 +193,16 @@ fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, flo
         m[0] = m[1] = m[2] = m[3] = mt;
     }
     fp8_quot d[4];
-    bool quick = true;
 #pragma unroll
     for (int f = 0; f < 4; f++) {
         d[f] = fp8_quot_of(fp8_scale(m[f], pow2));
-        sc[f] = d[f].s, quick &= d[f].quick;
+        sc[f] = d[f].s;
     }
     /* one branch a thread, around the whole encoding (its code stays small) */
-    if (CLEAN && quick && clean)
-        fp8_cols_encode<true, false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
-    else if (!CLEAN && quick)
-        fp8_cols_encode<true, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    if (CLEAN && clean)
+        fp8_cols_encode<false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     else
-        fp8_cols_encode<false, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+        fp8_cols_encode<true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     if (st)
         *st = sc[0];
     else if (!tile && ty == 0 && t.k < K)
@@ -241,18 +238,16 @@ __device__ __forceinline__ float fp8_warp_max16(float (&a)[16]) {
 /* The warp's n live tokens of raw encoded row by row into q [M, K], token i by the quotient
  * d of lanes 2 i and 2 i + 1 (fp8_rows_store); every token is encoded (the dead ones hold
  * zeros) and only the stores depend on liveness, so that no branch splits the warp. */
-template <bool QUICK, bool NANS, typename T>
+template <bool NANS, typename T>
 __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], const fp8_quot &d,
                                                 uint8_t *q, const fp8_tile_at &t, int n, int K) {
     uint8_t *qr = q + t.row0 * K + t.k; /* the thread's first token; the next ones K apart */
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        const float y = __shfl_sync(0xffffffffu, d.y, 2 * i);
-        const fp8_quot di = {__shfl_sync(0xffffffffu, d.s, 2 * i), y, y <= FLT_MAX};
         float v[4];
         raw[i].get(v);
         uint32_t w;
-        fp8_encode<QUICK, 4, NANS>(v, di, &w);
+        fp8_encode<4, NANS>(v, __shfl_sync(0xffffffffu, d.y, 2 * i), &w);
         if (i < n && t.k < K) *(uint32_t *)(qr + (unsigned)(i * K)) = w;
     }
 }
@@ -276,10 +271,10 @@ __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const
     }
     const fp8_quot d = fp8_quot_of(fp8_scale(fp8_warp_max16(a), pow2));
     if (lane % 2 == 0 && lane / 2 < n) s[(int64_t)blockIdx.x * ls + t.row0 + lane / 2] = d.s;
-    if (__all_sync(0xffffffffu, d.quick && clean))
-        fp8_rows_encode<true, false>(raw, d, q, t, n, K);
+    if (__all_sync(0xffffffffu, clean))
+        fp8_rows_encode<false>(raw, d, q, t, n, K);
     else
-        fp8_rows_encode<false, true>(raw, d, q, t, n, K);
+        fp8_rows_encode<true>(raw, d, q, t, n, K);
 }
 
 /* With the transposed copy in tiles: thread 0's address of its tile's scale in s (the launch's

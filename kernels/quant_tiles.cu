@@ -43,7 +43,7 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
     uint32_t *tw = (uint32_t *)tt, rw[TILE_PATCHES][4];
-    fp8_encode_by<TILE_PATCHES * 16>(&x[0][0].x, d, &rw[0][0]);
+    fp8_encode<TILE_PATCHES * 16>(&x[0][0].x, d.y, &rw[0][0]);
 #pragma unroll
     for (int p = 0; p < TILE_PATCHES; p++) {
         const int g = ty + NW * p;

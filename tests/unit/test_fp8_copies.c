@@ -10,6 +10,7 @@
  * the skipped layer has no copies. The one thing a reader must know: the reference below
  * shares nothing with the library's quantizers but the dtype conversions, which unit.dtype
  * checks bit for bit. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +34,14 @@ static moe_model_config config(void) {
     return c;
 }
 
-/* The scale of tile (rb, kb) of w [R, K] under the rule (pow2 or amax / 448). */
+/* The scale of tile (rb, kb) of w [R, K] under the rule (pow2 or amax / 448, at least 2^-126). */
 static float ref_scale(const float *w, int64_t R, int64_t K, int64_t rb, int64_t kb, int pow2) {
     float amax = 0.0f;
     for (int64_t r = rb * 128; r < R && r < rb * 128 + 128; r++)
         for (int64_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
             if (isfinite(w[r * K + k]) && fabsf(w[r * K + k]) > amax) amax = fabsf(w[r * K + k]);
     if (!(amax > 0.0f)) return 1.0f;
-    float s = amax / 448.0f;
+    float s = fmaxf(amax / 448.0f, FLT_MIN); /* at least 2^-126 */
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 

@@ -29,16 +29,17 @@ int64_t moe_quant_block(const moe_quant_opts *o) {
     return o->recipe == MOE_RECIPE_MXFP8 ? 32 : 128;
 }
 
-/* The scale of a block whose finite values have magnitude at most amax. */
+/* The scale of a block whose finite values have magnitude at most amax (fp8-block's at least
+ * FLT_MIN, 2^-126: its reciprocal is finite). */
 static float block_scale(float amax, const moe_quant_opts *o) {
     if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
-    if (o->recipe != MOE_RECIPE_MXFP8)
-        return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX)) : amax / FP8_MAX;
-    return moe_mx_block_scale(amax, o->mx_floor);
+    if (o->recipe == MOE_RECIPE_MXFP8) return moe_mx_block_scale(amax, o->mx_floor);
+    const float s = amax / FP8_MAX > FLT_MIN ? amax / FP8_MAX : FLT_MIN;
+    return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
 static float fake(float x, float scale, float rcp) {
-    return moe_e4m3_to_f32(moe_f32_to_e4m3(moe_fp8_quot(x, scale, rcp), 1)) * scale;
+    return moe_e4m3_to_f32(moe_f32_to_e4m3(x * rcp, 1)) * scale;
 }
 
 /* Adjacent vectors (vstride 1: the columns of a row-major matrix whose rows are estride
@@ -98,7 +99,7 @@ void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n,
     *scale = block_scale(amax, &o);
     const float rcp = 1.0f / *scale;
     for (int64_t j = 0; j < n; j++)
-        q[j] = moe_f32_to_e4m3(moe_fp8_quot(src[j], *scale, rcp), 1);
+        q[j] = moe_f32_to_e4m3(src[j] * rcp, 1);
 }
 
 /* ---- fp8-block activation pairs (moe/quant.h's layout, kernels/quant_fp8.cu's bytes) ---- */
@@ -270,7 +271,7 @@ void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const fl
         st[kb * lst + rb] = scale;
         for (int64_t r = r0; r < r1; r++)
             for (int64_t k = k0; k < k1; k++) {
-                uint8_t b = moe_f32_to_e4m3(moe_fp8_quot(src[r * K + k], scale, rcp), 1);
+                uint8_t b = moe_f32_to_e4m3(src[r * K + k] * rcp, 1);
                 q[r * K + k] = b;
                 qt[k * R + r] = b;
             }
