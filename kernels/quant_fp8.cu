@@ -155,12 +155,11 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
  * rows zero, one scale per 1 x 128 block along the tokens, block b of feature k at s[b * K +
  * k]; or, with st (thread 0's: where the tile's scale goes; NULL elsewhere), one scale for the
  * whole tile, s unused. The column amax goes through red (one barrier), and each thread's 16
- * bytes of a feature go into the
- * shared tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
- * store phase meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte
- * stores. Starts and ends with every thread's shared accesses behind a barrier, so that a
- * block may call it again. With CLEAN the caller says whether the thread's values are all
- * finite (clean): then the encoding leaves out the NaN checks. */
+ * bytes of a feature go into the shared tile tt [128 features][8 chunks of 16 tokens] at chunk
+ * ty ^ (tx & 7) (8 lanes of a 16-byte store phase meet 8 bank groups), from which each
+ * feature's 128 bytes leave as 8 16-byte stores. Starts and ends with every thread's shared
+ * accesses behind a barrier, so that a block may call it again. With CLEAN the caller says whether
+ * the thread's values are all finite (clean): then the encoding leaves out the NaN checks. */
 template <bool CLEAN, typename T>
 __device__ __forceinline__ void
 fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, float *s, int K,

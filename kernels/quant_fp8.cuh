@@ -6,7 +6,7 @@
  * block; with pow2, the smallest power of two >= that) and each value is e4m3(x * y), y the
  * scale's reciprocal rounded once a block (finite: the scale is normal), rounded to nearest
  * even and saturating (NaN stays NaN, sign included), in IEEE fp32 arithmetic: the bytes of
- * moe/quant.h's moe_fp8_block_scale and moe_fp8_quot. */
+ * the CPU's (libcore/src/num/quant.c), as moe/quant.h defines them. */
 #ifndef MOE_KERNELS_QUANT_FP8_CUH
 #define MOE_KERNELS_QUANT_FP8_CUH
 
@@ -25,7 +25,7 @@ __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-/* A block's scale s and its reciprocal y, correctly rounded (moe_fp8_quot's rcp) */
+/* A block's scale s and its reciprocal y, correctly rounded (the CPU's rcp) */
 struct fp8_quot {
     float s, y;
 };
