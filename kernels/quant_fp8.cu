@@ -42,18 +42,16 @@ __global__ void k_fp8_rows(uint8_t *__restrict__ q, float *__restrict__ s, const
     }
 #pragma unroll
     for (int u = 0; u < FP8_ROWS_U; u++) {
-        bool inf;
-        float amax = fp8_lane_amax<16>(v[u], &inf);
+        float amax = fp8_lane_amax<16>(v[u]);
 #pragma unroll
         for (int o = 4; o > 0; o /= 2) /* within the 8 lanes of the block; every lane takes
                                           part, live or not */
             amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        inf = __any_sync(0xffffffffu, inf); /* the warp's four blocks: quick where none has one */
         if (r[u] >= R) continue;
         const int j0 = kb[u] * QB + l8 * 16;
-        const fp8_quot d = fp8_quot_of(fp8_scale(amax, pow2), inf);
+        const fp8_quot d = fp8_quot_of(fp8_scale(amax, pow2));
         uint32_t w[4];
-        fp8_encode_by<16>(v[u], d, w);
+        fp8_encode<16>(v[u], d.y, w);
         if (j0 < K) *(uint4 *)(q + (int64_t)r[u] * K + j0) = make_uint4(w[0], w[1], w[2], w[3]);
         if (l8 == 0) s[kb[u] * ls + r[u]] = d.s;
     }
@@ -139,7 +137,7 @@ __device__ __forceinline__ fp8_tile_at fp8_tile_of(const fp8_groups &g, int E, i
 
 /* The thread's 4 features of its 16 tokens encoded by their scales d, each feature's 16 bytes
  * into chunk ch of its row of the shared tile tt (4 rows from tt's first). */
-template <bool QUICK, bool NANS, typename T>
+template <bool NANS, typename T>
 __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], const fp8_quot (&d)[4],
                                                 uint4 (*tt)[8], int ch) {
 #pragma unroll
@@ -147,7 +145,7 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
         float v[16];
         fp8_cols_feature(raw, f, v);
         uint32_t w[4];
-        fp8_encode<QUICK, 16, NANS>(v, d[f], w);
+        fp8_encode<16, NANS>(v, d[f].y, w);
         tt[f][ch] = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
@@ -156,15 +154,14 @@ __device__ __forceinline__ void fp8_cols_encode(const fp8_x4<T> (&raw)[16], cons
  * where no token is live): group e's q_e [K, np] at q + 128 pb[e] K, columns past the group's
  * rows zero, one scale per 1 x 128 block along the tokens, block b of feature k at s[b * K +
  * k]; or, with st (thread 0's: where the tile's scale goes; NULL elsewhere), one scale for the
- * whole tile, s unused. The column amax goes through red (one barrier, which also tells the tile
- * whether it holds an infinity: returned), and each thread's 16 bytes of a feature go into the
- * shared tile tt [128 features][8 chunks of 16 tokens] at chunk ty ^ (tx & 7) (8 lanes of a 16-byte
- * store phase meet 8 bank groups), from which each feature's 128 bytes leave as 8 16-byte
- * stores. Starts and ends with every thread's shared accesses behind a barrier, so that a
- * block may call it again. With CLEAN the caller says whether the thread's values are all
- * finite (clean): then the encoding leaves out the NaN checks. */
+ * whole tile, s unused. The column amax goes through red (one barrier), and each thread's 16
+ * bytes of a feature go into the shared tile tt [128 features][8 chunks of 16 tokens] at chunk
+ * ty ^ (tx & 7) (8 lanes of a 16-byte store phase meet 8 bank groups), from which each
+ * feature's 128 bytes leave as 8 16-byte stores. Starts and ends with every thread's shared
+ * accesses behind a barrier, so that a block may call it again. With CLEAN the caller says whether
+ * the thread's values are all finite (clean): then the encoding leaves out the NaN checks. */
 template <bool CLEAN, typename T>
-__device__ __forceinline__ bool
+__device__ __forceinline__ void
 fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, float *s, int K,
                const fp8_groups &g, int pow2, bool clean, bool tile = false, float *st = nullptr) {
     __shared__ float red[8][128];
@@ -172,17 +169,14 @@ fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, flo
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     /* the amax of each of the thread's 4 features over its 16 tokens */
     float a[4];
-    bool inf = false;
 #pragma unroll
     for (int f = 0; f < 4; f++) {
         float v[16];
         fp8_cols_feature(raw, f, v);
-        bool fi;
-        a[f] = fp8_lane_amax<16>(v, &fi);
-        inf |= fi;
+        a[f] = fp8_lane_amax<16>(v);
     }
     *(float4 *)&red[ty][4 * tx] = make_float4(a[0], a[1], a[2], a[3]);
-    const bool tile_inf = __syncthreads_or(inf); /* quick where the tile has none */
+    __syncthreads();
     float m[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sc[4];
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -198,19 +192,16 @@ fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, flo
         m[0] = m[1] = m[2] = m[3] = mt;
     }
     fp8_quot d[4];
-    bool quick = true;
 #pragma unroll
     for (int f = 0; f < 4; f++) {
-        d[f] = fp8_quot_of(fp8_scale(m[f], pow2), tile_inf);
-        sc[f] = d[f].s, quick &= d[f].quick;
+        d[f] = fp8_quot_of(fp8_scale(m[f], pow2));
+        sc[f] = d[f].s;
     }
     /* one branch a thread, around the whole encoding (its code stays small) */
-    if (CLEAN && quick && clean)
-        fp8_cols_encode<true, false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
-    else if (!CLEAN && quick)
-        fp8_cols_encode<true, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+    if (CLEAN && clean)
+        fp8_cols_encode<false>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     else
-        fp8_cols_encode<false, true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
+        fp8_cols_encode<true>(raw, d, &tt[4 * tx], ty ^ (tx & 7));
     if (st)
         *st = sc[0];
     else if (!tile && ty == 0 && t.k < K)
@@ -224,7 +215,6 @@ fp8_cols_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t, uint8_t *q, flo
             *(uint4 *)(qe + (int64_t)(t.k0 + row) * t.np + 16 * ch) = tt[row][ch ^ ((row / 4) & 7)];
     }
     __syncthreads();
-    return tile_inf;
 }
 
 /* The max over a warp's lanes of each of the 16 values a[i] a lane holds, in 16 shuffles (16
@@ -247,18 +237,16 @@ __device__ __forceinline__ float fp8_warp_max16(float (&a)[16]) {
 /* The warp's n live tokens of raw encoded row by row into q [M, K], token i by the quotient
  * d of lanes 2 i and 2 i + 1 (fp8_rows_store); every token is encoded (the dead ones hold
  * zeros) and only the stores depend on liveness, so that no branch splits the warp. */
-template <bool QUICK, bool NANS, typename T>
+template <bool NANS, typename T>
 __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], const fp8_quot &d,
                                                 uint8_t *q, const fp8_tile_at &t, int n, int K) {
     uint8_t *qr = q + t.row0 * K + t.k; /* the thread's first token; the next ones K apart */
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        const fp8_quot di = {__shfl_sync(0xffffffffu, d.s, 2 * i),
-                             __shfl_sync(0xffffffffu, d.y, 2 * i), QUICK};
         float v[4];
         raw[i].get(v);
         uint32_t w;
-        fp8_encode<QUICK, 4, NANS>(v, di, &w);
+        fp8_encode<4, NANS>(v, __shfl_sync(0xffffffffu, d.y, 2 * i), &w);
         if (i < n && t.k < K) *(uint32_t *)(qr + (unsigned)(i * K)) = w;
     }
 }
@@ -266,12 +254,11 @@ __device__ __forceinline__ void fp8_rows_encode(const fp8_x4<T> (&raw)[16], cons
 /* The same tile's row-wise copy (the 1 x 128 blocks along K are the tile's rows, each held by
  * one warp): q [M, K] and block (r, kb = blockIdx.x)'s scale at s[kb * ls + r]. A row's amax
  * comes from fp8_warp_max16, its scale from lane 2 i (which stores it), and the warp takes one
- * branch for all its rows, without NaN checks where every lane's values are finite (clean).
- * tile_inf: fp8_cols_store's answer. */
+ * branch for all its rows, without NaN checks where every lane's values are finite (clean). */
 template <typename T>
 __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const fp8_tile_at &t,
-                                               uint8_t *q, float *s, int64_t ls, int K,
-                                               bool tile_inf, int pow2, bool clean) {
+                                               uint8_t *q, float *s, int64_t ls, int K, int pow2,
+                                               bool clean) {
     const int lane = threadIdx.x % 32;
     const int n = __shfl_sync(0xffffffffu, t.rows, 0); /* the warp's live tokens (lane 0: k < K) */
     float a[16];
@@ -279,15 +266,14 @@ __device__ __forceinline__ void fp8_rows_store(const fp8_x4<T> (&raw)[16], const
     for (int i = 0; i < 16; i++) {
         float v[4];
         raw[i].get(v);
-        bool inf;
-        a[i] = fp8_lane_amax<4>(v, &inf);
+        a[i] = fp8_lane_amax<4>(v);
     }
-    const fp8_quot d = fp8_quot_of(fp8_scale(fp8_warp_max16(a), pow2), tile_inf);
+    const fp8_quot d = fp8_quot_of(fp8_scale(fp8_warp_max16(a), pow2));
     if (lane % 2 == 0 && lane / 2 < n) s[(int64_t)blockIdx.x * ls + t.row0 + lane / 2] = d.s;
-    if (__all_sync(0xffffffffu, d.quick && clean))
-        fp8_rows_encode<true, false>(raw, d, q, t, n, K);
+    if (__all_sync(0xffffffffu, clean))
+        fp8_rows_encode<false>(raw, d, q, t, n, K);
     else
-        fp8_rows_encode<false, true>(raw, d, q, t, n, K);
+        fp8_rows_encode<true>(raw, d, q, t, n, K);
 }
 
 /* With the transposed copy in tiles: thread 0's address of its tile's scale in s (the launch's
@@ -348,9 +334,9 @@ __device__ __forceinline__ void fp8_pair_store(const fp8_x4<__nv_bfloat16> (&r)[
     for (int i = 0; i < 16; i++)
         sp |= r[i].special();
     const bool clean = sp == 0; /* no NaN to sign, no infinity */
-    const bool inf = fp8_cols_store<true>(r, t, po.qt, po.st, K, g, pow2, clean, tiles,
-                                          tiles ? fp8_tile_scale_at(t, g, po.st) : nullptr);
-    fp8_rows_store(r, t, po.q, po.s, ls, K, inf, pow2, clean);
+    fp8_cols_store<true>(r, t, po.qt, po.st, K, g, pow2, clean, tiles,
+                         tiles ? fp8_tile_scale_at(t, g, po.st) : nullptr);
+    fp8_rows_store(r, t, po.q, po.s, ls, K, pow2, clean);
 }
 
 /* Tokens c .. c + 7 of a pair kernel's tile (rows live ones) of one input, x at the tile's
@@ -724,8 +710,7 @@ void moe_cuda_quantize_pair(const moe_backend *be, moe_buf out, moe_cbuf x,
     moe_cuda_ctx *c = moe_cuda_ctx_of(be);
     const char *op = "quantize_pair";
     if (moe_cuda_failed(c)) return;
-    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.mx ||
-        pairs->E > be->fp8_pairs) {
+    if (!pairs || !moe_cbuf_is_fp8_pair(moe_cbuf_from(out)) || x.mx || pairs->E > be->fp8_pairs) {
         moe_cuda_check(c, cudaErrorInvalidValue, op,
                        "an fp8-block pair output with its groups (at most %d) expected, got %s "
                        "with %lld groups",

@@ -2,62 +2,45 @@
  * activation operands (quant_fp8.cu) and the weight copies (quant_tiles.cu) - so that every
  * one of them writes the bytes of moe/quant.h's CPU emulation.
  *
- * A block's scale is amax / 448 over its finite values (1 for an all-zero block; with pow2,
- * the smallest power of two >= amax / 448) and each value is e4m3(x / scale), rounded to
- * nearest even and saturating (NaN stays NaN, sign included), in IEEE fp32 arithmetic. The
- * one thing a reader must know: the quotient goes through the scale's correctly rounded
- * reciprocal and two corrections (fp8_div's quick path) only where that gives the IEEE
- * division's bits (fp8_quot_of decides, once a block). */
+ * A block's scale is amax / 448 over its finite values, at least 2^-126 (1 for an all-zero
+ * block; with pow2, the smallest power of two >= that) and each value is e4m3(x * y), y the
+ * scale's reciprocal rounded once a block (finite: the scale is normal), rounded to nearest
+ * even and saturating (NaN stays NaN, sign included), in IEEE fp32 arithmetic: the bytes of
+ * the CPU's (libcore/src/num/quant.c), as moe/quant.h defines them. */
 #ifndef MOE_KERNELS_QUANT_FP8_CUH
 #define MOE_KERNELS_QUANT_FP8_CUH
 
 #include <cuda_fp8.h>
+#include <float.h>
 
 #include "backend_cuda.cuh"
 
 #define QB 128 /* elements per block, tiles are QB x QB */
 
-/* amax / 448, or (pow2) the smallest power of two >= it (its E8M0 ceil, as the CPU). */
+/* amax / 448 at least 2^-126, or (pow2) the smallest power of two >= it (its E8M0 ceil, as
+ * the CPU's moe_fp8_block_scale). */
 __device__ __forceinline__ float fp8_scale(float amax, int pow2) {
     if (!(amax > 0.0f)) return 1.0f;
-    float s = __fdiv_rn(amax, 448.0f);
+    const float s = fmaxf(__fdiv_rn(amax, 448.0f), FLT_MIN);
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-/* x / scale for each value of a block, the bits of __fdiv_rn(x, scale) (the CPU's IEEE
- * quotient), at a multiply and four fused multiply-adds a value where the division's inline
- * path takes about ten: y = 1 / scale correctly rounded once a block, then x y corrected twice,
- * q + (x - scale q) y. The first correction makes q faithful, and from a faithful q and
- * y = RN(1 / scale) the second gives RN(x / scale) (Markstein's theorem), as long as x - scale q
- * is exact and normal: so with scale in [2^-60, 2^60] (then for |x / scale| >= 2^-12 the
- * residual's last bit is above 2^-103; a smaller quotient is an e4m3 zero either way: both
- * stay below 2^-10) and no value +-Inf (there x - scale q is NaN): `quick`. Otherwise
- * __fdiv_rn itself. The sign is x's always (the corrections would turn -0 into +0). A block
- * chooses its path once (fp8_encode's QUICK), not once a value. */
+/* A block's scale s and its reciprocal y, correctly rounded (the CPU's rcp) */
 struct fp8_quot {
     float s, y;
-    bool quick;
 };
-__device__ __forceinline__ fp8_quot fp8_quot_of(float scale, bool inf) {
-    return {scale, __frcp_rn(scale), !inf && scale >= 0x1p-60f && scale <= 0x1p60f};
-}
-template <bool QUICK> __device__ __forceinline__ float fp8_div(float x, const fp8_quot &d) {
-    if constexpr (!QUICK) return __fdiv_rn(x, d.s);
-    float q = __fmul_rn(x, d.y);
-    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
-    q = __fmaf_rn(__fmaf_rn(-d.s, q, x), d.y, q);
-    return copysignf(q, x);
+__device__ __forceinline__ fp8_quot fp8_quot_of(float scale) {
+    return {scale, __frcp_rn(scale)};
 }
 
-/* The amax over the finite ones of a lane's N values, and whether one of them is +-Inf: one
- * max a value (fmaxf drops a NaN), taken again without the infinities where the max is one. */
-template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, bool *inf) {
+/* The amax over the finite ones of a lane's N values: one max a value (fmaxf drops a NaN),
+ * taken again without the infinities where the max is one. */
+template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v) {
     float a = 0.0f;
 #pragma unroll
     for (int j = 0; j < N; j++)
         a = fmaxf(a, fabsf(v[j]));
-    *inf = isinf(a);
-    if (*inf) {
+    if (isinf(a)) {
         a = 0.0f;
 #pragma unroll
         for (int j = 0; j < N; j++)
@@ -66,22 +49,22 @@ template <int N> __device__ __forceinline__ float fp8_lane_amax(const float *v, 
     return a;
 }
 
-/* N values of a block (N a multiple of 4) as N / 4 words w of e4m3 bytes (v[4 i] in the low
- * byte of w[i]), rounded to nearest even and saturating, two a conversion. A NaN converts to
- * 0x7f whatever its sign and nothing else does, so the CPU's sign of a NaN (0xff for a negative
- * one) is put back only where a byte is 0x7f (a zero byte of w ^ 0x7f7f7f7f); without NANS the
- * caller knows there is none and the check is left out. */
-template <bool QUICK, int N, bool NANS = true>
-__device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, uint32_t *w) {
+/* N values of a block (N a multiple of 4) as N / 4 words w of e4m3 bytes of x y, y the block
+ * scale's reciprocal (v[4 i] in the low byte of w[i]), rounded to nearest even and saturating, two
+ * a conversion. A NaN converts to 0x7f whatever its sign and nothing else does, so the CPU's sign
+ * of a NaN (0xff for a negative one) is put back only where a byte is 0x7f (a zero byte of w ^
+ * 0x7f7f7f7f); without NANS the caller knows there is none and the check is left out. */
+template <int N, bool NANS = true>
+__device__ __forceinline__ void fp8_encode(const float *v, float y, uint32_t *w) {
 #pragma unroll
     for (int i = 0; i < N / 4; i++) {
         const float *x = v + 4 * i;
         const uint32_t lo = __nv_cvt_float2_to_fp8x2(
-                           make_float2(fp8_div<QUICK>(x[0], d), fp8_div<QUICK>(x[1], d)),
-                           __NV_SATFINITE, __NV_E4M3),
+                           make_float2(__fmul_rn(x[0], y), __fmul_rn(x[1], y)), __NV_SATFINITE,
+                           __NV_E4M3),
                        hi = __nv_cvt_float2_to_fp8x2(
-                           make_float2(fp8_div<QUICK>(x[2], d), fp8_div<QUICK>(x[3], d)),
-                           __NV_SATFINITE, __NV_E4M3);
+                           make_float2(__fmul_rn(x[2], y), __fmul_rn(x[3], y)), __NV_SATFINITE,
+                           __NV_E4M3);
         w[i] = lo | hi << 16;
         if constexpr (!NANS) continue; /* the caller knows the values hold no NaN */
         const uint32_t t = w[i] ^ 0x7f7f7f7fu;
@@ -89,14 +72,6 @@ __device__ __forceinline__ void fp8_encode(const float *v, const fp8_quot &d, ui
             w[i] |= moe_e4m3_neg_nan(x[0]) | moe_e4m3_neg_nan(x[1]) << 8 |
                     moe_e4m3_neg_nan(x[2]) << 16 | moe_e4m3_neg_nan(x[3]) << 24;
     }
-}
-/* fp8_encode on the block's path */
-template <int N>
-__device__ __forceinline__ void fp8_encode_by(const float *v, const fp8_quot &d, uint32_t *w) {
-    if (d.quick)
-        fp8_encode<true, N>(v, d, w);
-    else
-        fp8_encode<false, N>(v, d, w);
 }
 
 #endif

@@ -29,14 +29,13 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t RB = (R + QB - 1) / QB, KB = (K + QB - 1) / QB;
     const int64_t k0 = kb * QB + 4 * tx, r0 = rb * QB;
-    bool inf;
-    float amax = fp8_lane_amax<TILE_PATCHES * 16>(&x[0][0].x, &inf);
-    /* the tile's amax: warp maxima, one barrier (which also tells every thread whether the
-     * tile holds an infinity), every warp reduces them again (sh is written once) */
+    float amax = fp8_lane_amax<TILE_PATCHES * 16>(&x[0][0].x);
+    /* the tile's amax: warp maxima, one barrier, every warp reduces them again (sh is written
+     * once) */
     amax = moe_warp_max(amax);
     if (tx == 0) sh[ty] = amax;
-    const bool tile_inf = __syncthreads_or(inf);
-    const fp8_quot d = fp8_quot_of(fp8_scale(moe_warp_max(sh[tx % NW]), pow2), tile_inf);
+    __syncthreads();
+    const fp8_quot d = fp8_quot_of(fp8_scale(moe_warp_max(sh[tx % NW]), pow2));
     if (threadIdx.x == 0) {
         const int64_t KB4 = (KB + 3) / 4 * 4, RB4 = (RB + 3) / 4 * 4;
         s[e * RB * KB4 + rb * KB4 + kb] = d.s;
@@ -44,7 +43,7 @@ __device__ __forceinline__ void fp8_tile_store(const float4 (&x)[TILE_PATCHES][4
     }
     uint8_t *qe = q + e * R * K, *qte = qt + e * R * K;
     uint32_t *tw = (uint32_t *)tt, rw[TILE_PATCHES][4];
-    fp8_encode_by<TILE_PATCHES * 16>(&x[0][0].x, d, &rw[0][0]);
+    fp8_encode<TILE_PATCHES * 16>(&x[0][0].x, d.y, &rw[0][0]);
 #pragma unroll
     for (int p = 0; p < TILE_PATCHES; p++) {
         const int g = ty + NW * p;

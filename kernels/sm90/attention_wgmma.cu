@@ -168,8 +168,9 @@ __global__ void __launch_bounds__(FA3_THREADS(D), 1)
     };
     /* The blocks this warpgroup's rows see, kb_first .. kb_wl (kb_wl below kb_last for the first
      * warpgroups of a 192-row block, or with cached keys; kb_first - 1 for a warpgroup whose
-     * rows all lie past T), multiplied; then its turns for the blocks after all of its rows,
-     * each stage released once it has landed (so that its release counts for this use of it). */
+     * rows all lie past T; never less: a row's document starts at or before it), multiplied; then
+     * its turns for the blocks after all of its rows, each stage released once it has landed (so
+     * that its release counts for this use of it). */
     const int kb_wl =
         wrow < T ? (int)(((wrow + 63 < T ? wrow + 63 : T - 1) + qoff) / BK) : kb_first - 1;
     if (kb_wl >= kb_first) {
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(FA3_THREADS(D), 1)
         fa3_wait<0>();
         retire_pv(s);
     }
-    for (int kb = kb_wl + 1 > kb_first ? kb_wl + 1 : kb_first; kb <= kb_last; kb++) {
+    for (int kb = kb_wl + 1; kb <= kb_last; kb++) { /* kb_wl >= kb_first - 1: see above */
         const int it = kb - kb_first, s = it % NS;
         const uint32_t parity = (it / NS) & 1;
         if (FA3_PINGPONG) {

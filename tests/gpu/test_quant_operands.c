@@ -14,14 +14,14 @@
  *     reading it as x (y, dw) against the same product on the BF16 ln1.
  *
  * Inputs of the types an operand has (F32; BF16; for mxfp8 also MXFP8, decoded by the
- * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, -0, NaN of
- * both signs and infinities; groups of uneven sizes (0, 1, 37, 130, 256 rows: empty groups,
- * partial tiles, a group straddling two tiles), K = 96, 208 (fp8-block: a short last block) and
- * 256; both scale rules; along the rows and transposed (each group's tokens padded to 128 with
- * zeros). Guard bytes after q and the scales must stay untouched (and the fp8-block rows'
- * padding scales). The kernels are not specific to sm_100, so this runs on any GPU; the MXFP8
- * products themselves need one with MXFP8 tensor cores (be->mx_native, printed). Without a
- * CUDA device it prints "skipped: no CUDA device" and exits 77. */
+ * kernels) with outliers, zeros, E4M3 subnormals after scaling, fp32 subnormals, a row whose
+ * scales are at their floor (2^-126), -0, NaN of both signs and infinities; groups of uneven sizes
+ * (0, 1, 37, 130, 256 rows: empty groups, partial tiles, a group straddling two tiles), K = 96, 208
+ * (fp8-block: a short last block) and 256; both scale rules; along the rows and transposed (each
+ * group's tokens padded to 128 with zeros). Guard bytes after q and the scales must stay untouched
+ * (and the fp8-block rows' padding scales). The kernels are not specific to sm_100, so this runs on
+ * any GPU; the MXFP8 products themselves need one with MXFP8 tensor cores (be->mx_native, printed).
+ * Without a CUDA device it prints "skipped: no CUDA device" and exits 77. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +64,8 @@ static void fill(float *x, int64_t M, int64_t K, int span) {
     }
     for (int64_t k = 0; k < K && M > 3; k++) /* a row of zeros */
         x[3 * K + k] = 0.0f;
+    for (int64_t k = 0; k < K && M > 4; k++)  /* a row below 2^-128: its blocks' scales at */
+        x[4 * K + k] = ldexpf(urand(), -128); /* their floor, 2^-126 */
     x[5] = NAN, x[K + 6] = -NAN, x[2 * K + 7] = INFINITY, x[M * K - 1] = -INFINITY;
     x[9] = 1e-40f, x[10] = -1e-42f, x[11] = -0.0f; /* fp32 (and bf16) subnormals, -0 */
 }

@@ -10,6 +10,7 @@
  * the skipped layer has no copies. The one thing a reader must know: the reference below
  * shares nothing with the library's quantizers but the dtype conversions, which unit.dtype
  * checks bit for bit. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +34,14 @@ static moe_model_config config(void) {
     return c;
 }
 
-/* The scale of tile (rb, kb) of w [R, K] under the rule (pow2 or amax / 448). */
+/* The scale of tile (rb, kb) of w [R, K] under the rule (pow2 or amax / 448, at least 2^-126). */
 static float ref_scale(const float *w, int64_t R, int64_t K, int64_t rb, int64_t kb, int pow2) {
     float amax = 0.0f;
     for (int64_t r = rb * 128; r < R && r < rb * 128 + 128; r++)
         for (int64_t k = kb * 128; k < K && k < kb * 128 + 128; k++)
             if (isfinite(w[r * K + k]) && fabsf(w[r * K + k]) > amax) amax = fabsf(w[r * K + k]);
     if (!(amax > 0.0f)) return 1.0f;
-    float s = amax / 448.0f;
+    float s = fmaxf(amax / 448.0f, FLT_MIN); /* at least 2^-126 */
     return pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
@@ -59,9 +60,10 @@ static int64_t copy_mismatches(const uint8_t *q, const float *s, const float *w,
                 float sc = ref_scale(we, O, I, ob, ib, pow2);
                 bad += s[e * OB * IB4 + ob * IB4 + ib] != sc;
                 bad += st[e * IB * OB4 + ib * OB4 + ob] != sc;
+                const float rcp = 1.0f / sc; /* each value times the tile's reciprocal */
                 for (int64_t o = ob * 128; o < O && o < ob * 128 + 128; o++)
                     for (int64_t i = ib * 128; i < I && i < ib * 128 + 128; i++) {
-                        uint8_t b = moe_f32_to_e4m3(we[o * I + i] / sc, 1);
+                        uint8_t b = moe_f32_to_e4m3(we[o * I + i] * rcp, 1);
                         bad += qe[o * I + i] != b;
                         bad += qte[i * O + o] != b;
                     }

@@ -8,6 +8,7 @@
  * the fake quantization's values, and encoding them again keeps them) and the stored
  * fp8-block form of an activation block and of activation pairs (both operands of a grouped
  * product in one buffer, with its layout and size bound). */
+#include <float.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -243,6 +244,11 @@ static void test_fp8_block_stored(void) {
         x[i] = 0.0f; /* block 1: all zero */
     x[260] = INFINITY, x[261] = -INFINITY, x[262] = 1e-7f, x[263] = -0.0f, x[264] = NAN;
     x[265] = -NAN;
+    /* block 4: values below 2^-128, whose amax / 448 has no finite reciprocal: the scale is
+     * 2^-126 (a zero stays 0, where 0 * Inf would be NaN) */
+    for (int i = 512; i < n; i++)
+        x[i] = ldexpf(urand(&s), -128);
+    x[512] = 0.0f;
     for (int rule = 0; rule < 2; rule++) {
         moe_quant_fake_vectors(fake, x, 1, n, n, 1, rule ? &P2 : &FP8);
         int same = 1;
@@ -250,6 +256,7 @@ static void test_fp8_block_stored(void) {
             const int k0 = b * 128, len = n - k0 < 128 ? n - k0 : 128;
             moe_fp8_encode_block(q + k0, &sc, x + k0, len, rule);
             CHECK(b != 1 || sc == 1.0f);
+            CHECK(b != 4 || sc == FLT_MIN);
             for (int j = k0; j < k0 + len; j++) {
                 const float d = moe_e4m3_to_f32(q[j]) * sc;
                 same &= isnan(x[j]) ? isnan(d) && signbit(d) == signbit(x[j]) : d == fake[j];
@@ -258,6 +265,7 @@ static void test_fp8_block_stored(void) {
         CHECK_MSG(same, "decoded fp8-block bytes differ from the fake quantization (rule %d)",
                   rule);
         CHECK(q[263] == 0x80 && q[264] == 0x7f && q[265] == 0xff && q[260] == 0x7e);
+        CHECK(q[512] == 0x00);
     }
 }
 

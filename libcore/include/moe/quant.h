@@ -4,13 +4,17 @@
  *
  * fp8-block: E4M3 values, one fp32 scale per block of 128 consecutive elements along a
  * vector (activations and gradients: 1 x 128 along the reduction dimension) or per 128 x 128
- * tile of a matrix (weights); scale = amax / 448 (amax over the block's finite values; 1 for
- * an all-zero block), or with the pow2 rule the smallest power of two >= amax / 448. mxfp8 (OCP MX
- * v1.0): E4M3 values, one E8M0 power-of-two scale per 32 consecutive elements; the `ceil` rule
- * takes the smallest 2^k >= amax / 448 (no element saturates; NVIDIA's MXFP8 recipe, the default),
- * `ocp-floor` 2^(floor(log2 amax) - 8). Encoding saturates (|x| above 448 scale gives 448 scale),
- * NaN stays NaN. The one thing to know: a block never straddles the end of a vector (the last block
- * of a vector may be short), so an expert's rows are quantized as their own group. */
+ * tile of a matrix (weights); scale = amax / 448, at least 2^-126 (amax over the block's finite
+ * values; 1 for an all-zero block), or with the pow2 rule the smallest power of two >= that.
+ * mxfp8 (OCP MX v1.0): E4M3 values, one E8M0 power-of-two scale per 32 consecutive elements; the
+ * `ceil` rule takes the smallest 2^k >= amax / 448 (no element saturates; NVIDIA's MXFP8 recipe,
+ * the default), `ocp-floor` 2^(floor(log2 amax) - 8). A value x is encoded as e4m3(x * r), r =
+ * 1 / scale correctly rounded once a block (finite: the scale is normal), as Transformer Engine
+ * multiplies by its scale; under a power-of-two scale x * r is x / scale exactly, otherwise
+ * their last bits may differ (2^-20 of e4m3's own error). Encoding saturates (|x| above 448
+ * scale gives 448 scale), NaN stays NaN. The one thing to know: a block never straddles the end
+ * of a vector (the last block of a vector may be short), so an expert's rows are quantized as
+ * their own group. */
 #ifndef MOE_QUANT_H
 #define MOE_QUANT_H
 
@@ -53,7 +57,8 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
                             int64_t len, int64_t estride, const moe_quant_opts *o);
 
 /* One fp8-block block of n values (n <= 128, contiguous) as the GPU's fp8-block operands
- * store it: *scale its scale (pow2: the power-of-two rule) and q[j] = e4m3(src[j] / *scale),
+ * store it: *scale its scale (pow2: the power-of-two rule) and q[j] = e4m3(src[j] / *scale)
+ * (as src[j] times the scale's reciprocal, above),
  * saturating, NaN kept with its sign; decoding gives moe_quant_fake_vectors's values. The
  * CUDA backend's activation quantizers write these bytes (moe_cuda_fp8_block_operand). */
 void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n, int pow2);
@@ -102,10 +107,11 @@ void moe_fp8_pair_cols(float *x, const uint8_t *pair, const moe_fp8_pair_layout 
 void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2);
 
 /* The stored form of those tiles (the fp8-block weight copies of moe/ops.h): q [R, K] the
- * e4m3 bytes of src [R, K] / its tile's scale, qt [K, R] the same bytes transposed, s the
- * scales of the [R, K] tiles and st of the [K, R] ones, each in moe_fp8_tile_scales's
- * layout (tile (rb, kb) of an [R, K] matrix at rb * round_up(ceil(K / 128), 4) + kb; padding
- * entries untouched). Decoding them gives exactly moe_quant_fake_tiles's values. */
+ * e4m3 bytes of src [R, K] / its tile's scale (times its reciprocal, above), qt [K, R] the same
+ * bytes transposed, s the scales of the [R, K] tiles and st of the [K, R] ones, each in
+ * moe_fp8_tile_scales's layout (tile (rb, kb) of an [R, K] matrix at rb * round_up(ceil(K / 128),
+ * 4) + kb; padding entries untouched). Decoding them gives exactly moe_quant_fake_tiles's values.
+ */
 void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const float *src, int64_t R,
                           int64_t K, int pow2);
 /* Decodes a tiled e4m3 matrix q [R, K] with scales s (layout above): dst [R, K] =

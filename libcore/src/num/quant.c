@@ -29,16 +29,17 @@ int64_t moe_quant_block(const moe_quant_opts *o) {
     return o->recipe == MOE_RECIPE_MXFP8 ? 32 : 128;
 }
 
-/* The scale of a block whose finite values have magnitude at most amax. */
+/* The scale of a block whose finite values have magnitude at most amax (fp8-block's at least
+ * FLT_MIN, 2^-126: its reciprocal is finite). */
 static float block_scale(float amax, const moe_quant_opts *o) {
     if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
-    if (o->recipe != MOE_RECIPE_MXFP8)
-        return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(amax / FP8_MAX)) : amax / FP8_MAX;
-    return moe_mx_block_scale(amax, o->mx_floor);
+    if (o->recipe == MOE_RECIPE_MXFP8) return moe_mx_block_scale(amax, o->mx_floor);
+    const float s = amax / FP8_MAX > FLT_MIN ? amax / FP8_MAX : FLT_MIN;
+    return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
-static float fake(float x, float scale) {
-    return moe_e4m3_to_f32(moe_f32_to_e4m3(x / scale, 1)) * scale;
+static float fake(float x, float scale, float rcp) {
+    return moe_e4m3_to_f32(moe_f32_to_e4m3(x * rcp, 1)) * scale;
 }
 
 /* Adjacent vectors (vstride 1: the columns of a row-major matrix whose rows are estride
@@ -53,17 +54,17 @@ static void fake_columns(float *dst, const float *src, int64_t nvec, int64_t len
     for (int64_t t = 0; t < nblk * nch; t++) {
         const int64_t b0 = t / nch * bs, b1 = b0 + bs < len ? b0 + bs : len;
         const int64_t c0 = t % nch * COLS, nc = nvec - c0 < COLS ? nvec - c0 : COLS;
-        float scale[COLS];
+        float scale[COLS], rcp[COLS];
         for (int64_t c = 0; c < nc; c++)
             scale[c] = 0.0f; /* the amax first */
         for (int64_t j = b0; j < b1; j++)
             for (int64_t c = 0; c < nc; c++)
                 scale[c] = amax_step(scale[c], src[j * estride + c0 + c]);
         for (int64_t c = 0; c < nc; c++)
-            scale[c] = block_scale(scale[c], o);
+            scale[c] = block_scale(scale[c], o), rcp[c] = 1.0f / scale[c];
         for (int64_t j = b0; j < b1; j++)
             for (int64_t c = 0; c < nc; c++)
-                dst[j * estride + c0 + c] = fake(src[j * estride + c0 + c], scale[c]);
+                dst[j * estride + c0 + c] = fake(src[j * estride + c0 + c], scale[c], rcp[c]);
     }
 }
 
@@ -83,9 +84,9 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
             float amax = 0.0f;
             for (int64_t j = b0; j < b1; j++)
                 amax = amax_step(amax, s[j * estride]);
-            float scale = block_scale(amax, o);
+            const float scale = block_scale(amax, o), rcp = 1.0f / scale;
             for (int64_t j = b0; j < b1; j++)
-                d[j * estride] = fake(s[j * estride], scale);
+                d[j * estride] = fake(s[j * estride], scale, rcp);
         }
     }
 }
@@ -96,8 +97,9 @@ void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n,
     for (int64_t j = 0; j < n; j++)
         amax = amax_step(amax, src[j]);
     *scale = block_scale(amax, &o);
+    const float rcp = 1.0f / *scale;
     for (int64_t j = 0; j < n; j++)
-        q[j] = moe_f32_to_e4m3(src[j] / *scale, 1);
+        q[j] = moe_f32_to_e4m3(src[j] * rcp, 1);
 }
 
 /* ---- fp8-block activation pairs (moe/quant.h's layout, kernels/quant_fp8.cu's bytes) ---- */
@@ -248,10 +250,10 @@ void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, in
     for (int64_t i = 0; i < tr * tk; i++) {
         int64_t r0 = (i / tk) * TILE, k0 = (i % tk) * TILE;
         int64_t r1 = r0 + TILE < R ? r0 + TILE : R, k1 = k0 + TILE < K ? k0 + TILE : K;
-        float scale = tile_scale(src, K, r0, r1, k0, k1, &o);
+        const float scale = tile_scale(src, K, r0, r1, k0, k1, &o), rcp = 1.0f / scale;
         for (int64_t r = r0; r < r1; r++)
             for (int64_t k = k0; k < k1; k++)
-                dst[r * K + k] = fake(src[r * K + k], scale);
+                dst[r * K + k] = fake(src[r * K + k], scale, rcp);
     }
 }
 
@@ -264,12 +266,12 @@ void moe_quant_tiles_e4m3(uint8_t *q, float *s, uint8_t *qt, float *st, const fl
     for (int64_t i = 0; i < tr * tk; i++) {
         int64_t rb = i / tk, kb = i % tk, r0 = rb * TILE, k0 = kb * TILE;
         int64_t r1 = r0 + TILE < R ? r0 + TILE : R, k1 = k0 + TILE < K ? k0 + TILE : K;
-        float scale = tile_scale(src, K, r0, r1, k0, k1, &o);
+        const float scale = tile_scale(src, K, r0, r1, k0, k1, &o), rcp = 1.0f / scale;
         s[rb * ls + kb] = scale;
         st[kb * lst + rb] = scale;
         for (int64_t r = r0; r < r1; r++)
             for (int64_t k = k0; k < k1; k++) {
-                uint8_t b = moe_f32_to_e4m3(src[r * K + k] / scale, 1);
+                uint8_t b = moe_f32_to_e4m3(src[r * K + k] * rcp, 1);
                 q[r * K + k] = b;
                 qt[k * R + r] = b;
             }
