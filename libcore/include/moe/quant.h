@@ -57,10 +57,10 @@ void moe_quant_fake_vectors(float *dst, const float *src, int64_t nvec, int64_t 
                             int64_t len, int64_t estride, const moe_quant_opts *o);
 
 /* One fp8-block block of n values (n <= 128, contiguous) as the GPU's fp8-block operands
- * store it: *scale its scale (pow2: the power-of-two rule) and q[j] = e4m3(src[j] / *scale)
- * (as src[j] times the scale's reciprocal, above),
- * saturating, NaN kept with its sign; decoding gives moe_quant_fake_vectors's values. The
- * CUDA backend's activation quantizers write these bytes (moe_cuda_fp8_block_operand). */
+ * store it: *scale its scale (pow2: the power-of-two rule) and q[j] = e4m3(src[j] times the
+ * reciprocal of *scale, above), saturating, NaN kept with its sign; decoding gives
+ * moe_quant_fake_vectors's values. The CUDA backend's activation quantizers write these bytes
+ * (moe_cuda_fp8_block_operand). */
 void moe_fp8_encode_block(uint8_t *q, float *scale, const float *src, int64_t n, int pow2);
 
 /* ---- fp8-block activation pairs (moe/ops.h's moe_buf_fp8_pair) ----
@@ -107,7 +107,7 @@ void moe_fp8_pair_cols(float *x, const uint8_t *pair, const moe_fp8_pair_layout 
 void moe_quant_fake_tiles(float *dst, const float *src, int64_t R, int64_t K, int pow2);
 
 /* The stored form of those tiles (the fp8-block weight copies of moe/ops.h): q [R, K] the
- * e4m3 bytes of src [R, K] / its tile's scale (times its reciprocal, above), qt [K, R] the same
+ * e4m3 bytes of src [R, K] times its tile scale's reciprocal (above), qt [K, R] the same
  * bytes transposed, s the scales of the [R, K] tiles and st of the [K, R] ones, each in
  * moe_fp8_tile_scales's layout (tile (rb, kb) of an [R, K] matrix at rb * round_up(ceil(K / 128),
  * 4) + kb; padding entries untouched). Decoding them gives exactly moe_quant_fake_tiles's values.

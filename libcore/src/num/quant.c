@@ -34,7 +34,7 @@ int64_t moe_quant_block(const moe_quant_opts *o) {
 static float block_scale(float amax, const moe_quant_opts *o) {
     if (!(amax > 0.0f)) return 1.0f; /* all zero (or nothing finite): any scale gives 0 */
     if (o->recipe == MOE_RECIPE_MXFP8) return moe_mx_block_scale(amax, o->mx_floor);
-    const float s = amax / FP8_MAX > FLT_MIN ? amax / FP8_MAX : FLT_MIN;
+    const float s = fmaxf(amax / FP8_MAX, FLT_MIN);
     return o->pow2 ? moe_e8m0_to_f32(moe_f32_to_e8m0_ceil(s)) : s;
 }
 
