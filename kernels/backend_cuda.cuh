@@ -20,6 +20,7 @@ extern "C" {
 #include "moe/err.h"
 #include "moe/ops.h"
 #include "moe/quant.h"
+#include "ops/cuda_scratch.h" /* MOE_CUDA_GROUPED_MAXE */
 }
 
 /* Scratch slots: an op may hold several at once (e.g. attention backward converts q, k, v
@@ -603,8 +604,6 @@ void moe_cuda_fa3_backward(moe_cuda_ctx *c, float *dq, float *dk, float *dv, con
                            const int32_t *dstart, int64_t B, int64_t T, int64_t H, int64_t KV,
                            int64_t D, int add);
 
-/* The most groups (experts) the sm_90 grouped products take in one launch. */
-#define MOE_CUDA_GROUPED_MAXE 128
 /* sm90/grouped_fp8.cu (MOE_HAVE_SM90A): the grouped block-scaled fp8 product, one launch
  * over all experts: y[r] (+)= dequant(xq[r]) dequant(wq_e)^T for the rows r of expert e.
  * supported: 1 on a compute capability 9.0 device for 2 <= E <= MOE_CUDA_GROUPED_MAXE and a

@@ -567,7 +567,7 @@ static void check_supports_shapes(const moe_backend *gpu) {
                               MOE_RECIPE_FP8_BLOCK_XT, MOE_RECIPE_FP8_BLOCK_POW2_XT,
                               MOE_RECIPE_MXFP8,        MOE_RECIPE_MXFP8_FLOOR};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        CHECK_MSG((moe_backend_scratch_estimate("cuda", &d, all[i]) >= 0) ==
+        CHECK_MSG((moe_backend_scratch_estimate("cuda", &d, all[i], 0) >= 0) ==
                       (moe_backend_check(gpu, NULL, all[i], NULL) == MOE_OK),
                   "recipe %s: the scratch estimate and supports() disagree",
                   moe_recipe_name(all[i]));

@@ -149,23 +149,42 @@ static void test_scratch_estimate(void) {
     moe_config_defaults(&c);
     moe_op_dims d;
     moe_model_op_dims(&c.model, 4, 64, &d);
-    int64_t f32 = moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP32);
-    int64_t b16 = moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_BF16);
+    int64_t f32 = moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP32, 0);
+    int64_t b16 = moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_BF16, 0);
     CHECK(f32 > ((int64_t)32 << 20)); /* the cuBLASLt workspace and the small buffers */
     CHECK(b16 > f32);
-    CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_BF16), 0);
-    CHECK_INT_EQ(moe_backend_scratch_estimate("tpu", &d, MOE_RECIPE_BF16), 0);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_BF16, 0), 0);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("tpu", &d, MOE_RECIPE_BF16, 0), 0);
     /* mxfp8 (either scale rule) adds its quantized operands: its weights are quantized at
      * each call, so more than fp8-block's activations alone */
-    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8) > b16);
-    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8_FLOOR),
-                 moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8));
-    CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_MXFP8), 0);
-    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK) > b16);
+    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8, 0) > b16);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8_FLOOR, 0),
+                 moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8, 0));
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cpu", &d, MOE_RECIPE_MXFP8, 0), 0);
+    const int64_t fp8 = moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK, 0);
+    CHECK(fp8 > b16);
+    /* only fp8-block depends on the device and precision.skip_layers: on sm_90 the experts'
+     * F-wide operands are activation pairs (less scratch), skipped layers convert their fp32
+     * weights (more); the other recipes' figures are the same either way */
+    const unsigned both = MOE_SCRATCH_SM90 | MOE_SCRATCH_SKIPPED;
+    const int64_t fp8_sm90 =
+        moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK, MOE_SCRATCH_SM90);
+    CHECK(fp8_sm90 < fp8);
+    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK, MOE_SCRATCH_SKIPPED) >
+          fp8);
+    CHECK(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_FP8_BLOCK, both) > fp8_sm90);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_BF16, both), b16);
+    CHECK_INT_EQ(moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8, both),
+                 moe_backend_scratch_estimate("cuda", &d, MOE_RECIPE_MXFP8, 0));
     moe_model_memory mem;
     moe_model_memory_estimate(&c.model, MOE_RECIPE_BF16, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL,
                               MOE_DTYPE_F32, MOE_DTYPE_F32, MOE_MASTER_FP32, &mem);
     CHECK_INT_EQ(mem.gpu_scratch, b16);
+    CHECK_INT_EQ(mem.gpu_scratch_other, b16);
+    moe_model_memory_estimate(&c.model, MOE_RECIPE_FP8_BLOCK, MOE_RECOMPUTE_NONE, 4, 64, 1, NULL,
+                              MOE_DTYPE_F32, MOE_DTYPE_F32, MOE_MASTER_FP32, &mem);
+    CHECK_INT_EQ(mem.gpu_scratch, fp8_sm90);
+    CHECK_INT_EQ(mem.gpu_scratch_other, fp8);
 }
 
 static void test_rank_device(void) {

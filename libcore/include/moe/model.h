@@ -339,8 +339,11 @@ typedef struct moe_model_memory { /* bytes, one rank, no sharding */
     int64_t activations;          /* moe_model_activation_bytes */
     int64_t total;                /* the six above: everything allocated through be->alloc */
     int64_t gpu_scratch;          /* CUDA backend working memory on top (cuBLASLt workspace,
-                                     operand conversions and quantized activations; upper bound):
-                                     moe_backend_scratch_estimate("cuda", ...) */
+                                     operand conversions and quantized activations; upper bound)
+                                     on a compute capability 9.0 device (H100, H200):
+                                     moe_backend_scratch_estimate("cuda", ..., MOE_SCRATCH_SM90) */
+    int64_t gpu_scratch_other;    /* the same on other CUDA devices (larger under fp8-block,
+                                     whose expert operands are quantized into scratch there) */
 } moe_model_memory;
 /* The sizes of the op calls of a model of config c for batches of batch x seq tokens: what
  * moe_model_create asks moe_backend_check about and the scratch estimate is computed for. */
@@ -352,8 +355,8 @@ void moe_model_op_dims(const moe_model_config *c, int64_t batch, int64_t seq, mo
  * any backend, with AdamW moments of type moments (MOE_DTYPE_F32 or MOE_DTYPE_BF16:
  * optim.moments) for every tensor of the rank (a ZeRO-1 trainer holds a share), the
  * experts' gradients of type expert_grads (optim.expert_grads) and the masters stored as
- * master says (optim.master; split only under bf16); add gpu_scratch for the peak device
- * memory of the CUDA backend. */
+ * master says (optim.master; split only under bf16); add gpu_scratch (gpu_scratch_other) for
+ * the peak device memory of the CUDA backend on an sm_90 device (on others). */
 void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
                                moe_recompute recompute, int64_t batch, int64_t seq, int ep,
                                const uint8_t *skip, moe_dtype moments, moe_dtype expert_grads,

@@ -637,14 +637,24 @@ int moe_backend_gpu_count(void);
  * the recipe, with a hint. Callers check before allocating anything (moe_model_create). */
 moe_status moe_backend_check(const moe_backend *be, const moe_op_dims *dims, moe_recipe prec,
                              moe_err *err);
+/* moe_backend_scratch_estimate's flags. */
+/* a compute capability 9.0 device (H100, H200): the experts' fp8-block operands are
+ * activation pairs (be->fp8_pairs) where the model's dims.E experts fit the sm_90 grouped
+ * kernel, not quantized into scratch as on later GPUs */
+#define MOE_SCRATCH_SM90 1u
+/* precision.skip_layers keeps some layers in bf16: under fp8-block their fp32 weights are
+ * converted to bf16 in scratch */
+#define MOE_SCRATCH_SKIPPED 2u
 /* Working memory (bytes) backend kind `kind` ("cpu", "cuda") allocates on top of the buffers
  * it is asked for, for the op calls of a training model of sizes dims under prec (the typed
  * operands the model passes: bf16 weight copies and activations under bf16): 0 for the CPU;
  * for CUDA the cuBLASLt workspace, the operand conversions left and reduction scratch (an
  * upper bound for those calls; fp32 operands under bf16 convert more; the fp8 recipes'
- * quantized operands). Needs no device and works in every build (moe-train --dry-run prints
- * it); unknown kinds give 0. */
-int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec);
+ * quantized operands). flags (MOE_SCRATCH_*) name what the fp8-block recipe's operands depend
+ * on. Needs no device and works in every build (moe-train --dry-run prints it); unknown kinds
+ * give 0. */
+int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec,
+                                     unsigned flags);
 
 /* The CPU reference backend (static, immutable table). */
 const moe_backend *moe_backend_cpu(void);

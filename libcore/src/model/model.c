@@ -705,7 +705,12 @@ void moe_model_memory_estimate(const moe_model_config *cfg, moe_recipe recipe,
             (int64_t)moe_acts_plan(cfg, batch * seq, (int)recompute, recipe, ep, skip, NULL, NULL);
     moe_op_dims dims;
     moe_model_op_dims(cfg, batch, seq, &dims);
-    out->gpu_scratch = moe_backend_scratch_estimate("cuda", &dims, recipe);
+    unsigned skipped = 0;
+    for (int l = 0; skip && l < cfg->num_hidden_layers; l++)
+        skipped |= skip[l] ? MOE_SCRATCH_SKIPPED : 0u;
+    out->gpu_scratch =
+        moe_backend_scratch_estimate("cuda", &dims, recipe, skipped | MOE_SCRATCH_SM90);
+    out->gpu_scratch_other = moe_backend_scratch_estimate("cuda", &dims, recipe, skipped);
     out->total = out->params + out->weight_copies + out->fp8_copies + out->grads + out->optimizer +
                  out->activations;
 }

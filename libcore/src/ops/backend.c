@@ -222,7 +222,7 @@ const moe_backend *moe_backend_open(const char *device, moe_recipe recipe, int t
  * rows, whichever is larger) and slot F (the RoPE table, [T][D / 2] cos and sin, or the
  * Hopper attention backward's semaphores, [B, H, T / 64] for dq and [B, KV, T / 128] for
  * dK/dV). fp8-block and mxfp8 add their quantized operands (below). */
-static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
+static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec, unsigned flags) {
     /* every recipe runs there (gpu.backend_ops checks that this and supports() agree) */
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
     int64_t N = d->B * d->T, C = d->C, V = d->V, HD = d->H * d->D;
@@ -247,18 +247,25 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     int64_t sb = 0, sc = MAX2(2 * N * C, widen), sd = 2 * N * HD;
     if (fp8_block) {
         /* its products' e4m3 activation operands (one byte a value, an fp32 scale per 128,
-         * 256 bytes of alignment) in slots A (x or dy rows), C and D (dy^T and x^T along the
-         * tokens, each expert's rows padded to whole blocks); the weights come as the model's
-         * persistent e4m3 copies, so slot B holds only the bf16 conversions of fp32 weights:
-         * lm_head's (no bf16 copies under fp8) and those of the layers precision.skip_layers
-         * keeps in bf16, e.g. [E, F, C] (this estimate does not know whether any is
-         * skipped: an upper bound). RMSNorm stages ln1 in bf16 [N, C] in slot A before
-         * writing it as an fp8-block pair: within A's bf16 conversions above */
-        int64_t E = d->E, F = d->F, NK = N * d->K, W = MAX2(MAX2(C, F), HD);
+         * 256 bytes of alignment) of width W in slots A (x or dy rows), C and D (dy^T and x^T
+         * along the tokens, each expert's rows padded to whole blocks). On an sm_90 device
+         * (MOE_SCRATCH_SM90) the experts' F-wide operands (g, dh1, dh3) are fp8-block pairs
+         * among the activations and only products of width C or H D quantize into scratch
+         * (w2's dy, the dense products'); elsewhere every product's operands come here, F wide
+         * included. The weights come as the model's persistent e4m3 copies, so slot B holds
+         * only the bf16 conversions of fp32 weights: lm_head's (no bf16 copies under fp8) and,
+         * with MOE_SCRATCH_SKIPPED, those of the layers precision.skip_layers keeps in bf16,
+         * e.g. [E, F, C]. RMSNorm stages ln1 in bf16 [N, C] in slot A before writing it as an
+         * fp8-block pair: within A's bf16 conversions above. Measured on an H100 (2026-12-07,
+         * mixtral8x7b-2L, docs/performance-gpu.md): the SM90 form 0.01-0.05 GiB above the peaks
+         * at 8,192, 32,768 and 65,536 tokens. */
+        const int pairs = (flags & MOE_SCRATCH_SM90) && d->E >= 1 && d->E <= MOE_CUDA_GROUPED_MAXE;
+        int64_t E = d->E, F = d->F, NK = N * d->K, W = pairs ? MAX2(C, HD) : MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
         /* (the Hopper grouped kernel's scales [W / 128, round_up(rows, 4)]: up to 3 rows more) */
         sa = MAX2(sa, rows + rows / 32 + 16 * (W / 128 + 1) + 256);
-        sb = MAX2(2 * V * C, 2 * MAX2(E * C * F, C * HD));
+        sb = 2 * V * C;
+        if (flags & MOE_SCRATCH_SKIPPED) sb = MAX2(sb, 2 * MAX2(E * C * F, C * HD));
         sc = MAX2(sc, padded + padded / 32 + 256);
         sd = MAX2(sd, padded + padded / 32 + 256);
     }
@@ -281,7 +288,8 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec) {
     return ws + small + MOE_CUDA_SCRATCH_GROW(sa + sb + sc + sd);
 }
 
-int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec) {
-    if (strcmp(kind, "cuda") == 0) return cuda_scratch_bytes(dims, prec);
+int64_t moe_backend_scratch_estimate(const char *kind, const moe_op_dims *dims, moe_recipe prec,
+                                     unsigned flags) {
+    if (strcmp(kind, "cuda") == 0) return cuda_scratch_bytes(dims, prec, flags);
     return 0; /* the CPU backend allocates only what it is asked for */
 }

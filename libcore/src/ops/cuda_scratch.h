@@ -29,6 +29,11 @@
 #define MOE_CUDA_SKINNY_MAX_O 32
 #define MOE_CUDA_SKINNY_MAX_I 4096
 #define MOE_CUDA_SKINNY_ROWS 256
+/* The most groups (experts) the sm_90 grouped products take in one launch: on a compute
+ * capability 9.0 device the backend takes fp8-block activation pairs of up to this many groups
+ * (be->fp8_pairs), so the experts' fp8-block operands are pairs among the activations rather
+ * than quantized into scratch (moe_backend_scratch_estimate's MOE_SCRATCH_SM90). */
+#define MOE_CUDA_GROUPED_MAXE 128
 
 static inline int moe_cuda_skinny_shape(int64_t I, int64_t O) {
     return O >= 1 && O <= MOE_CUDA_SKINNY_MAX_O && I >= 8 && I <= MOE_CUDA_SKINNY_MAX_I &&

@@ -91,5 +91,14 @@ moe_status moe_train_dry_run(const moe_config *cfg, FILE *out, moe_err *err) {
             "backend scratch = %s peak\n",
             w, w16, g, o, moe_moments_name(cfg->optim.moments), a,
             moe_recompute_name(tc->recompute), sum, gs, gt);
+    if (mem.gpu_scratch_other != mem.gpu_scratch) { /* fp8-block: the expert operands' place */
+        human_bytes(gs, sizeof gs, (double)mem.gpu_scratch_other);
+        human_bytes(gt, sizeof gt, (double)(total_mem + mem.gpu_scratch_other));
+        fprintf(out,
+                "# the CUDA figure is a compute capability 9.0 device's (H100, H200), whose "
+                "expert products read fp8-block activation pairs; on later GPUs + %s backend "
+                "scratch = %s peak\n",
+                gs, gt);
+    }
     return fflush(out) == 0 ? MOE_OK : moe_err_errno(err, "(stdout)", "write failed");
 }
