@@ -259,8 +259,9 @@ static int64_t cuda_scratch_bytes(const moe_op_dims *d, moe_recipe prec, unsigne
          * fp8-block pair: within A's bf16 conversions above. Measured on an H100 (2026-12-07,
          * mixtral8x7b-2L, docs/performance-gpu.md): the SM90 form 0.01-0.05 GiB above the peaks
          * at 8,192, 32,768 and 65,536 tokens. */
-        const int pairs = (flags & MOE_SCRATCH_SM90) && d->E >= 1 && d->E <= MOE_CUDA_GROUPED_MAXE;
-        int64_t E = d->E, F = d->F, NK = N * d->K, W = pairs ? MAX2(C, HD) : MAX2(MAX2(C, F), HD);
+        const int64_t E = d->E, F = d->F, NK = N * d->K;
+        const int pairs = (flags & MOE_SCRATCH_SM90) && E >= 1 && E <= MOE_CUDA_GROUPED_MAXE;
+        const int64_t W = pairs ? MAX2(C, HD) : MAX2(MAX2(C, F), HD);
         int64_t rows = MAX2(NK, N) * W, padded = (MAX2(NK, N) + 128 * MAX2(E, 1)) * W;
         /* (the Hopper grouped kernel's scales [W / 128, round_up(rows, 4)]: up to 3 rows more) */
         sa = MAX2(sa, rows + rows / 32 + 16 * (W / 128 + 1) + 256);
