@@ -125,32 +125,42 @@ __device__ __forceinline__ void gg_store(bf16 *y, const float (&acc)[16][4], int
  * outputs: st is this warpgroup's buffer (GG_ST_WG bytes, 16-byte aligned) and bar its named
  * barrier (128 threads). The block goes out in passes of 128 bytes of each row (64 bf16 or 32
  * fp32 columns): written into st in the accumulator's layout (a row every P bytes, P chosen so
- * that a warp's stores meet every bank once: 4-byte stores of 8 rows at 144, 8-byte stores of 4
- * rows a half-warp at 160), then read back 16 bytes a thread and stored as whole 128-byte row
- * segments, 8 threads a row, where gg_store's 4- or 8-byte stores touch 8 rows an instruction.
- * y 16-byte aligned, N a multiple of 8; rows from rend and columns from N are left alone. */
+ * that a warp's stores meet every bank once: stmatrix's 16-byte rows of 8 rows at 144, 8-byte
+ * stores of 4 rows a half-warp at 160), then read back 16 bytes a thread and stored as whole
+ * 128-byte row segments, 8 threads a row, where gg_store's 4- or 8-byte stores touch 8 rows an
+ * instruction. y 16-byte aligned, N a multiple of 8; rows from rend and columns from N are left
+ * alone. */
 #define GG_ST_WG (64 * 160)
 template <typename T>
 __device__ __forceinline__ void gg_store_staged(T *y, const float (&acc)[16][4], int r, int rend,
                                                 int c, int N, int beta, uint32_t st, int bar) {
     constexpr int B2 = sizeof(T) == 2, P = B2 ? 144 : 160, CP = 128 / sizeof(T), NT = CP / 8;
     const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
-    const uint32_t w0 = st + (warp * 16 + (lane >> 2)) * P + 2 * sizeof(T) * (lane & 3);
+    /* this lane's first store: bf16, its row of 8 columns in stmatrix's four 8 x 8 blocks (block
+     * lane / 8: rows 0-7, then 8-15 of the warp's 16, then the same of the next 8 columns; row
+     * lane % 8); fp32, its accumulator rows' 2 columns */
+    const uint32_t w0 =
+        B2 ? st + (warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * P + 16 * (lane >> 4)
+           : st + (warp * 16 + (lane >> 2)) * P + 8 * (lane & 3);
 #pragma unroll
     for (int pass = 0; pass < 128 / CP; pass++) {
         /* the reads of the last pass (or the last tile's) are done */
         asm volatile("bar.sync %0, 128;\n" ::"r"(bar) : "memory");
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
+        for (int j = 0; j < NT; j += 1 + B2) {
             const float *a = acc[NT * pass + j];
-            const uint32_t w = w0 + 16 * (2 - B2) * j; /* 16 or 32 bytes an 8-column block */
-            if constexpr (B2) {
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(w), "r"(pack_bf16(a[0], a[1]))
-                             : "memory");
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(w + 8 * P),
-                             "r"(pack_bf16(a[2], a[3]))
-                             : "memory");
+            if constexpr (B2) { /* columns 8 j .. 8 j + 15 of the warp's 16 rows: one stmatrix
+                                   where four 4-byte stores a lane each took a slot of the
+                                   shared-memory queue (ncu: the epilogue's first stall) */
+                const float *b = acc[NT * pass + j + 1];
+                asm volatile(
+                    "stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                        w0 + 16 * j),
+                    "r"(pack_bf16(a[0], a[1])), "r"(pack_bf16(a[2], a[3])),
+                    "r"(pack_bf16(b[0], b[1])), "r"(pack_bf16(b[2], b[3]))
+                    : "memory");
             } else {
+                const uint32_t w = w0 + 32 * j; /* 32 bytes an 8-column block */
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(w), "f"(a[0]), "f"(a[1])
                              : "memory");
                 asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(w + 8 * P), "f"(a[2]),
